@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite. Long suites take their size from the environment:
+#   RDMA_SIM_SEEDS   seeds per fault mix in the transport simulator (full run: 1000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test --workspace --all-targets
+cargo test --workspace --doc
