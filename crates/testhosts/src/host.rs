@@ -1,0 +1,74 @@
+//! One host of a topology: a network namespace and ways to run code inside it.
+
+use std::io;
+use std::process::Command;
+
+use crate::ns;
+
+/// A host: a network namespace with a logical name (`"a"`, `"router"`, ...).
+///
+/// ```no_run
+/// # let topo = rdma_testhosts::topologies::two_hosts_one_link().unwrap();
+/// let a = topo.host("a");
+/// let n = a.run(|| std::fs::read_to_string("/proc/net/if_inet6").unwrap().lines().count());
+/// assert!(n > 0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub(crate) name: String,
+    pub(crate) netns: String,
+}
+
+impl Host {
+    /// The logical name given in the topology.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The real namespace name (usable with `ip -n` / `ip netns exec`).
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    /// Runs `f` in a new thread that has entered this host's network namespace and returns its
+    /// result. A panic in `f` is propagated. Sockets, netlink connections and tokio runtimes
+    /// created inside `f` belong to the namespace: create runtimes inside the closure.
+    pub fn run<F, R>(&self, f: F) -> R
+    where
+        F: FnOnce() -> R + Send,
+        R: Send,
+    {
+        std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                ns::enter(&self.netns).unwrap_or_else(|e| panic!("setns into {}: {e}", self.netns));
+                f()
+            });
+            match h.join() {
+                Ok(r) => r,
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        })
+    }
+
+    /// A command that runs `program` inside this host (`ip netns exec <ns> <program>`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns, program]);
+        c
+    }
+
+    /// Runs `ip -n <ns> ARGS` and returns its stdout.
+    pub fn ip(&self, args: &[&str]) -> io::Result<String> {
+        let mut v = vec!["-n", self.netns.as_str()];
+        v.extend_from_slice(args);
+        ns::ip(&v)
+    }
+
+    /// Sets a sysctl under /proc/sys/net inside this host, e.g.
+    /// `set_sysctl("net/ipv4/ip_forward", "1")`.
+    pub fn set_sysctl(&self, path: &str, value: &str) -> io::Result<()> {
+        let p = format!("/proc/sys/{path}");
+        let v = value.to_string();
+        self.run(move || std::fs::write(&p, v))
+    }
+}
