@@ -1,0 +1,446 @@
+//! Registered memory as the transport sees it.
+//!
+//! The transport never touches memory directly: every gather, scatter, remote write, remote
+//! read and atomic goes through a [`MemoryTable`], whose operations each check the key, the
+//! protection domain, the bounds and the access rights before copying a single byte. The
+//! software device implements the trait over registered user memory; [`InMemoryTable`] is a
+//! complete implementation over one flat simulated address space, for tests and the simulator.
+//!
+//! ```
+//! use rdma_proto::memory::{InMemoryTable, MemoryTable, MemError};
+//! use rdma_proto::verbs::{AccessFlags, PdId};
+//! let mut mem = InMemoryTable::new(0x10_0000, 8192);
+//! let pd = PdId(1);
+//! let mr = mem.register(pd, 0x10_0100, 256, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+//! mem.write_remote(pd, mr.rkey, 0x10_0100, b"hello").unwrap();
+//! assert_eq!(mem.bytes(0x10_0100, 5).unwrap(), b"hello");
+//! // one byte past the end of the region is refused and nothing is written
+//! assert_eq!(mem.write_remote(pd, mr.rkey, 0x10_01fc, b"12345"), Err(MemError::OutOfBounds));
+//! assert_eq!(mem.bytes(0x10_01fc, 4).unwrap(), &[0, 0, 0, 0]);
+//! // wrong protection domain, missing right
+//! assert_eq!(mem.write_remote(PdId(2), mr.rkey, 0x10_0100, b"x"), Err(MemError::WrongPd));
+//! let mut out = [0u8; 1];
+//! assert_eq!(mem.read_remote(pd, mr.rkey, 0x10_0100, &mut out),
+//!            Err(MemError::AccessDenied(AccessFlags::REMOTE_READ)));
+//! ```
+
+use crate::verbs::{AccessFlags, PdId};
+use core::fmt;
+use std::collections::HashMap;
+
+/// Why a memory access was refused. No byte is read or written when one of these is returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemError {
+    /// No valid region has this key (never registered, deregistered or invalidated).
+    InvalidKey,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The range is not inside the region (or overflows the address space).
+    OutOfBounds,
+    /// The region lacks these access rights.
+    AccessDenied(AccessFlags),
+    /// An atomic on an address that is not 8-byte aligned.
+    Misaligned,
+}
+
+impl fmt::Display for MemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemError::InvalidKey => write!(f, "invalid memory key"),
+            MemError::WrongPd => write!(f, "memory key of another protection domain"),
+            MemError::OutOfBounds => write!(f, "range outside the memory region"),
+            MemError::AccessDenied(a) => write!(f, "memory region lacks access {a:?}"),
+            MemError::Misaligned => write!(f, "atomic address not 8-byte aligned"),
+        }
+    }
+}
+impl std::error::Error for MemError {}
+
+/// A 64-bit atomic operation on remote memory.
+///
+/// ```
+/// use rdma_proto::memory::AtomicOp;
+/// assert_eq!(AtomicOp::FetchAdd { add: 2 }.apply(40), 42);
+/// assert_eq!(AtomicOp::CmpSwap { compare: 1, swap: 9 }.apply(1), 9);
+/// assert_eq!(AtomicOp::CmpSwap { compare: 1, swap: 9 }.apply(2), 2);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// Compare and swap.
+    CmpSwap {
+        /// Compare operand.
+        compare: u64,
+        /// Value stored when equal.
+        swap: u64,
+    },
+    /// Fetch and add (wrapping).
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The new value given the original one.
+    pub fn apply(self, orig: u64) -> u64 {
+        match self {
+            AtomicOp::CmpSwap { compare, swap } => {
+                if orig == compare {
+                    swap
+                } else {
+                    orig
+                }
+            }
+            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+        }
+    }
+}
+
+/// The device's table of registered memory, through which the transport performs every
+/// memory access.
+///
+/// Each method checks key, protection domain, bounds (with overflow) and access rights and
+/// returns a [`MemError`] without touching memory if any check fails. Local accesses take an
+/// lkey; remote ones an rkey. Atomics operate on a host-order `u64` at an 8-byte aligned
+/// address and are atomic with respect to every other access through the table.
+pub trait MemoryTable {
+    /// Checks that `[addr, addr+len)` is inside the region of `lkey`, in `pd`, with `need`.
+    fn check_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError>;
+    /// Checks that `[va, va+len)` is inside the region of `rkey`, in `pd`, with `need`.
+    fn check_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError>;
+    /// Copies local memory (gather); needs no access right.
+    fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Copies into local memory (scatter); needs [`AccessFlags::LOCAL_WRITE`].
+    fn write_local(&mut self, pd: PdId, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError>;
+    /// Copies remote-accessible memory out; needs [`AccessFlags::REMOTE_READ`].
+    fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Copies into remote-accessible memory; needs [`AccessFlags::REMOTE_WRITE`].
+    fn write_remote(&mut self, pd: PdId, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError>;
+    /// Performs an atomic and returns the original value; needs
+    /// [`AccessFlags::REMOTE_ATOMIC`] and an 8-byte aligned `va`.
+    fn atomic_remote(
+        &mut self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        op: AtomicOp,
+    ) -> Result<u64, MemError>;
+    /// Invalidates `rkey` (SEND with invalidate); fails if it is not valid in `pd`.
+    fn invalidate_remote(&mut self, pd: PdId, rkey: u32) -> Result<(), MemError>;
+    /// Copies the data of an inline work request at post time: unregistered memory of the
+    /// posting process, no key check (as `IBV_SEND_INLINE`).
+    fn read_inline(&self, pd: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+}
+
+/// Keys of a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MrKeys {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Region {
+    pd: PdId,
+    addr: u64,
+    len: u64,
+    access: AccessFlags,
+    remote_valid: bool,
+}
+
+/// A [`MemoryTable`] over one flat simulated address space `[base, base+size)`, with regions
+/// registered over parts of it (regions may overlap, as MRs over the same user buffer do).
+///
+/// Bytes outside every region are still in the address space, so tests can place canaries
+/// around a region and check that no refused access touched them.
+#[derive(Debug, Clone)]
+pub struct InMemoryTable {
+    base: u64,
+    mem: Vec<u8>,
+    regions: HashMap<u32, Region>,
+    next_index: u32,
+}
+
+impl InMemoryTable {
+    /// An address space of `size` zero bytes starting at `base`.
+    pub fn new(base: u64, size: usize) -> Self {
+        InMemoryTable {
+            base,
+            mem: vec![0; size],
+            regions: HashMap::new(),
+            next_index: 1,
+        }
+    }
+
+    /// Registers `[addr, addr+len)` in `pd` with `access`. Remote rights need
+    /// [`AccessFlags::LOCAL_WRITE`] when they include writes or atomics, as in verbs.
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Result<MrKeys, MemError> {
+        self.offset(addr, len)?;
+        let needs_lw = access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC);
+        if needs_lw && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(MemError::AccessDenied(AccessFlags::LOCAL_WRITE));
+        }
+        let idx = self.next_index;
+        self.next_index = self.next_index.wrapping_add(1);
+        // index in the upper 24 bits, a "key" byte below, as rxe numbers them
+        let key = (idx << 8) | (idx.wrapping_mul(0x9d) & 0xff);
+        self.regions.insert(
+            key,
+            Region {
+                pd,
+                addr,
+                len,
+                access,
+                remote_valid: true,
+            },
+        );
+        Ok(MrKeys {
+            lkey: key,
+            rkey: key,
+        })
+    }
+
+    /// Deregisters a region; its keys become invalid.
+    pub fn deregister(&mut self, lkey: u32) -> bool {
+        self.regions.remove(&lkey).is_some()
+    }
+
+    /// Test access to the address space (no key checks).
+    pub fn bytes(&self, addr: u64, len: u64) -> Option<&[u8]> {
+        let o = self.offset(addr, len).ok()?;
+        self.mem.get(o..o + len as usize)
+    }
+
+    /// Mutable test access to the address space (no key checks).
+    pub fn bytes_mut(&mut self, addr: u64, len: u64) -> Option<&mut [u8]> {
+        let o = self.offset(addr, len).ok()?;
+        self.mem.get_mut(o..o + len as usize)
+    }
+
+    fn offset(&self, addr: u64, len: u64) -> Result<usize, MemError> {
+        let off = addr.checked_sub(self.base).ok_or(MemError::OutOfBounds)?;
+        let end = off.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        if end > self.mem.len() as u64 {
+            return Err(MemError::OutOfBounds);
+        }
+        Ok(off as usize)
+    }
+
+    fn check(
+        &self,
+        remote: bool,
+        pd: PdId,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<usize, MemError> {
+        let r = self.regions.get(&key).ok_or(MemError::InvalidKey)?;
+        if remote && !r.remote_valid {
+            return Err(MemError::InvalidKey);
+        }
+        if r.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        let start = addr.checked_sub(r.addr).ok_or(MemError::OutOfBounds)?;
+        let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        if end > r.len {
+            return Err(MemError::OutOfBounds);
+        }
+        let missing = need.difference(r.access);
+        if !missing.is_empty() {
+            return Err(MemError::AccessDenied(missing));
+        }
+        self.offset(addr, len)
+    }
+}
+
+impl MemoryTable for InMemoryTable {
+    fn check_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        self.check(false, pd, lkey, addr, len, need).map(|_| ())
+    }
+    fn check_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        self.check(true, pd, rkey, va, len, need).map(|_| ())
+    }
+    fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let o = self.check(
+            false,
+            pd,
+            lkey,
+            addr,
+            dst.len() as u64,
+            AccessFlags::empty(),
+        )?;
+        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
+        Ok(())
+    }
+    fn write_local(&mut self, pd: PdId, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError> {
+        let o = self.check(
+            false,
+            pd,
+            lkey,
+            addr,
+            src.len() as u64,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        self.mem[o..o + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let o = self.check(
+            true,
+            pd,
+            rkey,
+            va,
+            dst.len() as u64,
+            AccessFlags::REMOTE_READ,
+        )?;
+        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
+        Ok(())
+    }
+    fn write_remote(&mut self, pd: PdId, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError> {
+        let o = self.check(
+            true,
+            pd,
+            rkey,
+            va,
+            src.len() as u64,
+            AccessFlags::REMOTE_WRITE,
+        )?;
+        self.mem[o..o + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn atomic_remote(
+        &mut self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        op: AtomicOp,
+    ) -> Result<u64, MemError> {
+        if va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let o = self.check(true, pd, rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let cell: &mut [u8] = &mut self.mem[o..o + 8];
+        let mut b = [0u8; 8];
+        b.copy_from_slice(cell);
+        let orig = u64::from_ne_bytes(b);
+        cell.copy_from_slice(&op.apply(orig).to_ne_bytes());
+        Ok(orig)
+    }
+    fn invalidate_remote(&mut self, pd: PdId, rkey: u32) -> Result<(), MemError> {
+        let r = self.regions.get_mut(&rkey).ok_or(MemError::InvalidKey)?;
+        if r.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        if !r.remote_valid {
+            return Err(MemError::InvalidKey);
+        }
+        r.remote_valid = false;
+        Ok(())
+    }
+    fn read_inline(&self, _pd: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let o = self.offset(addr, dst.len() as u64)?;
+        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const A: AccessFlags = AccessFlags::all();
+
+    #[test]
+    fn checks() {
+        let mut m = InMemoryTable::new(1000, 1000);
+        let pd = PdId(1);
+        assert_eq!(m.register(pd, 900, 10, A), Err(MemError::OutOfBounds));
+        assert_eq!(m.register(pd, 1990, 11, A), Err(MemError::OutOfBounds));
+        assert_eq!(
+            m.register(pd, 1000, 10, AccessFlags::REMOTE_WRITE),
+            Err(MemError::AccessDenied(AccessFlags::LOCAL_WRITE))
+        );
+        let k = m.register(pd, 1100, 100, A).unwrap();
+        assert_eq!(m.check_remote(pd, k.rkey, 1100, 100, A), Ok(()));
+        assert_eq!(
+            m.check_remote(pd, k.rkey, 1099, 1, A),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(
+            m.check_remote(pd, k.rkey, 1101, 100, A),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(
+            m.check_remote(pd, k.rkey, u64::MAX, 2, A),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(
+            m.check_remote(pd, k.rkey ^ 1, 1100, 1, A),
+            Err(MemError::InvalidKey)
+        );
+        assert_eq!(
+            m.atomic_remote(pd, k.rkey, 1102, AtomicOp::FetchAdd { add: 1 }),
+            Err(MemError::Misaligned)
+        );
+        assert_eq!(
+            m.atomic_remote(pd, k.rkey, 1192, AtomicOp::FetchAdd { add: 5 }),
+            Ok(0)
+        );
+        assert_eq!(
+            m.atomic_remote(pd, k.rkey, 1192, AtomicOp::FetchAdd { add: 5 }),
+            Ok(5)
+        );
+        assert_eq!(
+            m.atomic_remote(pd, k.rkey, 1200, AtomicOp::FetchAdd { add: 5 }),
+            Err(MemError::OutOfBounds)
+        );
+        m.invalidate_remote(pd, k.rkey).unwrap();
+        assert_eq!(
+            m.check_remote(pd, k.rkey, 1100, 1, A),
+            Err(MemError::InvalidKey)
+        );
+        assert_eq!(m.check_local(pd, k.lkey, 1100, 1, A), Ok(()));
+        assert!(m.deregister(k.lkey));
+        assert_eq!(
+            m.check_local(pd, k.lkey, 1100, 1, A),
+            Err(MemError::InvalidKey)
+        );
+    }
+}
