@@ -1,0 +1,283 @@
+//! Preallocated batches for `recvmmsg` and `sendmmsg`.
+//!
+//! All buffers, socket addresses, control-message space and `mmsghdr`s are allocated once; the
+//! raw pointers the kernel needs are written into the headers right before each system call, so
+//! the structures may move freely between calls.
+
+use std::mem::zeroed;
+use std::os::fd::RawFd;
+
+use super::sys::{self, Ancillary, STORAGE_LEN};
+use super::WireAddr;
+
+/// Control-message space per datagram: pktinfo (28 B for IPv6), TOS/tclass, TTL/hop limit,
+/// each with its header, fits with room to spare.
+const CTRL_WORDS: usize = 16;
+
+/// One received datagram, borrowed from a [`RecvBatch`].
+pub(crate) struct Received<'a> {
+    /// Source address and port.
+    pub src: Option<(WireAddr, u16)>,
+    /// What the control messages said.
+    pub anc: Ancillary,
+    /// The datagram was longer than the buffer (`MSG_TRUNC`).
+    pub truncated: bool,
+    /// The bytes.
+    pub data: &'a mut [u8],
+}
+
+/// Receive buffers for one `recvmmsg` call.
+pub(crate) struct RecvBatch {
+    slot: usize,
+    bufs: Box<[u8]>,
+    names: Box<[libc::sockaddr_storage]>,
+    ctrl: Box<[[u64; CTRL_WORDS]]>,
+    iovs: Box<[libc::iovec]>,
+    hdrs: Box<[libc::mmsghdr]>,
+    filled: usize,
+}
+
+// SAFETY: the raw pointers inside `iovs`/`hdrs` only ever point into the boxes owned by the same
+// value (they are rewritten before each use), so moving the value to another thread is sound.
+unsafe impl Send for RecvBatch {}
+
+impl RecvBatch {
+    /// `count` buffers of `slot` bytes.
+    pub fn new(count: usize, slot: usize) -> RecvBatch {
+        let count = count.max(1);
+        RecvBatch {
+            slot,
+            bufs: vec![0u8; count * slot].into_boxed_slice(),
+            // SAFETY: all-zero is valid for these plain C structs.
+            names: (0..count).map(|_| unsafe { zeroed() }).collect(),
+            ctrl: vec![[0u64; CTRL_WORDS]; count].into_boxed_slice(),
+            iovs: (0..count).map(|_| unsafe { zeroed() }).collect(),
+            hdrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
+            filled: 0,
+        }
+    }
+
+    /// Number of buffers.
+    pub fn capacity(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    /// Receives up to `max` datagrams without blocking; returns how many arrived (0 when none
+    /// was waiting).
+    pub fn recv(&mut self, fd: RawFd, max: usize) -> std::io::Result<usize> {
+        let n = max.min(self.capacity());
+        self.filled = 0;
+        for i in 0..n {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
+                iov_len: self.slot,
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = STORAGE_LEN;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.ctrl[i].as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of::<[u64; CTRL_WORDS]>() as _;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+        // SAFETY: the first `n` headers point into buffers owned by `self` with the sizes given.
+        let rc = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                n as _,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
+                _ => Err(e),
+            };
+        }
+        self.filled = rc as usize;
+        Ok(self.filled)
+    }
+
+    /// The `i`-th datagram of the last [`RecvBatch::recv`].
+    pub fn get(&mut self, i: usize) -> Option<Received<'_>> {
+        if i >= self.filled {
+            return None;
+        }
+        let hdr = &self.hdrs[i];
+        let len = (hdr.msg_len as usize).min(self.slot);
+        let truncated = hdr.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        // SAFETY: recvmmsg filled this header; its control pointer and length describe
+        // `self.ctrl[i]`.
+        let anc = unsafe { sys::parse_ancillary(&hdr.msg_hdr) };
+        let src = sys::from_sockaddr(&self.names[i]);
+        Some(Received {
+            src,
+            anc,
+            truncated,
+            data: &mut self.bufs[i * self.slot..i * self.slot + len],
+        })
+    }
+}
+
+/// Outgoing datagrams queued for one socket, sent with one `sendmmsg`.
+pub(crate) struct SendBatch {
+    slot: usize,
+    bufs: Box<[u8]>,
+    lens: Box<[usize]>,
+    names: Box<[(libc::sockaddr_storage, libc::socklen_t)]>,
+    iovs: Box<[libc::iovec]>,
+    hdrs: Box<[libc::mmsghdr]>,
+    queued: usize,
+}
+
+// SAFETY: as for `RecvBatch`, the raw pointers point into boxes owned by the same value.
+unsafe impl Send for SendBatch {}
+
+/// Outcome of [`SendBatch::send`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SendOutcome {
+    /// Datagrams the kernel accepted.
+    pub sent: usize,
+    /// Datagrams the kernel refused (their errno is in `last_error`).
+    pub failed: usize,
+    /// The last errno of a refused datagram.
+    pub last_error: Option<i32>,
+}
+
+impl SendBatch {
+    /// Room for `count` datagrams of up to `slot` bytes.
+    pub fn new(count: usize, slot: usize) -> SendBatch {
+        let count = count.max(1);
+        SendBatch {
+            slot,
+            bufs: vec![0u8; count * slot].into_boxed_slice(),
+            lens: vec![0; count].into_boxed_slice(),
+            // SAFETY: all-zero is valid for these plain C structs.
+            names: (0..count).map(|_| (unsafe { zeroed() }, 0)).collect(),
+            iovs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
+            hdrs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
+            queued: 0,
+        }
+    }
+
+    /// Datagrams queued.
+    pub fn len(&self) -> usize {
+        self.queued
+    }
+
+    /// Whether another datagram fits.
+    pub fn is_full(&self) -> bool {
+        self.queued == self.lens.len()
+    }
+
+    /// Queues a copy of `data` to `dst:port`. The caller checks [`SendBatch::is_full`] and the
+    /// length first.
+    pub fn push(&mut self, dst: WireAddr, port: u16, data: &[u8]) -> usize {
+        let i = self.queued;
+        debug_assert!(i < self.lens.len() && data.len() <= self.slot);
+        self.bufs[i * self.slot..i * self.slot + data.len()].copy_from_slice(data);
+        self.lens[i] = data.len();
+        self.names[i] = sys::to_sockaddr(dst, port);
+        self.queued += 1;
+        i
+    }
+
+    /// The bytes of queued datagram `i`, for in-place changes (ICRC, fault injection).
+    pub fn data_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.bufs[i * self.slot..i * self.slot + self.lens[i]]
+    }
+
+    /// Destination of queued datagram `i`.
+    pub fn dst(&self, i: usize) -> Option<(WireAddr, u16)> {
+        sys::from_sockaddr(&self.names[i].0)
+    }
+
+    /// Sends queued datagrams in the order `order` gives (indices may repeat or be left out:
+    /// that is how the fault injector duplicates and drops), or all in queue order when `order`
+    /// is `None`, then empties the queue. Datagrams the kernel refuses are counted, not retried;
+    /// a full socket buffer is waited out briefly.
+    pub fn send(&mut self, fd: RawFd, order: Option<&[u16]>) -> SendOutcome {
+        let mut n = 0;
+        let mut add = |hdrs: &mut [libc::mmsghdr], iovs: &mut [libc::iovec], i: usize| {
+            if n >= hdrs.len() {
+                return;
+            }
+            iovs[n] = libc::iovec {
+                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
+                iov_len: self.lens[i],
+            };
+            // SAFETY: all-zero is a valid msghdr.
+            let mut h: libc::msghdr = unsafe { zeroed() };
+            h.msg_name = (&mut self.names[i].0 as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = self.names[i].1;
+            h.msg_iov = &mut iovs[n];
+            h.msg_iovlen = 1;
+            hdrs[n] = libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            };
+            n += 1;
+        };
+        match order {
+            Some(order) => {
+                for &i in order {
+                    if (i as usize) < self.queued {
+                        add(&mut self.hdrs, &mut self.iovs, i as usize);
+                    }
+                }
+            }
+            None => {
+                for i in 0..self.queued {
+                    add(&mut self.hdrs, &mut self.iovs, i);
+                }
+            }
+        }
+        self.queued = 0;
+        send_all(fd, &mut self.hdrs[..n])
+    }
+}
+
+/// Hands every header to the kernel, skipping (and counting) the ones it refuses.
+fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> SendOutcome {
+    let mut out = SendOutcome::default();
+    let mut at = 0;
+    let mut waits = 0;
+    while at < hdrs.len() {
+        let rest = &mut hdrs[at..];
+        // SAFETY: every header points at live buffers owned by the caller's batch.
+        let rc = unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as _, 0) };
+        if rc > 0 {
+            at += rc as usize;
+            out.sent += rc as usize;
+            continue;
+        }
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        match errno {
+            libc::EINTR => {}
+            libc::EAGAIN | libc::ENOBUFS if waits < 100 => {
+                waits += 1;
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 10) };
+            }
+            _ => {
+                // This datagram is refused (unreachable, too big, ...): a lost packet.
+                out.failed += 1;
+                out.last_error = Some(errno);
+                at += 1;
+            }
+        }
+    }
+    out
+}

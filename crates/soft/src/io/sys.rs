@@ -1,0 +1,322 @@
+//! The unsafe edge: socket set-up, socket addresses and control messages through libc.
+//!
+//! Everything here is a thin, checked wrapper; the batching logic lives in `batch.rs`.
+
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::WireAddr;
+use crate::{Error, Result};
+
+/// Size of a `sockaddr_storage`, as `socklen_t`.
+pub(crate) const STORAGE_LEN: libc::socklen_t = size_of::<libc::sockaddr_storage>() as _;
+
+fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
+    // SAFETY: `value` outlives the call and the length matches its type.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const i32).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Reads an integer socket option.
+#[cfg(test)]
+pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> std::io::Result<i32> {
+    let mut value: i32 = 0;
+    let mut len = size_of::<i32>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes and `len` gives the buffer size.
+    let rc =
+        unsafe { libc::getsockopt(fd, level, name, (&mut value as *mut i32).cast(), &mut len) };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Opens a non-blocking UDP socket bound to `local:port` that never fragments (DF set,
+/// `IP_PMTUDISC_DO`, so the kernel writes IPv4 Identification 0 on `sendto`) and reports the
+/// destination address, arrival interface, traffic class and hop limit of each datagram.
+pub(crate) fn open_udp(local: WireAddr, port: u16, buf_bytes: i32) -> Result<OwnedFd> {
+    if local.is_link_local() && local.scope_id() == 0 {
+        return Err(Error::ScopeRequired { addr: local });
+    }
+    let v6 = local.ip().is_ipv6();
+    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let raw = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_UDP,
+        )
+    };
+    if raw < 0 {
+        return Err(Error::last_os("socket", Some(local)));
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let opt = |op: &'static str, level, name, value| {
+        setsockopt_int(fd.as_raw_fd(), level, name, value).map_err(|source| Error::Os {
+            op,
+            addr: Some(local),
+            source,
+        })
+    };
+    if v6 {
+        opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+        opt(
+            "IPV6_MTU_DISCOVER",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        )?;
+        opt(
+            "IPV6_RECVPKTINFO",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVPKTINFO,
+            1,
+        )?;
+        opt(
+            "IPV6_RECVTCLASS",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVTCLASS,
+            1,
+        )?;
+        opt(
+            "IPV6_RECVHOPLIMIT",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_RECVHOPLIMIT,
+            1,
+        )?;
+    } else {
+        opt(
+            "IP_MTU_DISCOVER",
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?;
+        opt("IP_PKTINFO", libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+        opt("IP_RECVTOS", libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+        opt("IP_RECVTTL", libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+    }
+    // Larger buffers absorb bursts; the kernel caps them at rmem_max / wmem_max, which is fine.
+    let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, buf_bytes);
+    let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, buf_bytes);
+
+    let (sa, len) = to_sockaddr(local, port);
+    // SAFETY: `sa` is a valid socket address of `len` bytes.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if rc != 0 {
+        let source = std::io::Error::last_os_error();
+        return Err(match source.raw_os_error() {
+            Some(libc::EADDRINUSE) => Error::AddrInUse { addr: local, port },
+            Some(libc::EADDRNOTAVAIL) => Error::AddrNotAvailable { addr: local },
+            _ => Error::Os {
+                op: "bind",
+                addr: Some(local),
+                source,
+            },
+        });
+    }
+    Ok(fd)
+}
+
+/// A socket address for `addr:port`.
+pub(crate) fn to_sockaddr(addr: WireAddr, port: u16) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr.ip() {
+        IpAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: port.to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        IpAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: port.to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.octets(),
+                },
+                sin6_scope_id: addr.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// The address and port in a socket address the kernel filled in; `None` for other families.
+pub(crate) fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<(WireAddr, u16)> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: &libc::sockaddr_in = unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some((WireAddr::from(ip), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6: &libc::sockaddr_in6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some((
+                WireAddr::new(IpAddr::V6(ip), sin6.sin6_scope_id),
+                u16::from_be(sin6.sin6_port),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// What the control messages of one received datagram said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Ancillary {
+    /// Destination address in the IP header.
+    pub dst: Option<IpAddr>,
+    /// Interface the datagram arrived on.
+    pub ifindex: u32,
+    /// IPv4 TOS or IPv6 traffic class (DSCP and ECN).
+    pub tclass: u8,
+    /// IPv4 TTL or IPv6 hop limit.
+    pub hop_limit: u8,
+}
+
+/// Parses the control messages the socket options of [`open_udp`] ask for.
+///
+/// # Safety
+/// `msg` must be a `msghdr` that `recvmsg`/`recvmmsg` just filled: its `msg_control` points to
+/// at least `msg_controllen` readable bytes.
+pub(crate) unsafe fn parse_ancillary(msg: &libc::msghdr) -> Ancillary {
+    let mut out = Ancillary::default();
+    // SAFETY (whole loop): CMSG_FIRSTHDR / CMSG_NXTHDR stay within msg_control/msg_controllen,
+    // and the kernel wrote each cmsg with a length covering its data; data is read unaligned.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    while !cmsg.is_null() {
+        let hdr = unsafe { &*cmsg };
+        let data = unsafe { libc::CMSG_DATA(cmsg) };
+        let data_len =
+            (hdr.cmsg_len as usize).saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
+        let int = |len: usize| -> Option<i32> {
+            if len >= size_of::<i32>() {
+                Some(unsafe { std::ptr::read_unaligned(data.cast::<i32>()) })
+            } else if len >= 1 {
+                Some(i32::from(unsafe { *data }))
+            } else {
+                None
+            }
+        };
+        match (hdr.cmsg_level, hdr.cmsg_type) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) if data_len >= size_of::<libc::in_pktinfo>() => {
+                let pi: libc::in_pktinfo = unsafe { std::ptr::read_unaligned(data.cast()) };
+                out.ifindex = pi.ipi_ifindex as u32;
+                out.dst = Some(IpAddr::V4(Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes())));
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
+                if data_len >= size_of::<libc::in6_pktinfo>() =>
+            {
+                let pi: libc::in6_pktinfo = unsafe { std::ptr::read_unaligned(data.cast()) };
+                out.ifindex = pi.ipi6_ifindex;
+                out.dst = Some(IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr)));
+            }
+            // IP_TOS arrives as one byte, the others as ints.
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                if data_len >= 1 {
+                    out.tclass = unsafe { *data };
+                }
+            }
+            (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                if let Some(v) = int(data_len) {
+                    out.hop_limit = v as u8;
+                }
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                if let Some(v) = int(data_len) {
+                    out.tclass = v as u8;
+                }
+            }
+            _ => {}
+        }
+        cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
+    }
+    out
+}
+
+/// The MTU of a network interface by name (`SIOCGIFMTU`).
+#[allow(dead_code)] // used by the verbs device attributes
+pub(crate) fn netdev_mtu(name: &str) -> Result<u32> {
+    // SAFETY: all-zero is a valid ifreq.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= req.ifr_name.len() || bytes.contains(&0) {
+        return Err(Error::InvalidArgument("interface name"));
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: plain socket(2); checked below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(Error::last_os("socket", None));
+    }
+    // SAFETY: fresh descriptor owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: SIOCGIFMTU reads the name and writes ifru_mtu inside `req`.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU as _, &mut req) };
+    if rc != 0 {
+        return Err(Error::last_os("SIOCGIFMTU", None));
+    }
+    // SAFETY: the ioctl filled the mtu member of the union.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| Error::InvalidArgument("negative MTU"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockaddr_round_trip() {
+        for s in ["127.0.0.9", "::1", "fe80::5%7"] {
+            let a: WireAddr = s.parse().unwrap();
+            let (ss, _) = to_sockaddr(a, 4791);
+            assert_eq!(from_sockaddr(&ss), Some((a, 4791)));
+        }
+    }
+
+    #[test]
+    fn lo_mtu() {
+        assert!(netdev_mtu("lo").unwrap() >= 1500);
+        assert!(netdev_mtu("").is_err());
+        assert!(netdev_mtu("no-such-if0").is_err());
+    }
+}

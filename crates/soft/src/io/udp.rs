@@ -1,0 +1,440 @@
+//! [`UdpWire`]: RoCEv2 over UDP port 4791, one socket per local address in use.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+
+use super::batch::{RecvBatch, SendBatch, SendOutcome};
+use super::fault::{FaultInjector, FaultSpec, Verdict};
+use super::{sys, Arrival, DatagramWire, WireAddr, WireStats};
+use crate::{Error, Result};
+
+/// The IANA port of RoCEv2.
+pub const ROCE_PORT: u16 = 4791;
+
+/// Settings of a [`UdpWire`].
+///
+/// ```
+/// let cfg = rdma_soft::io::UdpConfig::default();
+/// assert_eq!(cfg.port, 4791);
+/// assert!(cfg.faults.is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct UdpConfig {
+    /// UDP port to bind and to send to (4791; tests may pick another to run beside a real
+    /// RoCEv2 stack).
+    pub port: u16,
+    /// Datagrams per `sendmmsg`/`recvmmsg`.
+    pub batch: usize,
+    /// Largest datagram: a 4096-byte payload with every transport header and the ICRC fits.
+    pub max_packet: usize,
+    /// Requested `SO_RCVBUF`/`SO_SNDBUF` (the kernel caps it at `rmem_max`/`wmem_max`).
+    pub socket_buffer: usize,
+    /// Fault injection, off when `None`.
+    pub faults: Option<FaultSpec>,
+}
+
+impl Default for UdpConfig {
+    fn default() -> UdpConfig {
+        UdpConfig {
+            port: ROCE_PORT,
+            batch: 32,
+            max_packet: 4096 + 128,
+            socket_buffer: 4 << 20,
+            faults: None,
+        }
+    }
+}
+
+impl UdpConfig {
+    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS` (an error names the variable
+    /// when its value does not parse).
+    pub fn from_env() -> Result<UdpConfig> {
+        Ok(UdpConfig {
+            faults: FaultSpec::from_env()?,
+            ..UdpConfig::default()
+        })
+    }
+}
+
+struct Local {
+    addr: WireAddr,
+    fd: OwnedFd,
+    out: SendBatch,
+}
+
+/// Where a held sent datagram goes.
+type SendMeta = (WireAddr, WireAddr);
+
+/// RoCEv2 over UDP: a [`DatagramWire`] that opens UDP port 4791 on each local address in use.
+///
+/// Every socket is non-blocking, never fragments (DF, `IP_PMTUDISC_DO` /
+/// `IPV6_PMTUDISC_DO`), and reports each datagram's destination address and arrival interface
+/// (`IP_PKTINFO` / `IPV6_RECVPKTINFO`), TOS / traffic class and TTL / hop limit. Sending from an
+/// unconnected socket with DF makes Linux write IPv4 Identification 0, which the ICRC on send
+/// relies on (see the `kernel_sends_identification_zero` test). Datagrams are sent from port
+/// 4791 (RoCEv2 allows any source port; peers do not check it).
+///
+/// Receiving round-robins over the open addresses, one `recvmmsg` each per call; the
+/// [`DatagramWire::wait_fd`] is an epoll set over all of them.
+///
+/// ```
+/// use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
+/// let mut w = UdpWire::new(UdpConfig { port: 47912, ..UdpConfig::default() }).unwrap();
+/// let a: WireAddr = "127.0.0.53".parse().unwrap();
+/// w.open(a).unwrap();
+/// // a second process (here: a second wire) cannot take the same address
+/// let mut other = UdpWire::new(UdpConfig { port: 47912, ..UdpConfig::default() }).unwrap();
+/// let err = other.open(a).unwrap_err();
+/// assert_eq!(err.to_string(), "UDP 47912 on 127.0.0.53 is held by another process");
+/// assert_eq!(err.errno(), libc::EADDRINUSE);
+/// ```
+pub struct UdpWire {
+    cfg: UdpConfig,
+    locals: Vec<Local>,
+    inbox: RecvBatch,
+    epoll: OwnedFd,
+    stats: WireStats,
+    next_recv: usize,
+    send_faults: Option<Box<FaultInjector<SendMeta>>>,
+    recv_faults: Option<Box<FaultInjector<Arrival>>>,
+    order: Vec<u16>,
+}
+
+impl std::fmt::Debug for UdpWire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpWire")
+            .field("port", &self.cfg.port)
+            .field(
+                "locals",
+                &self.locals.iter().map(|l| l.addr).collect::<Vec<_>>(),
+            )
+            .field("faults", &self.cfg.faults)
+            .finish()
+    }
+}
+
+impl UdpWire {
+    /// A wire with no address open yet.
+    pub fn new(cfg: UdpConfig) -> Result<UdpWire> {
+        if cfg.batch == 0 || cfg.batch > u16::MAX as usize / 2 || cfg.max_packet < 64 {
+            return Err(Error::InvalidArgument("UdpConfig batch or max_packet"));
+        }
+        // SAFETY: plain epoll_create1; checked below.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::last_os("epoll_create1", None));
+        }
+        // SAFETY: fresh descriptor owned here.
+        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        let slot = cfg.max_packet;
+        let (send_faults, recv_faults) = match &cfg.faults {
+            Some(spec) => (
+                spec.on_send()
+                    .then(|| Box::new(FaultInjector::new(spec, 1, slot))),
+                spec.on_recv()
+                    .then(|| Box::new(FaultInjector::new(spec, 2, slot))),
+            ),
+            None => (None, None),
+        };
+        Ok(UdpWire {
+            inbox: RecvBatch::new(cfg.batch, slot),
+            order: Vec::with_capacity(cfg.batch * 2),
+            cfg,
+            locals: Vec::new(),
+            epoll,
+            stats: WireStats::default(),
+            next_recv: 0,
+            send_faults,
+            recv_faults,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &UdpConfig {
+        &self.cfg
+    }
+
+    /// The open local addresses.
+    pub fn locals(&self) -> impl Iterator<Item = WireAddr> + '_ {
+        self.locals.iter().map(|l| l.addr)
+    }
+
+    fn local_index(&self, addr: WireAddr) -> Option<usize> {
+        self.locals.iter().position(|l| l.addr == addr)
+    }
+
+    fn flush_local(&mut self, i: usize, now: Option<Instant>) {
+        let local = &mut self.locals[i];
+        if local.out.len() == 0 {
+            return;
+        }
+        let fd = local.fd.as_raw_fd();
+        let outcome = match self.send_faults.as_deref_mut() {
+            None => local.out.send(fd, None),
+            Some(inj) => {
+                let now = now.unwrap_or_else(Instant::now);
+                self.order.clear();
+                for k in 0..local.out.len() {
+                    let verdict = inj.judge(local.out.data_mut(k));
+                    match verdict {
+                        Verdict::Pass => self.order.push(k as u16),
+                        Verdict::Duplicate => self.order.extend([k as u16, k as u16]),
+                        Verdict::Drop => continue,
+                        Verdict::Hold { .. } => {
+                            let to = local.out.dst(k).map(|(a, _)| a);
+                            let held = match to {
+                                Some(to) => {
+                                    inj.hold(now, local.out.data_mut(k), (local.addr, to), verdict)
+                                }
+                                None => false,
+                            };
+                            if held {
+                                continue;
+                            }
+                            self.order.push(k as u16);
+                        }
+                    }
+                    inj.passed();
+                }
+                local.out.send(fd, Some(&self.order))
+            }
+        };
+        self.account(outcome);
+    }
+
+    fn account(&mut self, o: SendOutcome) {
+        self.stats.sent += o.sent as u64;
+        self.stats.send_errors += o.failed as u64;
+        self.stats.send_calls += 1;
+        if o.last_error.is_some() {
+            self.stats.last_send_errno = o.last_error;
+        }
+    }
+
+    /// Sends the held (delayed or reordered) datagrams that are due, one `sendto` each: only
+    /// with fault injection, so not on the fast path.
+    fn release_sends(&mut self, now: Instant) {
+        let Some(inj) = self.send_faults.as_deref_mut() else {
+            return;
+        };
+        let locals = &self.locals;
+        let port = self.cfg.port;
+        let stats = &mut self.stats;
+        inj.release(now, &mut |(from, to), data| {
+            let Some(local) = locals.iter().find(|l| l.addr == from) else {
+                return;
+            };
+            let (sa, len) = sys::to_sockaddr(to, port);
+            // SAFETY: `data` and `sa` are valid for the given lengths.
+            let rc = unsafe {
+                libc::sendto(
+                    local.fd.as_raw_fd(),
+                    data.as_ptr().cast(),
+                    data.len(),
+                    0,
+                    (&sa as *const libc::sockaddr_storage).cast(),
+                    len,
+                )
+            };
+            if rc < 0 {
+                stats.send_errors += 1;
+                stats.last_send_errno = std::io::Error::last_os_error().raw_os_error();
+            } else {
+                stats.sent += 1;
+            }
+        });
+    }
+}
+
+/// The scope a link-local destination is reached through: its own, else the source's.
+fn with_scope(to: WireAddr, from: WireAddr) -> WireAddr {
+    if to.is_link_local() && to.scope_id() == 0 {
+        WireAddr::new(to.ip(), from.scope_id())
+    } else {
+        to
+    }
+}
+
+impl DatagramWire for UdpWire {
+    fn max_packet(&self) -> usize {
+        self.cfg.max_packet
+    }
+
+    fn open(&mut self, local: WireAddr) -> Result<()> {
+        if self.is_open(local) {
+            return Ok(());
+        }
+        let buf = i32::try_from(self.cfg.socket_buffer).unwrap_or(i32::MAX);
+        let fd = sys::open_udp(local, self.cfg.port, buf)?;
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd.as_raw_fd() as u64,
+        };
+        // SAFETY: both descriptors are open; `ev` is a valid event.
+        let rc = unsafe {
+            libc::epoll_ctl(
+                self.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                fd.as_raw_fd(),
+                &mut ev,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::last_os("epoll_ctl", Some(local)));
+        }
+        self.locals.push(Local {
+            addr: local,
+            fd,
+            out: SendBatch::new(self.cfg.batch, self.cfg.max_packet),
+        });
+        Ok(())
+    }
+
+    fn close(&mut self, local: WireAddr) -> bool {
+        let Some(i) = self.local_index(local) else {
+            return false;
+        };
+        self.flush_local(i, None);
+        // Closing the socket removes it from the epoll set.
+        self.locals.swap_remove(i);
+        true
+    }
+
+    fn is_open(&self, local: WireAddr) -> bool {
+        self.local_index(local).is_some()
+    }
+
+    fn send(&mut self, from: WireAddr, to: WireAddr, packet: &[u8]) -> Result<()> {
+        if packet.len() > self.cfg.max_packet {
+            return Err(Error::TooLong {
+                len: packet.len(),
+                max: self.cfg.max_packet,
+            });
+        }
+        let i = self
+            .local_index(from)
+            .ok_or(Error::NotOpen { addr: from })?;
+        if self.locals[i].out.is_full() {
+            self.flush_local(i, None);
+        }
+        let to = with_scope(to, from);
+        let port = self.cfg.port;
+        self.locals[i].out.push(to, port, packet);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let now = self.send_faults.as_ref().map(|_| Instant::now());
+        for i in 0..self.locals.len() {
+            self.flush_local(i, now);
+        }
+        if let Some(now) = now {
+            self.release_sends(now);
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
+        let mut delivered = 0;
+        let count = self.locals.len();
+        let now = self.recv_faults.as_ref().map(|_| Instant::now());
+        for step in 0..count {
+            let i = (self.next_recv + step) % count;
+            let local = &self.locals[i];
+            let n = self
+                .inbox
+                .recv(local.fd.as_raw_fd(), self.cfg.batch)
+                .map_err(|source| Error::Os {
+                    op: "recvmmsg",
+                    addr: Some(local.addr),
+                    source,
+                })?;
+            if n == 0 {
+                continue;
+            }
+            self.stats.recv_calls += 1;
+            let bound = local.addr;
+            for k in 0..n {
+                let Some(d) = self.inbox.get(k) else { break };
+                let Some((remote, _port)) = d.src.filter(|_| !d.truncated) else {
+                    self.stats.malformed += 1;
+                    continue;
+                };
+                let local_addr = match d.anc.dst {
+                    Some(ip) => WireAddr::new(ip, d.anc.ifindex),
+                    None => bound,
+                };
+                let arrival = Arrival {
+                    local: local_addr,
+                    remote,
+                    ifindex: d.anc.ifindex,
+                    tclass: d.anc.tclass,
+                    hop_limit: d.anc.hop_limit,
+                };
+                let data = d.data;
+                let times = match (self.recv_faults.as_deref_mut(), now) {
+                    (Some(inj), Some(now)) => {
+                        let verdict = inj.judge(data);
+                        match verdict {
+                            Verdict::Pass => 1,
+                            Verdict::Duplicate => 2,
+                            Verdict::Drop => 0,
+                            Verdict::Hold { .. } => {
+                                if inj.hold(now, data, arrival, verdict) {
+                                    0
+                                } else {
+                                    1
+                                }
+                            }
+                        }
+                    }
+                    _ => 1,
+                };
+                for _ in 0..times {
+                    deliver(&arrival, data);
+                    delivered += 1;
+                }
+                if times > 0 {
+                    if let Some(inj) = self.recv_faults.as_deref_mut() {
+                        inj.passed();
+                    }
+                }
+            }
+        }
+        if count > 0 {
+            self.next_recv = (self.next_recv + 1) % count;
+        }
+        if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
+            inj.release(now, &mut |arrival, data| {
+                deliver(&arrival, data);
+                delivered += 1;
+            });
+        }
+        self.stats.received += delivered as u64;
+        Ok(delivered)
+    }
+
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.epoll.as_fd())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let a = self.send_faults.as_ref().and_then(|f| f.next_due());
+        let b = self.recv_faults.as_ref().and_then(|f| f.next_due());
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn stats(&self) -> WireStats {
+        let mut s = self.stats;
+        if let Some(f) = &self.send_faults {
+            s.faults_send = f.stats();
+        }
+        if let Some(f) = &self.recv_faults {
+            s.faults_recv = f.stats();
+        }
+        s
+    }
+}
