@@ -1,0 +1,113 @@
+//! Addresses: which link holds which IPv4/IPv6 address, with scope.
+
+use std::net::IpAddr;
+
+use netlink_packet_core::NLM_F_DUMP;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
+use netlink_packet_route::RouteNetlinkMessage;
+
+use crate::error::{Error, Result};
+use crate::links::Link;
+use crate::{nl, HostView};
+
+/// Scope of an address, as the kernel stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Global (universe).
+    Global,
+    /// Site.
+    Site,
+    /// Link-local, e.g. fe80::/10.
+    Link,
+    /// Host, e.g. 127.0.0.1, ::1.
+    Host,
+    /// Nowhere or another value.
+    Other(u8),
+}
+
+impl From<AddressScope> for Scope {
+    fn from(s: AddressScope) -> Self {
+        match s {
+            AddressScope::Universe => Scope::Global,
+            AddressScope::Site => Scope::Site,
+            AddressScope::Link => Scope::Link,
+            AddressScope::Host => Scope::Host,
+            other => Scope::Other(u8::from(other)),
+        }
+    }
+}
+
+/// An address held by a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    /// ifindex of the link that holds it.
+    pub link: u32,
+    /// The address.
+    pub addr: IpAddr,
+    /// Prefix length.
+    pub prefix_len: u8,
+    /// Scope.
+    pub scope: Scope,
+}
+
+impl Address {
+    /// True for IPv6 fe80::/10 (which needs a scope id: the link).
+    pub fn is_link_local(&self) -> bool {
+        is_link_local(&self.addr)
+    }
+
+    pub(crate) fn from_message(m: &AddressMessage) -> Option<Address> {
+        let mut addr = None;
+        let mut local = None;
+        for a in &m.attributes {
+            match a {
+                AddressAttribute::Address(ip) => addr = Some(*ip),
+                AddressAttribute::Local(ip) => local = Some(*ip),
+                _ => {}
+            }
+        }
+        Some(Address {
+            link: m.header.index,
+            addr: local.or(addr)?,
+            prefix_len: m.header.prefix_len,
+            scope: m.header.scope.into(),
+        })
+    }
+}
+
+/// True for IPv6 link-local unicast (fe80::/10).
+pub fn is_link_local(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+}
+
+impl HostView {
+    /// Every address of every link, IPv4 and IPv6.
+    pub async fn addresses(&self) -> Result<Vec<Address>> {
+        let msgs = nl::request(
+            &self.handle,
+            "RTM_GETADDR",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )
+        .await?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) => Address::from_message(a),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The link that holds `ip`. For a link-local address `scope` (an ifindex) selects among
+    /// links holding the same address. `EADDRNOTAVAIL` if no link holds it.
+    pub async fn link_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<Link> {
+        let found = self
+            .addresses()
+            .await?
+            .into_iter()
+            .find(|a| a.addr == ip && scope.is_none_or(|s| s == a.link))
+            .ok_or(Error::AddressNotAvailable(ip))?;
+        self.link(found.link).await
+    }
+}

@@ -1,0 +1,102 @@
+//! The host's network, read over rtnetlink: links, addresses, route lookups, neighbours, and a
+//! monitor of their changes. Built on the rust-netlink crates (`rtnetlink`,
+//! `netlink-packet-route`, `netlink-sys`); it sees the network namespace of the thread that
+//! creates the [`HostView`] / [`Monitor`].
+//!
+//! * [`HostView`]: async (tokio) queries — [`HostView::links`], [`HostView::addresses`],
+//!   [`HostView::link_holding`], [`HostView::route_get`], [`HostView::route_get_bound`],
+//!   [`HostView::routes`], [`HostView::neighbour`], [`HostView::resolve_neighbour`].
+//! * [`Monitor`]: one multicast netlink socket (links, IPv4/IPv6 addresses and routes,
+//!   neighbours) yielding typed [`Event`]s.
+//! * [`BlockingHostView`]: the same queries for blocking callers; it owns a small
+//!   current-thread tokio runtime.
+//! * [`Error`]: typed errors, [`Error::errno`] gives the errno rdma_cm would report.
+//!
+//! ```no_run
+//! # async fn f() -> rdma_hostview::Result<()> {
+//! use std::time::Duration;
+//! let hv = rdma_hostview::HostView::new()?;
+//! let route = hv.route_get("192.0.2.2".parse().unwrap(), None, None).await?;
+//! let mac = hv
+//!     .resolve_neighbour(route.oif.unwrap(), route.next_hop(), Duration::from_secs(1))
+//!     .await?;
+//! println!("via {:?} from {:?}, MAC {mac}", route.oif, route.prefsrc);
+//! # Ok(()) }
+//! ```
+//!
+//! # How `route_get` detects the kernel's on-link guess
+//!
+//! A lookup with an output netdev (`oif`) is what `ip route get DST oif DEV` does. When no
+//! route through DEV covers DST, IPv4 does not fail: it synthesises a unicast route "on link"
+//! out of DEV (`ip_route_output_key_hash_rcu`, "assume the destination is on link"), which has
+//! no FIB entry behind it. So for every constrained lookup answered with a unicast route,
+//! `route_get` asks the kernel the same question again with `RTM_F_FIB_MATCH` (`ip route get
+//! fibmatch ...`, Linux ≥ 4.13): the kernel then answers with the FIB entry that matched, or
+//! with `EHOSTUNREACH`/`ENETUNREACH` when there is none. No entry, or an entry that does not
+//! go out through `oif`, marks the answer [`RouteOrigin::OnLinkGuess`];
+//! [`HostView::route_get_bound`] turns that (and an answer through another netdev, which IPv6
+//! may give) into an immediate `EHOSTUNREACH`. The check uses the kernel's own lookup (rules,
+//! tables, metrics), so it never disagrees with the route the kernel would use.
+//!
+//! # How neighbour resolution is kicked
+//!
+//! [`HostView::resolve_neighbour`] first subscribes to neighbour notifications, then reads the
+//! entry (RTM_GETNEIGH); a valid one answers at once. Otherwise it sends RTM_NEWNEIGH with the
+//! `NTF_USE` flag (and `NLM_F_CREATE`): the kernel creates the entry if needed and runs
+//! `neigh_event_send` on it — the same call a queued packet makes — so ARP / neighbour
+//! solicitation starts with the kernel's own probe counts and timers, and no datagram is sent
+//! to the peer. Should a kernel refuse that, an empty UDP datagram to the discard port 9 of the
+//! next hop, bound to the netdev, triggers the same resolution. The result is awaited on the
+//! subscription until the entry becomes valid (MAC), FAILED (`EHOSTUNREACH`) or the deadline
+//! passes (`ETIMEDOUT`).
+
+mod addrs;
+mod blocking;
+mod error;
+mod links;
+mod monitor;
+mod neigh;
+mod nl;
+mod route;
+
+pub use addrs::{is_link_local, Address, Scope};
+pub use blocking::BlockingHostView;
+pub use error::{Error, Result};
+pub use links::{Link, LinkFlags, MacAddr};
+pub use monitor::{Event, Monitor};
+pub use neigh::{NeighState, Neighbour};
+pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
+
+/// Async view of the host's network state in the current network namespace.
+///
+/// Create it inside a tokio runtime (it spawns the netlink connection task there).
+///
+/// ```no_run
+/// # async fn f() -> rdma_hostview::Result<()> {
+/// let hv = rdma_hostview::HostView::new()?;
+/// for link in hv.links().await? {
+///     println!("{} {} up={}", link.index, link.name, link.is_usable());
+/// }
+/// let lo = hv.link_holding("127.0.0.1".parse().unwrap(), None).await?;
+/// assert!(lo.flags.loopback);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct HostView {
+    handle: rtnetlink::Handle,
+}
+
+impl HostView {
+    /// Opens a netlink route socket in the calling thread's network namespace and spawns its
+    /// connection task on the current tokio runtime.
+    pub fn new() -> Result<HostView> {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        Ok(HostView { handle })
+    }
+
+    /// A change monitor in the same namespace (see [`Monitor::new`]).
+    pub async fn monitor(&self) -> Result<Monitor> {
+        Monitor::new().await
+    }
+}

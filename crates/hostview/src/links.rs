@@ -1,0 +1,159 @@
+//! Links (netdevs): index, name, flags, MAC, MTU.
+
+use std::fmt;
+
+use netlink_packet_core::NLM_F_DUMP;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags as NlFlags, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+
+use crate::error::{Error, Result};
+use crate::{nl, HostView};
+
+/// An Ethernet (or other 6-byte) hardware address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    /// Takes the first 6 bytes of a netlink hardware address, if there are 6.
+    pub fn from_slice(b: &[u8]) -> Option<MacAddr> {
+        b.try_into().ok().map(MacAddr)
+    }
+
+    /// True for 00:00:00:00:00:00 (e.g. `lo`).
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 6]
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3], b[4], b[5]
+        )
+    }
+}
+
+/// The link flags the connection manager looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LinkFlags {
+    /// IFF_UP: administratively up.
+    pub up: bool,
+    /// IFF_RUNNING: operationally up (carrier).
+    pub running: bool,
+    /// IFF_LOOPBACK.
+    pub loopback: bool,
+    /// IFF_NOARP: no neighbour resolution on this link.
+    pub noarp: bool,
+}
+
+impl From<NlFlags> for LinkFlags {
+    fn from(f: NlFlags) -> Self {
+        LinkFlags {
+            up: f.contains(NlFlags::Up),
+            running: f.contains(NlFlags::Running),
+            loopback: f.contains(NlFlags::Loopback),
+            noarp: f.contains(NlFlags::Noarp),
+        }
+    }
+}
+
+/// A netdev.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// ifindex.
+    pub index: u32,
+    /// Name, e.g. `eth0`.
+    pub name: String,
+    /// Flags.
+    pub flags: LinkFlags,
+    /// Hardware address, if the link has a 6-byte one.
+    pub mac: Option<MacAddr>,
+    /// MTU in bytes.
+    pub mtu: u32,
+}
+
+impl Link {
+    /// Up and running: usable for traffic.
+    pub fn is_usable(&self) -> bool {
+        self.flags.up && self.flags.running
+    }
+
+    /// Whether reaching a neighbour on this link needs ARP/ND (not loopback, not NOARP).
+    pub fn needs_neighbour(&self) -> bool {
+        !self.flags.loopback && !self.flags.noarp
+    }
+
+    pub(crate) fn from_message(m: &LinkMessage) -> Link {
+        let mut link = Link {
+            index: m.header.index,
+            name: String::new(),
+            flags: m.header.flags.into(),
+            mac: None,
+            mtu: 0,
+        };
+        for a in &m.attributes {
+            match a {
+                LinkAttribute::IfName(n) => link.name.clone_from(n),
+                LinkAttribute::Address(b) => link.mac = MacAddr::from_slice(b),
+                LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
+                _ => {}
+            }
+        }
+        link
+    }
+}
+
+impl HostView {
+    /// Every link of the namespace.
+    pub async fn links(&self) -> Result<Vec<Link>> {
+        let msgs = nl::request(
+            &self.handle,
+            "RTM_GETLINK",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            NLM_F_DUMP,
+        )
+        .await?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The link with ifindex `index` (`ENODEV` if none).
+    pub async fn link(&self, index: u32) -> Result<Link> {
+        let mut req = LinkMessage::default();
+        req.header.index = index;
+        let msgs = nl::request(
+            &self.handle,
+            "RTM_GETLINK",
+            RouteNetlinkMessage::GetLink(req),
+            0,
+        )
+        .await
+        .map_err(|e| match e.errno() {
+            libc::ENODEV => Error::NoDevice(format!("ifindex {index}")),
+            _ => e,
+        })?;
+        msgs.iter()
+            .find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })
+            .ok_or_else(|| Error::NoDevice(format!("ifindex {index}")))
+    }
+
+    /// The link named `name` (`ENODEV` if none).
+    pub async fn link_by_name(&self, name: &str) -> Result<Link> {
+        self.links()
+            .await?
+            .into_iter()
+            .find(|l| l.name == name)
+            .ok_or_else(|| Error::NoDevice(name.to_string()))
+    }
+}

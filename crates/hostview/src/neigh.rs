@@ -1,0 +1,257 @@
+//! Neighbours (ARP / NDP entries) and resolving a next hop's MAC address.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
+    NeighbourState as NlState,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use crate::error::{Error, Result};
+use crate::links::MacAddr;
+use crate::monitor::{Event, Monitor};
+use crate::{nl, HostView};
+
+/// State of a neighbour entry (`NUD_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeighState {
+    /// Resolution in progress.
+    Incomplete,
+    /// Confirmed recently.
+    Reachable,
+    /// Valid but unconfirmed.
+    Stale,
+    /// Valid, confirmation pending.
+    Delay,
+    /// Valid, being probed.
+    Probe,
+    /// Resolution failed.
+    Failed,
+    /// No resolution needed on this link.
+    Noarp,
+    /// Static entry.
+    Permanent,
+    /// No state.
+    None,
+    /// Another value.
+    Other(u16),
+}
+
+impl NeighState {
+    /// `NUD_VALID`: the entry's MAC can be used right away.
+    pub fn is_valid(self) -> bool {
+        matches!(
+            self,
+            NeighState::Reachable
+                | NeighState::Stale
+                | NeighState::Delay
+                | NeighState::Probe
+                | NeighState::Noarp
+                | NeighState::Permanent
+        )
+    }
+}
+
+impl From<NlState> for NeighState {
+    fn from(s: NlState) -> Self {
+        match s {
+            NlState::Incomplete => NeighState::Incomplete,
+            NlState::Reachable => NeighState::Reachable,
+            NlState::Stale => NeighState::Stale,
+            NlState::Delay => NeighState::Delay,
+            NlState::Probe => NeighState::Probe,
+            NlState::Failed => NeighState::Failed,
+            NlState::Noarp => NeighState::Noarp,
+            NlState::Permanent => NeighState::Permanent,
+            NlState::None => NeighState::None,
+            other => NeighState::Other(u16::from(other)),
+        }
+    }
+}
+
+/// A neighbour entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Neighbour {
+    /// ifindex of the link.
+    pub link: u32,
+    /// The neighbour's IP address.
+    pub addr: IpAddr,
+    /// Its hardware address, when known.
+    pub mac: Option<MacAddr>,
+    /// Entry state.
+    pub state: NeighState,
+}
+
+impl Neighbour {
+    pub(crate) fn from_message(m: &NeighbourMessage) -> Option<Neighbour> {
+        let mut addr = None;
+        let mut mac = None;
+        for a in &m.attributes {
+            match a {
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
+                    addr = Some(IpAddr::V4(*v4))
+                }
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
+                    addr = Some(IpAddr::V6(*v6))
+                }
+                NeighbourAttribute::LinkLayerAddress(b) => mac = MacAddr::from_slice(b),
+                _ => {}
+            }
+        }
+        Some(Neighbour {
+            link: m.header.ifindex,
+            addr: addr?,
+            mac,
+            state: m.header.state.into(),
+        })
+    }
+}
+
+fn neigh_message(link: u32, ip: IpAddr) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.ifindex = link;
+    m.attributes.push(NeighbourAttribute::Destination(match ip {
+        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+    }));
+    m
+}
+
+impl HostView {
+    /// The neighbour entry for `ip` on `link`, if there is one (RTM_GETNEIGH).
+    pub async fn neighbour(&self, link: u32, ip: IpAddr) -> Result<Option<Neighbour>> {
+        let r = nl::request(
+            &self.handle,
+            "RTM_GETNEIGH",
+            RouteNetlinkMessage::GetNeighbour(neigh_message(link, ip)),
+            0,
+        )
+        .await;
+        match r {
+            Ok(msgs) => Ok(msgs.iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewNeighbour(n) => Neighbour::from_message(n),
+                _ => None,
+            })),
+            Err(e) if e.errno() == libc::ENOENT => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Resolves the MAC address of `next_hop` on `link` within `timeout`.
+    ///
+    /// A valid entry (REACHABLE, STALE, DELAY, PROBE, PERMANENT, NOARP) answers at once.
+    /// Otherwise resolution is kicked (see the crate docs) and awaited on a neighbour
+    /// [`Monitor`] subscribed before the first look, so no update is missed and nothing polls.
+    /// Loopback links answer with their own MAC (all zero for `lo`), NOARP links with all zero.
+    ///
+    /// Errors: [`Error::HostUnreachable`] when the entry goes FAILED, [`Error::TimedOut`] at
+    /// the deadline, [`Error::NoDevice`] for an unknown link.
+    pub async fn resolve_neighbour(
+        &self,
+        link: u32,
+        next_hop: IpAddr,
+        timeout: Duration,
+    ) -> Result<MacAddr> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let l = self.link(link).await?;
+        if !l.needs_neighbour() {
+            return Ok(if l.flags.loopback {
+                l.mac.unwrap_or_default()
+            } else {
+                MacAddr::default()
+            });
+        }
+        let mut mon = Monitor::neighbours_only().await?;
+        if let Some(n) = self.neighbour(link, next_hop).await? {
+            if let (true, Some(mac)) = (n.state.is_valid(), n.mac) {
+                return Ok(mac);
+            }
+        }
+        self.kick_resolution(link, &l.name, next_hop).await?;
+        loop {
+            match mon.next_before(deadline).await? {
+                Event::Neighbour(n) if n.link == link && n.addr == next_hop => {
+                    match (n.state, n.mac) {
+                        (s, Some(mac)) if s.is_valid() => return Ok(mac),
+                        (NeighState::Failed, _) => return Err(Error::HostUnreachable),
+                        _ => {}
+                    }
+                }
+                Event::Overrun => {
+                    if let Some(Neighbour {
+                        state,
+                        mac: Some(mac),
+                        ..
+                    }) = self.neighbour(link, next_hop).await?
+                    {
+                        if state.is_valid() {
+                            return Ok(mac);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Starts resolution: RTM_NEWNEIGH with NTF_USE (the kernel runs `neigh_event_send` on
+    /// the entry, creating it if needed, exactly as when a packet waits for it); if the kernel
+    /// refuses that, an empty UDP datagram to the discard port (9) of `ip`, sent out of `link`.
+    async fn kick_resolution(&self, link: u32, link_name: &str, ip: IpAddr) -> Result<()> {
+        let mut m = neigh_message(link, ip);
+        m.header.flags = NeighbourFlags::Use;
+        m.header.state = NlState::None;
+        let r = nl::request(
+            &self.handle,
+            "RTM_NEWNEIGH(NTF_USE)",
+            RouteNetlinkMessage::NewNeighbour(m),
+            NLM_F_CREATE | NLM_F_ACK,
+        )
+        .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(_) => udp_kick(link, link_name, ip),
+        }
+    }
+}
+
+/// Fallback kick: one empty datagram to `ip`:9 out of `link` makes the kernel resolve `ip`.
+fn udp_kick(link: u32, link_name: &str, ip: IpAddr) -> Result<()> {
+    let (bind, dst): (SocketAddr, SocketAddr) = match ip {
+        IpAddr::V4(v4) => ("0.0.0.0:0".parse().unwrap(), (v4, 9).into()),
+        IpAddr::V6(v6) => (
+            "[::]:0".parse().unwrap(),
+            std::net::SocketAddrV6::new(v6, 9, 0, link).into(),
+        ),
+    };
+    let sock = UdpSocket::bind(bind)?;
+    bind_to_device(&sock, link_name)?;
+    sock.send_to(&[], dst)?;
+    Ok(())
+}
+
+fn bind_to_device(sock: &UdpSocket, name: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid socket fd; name bytes and length passed as SO_BINDTODEVICE expects.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().into())
+    }
+}
