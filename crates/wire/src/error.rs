@@ -69,6 +69,21 @@ pub enum Error {
         /// The length given.
         len: usize,
     },
+    /// An extended header is present or missing contrary to what the BTH opcode requires.
+    HeaderMismatch {
+        /// The BTH opcode.
+        opcode: u8,
+        /// The header (`"RETH"`, `"ImmDt"`, ...).
+        header: &'static str,
+    },
+    /// The bytes between the headers and the ICRC (payload and pad) do not suit the opcode:
+    /// not a multiple of 4, or not empty for an opcode without payload.
+    BadPayloadLength {
+        /// The BTH opcode.
+        opcode: u8,
+        /// Payload plus pad bytes.
+        len: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -95,6 +110,12 @@ impl fmt::Display for Error {
             }
             Error::TooLong { field, max, len } => {
                 write!(f, "{field} too long: {len} bytes, at most {max}")
+            }
+            Error::HeaderMismatch { opcode, header } => {
+                write!(f, "{header} presence does not match BTH opcode {opcode:#04x}")
+            }
+            Error::BadPayloadLength { opcode, len } => {
+                write!(f, "payload of {len} bytes not allowed for BTH opcode {opcode:#04x}")
             }
         }
     }

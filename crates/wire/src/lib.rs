@@ -15,4 +15,16 @@
 mod error;
 mod field;
 
+// Transport layer (RoCEv2).
+pub mod aeth;
+pub mod atomic;
+pub mod bth;
+pub mod deth;
+pub mod icrc;
+pub mod imm;
+pub mod opcode;
+pub mod packet;
+pub mod rdeth;
+pub mod reth;
+
 pub use error::{Error, Result};
