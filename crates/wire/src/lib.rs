@@ -14,6 +14,12 @@
 
 mod error;
 mod field;
+mod layout;
+
+pub mod cm;
+pub mod ip_cm;
+pub mod mad;
+pub mod time;
 
 // Transport layer (RoCEv2).
 pub mod aeth;

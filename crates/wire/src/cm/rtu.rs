@@ -1,0 +1,72 @@
+//! RTU, ReadyToUse (IBA vol1 12.6.9, table 111; attribute 0x0014).
+
+use super::CM_PAYLOAD_LEN;
+use crate::layout::{array, bytes_field, check_out, view};
+use crate::Result;
+
+/// Length of the RTU private data (bytes 8..232).
+pub const RTU_PRIVATE_DATA_LEN: usize = 224;
+
+view! {
+    /// A zero-copy view of an RTU message.
+    ///
+    /// ```
+    /// use rdma_wire::cm::{Rtu, CM_PAYLOAD_LEN};
+    /// let mut buf = [0u8; CM_PAYLOAD_LEN];
+    /// Rtu::new_checked(&mut buf[..]).unwrap().set_remote_comm_id(0x0c78_20a6);
+    /// assert_eq!(Rtu::new_checked(&buf[..]).unwrap().remote_comm_id(), 0x0c78_20a6);
+    /// ```
+    pub struct Rtu, len = CM_PAYLOAD_LEN;
+    /// Local Communication ID.
+    local_comm_id / set_local_comm_id: u32(0);
+    /// Remote Communication ID.
+    remote_comm_id / set_remote_comm_id: u32(4);
+}
+
+bytes_field!(Rtu,
+    /// PrivateData (224 bytes).
+    private_data / private_data_mut: 8..CM_PAYLOAD_LEN);
+
+/// An RTU as plain values.
+///
+/// ```
+/// use rdma_wire::cm::{RtuRepr, CM_PAYLOAD_LEN};
+/// let rtu = RtuRepr { local_comm_id: 1, remote_comm_id: 2, private_data: [7; 224] };
+/// let mut buf = [0u8; CM_PAYLOAD_LEN];
+/// rtu.emit(&mut buf).unwrap();
+/// assert_eq!(RtuRepr::parse(&buf).unwrap(), rtu);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RtuRepr {
+    /// Local Communication ID.
+    pub local_comm_id: u32,
+    /// Remote Communication ID.
+    pub remote_comm_id: u32,
+    /// PrivateData.
+    pub private_data: [u8; RTU_PRIVATE_DATA_LEN],
+}
+
+impl RtuRepr {
+    /// Length on the wire.
+    pub const LEN: usize = CM_PAYLOAD_LEN;
+
+    /// Reads an RTU from the first 232 bytes of `buf`.
+    pub fn parse(buf: &[u8]) -> Result<Self> {
+        let v = Rtu::new_checked(buf)?;
+        Ok(RtuRepr {
+            local_comm_id: v.local_comm_id(),
+            remote_comm_id: v.remote_comm_id(),
+            private_data: array(v.private_data(), 0),
+        })
+    }
+
+    /// Writes the RTU into the first 232 bytes of `buf`.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        check_out(buf, Self::LEN)?;
+        let mut v = Rtu::new_unchecked(buf);
+        v.set_local_comm_id(self.local_comm_id);
+        v.set_remote_comm_id(self.remote_comm_id);
+        v.private_data_mut().copy_from_slice(&self.private_data);
+        Ok(())
+    }
+}
