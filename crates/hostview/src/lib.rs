@@ -50,6 +50,8 @@
 //! subscription until the entry becomes valid (MAC), FAILED (`EHOSTUNREACH`) or the deadline
 //! passes (`ETIMEDOUT`).
 
+#![warn(missing_docs)]
+
 mod addrs;
 mod blocking;
 mod error;

@@ -255,3 +255,38 @@ fn bind_to_device(sock: &UdpSocket, name: &str) -> Result<()> {
         Err(std::io::Error::last_os_error().into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BlockingHostView;
+
+    /// The fallback kick alone (no NTF_USE) gets the peer resolved.
+    #[test]
+    fn udp_kick_starts_resolution() {
+        if !rdma_testhosts::require_root("udp_kick_starts_resolution") {
+            return;
+        }
+        let t = rdma_testhosts::topologies::two_hosts_one_link().unwrap();
+        t.host("a").run(|| {
+            let hv = BlockingHostView::new().unwrap();
+            let eth0 = hv.link_by_name("eth0").unwrap().index;
+            for ip in ["192.0.2.2", "2001:db8:1::2"] {
+                let ip: IpAddr = ip.parse().unwrap();
+                let mut mon = hv.block_on(Monitor::neighbours_only()).unwrap();
+                udp_kick(eth0, "eth0", ip).unwrap();
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+                let mac = hv.block_on(async {
+                    loop {
+                        if let Event::Neighbour(n) = mon.next_before(deadline).await.unwrap() {
+                            if n.addr == ip && n.state.is_valid() {
+                                break n.mac;
+                            }
+                        }
+                    }
+                });
+                assert!(mac.is_some_and(|m| !m.is_zero()), "{ip}");
+            }
+        });
+    }
+}

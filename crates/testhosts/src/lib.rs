@@ -29,6 +29,8 @@
 //! assert!(links.contains("eth0"));
 //! ```
 
+#![warn(missing_docs)]
+
 mod host;
 mod ns;
 pub mod topologies;

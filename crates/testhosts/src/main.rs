@@ -5,6 +5,8 @@
 //! * `testhosts list`: lists every namespace this crate made, and the topology names;
 //! * `testhosts sweep`: removes namespaces of test processes that no longer run.
 
+#![warn(missing_docs)]
+
 use std::process::ExitCode;
 
 use rdma_testhosts::{topologies, NAME_PREFIX};
