@@ -166,3 +166,27 @@ fn command_runs_inside_the_host() {
     );
     assert_eq!(rdma_testhosts::sweep_stale(), rdma_testhosts::sweep_stale());
 }
+
+#[test]
+fn sweep_removes_namespaces_of_dead_processes_only() {
+    if !require_root("sweep_removes_namespaces_of_dead_processes_only") {
+        return;
+    }
+    // pid_max is at most 4194304, so this pid never runs.
+    let stale = "rth4194305x0z";
+    let live = format!("rth{}x999999z", std::process::id());
+    for n in [stale, live.as_str()] {
+        assert!(std::process::Command::new("ip")
+            .args(["netns", "add", n])
+            .status()
+            .unwrap()
+            .success());
+    }
+    assert!(rdma_testhosts::sweep_stale() >= 1);
+    assert!(!netns_exists(stale));
+    assert!(netns_exists(&live));
+    std::process::Command::new("ip")
+        .args(["netns", "del", &live])
+        .status()
+        .unwrap();
+}
