@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use rdma_soft::io::{Arrival, DatagramWire, FaultSpec, UdpConfig, UdpWire, WireAddr};
+use rdma_soft::io::{Arrival, DatagramWire, FaultSpec, UdpConfig, UdpWire, WireAddr, WireStats};
 
 fn addr(s: &str) -> WireAddr {
     s.parse().unwrap()
@@ -61,7 +61,7 @@ fn ipv4_batch_with_pktinfo() {
     let got = drain(&mut b, 200, Duration::from_secs(2));
     assert_eq!(got.len(), 200);
     for (i, (arr, p)) in got.iter().enumerate() {
-        assert_eq!(p, &numbered(i as u32), "in order on loopback");
+        assert_eq!(p[..56], numbered(i as u32)[..56], "in order on loopback");
         assert_eq!(arr.local, lb);
         assert_eq!(arr.remote, la);
         assert_eq!(arr.ifindex, 1, "arrived on lo");
@@ -91,7 +91,8 @@ fn ipv6_loopback() {
     assert_eq!(got[0].0.local, l6);
     assert_eq!(got[0].0.remote, l6);
     assert_eq!(got[0].0.ifindex, 1);
-    assert_eq!(got[0].1, b"to myself over ::1");
+    assert_eq!(&got[0].1[..14], b"to myself over");
+    assert_eq!(w.stats().icrc_errors, 0);
 }
 
 #[test]
@@ -131,22 +132,29 @@ fn two_addresses_one_wire() {
     w.open(l2).unwrap();
     let mut p = wire(None);
     p.open(peer).unwrap();
-    p.send(peer, l1, b"one").unwrap();
-    p.send(peer, l2, b"two").unwrap();
+    p.send(peer, l1, b"one..............").unwrap();
+    p.send(peer, l2, b"two..............").unwrap();
     p.flush().unwrap();
     let mut got = drain(&mut w, 2, Duration::from_secs(2));
     got.sort_by_key(|(a, _)| a.local);
     assert_eq!(got.len(), 2);
-    assert_eq!((got[0].0.local, got[0].1.as_slice()), (l1, &b"one"[..]));
-    assert_eq!((got[1].0.local, got[1].1.as_slice()), (l2, &b"two"[..]));
+    assert_eq!(
+        (got[0].0.local, &got[0].1[..13]),
+        (l1, &b"one.........."[..])
+    );
+    assert_eq!(
+        (got[1].0.local, &got[1].1[..13]),
+        (l2, &b"two.........."[..])
+    );
     // replies go out from the address the packet came to
-    w.send(l2, peer, b"reply").unwrap();
+    w.send(l2, peer, &[5u8; 20]).unwrap();
     w.flush().unwrap();
     let r = drain(&mut p, 1, Duration::from_secs(2));
     assert_eq!(r[0].0.remote, l2);
 }
 
-fn faulty_run(spec: &str, la: &str, lb: &str, n: u32) -> (Vec<Vec<u8>>, UdpWire) {
+/// Sends `n` numbered packets through a faulty sender; returns what arrived and both wires' stats.
+fn faulty_run(spec: &str, la: &str, lb: &str, n: u32) -> (Vec<Vec<u8>>, WireStats, WireStats) {
     let (la, lb) = (addr(la), addr(lb));
     let (mut a, mut b) = (wire(Some(spec)), wire(None));
     a.open(la).unwrap();
@@ -166,19 +174,26 @@ fn faulty_run(spec: &str, la: &str, lb: &str, n: u32) -> (Vec<Vec<u8>>, UdpWire)
     }
     assert_eq!(a.next_deadline(), None);
     let got = drain(&mut b, usize::MAX, Duration::from_millis(200));
-    (got.into_iter().map(|(_, p)| p).collect(), a)
+    (
+        got.into_iter().map(|(_, p)| p).collect(),
+        a.stats(),
+        b.stats(),
+    )
 }
 
 #[test]
 fn faults_on_send_loss_dup_reorder_delay_corrupt() {
     let n = 2000;
     let spec = "loss=0.1,dup=0.05,reorder=0.05,delay=0.05:2ms,corrupt=0.02,seed=7";
-    let (got, a) = faulty_run(spec, "127.0.1.8", "127.0.1.9", n);
-    let fs = a.stats().faults_send;
+    let (got, sa, sb) = faulty_run(spec, "127.0.1.8", "127.0.1.9", n);
+    let fs = sa.faults_send;
     assert!(fs.dropped > 150 && fs.dropped < 250, "{fs:?}");
     assert!(fs.duplicated > 50 && fs.reordered > 50 && fs.delayed > 40 && fs.corrupted > 15);
+    // Corrupted datagrams (a duplicate of one counts twice) fail the receiver's ICRC check.
+    let icrc_errors = sb.icrc_errors;
     let expect = n as u64 - fs.dropped + fs.duplicated;
-    assert_eq!(got.len() as u64, expect, "{fs:?}");
+    assert_eq!(got.len() as u64 + icrc_errors, expect, "{fs:?}");
+    assert!(icrc_errors >= fs.corrupted, "{icrc_errors} {fs:?}");
     let out_of_order = got.windows(2).filter(|w| w[0][..4] > w[1][..4]).count();
     assert!(out_of_order > 50, "reordered: {out_of_order}");
     let corrupted = got
@@ -189,13 +204,16 @@ fn faults_on_send_loss_dup_reorder_delay_corrupt() {
         .count();
     assert!(corrupted > 0);
     // Same seed, same decisions.
-    let (again, a2) = faulty_run(spec, "127.0.1.10", "127.0.1.11", n);
-    assert_eq!(a2.stats().faults_send, fs);
-    let mut s1 = got.clone();
-    let mut s2 = again.clone();
-    s1.sort();
-    s2.sort();
-    assert_eq!(s1, s2, "the same datagrams (order of delays may differ)");
+    let (again, sa2, _) = faulty_run(spec, "127.0.1.10", "127.0.1.11", n);
+    assert_eq!(sa2.faults_send, fs);
+    // The same datagrams (without the ICRC, which covers the addresses); the order of delayed
+    // ones may differ.
+    let strip = |v: &[Vec<u8>]| {
+        let mut v: Vec<Vec<u8>> = v.iter().map(|p| p[..56].to_vec()).collect();
+        v.sort();
+        v
+    };
+    assert!(strip(&got) == strip(&again), "same seed, same datagrams");
 }
 
 #[test]
@@ -215,7 +233,7 @@ fn faults_on_receive() {
     assert_eq!(a.stats().faults_send.duplicated, 0);
     let mut c = wire(Some("loss=1,dir=both"));
     c.open(addr("127.0.1.14")).unwrap();
-    c.send(addr("127.0.1.14"), lb, b"lost").unwrap();
+    c.send(addr("127.0.1.14"), lb, &[9u8; 20]).unwrap();
     c.flush().unwrap();
     assert!(drain(&mut b, 1, Duration::from_millis(100)).is_empty());
 }
@@ -227,8 +245,31 @@ fn wait_fd_polls_readable() {
     a.open(la).unwrap();
     b.open(lb).unwrap();
     assert!(!wait_readable(&b, Duration::from_millis(0)));
-    a.send(la, lb, b"wake").unwrap();
+    a.send(la, lb, &[7u8; 20]).unwrap();
     a.flush().unwrap();
     assert!(wait_readable(&b, Duration::from_secs(2)));
     assert_eq!(drain(&mut b, 1, Duration::from_secs(1)).len(), 1);
+}
+
+#[test]
+fn bad_icrc_is_dropped_and_counted() {
+    let lb = addr("127.0.1.17");
+    let mut b = wire(None);
+    b.open(lb).unwrap();
+    // A plain UDP sender that writes no valid ICRC.
+    let raw = std::net::UdpSocket::bind("127.0.1.18:0").unwrap();
+    raw.send_to(&[0x04u8; 40], "127.0.1.17:4791").unwrap();
+    raw.send_to(&[1u8; 3], "127.0.1.17:4791").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(drain(&mut b, 1, Duration::from_millis(100)).is_empty());
+    assert_eq!(b.stats().icrc_errors, 2);
+    // Sending refuses a packet with no room for BTH and ICRC, and mixed families.
+    assert_eq!(
+        b.send(lb, lb, &[0u8; 15]).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert_eq!(
+        b.send(lb, addr("::1"), &[0u8; 16]).unwrap_err().errno(),
+        libc::EINVAL
+    );
 }

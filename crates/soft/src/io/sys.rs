@@ -249,10 +249,8 @@ pub(crate) unsafe fn parse_ancillary(msg: &libc::msghdr) -> Ancillary {
                 out.dst = Some(IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr)));
             }
             // IP_TOS arrives as one byte, the others as ints.
-            (libc::IPPROTO_IP, libc::IP_TOS) => {
-                if data_len >= 1 {
-                    out.tclass = unsafe { *data };
-                }
+            (libc::IPPROTO_IP, libc::IP_TOS) if data_len >= 1 => {
+                out.tclass = unsafe { *data };
             }
             (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
                 if let Some(v) = int(data_len) {
@@ -311,6 +309,18 @@ mod tests {
             let (ss, _) = to_sockaddr(a, 4791);
             assert_eq!(from_sockaddr(&ss), Some((a, 4791)));
         }
+    }
+
+    #[test]
+    fn sockets_never_fragment() {
+        let fd = open_udp("127.0.1.40".parse().unwrap(), 0, 1 << 20).unwrap();
+        let v = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MTU_DISCOVER).unwrap();
+        assert_eq!(v, libc::IP_PMTUDISC_DO);
+        let fd = open_udp("::1".parse().unwrap(), 0, 1 << 20).unwrap();
+        let v = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER);
+        assert_eq!(v.unwrap(), libc::IPV6_PMTUDISC_DO);
+        let v6only = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY);
+        assert_eq!(v6only.unwrap(), 1);
     }
 
     #[test]

@@ -5,11 +5,15 @@ use std::time::Instant;
 
 use super::batch::{RecvBatch, SendBatch, SendOutcome};
 use super::fault::{FaultInjector, FaultSpec, Verdict};
+use super::icrc::{self, IcrcChecker, IcrcOk};
 use super::{sys, Arrival, DatagramWire, WireAddr, WireStats};
 use crate::{Error, Result};
 
 /// The IANA port of RoCEv2.
 pub const ROCE_PORT: u16 = 4791;
+
+/// A BTH (12 bytes) and an ICRC (4 bytes).
+const MIN_PACKET: usize = 16;
 
 /// Settings of a [`UdpWire`].
 ///
@@ -96,8 +100,9 @@ pub struct UdpWire {
     stats: WireStats,
     next_recv: usize,
     send_faults: Option<Box<FaultInjector<SendMeta>>>,
-    recv_faults: Option<Box<FaultInjector<Arrival>>>,
+    recv_faults: Option<Box<FaultInjector<(Arrival, u16)>>>,
     order: Vec<u16>,
+    checker: IcrcChecker,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -146,6 +151,7 @@ impl UdpWire {
             next_recv: 0,
             send_faults,
             recv_faults,
+            checker: IcrcChecker::new(),
         })
     }
 
@@ -246,6 +252,30 @@ impl UdpWire {
     }
 }
 
+/// Checks the ICRC of a received datagram, counting what it finds.
+fn accept(
+    checker: &mut IcrcChecker,
+    stats: &mut WireStats,
+    port: u16,
+    arrival: &Arrival,
+    src_port: u16,
+    data: &[u8],
+) -> bool {
+    let verdict = icrc::encap(arrival.remote, arrival.local, src_port, port)
+        .and_then(|encap| checker.check(&encap, data));
+    match verdict {
+        Some(IcrcOk::Exact) => true,
+        Some(IcrcOk::RecoveredId(_)) => {
+            stats.icrc_recovered_id += 1;
+            true
+        }
+        None => {
+            stats.icrc_errors += 1;
+            false
+        }
+    }
+}
+
 /// The scope a link-local destination is reached through: its own, else the source's.
 fn with_scope(to: WireAddr, from: WireAddr) -> WireAddr {
     if to.is_link_local() && to.scope_id() == 0 {
@@ -311,15 +341,26 @@ impl DatagramWire for UdpWire {
                 max: self.cfg.max_packet,
             });
         }
+        if packet.len() < MIN_PACKET {
+            return Err(Error::InvalidArgument(
+                "packet shorter than a BTH and its ICRC",
+            ));
+        }
         let i = self
             .local_index(from)
             .ok_or(Error::NotOpen { addr: from })?;
+        let port = self.cfg.port;
+        let encap = icrc::encap(from, to, port, port).ok_or(Error::InvalidArgument(
+            "source and destination of different IP families",
+        ))?;
         if self.locals[i].out.is_full() {
             self.flush_local(i, None);
         }
         let to = with_scope(to, from);
-        let port = self.cfg.port;
-        self.locals[i].out.push(to, port, packet);
+        let out = &mut self.locals[i].out;
+        let k = out.push(to, port, packet);
+        // Cannot fail: the length is within bounds and the families match.
+        icrc::seal(&encap, out.data_mut(k));
         Ok(())
     }
 
@@ -338,6 +379,7 @@ impl DatagramWire for UdpWire {
         let mut delivered = 0;
         let count = self.locals.len();
         let now = self.recv_faults.as_ref().map(|_| Instant::now());
+        let port = self.cfg.port;
         for step in 0..count {
             let i = (self.next_recv + step) % count;
             let local = &self.locals[i];
@@ -356,7 +398,7 @@ impl DatagramWire for UdpWire {
             let bound = local.addr;
             for k in 0..n {
                 let Some(d) = self.inbox.get(k) else { break };
-                let Some((remote, _port)) = d.src.filter(|_| !d.truncated) else {
+                let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
                     self.stats.malformed += 1;
                     continue;
                 };
@@ -380,7 +422,7 @@ impl DatagramWire for UdpWire {
                             Verdict::Duplicate => 2,
                             Verdict::Drop => 0,
                             Verdict::Hold { .. } => {
-                                if inj.hold(now, data, arrival, verdict) {
+                                if inj.hold(now, data, (arrival, src_port), verdict) {
                                     0
                                 } else {
                                     1
@@ -390,25 +432,38 @@ impl DatagramWire for UdpWire {
                     }
                     _ => 1,
                 };
-                for _ in 0..times {
-                    deliver(&arrival, data);
-                    delivered += 1;
-                }
                 if times > 0 {
                     if let Some(inj) = self.recv_faults.as_deref_mut() {
                         inj.passed();
                     }
+                    if !accept(
+                        &mut self.checker,
+                        &mut self.stats,
+                        port,
+                        &arrival,
+                        src_port,
+                        data,
+                    ) {
+                        continue;
+                    }
+                }
+                for _ in 0..times {
+                    deliver(&arrival, data);
+                    delivered += 1;
                 }
             }
         }
+        if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
+            let (checker, stats) = (&mut self.checker, &mut self.stats);
+            inj.release(now, &mut |(arrival, src_port), data| {
+                if accept(checker, stats, port, &arrival, src_port, data) {
+                    deliver(&arrival, data);
+                    delivered += 1;
+                }
+            });
+        }
         if count > 0 {
             self.next_recv = (self.next_recv + 1) % count;
-        }
-        if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
-            inj.release(now, &mut |arrival, data| {
-                deliver(&arrival, data);
-                delivered += 1;
-            });
         }
         self.stats.received += delivered as u64;
         Ok(delivered)
