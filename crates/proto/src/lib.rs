@@ -13,4 +13,9 @@
 #![warn(missing_docs)]
 
 pub mod memory;
+pub mod packet;
+pub mod psn;
+pub mod rc;
+pub mod sim;
 pub mod verbs;
+pub mod wire;

@@ -382,6 +382,67 @@ impl MemoryTable for InMemoryTable {
     }
 }
 
+/// Why [`scatter`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScatterError {
+    /// The data does not fit the scatter list.
+    TooLong,
+    /// A piece was refused.
+    Mem(MemError),
+}
+
+/// Writes `data` into the scatter list `sg` starting `off` bytes into it (local writes,
+/// checked by [`MemoryTable::write_local`] piece by piece).
+///
+/// ```
+/// use rdma_proto::memory::{scatter, InMemoryTable, ScatterError};
+/// use rdma_proto::verbs::{AccessFlags, PdId, Sge};
+/// let mut m = InMemoryTable::new(0, 64);
+/// let k = m.register(PdId(0), 0, 64, AccessFlags::LOCAL_WRITE).unwrap();
+/// let sg = [Sge { addr: 0, length: 2, lkey: k.lkey }, Sge { addr: 10, length: 4, lkey: k.lkey }];
+/// scatter(&mut m, PdId(0), &sg, 1, b"abcd").unwrap();
+/// assert_eq!(m.bytes(0, 2).unwrap(), b"\0a");
+/// assert_eq!(m.bytes(10, 4).unwrap(), b"bcd\0");
+/// assert_eq!(scatter(&mut m, PdId(0), &sg, 4, b"xyz"), Err(ScatterError::TooLong));
+/// ```
+pub fn scatter<M: MemoryTable + ?Sized>(
+    mem: &mut M,
+    pd: PdId,
+    sg: &[crate::verbs::Sge],
+    off: u64,
+    data: &[u8],
+) -> Result<(), ScatterError> {
+    let total: u64 = sg.iter().map(|s| s.length as u64).sum();
+    if off
+        .checked_add(data.len() as u64)
+        .is_none_or(|end| end > total)
+    {
+        return Err(ScatterError::TooLong);
+    }
+    let mut skip = off;
+    let mut done = 0usize;
+    for s in sg {
+        if done == data.len() {
+            break;
+        }
+        let l = s.length as u64;
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(data.len() - done);
+        let addr = s
+            .addr
+            .checked_add(skip)
+            .ok_or(ScatterError::Mem(MemError::OutOfBounds))?;
+        mem.write_local(pd, s.lkey, addr, &data[done..done + n])
+            .map_err(ScatterError::Mem)?;
+        done += n;
+        skip = 0;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,237 @@
+//! Completer: ACKs, NAKs, READ responses and atomic ACKs retire send work requests.
+
+use super::{rnr_timer_ns, RcQp};
+use crate::memory::{scatter, MemoryTable};
+use crate::packet::{AethKind, NakCode, Opcode, Packet};
+use crate::psn::{psn_add, psn_diff, PSN_MASK};
+use crate::verbs::{Completion, SendFlags, SendOp, WcStatus};
+
+impl RcQp {
+    /// Retires the oldest WR.
+    fn complete_front(&mut self, status: WcStatus) {
+        let Some(w) = self.sq.pop_front() else { return };
+        if w.wr.op.is_read_or_atomic() {
+            self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
+        }
+        if self.req_idx == 0 {
+            self.req_off = 0;
+        } else {
+            self.req_idx -= 1;
+        }
+        if status != WcStatus::Success
+            || self.cfg.sq_sig_all
+            || w.wr.flags.contains(SendFlags::SIGNALED)
+        {
+            let mut c = Completion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.cfg.qpn);
+            c.byte_len = w.len;
+            self.send_cq.push_back(c);
+        }
+    }
+
+    /// Completes SENDs and WRITEs acknowledged through `upto`. Returns (progress, blocked):
+    /// blocked when `upto` covers a READ or atomic whose response has not arrived (an
+    /// implicit NAK for it).
+    fn ack_through(&mut self, upto: u32) -> (bool, bool) {
+        let mut progress = false;
+        loop {
+            let Some(w) = self.sq.front() else { break };
+            if !w.started || psn_diff(upto, w.first_psn) < 0 {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                return (progress, true);
+            }
+            let last = w.last_psn();
+            if psn_diff(upto, last) >= 0 {
+                self.comp_psn = psn_add(last, 1);
+                self.complete_front(WcStatus::Success);
+                progress = true;
+            } else {
+                let np = psn_add(upto, 1);
+                if psn_diff(np, self.comp_psn) > 0 {
+                    self.comp_psn = np;
+                    progress = true;
+                }
+                break;
+            }
+        }
+        (progress, false)
+    }
+
+    fn on_progress(&mut self, now: u64) {
+        self.retry_left = self.attr.retry_cnt;
+        self.rnr_left = self.attr.rnr_retry;
+        self.gbn_guard = None;
+        self.arm_retrans(now);
+    }
+
+    /// Goes back to `psn` unless already done for this PSN without progress since; `count`
+    /// charges the retry counter.
+    fn retry_from(&mut self, now: u64, psn: u32, count: bool) {
+        if self.gbn_guard == Some(psn) {
+            return;
+        }
+        if count {
+            if self.retry_left == 0 {
+                self.enter_error(Some(WcStatus::RetryExcErr));
+                return;
+            }
+            self.retry_left -= 1;
+        }
+        self.go_back(psn);
+        self.arm_retrans(now);
+    }
+
+    fn fail_front(&mut self, status: WcStatus) {
+        if let Some(w) = self.sq.front_mut() {
+            w.error = Some(status);
+        }
+        self.enter_error(None);
+    }
+
+    pub(super) fn handle_response<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        pkt: &Packet<'_>,
+    ) {
+        let h = &pkt.header;
+        let p = h.psn;
+        let d = psn_diff(p, self.comp_psn);
+        let span = psn_diff(self.next_psn, self.comp_psn);
+        if d < 0 || d >= span {
+            // stale duplicate or a PSN never sent
+            self.stats.dropped += 1;
+            return;
+        }
+        let prev = p.wrapping_sub(1) & PSN_MASK;
+        match h.opcode {
+            Opcode::RcAcknowledge => {
+                let Some(aeth) = h.aeth else { return };
+                match aeth.kind() {
+                    AethKind::Ack(_) => {
+                        let (prog, blocked) = self.ack_through(p);
+                        if prog {
+                            self.on_progress(now);
+                        }
+                        if blocked {
+                            let c = self.comp_psn;
+                            self.retry_from(now, c, !prog);
+                        }
+                    }
+                    AethKind::Rnr(code) => {
+                        let (prog, _) = self.ack_through(prev);
+                        if prog {
+                            self.on_progress(now);
+                        }
+                        self.stats.rnr_naks_received += 1;
+                        if self.attr.rnr_retry != 7 {
+                            if self.rnr_left == 0 {
+                                self.fail_front(WcStatus::RnrRetryExcErr);
+                                return;
+                            }
+                            self.rnr_left -= 1;
+                        }
+                        self.gbn_guard = None;
+                        self.go_back(p);
+                        self.retrans_deadline = None;
+                        self.rnr_until = Some(now.saturating_add(rnr_timer_ns(code)));
+                    }
+                    AethKind::Nak(NakCode::PsnSeqErr) => {
+                        let (prog, _) = self.ack_through(prev);
+                        if prog {
+                            self.on_progress(now);
+                        }
+                        self.stats.seq_naks_received += 1;
+                        self.retry_from(now, p, !prog);
+                    }
+                    AethKind::Nak(code) => {
+                        let (prog, _) = self.ack_through(prev);
+                        let _ = prog;
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccess => WcStatus::RemAccessErr,
+                            _ => WcStatus::RemOpErr,
+                        };
+                        self.fail_front(status);
+                    }
+                    AethKind::Reserved(_) => self.stats.dropped += 1,
+                }
+            }
+            Opcode::RcReadResponseFirst
+            | Opcode::RcReadResponseMiddle
+            | Opcode::RcReadResponseLast
+            | Opcode::RcReadResponseOnly => {
+                let (prog, _) = self.ack_through(prev);
+                if prog {
+                    self.on_progress(now);
+                }
+                let Some(w) = self.sq.front().copied() else {
+                    return;
+                };
+                let SendOp::RdmaRead { .. } = w.wr.op else {
+                    self.stats.dropped += 1;
+                    return;
+                };
+                if p != self.comp_psn {
+                    // a response was lost: re-request from the first missing one
+                    let c = self.comp_psn;
+                    self.retry_from(now, c, !prog);
+                    return;
+                }
+                let mtu = self.attr.path_mtu.bytes();
+                let k = psn_diff(p, w.first_psn) as u32;
+                let last = k + 1 >= w.npkts;
+                let op_ok = match h.opcode {
+                    Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle => !last,
+                    _ => last,
+                };
+                let off = k * mtu;
+                let expect = if last { w.len - off.min(w.len) } else { mtu };
+                if !op_ok || pkt.payload.len() != expect as usize {
+                    self.fail_front(WcStatus::BadRespErr);
+                    return;
+                }
+                if scatter(
+                    mem,
+                    self.cfg.pd,
+                    w.wr.sg.as_slice(),
+                    off as u64,
+                    pkt.payload,
+                )
+                .is_err()
+                {
+                    self.fail_front(WcStatus::LocProtErr);
+                    return;
+                }
+                self.comp_psn = psn_add(p, 1);
+                if last {
+                    self.complete_front(WcStatus::Success);
+                }
+                self.on_progress(now);
+            }
+            Opcode::RcAtomicAcknowledge => {
+                let (prog, _) = self.ack_through(prev);
+                if prog {
+                    self.on_progress(now);
+                }
+                let Some(w) = self.sq.front().copied() else {
+                    return;
+                };
+                if !w.wr.op.is_atomic() || p != self.comp_psn || w.first_psn != p {
+                    self.stats.dropped += 1;
+                    return;
+                }
+                let Some(orig) = h.atomic_ack else { return };
+                if scatter(mem, self.cfg.pd, w.wr.sg.as_slice(), 0, &orig.to_ne_bytes()).is_err() {
+                    self.fail_front(WcStatus::LocProtErr);
+                    return;
+                }
+                self.comp_psn = psn_add(p, 1);
+                self.complete_front(WcStatus::Success);
+                self.on_progress(now);
+            }
+            _ => self.stats.dropped += 1,
+        }
+    }
+}

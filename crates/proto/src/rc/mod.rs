@@ -1,0 +1,433 @@
+//! Reliable connected (RC) transport: one [`RcQp`] holds a requester (send queue, PSNs,
+//! retransmission), a completer (ACKs, NAKs, READ responses, atomic ACKs) and a responder
+//! (receive queue, execution of incoming requests, replay of duplicate READs and atomics).
+//!
+//! ```
+//! use rdma_proto::memory::InMemoryTable;
+//! use rdma_proto::rc::{RcConfig, RcQp};
+//! use rdma_proto::verbs::{PdId, QpState};
+//! let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
+//! assert_eq!(qp.state(), QpState::Reset);
+//! let mut mem = InMemoryTable::new(0, 4096);
+//! let mut buf = [0u8; 4096];
+//! assert!(qp.poll_transmit(0, &mut mem, &mut buf).is_none());
+//! assert!(qp.poll_timeout().is_none());
+//! ```
+//!
+//! See `tests/` and [`crate::sim`] for full exchanges between two QPs.
+
+mod completer;
+mod requester;
+mod responder;
+
+use crate::memory::MemoryTable;
+use crate::packet::{Packet, Transmit};
+use crate::verbs::{
+    check_modify, Completion, ModifyError, PdId, PostError, QpAttr, QpAttrMask, QpState, QpType,
+    RecvWr, SendWr, WcOpcode, WcStatus,
+};
+use std::collections::VecDeque;
+
+pub(crate) use requester::SendWqe;
+use responder::Responder;
+
+/// Creation-time parameters of an RC QP (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcConfig {
+    /// This QP's number (24 bits).
+    pub qpn: u32,
+    /// Protection domain.
+    pub pd: PdId,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Largest inline send.
+    pub max_inline_data: u32,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+}
+
+impl RcConfig {
+    /// Defaults: 128 send and receive WRs, 64 bytes inline, selective signaling.
+    pub fn new(qpn: u32, pd: PdId) -> Self {
+        RcConfig {
+            qpn,
+            pd,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_inline_data: 64,
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// Counters for tests and diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RcStats {
+    /// Request packets sent (including retransmissions).
+    pub req_packets_sent: u64,
+    /// Request packets resent by go-back-N or timeouts.
+    pub retransmitted: u64,
+    /// Local ACK timer expiries.
+    pub timeouts: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// PSN sequence error NAKs received.
+    pub seq_naks_received: u64,
+    /// Responses (ACK, READ response, atomic ACK) sent.
+    pub responses_sent: u64,
+    /// Duplicate requests seen by the responder.
+    pub duplicates: u64,
+    /// Packets dropped (out of sequence after a NAK, stale, malformed, wrong state).
+    pub dropped: u64,
+    /// NAKs sent (any kind).
+    pub naks_sent: u64,
+}
+
+/// Local ACK timeout in nanoseconds for the 5-bit exponent (`None`: infinite).
+///
+/// ```
+/// assert_eq!(rdma_proto::rc::ack_timeout_ns(0), None);
+/// assert_eq!(rdma_proto::rc::ack_timeout_ns(14), Some(67_108_864));
+/// ```
+pub fn ack_timeout_ns(timeout: u8) -> Option<u64> {
+    if timeout == 0 {
+        None
+    } else {
+        Some(4096u64 << (timeout.min(31) as u32))
+    }
+}
+
+/// RNR NAK timer in nanoseconds for the 5-bit code (IBA table 45; code 0 is 655.36 ms).
+///
+/// ```
+/// assert_eq!(rdma_proto::rc::rnr_timer_ns(0), 655_360_000);
+/// assert_eq!(rdma_proto::rc::rnr_timer_ns(1), 10_000);
+/// assert_eq!(rdma_proto::rc::rnr_timer_ns(31), 491_520_000);
+/// ```
+pub fn rnr_timer_ns(code: u8) -> u64 {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    US[(code & 0x1F) as usize] as u64 * 1000
+}
+
+/// A reliable connected queue pair: sans-IO state machine.
+///
+/// Drive it with [`post_send`](Self::post_send), [`post_recv`](Self::post_recv),
+/// [`handle_packet`](Self::handle_packet), [`poll_transmit`](Self::poll_transmit),
+/// [`poll_timeout`](Self::poll_timeout) / [`handle_timeout`](Self::handle_timeout), and collect
+/// completions with [`poll_send_completion`](Self::poll_send_completion) and
+/// [`poll_recv_completion`](Self::poll_recv_completion). Time is a monotonic `u64` in
+/// nanoseconds chosen by the caller.
+#[derive(Debug)]
+pub struct RcQp {
+    cfg: RcConfig,
+    state: QpState,
+    attr: QpAttr,
+    // requester / completer
+    sq: VecDeque<SendWqe>,
+    inline_buf: Vec<u8>,
+    next_seq: u64,
+    req_idx: usize,
+    req_off: u32,
+    next_psn: u32,
+    comp_psn: u32,
+    rd_atomic_inflight: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    retrans_deadline: Option<u64>,
+    rnr_until: Option<u64>,
+    gbn_guard: Option<u32>,
+    pkts_since_ackreq: u32,
+    send_cq: VecDeque<Completion>,
+    // responder
+    resp: Responder,
+    recv_cq: VecDeque<Completion>,
+    turn: bool,
+    stats: RcStats,
+}
+
+impl RcQp {
+    /// A QP in the Reset state.
+    pub fn new(cfg: RcConfig) -> Self {
+        let sq_cap = cfg.max_send_wr.max(1) as usize;
+        let rq_cap = cfg.max_recv_wr.max(1) as usize;
+        RcQp {
+            cfg,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            sq: VecDeque::with_capacity(sq_cap),
+            inline_buf: vec![0; sq_cap * cfg.max_inline_data as usize],
+            next_seq: 0,
+            req_idx: 0,
+            req_off: 0,
+            next_psn: 0,
+            comp_psn: 0,
+            rd_atomic_inflight: 0,
+            retry_left: 0,
+            rnr_left: 0,
+            retrans_deadline: None,
+            rnr_until: None,
+            gbn_guard: None,
+            pkts_since_ackreq: 0,
+            send_cq: VecDeque::with_capacity(sq_cap),
+            resp: Responder::new(rq_cap),
+            recv_cq: VecDeque::with_capacity(rq_cap),
+            turn: false,
+            stats: RcStats::default(),
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// This QP's number.
+    pub fn qpn(&self) -> u32 {
+        self.cfg.qpn
+    }
+    /// Current attributes (`ibv_query_qp`).
+    pub fn attr(&self) -> QpAttr {
+        let mut a = self.attr;
+        a.qp_state = self.state;
+        a.cur_qp_state = self.state;
+        a.sq_psn = self.next_psn;
+        a.rq_psn = self.resp.epsn;
+        a
+    }
+    /// Counters.
+    pub fn stats(&self) -> RcStats {
+        self.stats
+    }
+    /// Work requests in the send queue (posted, not yet completed).
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// `ibv_modify_qp`: checks the transition table, then applies the attributes.
+    ///
+    /// Entering Err flushes every outstanding work request; entering Reset empties the queues
+    /// without completions.
+    pub fn modify(&mut self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
+        use QpAttrMask as M;
+        check_modify(QpType::Rc, self.state, attr, mask)?;
+        let a = &mut self.attr;
+        if mask.contains(M::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(M::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.contains(M::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if mask.contains(M::AV) {
+            a.path = attr.path;
+        }
+        if mask.contains(M::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(M::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if mask.contains(M::RQ_PSN) {
+            self.resp.epsn = attr.rq_psn;
+        }
+        if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+            self.resp.set_max_dest_rd_atomic(attr.max_dest_rd_atomic);
+        }
+        if mask.contains(M::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(M::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(M::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            self.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(M::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            self.rnr_left = attr.rnr_retry;
+        }
+        if mask.contains(M::SQ_PSN) {
+            self.next_psn = attr.sq_psn;
+            self.comp_psn = attr.sq_psn;
+        }
+        if mask.contains(M::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        let to = if mask.contains(M::STATE) {
+            attr.qp_state
+        } else {
+            self.state
+        };
+        match to {
+            QpState::Err => self.enter_error(None),
+            QpState::Reset => self.reset(),
+            s => self.state = s,
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        let cfg = self.cfg;
+        *self = RcQp::new(cfg);
+    }
+
+    /// Moves the QP to Err: the send queue and receive queue are flushed (after `first`, an
+    /// error completion for the oldest send WR, if given).
+    pub(crate) fn enter_error(&mut self, first: Option<WcStatus>) {
+        self.state = QpState::Err;
+        self.retrans_deadline = None;
+        self.rnr_until = None;
+        let qpn = self.cfg.qpn;
+        let mut status = first;
+        while let Some(w) = self.sq.pop_front() {
+            let st = w
+                .error
+                .or_else(|| status.take())
+                .unwrap_or(WcStatus::WrFlushErr);
+            let mut c = Completion::new(w.wr.wr_id, st, w.wr.op.wc_opcode(), qpn);
+            c.byte_len = 0;
+            self.send_cq.push_back(c);
+        }
+        self.req_idx = 0;
+        self.req_off = 0;
+        self.rd_atomic_inflight = 0;
+        self.resp.flush(qpn, &mut self.recv_cq);
+    }
+
+    /// `ibv_post_send`. In Err the WR is accepted and completes at once with
+    /// [`WcStatus::WrFlushErr`]. Inline data is copied now through
+    /// [`MemoryTable::read_inline`].
+    pub fn post_send<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &M,
+        wr: &SendWr,
+    ) -> Result<(), PostError> {
+        self.post_send_impl(mem, wr)
+    }
+
+    /// `ibv_post_recv`. Allowed from Init on; in Err the WR completes at once flushed.
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<(), PostError> {
+        match self.state {
+            QpState::Reset => return Err(PostError::InvalidState(self.state)),
+            QpState::Err => {
+                self.recv_cq.push_back(Completion::new(
+                    wr.wr_id,
+                    WcStatus::WrFlushErr,
+                    WcOpcode::Recv,
+                    self.cfg.qpn,
+                ));
+                return Ok(());
+            }
+            _ => {}
+        }
+        if wr.sg.total_len() > u32::MAX as u64 {
+            return Err(PostError::InvalidWr("receive longer than 2^32-1 bytes"));
+        }
+        self.resp.post(wr, self.cfg.max_recv_wr.max(1) as usize)
+    }
+
+    /// Processes one received packet addressed to this QP. Never panics; malformed or
+    /// unexpected packets are dropped or answered as the IBA requires.
+    pub fn handle_packet<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        pkt: &Packet<'_>,
+    ) {
+        let h = &pkt.header;
+        if !h.is_consistent()
+            || h.opcode.is_ud()
+            || h.dest_qp != self.cfg.qpn
+            || h.psn > crate::psn::PSN_MASK
+        {
+            self.stats.dropped += 1;
+            return;
+        }
+        if h.opcode.is_response() {
+            if matches!(self.state, QpState::Rts | QpState::Sqd) {
+                self.handle_response(now, mem, pkt);
+            } else {
+                self.stats.dropped += 1;
+            }
+        } else if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            self.handle_request(mem, pkt);
+        } else {
+            self.stats.dropped += 1;
+        }
+    }
+
+    /// The next packet to send, its payload written to the start of `buf` (which must hold a
+    /// path MTU of bytes; with less, nothing is sent). Responses (ACKs, READ responses) and
+    /// requests take turns.
+    pub fn poll_transmit<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        if buf.len() < self.attr.path_mtu.bytes() as usize {
+            return None;
+        }
+        self.turn = !self.turn;
+        if self.turn {
+            if let Some(t) = self.next_response(mem, buf) {
+                return Some(t);
+            }
+            self.next_request(now, mem, buf)
+        } else {
+            if let Some(t) = self.next_request(now, mem, buf) {
+                return Some(t);
+            }
+            self.next_response(mem, buf)
+        }
+    }
+
+    /// The next instant at which [`handle_timeout`](Self::handle_timeout) must be called.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        match (self.retrans_deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs expired timers: the local ACK timer (retransmit or [`WcStatus::RetryExcErr`]) and
+    /// the end of an RNR wait.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if let Some(t) = self.rnr_until {
+            if now >= t {
+                self.rnr_until = None;
+                self.arm_retrans(now);
+            }
+        }
+        if let Some(t) = self.retrans_deadline {
+            if now >= t {
+                self.on_retrans_timeout(now);
+            }
+        }
+    }
+
+    /// The next send queue completion.
+    pub fn poll_send_completion(&mut self) -> Option<Completion> {
+        self.send_cq.pop_front()
+    }
+    /// The next receive queue completion.
+    pub fn poll_recv_completion(&mut self) -> Option<Completion> {
+        self.recv_cq.pop_front()
+    }
+    /// The next completion of either queue (send queue first); receive completions have an
+    /// opcode of [`WcOpcode::Recv`] or [`WcOpcode::RecvRdmaWithImm`].
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.send_cq
+            .pop_front()
+            .or_else(|| self.recv_cq.pop_front())
+    }
+}

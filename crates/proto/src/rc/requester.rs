@@ -1,0 +1,371 @@
+//! Requester: segmentation of send work requests into packets, PSN assignment, go-back-N and
+//! the local ACK timer.
+
+use super::{ack_timeout_ns, RcQp};
+use crate::memory::{MemError, MemoryTable};
+use crate::packet::{AtomicEth, Opcode, PacketHeader, Reth, Transmit};
+use crate::psn::{psn_add, psn_diff};
+use crate::verbs::{Completion, PostError, QpState, SendFlags, SendOp, SendWr, WcStatus};
+
+/// Ask for an ACK at least every this many packets of a long message.
+const ACK_REQ_EVERY: u32 = 64;
+
+/// A posted send work request and its transport state.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    /// Position in the inline ring, if the data was copied at post time.
+    pub inline_slot: Option<usize>,
+    pub len: u32,
+    /// PSNs this WR consumes (READ: one per response packet).
+    pub npkts: u32,
+    /// First PSN, valid once `started`.
+    pub first_psn: u32,
+    /// The first packet has been sent at least once.
+    pub started: bool,
+    /// Status to report if the QP is flushed (the WR that caused the error).
+    pub error: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub fn last_psn(&self) -> u32 {
+        psn_add(self.first_psn, self.npkts.saturating_sub(1))
+    }
+}
+
+impl RcQp {
+    pub(super) fn post_send_impl<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &M,
+        wr: &SendWr,
+    ) -> Result<(), PostError> {
+        match self.state {
+            QpState::Rts | QpState::Sqd => {}
+            QpState::Err => {
+                self.send_cq.push_back(Completion::new(
+                    wr.wr_id,
+                    WcStatus::WrFlushErr,
+                    wr.op.wc_opcode(),
+                    self.cfg.qpn,
+                ));
+                return Ok(());
+            }
+            s => return Err(PostError::InvalidState(s)),
+        }
+        let cap = self.cfg.max_send_wr.max(1) as usize;
+        if self.sq.len() >= cap {
+            return Err(PostError::QueueFull);
+        }
+        let total = wr.total_len();
+        if total > (1u64 << 31) {
+            return Err(PostError::InvalidWr("message longer than 2^31 bytes"));
+        }
+        let len = total as u32;
+        if wr.op.is_atomic() && len != 8 {
+            return Err(PostError::InvalidWr("atomic needs one 8-byte local buffer"));
+        }
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        if inline && wr.op.is_read_or_atomic() {
+            return Err(PostError::InvalidWr("inline READ or atomic"));
+        }
+        let mtu = self.attr.path_mtu.bytes();
+        let npkts = if wr.op.is_atomic() {
+            1
+        } else {
+            len.div_ceil(mtu).max(1)
+        };
+        let seq = self.next_seq;
+        let mut inline_slot = None;
+        if inline {
+            let max = self.cfg.max_inline_data as usize;
+            if len as usize > max {
+                return Err(PostError::InvalidWr(
+                    "inline data longer than max_inline_data",
+                ));
+            }
+            let slot = (seq % cap as u64) as usize;
+            let base = slot * max;
+            let mut off = 0usize;
+            for s in wr.sg.as_slice() {
+                let n = s.length as usize;
+                mem.read_inline(
+                    self.cfg.pd,
+                    s.addr,
+                    &mut self.inline_buf[base + off..base + off + n],
+                )
+                .map_err(|_| PostError::InvalidWr("inline data not readable"))?;
+                off += n;
+            }
+            inline_slot = Some(base);
+        }
+        self.next_seq += 1;
+        self.sq.push_back(SendWqe {
+            wr: *wr,
+            inline_slot,
+            len,
+            npkts,
+            first_psn: 0,
+            started: false,
+            error: None,
+        });
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes of the WR's data starting at `off`.
+    fn gather<M: MemoryTable + ?Sized>(
+        &self,
+        mem: &M,
+        w: &SendWqe,
+        off: u32,
+        out: &mut [u8],
+    ) -> Result<(), MemError> {
+        if let Some(base) = w.inline_slot {
+            let s = base + off as usize;
+            out.copy_from_slice(&self.inline_buf[s..s + out.len()]);
+            return Ok(());
+        }
+        let mut skip = off as u64;
+        let mut done = 0usize;
+        for s in w.wr.sg.as_slice() {
+            if done == out.len() {
+                break;
+            }
+            let l = s.length as u64;
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let n = ((l - skip) as usize).min(out.len() - done);
+            mem.read_local(self.cfg.pd, s.lkey, s.addr + skip, &mut out[done..done + n])?;
+            done += n;
+            skip = 0;
+        }
+        Ok(())
+    }
+
+    pub(super) fn arm_retrans(&mut self, now: u64) {
+        let outstanding =
+            self.sq.front().is_some_and(|w| w.started) && self.comp_psn != self.next_psn;
+        self.retrans_deadline = if outstanding && self.rnr_until.is_none() {
+            ack_timeout_ns(self.attr.timeout).map(|t| now.saturating_add(t))
+        } else {
+            None
+        };
+    }
+
+    /// Restarts transmission at `psn` (which must be in the oldest WR).
+    pub(super) fn go_back(&mut self, psn: u32) {
+        let Some(w) = self.sq.front() else { return };
+        if !w.started {
+            return;
+        }
+        let d = psn_diff(psn, w.first_psn);
+        if d < 0 || d as u32 >= w.npkts {
+            return;
+        }
+        // count what is resent: everything from psn to the last PSN sent
+        let sent = psn_diff(self.current_req_psn(), psn).max(0) as u64;
+        self.stats.retransmitted += sent;
+        self.req_idx = 0;
+        self.req_off = d as u32;
+        self.gbn_guard = Some(psn);
+    }
+
+    fn current_req_psn(&self) -> u32 {
+        match self.sq.get(self.req_idx) {
+            Some(w) if w.started => psn_add(w.first_psn, self.req_off),
+            _ => self.next_psn,
+        }
+    }
+
+    pub(super) fn on_retrans_timeout(&mut self, now: u64) {
+        self.retrans_deadline = None;
+        let outstanding =
+            self.sq.front().is_some_and(|w| w.started) && self.comp_psn != self.next_psn;
+        if !outstanding || self.state == QpState::Err {
+            return;
+        }
+        self.stats.timeouts += 1;
+        if self.retry_left == 0 {
+            self.enter_error(Some(WcStatus::RetryExcErr));
+            return;
+        }
+        self.retry_left -= 1;
+        let p = self.comp_psn;
+        self.go_back(p);
+        self.arm_retrans(now);
+    }
+
+    pub(super) fn next_request<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        if self.state != QpState::Rts && self.state != QpState::Sqd {
+            return None;
+        }
+        if self.rnr_until.is_some() {
+            return None;
+        }
+        let idx = self.req_idx;
+        let w = *self.sq.get(idx)?;
+        if !w.started {
+            if self.state == QpState::Sqd {
+                return None;
+            }
+            if w.wr.flags.contains(SendFlags::FENCE) && self.rd_atomic_inflight > 0 {
+                return None;
+            }
+            if w.wr.op.is_read_or_atomic()
+                && self.rd_atomic_inflight >= self.attr.max_rd_atomic.max(1) as u32
+            {
+                return None;
+            }
+        }
+        let mtu = self.attr.path_mtu.bytes();
+        let first_psn = if w.started {
+            w.first_psn
+        } else {
+            self.next_psn
+        };
+        let k = self.req_off;
+        let psn = psn_add(first_psn, k);
+        let dqp = self.attr.dest_qp_num;
+        let mut h = PacketHeader::new(Opcode::RcSendOnly, dqp, psn);
+        let mut payload_len = 0usize;
+        let whole; // this packet ends the WR's transmission
+        match w.wr.op {
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                let off = k * mtu;
+                h.opcode = Opcode::RcReadRequest;
+                h.reth = Some(Reth {
+                    va: remote_addr.wrapping_add(off as u64),
+                    rkey,
+                    len: w.len - off.min(w.len),
+                });
+                h.ack_req = true;
+                whole = true;
+            }
+            SendOp::AtomicCmpAndSwp {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                h.opcode = Opcode::RcCompareSwap;
+                h.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                h.ack_req = true;
+                whole = true;
+            }
+            SendOp::AtomicFetchAndAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                h.opcode = Opcode::RcFetchAdd;
+                h.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                h.ack_req = true;
+                whole = true;
+            }
+            op => {
+                let off = k * mtu;
+                let n = (w.len - off.min(w.len)).min(mtu);
+                let first = k == 0;
+                let last = k + 1 >= w.npkts;
+                whole = last;
+                if let Err(_e) = self.gather(mem, &w, off, &mut buf[..n as usize]) {
+                    // local protection error on the gather: this WR fails, the QP goes to Err
+                    self.sq[idx].error = Some(WcStatus::LocProtErr);
+                    self.enter_error(None);
+                    return None;
+                }
+                payload_len = n as usize;
+                use Opcode::*;
+                h.opcode = match (op, first, last) {
+                    (SendOp::Send, true, true) => RcSendOnly,
+                    (SendOp::SendWithImm { .. }, true, true) => RcSendOnlyImm,
+                    (SendOp::SendWithInv { .. }, true, true) => RcSendOnlyInv,
+                    (SendOp::RdmaWrite { .. }, true, true) => RcWriteOnly,
+                    (SendOp::RdmaWriteWithImm { .. }, true, true) => RcWriteOnlyImm,
+                    (_, true, true) => RcSendOnly,
+                    (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, true, false) => {
+                        RcWriteFirst
+                    }
+                    (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, false, false) => {
+                        RcWriteMiddle
+                    }
+                    (SendOp::RdmaWrite { .. }, false, true) => RcWriteLast,
+                    (SendOp::RdmaWriteWithImm { .. }, false, true) => RcWriteLastImm,
+                    (_, true, false) => RcSendFirst,
+                    (_, false, false) => RcSendMiddle,
+                    (SendOp::SendWithImm { .. }, false, true) => RcSendLastImm,
+                    (SendOp::SendWithInv { .. }, false, true) => RcSendLastInv,
+                    (_, false, true) => RcSendLast,
+                };
+                match op {
+                    SendOp::RdmaWrite { remote_addr, rkey }
+                    | SendOp::RdmaWriteWithImm {
+                        remote_addr, rkey, ..
+                    } if first => {
+                        h.reth = Some(Reth {
+                            va: remote_addr,
+                            rkey,
+                            len: w.len,
+                        });
+                    }
+                    _ => {}
+                }
+                if last {
+                    match op {
+                        SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => {
+                            h.imm = Some(imm)
+                        }
+                        SendOp::SendWithInv { invalidate_rkey } => h.ieth = Some(invalidate_rkey),
+                        _ => {}
+                    }
+                    h.solicited = w.wr.flags.contains(SendFlags::SOLICITED);
+                }
+                self.pkts_since_ackreq += 1;
+                h.ack_req = last || self.pkts_since_ackreq >= ACK_REQ_EVERY;
+            }
+        }
+        if h.ack_req {
+            self.pkts_since_ackreq = 0;
+        }
+        // commit
+        if !w.started {
+            let e = &mut self.sq[idx];
+            e.started = true;
+            e.first_psn = first_psn;
+            self.next_psn = psn_add(first_psn, w.npkts);
+            if w.wr.op.is_read_or_atomic() {
+                self.rd_atomic_inflight += 1;
+            }
+        }
+        if whole {
+            self.req_idx += 1;
+            self.req_off = 0;
+        } else {
+            self.req_off += 1;
+        }
+        self.stats.req_packets_sent += 1;
+        if self.retrans_deadline.is_none() {
+            self.arm_retrans(now);
+        }
+        Some(Transmit {
+            header: h,
+            payload_len,
+        })
+    }
+}

@@ -1,0 +1,606 @@
+//! Responder: executes incoming requests in PSN order, answers with ACKs, NAKs, READ
+//! responses and atomic ACKs, and replays duplicate READs and atomics from its resources.
+
+use super::RcQp;
+use crate::memory::{scatter, AtomicOp, MemError, MemoryTable, ScatterError};
+use crate::packet::{Aeth, NakCode, Opcode, Packet, PacketHeader, Transmit};
+use crate::psn::{psn_add, psn_diff, PSN_MASK};
+use crate::verbs::{AccessFlags, Completion, PostError, RecvWr, WcOpcode, WcStatus};
+use std::collections::VecDeque;
+
+/// Largest number of packets one READ may span (keeps PSN comparisons unambiguous).
+pub(crate) const MAX_READ_PKTS: u32 = 1 << 22;
+
+#[derive(Debug, Clone, Copy)]
+enum Cur {
+    None,
+    Send {
+        off: u32,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        remaining: u32,
+        total: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ReadStream {
+    psn: u32,
+    va: u64,
+    rkey: u32,
+    len: u32,
+    k: u32,
+    npkts: u32,
+    msn: u32,
+    new: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    Ack {
+        psn: u32,
+        aeth: Aeth,
+    },
+    Read(ReadStream),
+    Atomic {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+        new: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Replay {
+    Read {
+        first: u32,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Responder {
+    pub epsn: u32,
+    msn: u32,
+    rq: VecDeque<RecvWr>,
+    cur: Cur,
+    nak_seq_sent: bool,
+    out: VecDeque<Out>,
+    replay: VecDeque<Replay>,
+    max_rd: usize,
+    new_rd_in_out: usize,
+}
+
+impl Responder {
+    pub fn new(rq_cap: usize) -> Self {
+        Responder {
+            epsn: 0,
+            msn: 0,
+            rq: VecDeque::with_capacity(rq_cap),
+            cur: Cur::None,
+            nak_seq_sent: false,
+            out: VecDeque::with_capacity(16),
+            replay: VecDeque::with_capacity(1),
+            max_rd: 1,
+            new_rd_in_out: 0,
+        }
+    }
+
+    pub fn set_max_dest_rd_atomic(&mut self, n: u8) {
+        self.max_rd = (n as usize).max(1);
+        self.replay = VecDeque::with_capacity(self.max_rd);
+        self.out = VecDeque::with_capacity(self.out_cap());
+    }
+
+    fn out_cap(&self) -> usize {
+        2 * self.max_rd + 8
+    }
+
+    pub fn post(&mut self, wr: &RecvWr, cap: usize) -> Result<(), PostError> {
+        if self.rq.len() >= cap {
+            return Err(PostError::QueueFull);
+        }
+        self.rq.push_back(*wr);
+        Ok(())
+    }
+
+    pub fn flush(&mut self, qpn: u32, cq: &mut VecDeque<Completion>) {
+        while let Some(r) = self.rq.pop_front() {
+            cq.push_back(Completion::new(
+                r.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                qpn,
+            ));
+        }
+        self.cur = Cur::None;
+        self.replay.clear();
+        self.out.retain(|o| matches!(o, Out::Ack { .. }));
+        self.new_rd_in_out = 0;
+    }
+
+    fn push_ack(&mut self, psn: u32) {
+        let aeth = Aeth::ack(self.msn);
+        if let Some(Out::Ack { psn: p, aeth: a }) = self.out.back_mut() {
+            if a.syndrome == aeth.syndrome {
+                *p = psn;
+                *a = aeth;
+                return;
+            }
+        }
+        if self.out.len() < self.out_cap() {
+            self.out.push_back(Out::Ack { psn, aeth });
+        }
+    }
+
+    fn push_nak(&mut self, psn: u32, aeth: Aeth) {
+        if self.out.len() < self.out_cap() + 1 {
+            self.out.push_back(Out::Ack { psn, aeth });
+        }
+    }
+
+    fn remember(&mut self, r: Replay) {
+        if self.replay.len() >= self.max_rd {
+            self.replay.pop_front();
+        }
+        self.replay.push_back(r);
+    }
+}
+
+impl RcQp {
+    /// A fatal responder error: NAK, optional error completion for the receive in use, QP to
+    /// Err.
+    fn resp_fatal(&mut self, psn: u32, code: NakCode, recv_status: Option<WcStatus>) {
+        self.stats.naks_sent += 1;
+        let qpn = self.cfg.qpn;
+        if let Some(st) = recv_status {
+            if let Some(r) = self.resp.rq.pop_front() {
+                self.recv_cq
+                    .push_back(Completion::new(r.wr_id, st, WcOpcode::Recv, qpn));
+            }
+        }
+        self.resp.out.retain(|o| matches!(o, Out::Ack { .. }));
+        let msn = self.resp.msn;
+        self.resp.push_nak(psn, Aeth::nak(code, msn));
+        self.enter_error(None);
+    }
+
+    fn rnr_nak(&mut self, psn: u32) {
+        self.stats.naks_sent += 1;
+        let aeth = Aeth::rnr(self.attr.min_rnr_timer, self.resp.msn);
+        // replace a trailing RNR NAK for the same PSN rather than queueing another
+        if let Some(Out::Ack { psn: p, aeth: a }) = self.resp.out.back() {
+            if *p == psn && *a == aeth {
+                return;
+            }
+        }
+        self.resp.push_nak(psn, aeth);
+    }
+
+    pub(super) fn handle_request<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        pkt: &Packet<'_>,
+    ) {
+        let h = &pkt.header;
+        let d = psn_diff(h.psn, self.resp.epsn);
+        if d > 0 {
+            self.stats.dropped += 1;
+            if !self.resp.nak_seq_sent {
+                self.resp.nak_seq_sent = true;
+                self.stats.naks_sent += 1;
+                let aeth = Aeth::nak(NakCode::PsnSeqErr, self.resp.msn);
+                let e = self.resp.epsn;
+                self.resp.push_nak(e, aeth);
+            }
+            return;
+        }
+        if d < 0 {
+            self.stats.duplicates += 1;
+            self.duplicate(mem, h);
+            return;
+        }
+        self.execute(mem, pkt);
+    }
+
+    fn duplicate<M: MemoryTable + ?Sized>(&mut self, mem: &M, h: &PacketHeader) {
+        let p = h.psn;
+        let mtu = self.attr.path_mtu.bytes();
+        match h.opcode {
+            Opcode::RcReadRequest => {
+                let Some(reth) = h.reth else { return };
+                let found = self.resp.replay.iter().find_map(|r| match *r {
+                    Replay::Read {
+                        first,
+                        npkts,
+                        va,
+                        rkey,
+                        len,
+                    } => {
+                        let k = psn_diff(p, first);
+                        (k >= 0 && (k as u32) < npkts).then_some((k as u32, npkts, va, rkey, len))
+                    }
+                    _ => None,
+                });
+                let Some((k, npkts, va, rkey, len)) = found else {
+                    self.stats.dropped += 1;
+                    return;
+                };
+                let off = k * mtu;
+                let end = va.wrapping_add(len as u64);
+                if reth.rkey != rkey
+                    || reth.va != va.wrapping_add(off as u64)
+                    || reth.va.wrapping_add(reth.len as u64) != end
+                    || self.resp.out.len() >= self.resp.out_cap()
+                    || (reth.len > 0
+                        && mem
+                            .check_remote(
+                                self.cfg.pd,
+                                rkey,
+                                reth.va,
+                                reth.len as u64,
+                                AccessFlags::REMOTE_READ,
+                            )
+                            .is_err())
+                {
+                    self.stats.dropped += 1;
+                    return;
+                }
+                let s = ReadStream {
+                    psn: p,
+                    va: reth.va,
+                    rkey,
+                    len: reth.len,
+                    k: 0,
+                    npkts: npkts - k,
+                    msn: self.resp.msn,
+                    new: false,
+                };
+                self.resp.out.push_back(Out::Read(s));
+            }
+            Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
+                let found = self.resp.replay.iter().find_map(|r| match *r {
+                    Replay::Atomic { psn, orig } if psn == p => Some(orig),
+                    _ => None,
+                });
+                match found {
+                    Some(orig) if self.resp.out.len() < self.resp.out_cap() => {
+                        let msn = self.resp.msn;
+                        self.resp.out.push_back(Out::Atomic {
+                            psn: p,
+                            orig,
+                            msn,
+                            new: false,
+                        });
+                    }
+                    _ => self.stats.dropped += 1,
+                }
+            }
+            _ => {
+                // SEND / WRITE already executed: acknowledge everything received so far
+                let last = self.resp.epsn.wrapping_sub(1) & PSN_MASK;
+                self.resp.push_ack(last);
+            }
+        }
+    }
+
+    fn execute<M: MemoryTable + ?Sized>(&mut self, mem: &mut M, pkt: &Packet<'_>) {
+        let h = &pkt.header;
+        let (op, p, n) = (h.opcode, h.psn, pkt.payload.len());
+        let mtu = self.attr.path_mtu.bytes() as usize;
+        let pd = self.cfg.pd;
+        let qa = self.attr.qp_access_flags;
+        // opcode sequence
+        let seq_ok = match self.resp.cur {
+            Cur::Send { .. } => op.is_send() && !op.is_first(),
+            Cur::Write { .. } => op.is_write() && !op.is_first(),
+            Cur::None => op.is_first(),
+        };
+        let access_ok = if op.is_write() {
+            qa.contains(AccessFlags::REMOTE_WRITE)
+        } else if op == Opcode::RcReadRequest {
+            qa.contains(AccessFlags::REMOTE_READ)
+        } else if op.is_atomic() {
+            qa.contains(AccessFlags::REMOTE_ATOMIC)
+        } else {
+            true
+        };
+        let len_ok = if op.has_payload() {
+            n <= mtu && (op.is_last() || n == mtu)
+        } else {
+            n == 0
+        };
+        if !seq_ok || !access_ok || !len_ok {
+            let st = matches!(self.resp.cur, Cur::Send { .. }).then_some(WcStatus::LocQpOpErr);
+            self.resp_fatal(p, NakCode::InvalidRequest, st);
+            return;
+        }
+        match op {
+            _ if op.is_send() => {
+                if op.is_first() {
+                    if self.resp.rq.is_empty() {
+                        self.rnr_nak(p);
+                        return;
+                    }
+                    self.resp.cur = Cur::Send { off: 0 };
+                }
+                let Cur::Send { off } = self.resp.cur else {
+                    return;
+                };
+                let Some(r) = self.resp.rq.front().copied() else {
+                    return;
+                };
+                match scatter(mem, pd, r.sg.as_slice(), off as u64, pkt.payload) {
+                    Ok(()) => {}
+                    Err(ScatterError::TooLong) => {
+                        self.resp_fatal(p, NakCode::InvalidRequest, Some(WcStatus::LocLenErr));
+                        return;
+                    }
+                    Err(ScatterError::Mem(_)) => {
+                        self.resp_fatal(p, NakCode::RemoteOperational, Some(WcStatus::LocProtErr));
+                        return;
+                    }
+                }
+                let off = off + n as u32;
+                self.resp.cur = Cur::Send { off };
+                if op.is_last() {
+                    let mut c =
+                        Completion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
+                    c.byte_len = off;
+                    c.solicited = h.solicited;
+                    if let Some(imm) = h.imm {
+                        c = c.with_imm(imm);
+                    }
+                    if let Some(rkey) = h.ieth {
+                        if mem.invalidate_remote(pd, rkey).is_err() {
+                            self.resp_fatal(p, NakCode::InvalidRequest, Some(WcStatus::LocProtErr));
+                            return;
+                        }
+                        c = c.with_inv(rkey);
+                    }
+                    self.resp.rq.pop_front();
+                    self.recv_cq.push_back(c);
+                    self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
+                    self.resp.cur = Cur::None;
+                }
+                self.advance(p, 1, h.ack_req);
+            }
+            _ if op.is_write() => {
+                if op.has_imm() && self.resp.rq.is_empty() {
+                    self.rnr_nak(p);
+                    return;
+                }
+                if op.is_first() {
+                    let Some(r) = h.reth else { return };
+                    if r.len > 0 {
+                        if mem
+                            .check_remote(pd, r.rkey, r.va, r.len as u64, AccessFlags::REMOTE_WRITE)
+                            .is_err()
+                        {
+                            self.resp_fatal(p, NakCode::RemoteAccess, None);
+                            return;
+                        }
+                    }
+                    self.resp.cur = Cur::Write {
+                        va: r.va,
+                        rkey: r.rkey,
+                        remaining: r.len,
+                        total: r.len,
+                    };
+                }
+                let Cur::Write {
+                    va,
+                    rkey,
+                    remaining,
+                    total,
+                } = self.resp.cur
+                else {
+                    return;
+                };
+                if n as u32 > remaining || (op.is_last() && n as u32 != remaining) {
+                    self.resp_fatal(p, NakCode::InvalidRequest, None);
+                    return;
+                }
+                if n > 0 && mem.write_remote(pd, rkey, va, pkt.payload).is_err() {
+                    self.resp_fatal(p, NakCode::RemoteAccess, None);
+                    return;
+                }
+                self.resp.cur = Cur::Write {
+                    va: va.wrapping_add(n as u64),
+                    rkey,
+                    remaining: remaining - n as u32,
+                    total,
+                };
+                if op.is_last() {
+                    if let Some(imm) = h.imm {
+                        if let Some(r) = self.resp.rq.pop_front() {
+                            let mut c = Completion::new(
+                                r.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RecvRdmaWithImm,
+                                self.cfg.qpn,
+                            )
+                            .with_imm(imm);
+                            c.byte_len = total;
+                            c.solicited = h.solicited;
+                            self.recv_cq.push_back(c);
+                        }
+                    }
+                    self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
+                    self.resp.cur = Cur::None;
+                }
+                self.advance(p, 1, h.ack_req);
+            }
+            Opcode::RcReadRequest => {
+                let Some(r) = h.reth else { return };
+                if self.resp.new_rd_in_out >= self.resp.max_rd {
+                    self.resp_fatal(p, NakCode::InvalidRequest, None);
+                    return;
+                }
+                let npkts = r.len.div_ceil(mtu as u32).max(1);
+                if npkts >= MAX_READ_PKTS {
+                    self.resp_fatal(p, NakCode::InvalidRequest, None);
+                    return;
+                }
+                if r.len > 0
+                    && mem
+                        .check_remote(pd, r.rkey, r.va, r.len as u64, AccessFlags::REMOTE_READ)
+                        .is_err()
+                {
+                    self.resp_fatal(p, NakCode::RemoteAccess, None);
+                    return;
+                }
+                self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
+                let s = ReadStream {
+                    psn: p,
+                    va: r.va,
+                    rkey: r.rkey,
+                    len: r.len,
+                    k: 0,
+                    npkts,
+                    msn: self.resp.msn,
+                    new: true,
+                };
+                self.resp.out.push_back(Out::Read(s));
+                self.resp.new_rd_in_out += 1;
+                self.resp.remember(Replay::Read {
+                    first: p,
+                    npkts,
+                    va: r.va,
+                    rkey: r.rkey,
+                    len: r.len,
+                });
+                self.advance(p, npkts, false);
+            }
+            Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
+                let Some(a) = h.atomic else { return };
+                if self.resp.new_rd_in_out >= self.resp.max_rd || a.va % 8 != 0 {
+                    self.resp_fatal(p, NakCode::InvalidRequest, None);
+                    return;
+                }
+                let aop = if op == Opcode::RcCompareSwap {
+                    AtomicOp::CmpSwap {
+                        compare: a.compare,
+                        swap: a.swap_add,
+                    }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add }
+                };
+                let orig = match mem.atomic_remote(pd, a.rkey, a.va, aop) {
+                    Ok(v) => v,
+                    Err(MemError::Misaligned) => {
+                        self.resp_fatal(p, NakCode::InvalidRequest, None);
+                        return;
+                    }
+                    Err(_) => {
+                        self.resp_fatal(p, NakCode::RemoteAccess, None);
+                        return;
+                    }
+                };
+                self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
+                let msn = self.resp.msn;
+                self.resp.out.push_back(Out::Atomic {
+                    psn: p,
+                    orig,
+                    msn,
+                    new: true,
+                });
+                self.resp.new_rd_in_out += 1;
+                self.resp.remember(Replay::Atomic { psn: p, orig });
+                self.advance(p, 1, false);
+            }
+            _ => self.resp_fatal(p, NakCode::InvalidRequest, None),
+        }
+    }
+
+    fn advance(&mut self, p: u32, npkts: u32, ack: bool) {
+        self.resp.epsn = psn_add(p, npkts);
+        self.resp.nak_seq_sent = false;
+        if ack {
+            self.resp.push_ack(p);
+        }
+    }
+
+    pub(super) fn next_response<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let dqp = self.attr.dest_qp_num;
+        let mtu = self.attr.path_mtu.bytes();
+        let front = self.resp.out.front_mut()?;
+        let mut payload_len = 0;
+        let h = match front {
+            Out::Ack { psn, aeth } => {
+                let mut h = PacketHeader::new(Opcode::RcAcknowledge, dqp, *psn);
+                h.aeth = Some(*aeth);
+                self.resp.out.pop_front();
+                h
+            }
+            Out::Atomic {
+                psn,
+                orig,
+                msn,
+                new,
+            } => {
+                let mut h = PacketHeader::new(Opcode::RcAtomicAcknowledge, dqp, *psn);
+                h.aeth = Some(Aeth::ack(*msn));
+                h.atomic_ack = Some(*orig);
+                if *new {
+                    self.resp.new_rd_in_out -= 1;
+                }
+                self.resp.out.pop_front();
+                h
+            }
+            Out::Read(s) => {
+                let k = s.k;
+                let off = k * mtu;
+                let n = (s.len - off.min(s.len)).min(mtu);
+                let last = k + 1 >= s.npkts;
+                let opcode = match (k == 0, last) {
+                    (true, true) => Opcode::RcReadResponseOnly,
+                    (true, false) => Opcode::RcReadResponseFirst,
+                    (false, false) => Opcode::RcReadResponseMiddle,
+                    (false, true) => Opcode::RcReadResponseLast,
+                };
+                let mut h = PacketHeader::new(opcode, dqp, psn_add(s.psn, k));
+                if opcode != Opcode::RcReadResponseMiddle {
+                    h.aeth = Some(Aeth::ack(s.msn));
+                }
+                let (va, rkey, psn, new) = (s.va.wrapping_add(off as u64), s.rkey, h.psn, s.new);
+                s.k += 1;
+                if last {
+                    self.resp.out.pop_front();
+                    if new {
+                        self.resp.new_rd_in_out -= 1;
+                    }
+                }
+                if n > 0
+                    && mem
+                        .read_remote(self.cfg.pd, rkey, va, &mut buf[..n as usize])
+                        .is_err()
+                {
+                    // the region went away after the request was checked
+                    self.resp_fatal(psn, NakCode::RemoteAccess, None);
+                    return self.next_response(mem, buf);
+                }
+                payload_len = n as usize;
+                h
+            }
+        };
+        self.stats.responses_sent += 1;
+        Some(Transmit {
+            header: h,
+            payload_len,
+        })
+    }
+}

@@ -1,0 +1,450 @@
+//! A deterministic network simulator for testing transports: a seeded PRNG, a virtual clock
+//! and a faulty datagram network (loss, duplication, reordering, delay, corruption).
+//!
+//! Packets really go through `rdma-wire`: each one is emitted with its ICRC over a simulated
+//! IPv4/UDP encapsulation and parsed back at the receiver with the ICRC checked, so corrupted
+//! bytes are caught the way a real receiver catches them.
+//!
+//! ```
+//! use rdma_proto::sim::{Faults, RcPair};
+//! use rdma_proto::verbs::{RecvWr, SendOp, SendWr, Sge};
+//! let mut s = RcPair::new(1, Faults::lossy(0.1));
+//! let (src, dst) = (s.a.buf_addr, s.b.buf_addr);
+//! s.a.mem.bytes_mut(src, 5).unwrap().copy_from_slice(b"hello");
+//! let rwr = RecvWr::new(1).with_sge(Sge { addr: dst, length: 64, lkey: s.b.lkey });
+//! s.b.qp.post_recv(&rwr).unwrap();
+//! let wr = SendWr::new(2, SendOp::Send).with_sge(Sge { addr: src, length: 5, lkey: s.a.lkey }).signaled();
+//! s.a.qp.post_send(&s.a.mem, &wr).unwrap();
+//! s.run_until_idle(10_000_000_000);
+//! assert_eq!(s.b.qp.poll_recv_completion().unwrap().byte_len, 5);
+//! assert_eq!(s.b.mem.bytes(dst, 5).unwrap(), b"hello");
+//! ```
+
+use crate::memory::{InMemoryTable, MrKeys};
+use crate::rc::{RcConfig, RcQp};
+use crate::verbs::{AccessFlags, Mtu, PathAttr, PdId, QpAttr, QpAttrMask as M, QpState};
+use crate::wire;
+use rdma_wire::icrc::{Encap, IpInfo, Ipv4Info};
+use rdma_wire::packet::IcrcCheck;
+
+/// A small, fast, seedable PRNG (SplitMix64). Deterministic across platforms.
+///
+/// ```
+/// let mut r = rdma_proto::sim::Rng::new(42);
+/// let a = r.next_u64();
+/// assert_eq!(rdma_proto::sim::Rng::new(42).next_u64(), a);
+/// assert!(r.below(10) < 10);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeds the generator.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (`n > 0`; 0 gives 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p && p > 0.0
+    }
+}
+
+/// Fault mix of the simulated network. Probabilities are per datagram.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    /// Drop probability.
+    pub loss: f64,
+    /// Probability of delivering a second copy.
+    pub dup: f64,
+    /// Probability of an extra delay (reordering behind later packets).
+    pub reorder: f64,
+    /// Probability of flipping one random bit.
+    pub corrupt: f64,
+    /// Base one-way delay in ns.
+    pub delay_ns: u64,
+    /// Random extra delay in ns (uniform `0..jitter_ns`).
+    pub jitter_ns: u64,
+}
+
+impl Faults {
+    /// A perfect network with a 2 µs delay.
+    pub fn clean() -> Self {
+        Faults {
+            loss: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            corrupt: 0.0,
+            delay_ns: 2_000,
+            jitter_ns: 0,
+        }
+    }
+    /// Loss only.
+    pub fn lossy(loss: f64) -> Self {
+        Faults {
+            loss,
+            ..Self::clean()
+        }
+    }
+    /// Everything at once.
+    pub fn all(loss: f64) -> Self {
+        Faults {
+            loss,
+            dup: 0.05,
+            reorder: 0.1,
+            corrupt: 0.02,
+            delay_ns: 2_000,
+            jitter_ns: 3_000,
+        }
+    }
+}
+
+/// One simulated host: a QP, its memory and a registered buffer.
+#[derive(Debug)]
+pub struct Node {
+    /// The QP.
+    pub qp: RcQp,
+    /// The host's memory.
+    pub mem: InMemoryTable,
+    /// Start of the registered buffer.
+    pub buf_addr: u64,
+    /// Length of the registered buffer.
+    pub buf_len: u64,
+    /// Local key of the buffer.
+    pub lkey: u32,
+    /// Remote key of the buffer.
+    pub rkey: u32,
+    /// Protection domain.
+    pub pd: PdId,
+    encap: Encap,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    at: u64,
+    seq: u64,
+    to_b: bool,
+    bytes: Vec<u8>,
+}
+
+/// Simulation counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Datagrams sent by the endpoints.
+    pub sent: u64,
+    /// Dropped by the network.
+    pub lost: u64,
+    /// Duplicated.
+    pub duplicated: u64,
+    /// Corrupted in flight.
+    pub corrupted: u64,
+    /// Refused by the receiver's parser (ICRC or layout).
+    pub rejected: u64,
+    /// Delivered to a QP.
+    pub delivered: u64,
+}
+
+/// Size of each host's simulated address space.
+pub const MEM_SIZE: usize = 1 << 20;
+/// Base address of host A's memory.
+pub const BASE_A: u64 = 0x1000_0000;
+/// Base address of host B's memory.
+pub const BASE_B: u64 = 0x2000_0000;
+
+/// Two connected RC QPs over a faulty simulated network.
+#[derive(Debug)]
+pub struct RcPair {
+    /// Host A (QPN 0x11).
+    pub a: Node,
+    /// Host B (QPN 0x22).
+    pub b: Node,
+    /// Virtual time in ns.
+    pub now: u64,
+    /// Network fault mix (may be changed between steps).
+    pub faults: Faults,
+    /// The network's random source.
+    pub rng: Rng,
+    /// Counters.
+    pub stats: NetStats,
+    flight: Vec<InFlight>,
+    seq: u64,
+    buf: Vec<u8>,
+    dgram: Vec<u8>,
+}
+
+/// Connection parameters used by [`RcPair::with_attrs`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConnParams {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count.
+    pub rnr_retry: u8,
+    /// RNR timer code the responders send.
+    pub min_rnr_timer: u8,
+    /// Initiator depth and responder resources.
+    pub rd_atomic: u8,
+    /// QP access flags.
+    pub access: AccessFlags,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+}
+
+impl Default for ConnParams {
+    fn default() -> Self {
+        ConnParams {
+            mtu: Mtu::Mtu1024,
+            timeout: 10, // 4.2 ms
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1, // 10 µs
+            rd_atomic: 8,
+            access: AccessFlags::all(),
+            max_send_wr: 256,
+        }
+    }
+}
+
+/// Brings `qp` to RTS against `dest` with the given PSNs.
+pub fn connect(qp: &mut RcQp, dest: u32, sq_psn: u32, rq_psn: u32, p: &ConnParams) {
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: p.access,
+        port_num: 1,
+        ..Default::default()
+    };
+    let r = qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
+    debug_assert!(r.is_ok());
+    a.qp_state = QpState::Rtr;
+    a.path = PathAttr {
+        hop_limit: 64,
+        ..Default::default()
+    };
+    a.path_mtu = p.mtu;
+    a.dest_qp_num = dest;
+    a.rq_psn = rq_psn;
+    a.max_dest_rd_atomic = p.rd_atomic;
+    a.min_rnr_timer = p.min_rnr_timer;
+    let r = qp.modify(
+        &a,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    );
+    debug_assert!(r.is_ok());
+    a.qp_state = QpState::Rts;
+    a.sq_psn = sq_psn;
+    a.timeout = p.timeout;
+    a.retry_cnt = p.retry_cnt;
+    a.rnr_retry = p.rnr_retry;
+    a.max_rd_atomic = p.rd_atomic;
+    let r = qp.modify(
+        &a,
+        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+    );
+    debug_assert!(r.is_ok());
+}
+
+fn node(qpn: u32, base: u64, ip: [u8; 4], peer: [u8; 4], p: &ConnParams) -> Node {
+    let pd = PdId(1);
+    let mut mem = InMemoryTable::new(base, MEM_SIZE);
+    // the buffer sits in the middle of the address space: canaries on both sides
+    let buf_addr = base + (MEM_SIZE as u64) / 4;
+    let buf_len = (MEM_SIZE as u64) / 2;
+    let MrKeys { lkey, rkey } = mem
+        .register(pd, buf_addr, buf_len, AccessFlags::all())
+        .unwrap_or(MrKeys { lkey: 0, rkey: 0 });
+    let mut cfg = RcConfig::new(qpn, pd);
+    cfg.max_send_wr = p.max_send_wr;
+    cfg.max_recv_wr = p.max_send_wr;
+    let encap = Encap::new(
+        IpInfo::V4(Ipv4Info::new(ip, peer)),
+        49152 + (qpn as u16),
+        4791,
+    );
+    Node {
+        qp: RcQp::new(cfg),
+        mem,
+        buf_addr,
+        buf_len,
+        lkey,
+        rkey,
+        pd,
+        encap,
+    }
+}
+
+impl RcPair {
+    /// Two connected QPs with default parameters and random starting PSNs.
+    pub fn new(seed: u64, faults: Faults) -> Self {
+        Self::with_attrs(seed, faults, &ConnParams::default())
+    }
+
+    /// Two connected QPs with the given parameters.
+    pub fn with_attrs(seed: u64, faults: Faults, p: &ConnParams) -> Self {
+        let mut rng = Rng::new(seed);
+        let (ipa, ipb) = ([192, 0, 2, 2], [192, 0, 2, 3]);
+        let mut a = node(0x11, BASE_A, ipa, ipb, p);
+        let mut b = node(0x22, BASE_B, ipb, ipa, p);
+        // starting PSNs near the wrap point half of the time
+        let psn = |r: &mut Rng| {
+            if r.chance(0.5) {
+                0xFF_FFFF - r.below(64) as u32
+            } else {
+                r.below(1 << 24) as u32
+            }
+        };
+        let (pa, pb) = (psn(&mut rng), psn(&mut rng));
+        connect(&mut a.qp, 0x22, pa, pb, p);
+        connect(&mut b.qp, 0x11, pb, pa, p);
+        RcPair {
+            a,
+            b,
+            now: 0,
+            faults,
+            rng,
+            stats: NetStats::default(),
+            flight: Vec::new(),
+            seq: 0,
+            buf: vec![0; 4096],
+            dgram: vec![0; 4096 + 128],
+        }
+    }
+
+    fn send_from(&mut self, from_a: bool) {
+        loop {
+            let n = if from_a { &mut self.a } else { &mut self.b };
+            let Some(t) = n.qp.poll_transmit(self.now, &mut n.mem, &mut self.buf) else {
+                break;
+            };
+            let Ok(len) = wire::emit(
+                &t.header,
+                &self.buf[..t.payload_len],
+                &mut self.dgram,
+                Some(&n.encap),
+            ) else {
+                continue;
+            };
+            self.stats.sent += 1;
+            let f = self.faults;
+            if self.rng.chance(f.loss) {
+                self.stats.lost += 1;
+                continue;
+            }
+            let copies = if self.rng.chance(f.dup) { 2 } else { 1 };
+            self.stats.duplicated += copies - 1;
+            for _ in 0..copies {
+                let mut bytes = self.dgram[..len].to_vec();
+                if self.rng.chance(f.corrupt) {
+                    self.stats.corrupted += 1;
+                    let i = self.rng.below(len as u64) as usize;
+                    bytes[i] ^= 1 << self.rng.below(8);
+                }
+                let mut at = self.now + f.delay_ns + self.rng.below(f.jitter_ns);
+                if self.rng.chance(f.reorder) {
+                    at += self.rng.below(20_000);
+                }
+                self.seq += 1;
+                self.flight.push(InFlight {
+                    at,
+                    seq: self.seq,
+                    to_b: from_a,
+                    bytes,
+                });
+            }
+        }
+    }
+
+    /// Runs until nothing is in flight and no timer is pending, or until `limit_ns` of
+    /// virtual time. Returns whether it went idle.
+    pub fn run_until_idle(&mut self, limit_ns: u64) -> bool {
+        loop {
+            self.send_from(true);
+            self.send_from(false);
+            let next_pkt = self.flight.iter().map(|f| (f.at, f.seq)).min();
+            let next_timer = [self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            let next = match (next_pkt, next_timer) {
+                (None, None) => return true,
+                (Some((p, _)), Some(t)) => p.min(t),
+                (Some((p, _)), None) => p,
+                (None, Some(t)) => t,
+            };
+            if next > limit_ns {
+                return false;
+            }
+            self.now = self.now.max(next);
+            if let Some((at, seq)) = next_pkt {
+                if at <= self.now {
+                    if let Some(i) = self.flight.iter().position(|f| f.seq == seq) {
+                        let f = self.flight.swap_remove(i);
+                        self.deliver(f);
+                    }
+                    continue;
+                }
+            }
+            let now = self.now;
+            self.a.qp.handle_timeout(now);
+            self.b.qp.handle_timeout(now);
+        }
+    }
+
+    fn deliver(&mut self, f: InFlight) {
+        let (dst, src_encap) = if f.to_b {
+            (&mut self.b, self.a.encap)
+        } else {
+            (&mut self.a, self.b.encap)
+        };
+        match wire::parse(&f.bytes, IcrcCheck::Exact(&src_encap)) {
+            Ok(pkt) => {
+                self.stats.delivered += 1;
+                dst.qp.handle_packet(self.now, &mut dst.mem, &pkt);
+            }
+            Err(_) => self.stats.rejected += 1,
+        }
+    }
+
+    /// Feeds raw bytes to a host as if they came from the other one (for security tests).
+    pub fn inject(&mut self, to_b: bool, bytes: Vec<u8>) {
+        self.seq += 1;
+        self.flight.push(InFlight {
+            at: self.now,
+            seq: self.seq,
+            to_b,
+            bytes,
+        });
+    }
+
+    /// The encapsulation host A (or B) sends with.
+    pub fn encap(&self, of_a: bool) -> Encap {
+        if of_a {
+            self.a.encap
+        } else {
+            self.b.encap
+        }
+    }
+}
