@@ -1,8 +1,5 @@
 //! Byte-range helpers shared by the header views. Callers check lengths first.
 
-/// A byte range inside a header.
-pub(crate) type Field = core::ops::Range<usize>;
-
 #[inline]
 pub(crate) fn get_u16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])

@@ -88,16 +88,18 @@ pub fn roce_packets() -> Vec<Captured> {
     cases().iter().flat_map(|c| case_packets(c)).collect()
 }
 
-/// The RoCEv2 packets of one capture case.
-pub fn case_packets(case: &str) -> Vec<Captured> {
-    let dir = captures_dir();
-    let decode = read_decode(&dir.join(format!("{case}.decode.txt")));
-    let file = File::open(dir.join(format!("{case}.pcap"))).expect("open pcap");
-    let mut reader = PcapReader::new(file).expect("pcap header");
+/// A UDP datagram read from a pcap: frame number, IP header, UDP header, payload.
+pub type Datagram = (usize, Vec<u8>, [u8; 8], Vec<u8>);
+
+/// Every RoCEv2 datagram (UDP port 4791 either way) of an Ethernet pcap file.
+pub fn pcap_roce_datagrams(path: &Path) -> std::io::Result<Vec<Datagram>> {
+    let file = File::open(path)?;
+    let mut reader =
+        PcapReader::new(file).map_err(|e| std::io::Error::other(format!("pcap header: {e}")))?;
     let mut out = Vec::new();
     let mut frame = 0usize;
     while let Some(pkt) = reader.next_packet() {
-        let pkt = pkt.expect("pcap record");
+        let pkt = pkt.map_err(|e| std::io::Error::other(format!("pcap record: {e}")))?;
         frame += 1;
         let Some((ip_header, udp_header, payload)) = split_ethernet(&pkt.data) else {
             continue;
@@ -107,22 +109,37 @@ pub fn case_packets(case: &str) -> Vec<Captured> {
         if sport != ROCE_PORT && dport != ROCE_PORT {
             continue;
         }
-        let probe = ip_header[0] >> 4 == 4 && ip_header[12..16] == [192, 0, 2, 1];
-        let lines = decode
-            .get(&frame)
-            .unwrap_or_else(|| panic!("{case}: frame {frame} missing from decode text"))
-            .clone();
-        out.push(Captured {
-            case: case.to_owned(),
-            frame,
-            ip_header: ip_header.to_vec(),
-            udp_header: udp_header.try_into().unwrap(),
-            payload: payload.to_vec(),
-            decode: lines,
-            probe,
-        });
+        let udp: [u8; 8] = udp_header.try_into().expect("8-byte UDP header");
+        out.push((frame, ip_header.to_vec(), udp, payload.to_vec()));
     }
-    out
+    Ok(out)
+}
+
+/// The RoCEv2 packets of one capture case.
+pub fn case_packets(case: &str) -> Vec<Captured> {
+    let dir = captures_dir();
+    let decode = read_decode(&dir.join(format!("{case}.decode.txt")));
+    let datagrams = pcap_roce_datagrams(&dir.join(format!("{case}.pcap")))
+        .unwrap_or_else(|e| panic!("{case}.pcap: {e}"));
+    datagrams
+        .into_iter()
+        .map(|(frame, ip_header, udp_header, payload)| {
+            let probe = ip_header[0] >> 4 == 4 && ip_header[12..16] == [192, 0, 2, 1];
+            let lines = decode
+                .get(&frame)
+                .unwrap_or_else(|| panic!("{case}: frame {frame} missing from decode text"))
+                .clone();
+            Captured {
+                case: case.to_owned(),
+                frame,
+                ip_header,
+                udp_header,
+                payload,
+                decode: lines,
+                probe,
+            }
+        })
+        .collect()
 }
 
 /// Splits an Ethernet frame into (IP header, UDP header, UDP payload); None if not IP/UDP.
