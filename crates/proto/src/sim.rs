@@ -182,6 +182,7 @@ pub struct RcPair {
     /// Counters.
     pub stats: NetStats,
     flight: Vec<InFlight>,
+    trace: bool,
     seq: u64,
     buf: Vec<u8>,
     dgram: Vec<u8>,
@@ -327,6 +328,7 @@ impl RcPair {
             rng,
             stats: NetStats::default(),
             flight: Vec::new(),
+            trace: std::env::var_os("RDMA_SIM_TRACE").is_some(),
             seq: 0,
             buf: vec![0; 4096],
             dgram: vec![0; 4096 + 128],
@@ -349,7 +351,22 @@ impl RcPair {
             };
             self.stats.sent += 1;
             let f = self.faults;
-            if self.rng.chance(f.loss) {
+            let lost = self.rng.chance(f.loss);
+            if self.trace {
+                let h = &t.header;
+                eprintln!(
+                    "{:>12} {} {:?} psn {:#x} len {} reth {:?} aeth {:?}{}",
+                    self.now,
+                    if from_a { "A->B" } else { "B->A" },
+                    h.opcode,
+                    h.psn,
+                    t.payload_len,
+                    h.reth.map(|r| (r.va, r.len)),
+                    h.aeth.map(|a| (a.syndrome, a.msn)),
+                    if lost { " LOST" } else { "" }
+                );
+            }
+            if lost {
                 self.stats.lost += 1;
                 continue;
             }

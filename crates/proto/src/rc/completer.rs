@@ -65,10 +65,10 @@ impl RcQp {
         self.arm_retrans(now);
     }
 
-    /// Goes back to `psn` unless already done for this PSN without progress since; `count`
-    /// charges the retry counter.
+    /// Goes back to `psn` unless a go-back to it is still being resent; `count` charges the
+    /// retry counter. The local ACK timer keeps running: it bounds the time without progress.
     fn retry_from(&mut self, now: u64, psn: u32, count: bool) {
-        if self.gbn_guard == Some(psn) {
+        if self.gbn_guard.is_some_and(|(g, _)| g == psn) {
             return;
         }
         if count {
@@ -79,7 +79,9 @@ impl RcQp {
             self.retry_left -= 1;
         }
         self.go_back(psn);
-        self.arm_retrans(now);
+        if self.retrans_deadline.is_none() {
+            self.arm_retrans(now);
+        }
     }
 
     fn fail_front(&mut self, status: WcStatus) {
@@ -116,7 +118,7 @@ impl RcQp {
                         }
                         if blocked {
                             let c = self.comp_psn;
-                            self.retry_from(now, c, !prog);
+                            self.retry_from(now, c, false);
                         }
                     }
                     AethKind::Rnr(code) => {
@@ -138,12 +140,16 @@ impl RcQp {
                         self.rnr_until = Some(now.saturating_add(rnr_timer_ns(code)));
                     }
                     AethKind::Nak(NakCode::PsnSeqErr) => {
-                        let (prog, _) = self.ack_through(prev);
+                        let before = self.comp_psn;
+                        let (prog, blocked) = self.ack_through(prev);
                         if prog {
                             self.on_progress(now);
                         }
                         self.stats.seq_naks_received += 1;
-                        self.retry_from(now, p, !prog);
+                        // a NAK beyond an unanswered READ/atomic is also an implicit NAK for it;
+                        // only a NAK for our oldest PSN without progress costs a retry
+                        let target = if blocked { self.comp_psn } else { p };
+                        self.retry_from(now, target, !prog && p == before);
                     }
                     AethKind::Nak(code) => {
                         let (prog, _) = self.ack_through(prev);
@@ -176,7 +182,7 @@ impl RcQp {
                 if p != self.comp_psn {
                     // a response was lost: re-request from the first missing one
                     let c = self.comp_psn;
-                    self.retry_from(now, c, !prog);
+                    self.retry_from(now, c, false);
                     return;
                 }
                 let mtu = self.attr.path_mtu.bytes();

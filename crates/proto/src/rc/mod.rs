@@ -141,7 +141,7 @@ pub struct RcQp {
     rnr_left: u8,
     retrans_deadline: Option<u64>,
     rnr_until: Option<u64>,
-    gbn_guard: Option<u32>,
+    gbn_guard: Option<(u32, u32)>,
     pkts_since_ackreq: u32,
     send_cq: VecDeque<Completion>,
     // responder

@@ -164,11 +164,12 @@ impl RcQp {
             return;
         }
         // count what is resent: everything from psn to the last PSN sent
-        let sent = psn_diff(self.current_req_psn(), psn).max(0) as u64;
-        self.stats.retransmitted += sent;
+        let until = self.current_req_psn();
+        self.stats.retransmitted += psn_diff(until, psn).max(0) as u64;
         self.req_idx = 0;
         self.req_off = d as u32;
-        self.gbn_guard = Some(psn);
+        // ignore further evidence of the same gap until everything in flight was resent
+        self.gbn_guard = Some((psn, until));
     }
 
     fn current_req_psn(&self) -> u32 {
@@ -360,6 +361,11 @@ impl RcQp {
             self.req_off += 1;
         }
         self.stats.req_packets_sent += 1;
+        if let Some((_, until)) = self.gbn_guard {
+            if psn_diff(psn_add(psn, 1), until) >= 0 {
+                self.gbn_guard = None;
+            }
+        }
         if self.retrans_deadline.is_none() {
             self.arm_retrans(now);
         }

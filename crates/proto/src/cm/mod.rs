@@ -1,0 +1,76 @@
+//! The InfiniBand Communication Manager (IBA vol1 chapter 12) as a sans-IO state machine.
+//!
+//! One [`CmAgent`] per device port owns every CM connection of that port. It owns no socket,
+//! clock, thread or random source: the runtime feeds it received MADs ([`CmAgent::handle_mad`]),
+//! the current time ([`CmAgent::handle_timeout`]) and API calls, and drains what it wants to
+//! send ([`CmAgent::poll_transmit`]), what it has to report ([`CmAgent::poll_event`]) and when it
+//! next wants to be woken ([`CmAgent::poll_timeout`]). Time is monotonic nanoseconds as a `u64`
+//! (the crate-wide convention, see [`Nanos`]); random values (communication ids, transaction
+//! ids, [`CmAgent::random_psn`]) come from a PRNG seeded by [`AgentConfig::seed`].
+//!
+//! The behaviour follows Linux's `ib_cm` as `rdma_cm` drives it (see `reference/` in the shared
+//! docs): REQ/REP/DREQ retransmission with `max_cm_retries`, MRA "send only on duplicate"
+//! ([`AgentConfig::delayed_mra`]), REJ 8 with local comm id 0 when nobody listens, REJ 10 for
+//! stale connections, timewait, DREP for a DREQ that matches nothing, crossed DREQs, SIDR.
+//! Every received message must match a connection by its communication ids, its state and the
+//! peer's GID; anything else changes nothing.
+//!
+//! ```
+//! use rdma_proto::cm::*;
+//! use std::net::Ipv6Addr;
+//!
+//! let a_addr = PeerAddr::new("::ffff:192.0.2.2".parse().unwrap(), 4791, 2);
+//! let b_addr = PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 2);
+//! let mut a = CmAgent::new(AgentConfig { ca_guid: 0xa, seed: 1, ..AgentConfig::default() });
+//! let mut b = CmAgent::new(AgentConfig { ca_guid: 0xb, seed: 2, ..AgentConfig::default() });
+//! let sid = 0x0000_0000_0106_1b58;
+//! b.listen(sid).unwrap();
+//!
+//! let mut params = ReqParams::new(sid, b_addr, 0x11, a.random_psn());
+//! params.path.local_gid = a_addr.gid;
+//! params.path.remote_gid = b_addr.gid;
+//! let conn = a.send_req(0, params).unwrap();
+//! let (to, mad) = a.poll_transmit().unwrap();
+//! assert_eq!(to, b_addr);
+//! b.handle_mad(0, a_addr, &mad);
+//! let Some(CmEvent::ReqReceived(req)) = b.poll_event() else { panic!() };
+//! b.send_rep(0, req.conn, RepParams::new(0x12, b.random_psn())).unwrap();
+//! let (_, rep) = b.poll_transmit().unwrap();
+//! a.handle_mad(1, b_addr, &rep);
+//! assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(r)) if r.conn == conn));
+//! a.send_rtu(1, conn).unwrap();
+//! assert_eq!(a.poll_event(), Some(CmEvent::Established { conn }));
+//! let (_, rtu) = a.poll_transmit().unwrap();
+//! b.handle_mad(2, a_addr, &rtu);
+//! assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: req.conn }));
+//! assert_eq!(a.state(conn), Some(CmState::Established));
+//! ```
+
+mod agent;
+mod conn;
+mod error;
+mod event;
+mod params;
+mod recv;
+mod rng;
+mod sidr;
+mod state;
+mod timers;
+
+#[cfg(test)]
+mod tests;
+
+pub use agent::{CmAgent, CmStats};
+pub use error::CmError;
+pub use event::{CmEvent, RejReceived, RepReceived, ReqReceived, SidrRepReceived, SidrReqReceived};
+pub use params::{
+    AgentConfig, ConnHandle, OverloadPolicy, PathParams, PeerAddr, RepParams, ReqParams,
+    SidrRepParams, SidrReqParams,
+};
+pub use state::CmState;
+
+/// Monotonic time in nanoseconds, as everywhere in this crate.
+pub type Nanos = u64;
+
+/// The UDP port of RoCEv2, where CM MADs are sent.
+pub const ROCE_UDP_PORT: u16 = 4791;
