@@ -27,6 +27,7 @@ use std::time::Instant;
 
 pub use addr::{ParseWireAddrError, WireAddr};
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
+pub(crate) use sys::netdev_mtu;
 pub use udp::{UdpConfig, UdpWire, ROCE_PORT};
 
 use crate::Result;

@@ -270,7 +270,6 @@ pub(crate) unsafe fn parse_ancillary(msg: &libc::msghdr) -> Ancillary {
 }
 
 /// The MTU of a network interface by name (`SIOCGIFMTU`).
-#[allow(dead_code)] // used by the verbs device attributes
 pub(crate) fn netdev_mtu(name: &str) -> Result<u32> {
     // SAFETY: all-zero is a valid ifreq.
     let mut req: libc::ifreq = unsafe { zeroed() };

@@ -1,0 +1,349 @@
+//! The device: its attributes (`ibv_query_device`, `ibv_query_port`) and the factory of PDs,
+//! CQs, completion channels and SRQs.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
+
+use super::cq::{CompletionChannel, CompletionQueue};
+use super::mr::{MrTable, MrTableView};
+use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
+use crate::io::WireAddr;
+use crate::{Error, Result};
+
+/// Worst-case bytes around a full-MTU payload: IPv6 (40) + UDP (8) + BTH (12) + RETH (16) +
+/// ImmDt (4) + ICRC (4), as carried by RDMA WRITE ONLY with immediate over IPv6. Linux rxe
+/// subtracts a fixed 80; ours is the exact worst case.
+pub const ROCE_MAX_HEADERS: u32 = 40 + 8 + 12 + 16 + 4 + 4;
+
+/// The active MTU for a netdev MTU, as rxe derives it: the largest IB MTU (256 to 4096) that
+/// fits the netdev MTU less the RoCEv2 headers; `None` below 256.
+///
+/// ```
+/// use rdma_soft::verbs::{active_mtu, Mtu};
+/// assert_eq!(active_mtu(1500), Some(Mtu::Mtu1024));
+/// assert_eq!(active_mtu(9000), Some(Mtu::Mtu4096));
+/// assert_eq!(active_mtu(65536), Some(Mtu::Mtu4096)); // lo
+/// assert_eq!(active_mtu(4180), Some(Mtu::Mtu4096));
+/// assert_eq!(active_mtu(4179), Some(Mtu::Mtu2048));
+/// assert_eq!(active_mtu(300), None);
+/// ```
+pub fn active_mtu(netdev_mtu: u32) -> Option<Mtu> {
+    Mtu::fitting(netdev_mtu.checked_sub(ROCE_MAX_HEADERS)?)
+}
+
+/// Device attributes (`ibv_device_attr`, the fields a RoCEv2 device fills).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID (EUI-64 style, from the config).
+    pub node_guid: u64,
+    /// System image GUID.
+    pub sys_image_guid: u64,
+    /// Largest memory region.
+    pub max_mr_size: u64,
+    /// Supported page sizes.
+    pub page_size_cap: u64,
+    /// Vendor id (0: software).
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Work requests per queue.
+    pub max_qp_wr: u32,
+    /// Scatter/gather elements per work request.
+    pub max_sge: u32,
+    /// Scatter/gather elements per RDMA READ.
+    pub max_sge_rd: u32,
+    /// Completion queues.
+    pub max_cq: u32,
+    /// Entries per completion queue.
+    pub max_cqe: u32,
+    /// Memory regions.
+    pub max_mr: u32,
+    /// Protection domains.
+    pub max_pd: u32,
+    /// Outstanding READ/atomic requests a QP accepts as responder.
+    pub max_qp_rd_atom: u32,
+    /// Outstanding READ/atomic requests a QP issues as requester.
+    pub max_qp_init_rd_atom: u32,
+    /// Shared receive queues.
+    pub max_srq: u32,
+    /// Work requests per SRQ.
+    pub max_srq_wr: u32,
+    /// Scatter/gather elements per SRQ work request.
+    pub max_srq_sge: u32,
+    /// P_Keys.
+    pub max_pkeys: u16,
+    /// Physical ports.
+    pub phys_port_cnt: u8,
+    /// Atomics are atomic against every access through this device (`IBV_ATOMIC_HCA`).
+    pub atomic_hca: bool,
+    /// Bytes of inline data per send work request.
+    pub max_inline_data: u32,
+    /// Largest message.
+    pub max_msg_sz: u32,
+}
+
+/// Port state (`ibv_port_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortState {
+    /// The netdev is down.
+    Down = 1,
+    /// The netdev is up.
+    Active = 4,
+}
+
+/// Port attributes (`ibv_port_attr`, the fields a RoCEv2 port fills).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    /// State.
+    pub state: PortState,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use, from the netdev MTU ([`active_mtu`]).
+    pub active_mtu: Mtu,
+    /// The netdev's MTU it was derived from.
+    pub netdev_mtu: u32,
+    /// GID table entries.
+    pub gid_tbl_len: u32,
+    /// Largest message.
+    pub max_msg_sz: u32,
+    /// P_Key table entries.
+    pub pkey_tbl_len: u16,
+    /// Link layer: always Ethernet for RoCE.
+    pub link_layer_ethernet: bool,
+}
+
+/// How to open a [`Device`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Device name (by default the netdev's name, as the design says).
+    pub name: String,
+    /// The netdev it is attached to.
+    pub netdev: String,
+    /// That netdev's MTU.
+    pub netdev_mtu: u32,
+    /// Whether the netdev is up.
+    pub up: bool,
+    /// The GID table: the netdev's addresses.
+    pub gids: Vec<WireAddr>,
+    /// Node GUID.
+    pub node_guid: u64,
+}
+
+impl DeviceConfig {
+    /// A device named after `netdev`, with its MTU read from the kernel, up, no GIDs yet
+    /// (the layer that knows the host's addresses fills them in).
+    pub fn for_netdev(netdev: &str) -> Result<DeviceConfig> {
+        let netdev_mtu = crate::io::netdev_mtu(netdev)?;
+        Ok(DeviceConfig {
+            name: netdev.to_owned(),
+            netdev: netdev.to_owned(),
+            netdev_mtu,
+            up: true,
+            gids: Vec::new(),
+            node_guid: 0,
+        })
+    }
+}
+
+pub(crate) struct DeviceShared {
+    cfg: DeviceConfig,
+    attr: DeviceAttr,
+    port: PortAttr,
+    pub(crate) mrs: Arc<MrTable>,
+    next_pd: AtomicU32,
+    next_cq: AtomicU32,
+}
+
+/// A software RoCEv2 device attached to one netdev.
+///
+/// ```
+/// use rdma_soft::verbs::{Device, DeviceConfig, Mtu};
+/// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+/// assert_eq!(dev.name(), "lo");
+/// let port = dev.query_port(1).unwrap();
+/// assert_eq!(port.active_mtu, Mtu::Mtu4096); // lo's MTU is 65536
+/// assert!(dev.query_device().max_sge >= 1);
+/// assert_eq!(dev.query_port(2).unwrap_err().errno(), libc::EINVAL);
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    shared: Arc<DeviceShared>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.shared.cfg.name)
+            .field("netdev", &self.shared.cfg.netdev)
+            .finish()
+    }
+}
+
+/// Limits of this implementation.
+const MAX_QP: u32 = 1 << 16;
+const MAX_QP_WR: u32 = 1 << 14;
+const MAX_CQ: u32 = 1 << 14;
+const MAX_CQE: u32 = (1 << 16) - 1;
+const MAX_MR: u32 = 1 << 16;
+const MAX_PD: u32 = 1 << 16;
+const MAX_SRQ: u32 = 1 << 12;
+const MAX_INLINE: u32 = 256;
+const MAX_MSG: u32 = 1 << 31;
+const MAX_RD_ATOM: u32 = 128;
+
+impl Device {
+    /// Opens a device. EINVAL when the netdev MTU is too small for a 256-byte IB MTU.
+    pub fn open(cfg: DeviceConfig) -> Result<Device> {
+        let active = active_mtu(cfg.netdev_mtu).ok_or(Error::InvalidArgument(
+            "netdev MTU too small for RoCEv2 (needs 256 bytes of payload plus headers)",
+        ))?;
+        let attr = DeviceAttr {
+            fw_ver: concat!("rdma-soft ", env!("CARGO_PKG_VERSION")).to_owned(),
+            node_guid: cfg.node_guid,
+            sys_image_guid: cfg.node_guid,
+            max_mr_size: isize::MAX as u64,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            max_qp: MAX_QP,
+            max_qp_wr: MAX_QP_WR,
+            max_sge: MAX_SGE as u32,
+            max_sge_rd: MAX_SGE as u32,
+            max_cq: MAX_CQ,
+            max_cqe: MAX_CQE,
+            max_mr: MAX_MR,
+            max_pd: MAX_PD,
+            max_qp_rd_atom: MAX_RD_ATOM,
+            max_qp_init_rd_atom: MAX_RD_ATOM,
+            max_srq: MAX_SRQ,
+            max_srq_wr: MAX_QP_WR,
+            max_srq_sge: MAX_SGE as u32,
+            max_pkeys: 1,
+            phys_port_cnt: 1,
+            atomic_hca: true,
+            max_inline_data: MAX_INLINE,
+            max_msg_sz: MAX_MSG,
+        };
+        let port = PortAttr {
+            state: if cfg.up {
+                PortState::Active
+            } else {
+                PortState::Down
+            },
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: active,
+            netdev_mtu: cfg.netdev_mtu,
+            gid_tbl_len: cfg.gids.len() as u32,
+            max_msg_sz: MAX_MSG,
+            pkey_tbl_len: 1,
+            link_layer_ethernet: true,
+        };
+        Ok(Device {
+            shared: Arc::new(DeviceShared {
+                mrs: Arc::new(MrTable::new(MAX_MR as usize)),
+                cfg,
+                attr,
+                port,
+                next_pd: AtomicU32::new(1),
+                next_cq: AtomicU32::new(1),
+            }),
+        })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.shared.cfg.name
+    }
+
+    /// The netdev it is attached to.
+    pub fn netdev(&self) -> &str {
+        &self.shared.cfg.netdev
+    }
+
+    /// Its GID table.
+    pub fn gids(&self) -> &[WireAddr] {
+        &self.shared.cfg.gids
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        self.shared.attr.clone()
+    }
+
+    /// `ibv_query_port`: port 1 only (EINVAL otherwise).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(Error::InvalidArgument(
+                "port number (this device has port 1)",
+            ));
+        }
+        Ok(self.shared.port.clone())
+    }
+
+    fn next_id(counter: &AtomicU32, max: u32, what: &'static str) -> Result<u32> {
+        let id = counter.fetch_add(1, Ordering::Relaxed);
+        if id > max {
+            return Err(Error::Exhausted {
+                what,
+                max: max as usize,
+            });
+        }
+        Ok(id)
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let id = Self::next_id(&self.shared.next_pd, MAX_PD, "protection domains")?;
+        Ok(ProtectionDomain::new(PdId(id), self.shared.clone()))
+    }
+
+    /// Creates a completion channel.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new()
+    }
+
+    /// Creates a completion queue of at least `cqe` entries (EINVAL for 0 or more than
+    /// `max_cqe`), notifying `channel` when armed.
+    pub fn create_cq(
+        &self,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
+        if cqe == 0 || cqe > MAX_CQE as usize {
+            return Err(Error::InvalidArgument("cqe out of range 1..=max_cqe"));
+        }
+        let id = Self::next_id(&self.shared.next_cq, MAX_CQ, "completion queues")?;
+        Ok(CompletionQueue::new(id, cqe, channel))
+    }
+
+    /// Creates a shared receive queue in `pd` (EINVAL beyond `max_srq_wr` / `max_srq_sge`).
+    pub fn create_srq(
+        &self,
+        pd: &ProtectionDomain,
+        max_wr: usize,
+        max_sge: usize,
+    ) -> Result<SharedReceiveQueue> {
+        if max_wr == 0 || max_wr > MAX_QP_WR as usize || max_sge > MAX_SGE {
+            return Err(Error::InvalidArgument("SRQ max_wr or max_sge out of range"));
+        }
+        Ok(SharedReceiveQueue::new(pd, max_wr, max_sge))
+    }
+
+    /// Registered memory regions.
+    pub fn mr_count(&self) -> usize {
+        self.shared.mrs.len()
+    }
+
+    /// The key table as the transport sees it ([`rdma_proto::memory::MemoryTable`]): take one
+    /// view per batch of packets (it holds the table's read lock; registration waits for it).
+    pub fn memory(&self) -> MrTableView<'_> {
+        self.shared.mrs.view()
+    }
+}

@@ -1,0 +1,58 @@
+//! Protection domains.
+
+use std::sync::Arc;
+
+use rdma_proto::verbs::{AccessFlags, PdId};
+
+use super::device::DeviceShared;
+use super::mr::MemoryRegion;
+use crate::Result;
+
+struct PdInner {
+    id: PdId,
+    dev: Arc<DeviceShared>,
+}
+
+/// A protection domain: memory regions and QPs of one PD can reach each other, no others.
+/// Every region keeps its PD (and so its device) alive.
+///
+/// ```
+/// use rdma_soft::verbs::{AccessFlags, Device, DeviceConfig};
+/// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+/// let (a, b) = (dev.alloc_pd().unwrap(), dev.alloc_pd().unwrap());
+/// assert_ne!(a.id(), b.id());
+/// let mr = a.register(vec![1u8; 64], AccessFlags::REMOTE_READ).unwrap();
+/// assert_eq!(mr.pd().id(), a.id());
+/// ```
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    inner: Arc<PdInner>,
+}
+
+impl std::fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ProtectionDomain")
+            .field(&self.inner.id.0)
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    pub(crate) fn new(id: PdId, dev: Arc<DeviceShared>) -> ProtectionDomain {
+        ProtectionDomain {
+            inner: Arc::new(PdInner { id, dev }),
+        }
+    }
+
+    /// The PD's number.
+    pub fn id(&self) -> PdId {
+        self.inner.id
+    }
+
+    /// Registers `buf` (any `Vec<u8>` or `Box<[u8]>`; the region owns it until deregistered)
+    /// with `access`. Remote write and atomic rights need [`AccessFlags::LOCAL_WRITE`] (EINVAL
+    /// otherwise, as in verbs); an empty buffer is EINVAL; past the device's `max_mr`, ENOMEM.
+    pub fn register(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<MemoryRegion> {
+        MemoryRegion::register(self, &self.inner.dev.mrs, buf.into(), access)
+    }
+}

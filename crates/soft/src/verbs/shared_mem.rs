@@ -1,0 +1,234 @@
+//! Registered memory that the application and the device may touch at the same time.
+//!
+//! RDMA lets a remote peer write into memory while the local application reads it: with plain
+//! `&mut [u8]` access that is a data race, undefined behaviour in Rust. So while memory is
+//! registered, *every* access, by the device and by the application, goes through atomic
+//! loads and stores with relaxed ordering: racing accesses give unspecified bytes (as on real
+//! hardware) but never undefined behaviour. Ordering between the device's writes and the
+//! application's reads comes from the completion queue (release on push, acquire on poll).
+//!
+//! The buffer is split once by address: the 8-byte aligned middle is accessed only as
+//! `AtomicU64`, the unaligned head and tail only as `AtomicU8`, so no byte is ever accessed
+//! with two different atomic sizes. Partial words use `fetch_and`/`fetch_or` on the bytes
+//! concerned. RDMA atomics (8-byte aligned by the IB rules) are real `AtomicU64` operations,
+//! atomic against local atomics on the same word ([`SharedBytes::atomic_u64`]).
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// An owned byte buffer accessed only atomically (see the module docs).
+pub(crate) struct SharedBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Offsets of the aligned middle `[mid_start, mid_end)`.
+    mid_start: usize,
+    mid_end: usize,
+}
+
+// SAFETY: the buffer is owned and all access after construction is atomic.
+unsafe impl Send for SharedBytes {}
+// SAFETY: as above: shared access only through atomics.
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    /// Takes ownership of `buf` (non-empty).
+    pub fn new(buf: Box<[u8]>) -> SharedBytes {
+        let len = buf.len();
+        let raw = Box::into_raw(buf) as *mut u8;
+        // SAFETY: Box::into_raw never returns null.
+        let ptr = unsafe { NonNull::new_unchecked(raw) };
+        let addr = raw as usize;
+        let mid_start = (addr.next_multiple_of(8) - addr).min(len);
+        let mid_end = mid_start + (len - mid_start) / 8 * 8;
+        SharedBytes {
+            ptr,
+            len,
+            mid_start,
+            mid_end,
+        }
+    }
+
+    /// Gives the buffer back. Needs `self` by value: no other access can be in flight.
+    pub fn into_inner(self) -> Box<[u8]> {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: ptr/len came from Box::into_raw of a boxed slice of this length, and `me`
+        // will not free it again.
+        unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len)) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Start address, the region's virtual address as the peer sees it.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    fn byte(&self, off: usize) -> &AtomicU8 {
+        debug_assert!(off < self.len && (off < self.mid_start || off >= self.mid_end));
+        // SAFETY: in bounds, and this byte is only ever accessed as an AtomicU8.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(off)) }
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(
+            off >= self.mid_start && off + 8 <= self.mid_end && off % 8 == self.mid_start % 8
+        );
+        // SAFETY: in bounds, 8-byte aligned (mid_start is aligned), only accessed as AtomicU64.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(off).cast()) }
+    }
+
+    /// Whether `[off, off+len)` is inside the buffer.
+    pub fn contains(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// Copies `src` to offset `off`. The caller checks bounds with [`SharedBytes::contains`].
+    pub fn write(&self, off: usize, src: &[u8]) {
+        assert!(
+            self.contains(off, src.len()),
+            "bounds checked by the caller"
+        );
+        let mut i = 0;
+        while i < src.len() {
+            let at = off + i;
+            if at < self.mid_start || at >= self.mid_end {
+                self.byte(at).store(src[i], Relaxed);
+                i += 1;
+                continue;
+            }
+            let w = self.mid_start + (at - self.mid_start) / 8 * 8;
+            let lo = at - w;
+            let n = (8 - lo).min(src.len() - i);
+            let word = self.word(w);
+            if n == 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&src[i..i + 8]);
+                word.store(u64::from_ne_bytes(b), Relaxed);
+            } else {
+                let mut mask = [0u8; 8];
+                let mut val = [0u8; 8];
+                mask[lo..lo + n].fill(0xff);
+                val[lo..lo + n].copy_from_slice(&src[i..i + n]);
+                word.fetch_and(!u64::from_ne_bytes(mask), Relaxed);
+                word.fetch_or(u64::from_ne_bytes(val), Relaxed);
+            }
+            i += n;
+        }
+    }
+
+    /// Copies from offset `off` into `dst`. The caller checks bounds.
+    pub fn read(&self, off: usize, dst: &mut [u8]) {
+        assert!(
+            self.contains(off, dst.len()),
+            "bounds checked by the caller"
+        );
+        let mut i = 0;
+        while i < dst.len() {
+            let at = off + i;
+            if at < self.mid_start || at >= self.mid_end {
+                dst[i] = self.byte(at).load(Relaxed);
+                i += 1;
+                continue;
+            }
+            let w = self.mid_start + (at - self.mid_start) / 8 * 8;
+            let lo = at - w;
+            let n = (8 - lo).min(dst.len() - i);
+            let b = self.word(w).load(Relaxed).to_ne_bytes();
+            dst[i..i + n].copy_from_slice(&b[lo..lo + n]);
+            i += n;
+        }
+    }
+
+    /// Sets `len` bytes at `off` to `value`. The caller checks bounds.
+    pub fn fill(&self, off: usize, len: usize, value: u8) {
+        let chunk = [value; 64];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len());
+            self.write(off + done, &chunk[..n]);
+            done += n;
+        }
+    }
+
+    /// The 8-byte word at `off` as an atomic, if `off` is inside and 8-byte aligned in memory.
+    pub fn atomic_u64(&self, off: usize) -> Option<&AtomicU64> {
+        let aligned = (self.addr() as usize).wrapping_add(off) % 8 == 0;
+        (aligned && self.contains(off, 8)).then(|| self.word(off))
+    }
+}
+
+impl Drop for SharedBytes {
+    fn drop(&mut self) {
+        // SAFETY: as in into_inner; drop runs once and no reference outlives `self`.
+        drop(unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ))
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_offset_and_length_round_trips() {
+        for start in 0..9 {
+            // A buffer whose data starts at every alignment: slice a bigger one.
+            let owner: Box<[u8]> = (0..64u8).collect();
+            let s = SharedBytes::new(owner[start..start + 40].to_vec().into_boxed_slice());
+            let mut model: Vec<u8> = (start as u8..start as u8 + 40).collect();
+            for off in 0..40 {
+                for len in 0..=(40 - off) {
+                    let src: Vec<u8> = (0..len).map(|k| (off * 7 + k * 13) as u8).collect();
+                    s.write(off, &src);
+                    model[off..off + len].copy_from_slice(&src);
+                    let mut all = vec![0u8; 40];
+                    s.read(0, &mut all);
+                    assert_eq!(all, model, "start {start} off {off} len {len}");
+                }
+            }
+            s.fill(3, 30, 0xee);
+            model[3..33].fill(0xee);
+            assert_eq!(s.into_inner().to_vec(), model);
+        }
+    }
+
+    #[test]
+    fn atomics_only_on_aligned_words() {
+        let s = SharedBytes::new(vec![0u8; 64].into_boxed_slice());
+        let aligned = (8 - (s.addr() % 8) as usize) % 8;
+        let w = s.atomic_u64(aligned).unwrap();
+        w.fetch_add(5, Relaxed);
+        assert_eq!(s.atomic_u64(aligned).unwrap().load(Relaxed), 5);
+        assert!(s.atomic_u64(aligned + 1).is_none());
+        assert!(s.atomic_u64(64).is_none());
+    }
+
+    #[test]
+    fn concurrent_writers_and_readers_are_sound() {
+        let s = std::sync::Arc::new(SharedBytes::new(vec![0u8; 4096].into_boxed_slice()));
+        let handles: Vec<_> = (0..2)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 100];
+                    for k in 0..2000 {
+                        s.write((k * 37 + t) % 3996, &[t as u8; 100]);
+                        s.read((k * 91) % 3996, &mut buf);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let mut all = vec![0u8; 4096];
+        s.read(0, &mut all);
+        assert!(all.iter().all(|&b| b <= 1));
+    }
+}
