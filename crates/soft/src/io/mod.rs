@@ -11,9 +11,16 @@
 //!
 //! ## Measured choices
 //! - Batches: `sendmmsg`/`recvmmsg` of up to [`UdpConfig::batch`] datagrams (default 32) into
-//!   preallocated buffers; no allocation or lock per packet.
-//! - UDP GSO/GRO (`UDP_SEGMENT`/`UDP_GRO`) is not used: see `docs` in the crate README for the
-//!   measurement (`examples/udp_batch.rs`).
+//!   preallocated buffers; no allocation or lock per packet. `examples/udp_batch.rs` measures
+//!   them over loopback (1040-byte datagrams, 2 shared cores, one sender and one receiver
+//!   thread): batch 1: ~101k datagrams/s, 8: ~108k, 32: ~112k, 64: ~111k, all delivered.
+//!   On loopback the per-datagram cost of the kernel's UDP/IP path (which the sender pays
+//!   for the receive side too) dominates, so batching saves the system calls (200,000 to
+//!   6,250 `sendmmsg`) but only ~10% of time.
+//! - UDP GSO/GRO (`UDP_SEGMENT`/`UDP_GRO`) is not implemented: not yet measured. The numbers
+//!   above say the per-datagram stack cost is what GSO would remove, so it is the next thing
+//!   to measure; it needs a per-segment ICRC (every segment carries its own BTH and ICRC and
+//!   the IPv4 Identification of each segment must still be 0).
 
 mod addr;
 mod batch;
