@@ -17,5 +17,6 @@ pub mod packet;
 pub mod psn;
 pub mod rc;
 pub mod sim;
+pub mod ud;
 pub mod verbs;
 pub mod wire;
