@@ -1,0 +1,132 @@
+//! The error type of every resolution and port-space call, with the errno rdma_cm gives.
+
+use std::net::IpAddr;
+
+/// Why the passive side refuses an incoming connection request (the CM sends REJ with
+/// reason 28, "consumer defined", as Linux does when its listener lookup fails).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectCause {
+    /// The netdev the request arrived on is administratively down.
+    ArrivalNetdevDown,
+    /// The netdev the request arrived on no longer exists.
+    ArrivalNetdevGone,
+    /// The reverse route (local address → requester, output constrained to the arrival
+    /// netdev) does not go out through the arrival netdev.
+    NotOnReverseRoute,
+    /// The request is addressed to an address this host does not hold.
+    NotOurAddress,
+}
+
+impl RejectCause {
+    /// The IB CM reject reason the CM puts in its REJ: always 28 (consumer defined).
+    pub const REJ_REASON: u16 = 28;
+}
+
+/// What went wrong; [`Error::errno`] gives the (positive) errno rdma_cm would report.
+///
+/// ```
+/// use rdmacm::Error;
+/// assert_eq!(Error::HostUnreachable.errno(), libc::EHOSTUNREACH);
+/// assert_eq!(Error::AddressInUse.errno(), libc::EADDRINUSE);
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A caller's argument is invalid (`EINVAL`): e.g. a link-local address without a scope
+    /// id, families that do not match, an MTU too small for RoCE.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The address family is not IPv4 or IPv6 (`EAFNOSUPPORT`).
+    #[error("address family not supported")]
+    AddressFamilyNotSupported,
+    /// The address (and port) is bound by another id (`EADDRINUSE`).
+    #[error("address in use")]
+    AddressInUse,
+    /// The address is held by no netdev, or a port conflicts with a wildcard binding, or the
+    /// ephemeral range is exhausted (`EADDRNOTAVAIL`).
+    #[error("address not available: {0}")]
+    AddressNotAvailable(String),
+    /// A netdev (scope id, bound or route netdev) does not exist (`ENODEV`).
+    #[error("no such device: {0}")]
+    NoDevice(String),
+    /// No route to the host (`EHOSTUNREACH`): the bound netdev has no route to the
+    /// destination, an `unreachable` route, or a neighbour that went FAILED.
+    #[error("no route to host")]
+    HostUnreachable,
+    /// No route to the destination's network (`ENETUNREACH`).
+    #[error("network unreachable")]
+    NetworkUnreachable,
+    /// Neighbour resolution did not finish within the caller's timeout (`ETIMEDOUT`).
+    #[error("timed out")]
+    TimedOut,
+    /// A port below the unprivileged start (1024) without `CAP_NET_BIND_SERVICE`, or a
+    /// `prohibit` route (`EACCES`).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// The passive side refuses a request (the CM sends REJ reason 28); errno
+    /// `EHOSTUNREACH` (`ENODEV` when the arrival netdev is gone), as Linux's listener lookup.
+    #[error("request rejected: {0:?}")]
+    Rejected(RejectCause),
+    /// Another error of the host view (netlink), with its own errno.
+    #[error("host view: {0}")]
+    Host(rdma_hostview::Error),
+    /// An I/O error (its own errno, else `EIO`).
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// The positive errno for this error.
+    ///
+    /// ```
+    /// use rdmacm::{Error, RejectCause};
+    /// assert_eq!(Error::Rejected(RejectCause::NotOnReverseRoute).errno(), libc::EHOSTUNREACH);
+    /// assert_eq!(Error::InvalidArgument("x".into()).errno(), libc::EINVAL);
+    /// ```
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::InvalidArgument(_) => libc::EINVAL,
+            Error::AddressFamilyNotSupported => libc::EAFNOSUPPORT,
+            Error::AddressInUse => libc::EADDRINUSE,
+            Error::AddressNotAvailable(_) => libc::EADDRNOTAVAIL,
+            Error::NoDevice(_) => libc::ENODEV,
+            Error::HostUnreachable => libc::EHOSTUNREACH,
+            Error::NetworkUnreachable => libc::ENETUNREACH,
+            Error::TimedOut => libc::ETIMEDOUT,
+            Error::PermissionDenied(_) => libc::EACCES,
+            Error::Rejected(RejectCause::ArrivalNetdevGone) => libc::ENODEV,
+            Error::Rejected(_) => libc::EHOSTUNREACH,
+            Error::Host(e) => e.errno(),
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+
+    pub(crate) fn not_held(ip: IpAddr) -> Error {
+        Error::AddressNotAvailable(format!("{ip} is held by no netdev"))
+    }
+}
+
+impl From<rdma_hostview::Error> for Error {
+    fn from(e: rdma_hostview::Error) -> Self {
+        use rdma_hostview::Error as H;
+        match e {
+            H::NetworkUnreachable => Error::NetworkUnreachable,
+            H::HostUnreachable => Error::HostUnreachable,
+            H::Prohibited => Error::PermissionDenied("prohibit route".into()),
+            H::TimedOut => Error::TimedOut,
+            H::NoDevice(d) => Error::NoDevice(d),
+            H::AddressNotAvailable(ip) => Error::not_held(ip),
+            H::InvalidArgument(s) => Error::InvalidArgument(s),
+            other => match other.errno() {
+                libc::EINVAL => Error::InvalidArgument(other.to_string()),
+                libc::ENETUNREACH => Error::NetworkUnreachable,
+                libc::EHOSTUNREACH => Error::HostUnreachable,
+                _ => Error::Host(other),
+            },
+        }
+    }
+}
+
+/// Result with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
