@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod memory;
 pub mod packet;
 pub mod psn;

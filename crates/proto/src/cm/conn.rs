@@ -1,8 +1,8 @@
 //! One connection's state and the messages it formats.
 
 use rdma_wire::cm::{
-    CmMadRepr, CmMessage, DrepRepr, DreqRepr, MessageRef, MraRepr, RejRepr, RejectReason,
-    RtuRepr, DREP_PRIVATE_DATA_LEN, DREQ_PRIVATE_DATA_LEN, MRA_PRIVATE_DATA_LEN, REJ_ARI_LEN,
+    CmMadRepr, CmMessage, DrepRepr, DreqRepr, MessageRef, MraRepr, RejRepr, RejectReason, RtuRepr,
+    DREP_PRIVATE_DATA_LEN, DREQ_PRIVATE_DATA_LEN, MRA_PRIVATE_DATA_LEN, REJ_ARI_LEN,
     REJ_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN,
 };
 use rdma_wire::mad::MAD_LEN;

@@ -178,7 +178,9 @@ impl CmEvent {
     pub fn is_disconnect(&self) -> bool {
         matches!(
             self,
-            CmEvent::DreqReceived { .. } | CmEvent::DrepReceived { .. } | CmEvent::DreqTimeout { .. }
+            CmEvent::DreqReceived { .. }
+                | CmEvent::DrepReceived { .. }
+                | CmEvent::DreqTimeout { .. }
         )
     }
 
@@ -186,7 +188,9 @@ impl CmEvent {
     pub fn is_unreachable(&self) -> bool {
         matches!(
             self,
-            CmEvent::ReqTimeout { .. } | CmEvent::RepTimeout { .. } | CmEvent::SidrReqTimeout { .. }
+            CmEvent::ReqTimeout { .. }
+                | CmEvent::RepTimeout { .. }
+                | CmEvent::SidrReqTimeout { .. }
         )
     }
 }

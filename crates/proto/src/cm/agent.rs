@@ -1,0 +1,747 @@
+//! The agent: API calls, queues, timers.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use rdma_wire::cm::{
+    CmMessage, CmPathRepr, MessageRef, RejectReason, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr,
+    SidrStatus, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN,
+    SIDR_REP_ADDITIONAL_INFORMATION_LEN, SIDR_REP_PRIVATE_DATA_LEN, SIDR_REQ_PRIVATE_DATA_LEN,
+};
+use rdma_wire::mad::MAD_LEN;
+
+use super::conn::{emit, pad_checked, Conn, MadBuf};
+use super::rng::SplitMix64;
+use super::timers::{cm_ns, request_timeout, Retx};
+use super::{
+    AgentConfig, CmError, CmEvent, CmState, ConnHandle, Nanos, PeerAddr, RepParams, ReqParams,
+    SidrRepParams, SidrReqParams,
+};
+
+/// Counters of what the agent dropped or repeated (for tests and monitoring).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmStats {
+    /// MADs that did not parse (length, class, attribute, field values).
+    pub malformed: u64,
+    /// Well-formed MADs that matched no connection in a state that accepts them.
+    pub unmatched: u64,
+    /// Duplicates recognised (answered again or dropped).
+    pub duplicates: u64,
+    /// REQs dropped or rejected by the resource limits.
+    pub overload: u64,
+    /// Retransmissions of REQ, REP, DREQ and SIDR_REQ.
+    pub retransmits: u64,
+}
+
+/// The IB CM of one port: every listener and connection, sans IO.
+///
+/// See the [module documentation](super) for a complete handshake. In short:
+/// inputs are [`CmAgent::handle_mad`], [`CmAgent::handle_timeout`] and the API calls;
+/// outputs are [`CmAgent::poll_transmit`], [`CmAgent::poll_event`] and
+/// [`CmAgent::poll_timeout`]. Call the three `poll_*` after every input.
+///
+/// ```
+/// use rdma_proto::cm::{AgentConfig, CmAgent, CmEvent, PeerAddr, ReqParams};
+/// let peer = PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 1);
+/// let mut a = CmAgent::new(AgentConfig { seed: 42, ..AgentConfig::default() });
+/// let conn = a.send_req(0, ReqParams::new(0x1061b58, peer, 0x11, 0x1234)).unwrap();
+/// assert!(a.poll_transmit().is_some());
+/// // Nobody answers: the REQ is resent every 4.608 s, 15 times, then ReqTimeout.
+/// let mut now = 0;
+/// let mut sent = 1;
+/// while let Some(t) = a.poll_timeout() {
+///     now = t;
+///     a.handle_timeout(now);
+///     while a.poll_transmit().is_some() { sent += 1; }
+/// }
+/// assert_eq!(sent, 16);
+/// assert_eq!(a.poll_event(), Some(CmEvent::ReqTimeout { conn }));
+/// assert_eq!(now, 16 * 4_608_000_000);
+/// ```
+#[derive(Debug)]
+pub struct CmAgent {
+    pub(crate) config: AgentConfig,
+    pub(crate) rng: SplitMix64,
+    pub(crate) conns: BTreeMap<ConnHandle, Conn>,
+    pub(crate) by_local_id: HashMap<u32, ConnHandle>,
+    pub(crate) listeners: BTreeMap<u64, ()>,
+    pub(crate) transmit: VecDeque<(PeerAddr, MadBuf)>,
+    pub(crate) events: VecDeque<CmEvent>,
+    pub(crate) next_handle: u64,
+    pub(crate) tid_high: u32,
+    pub(crate) tid_counter: u32,
+    pub(crate) stats: CmStats,
+}
+
+impl CmAgent {
+    /// A new agent with no listener and no connection.
+    pub fn new(config: AgentConfig) -> Self {
+        let mut rng = SplitMix64::new(config.seed);
+        let tid_high = rng.next_u32();
+        CmAgent {
+            config,
+            rng,
+            conns: BTreeMap::new(),
+            by_local_id: HashMap::new(),
+            listeners: BTreeMap::new(),
+            transmit: VecDeque::new(),
+            events: VecDeque::new(),
+            next_handle: 1,
+            tid_high,
+            tid_counter: 0,
+            stats: CmStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// Counters of dropped and repeated MADs.
+    pub fn stats(&self) -> CmStats {
+        self.stats
+    }
+
+    /// A random 24-bit starting PSN from the agent's PRNG (as `rdma_cm`'s random `seq_num`).
+    pub fn random_psn(&mut self) -> u32 {
+        self.rng.next_u32() & 0x00ff_ffff
+    }
+
+    /// The state of a connection (`None` if unknown or destroyed).
+    pub fn state(&self, conn: ConnHandle) -> Option<CmState> {
+        self.conns
+            .get(&conn)
+            .filter(|c| !c.destroyed)
+            .map(|c| c.state)
+    }
+
+    /// Our communication id for a connection (the request id for SIDR).
+    pub fn local_comm_id(&self, conn: ConnHandle) -> Option<u32> {
+        self.live(conn).map(|c| c.local_id)
+    }
+
+    /// The peer's communication id for a connection (0 until known).
+    pub fn remote_comm_id(&self, conn: ConnHandle) -> Option<u32> {
+        self.live(conn).map(|c| c.remote_id)
+    }
+
+    /// How many connections the agent holds (destroyed ones still in timewait included).
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Starts accepting REQs and SIDR_REQs for `service_id`.
+    pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
+        if self.listeners.contains_key(&service_id) {
+            return Err(CmError::AlreadyListening(service_id));
+        }
+        self.listeners.insert(service_id, ());
+        Ok(())
+    }
+
+    /// Stops listening. Connections that came through the listener are not affected.
+    pub fn unlisten(&mut self, service_id: u64) -> Result<(), CmError> {
+        self.listeners
+            .remove(&service_id)
+            .map(|_| ())
+            .ok_or(CmError::NotListening(service_id))
+    }
+
+    /// The next MAD to send and where to send it (to QP1 of the peer).
+    pub fn poll_transmit(&mut self) -> Option<(PeerAddr, [u8; MAD_LEN])> {
+        self.transmit.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`CmAgent::handle_timeout`] must next be called, if ever.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.conns.values().filter_map(Conn::deadline).min()
+    }
+
+    /// Runs every timer due at `now`: retransmissions, CM timeouts, timewait ends.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        let due: Vec<ConnHandle> = self
+            .conns
+            .values()
+            .filter(|c| c.deadline().is_some_and(|d| d <= now))
+            .map(|c| c.handle)
+            .collect();
+        for h in due {
+            self.conn_timeout(now, h);
+        }
+    }
+
+    fn conn_timeout(&mut self, now: Nanos, h: ConnHandle) {
+        let Some(c) = self.conns.get_mut(&h) else {
+            return;
+        };
+        if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
+            if r.retries_left > 0 {
+                r.retries_left -= 1;
+                r.deadline = now.saturating_add(r.timeout);
+                let item = (r.to, *r.mad);
+                self.transmit.push_back(item);
+                self.stats.retransmits += 1;
+            } else {
+                let event = match c.state {
+                    CmState::ReqSent | CmState::MraReqRcvd => {
+                        c.reset_to_idle();
+                        Some(CmEvent::ReqTimeout { conn: h })
+                    }
+                    CmState::RepSent | CmState::MraRepRcvd => {
+                        c.reset_to_idle();
+                        Some(CmEvent::RepTimeout { conn: h })
+                    }
+                    CmState::DreqSent => {
+                        c.enter_timewait(now);
+                        Some(CmEvent::DreqTimeout { conn: h })
+                    }
+                    CmState::SidrReqSent => {
+                        c.reset_to_idle();
+                        Some(CmEvent::SidrReqTimeout { conn: h })
+                    }
+                    _ => {
+                        c.retx = None;
+                        None
+                    }
+                };
+                if let Some(e) = event {
+                    self.emit_event(e);
+                }
+            }
+        }
+        let Some(c) = self.conns.get_mut(&h) else {
+            return;
+        };
+        if c.timewait_deadline.is_some_and(|d| d <= now) {
+            c.timewait_deadline = None;
+            if c.state == CmState::Timewait {
+                c.state = CmState::Idle;
+                if c.destroyed {
+                    self.remove(h);
+                } else {
+                    self.emit_event(CmEvent::TimewaitExit { conn: h });
+                }
+            }
+        }
+    }
+
+    /// Sends a REQ: a new active connection in REQ_SENT, resent every
+    /// `2·PLT + remote CM response timeout` up to `max_cm_retries` times.
+    ///
+    /// Errors: private data over 92 bytes, fields wider than the wire allows, too many
+    /// connections.
+    pub fn send_req(&mut self, now: Nanos, p: ReqParams) -> Result<ConnHandle, CmError> {
+        if self.conns.len() >= self.config.max_conns {
+            return Err(CmError::TooManyConnections);
+        }
+        let private_data = pad_checked::<REQ_PRIVATE_DATA_LEN>(&p.private_data)?;
+        if p.max_cm_retries > 15 {
+            return Err(CmError::InvalidParam("max_cm_retries"));
+        }
+        let local_id = self.alloc_local_id();
+        let tid = self.new_tid();
+        let path = CmPathRepr {
+            local_port_lid: p.path.local_lid,
+            remote_port_lid: p.path.remote_lid,
+            local_port_gid: p.path.local_gid,
+            remote_port_gid: p.path.remote_gid,
+            flow_label: p.path.flow_label,
+            packet_rate: p.path.packet_rate,
+            traffic_class: p.path.traffic_class,
+            hop_limit: p.path.hop_limit,
+            sl: p.path.sl,
+            subnet_local: false,
+            local_ack_timeout: p.path.local_ack_timeout,
+        };
+        let req = ReqRepr {
+            local_comm_id: local_id,
+            service_id: p.service_id,
+            local_ca_guid: self.config.ca_guid,
+            local_q_key: 0,
+            local_qpn: p.local_qpn,
+            responder_resources: p.responder_resources,
+            local_eecn: 0,
+            initiator_depth: p.initiator_depth,
+            remote_eecn: 0,
+            remote_cm_response_timeout: p.remote_cm_response_timeout,
+            transport_service_type: p.transport_service_type,
+            end_to_end_flow_control: p.flow_control,
+            starting_psn: p.starting_psn,
+            local_cm_response_timeout: p.local_cm_response_timeout,
+            retry_count: p.retry_count,
+            partition_key: p.partition_key,
+            path_packet_payload_mtu: p.path.mtu,
+            rdc_exists: false,
+            rnr_retry_count: p.rnr_retry_count,
+            max_cm_retries: p.max_cm_retries,
+            srq: p.srq,
+            extended_transport_type: 0,
+            primary_path: path,
+            alternate_path: CmPathRepr::default(),
+            sap_supported: false,
+            private_data,
+        };
+        let mad = emit(tid, CmMessage::Req(req)).ok_or(CmError::InvalidParam("req field"))?;
+        let timeout = request_timeout(p.path.packet_life_time, p.remote_cm_response_timeout);
+        let h = self.alloc_handle();
+        let conn = Conn {
+            handle: h,
+            state: CmState::ReqSent,
+            local_id,
+            remote_id: 0,
+            remote_ca_guid: 0,
+            peer: p.peer,
+            service_id: p.service_id,
+            listener: None,
+            local_qpn: p.local_qpn,
+            remote_qpn: 0,
+            tid,
+            retx: Some(Retx::new(mad, p.peer, now, timeout, p.max_cm_retries)),
+            response_timeout: timeout,
+            max_cm_retries: p.max_cm_retries,
+            plt: p.path.packet_life_time,
+            timewait: cm_ns(p.path.local_ack_timeout),
+            timewait_deadline: None,
+            last_response: None,
+            destroyed: false,
+        };
+        self.insert(conn);
+        self.transmit.push_back((p.peer, mad));
+        Ok(h)
+    }
+
+    /// Accepts a passive connection: sends the REP (REQ_RCVD / MRA_REQ_SENT → REP_SENT), resent
+    /// every `cm_convert_to_ms(REQ's local CM response timeout)` (as Linux) until the RTU.
+    pub fn send_rep(&mut self, now: Nanos, conn: ConnHandle, p: RepParams) -> Result<(), CmError> {
+        let ca_guid = self.config.ca_guid;
+        let c = self.live_mut(conn)?;
+        if !matches!(c.state, CmState::ReqRcvd | CmState::MraReqSent) {
+            return Err(CmError::InvalidState {
+                op: "send_rep",
+                state: c.state,
+            });
+        }
+        let rep = RepRepr {
+            local_comm_id: c.local_id,
+            remote_comm_id: c.remote_id,
+            local_q_key: 0,
+            local_qpn: p.local_qpn,
+            local_ee_context_number: 0,
+            starting_psn: p.starting_psn,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            target_ack_delay: p.target_ack_delay,
+            failover_accepted: p.failover_accepted,
+            end_to_end_flow_control: p.flow_control,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: p.srq,
+            local_ca_guid: ca_guid,
+            private_data: pad_checked::<REP_PRIVATE_DATA_LEN>(&p.private_data)?,
+        };
+        let mad = emit(c.tid, CmMessage::Rep(rep)).ok_or(CmError::InvalidParam("rep field"))?;
+        c.local_qpn = p.local_qpn;
+        c.state = CmState::RepSent;
+        c.last_response = None;
+        c.retx = Some(Retx::new(
+            mad,
+            c.peer,
+            now,
+            c.response_timeout,
+            c.max_cm_retries,
+        ));
+        let to = c.peer;
+        self.transmit.push_back((to, mad));
+        Ok(())
+    }
+
+    /// Completes an active connection after its QP is in RTS: sends the RTU
+    /// (REP_RCVD / MRA_REP_SENT → ESTABLISHED) and reports [`CmEvent::Established`].
+    /// A duplicate REP is answered with this RTU again.
+    pub fn send_rtu(&mut self, _now: Nanos, conn: ConnHandle) -> Result<(), CmError> {
+        let c = self.live_mut(conn)?;
+        if !matches!(c.state, CmState::RepRcvd | CmState::MraRepSent) {
+            return Err(CmError::InvalidState {
+                op: "send_rtu",
+                state: c.state,
+            });
+        }
+        let mad = c.format_rtu(&[])?;
+        c.state = CmState::Established;
+        c.last_response = Some(Box::new(mad));
+        let to = c.peer;
+        self.transmit.push_back((to, mad));
+        self.emit_event(CmEvent::Established { conn });
+        Ok(())
+    }
+
+    /// Passive side: the QP saw traffic before the RTU (Linux `ib_cm_notify(COMM_EST)`):
+    /// REP_SENT / MRA_REP_RCVD → ESTABLISHED, reported as [`CmEvent::Established`].
+    pub fn establish(&mut self, conn: ConnHandle) -> Result<(), CmError> {
+        let c = self.live_mut(conn)?;
+        if !matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) {
+            return Err(CmError::InvalidState {
+                op: "establish",
+                state: c.state,
+            });
+        }
+        c.retx = None;
+        c.state = CmState::Established;
+        self.emit_event(CmEvent::Established { conn });
+        Ok(())
+    }
+
+    /// Rejects: sends a REJ with `reason`, ARI (≤ 72 bytes) and private data (≤ 148 bytes).
+    /// Before the REP exchange the connection goes to IDLE, after it (REP_SENT, MRA_REP_RCVD)
+    /// to TIMEWAIT, as Linux's `ib_send_cm_rej`. `rdma_reject` uses reason 28.
+    pub fn send_rej(
+        &mut self,
+        now: Nanos,
+        conn: ConnHandle,
+        reason: RejectReason,
+        ari: &[u8],
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        if ari.len() > REJ_ARI_LEN {
+            return Err(CmError::InvalidParam("ari longer than 72 bytes"));
+        }
+        if private_data.len() > REJ_PRIVATE_DATA_LEN {
+            return Err(CmError::PrivateDataTooLong {
+                max: REJ_PRIVATE_DATA_LEN,
+                len: private_data.len(),
+            });
+        }
+        let c = self.live_mut(conn)?;
+        let mad = c.format_rej(reason, ari, private_data);
+        match c.state {
+            CmState::ReqSent
+            | CmState::MraReqRcvd
+            | CmState::ReqRcvd
+            | CmState::MraReqSent
+            | CmState::RepRcvd
+            | CmState::MraRepSent => c.reset_to_idle(),
+            CmState::RepSent | CmState::MraRepRcvd => c.enter_timewait(now),
+            state => {
+                return Err(CmError::InvalidState {
+                    op: "send_rej",
+                    state,
+                })
+            }
+        }
+        let to = c.peer;
+        if let Some(mad) = mad {
+            self.transmit.push_back((to, mad));
+        }
+        Ok(())
+    }
+
+    /// Sends an MRA now for the REQ (REQ_RCVD → MRA_REQ_SENT) or REP (REP_RCVD →
+    /// MRA_REP_SENT) we received, with [`AgentConfig::mra_service_timeout`]; duplicates of
+    /// that message are answered with it again. In MRA_REQ_SENT / MRA_REP_SENT (a prepared,
+    /// delayed MRA) it sends the MRA now.
+    pub fn send_mra(&mut self, conn: ConnHandle) -> Result<(), CmError> {
+        let st = self.config.mra_service_timeout;
+        let c = self.live_mut(conn)?;
+        let what = match c.state {
+            CmState::ReqRcvd | CmState::MraReqSent => {
+                c.state = CmState::MraReqSent;
+                MessageRef::Req
+            }
+            CmState::RepRcvd | CmState::MraRepSent => {
+                c.state = CmState::MraRepSent;
+                MessageRef::Rep
+            }
+            state => {
+                return Err(CmError::InvalidState {
+                    op: "send_mra",
+                    state,
+                })
+            }
+        };
+        let to = c.peer;
+        if let Some(mad) = c.format_mra(what, st) {
+            self.transmit.push_back((to, mad));
+        }
+        Ok(())
+    }
+
+    /// Disconnects: sends a DREQ (ESTABLISHED → DREQ_SENT) with a new transaction id, resent
+    /// until the DREP; after the last retry, [`CmEvent::DreqTimeout`] and TIMEWAIT.
+    pub fn send_dreq(
+        &mut self,
+        now: Nanos,
+        conn: ConnHandle,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let tid = self.new_tid();
+        let c = self.live_mut(conn)?;
+        if c.state != CmState::Established {
+            return Err(CmError::InvalidState {
+                op: "send_dreq",
+                state: c.state,
+            });
+        }
+        let old_tid = c.tid;
+        c.tid = tid;
+        let mad = match c.format_dreq(private_data) {
+            Ok(m) => m,
+            Err(e) => {
+                c.tid = old_tid;
+                return Err(e);
+            }
+        };
+        c.state = CmState::DreqSent;
+        c.retx = Some(Retx::new(
+            mad,
+            c.peer,
+            now,
+            c.response_timeout,
+            c.max_cm_retries,
+        ));
+        let to = c.peer;
+        self.transmit.push_back((to, mad));
+        Ok(())
+    }
+
+    /// Answers a DREQ: sends the DREP (DREQ_RCVD → TIMEWAIT). A duplicate DREQ during the
+    /// timewait gets this DREP again.
+    pub fn send_drep(
+        &mut self,
+        now: Nanos,
+        conn: ConnHandle,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.live_mut(conn)?;
+        if c.state != CmState::DreqRcvd {
+            return Err(CmError::InvalidState {
+                op: "send_drep",
+                state: c.state,
+            });
+        }
+        let mad = c.format_drep(private_data)?;
+        c.enter_timewait(now);
+        c.last_response = Some(Box::new(mad));
+        let to = c.peer;
+        self.transmit.push_back((to, mad));
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: a DREQ if established, else the DREP if a DREQ was received.
+    pub fn disconnect(&mut self, now: Nanos, conn: ConnHandle) -> Result<(), CmError> {
+        match self.live(conn).map(|c| c.state) {
+            Some(CmState::DreqRcvd) => self.send_drep(now, conn, &[]),
+            _ => self.send_dreq(now, conn, &[]),
+        }
+    }
+
+    /// Destroys a connection, with Linux's `cm_destroy_id` side effects:
+    /// REQ_SENT / MRA_REQ_RCVD → REJ 4 (timeout) with ARI = our CA GUID;
+    /// REQ_RCVD, MRA_REQ_SENT, REP_RCVD, MRA_REP_SENT → REJ 28;
+    /// REP_SENT / MRA_REP_RCVD → REJ 28 and a silent timewait;
+    /// ESTABLISHED → one DREQ (not retried) and a silent timewait;
+    /// DREQ_SENT → silent timewait; DREQ_RCVD → DREP and silent timewait;
+    /// TIMEWAIT → silent until it ends; SIDR_REQ_RCVD → SIDR_REP "reject".
+    /// The handle is invalid afterwards; no event is reported for it.
+    pub fn destroy(&mut self, now: Nanos, conn: ConnHandle) -> Result<(), CmError> {
+        let guid = self.config.ca_guid;
+        self.live_mut(conn)?;
+        let dreq_tid = self.new_tid();
+        let c = self.live_mut(conn)?;
+        let mut out = None;
+        let mut linger = false;
+        match c.state {
+            CmState::ReqSent | CmState::MraReqRcvd => {
+                out = c.format_rej(RejectReason::Timeout, &guid.to_be_bytes(), &[]);
+            }
+            CmState::ReqRcvd | CmState::MraReqSent | CmState::RepRcvd | CmState::MraRepSent => {
+                out = c.format_rej(RejectReason::ConsumerDefined, &[], &[]);
+            }
+            CmState::RepSent | CmState::MraRepRcvd => {
+                out = c.format_rej(RejectReason::ConsumerDefined, &[], &[]);
+                c.enter_timewait(now);
+                linger = true;
+            }
+            CmState::Established => {
+                c.tid = dreq_tid;
+                out = c.format_dreq(&[]).ok();
+                c.enter_timewait(now);
+                linger = true;
+            }
+            CmState::DreqSent => {
+                c.enter_timewait(now);
+                linger = true;
+            }
+            CmState::DreqRcvd => {
+                out = c.format_drep(&[]).ok();
+                c.enter_timewait(now);
+                linger = true;
+            }
+            CmState::Timewait => linger = true,
+            CmState::SidrReqRcvd => {
+                let rep = SidrRepRepr {
+                    request_id: c.remote_id,
+                    status: SidrStatus::Reject,
+                    additional_information_length: 0,
+                    qpn: 0,
+                    service_id: c.service_id,
+                    q_key: 0,
+                    additional_information: [0; SIDR_REP_ADDITIONAL_INFORMATION_LEN],
+                    private_data: [0; SIDR_REP_PRIVATE_DATA_LEN],
+                };
+                out = emit(c.tid, CmMessage::SidrRep(rep));
+            }
+            CmState::Idle | CmState::Listen | CmState::SidrReqSent => {}
+        }
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(CmError::UnknownConn(conn))?;
+        let to = c.peer;
+        if linger {
+            c.destroyed = true;
+            c.last_response = None;
+        }
+        if let Some(m) = out {
+            self.transmit.push_back((to, m));
+        }
+        if !linger {
+            self.remove(conn);
+        }
+        Ok(())
+    }
+
+    /// Sends a SIDR_REQ: a new exchange in SIDR_SENT, resent every `timeout` up to
+    /// `max_retries` times; answered by [`CmEvent::SidrRepReceived`] or
+    /// [`CmEvent::SidrReqTimeout`].
+    pub fn send_sidr_req(&mut self, now: Nanos, p: SidrReqParams) -> Result<ConnHandle, CmError> {
+        if self.conns.len() >= self.config.max_conns {
+            return Err(CmError::TooManyConnections);
+        }
+        let private_data = pad_checked::<SIDR_REQ_PRIVATE_DATA_LEN>(&p.private_data)?;
+        let local_id = self.alloc_local_id();
+        let tid = self.new_tid();
+        let req = SidrReqRepr {
+            request_id: local_id,
+            partition_key: p.partition_key,
+            service_id: p.service_id,
+            private_data,
+        };
+        let mad = emit(tid, CmMessage::SidrReq(req)).ok_or(CmError::InvalidParam("sidr_req"))?;
+        let timeout = cm_ns(p.timeout);
+        let h = self.alloc_handle();
+        let conn = Conn {
+            handle: h,
+            state: CmState::SidrReqSent,
+            local_id,
+            remote_id: 0,
+            remote_ca_guid: 0,
+            peer: p.peer,
+            service_id: p.service_id,
+            listener: None,
+            local_qpn: 0,
+            remote_qpn: 0,
+            tid,
+            retx: Some(Retx::new(mad, p.peer, now, timeout, p.max_retries)),
+            response_timeout: timeout,
+            max_cm_retries: p.max_retries,
+            plt: self.config.packet_life_time,
+            timewait: 0,
+            timewait_deadline: None,
+            last_response: None,
+            destroyed: false,
+        };
+        self.insert(conn);
+        self.transmit.push_back((p.peer, mad));
+        Ok(h)
+    }
+
+    /// Answers a SIDR_REQ (SIDR_REQ_RCVD → IDLE).
+    pub fn send_sidr_rep(&mut self, conn: ConnHandle, p: SidrRepParams) -> Result<(), CmError> {
+        if p.additional_information.len() > SIDR_REP_ADDITIONAL_INFORMATION_LEN {
+            return Err(CmError::InvalidParam(
+                "additional information longer than 72 bytes",
+            ));
+        }
+        let c = self.live_mut(conn)?;
+        if c.state != CmState::SidrReqRcvd {
+            return Err(CmError::InvalidState {
+                op: "send_sidr_rep",
+                state: c.state,
+            });
+        }
+        let rep = SidrRepRepr {
+            request_id: c.remote_id,
+            status: p.status,
+            additional_information_length: p.additional_information.len() as u8,
+            qpn: p.qpn,
+            service_id: c.service_id,
+            q_key: p.q_key,
+            additional_information: pad_checked(&p.additional_information)?,
+            private_data: pad_checked::<SIDR_REP_PRIVATE_DATA_LEN>(&p.private_data)?,
+        };
+        let mad = emit(c.tid, CmMessage::SidrRep(rep)).ok_or(CmError::InvalidParam("sidr_rep"))?;
+        c.reset_to_idle();
+        let to = c.peer;
+        self.transmit.push_back((to, mad));
+        Ok(())
+    }
+
+    // ---- internals ----------------------------------------------------------------------
+
+    pub(crate) fn live(&self, conn: ConnHandle) -> Option<&Conn> {
+        self.conns.get(&conn).filter(|c| !c.destroyed)
+    }
+
+    pub(crate) fn live_mut(&mut self, conn: ConnHandle) -> Result<&mut Conn, CmError> {
+        self.conns
+            .get_mut(&conn)
+            .filter(|c| !c.destroyed)
+            .ok_or(CmError::UnknownConn(conn))
+    }
+
+    pub(crate) fn alloc_handle(&mut self) -> ConnHandle {
+        let h = ConnHandle(self.next_handle);
+        self.next_handle += 1;
+        h
+    }
+
+    /// A random, non-zero communication id not in use.
+    pub(crate) fn alloc_local_id(&mut self) -> u32 {
+        loop {
+            let id = self.rng.next_u32();
+            if id != 0 && !self.by_local_id.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// A new transaction id: random high half per agent, counter in the low half.
+    pub(crate) fn new_tid(&mut self) -> u64 {
+        self.tid_counter = self.tid_counter.wrapping_add(1);
+        (u64::from(self.tid_high) << 32) | u64::from(self.tid_counter)
+    }
+
+    pub(crate) fn insert(&mut self, conn: Conn) {
+        self.by_local_id.insert(conn.local_id, conn.handle);
+        self.conns.insert(conn.handle, conn);
+    }
+
+    pub(crate) fn remove(&mut self, h: ConnHandle) {
+        if let Some(c) = self.conns.remove(&h) {
+            if self.by_local_id.get(&c.local_id) == Some(&h) {
+                self.by_local_id.remove(&c.local_id);
+            }
+        }
+    }
+
+    /// Queues an event unless its connection was destroyed.
+    pub(crate) fn emit_event(&mut self, e: CmEvent) {
+        if self.live(e.conn()).is_some() {
+            self.events.push_back(e);
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! Received MADs: parsing, matching to a connection, and the transitions they cause.
+//!
+//! A message changes a connection only if its communication ids name it exactly, it comes
+//! from the connection's peer GID, and the connection is in a state that expects it.
+//! Anything else is dropped (counted in [`super::CmStats`]), except the answers Linux gives
+//! to messages that match nothing: REJ 8 to a REQ for a service nobody listens on, REJ 10 to
+//! a REQ or REP from a stale QP, DREP to a DREQ.
+
+use rdma_wire::cm::{
+    CmMadRepr, CmMessage, DrepRepr, DreqRepr, MessageRef, MraRepr, RejRepr, RejectReason, RepRepr,
+    ReqRepr, RtuRepr, DREP_PRIVATE_DATA_LEN,
+};
+use rdma_wire::mad::method;
+
+use super::conn::{emit, issue_rej, Conn};
+use super::event::{RejReceived, RepReceived, ReqReceived};
+use super::timers::{cm_ns, mra_timeout};
+use super::{CmAgent, CmEvent, CmState, ConnHandle, Nanos, OverloadPolicy, PeerAddr};
+
+impl CmAgent {
+    /// Processes one received CM MAD (the 256 bytes after the DETH of a UD SEND to QP1).
+    ///
+    /// Never panics: malformed MADs (wrong length, class, version, method, unknown attribute)
+    /// and messages that match nothing are dropped and counted in [`CmAgent::stats`].
+    pub fn handle_mad(&mut self, now: Nanos, source: PeerAddr, mad: &[u8]) {
+        let Ok(m) = CmMadRepr::parse(mad) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if m.method != method::SEND || m.r_bit {
+            self.stats.malformed += 1;
+            return;
+        }
+        let tid = m.transaction_id;
+        match m.message {
+            CmMessage::Req(x) => self.on_req(now, source, tid, x),
+            CmMessage::Mra(x) => self.on_mra(now, source, x),
+            CmMessage::Rej(x) => self.on_rej(now, source, x),
+            CmMessage::Rep(x) => self.on_rep(now, source, tid, x),
+            CmMessage::Rtu(x) => self.on_rtu(source, x),
+            CmMessage::Dreq(x) => self.on_dreq(now, source, tid, x),
+            CmMessage::Drep(x) => self.on_drep(now, source, x),
+            CmMessage::SidrReq(x) => self.on_sidr_req(source, tid, x),
+            CmMessage::SidrRep(x) => self.on_sidr_rep(source, x),
+            // ClassPortInfo, LAP, APR: rdma_cm uses none of them.
+            CmMessage::ClassPortInfo(_) | CmMessage::Lap(_) | CmMessage::Apr(_) => {
+                self.stats.unmatched += 1
+            }
+        }
+    }
+
+    /// The live connection whose local id is `local`, whose remote id is `remote` (if given)
+    /// and whose peer is `src`.
+    pub(crate) fn find(
+        &self,
+        local: u32,
+        remote: Option<u32>,
+        src: &PeerAddr,
+    ) -> Option<ConnHandle> {
+        let h = *self.by_local_id.get(&local)?;
+        let c = self.live(h)?;
+        if !c.peer.same_node(src) || remote.is_some_and(|r| r != c.remote_id) {
+            return None;
+        }
+        Some(h)
+    }
+
+    /// A connection (live or lingering) that holds this remote (node, CA GUID, comm id).
+    fn find_remote_id(&self, src: &PeerAddr, ca_guid: u64, remote_id: u32) -> Option<ConnHandle> {
+        self.conns
+            .values()
+            .find(|c| {
+                c.state.holds_remote()
+                    && c.remote_id == remote_id
+                    && c.remote_ca_guid == ca_guid
+                    && c.peer.same_node(src)
+            })
+            .map(|c| c.handle)
+    }
+
+    /// A connection (live or lingering) that holds this remote QP.
+    fn find_remote_qpn(&self, src: &PeerAddr, ca_guid: u64, qpn: u32) -> Option<&Conn> {
+        self.conns.values().find(|c| {
+            c.state.holds_remote()
+                && c.remote_qpn == qpn
+                && c.remote_ca_guid == ca_guid
+                && c.peer.same_node(src)
+        })
+    }
+
+    fn on_req(&mut self, now: Nanos, src: PeerAddr, tid: u64, r: ReqRepr) {
+        // A duplicate of a REQ we already hold.
+        if let Some(h) = self.find_remote_id(&src, r.local_ca_guid, r.local_comm_id) {
+            self.stats.duplicates += 1;
+            let Some(c) = self.conns.get(&h) else {
+                return;
+            };
+            if c.destroyed {
+                return;
+            }
+            let answer = match c.state {
+                // "Send only on duplicate": the prepared (or already sent) MRA.
+                CmState::MraReqSent => match &c.last_response {
+                    Some(m) => Some(**m),
+                    None => c.format_mra(MessageRef::Req, self.config.mra_service_timeout),
+                },
+                // Our REP was lost or is late: send it again (Linux waits for its REP timer).
+                CmState::RepSent | CmState::MraRepRcvd => c.retx.as_ref().map(|r| *r.mad),
+                CmState::Timewait => c.format_rej(RejectReason::StaleConn, &[], &[]),
+                _ => None,
+            };
+            let to = c.peer;
+            if let Some(m) = answer {
+                self.transmit.push_back((to, m));
+            }
+            return;
+        }
+        // A new REQ from a QP that still has a connection here: stale.
+        if let Some(c) = self.find_remote_qpn(&src, r.local_ca_guid, r.local_qpn) {
+            let old = (c.handle, c.state, c.destroyed);
+            self.reject_unmatched(
+                src,
+                tid,
+                0,
+                r.local_comm_id,
+                MessageRef::Req,
+                RejectReason::StaleConn,
+            );
+            if old.1 == CmState::Established && !old.2 {
+                let _ = self.send_dreq(now, old.0, &[]);
+            }
+            return;
+        }
+        if !self.listeners.contains_key(&r.service_id) {
+            self.reject_unmatched(
+                src,
+                tid,
+                0,
+                r.local_comm_id,
+                MessageRef::Req,
+                RejectReason::InvalidServiceId,
+            );
+            return;
+        }
+        if self.over_limits(&src, r.service_id) {
+            self.stats.overload += 1;
+            if self.config.overload == OverloadPolicy::Reject {
+                self.reject_unmatched(
+                    src,
+                    tid,
+                    0,
+                    r.local_comm_id,
+                    MessageRef::Req,
+                    RejectReason::NoResources,
+                );
+            }
+            return;
+        }
+        let local_id = self.alloc_local_id();
+        let h = self.alloc_handle();
+        let state = if self.config.delayed_mra {
+            CmState::MraReqSent
+        } else {
+            CmState::ReqRcvd
+        };
+        let conn = Conn {
+            handle: h,
+            state,
+            local_id,
+            remote_id: r.local_comm_id,
+            remote_ca_guid: r.local_ca_guid,
+            peer: src,
+            service_id: r.service_id,
+            listener: Some(r.service_id),
+            local_qpn: 0,
+            remote_qpn: r.local_qpn,
+            tid,
+            retx: None,
+            response_timeout: cm_ns(r.local_cm_response_timeout),
+            max_cm_retries: r.max_cm_retries,
+            plt: self.config.packet_life_time,
+            timewait: cm_ns(r.primary_path.local_ack_timeout),
+            timewait_deadline: None,
+            last_response: None,
+            destroyed: false,
+        };
+        self.insert(conn);
+        self.emit_event(CmEvent::ReqReceived(ReqReceived {
+            conn: h,
+            listener: r.service_id,
+            peer: src,
+            req: Box::new(r),
+        }));
+    }
+
+    /// True if one more passive connection from `src` on `service_id` exceeds a limit.
+    fn over_limits(&self, src: &PeerAddr, service_id: u64) -> bool {
+        if self.conns.len() >= self.config.max_conns {
+            return true;
+        }
+        let mut per_listener = 0;
+        let mut per_peer = 0;
+        for c in self.conns.values() {
+            if c.state.is_passive_half_open() {
+                if c.listener == Some(service_id) {
+                    per_listener += 1;
+                }
+                if c.peer.same_node(src) {
+                    per_peer += 1;
+                }
+            }
+        }
+        per_listener >= self.config.listen_backlog || per_peer >= self.config.max_half_open_per_peer
+    }
+
+    /// Linux's `cm_issue_rej`: a REJ to a message that made no connection.
+    pub(crate) fn reject_unmatched(
+        &mut self,
+        to: PeerAddr,
+        tid: u64,
+        local: u32,
+        remote: u32,
+        msg: MessageRef,
+        reason: RejectReason,
+    ) {
+        if let Some(m) = issue_rej(tid, local, remote, msg, reason) {
+            self.transmit.push_back((to, m));
+        }
+    }
+
+    fn on_mra(&mut self, now: Nanos, src: PeerAddr, x: MraRepr) {
+        let (h, from, to) = match x.message_mraed {
+            MessageRef::Req => (
+                self.find(x.remote_comm_id, Some(0), &src),
+                CmState::ReqSent,
+                CmState::MraReqRcvd,
+            ),
+            MessageRef::Rep => (
+                self.find(x.remote_comm_id, Some(x.local_comm_id), &src),
+                CmState::RepSent,
+                CmState::MraRepRcvd,
+            ),
+            _ => (None, CmState::Idle, CmState::Idle),
+        };
+        let Some(c) = h.and_then(|h| self.conns.get_mut(&h)) else {
+            self.stats.unmatched += 1;
+            return;
+        };
+        if c.state == to {
+            self.stats.duplicates += 1;
+            return;
+        }
+        if c.state != from {
+            self.stats.unmatched += 1;
+            return;
+        }
+        let wait = mra_timeout(x.service_timeout, c.plt);
+        if let Some(r) = c.retx.as_mut() {
+            r.extend(now, wait);
+        }
+        c.state = to;
+        let conn = c.handle;
+        self.emit_event(CmEvent::MraReceived {
+            conn,
+            service_timeout: x.service_timeout,
+        });
+    }
+
+    fn on_rej(&mut self, now: Nanos, src: PeerAddr, x: RejRepr) {
+        let h = if x.reason == RejectReason::Timeout && x.remote_comm_id == 0 {
+            // The requester gave up (destroyed in REQ_SENT): it names us by its own comm id and
+            // its CA GUID in the ARI, as it never learned our comm id.
+            let ari = x.ari();
+            let guid = (ari.len() >= 8).then(|| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&ari[..8]);
+                u64::from_be_bytes(b)
+            });
+            guid.and_then(|g| self.find_remote_id(&src, g, x.local_comm_id))
+                .filter(|h| self.live(*h).is_some())
+        } else if x.message_rejected == MessageRef::Req {
+            self.find(x.remote_comm_id, Some(0), &src)
+        } else {
+            // A REJ naming both ids; or, while we do not know the peer's id yet (its REP was
+            // lost), one naming ours (Linux requires the exact pair and ignores this REJ).
+            self.find(x.remote_comm_id, Some(x.local_comm_id), &src)
+                .or_else(|| {
+                    self.find(x.remote_comm_id, Some(0), &src).filter(|h| {
+                        self.conns.get(h).is_some_and(|c| {
+                            matches!(c.state, CmState::ReqSent | CmState::MraReqRcvd)
+                        })
+                    })
+                })
+        };
+        let Some(c) = h.and_then(|h| self.conns.get_mut(&h)) else {
+            self.stats.unmatched += 1;
+            return;
+        };
+        match c.state {
+            CmState::ReqSent
+            | CmState::MraReqRcvd
+            | CmState::RepSent
+            | CmState::MraRepRcvd
+            | CmState::ReqRcvd
+            | CmState::MraReqSent => {
+                if x.reason == RejectReason::StaleConn {
+                    c.enter_timewait(now);
+                } else {
+                    c.reset_to_idle();
+                }
+            }
+            CmState::DreqSent | CmState::RepRcvd | CmState::MraRepSent | CmState::Established => {
+                c.enter_timewait(now)
+            }
+            _ => {
+                self.stats.unmatched += 1;
+                return;
+            }
+        }
+        let conn = c.handle;
+        self.emit_event(CmEvent::RejReceived(RejReceived {
+            conn,
+            reason: x.reason,
+            message_rejected: x.message_rejected,
+            ari: x.ari().to_vec(),
+            private_data: x.private_data.to_vec(),
+        }));
+    }
+
+    fn on_rep(&mut self, now: Nanos, src: PeerAddr, tid: u64, x: RepRepr) {
+        let Some(h) = self.find(x.remote_comm_id, Some(0), &src).filter(|h| {
+            self.conns
+                .get(h)
+                .is_some_and(|c| matches!(c.state, CmState::ReqSent | CmState::MraReqRcvd))
+        }) else {
+            self.dup_rep(src, x);
+            return;
+        };
+        // The same remote connection already held by another of ours: a duplicate.
+        if self
+            .find_remote_id(&src, x.local_ca_guid, x.local_comm_id)
+            .is_some()
+        {
+            self.stats.duplicates += 1;
+            return;
+        }
+        if let Some(old) = self.find_remote_qpn(&src, x.local_ca_guid, x.local_qpn) {
+            let old = (old.handle, old.state, old.destroyed);
+            self.reject_unmatched(
+                src,
+                tid,
+                x.remote_comm_id,
+                x.local_comm_id,
+                MessageRef::Rep,
+                RejectReason::StaleConn,
+            );
+            if old.1 == CmState::Established && !old.2 {
+                let _ = self.send_dreq(now, old.0, &[]);
+            }
+            return;
+        }
+        let delayed = self.config.delayed_mra;
+        let Some(c) = self.conns.get_mut(&h) else {
+            return;
+        };
+        c.remote_id = x.local_comm_id;
+        c.remote_qpn = x.local_qpn;
+        c.remote_ca_guid = x.local_ca_guid;
+        c.retx = None;
+        c.state = if delayed {
+            CmState::MraRepSent
+        } else {
+            CmState::RepRcvd
+        };
+        self.emit_event(CmEvent::RepReceived(RepReceived {
+            conn: h,
+            rep: Box::new(x),
+        }));
+    }
+
+    /// A REP for a connection past REQ_SENT: answer again (RTU, or the prepared MRA).
+    fn dup_rep(&mut self, src: PeerAddr, x: RepRepr) {
+        let Some(c) = self
+            .find(x.remote_comm_id, Some(x.local_comm_id), &src)
+            .and_then(|h| self.conns.get(&h))
+        else {
+            self.stats.unmatched += 1;
+            return;
+        };
+        self.stats.duplicates += 1;
+        let answer = match c.state {
+            CmState::Established => c.last_response.as_deref().copied(),
+            CmState::MraRepSent => match &c.last_response {
+                Some(m) => Some(**m),
+                None => c.format_mra(MessageRef::Rep, self.config.mra_service_timeout),
+            },
+            _ => None,
+        };
+        let to = c.peer;
+        if let Some(m) = answer {
+            self.transmit.push_back((to, m));
+        }
+    }
+
+    fn on_rtu(&mut self, src: PeerAddr, x: RtuRepr) {
+        let Some(c) = self
+            .find(x.remote_comm_id, Some(x.local_comm_id), &src)
+            .and_then(|h| self.conns.get_mut(&h))
+        else {
+            self.stats.unmatched += 1;
+            return;
+        };
+        if !matches!(c.state, CmState::RepSent | CmState::MraRepRcvd) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        c.retx = None;
+        c.state = CmState::Established;
+        let conn = c.handle;
+        self.emit_event(CmEvent::Established { conn });
+    }
+
+    fn on_dreq(&mut self, now: Nanos, src: PeerAddr, tid: u64, x: DreqRepr) {
+        let found = self
+            .find(x.remote_comm_id, Some(x.local_comm_id), &src)
+            .and_then(|h| self.conns.get_mut(&h));
+        let Some(c) = found else {
+            // Linux's cm_issue_drep: a DREQ for no connection still gets its DREP.
+            self.stats.unmatched += 1;
+            let drep = DrepRepr {
+                local_comm_id: x.remote_comm_id,
+                remote_comm_id: x.local_comm_id,
+                private_data: [0; DREP_PRIVATE_DATA_LEN],
+            };
+            if let Some(m) = emit(tid, CmMessage::Drep(drep)) {
+                self.transmit.push_back((src, m));
+            }
+            return;
+        };
+        if x.remote_qpn_eecn != c.local_qpn {
+            self.stats.unmatched += 1;
+            return;
+        }
+        let conn = c.handle;
+        let mut implied_establish = false;
+        match c.state {
+            CmState::RepSent | CmState::MraRepRcvd => implied_establish = true,
+            CmState::DreqSent | CmState::Established => {}
+            CmState::Timewait => {
+                self.stats.duplicates += 1;
+                let answer = match &c.last_response {
+                    Some(m) => Some(**m),
+                    None => {
+                        let drep = DrepRepr {
+                            local_comm_id: c.local_id,
+                            remote_comm_id: c.remote_id,
+                            private_data: [0; DREP_PRIVATE_DATA_LEN],
+                        };
+                        emit(tid, CmMessage::Drep(drep))
+                    }
+                };
+                let to = c.peer;
+                if let Some(m) = answer {
+                    self.transmit.push_back((to, m));
+                }
+                return;
+            }
+            CmState::DreqRcvd => {
+                self.stats.duplicates += 1;
+                return;
+            }
+            _ => {
+                self.stats.unmatched += 1;
+                return;
+            }
+        }
+        c.retx = None;
+        c.tid = tid;
+        c.state = CmState::DreqRcvd;
+        let _ = now;
+        if implied_establish {
+            self.emit_event(CmEvent::Established { conn });
+        }
+        self.emit_event(CmEvent::DreqReceived {
+            conn,
+            private_data: x.private_data.to_vec(),
+        });
+    }
+
+    fn on_drep(&mut self, now: Nanos, src: PeerAddr, x: DrepRepr) {
+        let Some(c) = self
+            .find(x.remote_comm_id, Some(x.local_comm_id), &src)
+            .and_then(|h| self.conns.get_mut(&h))
+        else {
+            self.stats.unmatched += 1;
+            return;
+        };
+        if !matches!(c.state, CmState::DreqSent | CmState::DreqRcvd) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        c.enter_timewait(now);
+        let conn = c.handle;
+        self.emit_event(CmEvent::DrepReceived {
+            conn,
+            private_data: x.private_data.to_vec(),
+        });
+    }
+}

@@ -1,0 +1,684 @@
+//! Unit tests: one or more per transition.
+
+use rdma_wire::cm::{CmMadRepr, CmMessage, MessageRef, RejectReason, SidrStatus};
+use rdma_wire::mad::MAD_LEN;
+
+use super::*;
+
+const SID: u64 = 0x0000_0000_0106_1b58;
+const MS: u64 = 1_000_000;
+
+fn addr_a() -> PeerAddr {
+    PeerAddr::new("::ffff:192.0.2.2".parse().unwrap(), 4791, 2)
+}
+fn addr_b() -> PeerAddr {
+    PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 2)
+}
+fn addr_evil() -> PeerAddr {
+    PeerAddr::new("::ffff:192.0.2.66".parse().unwrap(), 4791, 2)
+}
+
+fn agent(guid: u64, seed: u64, delayed: bool) -> CmAgent {
+    CmAgent::new(AgentConfig {
+        ca_guid: guid,
+        seed,
+        delayed_mra: delayed,
+        ..AgentConfig::default()
+    })
+}
+
+fn req_params(qpn: u32) -> ReqParams {
+    let mut p = ReqParams::new(SID, addr_b(), qpn, 0x1234);
+    p.path.local_gid = addr_a().gid;
+    p.private_data = b"hello".to_vec();
+    p
+}
+
+fn parse(m: &[u8; MAD_LEN]) -> CmMadRepr {
+    CmMadRepr::parse(m).unwrap()
+}
+
+/// Drains `from`'s transmit queue into a Vec.
+fn sent(from: &mut CmAgent) -> Vec<[u8; MAD_LEN]> {
+    std::iter::from_fn(|| from.poll_transmit().map(|(_, m)| m)).collect()
+}
+
+fn events(a: &mut CmAgent) -> Vec<CmEvent> {
+    std::iter::from_fn(|| a.poll_event()).collect()
+}
+
+/// Connects A (active) to B (passive); returns the two handles.
+fn connect(a: &mut CmAgent, b: &mut CmAgent) -> (ConnHandle, ConnHandle) {
+    b.listen(SID).ok();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    for m in sent(a) {
+        b.handle_mad(0, addr_a(), &m);
+    }
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!("no REQ event")
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 0x5678)).unwrap();
+    for m in sent(b) {
+        a.handle_mad(0, addr_b(), &m);
+    }
+    assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(_))));
+    a.send_rtu(0, ca).unwrap();
+    assert_eq!(a.poll_event(), Some(CmEvent::Established { conn: ca }));
+    for m in sent(a) {
+        b.handle_mad(0, addr_a(), &m);
+    }
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: r.conn }));
+    (ca, r.conn)
+}
+
+#[test]
+fn handshake_states_and_tids() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    assert_eq!(b.listen(SID), Err(CmError::AlreadyListening(SID)));
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    assert_eq!(a.state(ca), Some(CmState::ReqSent));
+    let req = sent(&mut a).pop().unwrap();
+    let req_tid = parse(&req).transaction_id;
+    b.handle_mad(0, addr_a(), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    assert_eq!(r.listener, SID);
+    assert_eq!(&r.req.private_data[..5], b"hello");
+    assert_eq!(r.req.local_qpn, 0x11);
+    assert_eq!(b.state(r.conn), Some(CmState::MraReqSent));
+    assert!(sent(&mut b).is_empty(), "delayed MRA is not sent");
+    b.send_rep(0, r.conn, RepParams::new(0x22, 0x5678)).unwrap();
+    assert_eq!(b.state(r.conn), Some(CmState::RepSent));
+    let rep = sent(&mut b).pop().unwrap();
+    assert_eq!(
+        parse(&rep).transaction_id,
+        req_tid,
+        "REP echoes the REQ's TID"
+    );
+    a.handle_mad(0, addr_b(), &rep);
+    let Some(CmEvent::RepReceived(rr)) = a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((rr.rep.local_qpn, rr.rep.starting_psn), (0x22, 0x5678));
+    assert_eq!(a.state(ca), Some(CmState::MraRepSent));
+    a.send_rtu(0, ca).unwrap();
+    let rtu = sent(&mut a).pop().unwrap();
+    assert_eq!(
+        parse(&rtu).transaction_id,
+        req_tid,
+        "RTU reuses the REQ's TID"
+    );
+    b.handle_mad(0, addr_a(), &rtu);
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    assert_eq!(a.remote_comm_id(ca), b.local_comm_id(r.conn));
+    assert_eq!(b.remote_comm_id(r.conn), a.local_comm_id(ca));
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(b.poll_timeout(), None);
+}
+
+#[test]
+fn no_listener_rej8_local_comm_id_zero() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    assert!(b.poll_event().is_none());
+    let rej = sent(&mut b).pop().unwrap();
+    let m = parse(&rej);
+    assert_eq!(m.transaction_id, parse(&req).transaction_id);
+    let CmMessage::Rej(x) = m.message else {
+        panic!()
+    };
+    assert_eq!(x.local_comm_id, 0);
+    assert_eq!(Some(x.remote_comm_id), a.local_comm_id(ca));
+    assert_eq!(x.reason, RejectReason::InvalidServiceId);
+    assert_eq!(x.message_rejected, MessageRef::Req);
+    a.handle_mad(1, addr_b(), &rej);
+    let Some(CmEvent::RejReceived(e)) = a.poll_event() else {
+        panic!()
+    };
+    assert_eq!(e.reason, RejectReason::InvalidServiceId);
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(b.conn_count(), 0);
+}
+
+#[test]
+fn req_retransmitted_with_same_bytes_then_timeout() {
+    let mut a = agent(0xa, 1, true);
+    a.send_req(0, req_params(0x11)).unwrap();
+    let first = sent(&mut a).pop().unwrap();
+    assert_eq!(a.poll_timeout(), Some(4608 * MS));
+    a.handle_timeout(4608 * MS - 1);
+    assert!(sent(&mut a).is_empty());
+    a.handle_timeout(4608 * MS);
+    assert_eq!(sent(&mut a), vec![first]);
+    assert_eq!(a.stats().retransmits, 1);
+}
+
+#[test]
+fn duplicate_req_gets_delayed_mra_and_extends_requester_wait() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    a.handle_timeout(4608 * MS);
+    let dup = sent(&mut a).pop().unwrap();
+    assert_eq!(dup, req);
+    b.handle_mad(4608 * MS, addr_a(), &dup);
+    assert!(b.poll_event().is_none(), "a duplicate is no new connection");
+    let mra = sent(&mut b).pop().unwrap();
+    let CmMessage::Mra(x) = parse(&mra).message else {
+        panic!()
+    };
+    assert_eq!(x.message_mraed, MessageRef::Req);
+    assert_eq!(x.service_timeout.value(), 24);
+    assert_eq!(Some(x.local_comm_id), b.local_comm_id(r.conn));
+    a.handle_mad(4608 * MS, addr_b(), &mra);
+    assert_eq!(a.state(ca), Some(CmState::MraReqRcvd));
+    assert!(matches!(a.poll_event(), Some(CmEvent::MraReceived { .. })));
+    assert_eq!(a.poll_timeout(), Some(4608 * MS + (65536 + 256) * MS));
+    // A second MRA changes nothing.
+    a.handle_mad(5000 * MS, addr_b(), &mra);
+    assert_eq!(a.poll_timeout(), Some(4608 * MS + (65536 + 256) * MS));
+}
+
+#[test]
+fn without_delayed_mra_duplicates_are_dropped_until_send_mra() {
+    let (mut a, mut b) = (agent(0xa, 1, false), agent(0xb, 2, false));
+    b.listen(SID).unwrap();
+    a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    assert_eq!(b.state(r.conn), Some(CmState::ReqRcvd));
+    b.handle_mad(1, addr_a(), &req);
+    assert!(sent(&mut b).is_empty());
+    b.send_mra(r.conn).unwrap();
+    assert_eq!(b.state(r.conn), Some(CmState::MraReqSent));
+    assert_eq!(sent(&mut b).len(), 1);
+    b.handle_mad(2, addr_a(), &req);
+    assert_eq!(sent(&mut b).len(), 1, "duplicate answered with the MRA");
+}
+
+#[test]
+fn duplicate_req_after_rep_resends_rep() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let rep = sent(&mut b).pop().unwrap();
+    b.handle_mad(1, addr_a(), &req);
+    assert_eq!(sent(&mut b), vec![rep]);
+    assert_eq!(b.state(r.conn), Some(CmState::RepSent));
+}
+
+#[test]
+fn duplicate_rep_after_rtu_resends_rtu_and_before_rtu_gets_mra() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let rep = sent(&mut b).pop().unwrap();
+    a.handle_mad(0, addr_b(), &rep);
+    a.handle_mad(1, addr_b(), &rep);
+    let mra = sent(&mut a).pop().unwrap();
+    let CmMessage::Mra(x) = parse(&mra).message else {
+        panic!()
+    };
+    assert_eq!(x.message_mraed, MessageRef::Rep);
+    b.handle_mad(1, addr_a(), &mra);
+    assert_eq!(b.state(r.conn), Some(CmState::MraRepRcvd));
+    a.send_rtu(1, ca).unwrap();
+    let rtu = sent(&mut a).pop().unwrap();
+    a.handle_mad(2, addr_b(), &rep);
+    assert_eq!(sent(&mut a), vec![rtu]);
+    assert_eq!(events(&mut a).len(), 2, "RepReceived and Established only");
+    b.handle_mad(2, addr_a(), &rtu);
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+}
+
+#[test]
+fn consumer_reject_with_private_data() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    assert_eq!(
+        b.send_rej(0, r.conn, RejectReason::ConsumerDefined, &[], &[0; 149]),
+        Err(CmError::PrivateDataTooLong { max: 148, len: 149 })
+    );
+    b.send_rej(0, r.conn, RejectReason::ConsumerDefined, &[], b"no thanks")
+        .unwrap();
+    assert_eq!(b.state(r.conn), Some(CmState::Idle));
+    let rej = sent(&mut b).pop().unwrap();
+    let CmMessage::Rej(x) = parse(&rej).message else {
+        panic!()
+    };
+    assert_eq!(Some(x.local_comm_id), b.local_comm_id(r.conn));
+    assert_eq!(x.message_rejected, MessageRef::Req);
+    a.handle_mad(1, addr_b(), &rej);
+    let Some(CmEvent::RejReceived(e)) = a.poll_event() else {
+        panic!()
+    };
+    assert_eq!(e.reason, RejectReason::ConsumerDefined);
+    assert_eq!(&e.private_data[..9], b"no thanks");
+    assert_eq!(e.private_data.len(), 148);
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+}
+
+#[test]
+fn destroy_in_req_sent_sends_rej_timeout_with_ca_guid() {
+    let (mut a, mut b) = (agent(0x5054_00ff_fe00_0202, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    a.destroy(1, ca).unwrap();
+    assert_eq!(a.state(ca), None);
+    assert_eq!(a.destroy(1, ca), Err(CmError::UnknownConn(ca)));
+    let rej = sent(&mut a).pop().unwrap();
+    let CmMessage::Rej(x) = parse(&rej).message else {
+        panic!()
+    };
+    assert_eq!(x.reason, RejectReason::Timeout);
+    assert_eq!(x.remote_comm_id, 0);
+    assert_eq!(x.ari(), &0x5054_00ff_fe00_0202u64.to_be_bytes());
+    assert_eq!(a.poll_timeout(), None);
+    b.handle_mad(1, addr_a(), &rej);
+    assert!(
+        matches!(b.poll_event(), Some(CmEvent::RejReceived(e)) if e.reason == RejectReason::Timeout)
+    );
+    assert_eq!(b.state(r.conn), Some(CmState::Idle));
+}
+
+#[test]
+fn destroy_passive_before_rep_sends_rej_28_and_after_rep_lingers_in_timewait() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    sent(&mut b);
+    b.destroy(1, r.conn).unwrap();
+    let rej = sent(&mut b).pop().unwrap();
+    let CmMessage::Rej(x) = parse(&rej).message else {
+        panic!()
+    };
+    assert_eq!(x.reason, RejectReason::ConsumerDefined);
+    assert_eq!(b.conn_count(), 1, "lingers in timewait");
+    let t = b.poll_timeout().unwrap();
+    b.handle_timeout(t);
+    assert_eq!(b.conn_count(), 0);
+    assert!(
+        b.poll_event().is_none(),
+        "no event for a destroyed connection"
+    );
+    a.handle_mad(1, addr_b(), &rej);
+    assert!(matches!(a.poll_event(), Some(CmEvent::RejReceived(_))));
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+}
+
+#[test]
+fn disconnect_dreq_drep_timewait() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, cb) = connect(&mut a, &mut b);
+    a.send_dreq(10, ca, b"bye").unwrap();
+    assert_eq!(a.state(ca), Some(CmState::DreqSent));
+    let dreq = sent(&mut a).pop().unwrap();
+    let dreq_tid = parse(&dreq).transaction_id;
+    b.handle_mad(10, addr_a(), &dreq);
+    let Some(CmEvent::DreqReceived { conn, private_data }) = b.poll_event() else {
+        panic!()
+    };
+    assert_eq!((conn, &private_data[..3]), (cb, &b"bye"[..]));
+    b.send_drep(10, cb, &[]).unwrap();
+    assert_eq!(b.state(cb), Some(CmState::Timewait));
+    let drep = sent(&mut b).pop().unwrap();
+    assert_eq!(parse(&drep).transaction_id, dreq_tid);
+    // A duplicate DREQ during the timewait gets the DREP again.
+    b.handle_mad(11, addr_a(), &dreq);
+    assert_eq!(sent(&mut b), vec![drep]);
+    a.handle_mad(11, addr_b(), &drep);
+    assert!(matches!(a.poll_event(), Some(CmEvent::DrepReceived { .. })));
+    assert_eq!(a.state(ca), Some(CmState::Timewait));
+    // Timewait = cm_convert_to_ms(local ACK timeout 17) = 512 ms.
+    assert_eq!(a.poll_timeout(), Some(11 + 512 * MS));
+    a.handle_timeout(11 + 512 * MS);
+    assert_eq!(a.poll_event(), Some(CmEvent::TimewaitExit { conn: ca }));
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    b.handle_timeout(10 + 512 * MS);
+    assert_eq!(b.poll_event(), Some(CmEvent::TimewaitExit { conn: cb }));
+    a.destroy(1000 * MS, ca).unwrap();
+    assert!(sent(&mut a).is_empty());
+    assert_eq!(a.conn_count(), 0);
+}
+
+#[test]
+fn crossed_dreqs() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, cb) = connect(&mut a, &mut b);
+    a.send_dreq(0, ca, &[]).unwrap();
+    b.send_dreq(0, cb, &[]).unwrap();
+    let (da, db) = (sent(&mut a).pop().unwrap(), sent(&mut b).pop().unwrap());
+    a.handle_mad(1, addr_b(), &db);
+    b.handle_mad(1, addr_a(), &da);
+    assert_eq!(a.state(ca), Some(CmState::DreqRcvd));
+    assert_eq!(b.state(cb), Some(CmState::DreqRcvd));
+    a.disconnect(1, ca).unwrap();
+    b.disconnect(1, cb).unwrap();
+    let (pa, pb) = (sent(&mut a).pop().unwrap(), sent(&mut b).pop().unwrap());
+    a.handle_mad(2, addr_b(), &pb);
+    b.handle_mad(2, addr_a(), &pa);
+    assert_eq!(a.state(ca), Some(CmState::Timewait));
+    assert!(a.disconnect(2, ca).is_err());
+    let ea = events(&mut a);
+    assert!(matches!(ea[0], CmEvent::DreqReceived { .. }), "{ea:?}");
+}
+
+#[test]
+fn dreq_timeout_enters_timewait() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, _) = connect(&mut a, &mut b);
+    a.send_dreq(0, ca, &[]).unwrap();
+    assert_eq!(sent(&mut a).len(), 1);
+    let mut n = 0;
+    while let Some(t) = a.poll_timeout() {
+        a.handle_timeout(t);
+        n += sent(&mut a).len();
+    }
+    assert_eq!(n, 15);
+    let ev = events(&mut a);
+    assert_eq!(
+        ev,
+        vec![
+            CmEvent::DreqTimeout { conn: ca },
+            CmEvent::TimewaitExit { conn: ca }
+        ]
+    );
+}
+
+#[test]
+fn dreq_for_unknown_connection_gets_drep() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, cb) = connect(&mut a, &mut b);
+    a.send_dreq(0, ca, &[]).unwrap();
+    let dreq = sent(&mut a).pop().unwrap();
+    let mut fresh = agent(0xc, 3, true);
+    fresh.handle_mad(0, addr_a(), &dreq);
+    let drep = sent(&mut fresh).pop().unwrap();
+    let CmMessage::Drep(x) = parse(&drep).message else {
+        panic!()
+    };
+    assert_eq!(Some(x.local_comm_id), b.local_comm_id(cb));
+    assert_eq!(Some(x.remote_comm_id), a.local_comm_id(ca));
+    assert_eq!(parse(&drep).transaction_id, parse(&dreq).transaction_id);
+}
+
+#[test]
+fn stale_req_from_established_qp_gets_rej10_and_old_connection_is_disconnected() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (_ca, cb) = connect(&mut a, &mut b);
+    // A restarts and reuses QPN 0x11 with a new comm id.
+    let mut a2 = agent(0xa, 99, true);
+    a2.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(1, addr_a(), &sent(&mut a2)[0]);
+    let out = sent(&mut b);
+    assert_eq!(out.len(), 2);
+    let CmMessage::Rej(x) = parse(&out[0]).message else {
+        panic!()
+    };
+    assert_eq!(x.reason, RejectReason::StaleConn);
+    assert!(matches!(parse(&out[1]).message, CmMessage::Dreq(_)));
+    assert_eq!(b.state(cb), Some(CmState::DreqSent));
+}
+
+#[test]
+fn duplicate_req_in_timewait_gets_rej10() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    a.handle_mad(0, addr_b(), &sent(&mut b)[0]);
+    a.send_rtu(0, ca).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    a.send_dreq(0, ca, &[]).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    b.send_drep(0, r.conn, &[]).unwrap();
+    sent(&mut b);
+    b.handle_mad(1, addr_a(), &req);
+    let CmMessage::Rej(x) = parse(&sent(&mut b)[0]).message else {
+        panic!()
+    };
+    assert_eq!(x.reason, RejectReason::StaleConn);
+}
+
+#[test]
+fn forged_messages_change_nothing() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let rep = sent(&mut b).pop().unwrap();
+    // The right REP from the wrong host.
+    a.handle_mad(0, addr_evil(), &rep);
+    assert_eq!(a.state(ca), Some(CmState::ReqSent));
+    // A REP naming another comm id.
+    let mut m = parse(&rep);
+    if let CmMessage::Rep(x) = &mut m.message {
+        x.remote_comm_id ^= 1;
+    }
+    let mut forged = [0u8; MAD_LEN];
+    m.emit(&mut forged).unwrap();
+    a.handle_mad(0, addr_b(), &forged);
+    assert_eq!(a.state(ca), Some(CmState::ReqSent));
+    assert!(a.poll_event().is_none());
+    a.handle_mad(0, addr_b(), &rep);
+    a.send_rtu(0, ca).unwrap();
+    let rtu = sent(&mut a).pop().unwrap();
+    // RTU from the wrong host, RTU with the wrong remote id.
+    b.handle_mad(0, addr_evil(), &rtu);
+    let mut m = parse(&rtu);
+    if let CmMessage::Rtu(x) = &mut m.message {
+        x.local_comm_id ^= 1;
+    }
+    m.emit(&mut forged).unwrap();
+    b.handle_mad(0, addr_a(), &forged);
+    assert_eq!(b.state(r.conn), Some(CmState::RepSent));
+    b.handle_mad(0, addr_a(), &rtu);
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    // DREQ with the wrong QPN or from the wrong host.
+    a.send_dreq(0, ca, &[]).unwrap();
+    let dreq = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_evil(), &dreq);
+    let mut m = parse(&dreq);
+    if let CmMessage::Dreq(x) = &mut m.message {
+        x.remote_qpn_eecn = 0x23;
+    }
+    m.emit(&mut forged).unwrap();
+    b.handle_mad(0, addr_a(), &forged);
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    // REJ for the established connection from the wrong host.
+    b.handle_mad(0, addr_evil(), &rep);
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    let before = b.stats();
+    for len in [0, 24, 255, 257] {
+        b.handle_mad(0, addr_a(), &vec![0u8; len]);
+    }
+    let mut junk = rtu;
+    junk[17] = 0x99; // unknown attribute
+    b.handle_mad(0, addr_a(), &junk);
+    assert_eq!(b.stats().malformed, before.malformed + 5);
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+}
+
+#[test]
+fn rtu_lost_then_dreq_implies_established() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    a.handle_mad(0, addr_b(), &sent(&mut b)[0]);
+    a.send_rtu(0, ca).unwrap();
+    sent(&mut a); // lost
+    a.send_dreq(0, ca, &[]).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let ev = events(&mut b);
+    assert_eq!(ev[0], CmEvent::Established { conn: r.conn });
+    assert!(matches!(ev[1], CmEvent::DreqReceived { .. }));
+    assert_eq!(b.poll_timeout(), None, "REP no longer retransmitted");
+}
+
+#[test]
+fn private_data_limits() {
+    let mut a = agent(0xa, 1, true);
+    let mut p = req_params(0x11);
+    p.private_data = vec![1; 93];
+    assert_eq!(
+        a.send_req(0, p),
+        Err(CmError::PrivateDataTooLong { max: 92, len: 93 })
+    );
+    let mut p = req_params(0x11);
+    p.local_qpn = 1 << 24;
+    assert!(matches!(a.send_req(0, p), Err(CmError::InvalidParam(_))));
+    assert_eq!(a.conn_count(), 0);
+    let mut b = agent(0xb, 2, true);
+    b.listen(SID).unwrap();
+    a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    let mut rp = RepParams::new(0x22, 1);
+    rp.private_data = vec![0; 197];
+    assert_eq!(
+        b.send_rep(0, r.conn, rp),
+        Err(CmError::PrivateDataTooLong { max: 196, len: 197 })
+    );
+    assert_eq!(b.state(r.conn), Some(CmState::MraReqSent));
+    assert!(matches!(
+        b.send_rtu(0, r.conn),
+        Err(CmError::InvalidState { .. })
+    ));
+}
+
+#[test]
+fn backlog_limit_drop_or_reject() {
+    for policy in [OverloadPolicy::Drop, OverloadPolicy::Reject] {
+        let mut b = CmAgent::new(AgentConfig {
+            ca_guid: 0xb,
+            seed: 5,
+            listen_backlog: 2,
+            overload: policy,
+            ..AgentConfig::default()
+        });
+        b.listen(SID).unwrap();
+        let mut a = agent(0xa, 1, true);
+        for qpn in 1..=3 {
+            a.send_req(0, req_params(qpn)).unwrap();
+            b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+        }
+        assert_eq!(events(&mut b).len(), 2);
+        let out = sent(&mut b);
+        match policy {
+            OverloadPolicy::Drop => assert!(out.is_empty()),
+            OverloadPolicy::Reject => {
+                let CmMessage::Rej(x) = parse(&out[0]).message else {
+                    panic!()
+                };
+                assert_eq!(x.reason, RejectReason::NoResources);
+            }
+        }
+        assert_eq!(b.stats().overload, 1);
+    }
+}
+
+#[test]
+fn sidr_exchange_no_listener_and_timeout() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let usid = 0x0000_0000_0111_4853;
+    b.listen(usid).unwrap();
+    let mut p = SidrReqParams::new(usid, addr_b());
+    p.private_data = vec![7; 36];
+    let ca = a.send_sidr_req(0, p).unwrap();
+    assert_eq!(a.state(ca), Some(CmState::SidrReqSent));
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    b.handle_mad(0, addr_a(), &req);
+    let ev = events(&mut b);
+    assert_eq!(ev.len(), 1, "duplicate dropped");
+    let CmEvent::SidrReqReceived(r) = &ev[0] else {
+        panic!()
+    };
+    b.send_sidr_rep(r.conn, SidrRepParams::success(0x12, 0x0123_4567))
+        .unwrap();
+    let rep = sent(&mut b).pop().unwrap();
+    assert_eq!(parse(&rep).transaction_id, parse(&req).transaction_id);
+    a.handle_mad(1, addr_b(), &rep);
+    let Some(CmEvent::SidrRepReceived(x)) = a.poll_event() else {
+        panic!()
+    };
+    assert_eq!(
+        (x.status, x.qpn, x.q_key),
+        (SidrStatus::Success, 0x12, 0x0123_4567)
+    );
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    // No listener: status 1.
+    let ca2 = a
+        .send_sidr_req(0, SidrReqParams::new(usid + 1, addr_b()))
+        .unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    a.handle_mad(0, addr_b(), &sent(&mut b)[0]);
+    assert!(
+        matches!(a.poll_event(), Some(CmEvent::SidrRepReceived(x)) if x.status == SidrStatus::Unsupported && x.conn == ca2)
+    );
+    // Nobody at all: 15 retries of 4096 ms, then a timeout.
+    let ca3 = a
+        .send_sidr_req(0, SidrReqParams::new(usid, addr_evil()))
+        .unwrap();
+    let mut now = 0;
+    while let Some(t) = a.poll_timeout() {
+        now = t;
+        a.handle_timeout(t);
+    }
+    assert_eq!(now, 16 * 4096 * MS);
+    assert_eq!(a.poll_event(), Some(CmEvent::SidrReqTimeout { conn: ca3 }));
+}
