@@ -413,10 +413,11 @@ pub fn scatter<M: MemoryTable + ?Sized>(
     data: &[u8],
 ) -> Result<(), ScatterError> {
     let total: u64 = sg.iter().map(|s| s.length as u64).sum();
-    if off
-        .checked_add(data.len() as u64)
-        .is_none_or(|end| end > total)
-    {
+    let fits = match off.checked_add(data.len() as u64) {
+        Some(end) => end <= total,
+        None => false,
+    };
+    if !fits {
         return Err(ScatterError::TooLong);
     }
     let mut skip = off;

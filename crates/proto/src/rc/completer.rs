@@ -33,8 +33,7 @@ impl RcQp {
     /// implicit NAK for it).
     fn ack_through(&mut self, upto: u32) -> (bool, bool) {
         let mut progress = false;
-        loop {
-            let Some(w) = self.sq.front() else { break };
+        while let Some(w) = self.sq.front() {
             if !w.started || psn_diff(upto, w.first_psn) < 0 {
                 break;
             }

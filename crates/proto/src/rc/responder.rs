@@ -381,14 +381,14 @@ impl RcQp {
                 }
                 if op.is_first() {
                     let Some(r) = h.reth else { return };
-                    if r.len > 0 {
-                        if mem
+                    // a zero-length WRITE checks no key (IBA 9.7.4.1.5)
+                    if r.len > 0
+                        && mem
                             .check_remote(pd, r.rkey, r.va, r.len as u64, AccessFlags::REMOTE_WRITE)
                             .is_err()
-                        {
-                            self.resp_fatal(p, NakCode::RemoteAccess, None);
-                            return;
-                        }
+                    {
+                        self.resp_fatal(p, NakCode::RemoteAccess, None);
+                        return;
                     }
                     self.resp.cur = Cur::Write {
                         va: r.va,
