@@ -493,7 +493,15 @@ impl Resolver {
             });
         }
         let answer = match (q.oif, unconstrained) {
-            (Some(o), _) => self.hv.route_get_bound(dst, q.src, o).await?,
+            // IPv6 honours the oif strictly and answers ENETUNREACH where IPv4 guesses
+            // on-link (which route_get_bound turns into EHOSTUNREACH): either way the bound
+            // netdev has no route, which is EHOSTUNREACH.
+            (Some(o), _) => match self.hv.route_get_bound(dst, q.src, o).await {
+                Err(rdma_hostview::Error::NetworkUnreachable) => {
+                    return Err(Error::HostUnreachable)
+                }
+                r => r?,
+            },
             (None, Some(a)) => a,
             (None, None) => self.hv.route_get(dst, q.src, None).await?,
         };
