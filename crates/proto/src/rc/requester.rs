@@ -74,6 +74,11 @@ impl RcQp {
         } else {
             len.div_ceil(mtu).max(1)
         };
+        if npkts >= super::responder::MAX_READ_PKTS {
+            return Err(PostError::InvalidWr(
+                "message spans too many packets for the PSN window",
+            ));
+        }
         let seq = self.next_seq;
         let mut inline_slot = None;
         if inline {
