@@ -73,6 +73,13 @@ pub enum Error {
     /// A queue is full (completion queue overflow, receive queue full).
     #[error("{0} is full")]
     QueueFull(&'static str),
+    /// `modify` was refused by the QP state machine (illegal transition, missing or extra
+    /// attributes, a value out of range).
+    #[error("modify QP: {0}")]
+    Modify(#[from] rdma_proto::verbs::ModifyError),
+    /// A work request could not be posted (queue full, wrong state, invalid request).
+    #[error("post: {0}")]
+    Post(#[from] rdma_proto::verbs::PostError),
     /// An operating-system call failed.
     #[error("{op}{}: {source}", .addr.map(|a| format!(" on {a}")).unwrap_or_default())]
     Os {
@@ -100,6 +107,8 @@ impl Error {
             Error::Exhausted { .. } | Error::QueueFull(_) => libc::ENOMEM,
             Error::Access(_) => libc::EACCES,
             Error::Busy(_) => libc::EBUSY,
+            Error::Modify(_) => libc::EINVAL,
+            Error::Post(e) => e.errno(),
             Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
         }
     }

@@ -5,7 +5,12 @@
 //!   implementation ([`io::UdpWire`]) with batched `recvmmsg`/`sendmmsg` into preallocated
 //!   buffers, and the fault injector switched on by `RDMA_SOFT_FAULTS`.
 //! - [`verbs`]: device attributes, protection domains, memory regions (keys, bounds, access),
-//!   completion queues with a completion channel, shared receive queues.
+//!   completion queues with a completion channel, shared receive queues, queue pairs.
+//! - the runtime: run to completion in the caller's thread. Posting a send transmits at once;
+//!   polling an empty CQ, waiting on a completion channel or [`verbs::Device::progress`]
+//!   drains the wire, feeds each packet to its QP's transport (rdma-proto), runs timers and
+//!   transmits the results; [`verbs::Device::spawn_progress`] starts an optional thread that
+//!   does it asynchronously.
 //!
 //! Every public call returns [`Error`], which maps to the errno verbs would give
 //! ([`Error::errno`]).
@@ -13,6 +18,10 @@
 
 mod error;
 pub mod io;
+mod progress;
+mod runtime;
 pub mod verbs;
 
 pub use error::{Error, Result};
+pub use progress::ProgressThread;
+pub use runtime::{RuntimeStats, ROUNDS, SEND_WINDOW};

@@ -5,15 +5,22 @@
 //! completion (or, with `solicited_only`, the next solicited or failed one) makes the fd
 //! readable and queues the CQ for [`CompletionChannel::get_event`]. The fd works with `poll`,
 //! epoll and tokio's `AsyncFd`.
+//!
+//! Both drive the device (run to completion in the caller's thread): polling an empty CQ runs
+//! the device's progress once (one `recvmmsg` per open address, timers, transmissions);
+//! [`CompletionChannel::wait_event`] blocks on the eventfd *and* the wire's fd with the next
+//! transport deadline as timeout, so a blocked application still acknowledges, retransmits
+//! and answers READs.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdma_proto::verbs::Completion;
 
+use super::device::DeviceShared;
 use super::ring::Ring;
 use crate::{Error, Result};
 
@@ -27,6 +34,7 @@ pub(crate) struct CqShared {
     armed: AtomicU8,
     overflowed: AtomicBool,
     channel: Option<CompletionChannel>,
+    dev: Weak<DeviceShared>,
 }
 
 /// A completion queue.
@@ -62,7 +70,30 @@ impl PartialEq for CompletionQueue {
 }
 
 impl CompletionQueue {
+    #[cfg(test)]
     pub(crate) fn new(id: u32, cqe: usize, channel: Option<&CompletionChannel>) -> Self {
+        Self::with_device(Weak::new(), id, cqe, channel)
+    }
+
+    /// A CQ of `dev`: polling it drives the device; its channel learns the device's fd.
+    pub(crate) fn new_on(
+        dev: &Arc<DeviceShared>,
+        id: u32,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Self {
+        if let Some(ch) = channel {
+            ch.add_device(dev);
+        }
+        Self::with_device(Arc::downgrade(dev), id, cqe, channel)
+    }
+
+    fn with_device(
+        dev: Weak<DeviceShared>,
+        id: u32,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Self {
         CompletionQueue {
             inner: Arc::new(CqShared {
                 id,
@@ -70,6 +101,7 @@ impl CompletionQueue {
                 armed: AtomicU8::new(DISARMED),
                 overflowed: AtomicBool::new(false),
                 channel: channel.cloned(),
+                dev,
             }),
         }
     }
@@ -84,8 +116,19 @@ impl CompletionQueue {
         self.inner.ring.capacity()
     }
 
-    /// Moves up to `max` completions into `out` (appending); returns how many. No system call.
+    /// Moves up to `max` completions into `out` (appending); returns how many. When the queue
+    /// is empty it first drives the device once ([`super::Device::progress`]: one `recvmmsg`
+    /// per open address, skipped if another thread is driving it); with completions queued
+    /// it makes no system call.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if max > 0 && self.inner.ring.len() == 0 {
+            self.drive();
+        }
+        self.poll_queued(out, max)
+    }
+
+    /// Like [`Self::poll`] without driving the device: only what is already queued.
+    pub fn poll_queued(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let mut n = 0;
         while n < max {
             match self.inner.ring.pop() {
@@ -99,9 +142,23 @@ impl CompletionQueue {
         n
     }
 
-    /// The oldest completion, if any.
+    /// The oldest completion, if any (driving the device once when the queue is empty).
     pub fn poll_one(&self) -> Option<Completion> {
+        if let Some(c) = self.inner.ring.pop() {
+            return Some(c);
+        }
+        self.drive();
         self.inner.ring.pop()
+    }
+
+    fn drive(&self) {
+        if let Some(dev) = self.inner.dev.upgrade() {
+            let _ = dev.try_progress();
+        }
+    }
+
+    pub(crate) fn same_device(&self, dev: &Arc<DeviceShared>) -> bool {
+        std::ptr::eq(self.inner.dev.as_ptr(), Arc::as_ptr(dev))
     }
 
     /// Asks for one event on the completion channel at the next completion
@@ -128,7 +185,6 @@ impl CompletionQueue {
 
     /// Device side: adds a completion and fires the channel if armed. A full queue refuses it
     /// (EOVERFLOW-like `QueueFull`) and records the overrun.
-    #[allow(dead_code)] // the QP runtime pushes; tests do now
     pub(crate) fn push(&self, c: Completion) -> Result<()> {
         if self.inner.ring.push(c).is_err() {
             self.inner.overflowed.store(true, Ordering::Release);
@@ -158,6 +214,7 @@ impl CompletionQueue {
 struct ChannelShared {
     efd: OwnedFd,
     pending: Mutex<VecDeque<Weak<CqShared>>>,
+    devices: Mutex<Vec<Weak<DeviceShared>>>,
 }
 
 /// A completion channel (`ibv_comp_channel`): an eventfd that polls readable while CQ events
@@ -195,6 +252,7 @@ impl CompletionChannel {
                 // SAFETY: fresh descriptor owned here.
                 efd: unsafe { OwnedFd::from_raw_fd(raw) },
                 pending: Mutex::new(VecDeque::new()),
+                devices: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -230,31 +288,51 @@ impl CompletionChannel {
         Ok(None)
     }
 
-    /// Waits up to `timeout` (forever with `None`) for a CQ event. Does not drive the network:
-    /// the device runtime's wait does that.
+    fn add_device(&self, dev: &Arc<DeviceShared>) {
+        let mut d = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner());
+        d.retain(|w| w.strong_count() > 0);
+        if !d.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(dev))) {
+            d.push(Arc::downgrade(dev));
+        }
+    }
+
+    fn devices(&self) -> Vec<Arc<DeviceShared>> {
+        let d = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner());
+        d.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for a CQ event (`ibv_get_cq_event` on a
+    /// blocking channel), driving the devices of the channel's CQs meanwhile: it blocks in
+    /// `poll(2)` on the eventfd and the devices' wire fds, with the earliest transport deadline
+    /// as timeout, and runs [`super::Device::progress`] on every wake-up.
     pub fn wait_event(&self, timeout: Option<Duration>) -> Result<Option<CompletionQueue>> {
-        if let Some(cq) = self.get_event()? {
-            return Ok(Some(cq));
-        }
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd {
-            fd: self.inner.efd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINTR) {
-                return Err(Error::Os {
-                    op: "poll",
-                    addr: None,
-                    source: e,
-                });
+        let end = timeout.map(|t| Instant::now() + t);
+        let devices = self.devices();
+        let mut fds = Vec::with_capacity(devices.len() + 1);
+        fds.push(self.inner.efd.as_raw_fd());
+        fds.extend(devices.iter().filter_map(|d| d.wait_fd()));
+        loop {
+            if let Some(cq) = self.get_event()? {
+                return Ok(Some(cq));
             }
+            for d in &devices {
+                d.try_progress()?;
+            }
+            if let Some(cq) = self.get_event()? {
+                return Ok(Some(cq));
+            }
+            let now = Instant::now();
+            if end.is_some_and(|e| now >= e) {
+                return Ok(None);
+            }
+            let mut until = end;
+            for d in &devices {
+                if let Some(t) = d.next_deadline() {
+                    until = Some(until.map_or(t, |u| u.min(t)));
+                }
+            }
+            crate::progress::wait_fds(&fds, until)?;
         }
-        self.get_event()
     }
 }
 

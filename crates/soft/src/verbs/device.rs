@@ -1,8 +1,10 @@
 //! The device: its attributes (`ibv_query_device`, `ibv_query_port`) and the factory of PDs,
 //! CQs, completion channels and SRQs.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
 
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 
@@ -10,7 +12,8 @@ use super::cq::{CompletionChannel, CompletionQueue};
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
-use crate::io::WireAddr;
+use crate::io::{DatagramWire, UdpConfig, UdpWire, WireAddr, WireStats};
+use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result};
 
 /// Worst-case bytes around a full-MTU payload: IPv6 (40) + UDP (8) + BTH (12) + RETH (16) +
@@ -159,6 +162,53 @@ pub(crate) struct DeviceShared {
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
     next_cq: AtomicU32,
+    rt: Mutex<Runtime>,
+    /// The wire's wait fd (lives as long as the wire, which lives as long as this).
+    wait_fd: Option<RawFd>,
+}
+
+impl DeviceShared {
+    pub(crate) fn runtime(&self) -> MutexGuard<'_, Runtime> {
+        self.rt.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn cfg(&self) -> &DeviceConfig {
+        &self.cfg
+    }
+
+    pub(crate) fn port(&self) -> &PortAttr {
+        &self.port
+    }
+
+    pub(crate) fn attr(&self) -> &DeviceAttr {
+        &self.attr
+    }
+
+    /// Runs the runtime once (see [`Device::progress`]).
+    pub(crate) fn progress(&self) -> Result<usize> {
+        let mut rt = self.runtime();
+        let mut mem = self.mrs.view();
+        rt.progress(&mut mem)
+    }
+
+    /// Like `progress`, but does nothing when another thread is already running it.
+    pub(crate) fn try_progress(&self) -> Result<usize> {
+        let mut rt = match self.rt.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(0),
+        };
+        let mut mem = self.mrs.view();
+        rt.progress(&mut mem)
+    }
+
+    pub(crate) fn wait_fd(&self) -> Option<RawFd> {
+        self.wait_fd
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.runtime().next_deadline()
+    }
 }
 
 /// A software RoCEv2 device attached to one netdev.
@@ -199,8 +249,24 @@ const MAX_MSG: u32 = 1 << 31;
 const MAX_RD_ATOM: u32 = 128;
 
 impl Device {
-    /// Opens a device. EINVAL when the netdev MTU is too small for a 256-byte IB MTU.
+    /// Opens a device on a UDP wire ([`UdpConfig::from_env`]: port 4791, fault injection from
+    /// `RDMA_SOFT_FAULTS`). No socket is opened yet: a QP opens UDP 4791 on its source address
+    /// when it moves to RTR. EINVAL when the netdev MTU is too small for a 256-byte IB MTU.
     pub fn open(cfg: DeviceConfig) -> Result<Device> {
+        let wire = UdpWire::new(UdpConfig::from_env()?)?;
+        Device::open_with_wire(cfg, Box::new(wire))
+    }
+
+    /// Opens a device on the given wire (another UDP port, a host-local wire, a test wire).
+    ///
+    /// ```
+    /// use rdma_soft::io::{UdpConfig, UdpWire};
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// let wire = UdpWire::new(UdpConfig { port: 47913, ..UdpConfig::default() }).unwrap();
+    /// let dev = Device::open_with_wire(DeviceConfig::for_netdev("lo").unwrap(), Box::new(wire)).unwrap();
+    /// assert_eq!(dev.wire_stats().sent, 0);
+    /// ```
+    pub fn open_with_wire(cfg: DeviceConfig, wire: Box<dyn DatagramWire>) -> Result<Device> {
         let active = active_mtu(cfg.netdev_mtu).ok_or(Error::InvalidArgument(
             "netdev MTU too small for RoCEv2 (needs 256 bytes of payload plus headers)",
         ))?;
@@ -245,6 +311,8 @@ impl Device {
             pkey_tbl_len: 1,
             link_layer_ethernet: true,
         };
+        let rt = Runtime::new(wire);
+        let wait_fd = rt.wait_fd();
         Ok(Device {
             shared: Arc::new(DeviceShared {
                 mrs: Arc::new(MrTable::new(MAX_MR as usize)),
@@ -253,6 +321,8 @@ impl Device {
                 port,
                 next_pd: AtomicU32::new(1),
                 next_cq: AtomicU32::new(1),
+                rt: Mutex::new(rt),
+                wait_fd,
             }),
         })
     }
@@ -320,7 +390,7 @@ impl Device {
             return Err(Error::InvalidArgument("cqe out of range 1..=max_cqe"));
         }
         let id = Self::next_id(&self.shared.next_cq, MAX_CQ, "completion queues")?;
-        Ok(CompletionQueue::new(id, cqe, channel))
+        Ok(CompletionQueue::new_on(&self.shared, id, cqe, channel))
     }
 
     /// Creates a shared receive queue in `pd` (EINVAL beyond `max_srq_wr` / `max_srq_sge`).
@@ -345,5 +415,45 @@ impl Device {
     /// view per batch of packets (it holds the table's read lock; registration waits for it).
     pub fn memory(&self) -> MrTableView<'_> {
         self.shared.mrs.view()
+    }
+
+    /// Drives the device once in the caller's thread: receives what the wire has (up to a few
+    /// `recvmmsg` batches), hands each packet to its QP, runs expired transport timers,
+    /// transmits the results and moves completions to their CQs. Returns the datagrams
+    /// received. Polling an empty CQ and waiting on a completion channel call this; an
+    /// application that only posts and never polls may call it itself, or use
+    /// [`Device::spawn_progress`].
+    pub fn progress(&self) -> Result<usize> {
+        self.shared.progress()
+    }
+
+    /// When [`Device::progress`] must run next even if no packet arrives (the earliest
+    /// retransmission or RNR timer, or a packet held by the fault injector).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.shared.next_deadline()
+    }
+
+    /// Starts a thread that drives this device whenever packets arrive or a timer expires
+    /// (blocking in `poll` on the wire's fd otherwise), for applications that want
+    /// asynchronous progress. It stops when the returned handle is dropped.
+    ///
+    /// ```
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let thread = dev.spawn_progress().unwrap();
+    /// drop(thread); // stops and joins it
+    /// ```
+    pub fn spawn_progress(&self) -> Result<crate::progress::ProgressThread> {
+        crate::progress::ProgressThread::spawn(self.shared.clone())
+    }
+
+    /// Counters of the device's wire (datagrams, system calls, faults injected).
+    pub fn wire_stats(&self) -> WireStats {
+        self.shared.runtime().wire_stats()
+    }
+
+    /// Counters of the device's runtime.
+    pub fn runtime_stats(&self) -> RuntimeStats {
+        self.shared.runtime().stats()
     }
 }

@@ -6,6 +6,7 @@ use rdma_proto::verbs::{AccessFlags, PdId};
 
 use super::device::DeviceShared;
 use super::mr::MemoryRegion;
+use super::qp::{QpInitAttr, QueuePair};
 use crate::Result;
 
 struct PdInner {
@@ -54,5 +55,16 @@ impl ProtectionDomain {
     /// otherwise, as in verbs); an empty buffer is EINVAL; past the device's `max_mr`, ENOMEM.
     pub fn register(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<MemoryRegion> {
         MemoryRegion::register(self, &self.inner.dev.mrs, buf.into(), access)
+    }
+
+    /// `ibv_create_qp`: a QP in this PD, in the Reset state, with a fresh QP number. Its CQs
+    /// must be of this device and its SRQ of this PD (EINVAL otherwise); only RC for now.
+    /// See [`QueuePair`] for an example.
+    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<QueuePair> {
+        QueuePair::create(self, init)
+    }
+
+    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+        &self.inner.dev
     }
 }

@@ -1,0 +1,486 @@
+//! The runtime: drives the sans-IO transport of every QP of a device over its datagram wire.
+//!
+//! Run to completion in the caller's thread: posting a send runs the requester and hands the
+//! packets to the wire at once ([`Runtime::after_post`]); polling an empty CQ, waiting on a
+//! completion channel or the optional progress thread call [`Runtime::progress`], which
+//! drains the wire (one `recvmmsg` batch per open address and round), demultiplexes each
+//! packet by destination QPN to its QP's transport, runs expired timers, transmits what
+//! results (ACKs, READ responses, retransmissions) and moves completions to the CQs.
+//!
+//! ## Cost per packet
+//! The runtime sits behind one mutex per device, taken once per call (per batch of up to
+//! [`ROUNDS`] × 32 packets), and takes the memory table's read lock once per round. Per packet
+//! it parses headers in place ([`rdma_proto::wire::parse`] borrows the datagram), finds the QP
+//! by indexing a slot table with the low 16 bits of the QPN, and emits responses into two
+//! buffers allocated when the device opened. Completions go to the lock-free CQ rings; the
+//! transport's queues are preallocated at QP creation. Nothing on this path allocates
+//! (`tests/qp_rc.rs` counts allocations with a counting global allocator).
+//!
+//! ## Send window
+//! The RC requester puts a whole message in flight when allowed; over UDP a burst larger
+//! than the receiver's socket buffer is lost. The runtime therefore keeps at most
+//! [`SEND_WINDOW`] request PSNs unacknowledged per QP: it tracks the PSN of the last request
+//! sent and of the last response received, and stops asking the transport for packets when
+//! the window is full. READ requests count with the response PSNs they ask for. Responses
+//! are never held back for long: a QP that received packets may send two more packets in a
+//! round even with its window full (the transport alternates requests and responses), so
+//! two QPs with full windows still exchange ACKs. After a retransmission timeout or a NAK
+//! the window restarts from the last acknowledged PSN (the transport goes back to it).
+//! READ responses have no acknowledgement to pace them: a responder streams a READ as fast
+//! as its peer's socket buffer takes it, so applications keep READs in flight to a few MiB
+//! (several WRs of at most 1 MiB, `max_rd_atomic` bounding how many).
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::time::{Duration, Instant};
+
+use rdma_proto::memory::MemoryTable;
+use rdma_proto::packet::{AethKind, Opcode, Packet, PacketHeader};
+use rdma_proto::psn::{psn_add, psn_diff, PSN_MASK};
+use rdma_proto::rc::RcQp;
+use rdma_proto::verbs::{Mtu, QpState};
+use rdma_wire::packet::IcrcCheck;
+
+use crate::io::{Arrival, DatagramWire, WireAddr, WireStats};
+use crate::verbs::{CompletionQueue, SharedReceiveQueue};
+use crate::{Error, Result};
+
+/// Unacknowledged request packets a QP may have in flight.
+pub const SEND_WINDOW: u32 = 256;
+/// Receive rounds per [`Runtime::progress`] call at most.
+pub const ROUNDS: usize = 8;
+/// Largest payload of one packet (MTU 4096).
+const MAX_PAYLOAD: usize = 4096;
+/// Room for the largest packet: headers, payload, pad, ICRC.
+const MAX_PACKET: usize = MAX_PAYLOAD + 128;
+/// QP slots (QPN low 16 bits); 0 and 1 are reserved (QP0, QP1).
+const SLOTS: usize = 1 << 16;
+
+/// Counters of the runtime (not of the transports or the wire).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuntimeStats {
+    /// Calls of `progress` that ran.
+    pub progress_calls: u64,
+    /// Packets handed to a QP's transport.
+    pub delivered: u64,
+    /// Packets transmitted (handed to the wire).
+    pub transmitted: u64,
+    /// Datagrams that did not parse as a packet this transport handles.
+    pub unparsable: u64,
+    /// Packets for a QP number that does not exist here.
+    pub no_such_qp: u64,
+    /// Packets from an address other than the QP's peer, or to another local address.
+    pub wrong_path: u64,
+    /// Packets the wire refused to send (the transport sees them as lost).
+    pub send_errors: u64,
+    /// Completions lost because a CQ was full (the CQ reports it as overflowed).
+    pub cq_overflows: u64,
+    /// Times a QP stopped transmitting because its send window was full.
+    pub window_stalls: u64,
+}
+
+/// The runtime's state for one QP.
+pub(crate) struct QpCtx {
+    pub qpn: u32,
+    pub rc: RcQp,
+    pub send_cq: CompletionQueue,
+    pub recv_cq: CompletionQueue,
+    pub srq: Option<SharedReceiveQueue>,
+    /// Local and remote address of the path, set when the QP moves to RTR.
+    pub path: Option<(WireAddr, WireAddr)>,
+    /// PSN of the last request packet sent (READ: of the last response it asks for).
+    sent_psn: u32,
+    /// PSN of the last response received.
+    acked_psn: u32,
+    /// Highest PSN sent since the last window restart (bounds what an ACK may acknowledge).
+    max_sent_psn: u32,
+    received: bool,
+    /// Receives moved from the SRQ into the transport and not yet completed.
+    srq_held: u32,
+}
+
+impl QpCtx {
+    pub fn new(
+        rc: RcQp,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        srq: Option<SharedReceiveQueue>,
+    ) -> QpCtx {
+        QpCtx {
+            qpn: rc.qpn(),
+            rc,
+            send_cq,
+            recv_cq,
+            srq,
+            path: None,
+            sent_psn: 0,
+            acked_psn: 0,
+            max_sent_psn: 0,
+            received: false,
+            srq_held: 0,
+        }
+    }
+
+    /// Restarts the window at the transport's send PSN (after `modify` set `sq_psn`).
+    pub fn restart_window(&mut self) {
+        let p = self.rc.attr().sq_psn.wrapping_sub(1) & PSN_MASK;
+        self.sent_psn = p;
+        self.acked_psn = p;
+        self.max_sent_psn = p;
+    }
+
+    fn window_open(&self) -> bool {
+        psn_diff(self.sent_psn, self.acked_psn) < SEND_WINDOW as i32
+    }
+
+    fn on_sent(&mut self, h: &PacketHeader, mtu: Mtu) {
+        if h.opcode.is_response() {
+            return;
+        }
+        let mut last = h.psn;
+        if h.opcode == Opcode::RcReadRequest {
+            let len = h.reth.map_or(0, |r| r.len);
+            let n = len.div_ceil(mtu.bytes()).max(1);
+            last = psn_add(h.psn, n - 1);
+        }
+        self.sent_psn = last;
+        if psn_diff(last, self.max_sent_psn) > 0 {
+            self.max_sent_psn = last;
+        }
+    }
+
+    fn on_response(&mut self, h: &PacketHeader) {
+        let p = h.psn;
+        let restart = match h.aeth.map(|a| a.kind()) {
+            Some(AethKind::Rnr(_)) | Some(AethKind::Nak(_)) => true,
+            _ => false,
+        };
+        let acked = if restart {
+            p.wrapping_sub(1) & PSN_MASK
+        } else {
+            p
+        };
+        if psn_diff(acked, self.acked_psn) > 0 && psn_diff(acked, self.max_sent_psn) <= 0 {
+            self.acked_psn = acked;
+        }
+        if restart {
+            self.sent_psn = self.acked_psn;
+        }
+    }
+
+    /// Whether this request packet consumes a receive WR at the responder.
+    fn consumes_receive(op: Opcode) -> bool {
+        (op.is_send() && op.is_first()) || (op.is_write() && op.has_imm())
+    }
+
+    fn deliver<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        arr: &Arrival,
+        pkt: &Packet<'_>,
+        stats: &mut RuntimeStats,
+    ) {
+        match self.path {
+            Some((local, remote)) if local == arr.local && remote == arr.remote => {}
+            _ => {
+                stats.wrong_path += 1;
+                return;
+            }
+        }
+        let op = pkt.header.opcode;
+        if op.is_response() {
+            self.on_response(&pkt.header);
+        } else if Self::consumes_receive(op) && self.srq_held == 0 {
+            if let Some(wr) = self.srq.as_ref().and_then(|s| s.take()) {
+                if self.rc.post_recv(&wr).is_ok() {
+                    self.srq_held += 1;
+                }
+            }
+        }
+        self.rc.handle_packet(now, mem, pkt);
+        self.received = true;
+        stats.delivered += 1;
+    }
+
+    /// Moves the transport's completions to the CQs.
+    fn drain_completions(&mut self, stats: &mut RuntimeStats) {
+        while let Some(c) = self.rc.poll_send_completion() {
+            if self.send_cq.push(c).is_err() {
+                stats.cq_overflows += 1;
+            }
+        }
+        while let Some(c) = self.rc.poll_recv_completion() {
+            if self.srq.is_some() {
+                self.srq_held = self.srq_held.saturating_sub(1);
+            }
+            if self.recv_cq.push(c).is_err() {
+                stats.cq_overflows += 1;
+            }
+        }
+    }
+}
+
+/// Preallocated transmit buffers.
+struct TxBufs {
+    payload: Box<[u8]>,
+    packet: Box<[u8]>,
+}
+
+/// The per-device runtime: the wire, the QP table, the clock.
+pub(crate) struct Runtime {
+    wire: Box<dyn DatagramWire>,
+    slots: Vec<Option<Box<QpCtx>>>,
+    generation: Vec<u8>,
+    live: Vec<u16>,
+    free: Vec<u16>,
+    next_slot: usize,
+    epoch: Instant,
+    tx: TxBufs,
+    stats: RuntimeStats,
+}
+
+impl Runtime {
+    pub fn new(wire: Box<dyn DatagramWire>) -> Runtime {
+        Runtime {
+            wire,
+            slots: Vec::new(),
+            generation: Vec::new(),
+            live: Vec::new(),
+            free: Vec::new(),
+            next_slot: 2,
+            epoch: Instant::now(),
+            tx: TxBufs {
+                payload: vec![0u8; MAX_PAYLOAD].into_boxed_slice(),
+                packet: vec![0u8; MAX_PACKET].into_boxed_slice(),
+            },
+            stats: RuntimeStats::default(),
+        }
+    }
+
+    /// Monotonic nanoseconds since the runtime started.
+    pub fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.wire.wait_fd().map(|f| f.as_raw_fd())
+    }
+
+    pub fn stats(&self) -> RuntimeStats {
+        self.stats
+    }
+
+    pub fn wire_stats(&self) -> WireStats {
+        self.wire.stats()
+    }
+
+    /// Allocates a QP number: slot index in the low 16 bits (never 0 or 1), a generation
+    /// that changes on reuse in the high 8 bits.
+    pub fn alloc_qpn(&mut self, max_qp: usize) -> Result<u32> {
+        let idx = match self.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                if self.next_slot >= SLOTS.min(max_qp + 2) {
+                    return Err(Error::Exhausted {
+                        what: "queue pairs",
+                        max: max_qp,
+                    });
+                }
+                self.next_slot += 1;
+                self.next_slot - 1
+            }
+        };
+        if self.slots.len() <= idx {
+            self.slots.resize_with(idx + 1, || None);
+            self.generation.resize(idx + 1, 0);
+        }
+        self.generation[idx] = self.generation[idx].wrapping_add(1);
+        Ok((u32::from(self.generation[idx]) << 16) | idx as u32)
+    }
+
+    pub fn insert(&mut self, ctx: QpCtx) {
+        let idx = (ctx.qpn & 0xFFFF) as usize;
+        if let Some(slot) = self.slots.get_mut(idx) {
+            *slot = Some(Box::new(ctx));
+            self.live.push(idx as u16);
+        }
+    }
+
+    pub fn remove(&mut self, qpn: u32) -> Option<Box<QpCtx>> {
+        let idx = (qpn & 0xFFFF) as usize;
+        let ctx = self.slots.get_mut(idx)?.take_if(|c| c.qpn == qpn)?;
+        self.live.retain(|&i| i as usize != idx);
+        self.free.push(idx as u16);
+        if let Some((local, _)) = ctx.path {
+            self.close_if_unused(local);
+        }
+        Some(ctx)
+    }
+
+    /// Closes the wire address `local` if no QP uses it any more.
+    fn close_if_unused(&mut self, local: WireAddr) {
+        let used = self.live.iter().any(|&i| {
+            self.slots[i as usize]
+                .as_ref()
+                .is_some_and(|c| c.path.is_some_and(|(l, _)| l == local))
+        });
+        if !used {
+            self.wire.close(local);
+        }
+    }
+
+    pub fn get(&mut self, qpn: u32) -> Option<&mut QpCtx> {
+        self.slots
+            .get_mut((qpn & 0xFFFF) as usize)?
+            .as_deref_mut()
+            .filter(|c| c.qpn == qpn)
+    }
+
+    /// Sets the path of a QP moving to RTR: opens `local` on the wire (UDP 4791 on that
+    /// address: the only time the device opens a socket) and, if the QP had another local
+    /// address, closes that one when unused.
+    pub fn set_path(&mut self, qpn: u32, local: WireAddr, remote: WireAddr) -> Result<()> {
+        self.wire.open(local)?;
+        let old = match self.get(qpn) {
+            Some(ctx) => ctx.path.replace((local, remote)),
+            None => return Err(Error::InvalidArgument("no such QP")),
+        };
+        if let Some((l, _)) = old {
+            if l != local {
+                self.close_if_unused(l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Transmits what one QP has to send (within its window), moves its completions.
+    fn service<M: MemoryTable + ?Sized>(&mut self, idx: usize, now: u64, mem: &mut M) {
+        let Runtime {
+            wire,
+            slots,
+            tx,
+            stats,
+            ..
+        } = self;
+        let Some(ctx) = slots.get_mut(idx).and_then(|s| s.as_deref_mut()) else {
+            return;
+        };
+        let mut extra = if ctx.received { 2 } else { 0 };
+        ctx.received = false;
+        let mtu = ctx.rc.attr().path_mtu;
+        let mut budget = SEND_WINDOW;
+        while budget > 0 {
+            if !ctx.window_open() {
+                if extra == 0 {
+                    stats.window_stalls += 1;
+                    break;
+                }
+                extra -= 1;
+            }
+            let Some(t) = ctx.rc.poll_transmit(now, mem, &mut tx.payload) else {
+                break;
+            };
+            budget -= 1;
+            ctx.on_sent(&t.header, mtu);
+            let Some((local, remote)) = ctx.path else {
+                stats.send_errors += 1;
+                continue;
+            };
+            let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
+            match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
+                Ok(n) => match wire.send(local, remote, &tx.packet[..n]) {
+                    Ok(()) => stats.transmitted += 1,
+                    Err(_) => stats.send_errors += 1,
+                },
+                Err(_) => stats.send_errors += 1,
+            }
+        }
+        ctx.drain_completions(stats);
+    }
+
+    /// After a post or modify on `qpn`: transmit at once and flush.
+    pub fn after_post<M: MemoryTable + ?Sized>(&mut self, qpn: u32, mem: &mut M) -> Result<()> {
+        let now = self.now();
+        let idx = (qpn & 0xFFFF) as usize;
+        self.service(idx, now, mem);
+        self.wire.flush()
+    }
+
+    /// One receive round: delivers what the wire has; returns how many datagrams.
+    fn receive<M: MemoryTable + ?Sized>(&mut self, now: u64, mem: &mut M) -> Result<usize> {
+        let Runtime {
+            wire, slots, stats, ..
+        } = self;
+        wire.recv(&mut |arr, bytes| {
+            let Ok(pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
+                stats.unparsable += 1;
+                return;
+            };
+            let qpn = pkt.header.dest_qp;
+            let ctx = slots
+                .get_mut((qpn & 0xFFFF) as usize)
+                .and_then(|s| s.as_deref_mut())
+                .filter(|c| c.qpn == qpn);
+            match ctx {
+                Some(ctx) => ctx.deliver(now, mem, arr, &pkt, stats),
+                None => stats.no_such_qp += 1,
+            }
+        })
+    }
+
+    /// Drives every QP: receive, timers, transmit, completions. Returns the datagrams
+    /// received.
+    pub fn progress<M: MemoryTable + ?Sized>(&mut self, mem: &mut M) -> Result<usize> {
+        self.stats.progress_calls += 1;
+        let now = self.now();
+        let mut total = 0;
+        for round in 0..ROUNDS {
+            let n = self.receive(now, mem)?;
+            total += n;
+            for k in 0..self.live.len() {
+                let idx = self.live[k] as usize;
+                if round == 0 {
+                    if let Some(ctx) = self.slots[idx].as_deref_mut() {
+                        if ctx.rc.poll_timeout().is_some_and(|t| t <= now) {
+                            ctx.rc.handle_timeout(now);
+                            ctx.sent_psn = ctx.acked_psn;
+                        }
+                    }
+                }
+                self.service(idx, now, mem);
+            }
+            self.wire.flush()?;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// When progress must run next even if nothing arrives: the earliest transport timer or
+    /// wire deadline.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let mut best = self.wire.next_deadline();
+        for &i in &self.live {
+            if let Some(t) = self.slots[i as usize]
+                .as_ref()
+                .and_then(|c| c.rc.poll_timeout())
+            {
+                let at = self.epoch + Duration::from_nanos(t);
+                best = Some(best.map_or(at, |b| b.min(at)));
+            }
+        }
+        best
+    }
+
+    /// The state of a QP, for `query`.
+    pub fn state(&mut self, qpn: u32) -> Option<QpState> {
+        self.get(qpn).map(|c| c.rc.state())
+    }
+}
+
+/// The remote address of a path's destination GID (IPv4-mapped GIDs become IPv4).
+pub(crate) fn gid_addr(gid: [u8; 16]) -> WireAddr {
+    WireAddr::from(IpAddr::V6(Ipv6Addr::from(gid)))
+}

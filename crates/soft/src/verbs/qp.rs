@@ -1,0 +1,489 @@
+//! Queue pairs: verbs objects over rdma-proto's RC transport, driven by the device runtime.
+
+use std::sync::Arc;
+
+use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
+use rdma_proto::rc::{RcConfig, RcQp};
+use rdma_proto::verbs::{
+    check_modify, AccessFlags, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendFlags,
+    SendWr, SgList, Sge, MAX_SGE,
+};
+
+use super::cq::CompletionQueue;
+use super::device::DeviceShared;
+use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
+use crate::runtime::{gid_addr, QpCtx};
+use crate::{Error, Result};
+
+/// Queue sizes of a QP (`ibv_qp_cap`).
+///
+/// ```
+/// let cap = rdma_soft::verbs::QpCap::default();
+/// assert_eq!(cap.max_send_wr, 128);
+/// assert_eq!(cap.max_inline_data, 64);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send work requests outstanding at most.
+    pub max_send_wr: u32,
+    /// Receive work requests outstanding at most (ignored with an SRQ).
+    pub max_recv_wr: u32,
+    /// Scatter/gather elements per send work request.
+    pub max_send_sge: u32,
+    /// Scatter/gather elements per receive work request.
+    pub max_recv_sge: u32,
+    /// Bytes of inline data per send ([`QueuePair::post_send_inline`]).
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> QpCap {
+        QpCap {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: MAX_SGE as u32,
+            max_recv_sge: MAX_SGE as u32,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// How to create a QP (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// Transport: only [`QpType::Rc`] for now (EOPNOTSUPP-like EINVAL otherwise).
+    pub qp_type: QpType,
+    /// CQ of send completions (of this device).
+    pub send_cq: &'a CompletionQueue,
+    /// CQ of receive completions (of this device).
+    pub recv_cq: &'a CompletionQueue,
+    /// Shared receive queue (of the QP's PD), instead of the QP's own receive queue.
+    pub srq: Option<&'a SharedReceiveQueue>,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Every send WR completes with a completion, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// An RC QP with default sizes, selective signaling, no SRQ.
+    pub fn rc(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> QpInitAttr<'a> {
+        QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// A queue pair of a software device.
+///
+/// Posting a send transmits at once in the caller's thread (up to the send window); receive
+/// processing runs when a CQ is polled empty, a completion channel is waited on,
+/// [`super::Device::progress`] is called or a progress thread runs.
+///
+/// Connecting by hand, as `ibv_rc_pingpong` does (each side's `rq_psn` is the PSN it expects,
+/// so the peer's `sq_psn`):
+///
+/// ```
+/// use rdma_soft::verbs::*;
+/// # fn dev(ip: &str) -> Device {
+/// #     let mut cfg = DeviceConfig::for_netdev("lo").unwrap();
+/// #     cfg.gids = vec![ip.parse().unwrap()];
+/// #     let wire = rdma_soft::io::UdpWire::new(rdma_soft::io::UdpConfig { port: 47914, ..Default::default() }).unwrap();
+/// #     Device::open_with_wire(cfg, Box::new(wire)).unwrap()
+/// # }
+/// let (da, db) = (dev("127.0.0.61"), dev("127.0.0.62"));
+/// let setup = |d: &Device| {
+///     let pd = d.alloc_pd().unwrap();
+///     let cq = d.create_cq(64, None).unwrap();
+///     let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+///     let mr = pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+///     (pd, cq, qp, mr)
+/// };
+/// let (_pa, cqa, qpa, mra) = setup(&da);
+/// let (_pb, cqb, qpb, mrb) = setup(&db);
+/// let gid = |s: &str| s.parse::<rdma_soft::io::WireAddr>().unwrap().gid();
+/// qpa.connect(qpb.qpn(), 200, 100, gid("127.0.0.62")).unwrap(); // sends from 100, expects 200
+/// qpb.connect(qpa.qpn(), 100, 200, gid("127.0.0.61")).unwrap();
+/// mra.write(0, b"hello over RoCEv2").unwrap();
+/// qpb.post_recv(&RecvWr::new(7).with_sge(mrb.sge(0, 4096).unwrap())).unwrap();
+/// qpa.post_send(&SendWr::new(1, SendOp::Send).with_sge(mra.sge(0, 17).unwrap()).signaled()).unwrap();
+/// let mut wc = Vec::new();
+/// while cqb.poll(&mut wc, 1) == 0 {}
+/// assert_eq!((wc[0].wr_id, wc[0].byte_len, wc[0].status), (7, 17, WcStatus::Success));
+/// while cqa.poll(&mut wc, 1) == 0 {}
+/// assert_eq!(wc[1].wr_id, 1);
+/// let mut got = [0u8; 17];
+/// mrb.read(0, &mut got).unwrap();
+/// assert_eq!(&got, b"hello over RoCEv2");
+/// ```
+pub struct QueuePair {
+    dev: Arc<DeviceShared>,
+    qpn: u32,
+    pd: ProtectionDomain,
+    cap: QpCap,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    srq: Option<SharedReceiveQueue>,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qpn", &format_args!("{:#x}", self.qpn))
+            .field("pd", &self.pd.id().0)
+            .finish()
+    }
+}
+
+/// The memory a post sees: the device's table, plus the inline bytes given at post time
+/// (`read_inline` reads them, by offset; nothing else is readable inline).
+struct PostMem<'a, M> {
+    table: &'a M,
+    inline: &'a [u8],
+}
+
+impl<M: MemoryTable> MemoryTable for PostMem<'_, M> {
+    fn check_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        self.table.check_local(pd, lkey, addr, len, need)
+    }
+    fn check_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        self.table.check_remote(pd, rkey, va, len, need)
+    }
+    fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        self.table.read_local(pd, lkey, addr, dst)
+    }
+    fn write_local(&mut self, _: PdId, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
+        Err(MemError::InvalidKey)
+    }
+    fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        self.table.read_remote(pd, rkey, va, dst)
+    }
+    fn write_remote(&mut self, _: PdId, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
+        Err(MemError::InvalidKey)
+    }
+    fn atomic_remote(&mut self, _: PdId, _: u32, _: u64, _: AtomicOp) -> Result<u64, MemError> {
+        Err(MemError::InvalidKey)
+    }
+    fn invalidate_remote(&mut self, _: PdId, _: u32) -> Result<(), MemError> {
+        Err(MemError::InvalidKey)
+    }
+    fn read_inline(&self, _: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let start = usize::try_from(addr).map_err(|_| MemError::OutOfBounds)?;
+        let end = start.checked_add(dst.len()).ok_or(MemError::OutOfBounds)?;
+        let src = self.inline.get(start..end).ok_or(MemError::OutOfBounds)?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn create(pd: &ProtectionDomain, init: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let dev = pd.device().clone();
+        if init.qp_type != QpType::Rc {
+            return Err(Error::InvalidArgument("only RC QPs are implemented"));
+        }
+        if !init.send_cq.same_device(&dev) || !init.recv_cq.same_device(&dev) {
+            return Err(Error::InvalidArgument("CQ of another device"));
+        }
+        if let Some(srq) = init.srq {
+            if srq.pd().id() != pd.id() || !Arc::ptr_eq(srq.pd().device(), &dev) {
+                return Err(Error::InvalidArgument("SRQ of another protection domain"));
+            }
+        }
+        let a = dev.attr();
+        let c = init.cap;
+        if c.max_send_wr == 0
+            || c.max_send_wr > a.max_qp_wr
+            || c.max_recv_wr > a.max_qp_wr
+            || c.max_send_sge > a.max_sge
+            || c.max_recv_sge > a.max_sge
+            || c.max_inline_data > a.max_inline_data
+        {
+            return Err(Error::InvalidArgument(
+                "QP capabilities beyond the device's",
+            ));
+        }
+        let mut rt = dev.runtime();
+        let qpn = rt.alloc_qpn(a.max_qp as usize)?;
+        let mut cfg = RcConfig::new(qpn, pd.id());
+        cfg.max_send_wr = c.max_send_wr;
+        cfg.max_recv_wr = if init.srq.is_some() {
+            // receives come from the SRQ one at a time
+            4
+        } else {
+            c.max_recv_wr.max(1)
+        };
+        cfg.max_inline_data = c.max_inline_data;
+        cfg.sq_sig_all = init.sq_sig_all;
+        rt.insert(QpCtx::new(
+            RcQp::new(cfg),
+            init.send_cq.clone(),
+            init.recv_cq.clone(),
+            init.srq.cloned(),
+        ));
+        drop(rt);
+        Ok(QueuePair {
+            dev,
+            qpn,
+            pd: pd.clone(),
+            cap: c,
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.cloned(),
+        })
+    }
+
+    /// The QP number (24 bits; never 0 or 1, which are reserved for QP0 and QP1).
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Its protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// Its queue sizes.
+    pub fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    /// Its send CQ.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.send_cq
+    }
+
+    /// Its receive CQ.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.recv_cq
+    }
+
+    /// Its SRQ, if any.
+    pub fn srq(&self) -> Option<&SharedReceiveQueue> {
+        self.srq.as_ref()
+    }
+
+    /// `ibv_modify_qp`: the verbs state machine (rdma-proto's transition table: required and
+    /// allowed attributes per transition, value ranges; EINVAL otherwise). With
+    /// [`QpAttrMask::AV`] (Init → RTR) the source GID (`path.sgid_index` into the device's GID
+    /// table) is opened on the wire: UDP 4791 is bound on that address, and only on it
+    /// (EADDRINUSE when another process holds it). The path MTU may not exceed the port's
+    /// active MTU. Entering Err completes every outstanding WR flushed.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let dev = &self.dev;
+        if mask.contains(QpAttrMask::PATH_MTU)
+            && attr.path_mtu.bytes() > dev.port().active_mtu.bytes()
+        {
+            return Err(Error::InvalidArgument(
+                "path MTU above the port's active MTU",
+            ));
+        }
+        let path = if mask.contains(QpAttrMask::AV) {
+            let local = *dev
+                .cfg()
+                .gids
+                .get(attr.path.sgid_index as usize)
+                .ok_or(Error::InvalidArgument("sgid_index beyond the GID table"))?;
+            let remote = gid_addr(attr.path.dgid);
+            if local.ip().is_ipv4() != remote.ip().is_ipv4() {
+                return Err(Error::InvalidArgument(
+                    "source and destination GIDs of different IP families",
+                ));
+            }
+            Some((local, remote))
+        } else {
+            None
+        };
+        let mut rt = dev.runtime();
+        let ctx = rt
+            .get(self.qpn)
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        check_modify(QpType::Rc, ctx.rc.state(), attr, mask)?;
+        if let Some((local, remote)) = path {
+            rt.set_path(self.qpn, local, remote)?;
+        }
+        let ctx = rt
+            .get(self.qpn)
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        ctx.rc.modify(attr, mask)?;
+        let to = ctx.rc.state();
+        if mask.contains(QpAttrMask::SQ_PSN) || matches!(to, QpState::Reset | QpState::Err) {
+            ctx.restart_window();
+        }
+        let mut mem = dev.mrs.view();
+        rt.after_post(self.qpn, &mut mem)
+    }
+
+    /// Moves a fresh QP through Init and RTR to RTS with common settings, as
+    /// `ibv_rc_pingpong` does: `dest_qpn` and `dgid` of the peer, `rq_psn` this side expects
+    /// (the peer's `sq_psn`), `sq_psn` it sends from; source GID index 0, the port's active
+    /// MTU, all remote access rights, 16 READs/atomics each way, local ACK timeout 14
+    /// (67 ms), 7 retries, infinite RNR retries, RNR timer 12 (0.64 ms).
+    pub fn connect(&self, dest_qpn: u32, rq_psn: u32, sq_psn: u32, dgid: [u8; 16]) -> Result<()> {
+        use QpAttrMask as M;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            port_num: 1,
+            ..QpAttr::default()
+        };
+        self.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+        a.qp_state = QpState::Rtr;
+        a.path.dgid = dgid;
+        a.path.hop_limit = 64;
+        a.path_mtu = self.dev.port().active_mtu;
+        a.dest_qp_num = dest_qpn;
+        a.rq_psn = rq_psn;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 12;
+        self.modify(
+            &a,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )?;
+        a.qp_state = QpState::Rts;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.sq_psn = sq_psn;
+        a.max_rd_atomic = 16;
+        self.modify(
+            &a,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    /// `ibv_query_qp`: the current attributes (state, PSNs, path, limits).
+    pub fn query(&self) -> Result<QpAttr> {
+        let mut rt = self.dev.runtime();
+        let ctx = rt
+            .get(self.qpn)
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        Ok(ctx.rc.attr())
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.dev.runtime().state(self.qpn).unwrap_or(QpState::Err)
+    }
+
+    /// `ibv_post_send`: queues `wr` (its SG list references registered memory by lkey; keys
+    /// are checked when the data is gathered, failures complete the WR with an error) and
+    /// transmits at once in the caller's thread, up to the send window. EINVAL in Reset, Init
+    /// or RTR, for more SG elements than `max_send_sge` and for [`SendFlags::INLINE`] (use
+    /// [`Self::post_send_inline`]); ENOMEM when the send queue is full.
+    pub fn post_send(&self, wr: &SendWr) -> Result<()> {
+        if wr.sg.len() > self.cap.max_send_sge as usize {
+            return Err(Error::InvalidArgument(
+                "more scatter/gather elements than max_send_sge",
+            ));
+        }
+        if wr.flags.contains(SendFlags::INLINE) {
+            return Err(Error::InvalidArgument(
+                "inline data is passed as bytes: use post_send_inline",
+            ));
+        }
+        self.post(wr, &[])
+    }
+
+    /// `ibv_post_send` with `IBV_SEND_INLINE`: the data is `data`, copied now (at most
+    /// `max_inline_data` bytes, EINVAL otherwise); `wr`'s own SG list is ignored. Not for
+    /// READs or atomics (EINVAL).
+    pub fn post_send_inline(&self, wr: &SendWr, data: &[u8]) -> Result<()> {
+        if data.len() > self.cap.max_inline_data as usize {
+            return Err(Error::InvalidArgument(
+                "inline data longer than max_inline_data",
+            ));
+        }
+        let mut w = *wr;
+        w.flags |= SendFlags::INLINE;
+        w.sg = SgList::new();
+        if !data.is_empty() {
+            let _ = w.sg.push(Sge {
+                addr: 0,
+                length: data.len() as u32,
+                lkey: 0,
+            });
+        }
+        self.post(&w, data)
+    }
+
+    fn post(&self, wr: &SendWr, inline: &[u8]) -> Result<()> {
+        let mut rt = self.dev.runtime();
+        let mut mem = self.dev.mrs.view();
+        let ctx = rt
+            .get(self.qpn)
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        let pm = PostMem {
+            table: &mem,
+            inline,
+        };
+        ctx.rc.post_send(&pm, wr)?;
+        rt.after_post(self.qpn, &mut mem)
+    }
+
+    /// `ibv_post_recv`: queues a receive (allowed from Init on). EINVAL with an SRQ (post to
+    /// the SRQ) or more SG elements than `max_recv_sge`; ENOMEM when full.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "QP uses an SRQ: post receives to the SRQ",
+            ));
+        }
+        if wr.sg.len() > self.cap.max_recv_sge as usize {
+            return Err(Error::InvalidArgument(
+                "more scatter/gather elements than max_recv_sge",
+            ));
+        }
+        let mut rt = self.dev.runtime();
+        let ctx = rt
+            .get(self.qpn)
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        ctx.rc.post_recv(wr)?;
+        if ctx.rc.state() == QpState::Err {
+            let mut mem = self.dev.mrs.view();
+            rt.after_post(self.qpn, &mut mem)?;
+        }
+        Ok(())
+    }
+
+    /// Transport counters of this QP (packets, retransmissions, NAKs, duplicates).
+    pub fn transport_stats(&self) -> Option<rdma_proto::rc::RcStats> {
+        self.dev.runtime().get(self.qpn).map(|c| c.rc.stats())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let ctx = self.dev.runtime().remove(self.qpn);
+        drop(ctx);
+    }
+}
