@@ -363,11 +363,12 @@ fn defined_bits(attr: CmAttributeId) -> [u8; CM_PAYLOAD_LEN] {
     out
 }
 
-fn zero_ranges(mask: &[u8], ranges: &[std::ops::Range<usize>]) {
-    for r in ranges {
+/// Asserts that the `[start, end)` byte ranges of `mask` are all reserved.
+fn zero_ranges(mask: &[u8], ranges: &[(usize, usize)]) {
+    for &(start, end) in ranges {
         assert!(
-            mask[r.clone()].iter().all(|&b| b == 0),
-            "{r:?} should be reserved"
+            mask[start..end].iter().all(|&b| b == 0),
+            "{start}..{end} should be reserved"
         );
     }
 }
@@ -375,7 +376,7 @@ fn zero_ranges(mask: &[u8], ranges: &[std::ops::Range<usize>]) {
 #[test]
 fn reserved_bits_match_the_iba_tables() {
     let req = defined_bits(CmAttributeId::REQ);
-    zero_ranges(&req, &[4..8, 24..28]);
+    zero_ranges(&req, &[(4, 8), (24, 28)]);
     let expect = [
         (43, 0xff),
         (47, 0xff),
@@ -401,24 +402,24 @@ fn reserved_bits_match_the_iba_tables() {
     let rej = defined_bits(CmAttributeId::REJ);
     assert_eq!((rej[8], rej[9]), (0xc0, 0xfe));
     let rep = defined_bits(CmAttributeId::REP);
-    zero_ranges(&rep, &[15..16, 19..20, 23..24]);
+    zero_ranges(&rep, &[(15, 16), (19, 20), (23, 24)]);
     assert_eq!((rep[26], rep[27]), (0xff, 0xf0));
     let dreq = defined_bits(CmAttributeId::DREQ);
-    zero_ranges(&dreq, &[11..12]);
+    zero_ranges(&dreq, &[(11, 12)]);
     let lap = defined_bits(CmAttributeId::LAP);
-    zero_ranges(&lap, &[8..12, 16..20]);
+    zero_ranges(&lap, &[(8, 12), (16, 20)]);
     assert_eq!(
         (lap[15], lap[58], lap[61], lap[62], lap[63]),
         (0xf8, 0xf0, 0x3f, 0xf8, 0xf8)
     );
     let apr = defined_bits(CmAttributeId::APR);
-    zero_ranges(&apr, &[10..12]);
+    zero_ranges(&apr, &[(10, 12)]);
     let sreq = defined_bits(CmAttributeId::SIDR_REQ);
-    zero_ranges(&sreq, &[6..8]);
+    zero_ranges(&sreq, &[(6, 8)]);
     let srep = defined_bits(CmAttributeId::SIDR_REP);
-    zero_ranges(&srep, &[6..8, 11..12]);
+    zero_ranges(&srep, &[(6, 8), (11, 12)]);
     let cpi = defined_bits(CmAttributeId::CLASS_PORT_INFO);
-    zero_ranges(&cpi, &[32..33, 72..CM_PAYLOAD_LEN]);
+    zero_ranges(&cpi, &[(32, 33), (72, CM_PAYLOAD_LEN)]);
     assert!(cpi[..32].iter().all(|&b| b == 0xff));
     assert!(cpi[33..72].iter().all(|&b| b == 0xff));
     for attr in [CmAttributeId::RTU, CmAttributeId::DREP] {
