@@ -47,7 +47,10 @@ pub(crate) fn set_u64(b: &mut [u8], at: usize, v: u64) {
 #[inline]
 pub(crate) fn check_len(b: &[u8], need: usize) -> crate::Result<()> {
     if b.len() < need {
-        Err(crate::Error::Truncated { need, have: b.len() })
+        Err(crate::Error::Truncated {
+            need,
+            have: b.len(),
+        })
     } else {
         Ok(())
     }
