@@ -52,6 +52,25 @@
 //! * **A source address given to `resolve_addr` does not bind**: the CM binds before
 //!   resolving if it wants rdma_cm's implicit bind.
 
+//! # Decisions (DESIGN.md) → API → tests
+//!
+//! | decision | API | tests (`crates/rdmacm/tests/`) |
+//! | --- | --- | --- |
+//! | An address belongs to the host; a device's GID table holds its netdev's addresses | [`Resolver::gid_table`], [`Gid`] | `gid_table_holds_netdev_addresses_ipv4_mapped` |
+//! | bind: specific → its netdev; wildcard → none; loopback → `lo`; link-local needs scope | [`Resolver::bind`] | `bind_specific_address_binds_its_netdev`, `bind_address_held_by_no_netdev_is_eaddrnotavail`, `wildcard_bind_binds_no_device`, `loopback_bind_binds_the_device_on_lo`, `link_local_bind_needs_scope_and_scope_selects_netdev` |
+//! | specific listener gets its address only, wildcard gets all | [`Binding::accepts`] | `specific_listener_gets_only_its_address_wildcard_gets_all` |
+//! | resolve_addr: full-tuple lookup, neighbour with the caller's timeout | [`Resolver::resolve_addr`] | `resolve_uses_full_tuple_route_lookup`, `neighbour_timeout_is_etimedout` |
+//! | local route through `lo` is a loopback connection (seed 001) | [`Resolver::resolve_addr`] | `local_route_through_lo_is_loopback_seed_001` |
+//! | bound netdev without a route: EHOSTUNREACH at once | [`Resolver::resolve_addr`] | `bound_netdev_without_route_fails_fast_ehostunreach` |
+//! | 127.0.0.0/8 and ::1 through `lo` | [`Resolver::resolve_addr`] | `loopback_127_and_ipv6_1_resolve_through_lo` |
+//! | link-local needs a scope id, which selects the netdev | [`Resolver::resolve_addr`] | `link_local_without_scope_is_einval`, `link_local_scope_selects_the_netdev` |
+//! | RoCE route computed locally | [`Resolver::resolve_route`], [`RocePath`] | `resolve_route_computes_roce_path_locally` (+ unit tests) |
+//! | passive side: path from the arrival netdev; REJ 28 when down / not on the reverse route | [`Resolver::accept_path`] | `passive_side_path_from_arrival_netdev_without_neighbour`, `passive_side_rejects_arrival_netdev_down`, `passive_side_rejects_not_on_reverse_route`, `passive_side_accepts_loopback_peer` |
+//! | routing changes: ADDR_CHANGE / DEVICE_REMOVAL hints, sticky ids | [`Watcher`] | `addr_change_on_route_replace`, `addr_change_on_neighbour_mac_change`, `addr_change_when_source_address_removed`, `addr_change_when_netdev_goes_down`, `addr_change_when_local_mac_changes`, `device_removal_when_netdev_deleted`, `recheck_after_lost_notifications_finds_changes` |
+//! | port spaces (section (a).6) | [`PortTables`] | unit tests in `ports.rs` |
+//!
+//! Namespace tests need root and print `SKIPPED` otherwise.
+
 #![warn(missing_docs)]
 
 mod addr;
@@ -75,3 +94,19 @@ pub use route::{
     ROCE_HEADROOM, ROCE_UDP_SPORT_MIN,
 };
 pub use watch::{ChangeReason, Notification, WatchId, WatchKey, Watcher};
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    #[test]
+    fn handles_cross_threads() {
+        send_sync::<crate::Resolver>();
+        send_sync::<crate::ResolvedAddr>();
+        send_sync::<crate::PortTables>();
+        send_sync::<crate::Error>();
+        send::<crate::Watcher>();
+        send::<crate::BlockingResolver>();
+    }
+}

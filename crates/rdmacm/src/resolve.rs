@@ -27,6 +27,8 @@ pub struct Netdev {
     pub noarp: bool,
     /// IFF_UP when it was read.
     pub up: bool,
+    /// IFF_RUNNING (carrier) when it was read.
+    pub running: bool,
 }
 
 impl Netdev {
@@ -40,6 +42,7 @@ impl Netdev {
             loopback: l.flags.loopback,
             noarp: l.flags.noarp,
             up: l.flags.up,
+            running: l.flags.running,
         }
     }
 
@@ -112,6 +115,18 @@ pub struct RouteQuery {
 
 /// The outcome of address resolution (active side) or of [`Resolver::accept_path`]
 /// (passive side): the netdev and everything the route and the CM need.
+///
+/// ```no_run
+/// # fn f() -> rdmacm::Result<()> {
+/// use std::time::Duration;
+/// let r = rdmacm::BlockingResolver::new()?;
+/// let a = r.resolve_addr(None, &"192.0.2.2".parse()?, None, Duration::from_secs(2))?;
+/// println!(
+///     "device {} ({}), {} -> {} via {:?}, dmac {:?}, loopback {}",
+///     a.netdev.name, a.netdev.index, a.sgid, a.dgid, a.gateway, a.dmac, a.loopback
+/// );
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedAddr {
     /// The netdev, i.e. the device, the id uses.

@@ -126,6 +126,17 @@ pub struct RouteParams {
 }
 
 /// A RoCE path: what the CM puts in its REQ and the QP's address vector.
+///
+/// ```no_run
+/// # fn f() -> rdmacm::Result<()> {
+/// use std::time::Duration;
+/// let r = rdmacm::BlockingResolver::new()?;
+/// let a = r.resolve_addr(None, &"127.0.0.1".parse()?, None, Duration::from_secs(1))?;
+/// let p = r.resolve_route(&a, &rdmacm::RouteParams { src_port: 40000, dst_port: 7471, ..Default::default() })?;
+/// assert_eq!(p.mtu, rdmacm::IbMtu::Mtu4096); // lo: MTU 65536
+/// assert!(p.udp_sport >= 0xC000);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RocePath {
     /// The netdev / device.

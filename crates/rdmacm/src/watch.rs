@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 
-use rdma_hostview::{Event, MacAddr, Monitor};
+use rdma_hostview::{Event, Link, MacAddr, Monitor};
 
 use crate::error::{Error, Result};
 use crate::resolve::{ResolvedAddr, Resolver, RouteQuery};
@@ -51,9 +51,23 @@ pub enum ChangeReason {
     SourceAddressRemoved,
     /// The id's netdev went down (admin down or carrier lost).
     NetdevDown,
+    /// The MAC of the id's netdev changed (the one case Linux reports: a bonding
+    /// fail-over changing the bond's MAC).
+    LocalMacChanged {
+        /// MAC before.
+        old: MacAddr,
+        /// MAC now.
+        new: MacAddr,
+    },
 }
 
 /// A per-id notification; the CM turns it into an event on the id's channel.
+///
+/// ```
+/// use rdmacm::{ChangeReason, Notification};
+/// let n = Notification::AddrChange { id: 3, reason: ChangeReason::NetdevDown };
+/// assert_eq!(n.id(), 3);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notification {
     /// RDMA_CM_EVENT_ADDR_CHANGE: a hint, the id keeps its device and path.
@@ -90,6 +104,7 @@ struct Watched {
     /// The route as last seen: (netdev, gateway), `None` if there was none.
     route_now: Option<(u32, Option<IpAddr>)>,
     dmac_now: Option<MacAddr>,
+    smac_now: MacAddr,
     down: bool,
     removed: bool,
 }
@@ -99,8 +114,9 @@ struct Watched {
 /// It owns a hostview [`Monitor`] (create it in the ids' namespace, inside a tokio runtime)
 /// and reacts to: route changes (every watched id of the family has its lookup redone and
 /// compared with the route it last saw), neighbour updates of an id's next hop (MAC
-/// changes), removal of an id's local address, its netdev going down, and its netdev being
-/// deleted. After a report the new state becomes the reference, so a change back is
+/// changes), removal of an id's local address, its netdev going down or changing its MAC,
+/// and its netdev being deleted (DEVICE_REMOVAL, once; the id stays watched until
+/// [`Watcher::unwatch`]). After a report the new state becomes the reference, so a change back is
 /// reported again; one host change may yield several notifications for one id (e.g. an
 /// address removal also removes its prefix route): the CM may coalesce them.
 ///
@@ -149,7 +165,8 @@ impl Watcher {
                 next_hop: addr.next_hop,
                 route_now: Some((addr.netdev.index, addr.gateway)),
                 dmac_now: addr.dmac,
-                down: !addr.netdev.up,
+                smac_now: addr.smac,
+                down: !(addr.netdev.up && addr.netdev.running),
                 removed: false,
                 key,
             },
@@ -222,13 +239,8 @@ impl Watcher {
                     });
                 }
             }
-            Event::LinkDown(l) | Event::LinkChanged(l) if !l.is_usable() => {
-                self.netdev_down(l.index);
-            }
-            Event::LinkUp(l) | Event::LinkChanged(l) => {
-                for w in self.ids.values_mut().filter(|w| w.key.netdev == l.index) {
-                    w.down = false;
-                }
+            Event::LinkAdded(l) | Event::LinkUp(l) | Event::LinkDown(l) | Event::LinkChanged(l) => {
+                self.link_state(&l);
             }
             Event::AddressRemoved(a) => {
                 let hit: Vec<WatchId> = self
@@ -249,24 +261,42 @@ impl Watcher {
                     self.neighbour_mac(n.link, n.addr, mac);
                 }
             }
-            Event::Overrun => self.recheck_all().await?,
+            Event::Overrun => self.recheck().await?,
             _ => {}
         }
         Ok(())
     }
 
-    fn netdev_down(&mut self, index: u32) {
-        let hit: Vec<WatchId> = self
-            .ids
-            .iter_mut()
-            .filter(|(_, w)| w.key.netdev == index && !w.down && !w.removed)
-            .map(|(id, w)| {
-                w.down = true;
-                *id
-            })
-            .collect();
-        for id in hit {
-            self.push_change(id, ChangeReason::NetdevDown);
+    /// A link's state as just seen: its MAC (the id's smac) and whether it is usable.
+    fn link_state(&mut self, l: &Link) {
+        let mut changes = Vec::new();
+        for (id, w) in self.ids.iter_mut() {
+            if w.key.netdev != l.index || w.removed {
+                continue;
+            }
+            if let Some(mac) = l.mac {
+                if mac != w.smac_now {
+                    changes.push((
+                        *id,
+                        ChangeReason::LocalMacChanged {
+                            old: w.smac_now,
+                            new: mac,
+                        },
+                    ));
+                    w.smac_now = mac;
+                }
+            }
+            match (l.is_usable(), w.down) {
+                (false, false) => {
+                    w.down = true;
+                    changes.push((*id, ChangeReason::NetdevDown));
+                }
+                (true, true) => w.down = false,
+                _ => {}
+            }
+        }
+        for (id, reason) in changes {
+            self.push_change(id, reason);
         }
     }
 
@@ -317,8 +347,11 @@ impl Watcher {
         }
     }
 
-    /// After lost notifications: re-reads links, addresses, routes and neighbours.
-    async fn recheck_all(&mut self) -> Result<()> {
+    /// Re-reads links, addresses, routes and neighbours and queues a notification for every
+    /// difference from what the ids last saw. Done automatically when the kernel reports
+    /// lost notifications (overrun); callers may also use it, e.g. after not polling for a
+    /// long time.
+    pub async fn recheck(&mut self) -> Result<()> {
         let hv = self.resolver.view().clone();
         let links = hv.links().await?;
         let addrs = hv.addresses().await?;
@@ -341,8 +374,7 @@ impl Watcher {
                     });
                     continue;
                 }
-                Some(l) if !l.is_usable() && !w.down => self.netdev_down(l.index),
-                _ => {}
+                Some(l) => self.link_state(l),
             }
             if !addrs
                 .iter()

@@ -180,6 +180,31 @@ fn addr_change_when_netdev_goes_down() {
     });
 }
 
+/// Linux's one ADDR_CHANGE case (a bond fail-over changes the bound netdev's MAC) is
+/// reported too.
+#[test]
+fn addr_change_when_local_mac_changes() {
+    if !require_root("addr_change_when_local_mac_changes") {
+        return;
+    }
+    let t = topologies::two_hosts_one_link().unwrap();
+    let a = t.host("a");
+    permanent_neighbour(a, "192.0.2.2", mac_of(t.host("b"), "eth0"), "eth0");
+    with_resolver(a, |r| {
+        let x = r.resolve_addr(None, &sip("192.0.2.2"), None, T).unwrap();
+        let mut w = r.watcher().unwrap();
+        w.watch(5, &x);
+        let new = MacAddr([0x02, 0, 0, 0, 0, 0x42]);
+        sh(a, &["link", "set", "eth0", "address", &new.to_string()]);
+        wait_for(r, &mut w, WAIT, |n| {
+            *n == Notification::AddrChange {
+                id: 5,
+                reason: ChangeReason::LocalMacChanged { old: x.smac, new },
+            }
+        });
+    });
+}
+
 #[test]
 fn device_removal_when_netdev_deleted() {
     if !require_root("device_removal_when_netdev_deleted") {
@@ -216,5 +241,55 @@ fn device_removal_when_netdev_deleted() {
         // Still watched: removal is reported, not acted on.
         assert_eq!(w.len(), 2);
         assert!(w.unwatch(1));
+    });
+}
+
+/// The full re-read done after lost notifications (overrun) finds what changed.
+#[test]
+fn recheck_after_lost_notifications_finds_changes() {
+    if !require_root("recheck_after_lost_notifications_finds_changes") {
+        return;
+    }
+    let t = topologies::two_hosts_one_link().unwrap();
+    let a = t.host("a");
+    let mac_b = mac_of(t.host("b"), "eth0");
+    permanent_neighbour(a, "192.0.2.2", mac_b, "eth0");
+    with_resolver(a, |r| {
+        let x = r.resolve_addr(None, &sip("192.0.2.2"), None, T).unwrap();
+        let mut w = r.watcher().unwrap();
+        // As if the MAC, the route and the netdev had changed while nobody listened.
+        let mut stale = x.clone();
+        let old = MacAddr([0x02, 0, 0, 0, 0, 0x01]);
+        stale.dmac = Some(old);
+        w.watch(1, &stale);
+        let mut gone = x.clone();
+        gone.netdev.index = 9999;
+        w.watch(2, &gone);
+        let mut moved = x.clone();
+        moved.gateway = Some(ip("192.0.2.254"));
+        w.watch(3, &moved);
+        r.block_on(w.recheck()).unwrap();
+        let seen = drain(r, &mut w, Duration::from_millis(200));
+        let want = [
+            Notification::AddrChange {
+                id: 1,
+                reason: ChangeReason::NeighbourMacChanged { old, new: mac_b },
+            },
+            Notification::DeviceRemoval {
+                id: 2,
+                netdev: 9999,
+            },
+            Notification::AddrChange {
+                id: 3,
+                reason: ChangeReason::RouteChanged {
+                    netdev: Some(x.netdev.index),
+                    gateway: None,
+                },
+            },
+        ];
+        for n in &want {
+            assert!(seen.contains(n), "{n:?} not in {seen:?}");
+        }
+        assert_eq!(seen.len(), want.len(), "{seen:?}");
     });
 }
