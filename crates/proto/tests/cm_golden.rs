@@ -65,7 +65,7 @@ fn cm_mads(case: &str) -> Vec<CapturedMad> {
         }
         let payload = &l4[8..];
         // BTH opcode 0x64 (UD SEND Only) to QP 1.
-        if payload.len() < 20 + MAD_LEN || payload[0] != 0x64 || &payload[5..8] != [0, 0, 1] {
+        if payload.len() < 20 + MAD_LEN || payload[0] != 0x64 || payload[5..8] != [0, 0, 1] {
             continue;
         }
         let mad: [u8; MAD_LEN] = payload[20..20 + MAD_LEN].try_into().unwrap();

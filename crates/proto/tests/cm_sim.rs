@@ -12,6 +12,8 @@
 //! `RDMA_SIM_SEEDS=N` runs seeds 0..N (default 200); `RDMA_SIM_SEED=S` runs only seed S.
 //! A failure prints its seed.
 
+#![allow(clippy::needless_range_loop)] // two sides indexed by 0 and 1 read best as such
+
 use std::collections::BTreeMap;
 
 use rdma_proto::cm::*;

@@ -17,7 +17,6 @@
 //!
 //! ```
 //! use rdma_proto::cm::*;
-//! use std::net::Ipv6Addr;
 //!
 //! let a_addr = PeerAddr::new("::ffff:192.0.2.2".parse().unwrap(), 4791, 2);
 //! let b_addr = PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 2);
@@ -34,7 +33,8 @@
 //! assert_eq!(to, b_addr);
 //! b.handle_mad(0, a_addr, &mad);
 //! let Some(CmEvent::ReqReceived(req)) = b.poll_event() else { panic!() };
-//! b.send_rep(0, req.conn, RepParams::new(0x12, b.random_psn())).unwrap();
+//! let psn = b.random_psn();
+//! b.send_rep(0, req.conn, RepParams::new(0x12, psn)).unwrap();
 //! let (_, rep) = b.poll_transmit().unwrap();
 //! a.handle_mad(1, b_addr, &rep);
 //! assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(r)) if r.conn == conn));

@@ -1,0 +1,135 @@
+//! Hostile MADs: thousands of mutated CM messages (taken from a real handshake) sent from a
+//! third host into two connected agents. Nothing may panic, no connection may change state,
+//! and nothing may be sent to the legitimate peer.
+
+use rdma_proto::cm::*;
+use rdma_wire::mad::MAD_LEN;
+
+const SID: u64 = 0x0000_0000_0106_1b58;
+
+fn addr(last: u8) -> PeerAddr {
+    PeerAddr::new(
+        std::net::Ipv4Addr::new(10, 0, 0, last).to_ipv6_mapped(),
+        4791,
+        1,
+    )
+}
+
+struct Mix(u64);
+impl Mix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[test]
+fn mutated_mads_from_a_third_host_change_nothing() {
+    let (pa, pb, evil) = (addr(1), addr(2), addr(66));
+    let cfg = |guid, seed| AgentConfig {
+        ca_guid: guid,
+        seed,
+        ..AgentConfig::default()
+    };
+    let mut a = CmAgent::new(cfg(0xa, 1));
+    let mut b = CmAgent::new(cfg(0xb, 2));
+    b.listen(SID).unwrap();
+    let mut corpus: Vec<[u8; MAD_LEN]> = Vec::new();
+    let ca = a.send_req(0, ReqParams::new(SID, pb, 0x11, 1)).unwrap();
+    let req = a.poll_transmit().unwrap().1;
+    corpus.push(req);
+    b.handle_mad(0, pa, &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.handle_mad(0, pa, &req);
+    corpus.push(b.poll_transmit().unwrap().1); // MRA
+    b.send_rep(0, r.conn, RepParams::new(0x22, 2)).unwrap();
+    let rep = b.poll_transmit().unwrap().1;
+    corpus.push(rep);
+    a.handle_mad(0, pb, &rep);
+    a.send_rtu(0, ca).unwrap();
+    let rtu = a.poll_transmit().unwrap().1;
+    corpus.push(rtu);
+    b.handle_mad(0, pa, &rtu);
+    // A disconnect on a throwaway pair gives DREQ/DREP/REJ shapes with the same ids.
+    {
+        let mut a2 = CmAgent::new(cfg(0xa, 1));
+        let mut b2 = CmAgent::new(cfg(0xb, 2));
+        b2.listen(SID).unwrap();
+        let c2 = a2.send_req(0, ReqParams::new(SID, pb, 0x11, 1)).unwrap();
+        b2.handle_mad(0, pa, &a2.poll_transmit().unwrap().1);
+        let Some(CmEvent::ReqReceived(r2)) = b2.poll_event() else {
+            panic!()
+        };
+        b2.send_rep(0, r2.conn, RepParams::new(0x22, 2)).unwrap();
+        a2.handle_mad(0, pb, &b2.poll_transmit().unwrap().1);
+        a2.send_rtu(0, c2).unwrap();
+        b2.handle_mad(0, pa, &a2.poll_transmit().unwrap().1);
+        a2.send_dreq(0, c2, &[]).unwrap();
+        let dreq = a2.poll_transmit().unwrap().1;
+        b2.handle_mad(0, pa, &dreq);
+        b2.send_drep(0, r2.conn, &[]).unwrap();
+        corpus.push(dreq);
+        corpus.push(b2.poll_transmit().unwrap().1);
+        b2.handle_mad(0, pa, &dreq);
+        let mut b3 = CmAgent::new(cfg(0xb, 3));
+        b3.handle_mad(0, pa, &req);
+        corpus.push(b3.poll_transmit().unwrap().1); // REJ 8
+        let s = a2.send_sidr_req(0, SidrReqParams::new(SID, pb)).unwrap();
+        corpus.push(a2.poll_transmit().unwrap().1);
+        let _ = s;
+    }
+    assert_eq!(a.state(ca), Some(CmState::Established));
+    assert_eq!(b.state(r.conn), Some(CmState::Established));
+
+    while a.poll_event().is_some() || b.poll_event().is_some() {}
+    while a.poll_transmit().is_some() || b.poll_transmit().is_some() {}
+    let mut rng = Mix(0xbad);
+    let rounds: usize = std::env::var("RDMA_HOSTILE_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    for round in 0..rounds {
+        let base = corpus[(rng.next() % corpus.len() as u64) as usize];
+        let mut m = base.to_vec();
+        match rng.next() % 4 {
+            0 => {} // verbatim, from the wrong host
+            1 => {
+                for _ in 0..1 + rng.next() % 4 {
+                    let i = (rng.next() % MAD_LEN as u64) as usize;
+                    m[i] ^= 1 << (rng.next() % 8);
+                }
+            }
+            2 => m.truncate((rng.next() % MAD_LEN as u64) as usize),
+            _ => m.extend(std::iter::repeat_n(0, 1 + (rng.next() % 8) as usize)),
+        }
+        let to_a = rng.next() % 2 == 0;
+        let target = if to_a { &mut a } else { &mut b };
+        target.handle_mad(round as u64, evil, &m);
+        while let Some((to, _)) = target.poll_transmit() {
+            assert_eq!(
+                to, evil,
+                "round {round}: answer to someone else than the sender"
+            );
+        }
+        while let Some(e) = target.poll_event() {
+            // A well-formed REQ/SIDR_REQ from the third host is a legitimate new request.
+            assert!(
+                matches!(e, CmEvent::ReqReceived(_) | CmEvent::SidrReqReceived(_)),
+                "round {round}: {e:?}"
+            );
+        }
+        assert_eq!(a.state(ca), Some(CmState::Established), "round {round}");
+        assert_eq!(b.state(r.conn), Some(CmState::Established), "round {round}");
+    }
+    eprintln!(
+        "hostile: {rounds} rounds; a {:?}; b {:?}",
+        a.stats(),
+        b.stats()
+    );
+    assert!(a.stats().malformed + b.stats().malformed > 0);
+}
