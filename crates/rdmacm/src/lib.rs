@@ -59,9 +59,9 @@
 //! | An address belongs to the host; a device's GID table holds its netdev's addresses | [`Resolver::gid_table`], [`Gid`] | `gid_table_holds_netdev_addresses_ipv4_mapped` |
 //! | bind: specific → its netdev; wildcard → none; loopback → `lo`; link-local needs scope | [`Resolver::bind`] | `bind_specific_address_binds_its_netdev`, `bind_address_held_by_no_netdev_is_eaddrnotavail`, `wildcard_bind_binds_no_device`, `loopback_bind_binds_the_device_on_lo`, `link_local_bind_needs_scope_and_scope_selects_netdev` |
 //! | specific listener gets its address only, wildcard gets all | [`Binding::accepts`] | `specific_listener_gets_only_its_address_wildcard_gets_all` |
-//! | resolve_addr: full-tuple lookup, neighbour with the caller's timeout | [`Resolver::resolve_addr`] | `resolve_uses_full_tuple_route_lookup`, `neighbour_timeout_is_etimedout` |
+//! | resolve_addr: full-tuple lookup, neighbour with the caller's timeout | [`Resolver::resolve_addr`] | `resolve_uses_full_tuple_route_lookup`, `routed_path_through_gateway_resolves_gateway_mac`, `neighbour_timeout_is_etimedout` |
 //! | local route through `lo` is a loopback connection (seed 001) | [`Resolver::resolve_addr`] | `local_route_through_lo_is_loopback_seed_001` |
-//! | bound netdev without a route: EHOSTUNREACH at once | [`Resolver::resolve_addr`] | `bound_netdev_without_route_fails_fast_ehostunreach` |
+//! | bound netdev without a route: EHOSTUNREACH at once | [`Resolver::resolve_addr`] | `bound_netdev_without_route_fails_fast_ehostunreach`, `bound_netdev_constrains_lookup_two_nics_same_subnet` |
 //! | 127.0.0.0/8 and ::1 through `lo` | [`Resolver::resolve_addr`] | `loopback_127_and_ipv6_1_resolve_through_lo` |
 //! | link-local needs a scope id, which selects the netdev | [`Resolver::resolve_addr`] | `link_local_without_scope_is_einval`, `link_local_scope_selects_the_netdev` |
 //! | RoCE route computed locally | [`Resolver::resolve_route`], [`RocePath`] | `resolve_route_computes_roce_path_locally` (+ unit tests) |

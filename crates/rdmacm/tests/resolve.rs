@@ -160,6 +160,35 @@ fn bound_netdev_without_route_fails_fast_ehostunreach() {
     });
 }
 
+/// Two NICs on one subnet (topology 3): the bound netdev constrains the lookup, so each
+/// bound id goes out of its own NIC to the peer behind it.
+#[test]
+fn bound_netdev_constrains_lookup_two_nics_same_subnet() {
+    if !require_root("bound_netdev_constrains_lookup_two_nics_same_subnet") {
+        return;
+    }
+    let t = topologies::two_nics_same_subnet().unwrap();
+    let (mac_b, mac_c) = (mac_of(t.host("b"), "eth0"), mac_of(t.host("c"), "eth0"));
+    with_resolver(t.host("a"), |r| {
+        wait_running(r, "eth0");
+        wait_running(r, "eth1");
+        for (bind, dst, dev, mac) in [
+            ("192.0.2.11", "192.0.2.3", "eth1", mac_c),
+            ("192.0.2.1", "192.0.2.2", "eth0", mac_b),
+            ("2001:db8:1::11", "2001:db8:1::3", "eth1", mac_c),
+        ] {
+            let b = r.bind(&sip(bind)).unwrap();
+            let nd = b.netdev.unwrap();
+            assert_eq!(nd.name, dev);
+            let a = r
+                .resolve_addr(Some(&sip(bind)), &sip(dst), Some(nd.index), T)
+                .unwrap();
+            assert_eq!(a.netdev.name, dev, "{bind} -> {dst}");
+            assert_eq!((a.src, a.dmac), (ip(bind), Some(mac)), "{bind} -> {dst}");
+        }
+    });
+}
+
 #[test]
 fn loopback_127_and_ipv6_1_resolve_through_lo() {
     if !require_root("loopback_127_and_ipv6_1_resolve_through_lo") {
@@ -349,5 +378,31 @@ fn resolve_route_computes_roce_path_locally() {
             r.resolve_route(&a, &params).unwrap_err().errno(),
             libc::ENODEV
         );
+    });
+}
+
+/// Topology 6: a peer behind a router; the gateway is the next hop and the path is routed.
+#[test]
+fn routed_path_through_gateway_resolves_gateway_mac() {
+    if !require_root("routed_path_through_gateway_resolves_gateway_mac") {
+        return;
+    }
+    let t = topologies::router_between_subnets().unwrap();
+    let mac_r = mac_of(t.host("r"), "eth0");
+    with_resolver(t.host("a"), |r| {
+        wait_running(r, "eth0");
+        for (dst, gw, src) in [
+            ("198.51.100.2", "192.0.2.254", "192.0.2.1"),
+            ("2001:db8:2::2", "2001:db8:1::fe", "2001:db8:1::1"),
+        ] {
+            let a = r.resolve_addr(None, &sip(dst), None, T).unwrap();
+            assert_eq!(a.gateway, Some(ip(gw)));
+            assert_eq!(a.next_hop, ip(gw));
+            assert_eq!(a.src, ip(src));
+            assert_eq!(a.dmac, Some(mac_r), "{dst}");
+            assert_eq!(a.dgid, Gid::from_ip(ip(dst)));
+            let p = r.resolve_route(&a, &RouteParams::default()).unwrap();
+            assert!(p.routed && !p.loopback);
+        }
     });
 }
