@@ -102,12 +102,21 @@ fn workload(seed: u64, faults: Faults) -> Result<rdma_proto::sim::NetStats, Stri
     let (a0, b0) = (s.a.buf_addr, s.b.buf_addr);
     // A: source data [0,128K); READ destinations [128K,384K); atomic results at 400K
     // B: receive slots [0,320K) (8K each); WRITE area [320K,448K); READ source [448K,512K)
-    for i in 0..128 * KB {
-        s.a.mem.bytes_mut(a0 + i, 1).unwrap()[0] = rng.next_u64() as u8;
-    }
-    for i in 0..64 * KB {
-        s.b.mem.bytes_mut(b0 + 448 * KB + i, 1).unwrap()[0] = rng.next_u64() as u8;
-    }
+    let mut fill = |len: u64| -> Vec<u8> {
+        (0..len / 8)
+            .flat_map(|_| rng.next_u64().to_le_bytes())
+            .collect()
+    };
+    let src = fill(128 * KB);
+    s.a.mem
+        .bytes_mut(a0, 128 * KB)
+        .unwrap()
+        .copy_from_slice(&src);
+    let rsrc = fill(64 * KB);
+    s.b.mem
+        .bytes_mut(b0 + 448 * KB, 64 * KB)
+        .unwrap()
+        .copy_from_slice(&rsrc);
     let counter = b0 + 316 * KB; // 8-byte aligned, after the last receive slot
     let mut counter_model =
         u64::from_ne_bytes(s.b.mem.bytes(counter, 8).unwrap().try_into().unwrap());
