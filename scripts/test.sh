@@ -3,5 +3,5 @@
 #   RDMA_SIM_SEEDS   seeds per fault mix in the transport simulator (full run: 1000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace --all-targets
-cargo test --workspace --doc
+cargo test --workspace --all-targets --no-fail-fast
+cargo test --workspace --doc --no-fail-fast
