@@ -12,11 +12,14 @@
 //!   transmits the results; [`verbs::Device::spawn_progress`] starts an optional thread that
 //!   does it asynchronously.
 //!
+//! - [`gsi`]: the GSI (QP1) MAD path the connection manager uses.
+//!
 //! Every public call returns [`Error`], which maps to the errno verbs would give
 //! ([`Error::errno`]).
 #![warn(missing_docs)]
 
 mod error;
+pub mod gsi;
 pub mod io;
 mod progress;
 mod runtime;

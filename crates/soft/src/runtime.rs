@@ -41,6 +41,7 @@ use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::{Mtu, QpState};
 use rdma_wire::packet::IcrcCheck;
 
+use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::{Arrival, DatagramWire, WireAddr, WireStats};
 use crate::verbs::{CompletionQueue, SharedReceiveQueue};
 use crate::{Error, Result};
@@ -238,11 +239,12 @@ pub(crate) struct Runtime {
     epoch: Instant,
     tx: TxBufs,
     stats: RuntimeStats,
+    gsi: Gsi,
 }
 
 impl Runtime {
-    pub fn new(wire: Box<dyn DatagramWire>) -> Runtime {
-        Runtime {
+    pub fn new(wire: Box<dyn DatagramWire>) -> Result<Runtime> {
+        Ok(Runtime {
             wire,
             slots: Vec::new(),
             generation: Vec::new(),
@@ -255,12 +257,56 @@ impl Runtime {
                 packet: vec![0u8; MAX_PACKET].into_boxed_slice(),
             },
             stats: RuntimeStats::default(),
+            gsi: Gsi::new()?,
+        })
+    }
+
+    pub fn gsi_mut(&mut self) -> &mut Gsi {
+        &mut self.gsi
+    }
+
+    /// Opens `local` for the GSI (one more user).
+    pub fn gsi_open(&mut self, local: WireAddr) -> Result<()> {
+        self.wire.open(local)?;
+        self.gsi.add_open(local);
+        Ok(())
+    }
+
+    /// One GSI user of `local` less; closes the address when no one uses it.
+    pub fn gsi_close(&mut self, local: WireAddr) -> bool {
+        let was = self.gsi.remove_open(local);
+        if was {
+            self.close_if_unused(local);
         }
+        was
+    }
+
+    /// Sends a MAD from QP1 and flushes.
+    pub fn gsi_send(
+        &mut self,
+        local: WireAddr,
+        remote: WireAddr,
+        mad: &[u8; MAD_LEN],
+    ) -> Result<()> {
+        if !self.gsi.is_open(local) {
+            return Err(Error::NotOpen { addr: local });
+        }
+        let h = self.gsi.next_header();
+        let n = rdma_proto::wire::emit(&h, mad, &mut self.tx.packet, None)
+            .map_err(|_| Error::InvalidArgument("MAD header does not encode"))?;
+        self.wire.send(local, remote, &self.tx.packet[..n])?;
+        self.wire.flush()?;
+        self.gsi.on_sent();
+        Ok(())
     }
 
     /// Monotonic nanoseconds since the runtime started.
     pub fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub fn gsi_event_fd(&self) -> std::os::fd::RawFd {
+        self.gsi.event_fd()
     }
 
     pub fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -321,11 +367,12 @@ impl Runtime {
 
     /// Closes the wire address `local` if no QP uses it any more.
     fn close_if_unused(&mut self, local: WireAddr) {
-        let used = self.live.iter().any(|&i| {
-            self.slots[i as usize]
-                .as_ref()
-                .is_some_and(|c| c.path.is_some_and(|(l, _)| l == local))
-        });
+        let used = self.gsi.is_open(local)
+            || self.live.iter().any(|&i| {
+                self.slots[i as usize]
+                    .as_ref()
+                    .is_some_and(|c| c.path.is_some_and(|(l, _)| l == local))
+            });
         if !used {
             self.wire.close(local);
         }
@@ -411,7 +458,11 @@ impl Runtime {
     /// One receive round: delivers what the wire has; returns how many datagrams.
     fn receive<M: MemoryTable + ?Sized>(&mut self, now: u64, mem: &mut M) -> Result<usize> {
         let Runtime {
-            wire, slots, stats, ..
+            wire,
+            slots,
+            stats,
+            gsi,
+            ..
         } = self;
         wire.recv(&mut |arr, bytes| {
             let Ok(pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
@@ -419,6 +470,10 @@ impl Runtime {
                 return;
             };
             let qpn = pkt.header.dest_qp;
+            if qpn == GSI_QPN {
+                gsi.deliver(arr, &pkt);
+                return;
+            }
             let ctx = slots
                 .get_mut((qpn & 0xFFFF) as usize)
                 .and_then(|s| s.as_deref_mut())

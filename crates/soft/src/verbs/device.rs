@@ -165,6 +165,8 @@ pub(crate) struct DeviceShared {
     rt: Mutex<Runtime>,
     /// The wire's wait fd (lives as long as the wire, which lives as long as this).
     wait_fd: Option<RawFd>,
+    /// The GSI eventfd (lives as long as the runtime).
+    gsi_event: RawFd,
 }
 
 impl DeviceShared {
@@ -200,6 +202,10 @@ impl DeviceShared {
         };
         let mut mem = self.mrs.view();
         rt.progress(&mut mem)
+    }
+
+    pub(crate) fn gsi_event_fd(&self) -> RawFd {
+        self.gsi_event
     }
 
     pub(crate) fn wait_fd(&self) -> Option<RawFd> {
@@ -311,8 +317,9 @@ impl Device {
             pkey_tbl_len: 1,
             link_layer_ethernet: true,
         };
-        let rt = Runtime::new(wire);
+        let rt = Runtime::new(wire)?;
         let wait_fd = rt.wait_fd();
+        let gsi_event = rt.gsi_event_fd();
         Ok(Device {
             shared: Arc::new(DeviceShared {
                 mrs: Arc::new(MrTable::new(MAX_MR as usize)),
@@ -323,8 +330,13 @@ impl Device {
                 next_cq: AtomicU32::new(1),
                 rt: Mutex::new(rt),
                 wait_fd,
+                gsi_event,
             }),
         })
+    }
+
+    pub(crate) fn shared(&self) -> &DeviceShared {
+        &self.shared
     }
 
     /// The device's name.
