@@ -41,6 +41,9 @@ use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::{Mtu, QpState};
 use rdma_wire::packet::IcrcCheck;
 
+mod ud;
+pub(crate) use ud::UdCtx;
+
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::{Arrival, DatagramWire, WireAddr, WireStats};
 use crate::verbs::{CompletionQueue, SharedReceiveQueue};
@@ -240,6 +243,7 @@ pub(crate) struct Runtime {
     tx: TxBufs,
     stats: RuntimeStats,
     gsi: Gsi,
+    ud: ud::UdState,
 }
 
 impl Runtime {
@@ -258,6 +262,7 @@ impl Runtime {
             },
             stats: RuntimeStats::default(),
             gsi: Gsi::new()?,
+            ud: ud::UdState::default(),
         })
     }
 
@@ -368,6 +373,7 @@ impl Runtime {
     /// Closes the wire address `local` if no QP uses it any more.
     fn close_if_unused(&mut self, local: WireAddr) {
         let used = self.gsi.is_open(local)
+            || self.ud.uses(local)
             || self.live.iter().any(|&i| {
                 self.slots[i as usize]
                     .as_ref()
@@ -462,6 +468,7 @@ impl Runtime {
             slots,
             stats,
             gsi,
+            ud,
             ..
         } = self;
         wire.recv(&mut |arr, bytes| {
@@ -480,7 +487,11 @@ impl Runtime {
                 .filter(|c| c.qpn == qpn);
             match ctx {
                 Some(ctx) => ctx.deliver(now, mem, arr, &pkt, stats),
-                None => stats.no_such_qp += 1,
+                None => {
+                    if !ud.deliver(now, mem, arr, &pkt, stats) {
+                        stats.no_such_qp += 1;
+                    }
+                }
             }
         })
     }

@@ -14,6 +14,7 @@ mod qp;
 mod ring;
 mod shared_mem;
 mod srq;
+mod ud;
 
 pub use cq::{CompletionChannel, CompletionQueue};
 pub(crate) use device::DeviceShared;
@@ -25,6 +26,7 @@ pub use pd::ProtectionDomain;
 pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use rdma_proto::verbs::{
     AccessFlags, Completion, Mtu, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
+    SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use ud::AddressHandle;

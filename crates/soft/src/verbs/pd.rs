@@ -58,10 +58,19 @@ impl ProtectionDomain {
     }
 
     /// `ibv_create_qp`: a QP in this PD, in the Reset state, with a fresh QP number. Its CQs
-    /// must be of this device and its SRQ of this PD (EINVAL otherwise); only RC for now.
+    /// must be of this device and its SRQ of this PD (EINVAL otherwise); RC or UD (UD without
+    /// SRQ).
     /// See [`QueuePair`] for an example.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<QueuePair> {
         QueuePair::create(self, init)
+    }
+
+    /// `ibv_create_ah`: an address handle from the GID at `attr.sgid_index` of the device to
+    /// `attr.dgid` (same IP family; EINVAL otherwise or beyond the GID table). It opens UDP
+    /// 4791 on the source address. `hop_limit`, `traffic_class` and `flow_label` are not
+    /// applied yet (the kernel's defaults are sent). See [`super::AddressHandle`].
+    pub fn create_ah(&self, attr: &rdma_proto::verbs::PathAttr) -> Result<super::AddressHandle> {
+        super::ud::AddressHandle::create(self, attr)
     }
 
     pub(crate) fn device(&self) -> &Arc<DeviceShared> {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
 use rdma_proto::rc::{RcConfig, RcQp};
+use rdma_proto::ud::{UdConfig, UdQp};
 use rdma_proto::verbs::{
     check_modify, AccessFlags, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendFlags,
     SendWr, SgList, Sge, MAX_SGE,
@@ -13,7 +14,7 @@ use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
-use crate::runtime::{gid_addr, QpCtx};
+use crate::runtime::{gid_addr, QpCtx, UdCtx};
 use crate::{Error, Result};
 
 /// Queue sizes of a QP (`ibv_qp_cap`).
@@ -52,7 +53,7 @@ impl Default for QpCap {
 /// How to create a QP (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
 pub struct QpInitAttr<'a> {
-    /// Transport: only [`QpType::Rc`] for now (EOPNOTSUPP-like EINVAL otherwise).
+    /// Transport: [`QpType::Rc`] or [`QpType::Ud`] (EINVAL otherwise).
     pub qp_type: QpType,
     /// CQ of send completions (of this device).
     pub send_cq: &'a CompletionQueue,
@@ -76,6 +77,14 @@ impl<'a> QpInitAttr<'a> {
             srq: None,
             cap: QpCap::default(),
             sq_sig_all: false,
+        }
+    }
+
+    /// A UD QP with default sizes, selective signaling, no SRQ (address datagrams with an [`super::AddressHandle`]).
+    pub fn ud(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> QpInitAttr<'a> {
+        QpInitAttr {
+            qp_type: QpType::Ud,
+            ..QpInitAttr::rc(send_cq, recv_cq)
         }
     }
 }
@@ -130,6 +139,7 @@ pub struct QueuePair {
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     srq: Option<SharedReceiveQueue>,
+    ud: bool,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -199,8 +209,13 @@ impl<M: MemoryTable> MemoryTable for PostMem<'_, M> {
 impl QueuePair {
     pub(crate) fn create(pd: &ProtectionDomain, init: &QpInitAttr<'_>) -> Result<QueuePair> {
         let dev = pd.device().clone();
-        if init.qp_type != QpType::Rc {
-            return Err(Error::InvalidArgument("only RC QPs are implemented"));
+        if !matches!(init.qp_type, QpType::Rc | QpType::Ud) {
+            return Err(Error::InvalidArgument("only RC and UD QPs are implemented"));
+        }
+        if init.qp_type == QpType::Ud && init.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "UD QPs with an SRQ are not implemented",
+            ));
         }
         if !init.send_cq.same_device(&dev) || !init.recv_cq.same_device(&dev) {
             return Err(Error::InvalidArgument("CQ of another device"));
@@ -225,6 +240,43 @@ impl QueuePair {
         }
         let mut rt = dev.runtime();
         let qpn = rt.alloc_qpn(a.max_qp as usize)?;
+        let ud = init.qp_type == QpType::Ud;
+        if ud {
+            let mut cfg = UdConfig::new(qpn, pd.id());
+            cfg.max_send_wr = c.max_send_wr;
+            cfg.max_recv_wr = c.max_recv_wr.max(1);
+            cfg.sq_sig_all = init.sq_sig_all;
+            cfg.mtu = dev.port().active_mtu;
+            rt.ud_insert(UdCtx {
+                qpn,
+                ud: UdQp::new(cfg),
+                send_cq: init.send_cq.clone(),
+                recv_cq: init.recv_cq.clone(),
+                listening: Vec::new(),
+            });
+        } else {
+            Self::insert_rc(&mut rt, qpn, pd, init);
+        }
+        drop(rt);
+        Ok(QueuePair {
+            dev,
+            qpn,
+            pd: pd.clone(),
+            cap: c,
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.cloned(),
+            ud,
+        })
+    }
+
+    fn insert_rc(
+        rt: &mut crate::runtime::Runtime,
+        qpn: u32,
+        pd: &ProtectionDomain,
+        init: &QpInitAttr<'_>,
+    ) {
+        let c = init.cap;
         let mut cfg = RcConfig::new(qpn, pd.id());
         cfg.max_send_wr = c.max_send_wr;
         cfg.max_recv_wr = if init.srq.is_some() {
@@ -241,16 +293,15 @@ impl QueuePair {
             init.recv_cq.clone(),
             init.srq.cloned(),
         ));
-        drop(rt);
-        Ok(QueuePair {
-            dev,
-            qpn,
-            pd: pd.clone(),
-            cap: c,
-            send_cq: init.send_cq.clone(),
-            recv_cq: init.recv_cq.clone(),
-            srq: init.srq.cloned(),
-        })
+    }
+
+    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+        &self.dev
+    }
+
+    /// Whether this is a UD QP.
+    pub fn is_ud(&self) -> bool {
+        self.ud
     }
 
     /// The QP number (24 bits; never 0 or 1, which are reserved for QP0 and QP1).
@@ -290,6 +341,9 @@ impl QueuePair {
     /// (EADDRINUSE when another process holds it). The path MTU may not exceed the port's
     /// active MTU. Entering Err completes every outstanding WR flushed.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if self.ud {
+            return super::ud::modify(&self.dev, self.qpn, attr, mask);
+        }
         let dev = &self.dev;
         if mask.contains(QpAttrMask::PATH_MTU)
             && attr.path_mtu.bytes() > dev.port().active_mtu.bytes()
@@ -383,6 +437,9 @@ impl QueuePair {
 
     /// `ibv_query_qp`: the current attributes (state, PSNs, path, limits).
     pub fn query(&self) -> Result<QpAttr> {
+        if self.ud {
+            return super::ud::query(&self.dev, self.qpn);
+        }
         let mut rt = self.dev.runtime();
         let ctx = rt
             .get(self.qpn)
@@ -392,6 +449,9 @@ impl QueuePair {
 
     /// The current state.
     pub fn state(&self) -> QpState {
+        if self.ud {
+            return super::ud::query(&self.dev, self.qpn).map_or(QpState::Err, |a| a.qp_state);
+        }
         self.dev.runtime().state(self.qpn).unwrap_or(QpState::Err)
     }
 
@@ -439,6 +499,24 @@ impl QueuePair {
     fn post(&self, wr: &SendWr, inline: &[u8]) -> Result<()> {
         let mut rt = self.dev.runtime();
         let mut mem = self.dev.mrs.view();
+        if self.ud {
+            let ok_ah = wr.ud.is_some_and(|d| rt.ah_exists(d.ah));
+            if !ok_ah {
+                return Err(Error::InvalidArgument(
+                    "UD send needs wr.ud with an address handle of this device",
+                ));
+            }
+            let ctx = rt
+                .ud_get(self.qpn)
+                .ok_or(Error::InvalidArgument("QP destroyed"))?;
+            let mut pm = PostMem {
+                table: &mem,
+                inline,
+            };
+            ctx.ud.post_send(&pm, wr)?;
+            // gathered now, while the inline bytes are at hand
+            return rt.ud_service(self.qpn, &mut pm);
+        }
         let ctx = rt
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
@@ -464,6 +542,14 @@ impl QueuePair {
             ));
         }
         let mut rt = self.dev.runtime();
+        if self.ud {
+            let ctx = rt
+                .ud_get(self.qpn)
+                .ok_or(Error::InvalidArgument("QP destroyed"))?;
+            ctx.ud.post_recv(wr)?;
+            let mut mem = self.dev.mrs.view();
+            return rt.ud_service(self.qpn, &mut mem);
+        }
         let ctx = rt
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
@@ -483,6 +569,10 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        if self.ud {
+            self.dev.runtime().ud_remove(self.qpn);
+            return;
+        }
         let ctx = self.dev.runtime().remove(self.qpn);
         drop(ctx);
     }

@@ -1,0 +1,248 @@
+//! UD queue pairs over real UDP on loopback: datagrams with and without immediate, the GRH
+//! in front of the data for IPv4 and IPv6, Q_Key checks. Own UDP ports per test.
+
+use std::time::{Duration, Instant};
+
+use rdma_soft::io::{UdpConfig, UdpWire, WireAddr};
+use rdma_soft::verbs::*;
+
+fn device(port: u16, ips: &[&str]) -> Device {
+    let mut cfg = DeviceConfig::for_netdev("lo").unwrap();
+    cfg.gids = ips.iter().map(|s| s.parse().unwrap()).collect();
+    let wire = UdpWire::new(UdpConfig {
+        port,
+        faults: None,
+        ..UdpConfig::default()
+    })
+    .unwrap();
+    Device::open_with_wire(cfg, Box::new(wire)).unwrap()
+}
+
+fn gid(s: &str) -> [u8; 16] {
+    s.parse::<WireAddr>().unwrap().gid()
+}
+
+struct End {
+    qp: QueuePair,
+    mr: MemoryRegion,
+    cq: CompletionQueue,
+    pd: ProtectionDomain,
+}
+
+fn end(d: &Device, qkey: u32) -> End {
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(64, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    qp.ud_ready(qkey).unwrap();
+    let mr = pd
+        .register(vec![0u8; 8192], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    End { qp, mr, cq, pd }
+}
+
+fn poll(cq: &CompletionQueue, within: Duration) -> Option<Completion> {
+    let end = Instant::now() + within;
+    let mut wc = Vec::new();
+    while Instant::now() < end {
+        if cq.poll(&mut wc, 1) > 0 {
+            return wc.pop();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+#[test]
+fn two_devices_exchange_datagrams_with_grh() {
+    let (da, db) = (device(47951, &["127.0.0.1"]), device(47951, &["127.0.0.2"]));
+    let (a, b) = (end(&da, 0x11), end(&db, 0x22));
+    assert_eq!(a.qp.state(), QpState::Rts);
+    assert_eq!(b.qp.query().unwrap().qkey, 0x22);
+    let ah =
+        a.pd.create_ah(&PathAttr {
+            dgid: gid("127.0.0.2"),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    let back =
+        b.pd.create_ah(&PathAttr {
+            dgid: gid("127.0.0.1"),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    for i in 0..20u32 {
+        let len = 1 + (i as usize * 97) % 4096;
+        let data: Vec<u8> = (0..len).map(|k| (k as u32 * 7 + i) as u8).collect();
+        a.mr.write(0, &data).unwrap();
+        b.qp.post_recv(&RecvWr::new(100 + u64::from(i)).with_sge(b.mr.sge(0, 8192).unwrap()))
+            .unwrap();
+        let op = if i % 2 == 0 {
+            SendOp::Send
+        } else {
+            SendOp::SendWithImm { imm: 0xABC0 + i }
+        };
+        let wr = SendWr::new(u64::from(i), op)
+            .with_sge(a.mr.sge(0, len as u32).unwrap())
+            .with_ud(ah.dest(b.qp.qpn(), 0x22))
+            .signaled();
+        a.qp.post_send(&wr).unwrap();
+        let sc = poll(&a.cq, Duration::from_secs(5)).expect("send completion");
+        assert_eq!((sc.wr_id, sc.status), (u64::from(i), WcStatus::Success));
+        let rc = poll(&b.cq, Duration::from_secs(5)).expect("datagram");
+        assert_eq!(rc.status, WcStatus::Success);
+        assert_eq!(rc.wr_id, 100 + u64::from(i));
+        assert_eq!(rc.byte_len as usize, 40 + len);
+        assert_eq!(rc.src_qp, a.qp.qpn());
+        assert!(rc.wc_flags.contains(WcFlags::GRH));
+        assert_eq!(rc.imm(), (i % 2 == 1).then_some(0xABC0 + i));
+        let mut got = vec![0u8; 40 + len];
+        b.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got[40..], &data[..]);
+        // GRH for IPv4: 20 zero bytes, then the IPv4 header of the datagram
+        assert_eq!(&got[..20], &[0u8; 20]);
+        let ip = &got[20..40];
+        assert_eq!(ip[0], 0x45);
+        assert_eq!(ip[9], 17);
+        assert_eq!(&ip[12..16], &[127, 0, 0, 1]);
+        assert_eq!(&ip[16..20], &[127, 0, 0, 2]);
+        let roce = 12 + 8 + if i % 2 == 1 { 4 } else { 0 } + len.div_ceil(4) * 4 + 4;
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]) as usize, 20 + 8 + roce);
+        assert!(ip[8] > 0); // TTL
+        let sum = ip
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+            .sum::<u32>();
+        assert_eq!((sum & 0xFFFF) + (sum >> 16), 0xFFFF, "IPv4 header checksum");
+    }
+    // and back, with the high-bit rule: Q_Key 0x8000_0000 in the WR sends the QP's own (0x22),
+    // which a is not set to: dropped; then b's QP Q_Key equal to a's
+    b.mr.write(0, b"back").unwrap();
+    a.qp.post_recv(&RecvWr::new(1).with_sge(a.mr.sge(0, 8192).unwrap()))
+        .unwrap();
+    let wr = |qkey| {
+        SendWr::new(9, SendOp::Send)
+            .with_sge(b.mr.sge(0, 4).unwrap())
+            .with_ud(back.dest(a.qp.qpn(), qkey))
+    };
+    b.qp.post_send(&wr(0x8000_0000)).unwrap();
+    assert!(poll(&a.cq, Duration::from_millis(200)).is_none());
+    assert_eq!(a.qp.ud_stats().unwrap().qkey_mismatch, 1);
+    b.qp.post_send(&wr(0x11)).unwrap();
+    let c = poll(&a.cq, Duration::from_secs(5)).expect("datagram back");
+    assert_eq!((c.wr_id, c.byte_len, c.src_qp), (1, 44, b.qp.qpn()));
+}
+
+#[test]
+fn wrong_qkey_is_dropped_and_counted() {
+    let (da, db) = (
+        device(47952, &["127.0.52.1"]),
+        device(47952, &["127.0.52.2"]),
+    );
+    let (a, b) = (end(&da, 5), end(&db, 6));
+    let ah =
+        a.pd.create_ah(&PathAttr {
+            dgid: gid("127.0.52.2"),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    b.qp.post_recv(&RecvWr::new(1).with_sge(b.mr.sge(0, 8192).unwrap()))
+        .unwrap();
+    a.mr.write(0, b"x").unwrap();
+    for qkey in [5, 7, 0x8000_0006] {
+        let wr = SendWr::new(1, SendOp::Send)
+            .with_sge(a.mr.sge(0, 1).unwrap())
+            .with_ud(ah.dest(b.qp.qpn(), qkey));
+        a.qp.post_send(&wr).unwrap();
+    }
+    assert!(poll(&b.cq, Duration::from_millis(300)).is_none());
+    assert_eq!(b.qp.ud_stats().unwrap().qkey_mismatch, 3);
+    // a datagram to a QP that does not exist is counted by the runtime
+    let wr = SendWr::new(1, SendOp::Send)
+        .with_sge(a.mr.sge(0, 1).unwrap())
+        .with_ud(ah.dest(0x7777, 6));
+    a.qp.post_send(&wr).unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while db.runtime_stats().no_such_qp == 0 && Instant::now() < end {
+        db.progress().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(db.runtime_stats().no_such_qp, 1);
+}
+
+#[test]
+fn posting_checks() {
+    let d = device(47953, &["127.0.53.1"]);
+    let a = end(&d, 1);
+    // no wr.ud, or a handle that is not one
+    let wr = SendWr::new(1, SendOp::Send).with_sge(a.mr.sge(0, 1).unwrap());
+    assert_eq!(a.qp.post_send(&wr).unwrap_err().errno(), libc::EINVAL);
+    let bogus = wr.with_ud(UdDest {
+        ah: 0x00FF_0003,
+        remote_qpn: 2,
+        remote_qkey: 1,
+    });
+    assert_eq!(a.qp.post_send(&bogus).unwrap_err().errno(), libc::EINVAL);
+    // SEND with invalidate on UD
+    let ah =
+        a.pd.create_ah(&PathAttr {
+            dgid: gid("127.0.53.2"),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    let w = SendWr::new(1, SendOp::SendWithInv { invalidate_rkey: 0 })
+        .with_sge(a.mr.sge(0, 1).unwrap())
+        .with_ud(ah.dest(2, 1));
+    assert!(a.qp.post_send(&w).is_err());
+    // family mismatch, GID index out of range
+    assert!(a
+        .pd
+        .create_ah(&PathAttr {
+            dgid: gid("::1"),
+            ..PathAttr::default()
+        })
+        .is_err());
+    assert!(a
+        .pd
+        .create_ah(&PathAttr {
+            dgid: gid("127.0.53.2"),
+            sgid_index: 3,
+            ..PathAttr::default()
+        })
+        .is_err());
+    assert!(a.qp.ud_ready(1).is_err()); // already in RTS
+}
+
+#[test]
+fn ipv6_loopback_grh() {
+    let d = device(47954, &["::1"]);
+    let (a, b) = (end(&d, 9), end(&d, 9));
+    let ah =
+        a.pd.create_ah(&PathAttr {
+            dgid: gid("::1"),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    b.qp.post_recv(&RecvWr::new(3).with_sge(b.mr.sge(0, 8192).unwrap()))
+        .unwrap();
+    a.mr.write(0, b"over ipv6").unwrap();
+    let wr = SendWr::new(1, SendOp::SendWithImm { imm: 42 })
+        .with_sge(a.mr.sge(0, 9).unwrap())
+        .with_ud(ah.dest(b.qp.qpn(), 9));
+    a.qp.post_send(&wr).unwrap();
+    let c = poll(&b.cq, Duration::from_secs(5)).expect("datagram");
+    assert_eq!(
+        (c.status, c.byte_len, c.imm()),
+        (WcStatus::Success, 49, Some(42))
+    );
+    let mut g = [0u8; 49];
+    b.mr.read(0, &mut g).unwrap();
+    assert_eq!(g[0] >> 4, 6);
+    let roce = 12 + 8 + 4 + 12 + 4;
+    assert_eq!(u16::from_be_bytes([g[4], g[5]]) as usize, 8 + roce); // payload length
+    assert_eq!(g[6], 17); // next header UDP
+    assert!(g[7] > 0); // hop limit
+    let one = std::net::Ipv6Addr::LOCALHOST.octets();
+    assert_eq!(&g[8..24], &one);
+    assert_eq!(&g[24..40], &one);
+    assert_eq!(&g[40..], b"over ipv6");
+}
