@@ -14,8 +14,10 @@
 //! by indexing a slot table with the low 16 bits of the QPN, and emits responses into two
 //! buffers allocated when the device opened. Completions go to the lock-free CQ rings; the
 //! transport's queues are preallocated at QP creation (rdma-proto's `RcQp` sizes its
-//! `VecDeque`s from the queue depths and bounds its response queue). By construction nothing
-//! on this path allocates; it is not yet measured with a counting allocator.
+//! `VecDeque`s from the queue depths and bounds its response queue). Nothing on this path
+//! allocates: `tests/alloc_free.rs` counts heap allocations of a thread posting and polling
+//! RC SEND/WRITE (single- and multi-packet), UD SEND and GSI MADs between two devices after
+//! a warm-up, and finds none.
 //!
 //! ## Send window
 //! The RC requester puts a whole message in flight when allowed; over UDP a burst larger
