@@ -74,6 +74,33 @@ pub enum Error {
     /// An I/O error (its own errno, else `EIO`).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// A call made in a state of the id that does not allow it (`EINVAL`), as rdma_cm's
+    /// compare-and-swap on the id state (`cma_comp_exch`) refuses it.
+    #[error("{op}: not allowed in state {state}")]
+    InvalidState {
+        /// The call.
+        op: &'static str,
+        /// The id's state when it was made.
+        state: &'static str,
+    },
+    /// The software device refused a verbs call (its own errno).
+    #[error("device: {0}")]
+    Device(rdma_soft::Error),
+    /// The IB CM refused a call (its errno: `EINVAL`, `EADDRINUSE`, `ENOMEM`).
+    #[error("cm: {0}")]
+    Cm(rdma_proto::cm::CmError),
+    /// The peer rejected the connection (`ECONNREFUSED`), with the IB CM reject reason.
+    #[error("connection refused (reject reason {0})")]
+    ConnectionRefused(u16),
+    /// An operation on an id that was disconnected or whose connection failed (`ENOTCONN`).
+    #[error("not connected")]
+    NotConnected,
+    /// No event is ready (`EAGAIN`), from the non-blocking calls.
+    #[error("would block")]
+    WouldBlock,
+    /// The context was shut down (`ENODEV`).
+    #[error("connection manager shut down")]
+    Shutdown,
 }
 
 impl Error {
@@ -99,6 +126,13 @@ impl Error {
             Error::Rejected(_) => libc::EHOSTUNREACH,
             Error::Host(e) => e.errno(),
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::InvalidState { .. } => libc::EINVAL,
+            Error::Device(e) => e.errno(),
+            Error::Cm(e) => e.errno(),
+            Error::ConnectionRefused(_) => libc::ECONNREFUSED,
+            Error::NotConnected => libc::ENOTCONN,
+            Error::WouldBlock => libc::EAGAIN,
+            Error::Shutdown => libc::ENODEV,
         }
     }
 
@@ -125,6 +159,18 @@ impl From<rdma_hostview::Error> for Error {
                 _ => Error::Host(other),
             },
         }
+    }
+}
+
+impl From<rdma_soft::Error> for Error {
+    fn from(e: rdma_soft::Error) -> Self {
+        Error::Device(e)
+    }
+}
+
+impl From<rdma_proto::cm::CmError> for Error {
+    fn from(e: rdma_proto::cm::CmError) -> Self {
+        Error::Cm(e)
     }
 }
 

@@ -74,12 +74,27 @@
 #![warn(missing_docs)]
 
 mod addr;
+mod async_api;
 mod blocking;
+mod channel;
+mod cma;
+mod connect;
 mod error;
+mod event;
+mod fd;
+mod id;
+mod listen;
 mod ports;
 mod resolve;
 mod route;
 mod watch;
+
+pub use async_api::{ConnectOptions, Connection, Listener};
+pub use channel::EventChannel;
+pub use cma::Cma;
+pub use connect::RDMA_UDP_QKEY;
+pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};
+pub use id::{CmId, CmOption, IdState, QpKind};
 
 pub use addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
 pub use blocking::BlockingResolver;

@@ -1,0 +1,187 @@
+//! `EventChannel`: where an id's events are queued; blocking, fd and async use.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::cma::{ChanState, Cma, Inner};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventType};
+use crate::fd::EventFd;
+
+/// `struct rdma_event_channel`: the queue of events of the ids created on it.
+///
+/// * [`EventChannel::get_event`] blocks until an event is ready, driving the connection
+///   manager meanwhile (MADs, timers, host changes): no thread is needed.
+/// * [`EventChannel::try_get_event`] does one round without blocking (`EAGAIN`).
+/// * [`EventChannel::fd`] is readable while an event is queued (for `epoll` or tokio). It
+///   only becomes readable when somebody drives the CM: call [`Cma::spawn_progress`] when
+///   waiting on the fd alone.
+/// * [`EventChannel::next_event`] is the async form (it starts the progress thread).
+///
+/// ```no_run
+/// let ch = rdmacm::EventChannel::new()?;
+/// if let Some(ev) = ch.get_event_timeout(std::time::Duration::from_millis(10))? {
+///     println!("{}", ev.kind());
+/// }
+/// # Ok::<(), rdmacm::Error>(())
+/// ```
+pub struct EventChannel {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) num: u64,
+    efd: Arc<EventFd>,
+    async_fd: OnceLock<tokio::io::unix::AsyncFd<RawFdRef>>,
+}
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("num", &self.num)
+            .finish()
+    }
+}
+
+struct RawFdRef(RawFd);
+impl AsRawFd for RawFdRef {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+impl EventChannel {
+    /// `rdma_create_event_channel` on the process-wide context ([`Cma::global`]).
+    pub fn new() -> Result<EventChannel> {
+        EventChannel::with_cma(&Cma::global()?)
+    }
+
+    /// A channel on context `cma`.
+    pub fn with_cma(cma: &Cma) -> Result<EventChannel> {
+        let efd = Arc::new(EventFd::new()?);
+        let inner = cma.inner.clone();
+        let mut st = inner.lock();
+        let num = st.next_channel;
+        st.next_channel += 1;
+        st.channels.insert(
+            num,
+            ChanState {
+                queue: VecDeque::new(),
+                efd: efd.clone(),
+            },
+        );
+        drop(st);
+        Ok(EventChannel {
+            inner,
+            num,
+            efd,
+            async_fd: OnceLock::new(),
+        })
+    }
+
+    /// The context this channel belongs to.
+    pub fn cma(&self) -> Cma {
+        Cma {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// `rdma_get_cm_event`: the next event, blocking until there is one.
+    pub fn get_event(&self) -> Result<Event> {
+        loop {
+            if let Some(e) = self.get_event_until(None)? {
+                return Ok(e);
+            }
+        }
+    }
+
+    /// The next event, or `None` after `timeout`.
+    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<Event>> {
+        self.get_event_until(Some(Instant::now() + timeout))
+    }
+
+    fn get_event_until(&self, deadline: Option<Instant>) -> Result<Option<Event>> {
+        loop {
+            if let Some(e) = self.inner.take_event(self.num) {
+                return Ok(Some(e));
+            }
+            self.inner.progress();
+            if let Some(e) = self.inner.take_event(self.num) {
+                return Ok(Some(e));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            self.inner.wait(Some(self.efd.raw()), deadline);
+        }
+    }
+
+    /// One round of progress, then the next event if there is one (`EAGAIN` otherwise).
+    pub fn try_get_event(&self) -> Result<Event> {
+        if let Some(e) = self.inner.take_event(self.num) {
+            return Ok(e);
+        }
+        self.inner.progress();
+        self.inner.take_event(self.num).ok_or(Error::WouldBlock)
+    }
+
+    /// The async form of [`EventChannel::get_event`]. Starts the context's progress thread
+    /// (an async caller is not in `get_event` to drive the CM), then waits on the channel's
+    /// fd through tokio.
+    pub async fn next_event(&self) -> Result<Event> {
+        self.cma().spawn_progress()?;
+        loop {
+            if let Some(e) = self.inner.take_event(self.num) {
+                return Ok(e);
+            }
+            let afd = match self.async_fd.get() {
+                Some(a) => a,
+                None => {
+                    #[allow(deprecated)] // the fd outlives the AsyncFd (dropped first)
+                    let a = tokio::io::unix::AsyncFd::with_interest(
+                        RawFdRef(self.efd.raw()),
+                        tokio::io::Interest::READABLE,
+                    )
+                    .map_err(Error::Io)?;
+                    let _ = self.async_fd.set(a);
+                    match self.async_fd.get() {
+                        Some(a) => a,
+                        None => continue,
+                    }
+                }
+            };
+            let mut g = afd.readable().await.map_err(Error::Io)?;
+            g.clear_ready();
+        }
+    }
+
+    /// The fd: readable while an event is queued.
+    pub fn fd(&self) -> RawFd {
+        self.efd.raw()
+    }
+}
+
+impl AsRawFd for EventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.efd.raw()
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // Drop the AsyncFd (deregisters) before the eventfd goes.
+        let _ = self.async_fd.take();
+        let pending = {
+            let mut st = self.inner.lock();
+            match st.channels.remove(&self.num) {
+                Some(c) => c.queue,
+                None => VecDeque::new(),
+            }
+        };
+        // Requests nobody will see: destroy their ids (which rejects them).
+        for e in pending {
+            if e.kind == EventType::ConnectRequest {
+                crate::id::destroy(&self.inner, e.id);
+            }
+        }
+    }
+}

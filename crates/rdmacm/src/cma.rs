@@ -1,0 +1,890 @@
+//! The process-wide connection-manager context: devices and their CM agents, port tables,
+//! the resolver and the change watcher, every id and every channel; and the progress engine
+//! that drives them in the caller's thread.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdma_proto::cm::{AgentConfig, CmAgent, ConnHandle, OverloadPolicy, PeerAddr};
+use rdma_soft::io::WireAddr;
+use rdma_soft::verbs::{Device, DeviceConfig, QueuePair};
+
+use crate::addr::{classify, AddrClass};
+use crate::channel::EventChannel;
+use crate::error::{Error, Result};
+use crate::event::{ConnEventParam, EventType, PendingEvent, UdParam};
+use crate::fd::{poll_readable, EventFd};
+use crate::id::{CmId, IdState, QpKind};
+use crate::ports::{BindHandle, PortSpace, PortTables};
+use crate::resolve::{Binding, Netdev, ResolvedAddr, Resolver};
+use crate::route::RocePath;
+use crate::watch::{Notification, Watcher};
+
+/// Longest a waiter sleeps without re-checking (a safety net against missed wake-ups
+/// between several waiting threads; not a polling interval in the normal case).
+const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// Number of an id: never reused within a context.
+pub(crate) type IdNum = u64;
+
+/// What the peer told us in its REQ or REP.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Remote {
+    pub qpn: u32,
+    pub psn: u32,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub rnr_retry: u8,
+    pub retry: u8,
+}
+
+/// Per-id options (`rdma_set_option`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdOptions {
+    pub tos: Option<u8>,
+    pub reuseaddr: bool,
+    pub afonly: Option<bool>,
+    pub ack_timeout: Option<u8>,
+}
+
+/// A listener's bookkeeping.
+#[derive(Debug, Default)]
+pub(crate) struct ListenState {
+    pub backlog: usize,
+    /// CONNECT_REQUEST events queued and not yet handed out (Linux's backlog measure).
+    pub queued: usize,
+    /// (device ifindex, service id) registrations.
+    pub regs: Vec<(u32, u64)>,
+}
+
+/// The state of one id.
+#[derive(Debug)]
+pub(crate) struct IdSlot {
+    pub state: IdState,
+    pub channel: u64,
+    pub ps: PortSpace,
+    pub context: u64,
+    pub opts: IdOptions,
+    pub bind: Option<BindHandle>,
+    pub binding: Option<Binding>,
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    /// ifindex of the device (netdev) the id is attached to.
+    pub dev: Option<u32>,
+    pub resolved: Option<ResolvedAddr>,
+    pub path: Option<RocePath>,
+    pub qp: Option<Arc<QueuePair>>,
+    pub qp_kind: QpKind,
+    pub conn: Option<ConnHandle>,
+    pub rq_psn: u32,
+    pub remote: Option<Remote>,
+    pub listen: Option<ListenState>,
+    pub parent: Option<IdNum>,
+    /// Events handed out and not yet dropped.
+    pub outstanding: usize,
+    pub user_qpn: Option<u32>,
+    pub conn_param: Option<crate::event::ConnParam>,
+    pub watched: bool,
+    /// The REP's parameters, reported with ESTABLISHED on the active side.
+    pub est_param: ConnEventParam,
+    /// The application establishes itself (user QP): no ESTABLISHED event.
+    pub suppress_est: bool,
+    /// A passive id was accepted or rejected.
+    pub accepted: bool,
+}
+
+impl IdSlot {
+    pub(crate) fn new(channel: u64, ps: PortSpace, qp_kind: QpKind) -> IdSlot {
+        IdSlot {
+            state: IdState::Idle,
+            channel,
+            ps,
+            context: 0,
+            opts: IdOptions::default(),
+            bind: None,
+            binding: None,
+            local: None,
+            peer: None,
+            dev: None,
+            resolved: None,
+            path: None,
+            qp: None,
+            qp_kind,
+            conn: None,
+            rq_psn: 0,
+            remote: None,
+            listen: None,
+            parent: None,
+            outstanding: 0,
+            user_qpn: None,
+            conn_param: None,
+            watched: false,
+            est_param: ConnEventParam::default(),
+            suppress_est: false,
+            accepted: false,
+        }
+    }
+
+    pub(crate) fn afonly(&self) -> bool {
+        match self.opts.afonly {
+            Some(v) => v,
+            None => match self.local {
+                Some(SocketAddr::V6(_)) => read_bindv6only(),
+                _ => true,
+            },
+        }
+    }
+}
+
+fn read_bindv6only() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only")
+        .map(|s| s.trim() == "1")
+        .unwrap_or(false)
+}
+
+/// A software device with its CM agent and GSI bookkeeping.
+pub(crate) struct DevEntry {
+    pub netdev: Netdev,
+    pub dev: Device,
+    pub agent: CmAgent,
+    pub gids: Vec<WireAddr>,
+    /// Local addresses opened for MADs.
+    pub open: HashSet<WireAddr>,
+    /// Connection → id.
+    pub conns: HashMap<ConnHandle, IdNum>,
+    /// Service id → listeners registered on this device.
+    pub listeners: HashMap<u64, Vec<IdNum>>,
+    /// Our local comm id → the local address its MADs leave from.
+    pub comm_local: HashMap<u32, WireAddr>,
+    /// Peer GID → local address its last MAD arrived on (answers to unknown connections).
+    pub arrival_local: HashMap<Ipv6Addr, WireAddr>,
+}
+
+impl DevEntry {
+    /// The GID-table index of `ip` (the QP's `sgid_index`).
+    pub(crate) fn sgid_index(&self, ip: IpAddr) -> Option<u8> {
+        self.gids
+            .iter()
+            .position(|g| g.ip() == ip)
+            .and_then(|i| u8::try_from(i).ok())
+    }
+
+    pub(crate) fn wire_addr(&self, ip: IpAddr) -> WireAddr {
+        self.gids
+            .iter()
+            .find(|g| g.ip() == ip)
+            .copied()
+            .unwrap_or_else(|| WireAddr::from(ip))
+    }
+}
+
+/// A channel's queue.
+pub(crate) struct ChanState {
+    pub queue: VecDeque<PendingEvent>,
+    pub efd: Arc<EventFd>,
+}
+
+/// Everything behind the context's lock.
+pub(crate) struct State {
+    pub ids: HashMap<IdNum, IdSlot>,
+    pub next_id: IdNum,
+    pub devices: HashMap<u32, DevEntry>,
+    pub channels: HashMap<u64, ChanState>,
+    pub next_channel: u64,
+    pub ports: PortTables,
+    pub seed: u64,
+}
+
+/// A request to the watcher task.
+#[derive(Debug)]
+pub(crate) enum WatchCmd {
+    Watch(IdNum, Box<ResolvedAddr>),
+    Unwatch(IdNum),
+}
+
+/// The shared part of a [`Cma`].
+pub(crate) struct Inner {
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    rt_handle: tokio::runtime::Handle,
+    pub(crate) resolver: Resolver,
+    state: Mutex<State>,
+    /// Signalled when an event is acknowledged (destroy waits on it).
+    acked: Condvar,
+    /// Wakes waiters: notifications, new devices, new deadlines.
+    pub(crate) wake: EventFd,
+    /// Host-change notifications from the watcher task (own lock: the task never takes the
+    /// state lock, which may be held while waiting for the resolver on the same runtime).
+    notifications: Mutex<VecDeque<Notification>>,
+    watch_cmds: Mutex<Vec<WatchCmd>>,
+    watch_notify: Arc<tokio::sync::Notify>,
+    epoch: Instant,
+    progress_stop: AtomicBool,
+    progress_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The connection-manager context: owns the software devices (one per netdev, created on
+/// first use), their IB CM agents, the port tables, the resolver and watcher, every id and
+/// every event channel.
+///
+/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`]; tests
+/// and embedders may make their own with [`Cma::new`] (created in the network namespace it
+/// should see).
+///
+/// Progress is run-to-completion in the caller's thread: [`EventChannel::get_event`]
+/// receives MADs, runs the CM and its timers and blocks on the devices' fds with the next
+/// CM deadline as timeout. [`Cma::spawn_progress`] starts an optional thread that does this
+/// continuously, for applications that want the CM answered while they are not in
+/// `get_event` (it costs a thread that sleeps in `poll`).
+///
+/// ```no_run
+/// let cma = rdmacm::Cma::new()?;
+/// let ch = rdmacm::EventChannel::with_cma(&cma)?;
+/// let _progress = cma.spawn_progress(); // optional
+/// # Ok::<(), rdmacm::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Cma {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Cma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cma").finish_non_exhaustive()
+    }
+}
+
+static GLOBAL: OnceLock<Cma> = OnceLock::new();
+
+impl Cma {
+    /// A new context in the calling thread's network namespace. It owns a small tokio
+    /// runtime (one worker thread, asleep in `epoll` unless netlink answers or host changes
+    /// arrive) for address resolution and the change watcher.
+    pub fn new() -> Result<Cma> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("rdmacm-netlink")
+            .enable_all()
+            .build()
+            .map_err(Error::Io)?;
+        let handle = rt.handle().clone();
+        let resolver = run_on(&handle, async { Resolver::new() })?;
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
+            h.write_u32(std::process::id());
+            h.finish()
+        };
+        let inner = Arc::new(Inner {
+            rt: Mutex::new(Some(rt)),
+            rt_handle: handle,
+            resolver,
+            state: Mutex::new(State {
+                ids: HashMap::new(),
+                next_id: 1,
+                devices: HashMap::new(),
+                channels: HashMap::new(),
+                next_channel: 1,
+                ports: PortTables::from_host(),
+                seed,
+            }),
+            acked: Condvar::new(),
+            wake: EventFd::new()?,
+            notifications: Mutex::new(VecDeque::new()),
+            watch_cmds: Mutex::new(Vec::new()),
+            watch_notify: Arc::new(tokio::sync::Notify::new()),
+            epoch: Instant::now(),
+            progress_stop: AtomicBool::new(false),
+            progress_thread: Mutex::new(None),
+        });
+        start_watcher(&inner);
+        Ok(Cma { inner })
+    }
+
+    /// The process-wide context, created on first use.
+    pub fn global() -> Result<Cma> {
+        if let Some(c) = GLOBAL.get() {
+            return Ok(c.clone());
+        }
+        let c = Cma::new()?;
+        Ok(GLOBAL.get_or_init(|| c).clone())
+    }
+
+    /// Starts the optional CM progress thread (idempotent). It answers MADs, runs CM timers
+    /// and delivers events into the channels while the application is elsewhere; it
+    /// sleeps in `poll(2)` on the devices' fds. Stopped by [`Cma::stop_progress`] or when
+    /// the context is dropped.
+    pub fn spawn_progress(&self) -> Result<()> {
+        let mut t = self
+            .inner
+            .progress_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if t.is_some() {
+            return Ok(());
+        }
+        self.inner.progress_stop.store(false, Ordering::SeqCst);
+        let weak = Arc::downgrade(&self.inner);
+        let h = std::thread::Builder::new()
+            .name("rdmacm-progress".into())
+            .spawn(move || loop {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.progress_stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                inner.progress();
+                inner.wait(None, Some(Instant::now() + MAX_WAIT));
+            })
+            .map_err(Error::Io)?;
+        *t = Some(h);
+        Ok(())
+    }
+
+    /// Stops the progress thread, if running.
+    pub fn stop_progress(&self) {
+        self.inner.progress_stop.store(true, Ordering::SeqCst);
+        self.inner.wake.signal();
+        let h = self
+            .inner
+            .progress_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Runs the CM once without blocking: receives MADs, runs timers, delivers events.
+    /// Returns how many events were queued.
+    pub fn progress(&self) -> usize {
+        self.inner.progress()
+    }
+
+    /// The devices created so far: (name, ifindex).
+    pub fn devices(&self) -> Vec<(String, u32)> {
+        let st = self.inner.lock();
+        let mut v: Vec<_> = st
+            .devices
+            .values()
+            .map(|d| (d.netdev.name.clone(), d.netdev.index))
+            .collect();
+        v.sort_by_key(|x| x.1);
+        v
+    }
+
+    /// The device list (`rdma_get_devices`): a software device for every netdev that has
+    /// an address, `lo` included, named after it. Opens them.
+    pub fn device_list(&self) -> Result<Vec<Device>> {
+        let links = self.inner.block(|r| async move {
+            let addrs = r.view().addresses().await?;
+            let mut idx: Vec<u32> = addrs.iter().map(|a| a.link).collect();
+            idx.sort_unstable();
+            idx.dedup();
+            Ok::<_, Error>(idx)
+        })?;
+        let mut out = Vec::new();
+        for i in links {
+            self.inner.ensure_device(i)?;
+            if let Some(d) = self.inner.lock().devices.get(&i) {
+                out.push(d.dev.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates an event channel on this context.
+    pub fn create_channel(&self) -> Result<EventChannel> {
+        EventChannel::with_cma(self)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Runs a future on `handle` from any thread (also from inside another runtime, where
+/// `block_on` would panic): spawns it and waits for its result.
+fn run_on<F, T>(handle: &tokio::runtime::Handle, f: F) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    handle.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    match rx.recv() {
+        Ok(v) => v,
+        // The runtime was shut down under us: only at teardown.
+        Err(_) => std::process::abort(),
+    }
+}
+
+fn start_watcher(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    let resolver = inner.resolver.clone();
+    let notify = inner.watch_notify.clone();
+    inner.rt_handle.spawn(async move {
+        let Ok(mut w) = Watcher::new(&resolver).await else {
+            return;
+        };
+        loop {
+            {
+                let Some(inner) = weak.upgrade() else { return };
+                let cmds: Vec<WatchCmd> = std::mem::take(
+                    &mut *inner.watch_cmds.lock().unwrap_or_else(|e| e.into_inner()),
+                );
+                for c in cmds {
+                    match c {
+                        WatchCmd::Watch(id, a) => w.watch(id, &a),
+                        WatchCmd::Unwatch(id) => {
+                            w.unwatch(id);
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = notify.notified() => {}
+                n = w.next() => {
+                    let Some(inner) = weak.upgrade() else { return };
+                    match n {
+                        Ok(n) => {
+                            inner
+                                .notifications
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push_back(n);
+                            inner.wake.signal();
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
+        }
+    });
+}
+
+impl Inner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn instant(&self, nanos: u64) -> Instant {
+        self.epoch + Duration::from_nanos(nanos)
+    }
+
+    /// Runs an async resolver call to completion from this (blocking) thread.
+    pub(crate) fn block<F, Fut, T>(&self, f: F) -> T
+    where
+        F: FnOnce(Resolver) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        run_on(&self.rt_handle, f(self.resolver.clone()))
+    }
+
+    pub(crate) fn watch(&self, st: &mut State, id: IdNum, a: &ResolvedAddr) {
+        self.watch_cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(WatchCmd::Watch(id, Box::new(a.clone())));
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.watched = true;
+        }
+        self.watch_notify.notify_one();
+    }
+
+    pub(crate) fn unwatch(&self, st: &mut State, id: IdNum) {
+        if st.ids.get(&id).is_some_and(|s| s.watched) {
+            self.watch_cmds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(WatchCmd::Unwatch(id));
+            self.watch_notify.notify_one();
+        }
+    }
+
+    /// Opens (once) the software device of netdev `index`, with its CM agent.
+    pub(crate) fn ensure_device(&self, index: u32) -> Result<()> {
+        if self.lock().devices.contains_key(&index) {
+            return Ok(());
+        }
+        let (netdev, gids) = self.block(move |r| async move {
+            let nd = r.netdev(index).await?;
+            let gids = r.gid_table(index).await?;
+            Ok::<_, Error>((nd, gids))
+        })?;
+        let gids: Vec<WireAddr> = gids
+            .iter()
+            .map(|g| {
+                let scope = if classify(&g.ip) == AddrClass::LinkLocal {
+                    index
+                } else {
+                    0
+                };
+                WireAddr::new(g.ip, scope)
+            })
+            .collect();
+        let mut gids = gids;
+        if netdev.loopback {
+            // Every 127.0.0.0/8 address is local through lo's /8 route, but the device's GID
+            // table is fixed when it opens (and indexed by a u8): give it 127.0.0.0/24 so
+            // that processes and tests can use 127.0.0.x as separate addresses.
+            // TODO(rdma-soft): a way to add GIDs to an open device.
+            for i in 1..=254u8 {
+                let w = WireAddr::new(IpAddr::from([127, 0, 0, i]), 0);
+                if gids.len() < 255 && !gids.contains(&w) {
+                    gids.push(w);
+                }
+            }
+        }
+        let mut cfg = DeviceConfig::for_netdev(&netdev.name)?;
+        cfg.gids = gids.clone();
+        cfg.up = netdev.up;
+        let mac = netdev.mac.0;
+        let guid = u64::from_be_bytes([
+            mac[0] ^ 2,
+            mac[1],
+            mac[2],
+            0xff,
+            0xfe,
+            mac[3],
+            mac[4],
+            mac[5],
+        ]) ^ u64::from(index);
+        cfg.node_guid = guid;
+        let dev = Device::open(cfg)?;
+        let mut st = self.lock();
+        if st.devices.contains_key(&index) {
+            return Ok(());
+        }
+        st.seed = st
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let agent = CmAgent::new(AgentConfig {
+            ca_guid: guid,
+            seed: st.seed ^ u64::from(index),
+            overload: OverloadPolicy::Drop,
+            ..AgentConfig::default()
+        });
+        st.devices.insert(
+            index,
+            DevEntry {
+                netdev,
+                dev,
+                agent,
+                gids,
+                open: HashSet::new(),
+                conns: HashMap::new(),
+                listeners: HashMap::new(),
+                comm_local: HashMap::new(),
+                arrival_local: HashMap::new(),
+            },
+        );
+        drop(st);
+        self.wake.signal();
+        Ok(())
+    }
+
+    /// Opens UDP 4791 / QP1 of device `index` on local address `ip`.
+    pub(crate) fn open_gsi(st: &mut State, index: u32, ip: IpAddr) -> Result<()> {
+        let d = st
+            .devices
+            .get_mut(&index)
+            .ok_or_else(|| Error::NoDevice(format!("device {index}")))?;
+        let w = d.wire_addr(ip);
+        if d.open.contains(&w) {
+            return Ok(());
+        }
+        d.dev.gsi_open(w)?;
+        d.open.insert(w);
+        Ok(())
+    }
+
+    /// Queues an event for an id's channel.
+    pub(crate) fn push_event(st: &mut State, ev: PendingEvent) {
+        let Some(slot) = st.ids.get(&ev.id) else {
+            return;
+        };
+        let ch = match ev.listen_id.and_then(|l| st.ids.get(&l)) {
+            Some(l) if ev.kind == EventType::ConnectRequest => l.channel,
+            _ => slot.channel,
+        };
+        if let Some(c) = st.channels.get_mut(&ch) {
+            if c.queue.is_empty() {
+                c.efd.signal();
+            }
+            c.queue.push_back(ev);
+        }
+    }
+
+    pub(crate) fn event(
+        st: &mut State,
+        id: IdNum,
+        kind: EventType,
+        status: i32,
+        param: ConnEventParam,
+    ) {
+        Inner::push_event(
+            st,
+            PendingEvent {
+                id,
+                kind,
+                status,
+                param,
+                ud: None,
+                listen_id: None,
+            },
+        );
+    }
+
+    pub(crate) fn event_ud(st: &mut State, id: IdNum, ud: UdParam, param: ConnEventParam) {
+        Inner::push_event(
+            st,
+            PendingEvent {
+                id,
+                kind: EventType::Established,
+                status: 0,
+                param,
+                ud: Some(ud),
+                listen_id: None,
+            },
+        );
+    }
+
+    /// An event was dropped by the application.
+    pub(crate) fn ack(&self, id: IdNum) {
+        let mut st = self.lock();
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.outstanding = s.outstanding.saturating_sub(1);
+        }
+        drop(st);
+        self.acked.notify_all();
+    }
+
+    /// Waits until `id` has no outstanding event (`rdma_destroy_id`).
+    pub(crate) fn wait_acked<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        id: IdNum,
+    ) -> MutexGuard<'a, State> {
+        while st.ids.get(&id).is_some_and(|s| s.outstanding > 0) {
+            st = self.acked.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st
+    }
+
+    /// Takes the next event of channel `ch` (run progress first).
+    pub(crate) fn take_event(self: &Arc<Self>, ch: u64) -> Option<crate::event::Event> {
+        let mut st = self.lock();
+        let c = st.channels.get_mut(&ch)?;
+        let ev = c.queue.pop_front()?;
+        if c.queue.is_empty() {
+            c.efd.clear();
+        }
+        if ev.kind == EventType::ConnectRequest {
+            if let Some(l) = ev.listen_id.and_then(|l| st.ids.get_mut(&l)) {
+                if let Some(ls) = l.listen.as_mut() {
+                    ls.queued = ls.queued.saturating_sub(1);
+                }
+            }
+        }
+        let mut context = 0;
+        if let Some(s) = st.ids.get_mut(&ev.id) {
+            s.outstanding += 1;
+            context = s.context;
+        }
+        let new_id = if ev.kind == EventType::ConnectRequest {
+            if let Some(l) = ev.listen_id.and_then(|l| st.ids.get(&l)) {
+                context = l.context;
+            }
+            Some(CmId::from_num(self.clone(), ev.id))
+        } else {
+            None
+        };
+        Some(crate::event::Event {
+            inner: self.clone(),
+            ev,
+            context,
+            new_id,
+        })
+    }
+
+    /// One non-blocking round: MADs in, agents, timers, MADs out, events; host changes.
+    /// Returns the number of events queued.
+    pub(crate) fn progress(self: &Arc<Self>) -> usize {
+        let mut st = self.lock();
+        let before: usize = st.channels.values().map(|c| c.queue.len()).sum();
+        let now = self.now();
+        let idx: Vec<u32> = st.devices.keys().copied().collect();
+        for i in idx {
+            // Receive.
+            loop {
+                let Some(d) = st.devices.get_mut(&i) else {
+                    break;
+                };
+                if d.open.is_empty() {
+                    break;
+                }
+                let m = match d.dev.gsi_recv() {
+                    Ok(Some(m)) => m,
+                    _ => break,
+                };
+                let gid = Ipv6Addr::from(m.remote.gid());
+                d.arrival_local.insert(gid, m.local);
+                let peer = PeerAddr::new(gid, rdma_proto::cm::ROCE_UDP_PORT, m.ifindex);
+                d.agent.handle_mad(now, peer, &m.mad);
+                self.drain_agent(&mut st, i);
+            }
+            // Timers.
+            if let Some(d) = st.devices.get_mut(&i) {
+                if d.agent.poll_timeout().is_some_and(|t| t <= now) {
+                    d.agent.handle_timeout(now);
+                }
+            }
+            self.drain_agent(&mut st, i);
+        }
+        // Host changes.
+        let notes: Vec<Notification> = self
+            .notifications
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for n in notes {
+            self.on_notification(&mut st, n);
+        }
+        let after: usize = st.channels.values().map(|c| c.queue.len()).sum();
+        after.saturating_sub(before)
+    }
+
+    /// Sends what the agent of device `i` wants to send and turns its events into ours,
+    /// until it has nothing left.
+    pub(crate) fn drain_agent(self: &Arc<Self>, st: &mut State, i: u32) {
+        loop {
+            let Some(d) = st.devices.get_mut(&i) else {
+                return;
+            };
+            let mut did = false;
+            while let Some((peer, mad)) = d.agent.poll_transmit() {
+                did = true;
+                let comm = u32::from_be_bytes([mad[24], mad[25], mad[26], mad[27]]);
+                let local = d
+                    .comm_local
+                    .get(&comm)
+                    .or_else(|| d.arrival_local.get(&peer.gid))
+                    .copied();
+                if let Some(local) = local {
+                    let remote = WireAddr::new(
+                        crate::addr::Gid(peer.gid.octets()).to_ip(),
+                        if local.scope_id() != 0
+                            && classify(&crate::addr::Gid(peer.gid.octets()).to_ip())
+                                == AddrClass::LinkLocal
+                        {
+                            local.scope_id()
+                        } else {
+                            0
+                        },
+                    );
+                    // A send error (e.g. the address went away) is a lost MAD: the CM's
+                    // retries and timeouts handle it.
+                    let _ = d.dev.gsi_send(&local, &remote, &mad);
+                }
+            }
+            let ev = d.agent.poll_event();
+            match ev {
+                Some(ev) => self.on_cm_event(st, i, ev),
+                None if !did => return,
+                None => {}
+            }
+        }
+    }
+
+    /// The fds to block on and the next deadline.
+    fn wait_set(&self, st: &State) -> (Vec<RawFd>, Option<Instant>) {
+        let mut fds = vec![self.wake.raw()];
+        let mut dl: Option<Instant> = None;
+        for d in st.devices.values() {
+            if d.open.is_empty() {
+                continue;
+            }
+            let w = d.dev.gsi_wait_fds();
+            fds.push(w.event);
+            if let Some(f) = w.wire {
+                fds.push(f);
+            }
+            if let Some(t) = d.agent.poll_timeout() {
+                let t = self.instant(t);
+                dl = Some(dl.map_or(t, |x| x.min(t)));
+            }
+            if let Some(t) = d.dev.next_deadline() {
+                dl = Some(dl.map_or(t, |x| x.min(t)));
+            }
+        }
+        (fds, dl)
+    }
+
+    /// Blocks until something may need progress, channel `chan_fd` is readable, or
+    /// `deadline`.
+    pub(crate) fn wait(&self, chan_fd: Option<RawFd>, deadline: Option<Instant>) {
+        let (mut fds, dl) = {
+            if !self
+                .notifications
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            {
+                return;
+            }
+            let st = self.lock();
+            self.wait_set(&st)
+        };
+        if let Some(f) = chan_fd {
+            fds.push(f);
+        }
+        let cap = Instant::now() + MAX_WAIT;
+        let mut until = dl.map_or(cap, |d| d.min(cap));
+        if let Some(d) = deadline {
+            until = until.min(d);
+        }
+        if poll_readable(&fds, Some(until)) {
+            // Only the wake flag is ours to clear; the others are cleared by consuming.
+            self.wake.clear();
+        }
+    }
+}
+
+/// Lets a destroyed id's connection linger in its agent (timewait) and forgets it.
+pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) {
+    if let Some(d) = st.devices.get_mut(&dev) {
+        if let Some(cid) = d.agent.local_comm_id(conn) {
+            // Keep the local address known while the agent may still send for it.
+            let _ = cid;
+        }
+        let _ = d.agent.destroy(now, conn);
+        d.conns.remove(&conn);
+    }
+}

@@ -1,0 +1,474 @@
+//! The active side (connect, REP handling, establish), disconnect, QP attributes, and the
+//! translation of CM agent events and host notifications into id events.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use rdma_proto::cm::{CmEvent, ConnHandle, PeerAddr, ReqParams, SidrReqParams};
+use rdma_soft::verbs::{Mtu, QpAttr, QpAttrMask, QpState};
+use rdma_wire::cm::SidrStatus;
+use rdma_wire::ip_cm::{req_private_data, sidr_req_private_data, IpCmHeaderRepr, ServiceId};
+use rdma_wire::time::IbaTime;
+
+use crate::addr::Gid;
+use crate::cma::{IdNum, IdSlot, Inner, Remote, State};
+use crate::error::{Error, Result};
+use crate::event::{ConnEventParam, ConnParam, EventType, UdParam};
+use crate::id::{wire_ps, CmId, IdState, QpKind};
+use crate::watch::Notification;
+
+/// The default Q_Key of rdma_cm UD ids (`RDMA_UDP_QKEY`).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+fn gid_of(ip: IpAddr) -> Ipv6Addr {
+    Ipv6Addr::from(Gid::from_ip(ip).0)
+}
+
+fn state_err(op: &'static str, s: IdState) -> Error {
+    Error::InvalidState {
+        op,
+        state: s.name(),
+    }
+}
+
+pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
+    let inner = &id.inner;
+    let mut st = inner.lock();
+    let st = &mut *st;
+    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
+    if s.state != IdState::RouteResolved {
+        return Err(state_err("connect", s.state));
+    }
+    let (Some(path), Some(local), Some(peer), Some(dev)) = (s.path.clone(), s.local, s.peer, s.dev)
+    else {
+        return Err(state_err("connect", s.state));
+    };
+    let hdr = IpCmHeaderRepr {
+        version: 0,
+        src: local.ip(),
+        dst: peer.ip(),
+        src_port: local.port(),
+    };
+    let sid = ServiceId::new(wire_ps(s.ps), peer.port()).0;
+    let ps_ud = s.qp_kind == QpKind::Ud;
+    let qpn = match (&s.qp, param.qp_num) {
+        (Some(q), _) => q.qpn(),
+        (None, Some(n)) => n,
+        (None, None) if ps_ud => 0,
+        (None, None) => {
+            return Err(Error::InvalidArgument(
+                "connect needs a QP (create_qp) or ConnParam::qp_num".into(),
+            ))
+        }
+    };
+    let d = st
+        .devices
+        .get_mut(&dev)
+        .ok_or_else(|| Error::NoDevice(format!("device {dev}")))?;
+    let peer_addr = PeerAddr::new(gid_of(peer.ip()), rdma_proto::cm::ROCE_UDP_PORT, dev);
+    let now = inner.now();
+    let conn = if ps_ud {
+        let pd = sidr_req_private_data(&hdr, &param.private_data)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let mut p = SidrReqParams::new(sid, peer_addr);
+        p.private_data = pd.to_vec();
+        d.agent.send_sidr_req(now, p)?
+    } else {
+        let pd = req_private_data(&hdr, &param.private_data)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let rq_psn = d.agent.random_psn();
+        let mut p = ReqParams::new(sid, peer_addr, qpn, rq_psn);
+        p.path.local_gid = Ipv6Addr::from(path.sgid.0);
+        p.path.remote_gid = Ipv6Addr::from(path.dgid.0);
+        p.path.flow_label = path.flow_label;
+        p.path.traffic_class = path.traffic_class;
+        p.path.hop_limit = path.hop_limit;
+        p.path.sl = path.sl;
+        p.path.mtu = path.mtu.code();
+        p.path.packet_life_time = IbaTime::from_bits_truncate(path.packet_lifetime);
+        let ack = s
+            .opts
+            .ack_timeout
+            .unwrap_or(path.packet_lifetime.saturating_add(1).min(31));
+        p.path.local_ack_timeout = IbaTime::from_bits_truncate(ack);
+        p.responder_resources = param.responder_resources;
+        p.initiator_depth = param.initiator_depth;
+        p.retry_count = param.retry_count.min(7);
+        p.rnr_retry_count = param.rnr_retry_count.min(7);
+        p.flow_control = param.flow_control;
+        p.srq = param.srq;
+        p.private_data = pd.to_vec();
+        let c = d.agent.send_req(now, p)?;
+        s.rq_psn = rq_psn;
+        c
+    };
+    if let Some(cid) = d.agent.local_comm_id(conn) {
+        let w = d.wire_addr(local.ip());
+        d.comm_local.insert(cid, w);
+    }
+    d.conns.insert(conn, id.num);
+    s.conn = Some(conn);
+    s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
+    s.conn_param = Some(param.clone());
+    s.state = IdState::Connect;
+    inner.drain_agent(st, dev);
+    Ok(())
+}
+
+pub(crate) fn establish(id: &CmId) -> Result<()> {
+    let inner = &id.inner;
+    let mut st = inner.lock();
+    let st = &mut *st;
+    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
+    let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
+        return Err(state_err("establish", s.state));
+    };
+    if s.state != IdState::Connect {
+        return Err(state_err("establish", s.state));
+    }
+    s.suppress_est = true;
+    let now = inner.now();
+    let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
+    d.agent.send_rtu(now, conn)?;
+    inner.drain_agent(st, dev);
+    Ok(())
+}
+
+pub(crate) fn disconnect(id: &CmId) -> Result<()> {
+    let inner = &id.inner;
+    let mut st = inner.lock();
+    let st = &mut *st;
+    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
+    if !matches!(s.state, IdState::Connect | IdState::Disconnect) {
+        return Err(state_err("disconnect", s.state));
+    }
+    let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
+        return Err(state_err("disconnect", s.state));
+    };
+    if let Some(qp) = &s.qp {
+        let _ = qp.modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        );
+    }
+    let now = inner.now();
+    let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
+    d.agent.disconnect(now, conn)?;
+    inner.drain_agent(st, dev);
+    Ok(())
+}
+
+/// `rdma_init_qp_attr` for an RC QP.
+pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, QpAttrMask)> {
+    use QpAttrMask as M;
+    let mut a = QpAttr {
+        qp_state: to,
+        port_num: 1,
+        qp_access_flags: rdma_soft::verbs::AccessFlags::LOCAL_WRITE
+            | rdma_soft::verbs::AccessFlags::REMOTE_WRITE
+            | rdma_soft::verbs::AccessFlags::REMOTE_READ
+            | rdma_soft::verbs::AccessFlags::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    match to {
+        QpState::Init => Ok((a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)),
+        QpState::Rtr | QpState::Rts => {
+            let (Some(path), Some(remote), Some(dev)) = (&s.path, s.remote, s.dev) else {
+                return Err(state_err("init_qp_attr", s.state));
+            };
+            let d = st.devices.get(&dev).ok_or(Error::Shutdown)?;
+            let local_ip = s.local.map(|l| l.ip()).ok_or(Error::Shutdown)?;
+            a.path.dgid = path.dgid.0;
+            a.path.sgid_index = d.sgid_index(local_ip).ok_or_else(|| {
+                Error::AddressNotAvailable(format!("{local_ip} not in GID table"))
+            })?;
+            a.path.hop_limit = path.hop_limit;
+            a.path.traffic_class = path.traffic_class;
+            a.path.flow_label = path.flow_label;
+            let port_mtu = d
+                .dev
+                .query_port(1)
+                .map(|p| p.active_mtu.bytes())
+                .unwrap_or(1024);
+            a.path_mtu = Mtu::from_bytes(path.mtu.bytes().min(port_mtu)).unwrap_or(Mtu::Mtu1024);
+            a.dest_qp_num = remote.qpn;
+            a.rq_psn = s.rq_psn;
+            a.max_dest_rd_atomic = remote.initiator_depth.max(1);
+            a.min_rnr_timer = 12;
+            if to == QpState::Rtr {
+                return Ok((
+                    a,
+                    M::STATE
+                        | M::AV
+                        | M::PATH_MTU
+                        | M::DEST_QPN
+                        | M::RQ_PSN
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::MIN_RNR_TIMER,
+                ));
+            }
+            a.timeout = s
+                .opts
+                .ack_timeout
+                .unwrap_or(path.packet_lifetime.saturating_add(1).min(31));
+            a.retry_cnt = remote.retry.min(7);
+            a.rnr_retry = remote.rnr_retry.min(7);
+            a.sq_psn = remote.psn;
+            a.max_rd_atomic = remote.responder_resources.max(1);
+            Ok((
+                a,
+                M::STATE
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::SQ_PSN
+                    | M::MAX_QP_RD_ATOMIC,
+            ))
+        }
+        _ => Err(Error::InvalidArgument(format!("init_qp_attr to {to:?}"))),
+    }
+}
+
+/// Moves the id's own QP to RTR then RTS.
+pub(crate) fn qp_to_rts(st: &State, s: &IdSlot) -> Result<()> {
+    let Some(qp) = &s.qp else { return Ok(()) };
+    let (a, m) = qp_attr(st, s, QpState::Rtr)?;
+    qp.modify(&a, m)?;
+    let (a, m) = qp_attr(st, s, QpState::Rts)?;
+    qp.modify(&a, m)?;
+    Ok(())
+}
+
+fn qp_to_err(s: &IdSlot) {
+    if let Some(qp) = &s.qp {
+        let _ = qp.modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        );
+    }
+}
+
+impl Inner {
+    /// One CM agent event of device `dev`.
+    pub(crate) fn on_cm_event(self: &Arc<Self>, st: &mut State, dev: u32, ev: CmEvent) {
+        if let CmEvent::ReqReceived(r) = ev {
+            crate::listen::on_req(self, st, dev, r);
+            return;
+        }
+        if let CmEvent::SidrReqReceived(r) = ev {
+            crate::listen::on_sidr_req(self, st, dev, r);
+            return;
+        }
+        let conn = ev.conn();
+        let Some(&id) = st.devices.get(&dev).and_then(|d| d.conns.get(&conn)) else {
+            return;
+        };
+        let Some(s) = st.ids.get_mut(&id) else {
+            return;
+        };
+        if s.state == IdState::Destroying {
+            return;
+        }
+        match ev {
+            CmEvent::RepReceived(r) => {
+                let rep = r.rep;
+                s.remote = Some(Remote {
+                    qpn: rep.local_qpn,
+                    psn: rep.starting_psn,
+                    responder_resources: rep.responder_resources,
+                    initiator_depth: rep.initiator_depth,
+                    rnr_retry: s.conn_param.as_ref().map_or(7, |p| p.rnr_retry_count),
+                    retry: s.conn_param.as_ref().map_or(7, |p| p.retry_count),
+                });
+                let param = ConnEventParam {
+                    private_data: rep.private_data.to_vec(),
+                    responder_resources: rep.responder_resources,
+                    initiator_depth: rep.initiator_depth,
+                    flow_control: rep.end_to_end_flow_control,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    srq: rep.srq,
+                    qp_num: rep.local_qpn,
+                    starting_psn: rep.starting_psn,
+                };
+                s.est_param = param.clone();
+                if s.qp.is_none() {
+                    Inner::event(st, id, EventType::ConnectResponse, 0, param);
+                    return;
+                }
+                let s = &st.ids[&id];
+                match qp_to_rts(st, s) {
+                    Ok(()) => {
+                        let now = self.now();
+                        if let Some(d) = st.devices.get_mut(&dev) {
+                            let _ = d.agent.send_rtu(now, conn);
+                        }
+                    }
+                    Err(e) => {
+                        qp_to_err(s);
+                        let now = self.now();
+                        if let Some(d) = st.devices.get_mut(&dev) {
+                            let _ = d.agent.send_rej(
+                                now,
+                                conn,
+                                rdma_wire::cm::RejectReason::ConsumerDefined,
+                                &[],
+                                &[],
+                            );
+                        }
+                        Inner::event(
+                            st,
+                            id,
+                            EventType::ConnectError,
+                            -e.errno(),
+                            ConnEventParam::default(),
+                        );
+                    }
+                }
+            }
+            CmEvent::Established { .. } => {
+                if s.suppress_est {
+                    return;
+                }
+                let param = std::mem::take(&mut s.est_param);
+                Inner::event(st, id, EventType::Established, 0, param);
+            }
+            CmEvent::RejReceived(r) => {
+                qp_to_err(s);
+                let param = ConnEventParam {
+                    private_data: r.private_data.clone(),
+                    ..ConnEventParam::default()
+                };
+                Inner::event(
+                    st,
+                    id,
+                    EventType::Rejected,
+                    i32::from(u16::from(r.reason)),
+                    param,
+                );
+            }
+            CmEvent::ReqTimeout { .. } | CmEvent::RepTimeout { .. } => {
+                qp_to_err(s);
+                Inner::event(
+                    st,
+                    id,
+                    EventType::Unreachable,
+                    -libc::ETIMEDOUT,
+                    ConnEventParam::default(),
+                );
+            }
+            CmEvent::SidrReqTimeout { .. } => {
+                Inner::event(
+                    st,
+                    id,
+                    EventType::Unreachable,
+                    -libc::ETIMEDOUT,
+                    ConnEventParam::default(),
+                );
+            }
+            CmEvent::DreqReceived { private_data, .. } => {
+                if s.state == IdState::Connect {
+                    s.state = IdState::Disconnect;
+                    let param = ConnEventParam {
+                        private_data,
+                        ..ConnEventParam::default()
+                    };
+                    Inner::event(st, id, EventType::Disconnected, 0, param);
+                }
+            }
+            CmEvent::DrepReceived { private_data, .. } => {
+                if s.state == IdState::Connect {
+                    s.state = IdState::Disconnect;
+                    let param = ConnEventParam {
+                        private_data,
+                        ..ConnEventParam::default()
+                    };
+                    Inner::event(st, id, EventType::Disconnected, 0, param);
+                }
+            }
+            CmEvent::DreqTimeout { .. } => {
+                if s.state == IdState::Connect {
+                    s.state = IdState::Disconnect;
+                    Inner::event(
+                        st,
+                        id,
+                        EventType::Disconnected,
+                        -libc::ETIMEDOUT,
+                        ConnEventParam::default(),
+                    );
+                }
+            }
+            CmEvent::TimewaitExit { .. } => {
+                Inner::event(
+                    st,
+                    id,
+                    EventType::TimewaitExit,
+                    0,
+                    ConnEventParam::default(),
+                );
+            }
+            CmEvent::SidrRepReceived(r) => {
+                let peer = s.peer;
+                if r.status == SidrStatus::Success {
+                    let ud = UdParam {
+                        qp_num: r.qpn,
+                        qkey: r.q_key,
+                        peer: peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+                    };
+                    let param = ConnEventParam {
+                        private_data: r.private_data,
+                        qp_num: r.qpn,
+                        ..ConnEventParam::default()
+                    };
+                    Inner::event_ud(st, id, ud, param);
+                } else {
+                    let param = ConnEventParam {
+                        private_data: r.private_data,
+                        ..ConnEventParam::default()
+                    };
+                    Inner::event(
+                        st,
+                        id,
+                        EventType::Unreachable,
+                        i32::from(u8::from(r.status)),
+                        param,
+                    );
+                }
+            }
+            CmEvent::MraReceived { .. } | CmEvent::ReqReceived(_) | CmEvent::SidrReqReceived(_) => {
+            }
+        }
+    }
+
+    /// A host change for an id: ADDR_CHANGE or DEVICE_REMOVAL (never a teardown).
+    pub(crate) fn on_notification(self: &Arc<Self>, st: &mut State, n: Notification) {
+        let id: IdNum = n.id();
+        let Some(s) = st.ids.get_mut(&id) else { return };
+        if matches!(s.state, IdState::Destroying | IdState::DeviceRemoval) {
+            return;
+        }
+        match n {
+            Notification::DeviceRemoval { .. } => {
+                s.state = IdState::DeviceRemoval;
+                Inner::event(
+                    st,
+                    id,
+                    EventType::DeviceRemoval,
+                    0,
+                    ConnEventParam::default(),
+                );
+            }
+            _ => {
+                Inner::event(st, id, EventType::AddrChange, 0, ConnEventParam::default());
+            }
+        }
+    }
+}
+
+/// The conn handle type, re-exported for the listen module.
+pub(crate) type Conn = ConnHandle;

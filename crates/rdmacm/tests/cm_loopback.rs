@@ -1,0 +1,240 @@
+//! Connection manager over loopback (no root needed): connect / accept / reject with
+//! private data / disconnect both ways, no listener, errors, event names.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace};
+
+const T: Duration = Duration::from_secs(5);
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn expect(ch: &EventChannel, kind: EventType) -> Event {
+    let ev = ch
+        .get_event_timeout(T)
+        .unwrap()
+        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
+    assert_eq!(ev.kind(), kind, "status {}", ev.status());
+    ev
+}
+
+/// A listener on `addr` (port 0: ephemeral) and its channel.
+fn listener(cma: &Cma, addr: &str) -> (EventChannel, CmId, SocketAddr) {
+    let ch = EventChannel::with_cma(cma).unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    id.bind_addr(sa(addr)).unwrap();
+    id.listen(16).unwrap();
+    let a = id.local_addr().unwrap();
+    (ch, id, a)
+}
+
+/// A client with a QP, resolved to `dst` from `dst`'s address (each test uses its own
+/// 127.0.0.x: a context owns UDP 4791 on the addresses it uses, and tests run in parallel).
+fn client_to(cma: &Cma, dst: SocketAddr) -> (EventChannel, CmId) {
+    let ch = EventChannel::with_cma(cma).unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    id.resolve_addr(Some(SocketAddr::new(dst.ip(), 0)), dst, T)
+        .unwrap();
+    expect(&ch, EventType::AddrResolved);
+    assert_eq!(id.state(), IdState::AddrResolved);
+    id.resolve_route(T).unwrap();
+    expect(&ch, EventType::RouteResolved);
+    id.create_qp_default().unwrap();
+    (ch, id)
+}
+
+fn pd(s: &[u8], n: usize) -> Vec<u8> {
+    let mut v = s.to_vec();
+    v.resize(n, 0);
+    v
+}
+
+#[test]
+fn connect_accept_private_data_disconnect_from_client() {
+    let cma = Cma::new().unwrap();
+    let (lch, _l, addr) = listener(&cma, "127.0.0.101:0");
+    let (cch, c) = client_to(&cma, addr);
+    c.connect(&ConnParam {
+        private_data: b"hello".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut ev = expect(&lch, EventType::ConnectRequest);
+    assert_eq!(&ev.private_data()[..5], b"hello");
+    assert_eq!(ev.private_data().len(), 56);
+    let s = ev.take_id().unwrap();
+    drop(ev);
+    assert_eq!(s.peer_addr(), c.local_addr());
+    assert_eq!(s.local_addr(), Some(addr));
+    assert_eq!(s.netdev().unwrap().0, "lo");
+    s.create_qp_default().unwrap();
+    s.accept(&ConnParam {
+        private_data: b"welcome".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    let ev = expect(&cch, EventType::Established);
+    assert_eq!(&ev.private_data()[..7], b"welcome");
+    drop(ev);
+    expect(&lch, EventType::Established);
+    // The QPs are connected: their PSNs follow the convention.
+    let (qc, qs) = (
+        c.qp().unwrap().query().unwrap(),
+        s.qp().unwrap().query().unwrap(),
+    );
+    assert_eq!(qc.sq_psn, qs.rq_psn);
+    assert_eq!(qs.sq_psn, qc.rq_psn);
+    assert_eq!(qc.dest_qp_num, s.qp().unwrap().qpn());
+    c.disconnect().unwrap();
+    expect(&lch, EventType::Disconnected);
+    s.disconnect().unwrap();
+    expect(&cch, EventType::Disconnected);
+}
+
+#[test]
+fn disconnect_from_server() {
+    let cma = Cma::new().unwrap();
+    let (lch, _l, addr) = listener(&cma, "127.0.0.102:0");
+    let (cch, c) = client_to(&cma, addr);
+    c.connect(&ConnParam::default()).unwrap();
+    let s = expect(&lch, EventType::ConnectRequest).take_id().unwrap();
+    s.create_qp_default().unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&cch, EventType::Established);
+    expect(&lch, EventType::Established);
+    s.disconnect().unwrap();
+    expect(&cch, EventType::Disconnected);
+    c.disconnect().unwrap();
+    expect(&lch, EventType::Disconnected);
+}
+
+#[test]
+fn reject_with_private_data() {
+    let cma = Cma::new().unwrap();
+    let (lch, _l, addr) = listener(&cma, "127.0.0.103:0");
+    let (cch, c) = client_to(&cma, addr);
+    c.connect(&ConnParam::default()).unwrap();
+    let s = expect(&lch, EventType::ConnectRequest).take_id().unwrap();
+    s.reject(b"go away").unwrap();
+    let ev = expect(&cch, EventType::Rejected);
+    assert_eq!(ev.status(), 28);
+    assert_eq!(&ev.private_data()[..7], b"go away");
+    assert_eq!(ev.private_data().len(), 148);
+}
+
+#[test]
+fn no_listener_is_rej_8() {
+    let cma = Cma::new().unwrap();
+    // Something listens on the device (opens the address), but not on this port.
+    let (_lch, _l, addr) = listener(&cma, "127.0.0.104:0");
+    let other = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1).max(1));
+    let (cch, c) = client_to(&cma, other);
+    c.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&cch, EventType::Rejected);
+    assert_eq!(ev.status(), 8);
+}
+
+#[test]
+fn private_data_limits_are_einval() {
+    let cma = Cma::new().unwrap();
+    let (lch, _l, addr) = listener(&cma, "127.0.0.105:0");
+    let (_cch, c) = client_to(&cma, addr);
+    let e = c
+        .connect(&ConnParam {
+            private_data: vec![1; 57],
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    assert_eq!(c.state(), IdState::RouteResolved);
+    c.connect(&ConnParam {
+        private_data: vec![1; 56],
+        ..Default::default()
+    })
+    .unwrap();
+    let s = expect(&lch, EventType::ConnectRequest).take_id().unwrap();
+    assert_eq!(s.reject(&[0; 149]).unwrap_err().errno(), libc::EINVAL);
+    s.create_qp_default().unwrap();
+    let e = s
+        .accept(&ConnParam {
+            private_data: vec![0; 197],
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    s.accept(&ConnParam {
+        private_data: pd(b"x", 196),
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+#[test]
+fn calls_out_of_order_are_einval() {
+    let cma = Cma::new().unwrap();
+    let ch = EventChannel::with_cma(&cma).unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    assert_eq!(id.resolve_route(T).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(
+        id.connect(&ConnParam::default()).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert_eq!(
+        id.accept(&ConnParam::default()).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert_eq!(id.disconnect().unwrap_err().errno(), libc::EINVAL);
+    id.bind_addr(sa("127.0.0.120:0")).unwrap();
+    assert_eq!(
+        id.bind_addr(sa("127.0.0.120:0")).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    assert_eq!(id.state(), IdState::AddrBound);
+    assert_eq!(id.netdev().unwrap().0, "lo");
+    assert_eq!(
+        id.resolve_route(Duration::ZERO).unwrap_err().errno(),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn bind_conflicts() {
+    let cma = Cma::new().unwrap();
+    let ch = EventChannel::with_cma(&cma).unwrap();
+    let a = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    a.bind_addr(sa("127.0.0.121:0")).unwrap();
+    let port = a.local_addr().unwrap().port();
+    let b = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    let e = b
+        .bind_addr(SocketAddr::new(sa("127.0.0.121:0").ip(), port))
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EADDRINUSE);
+    // Another port space has its own table.
+    let u = CmId::new(&ch, PortSpace::Udp).unwrap();
+    u.bind_addr(SocketAddr::new(sa("127.0.0.121:0").ip(), port))
+        .unwrap();
+    let w = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    assert_eq!(
+        w.bind_addr(sa("192.0.2.77:0")).unwrap_err().errno(),
+        libc::EADDRNOTAVAIL
+    );
+}
+
+#[test]
+fn event_names_are_rdma_event_str() {
+    assert_eq!(
+        EventType::ConnectRequest.to_string(),
+        "RDMA_CM_EVENT_CONNECT_REQUEST"
+    );
+    assert_eq!(
+        EventType::DeviceRemoval.to_string(),
+        "RDMA_CM_EVENT_DEVICE_REMOVAL"
+    );
+    assert_eq!(
+        EventType::AddrChange.to_string(),
+        "RDMA_CM_EVENT_ADDR_CHANGE"
+    );
+}
