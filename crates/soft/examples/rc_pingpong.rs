@@ -121,7 +121,9 @@ impl Dest {
     }
 }
 
-fn exchange(o: &Opts, mine: &Dest) -> Result<(Dest, TcpStream), String> {
+/// Exchanges connection data; returns the peer's and the stream (buffered: the peer may
+/// have sent more than its line already).
+fn exchange(o: &Opts, mine: &Dest) -> Result<(Dest, BufReader<TcpStream>), String> {
     let stream = match o.server {
         Some(ip) => {
             let to = SocketAddr::new(ip, o.tcp_port);
@@ -140,15 +142,15 @@ fn exchange(o: &Opts, mine: &Dest) -> Result<(Dest, TcpStream), String> {
             l.accept().map_err(|e| format!("accept: {e}"))?.0
         }
     };
-    let mut w = stream.try_clone().map_err(|e| e.to_string())?;
-    w.write_all(mine.wire().as_bytes())
+    let mut r = BufReader::new(stream);
+    r.get_mut()
+        .write_all(mine.wire().as_bytes())
         .map_err(|e| format!("send dest: {e}"))?;
     let mut line = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut line)
+    r.read_line(&mut line)
         .map_err(|e| format!("read dest: {e}"))?;
     let peer = Dest::parse(&line).ok_or(format!("bad remote address {line:?}"))?;
-    Ok((peer, stream))
+    Ok((peer, r))
 }
 
 fn wait(cq: &CompletionQueue, wc: &mut Vec<Completion>) -> Result<Completion, String> {
@@ -200,7 +202,7 @@ fn run(o: &Opts) -> Result<(), String> {
     qp.connect(peer.qpn, peer.psn, mine.psn, peer.gid)
         .map_err(e)?;
     // both sides ready before the first SEND (as the reference does with its sync)
-    tcp.write_all(b"R").map_err(|e| e.to_string())?;
+    tcp.get_mut().write_all(b"R").map_err(|e| e.to_string())?;
     let mut b = [0u8; 1];
     std::io::Read::read_exact(&mut tcp, &mut b).map_err(|e| e.to_string())?;
 
@@ -239,9 +241,10 @@ fn run(o: &Opts) -> Result<(), String> {
         usec / o.iters as f64
     );
     // let the peer see our last ACKs before the QP goes away
-    tcp.write_all(b"D").map_err(|e| e.to_string())?;
+    tcp.get_mut().write_all(b"D").map_err(|e| e.to_string())?;
     let end = Instant::now() + Duration::from_millis(200);
-    tcp.set_read_timeout(Some(Duration::from_millis(5)))
+    tcp.get_ref()
+        .set_read_timeout(Some(Duration::from_millis(5)))
         .map_err(|e| e.to_string())?;
     while Instant::now() < end {
         let _ = dev.progress();
