@@ -325,22 +325,14 @@ impl Connection {
         }
     }
 
-    /// Disconnects and waits for DISCONNECTED (the DREP, or the peer's DREQ).
-    pub async fn disconnect(mut self) -> Result<()> {
+    /// Disconnects (`rdma_disconnect`): moves the QP to ERR and sends the DREQ, or the DREP
+    /// when the peer disconnected first. Does not wait for the peer: DISCONNECTED comes
+    /// through [`Connection::next_event`] when it answers.
+    pub async fn disconnect(&mut self) -> Result<()> {
         self.connected = false;
-        if let Some(id) = &self.id {
-            if id.state() == crate::id::IdState::Disconnect {
-                // The peer disconnected first: answer with the DREP.
-                let _ = id.disconnect();
-                return Ok(());
-            }
-            id.disconnect()?;
-        }
-        loop {
-            let ev = self.ch.next_event().await?;
-            if ev.kind() == EventType::Disconnected {
-                return Ok(());
-            }
+        match &self.id {
+            Some(id) => id.disconnect(),
+            None => Err(Error::NotConnected),
         }
     }
 }

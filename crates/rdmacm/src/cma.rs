@@ -199,6 +199,10 @@ pub(crate) struct State {
     pub next_channel: u64,
     pub ports: PortTables,
     pub seed: u64,
+    /// QPs of destroyed ids kept until their connection's timewait is surely over, so
+    /// that their QP numbers are not reused while the peer may still hold the old
+    /// connection (it would answer a new REQ with REJ 10, stale connection).
+    pub lingering: VecDeque<(Instant, Arc<QueuePair>)>,
 }
 
 /// A request to the watcher task.
@@ -298,6 +302,7 @@ impl Cma {
                 next_channel: 1,
                 ports: PortTables::from_host(),
                 seed,
+                lingering: VecDeque::new(),
             }),
             acked: Condvar::new(),
             wake: EventFd::new()?,
@@ -576,6 +581,12 @@ impl Inner {
         ]) ^ u64::from(index);
         cfg.node_guid = guid;
         let dev = Device::open(cfg)?;
+        // Room for a burst of requests from one peer (a client opening hundreds of
+        // connections at once); the per-peer share still bounds a flooding peer.
+        dev.gsi_set_limits(rdma_soft::gsi::GsiLimits {
+            queue_len: 8192,
+            per_peer: 2048,
+        })?;
         let mut st = self.lock();
         if st.devices.contains_key(&index) {
             return Ok(());
@@ -766,6 +777,10 @@ impl Inner {
                 }
             }
             self.drain_agent(&mut st, i);
+        }
+        let now_i = Instant::now();
+        while st.lingering.front().is_some_and(|(t, _)| *t <= now_i) {
+            st.lingering.pop_front();
         }
         // Host changes.
         let notes: Vec<Notification> = self
