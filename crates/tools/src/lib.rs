@@ -1,0 +1,4 @@
+//! Shared pieces of the command-line tools (`rping`, `cmtime`, `ucmatose`, `udaddy`,
+//! `rdma-perf`, `rdmacm-demo`): argument parsing in the style of rdma-core's tools, event
+//! printing by `rdma_event_str` name, and one-line failure reporting.
+#![warn(missing_docs)]
