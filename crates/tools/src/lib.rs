@@ -2,3 +2,8 @@
 //! `rdma-perf`, `rdmacm-demo`): argument parsing in the style of rdma-core's tools, event
 //! printing by `rdma_event_str` name, and one-line failure reporting.
 #![warn(missing_docs)]
+
+/// Short-option parsing (`getopt` style), `-h` usage, one-line `tool: reason` failures.
+pub mod cli;
+/// CM event printing by `rdma_event_str` name and waiting for an expected event.
+pub mod events;
