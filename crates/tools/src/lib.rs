@@ -7,3 +7,5 @@
 pub mod cli;
 /// CM event printing by `rdma_event_str` name and waiting for an expected event.
 pub mod events;
+/// `cmtime`: per-step CM timing over many connections.
+pub mod cmtime;

@@ -1,0 +1,67 @@
+//! `cmtime`: per-step timing of RDMA CM connection setup and teardown over many
+//! connections (rdma-core's `cmtime`). Server when no `-s` is given.
+
+use std::time::Duration;
+
+use rdma_tools::cli::Tool;
+use rdma_tools::cmtime::{run_client, run_server, ClientOpts};
+
+const TOOL: Tool = Tool {
+    name: "cmtime",
+    usage: "usage: cmtime [options]
+options:
+   -s server_address
+   -b bind_address
+   -c connections (default 100)
+   -p port_number (default 7471)
+   -r retries (default 2)
+   -t timeout_ms (default 2000)
+   -h this help
+server mode when no -s is given
+",
+};
+
+fn main() {
+    let opts = TOOL.parse_args("s:b:c:p:r:t:h");
+    let (mut server, mut bind) = (None, None);
+    let (mut conns, mut port, mut retries, mut timeout) = (100usize, 7471u16, 2u8, 2000u64);
+    for o in &opts {
+        let v = o.value.as_deref().unwrap_or("");
+        match o.name {
+            's' => server = Some(v.to_string()),
+            'b' => bind = Some(v.to_string()),
+            'c' => conns = TOOL.num('c', v),
+            'p' => port = TOOL.num('p', v),
+            'r' => retries = TOOL.num('r', v),
+            't' => timeout = TOOL.num('t', v),
+            _ => {}
+        }
+    }
+    if conns == 0 {
+        TOOL.fail("invalid value '0' for -c");
+    }
+    match server {
+        Some(s) => {
+            let o = ClientOpts {
+                dst: TOOL.addr('s', &s, port),
+                src: bind.map(|b| TOOL.addr('b', &b, 0)),
+                connections: conns,
+                retries,
+                timeout: Duration::from_millis(timeout.max(1)),
+            };
+            match run_client(&o) {
+                Ok(t) => print!("{}", t.table()),
+                Err(e) => TOOL.fail(e),
+            }
+        }
+        None => {
+            let addr = match bind {
+                Some(b) => TOOL.addr('b', &b, port),
+                None => std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+            };
+            if let Err(e) = run_server(addr) {
+                TOOL.fail(e);
+            }
+        }
+    }
+}

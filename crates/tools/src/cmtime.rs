@@ -1,0 +1,485 @@
+//! `cmtime`: times each step of connection setup and teardown across many connections, as
+//! rdma-core's `cmtime` does. Every step runs for all connections at once (all
+//! `resolve_addr` calls are issued, then all their events awaited, and so on), and the
+//! table reports per step: the total time, the slowest and the fastest connection, and
+//! the total divided by the number of connections.
+//!
+//! ```text
+//! step              total ms     max ms     min us  us / conn
+//! create id    :        0.52       0.00       0.25       0.52
+//! ...
+//! ```
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rdma_soft::verbs::{CompletionQueue, ProtectionDomain, QpCap, QpInitAttr};
+use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+
+use crate::events::describe;
+
+/// The steps, in order, with the names cmtime prints.
+pub const STEPS: [&str; 8] = [
+    "create id",
+    "bind addr",
+    "resolve addr",
+    "resolve route",
+    "create qp",
+    "connect",
+    "disconnect",
+    "destroy",
+];
+
+const CREATE_ID: usize = 0;
+const BIND: usize = 1;
+const RESOLVE_ADDR: usize = 2;
+const RESOLVE_ROUTE: usize = 3;
+const CREATE_QP: usize = 4;
+const CONNECT: usize = 5;
+const DISCONNECT: usize = 6;
+const DESTROY: usize = 7;
+
+/// Client settings (`-s`, `-b`, `-c`, `-p`, `-r`, `-t`).
+#[derive(Debug, Clone)]
+pub struct ClientOpts {
+    /// The server's address and port.
+    pub dst: SocketAddr,
+    /// Local address to bind (`-b`); the port is ephemeral.
+    pub src: Option<SocketAddr>,
+    /// Connections (`-c`).
+    pub connections: usize,
+    /// Retries of a failing resolution and of unanswered CM messages (`-r`).
+    pub retries: u8,
+    /// Resolution timeout, also the basis of the CM response timeout (`-t`).
+    pub timeout: Duration,
+}
+
+/// Per-connection start and end times of one step.
+#[derive(Debug, Clone, Default)]
+struct Step {
+    begin: Option<Instant>,
+    end: Option<Instant>,
+    conn: Vec<(Option<Instant>, Option<Instant>)>,
+}
+
+/// The measured times of every step.
+#[derive(Debug, Clone)]
+pub struct Timings {
+    steps: Vec<Step>,
+    connections: usize,
+    bound: bool,
+}
+
+/// One row of the table: step name, total ms, max ms, min µs, µs per connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Step name.
+    pub step: &'static str,
+    /// Time from the step's start to its last completion, ms.
+    pub total_ms: f64,
+    /// Slowest single connection, ms.
+    pub max_ms: f64,
+    /// Fastest single connection, µs.
+    pub min_us: f64,
+    /// Total divided by the connections, µs.
+    pub us_per_conn: f64,
+}
+
+impl Timings {
+    fn new(connections: usize, bound: bool) -> Timings {
+        let step = Step {
+            conn: vec![(None, None); connections],
+            ..Default::default()
+        };
+        Timings {
+            steps: vec![step; STEPS.len()],
+            connections,
+            bound,
+        }
+    }
+
+    fn begin(&mut self, s: usize) {
+        self.steps[s].begin = Some(Instant::now());
+    }
+
+    fn finish(&mut self, s: usize) {
+        self.steps[s].end = Some(Instant::now());
+    }
+
+    fn start(&mut self, s: usize, c: usize) {
+        if let Some(x) = self.steps[s].conn.get_mut(c) {
+            x.0 = Some(Instant::now());
+        }
+    }
+
+    fn done(&mut self, s: usize, c: usize) {
+        if let Some(x) = self.steps[s].conn.get_mut(c) {
+            x.1 = Some(Instant::now());
+        }
+    }
+
+    /// The rows cmtime prints (no `bind addr` row unless bound).
+    pub fn rows(&self) -> Vec<Row> {
+        let mut out = Vec::new();
+        for (i, s) in self.steps.iter().enumerate() {
+            if i == BIND && !self.bound {
+                continue;
+            }
+            let us = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e6;
+            let (mut max, mut min) = (0f64, f64::MAX);
+            for (a, b) in &s.conn {
+                if let (Some(a), Some(b)) = (a, b) {
+                    let d = us(*a, *b);
+                    max = max.max(d);
+                    min = min.min(d);
+                }
+            }
+            if min == f64::MAX {
+                min = 0.0;
+            }
+            let total = match (s.begin, s.end) {
+                (Some(a), Some(b)) => us(a, b),
+                _ => 0.0,
+            };
+            out.push(Row {
+                step: STEPS[i],
+                total_ms: total / 1000.0,
+                max_ms: max / 1000.0,
+                min_us: min,
+                us_per_conn: total / self.connections.max(1) as f64,
+            });
+        }
+        out
+    }
+
+    /// The table as cmtime prints it.
+    pub fn table(&self) -> String {
+        let mut s = String::from("step              total ms     max ms     min us  us / conn\n");
+        for r in self.rows() {
+            s.push_str(&format!(
+                "{:<13}: {:>11.2}{:>11.2}{:>11.2}{:>11.2}\n",
+                r.step, r.total_ms, r.max_ms, r.min_us, r.us_per_conn
+            ));
+        }
+        s
+    }
+}
+
+/// Prints `cmtime: STEP: done/total` on stderr about every second while a step is slow.
+struct Progress {
+    step: &'static str,
+    total: usize,
+    next: Instant,
+}
+
+impl Progress {
+    fn new(step: usize, total: usize) -> Progress {
+        Progress {
+            step: STEPS[step],
+            total,
+            next: Instant::now() + Duration::from_secs(1),
+        }
+    }
+
+    fn tick(&mut self, done: usize) {
+        if Instant::now() >= self.next {
+            eprintln!("cmtime: {}: {done}/{}", self.step, self.total);
+            self.next += Duration::from_secs(1);
+        }
+    }
+}
+
+/// The CM response timeout code (4.096 µs · 2^t) closest below `timeout`.
+pub fn timeout_code(timeout: Duration) -> u8 {
+    let units = (timeout.as_secs_f64() * 1e6 / 4.096).max(1.0);
+    (units.log2().floor() as u8).clamp(8, 31)
+}
+
+/// Waits until every connection in `pending` got `want` on `ch`; other events fail the
+/// step (`TIMEWAIT_EXIT` and `ADDR_CHANGE` are ignored). `limit` bounds the whole wait.
+fn wait_all(
+    ch: &EventChannel,
+    t: &mut Timings,
+    step: usize,
+    want: EventType,
+    mut pending: usize,
+    limit: Duration,
+) -> Result<(), String> {
+    let total = pending;
+    let deadline = Instant::now() + limit;
+    let mut prog = Progress::new(step, total);
+    while pending > 0 {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(format!(
+                "{}: timed out waiting for {} ({} of {total} outstanding)",
+                STEPS[step],
+                want.name(),
+                pending
+            ));
+        }
+        let wait = (deadline - now).min(Duration::from_millis(200));
+        let ev = ch
+            .get_event_timeout(wait)
+            .map_err(|e| format!("{}: get_event: {e}", STEPS[step]))?;
+        prog.tick(total - pending);
+        let Some(ev) = ev else { continue };
+        let c = ev.context() as usize;
+        match ev.kind() {
+            k if k == want => {
+                t.done(step, c);
+                pending -= 1;
+            }
+            EventType::TimewaitExit | EventType::AddrChange => {}
+            EventType::Disconnected if step == CONNECT => {}
+            _ => return Err(format!("{}: {}", STEPS[step], describe(&ev))),
+        }
+    }
+    t.finish(step);
+    Ok(())
+}
+
+/// Runs the client: sets up and tears down `opts.connections` connections step by step.
+pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
+    let n = opts.connections;
+    let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
+    cma.set_cm_timeouts(timeout_code(opts.timeout), opts.retries.min(15))
+        .map_err(|e| format!("CM timeouts: {e}"))?;
+    let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
+    let mut t = Timings::new(n, opts.src.is_some());
+    // Upper bound for steps driven by the peer: every try of every message.
+    let cm_limit = Duration::from_secs(30) + opts.timeout * (u32::from(opts.retries) + 2) * 2;
+
+    t.begin(CREATE_ID);
+    let mut ids = Vec::with_capacity(n);
+    for c in 0..n {
+        t.start(CREATE_ID, c);
+        let id = CmId::new(&ch, PortSpace::Tcp).map_err(|e| format!("create id: {e}"))?;
+        id.set_context(c as u64);
+        t.done(CREATE_ID, c);
+        ids.push(id);
+    }
+    t.finish(CREATE_ID);
+
+    if let Some(src) = opts.src {
+        t.begin(BIND);
+        for (c, id) in ids.iter().enumerate() {
+            t.start(BIND, c);
+            id.bind_addr(src)
+                .map_err(|e| format!("bind addr {src}: {e}"))?;
+            t.done(BIND, c);
+        }
+        t.finish(BIND);
+    }
+
+    t.begin(RESOLVE_ADDR);
+    resolve_addrs(&ch, &ids, opts, &mut t)?;
+
+    t.begin(RESOLVE_ROUTE);
+    for (c, id) in ids.iter().enumerate() {
+        t.start(RESOLVE_ROUTE, c);
+        id.resolve_route(opts.timeout)
+            .map_err(|e| format!("resolve route: {e}"))?;
+    }
+    wait_all(
+        &ch,
+        &mut t,
+        RESOLVE_ROUTE,
+        EventType::RouteResolved,
+        n,
+        opts.timeout + Duration::from_secs(10),
+    )?;
+
+    t.begin(CREATE_QP);
+    let mut verbs = Verbs::default();
+    for (c, id) in ids.iter().enumerate() {
+        t.start(CREATE_QP, c);
+        verbs.create_qp(id).map_err(|e| format!("create qp: {e}"))?;
+        t.done(CREATE_QP, c);
+    }
+    t.finish(CREATE_QP);
+
+    t.begin(CONNECT);
+    for (c, id) in ids.iter().enumerate() {
+        t.start(CONNECT, c);
+        id.connect(&ConnParam::default())
+            .map_err(|e| format!("connect: {e}"))?;
+    }
+    wait_all(&ch, &mut t, CONNECT, EventType::Established, n, cm_limit)?;
+
+    t.begin(DISCONNECT);
+    for (c, id) in ids.iter().enumerate() {
+        t.start(DISCONNECT, c);
+        id.disconnect().map_err(|e| format!("disconnect: {e}"))?;
+    }
+    wait_all(
+        &ch,
+        &mut t,
+        DISCONNECT,
+        EventType::Disconnected,
+        n,
+        cm_limit,
+    )?;
+
+    t.begin(DESTROY);
+    for (c, id) in ids.into_iter().enumerate() {
+        t.start(DESTROY, c);
+        drop(id);
+        t.done(DESTROY, c);
+    }
+    t.finish(DESTROY);
+    Ok(t)
+}
+
+/// Issues every `resolve_addr`, then waits for their events, retrying ADDR_ERRORs up to
+/// `opts.retries` times.
+fn resolve_addrs(
+    ch: &EventChannel,
+    ids: &[CmId],
+    opts: &ClientOpts,
+    t: &mut Timings,
+) -> Result<(), String> {
+    let n = ids.len();
+    let mut tries = vec![0u8; n];
+    for (c, id) in ids.iter().enumerate() {
+        t.start(RESOLVE_ADDR, c);
+        id.resolve_addr(opts.src, opts.dst, opts.timeout)
+            .map_err(|e| format!("resolve addr {}: {e}", opts.dst.ip()))?;
+    }
+    let mut pending = n;
+    let mut prog = Progress::new(RESOLVE_ADDR, n);
+    let deadline =
+        Instant::now() + opts.timeout * (u32::from(opts.retries) + 1) + Duration::from_secs(10);
+    while pending > 0 {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "resolve addr: timed out ({pending} of {n} outstanding)"
+            ));
+        }
+        let ev = ch
+            .get_event_timeout(Duration::from_millis(200))
+            .map_err(|e| format!("resolve addr: get_event: {e}"))?;
+        prog.tick(n - pending);
+        let Some(ev) = ev else { continue };
+        let c = ev.context() as usize;
+        match ev.kind() {
+            EventType::AddrResolved => {
+                t.done(RESOLVE_ADDR, c);
+                pending -= 1;
+            }
+            EventType::AddrError if tries.get(c).is_some_and(|&r| r < opts.retries) => {
+                tries[c] += 1;
+                let id = &ids[c];
+                drop(ev);
+                id.resolve_addr(opts.src, opts.dst, opts.timeout)
+                    .map_err(|e| format!("resolve addr {}: {e}", opts.dst.ip()))?;
+            }
+            EventType::AddrChange => {}
+            _ => return Err(format!("resolve addr: {}", describe(&ev))),
+        }
+    }
+    t.finish(RESOLVE_ADDR);
+    Ok(())
+}
+
+/// A PD and a CQ per device, shared by the QPs made on it (as cmtime shares them).
+#[derive(Default)]
+struct Verbs {
+    per_dev: HashMap<u32, (ProtectionDomain, CompletionQueue)>,
+}
+
+impl Verbs {
+    fn create_qp(&mut self, id: &CmId) -> Result<(), String> {
+        let (_, idx) = id.netdev().ok_or("id has no device")?;
+        if !self.per_dev.contains_key(&idx) {
+            let dev = id.device().ok_or("id has no device")?;
+            let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
+            let cq = dev.create_cq(64, None).map_err(|e| e.to_string())?;
+            self.per_dev.insert(idx, (pd, cq));
+        }
+        let (pd, cq) = self.per_dev.get(&idx).ok_or("no PD")?;
+        let mut init = QpInitAttr::rc(cq, cq);
+        init.cap = QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        id.create_qp(pd, &init).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// Runs the server: listens on `addr` and accepts every request, disconnecting and
+/// destroying each connection when its client disconnects. Runs until killed.
+pub fn run_server(addr: SocketAddr) -> Result<(), String> {
+    let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
+    let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
+    let listen = CmId::new(&ch, PortSpace::Tcp).map_err(|e| format!("create id: {e}"))?;
+    listen
+        .bind_addr(addr)
+        .map_err(|e| format!("bind addr {addr}: {e}"))?;
+    listen.listen(0).map_err(|e| format!("listen: {e}"))?;
+    let mut verbs = Verbs::default();
+    let mut live: HashMap<u64, CmId> = HashMap::new();
+    loop {
+        let mut ev = ch.get_event().map_err(|e| format!("get_event: {e}"))?;
+        match ev.kind() {
+            EventType::ConnectRequest => {
+                let Some(id) = ev.take_id() else { continue };
+                drop(ev);
+                let ok = verbs
+                    .create_qp(&id)
+                    .and_then(|_| id.accept(&ConnParam::default()).map_err(|e| e.to_string()));
+                match ok {
+                    Ok(()) => {
+                        live.insert(id.num(), id);
+                    }
+                    Err(e) => {
+                        eprintln!("cmtime: accept: {e}");
+                        let _ = id.reject(&[]);
+                    }
+                }
+            }
+            EventType::Disconnected | EventType::ConnectError | EventType::Unreachable => {
+                let num = ev.id_num();
+                drop(ev);
+                if let Some(id) = live.remove(&num) {
+                    let _ = id.disconnect();
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_shape() {
+        let mut t = Timings::new(2, false);
+        for s in 0..STEPS.len() {
+            t.begin(s);
+            t.start(s, 0);
+            t.done(s, 0);
+            t.start(s, 1);
+            t.done(s, 1);
+            t.finish(s);
+        }
+        let tab = t.table();
+        let lines: Vec<&str> = tab.lines().collect();
+        assert_eq!(lines.len(), 8);
+        assert!(lines[1].starts_with("create id    : "));
+        assert!(!tab.contains("bind addr"));
+    }
+
+    #[test]
+    fn timeout_codes() {
+        assert_eq!(timeout_code(Duration::from_millis(2000)), 18);
+        assert_eq!(timeout_code(Duration::ZERO), 8);
+    }
+}
