@@ -5,7 +5,9 @@
 
 /// Short-option parsing (`getopt` style), `-h` usage, one-line `tool: reason` failures.
 pub mod cli;
-/// CM event printing by `rdma_event_str` name and waiting for an expected event.
-pub mod events;
 /// `cmtime`: per-step CM timing over many connections.
 pub mod cmtime;
+/// A connection's PD/CQ/QP and the "next completion or CM event" wait (rping, ucmatose, udaddy).
+pub mod endpoint;
+/// CM event printing by `rdma_event_str` name and waiting for an expected event.
+pub mod events;
