@@ -1,0 +1,157 @@
+//! Running the tools as real processes in tests: spawn with piped output, wait with a
+//! timeout (killing the child, by its pid, when it runs over), wait until a server's device
+//! holds UDP 4791 on its address.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::IpAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What a finished process left.
+#[derive(Debug)]
+pub struct Out {
+    /// Exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+impl Out {
+    /// Exit code 0, or a panic showing both streams.
+    pub fn ok(&self, what: &str) -> &Self {
+        assert_eq!(self.code, Some(0), "{what} failed: {self:#?}");
+        self
+    }
+}
+
+/// A running child with piped output.
+pub struct Proc {
+    child: Child,
+    what: String,
+}
+
+/// Starts `cmd` with stdout/stderr piped.
+pub fn spawn(mut cmd: Command, what: &str) -> Proc {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    Proc {
+        child,
+        what: what.to_string(),
+    }
+}
+
+impl Proc {
+    /// Waits up to `t`, then kills it (SIGKILL to its own pid); returns its output.
+    pub fn wait(mut self, t: Duration) -> Out {
+        let end = Instant::now() + t;
+        let mut killed = false;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() >= end => {
+                    let _ = self.child.kill();
+                    killed = true;
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => panic!("wait {}: {e}", self.what),
+            }
+        }
+        let status = self.child.wait().expect("wait");
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let out = Out {
+            code: status.code(),
+            stdout,
+            stderr,
+        };
+        assert!(!killed, "{} ran over {t:?}: {out:#?}", self.what);
+        out
+    }
+
+    /// Kills it (a server that runs forever) and returns its output.
+    pub fn kill(mut self) -> Out {
+        let _ = self.child.kill();
+        let status = self.child.wait().expect("wait");
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        Out {
+            code: status.code(),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+/// `/proc/net/udp`-style local address of `ip`:4791.
+fn proc_net_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            format!("{:02X}{:02X}{:02X}{:02X}:12B7", o[3], o[2], o[1], o[0])
+        }
+        IpAddr::V6(v6) => {
+            let mut s = String::new();
+            for w in v6.octets().chunks(4) {
+                s.push_str(&format!("{:02X}{:02X}{:02X}{:02X}", w[3], w[2], w[1], w[0]));
+            }
+            s + ":12B7"
+        }
+    }
+}
+
+/// Waits until some process holds UDP 4791 on `ip` (in the namespace `netns`, if given),
+/// then a little more so that the listen after the bind is done.
+pub fn wait_udp_4791(ip: IpAddr, netns: Option<&str>) {
+    let key = proc_net_key(ip);
+    let file = if ip.is_ipv4() {
+        "/proc/net/udp"
+    } else {
+        "/proc/net/udp6"
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        let text = match netns {
+            None => std::fs::read_to_string(file).unwrap_or_default(),
+            Some(ns) => Command::new("ip")
+                .args(["netns", "exec", ns, "cat", file])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default(),
+        };
+        if text
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(key.as_str()))
+        {
+            std::thread::sleep(Duration::from_millis(150));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    panic!("nothing bound UDP 4791 on {ip} within 10 s");
+}
+
+/// Lines of `s` that start with `prefix`.
+pub fn lines_with<'a>(s: &'a str, prefix: &str) -> Vec<&'a str> {
+    s.lines().filter(|l| l.starts_with(prefix)).collect()
+}
