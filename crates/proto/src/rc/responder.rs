@@ -35,6 +35,9 @@ struct ReadStream {
     npkts: u32,
     msn: u32,
     new: bool,
+    /// Resumes an earlier READ past its first packet (a partial re-request): rxe's
+    /// requester accepts only MIDDLE and LAST then, never FIRST or ONLY.
+    resumed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -264,6 +267,7 @@ impl RcQp {
                     npkts: npkts - k,
                     msn: self.resp.msn,
                     new: false,
+                    resumed: k > 0,
                 };
                 self.resp.out.push_back(Out::Read(s));
             }
@@ -469,6 +473,7 @@ impl RcQp {
                     npkts,
                     msn: self.resp.msn,
                     new: true,
+                    resumed: false,
                 };
                 self.resp.out.push_back(Out::Read(s));
                 self.resp.new_rd_in_out += 1;
@@ -566,7 +571,7 @@ impl RcQp {
                 let off = k * mtu;
                 let n = (s.len - off.min(s.len)).min(mtu);
                 let last = k + 1 >= s.npkts;
-                let opcode = match (k == 0, last) {
+                let opcode = match (k == 0 && !s.resumed, last) {
                     (true, true) => Opcode::RcReadResponseOnly,
                     (true, false) => Opcode::RcReadResponseFirst,
                     (false, false) => Opcode::RcReadResponseMiddle,
@@ -602,5 +607,71 @@ impl RcQp {
             header: h,
             payload_len,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::memory::InMemoryTable;
+    use crate::packet::{Opcode, Packet, PacketHeader, Reth};
+    use crate::rc::{RcConfig, RcQp};
+    use crate::sim::{connect, ConnParams};
+    use crate::verbs::{AccessFlags, PdId};
+
+    fn read_req(psn: u32, va: u64, rkey: u32, len: u32) -> PacketHeader {
+        let mut h = PacketHeader::new(Opcode::RcReadRequest, 0x12, psn);
+        h.ack_req = true;
+        h.reth = Some(Reth { va, rkey, len });
+        h
+    }
+
+    /// A READ re-request for the tail of an earlier READ is answered with MIDDLE/LAST only
+    /// (as rxe does; rxe's requester refuses FIRST or ONLY past the READ's first PSN), a
+    /// re-request from the first PSN with FIRST/.../LAST (seen in the read-loss capture).
+    #[test]
+    fn read_rerequest_resumes_with_middle_and_last() {
+        let pd = PdId(1);
+        let mut mem = InMemoryTable::new(0x1000, 8192);
+        let k = mem.register(pd, 0x1000, 4096, AccessFlags::all()).unwrap();
+        let mut qp = RcQp::new(RcConfig::new(0x12, pd));
+        connect(&mut qp, 0x11, 0, 100, &ConnParams::default());
+        let mut buf = [0u8; 4096];
+        let mut run = |qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketHeader| {
+            qp.handle_packet(
+                0,
+                mem,
+                &Packet {
+                    header: h,
+                    payload: &[],
+                },
+            );
+            let mut out = Vec::new();
+            while let Some(t) = qp.poll_transmit(0, mem, &mut buf) {
+                out.push((t.header.opcode, t.header.psn, t.payload_len));
+            }
+            out
+        };
+        use Opcode::*;
+        let first = run(&mut qp, &mut mem, read_req(100, 0x1000, k.rkey, 3000));
+        assert_eq!(
+            first,
+            vec![
+                (RcReadResponseFirst, 100, 1024),
+                (RcReadResponseMiddle, 101, 1024),
+                (RcReadResponseLast, 102, 952)
+            ]
+        );
+        let tail = run(&mut qp, &mut mem, read_req(101, 0x1400, k.rkey, 1976));
+        assert_eq!(
+            tail,
+            vec![
+                (RcReadResponseMiddle, 101, 1024),
+                (RcReadResponseLast, 102, 952)
+            ]
+        );
+        let last = run(&mut qp, &mut mem, read_req(102, 0x1800, k.rkey, 952));
+        assert_eq!(last, vec![(RcReadResponseLast, 102, 952)]);
+        let again = run(&mut qp, &mut mem, read_req(100, 0x1000, k.rkey, 3000));
+        assert_eq!(again, first);
     }
 }
