@@ -1,0 +1,118 @@
+//! rping and ucmatose between two network-namespace hosts on one link ("two hosts on one
+//! link": a 192.0.2.1 / 2001:db8:1::1 — b 192.0.2.2 / 2001:db8:1::2), processes started
+//! with `ip netns exec`. Needs root (prints SKIPPED otherwise).
+
+mod procs;
+
+use std::time::Duration;
+
+use procs::{lines_with, spawn, wait_udp_4791};
+use rdma_testhosts::{require_root, topologies};
+
+const RPING: &str = env!("CARGO_BIN_EXE_rping");
+const UCMATOSE: &str = env!("CARGO_BIN_EXE_ucmatose");
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+fn netns_rping_ipv4_and_ipv6_and_ucmatose() {
+    if !require_root("netns_rping_ipv4_and_ipv6_and_ucmatose") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+
+    // rping over IPv4, server bound to its address with -a, client with -I.
+    let mut s = b.command(RPING);
+    s.args(["-s", "-a", "192.0.2.2", "-v", "-V"]);
+    let srv = spawn(s, "rping server");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let mut c = a.command(RPING);
+    c.args([
+        "-c",
+        "-a",
+        "192.0.2.2",
+        "-I",
+        "192.0.2.1",
+        "-C",
+        "4",
+        "-v",
+        "-V",
+    ]);
+    let c = spawn(c, "rping client").wait(T);
+    c.ok("rping client v4");
+    let s = srv.wait(T);
+    s.ok("rping server v4");
+    assert_eq!(
+        lines_with(&c.stdout, "ping data: rdma-ping-").len(),
+        4,
+        "{c:#?}"
+    );
+    assert_eq!(
+        lines_with(&s.stdout, "server ping data: rdma-ping-").len(),
+        4,
+        "{s:#?}"
+    );
+
+    // rping over IPv6 (global addresses), as the ipv6-global capture.
+    let mut s = b.command(RPING);
+    s.args(["-s", "-a", "2001:db8:1::2", "-p", "7175", "-v"]);
+    let srv = spawn(s, "rping server v6");
+    wait_udp_4791("2001:db8:1::2".parse().unwrap(), Some(b.netns()));
+    let mut c = a.command(RPING);
+    c.args([
+        "-c",
+        "-a",
+        "2001:db8:1::2",
+        "-p",
+        "7175",
+        "-C",
+        "2",
+        "-v",
+        "-V",
+        "-d",
+    ]);
+    let c = spawn(c, "rping client v6").wait(T);
+    c.ok("rping client v6");
+    srv.wait(T).ok("rping server v6");
+    assert_eq!(
+        lines_with(&c.stdout, "ping data: rdma-ping-").len(),
+        2,
+        "{c:#?}"
+    );
+    assert!(c
+        .stdout
+        .contains("cma_event type RDMA_CM_EVENT_ESTABLISHED"));
+
+    // ucmatose, 2 connections.
+    let mut s = a.command(UCMATOSE);
+    s.args(["-b", "192.0.2.1", "-c", "2", "-C", "4"]);
+    let srv = spawn(s, "ucmatose server");
+    wait_udp_4791("192.0.2.1".parse().unwrap(), Some(a.netns()));
+    let mut c = b.command(UCMATOSE);
+    c.args(["-s", "192.0.2.1", "-b", "192.0.2.2", "-c", "2", "-C", "4"]);
+    let c = spawn(c, "ucmatose client").wait(T);
+    c.ok("ucmatose client");
+    let s = srv.wait(T);
+    s.ok("ucmatose server");
+    assert!(c.stdout.contains("data transfers complete\n"), "{c:#?}");
+    assert!(
+        s.stdout
+            .contains("disconnected\ntest complete\nreturn status 0\n"),
+        "{s:#?}"
+    );
+
+    // No listener on the peer's port: one line, non-zero exit.
+    let mut c = a.command(RPING);
+    c.args(["-c", "-a", "192.0.2.2", "-p", "7999", "-C", "1"]);
+    let mut s = b.command(UCMATOSE);
+    s.args(["-b", "192.0.2.2", "-p", "7998"]);
+    let holder = spawn(s, "a device holding 192.0.2.2");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let c = spawn(c, "rping to nobody").wait(T);
+    holder.kill();
+    assert_eq!(c.code, Some(1), "{c:#?}");
+    assert_eq!(
+        c.stderr,
+        "rping: cma event RDMA_CM_EVENT_REJECTED, error 8\n"
+    );
+}
