@@ -11,3 +11,5 @@ pub mod cmtime;
 pub mod endpoint;
 /// CM event printing by `rdma_event_str` name and waiting for an expected event.
 pub mod events;
+/// `rdma-perf`: perftest's tests over connections made by the connection manager.
+pub mod perf;

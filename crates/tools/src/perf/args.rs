@@ -1,0 +1,233 @@
+//! `rdma-perf` command line: `rdma-perf TEST [options] [server]`, perftest's flags.
+
+use std::time::Duration;
+
+use super::{Kind, Params, Test, MAX_ALL_SIZE};
+use crate::cli::{getopt, parse_addr, parse_num};
+
+/// The usage text.
+pub const USAGE: &str = "usage: rdma-perf TEST [options] [server_address]
+tests: send_lat send_bw write_lat write_bw read_lat read_bw
+server mode when no server_address is given
+options:
+   -s, --size=SIZE        message size (default 2 for latency, 65536 for bandwidth)
+   -a, --all              all sizes from 2 to 2^23
+   -n, --iters=N          iterations per size (default 1000 latency, 5000 bandwidth)
+   -D, --duration=SEC     run each size for SEC seconds instead
+   -q, --qp=N             queue pairs (bandwidth tests, default 1)
+   -t, --tx-depth=N       work requests in flight (bandwidth tests, default 128)
+   -p, --port=PORT        rdma_cm port (default 18515)
+   -F, --CPU-freq         accepted for compatibility (no CPU frequency check is made)
+   -R, --rdma_cm          accepted: connections are always made by the connection manager
+       --bind=ADDR        local address
+   -h, --help             this help
+";
+
+/// Short options and which take a value.
+const SPEC: &str = "s:an:D:q:t:p:FRB:h";
+
+/// Long options and their short letter.
+const LONG: [(&str, char); 11] = [
+    ("size", 's'),
+    ("all", 'a'),
+    ("iters", 'n'),
+    ("duration", 'D'),
+    ("qp", 'q'),
+    ("tx-depth", 't'),
+    ("port", 'p'),
+    ("CPU-freq", 'F'),
+    ("rdma_cm", 'R'),
+    ("bind", 'B'),
+    ("help", 'h'),
+];
+
+/// The outcome of parsing.
+#[derive(Debug)]
+pub enum Parsed {
+    /// `-h`.
+    Help,
+    /// Run with these parameters.
+    Run(Params),
+}
+
+fn takes_value(c: char) -> bool {
+    SPEC.find(c).is_some_and(|i| SPEC[i + 1..].starts_with(':'))
+}
+
+/// Splits long options into short ones and separates the operands.
+fn normalize(args: &[String]) -> Result<(Vec<String>, Vec<String>), String> {
+    let (mut opts, mut operands) = (Vec::new(), Vec::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(long) = a.strip_prefix("--") {
+            let (name, val) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let c = LONG
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, c)| *c)
+                .ok_or_else(|| format!("unrecognized option '--{name}'"))?;
+            opts.push(format!("-{c}"));
+            if takes_value(c) {
+                let v = match val {
+                    Some(v) => v,
+                    None => it
+                        .next()
+                        .cloned()
+                        .ok_or_else(|| format!("option '--{name}' requires an argument"))?,
+                };
+                opts.push(v);
+            } else if val.is_some() {
+                return Err(format!("option '--{name}' doesn't allow an argument"));
+            }
+        } else if a.len() > 1 && a.starts_with('-') {
+            opts.push(a.clone());
+            // A value given as the next argument belongs to the option.
+            let last = a.chars().last().unwrap_or('-');
+            let body = &a[1..];
+            let pos = body.find(|c: char| takes_value(c));
+            if pos.is_some_and(|p| p + 1 == body.len()) && takes_value(last) {
+                if let Some(v) = it.next() {
+                    opts.push(v.clone());
+                }
+            }
+        } else {
+            operands.push(a.clone());
+        }
+    }
+    Ok((opts, operands))
+}
+
+fn num<T: std::str::FromStr + TryFrom<u64>>(c: char, v: &str) -> Result<T, String> {
+    parse_num(v).ok_or_else(|| format!("invalid value '{v}' for -{c}"))
+}
+
+/// Parses the arguments (without the program name).
+pub fn parse(args: &[String]) -> Result<Parsed, String> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        return Ok(Parsed::Help);
+    }
+    let Some((first, rest)) = args.split_first() else {
+        return Err("no test given (try 'rdma-perf -h')".into());
+    };
+    let test = Test::from_name(first)
+        .or_else(|| first.strip_prefix("ib_").and_then(Test::from_name))
+        .ok_or_else(|| format!("unknown test '{first}' (try 'rdma-perf -h')"))?;
+    let (opts, operands) = normalize(rest)?;
+    let opts = getopt(&opts, SPEC).map_err(|e| format!("{e} (try 'rdma-perf -h')"))?;
+    let mut p = Params {
+        test,
+        size: if test.kind == Kind::Lat { 2 } else { 65536 },
+        all: false,
+        iters: if test.kind == Kind::Lat { 1000 } else { 5000 },
+        duration: None,
+        qps: 1,
+        tx_depth: 128,
+        port: 18515,
+        bind: None,
+        server: None,
+    };
+    let mut bind = None;
+    for o in opts {
+        let v = o.value.as_deref().unwrap_or("");
+        match o.name {
+            's' => p.size = num('s', v)?,
+            'a' => p.all = true,
+            'n' => p.iters = num('n', v)?,
+            'D' => p.duration = Some(Duration::from_secs(num('D', v)?)),
+            'q' => p.qps = num('q', v)?,
+            't' => p.tx_depth = num('t', v)?,
+            'p' => p.port = num('p', v)?,
+            'B' => bind = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    if p.size == 0 || p.size > MAX_ALL_SIZE {
+        return Err(format!(
+            "invalid value '{}' for -s (1 to {MAX_ALL_SIZE})",
+            p.size
+        ));
+    }
+    if p.iters == 0 || p.iters > u64::from(u32::MAX) * 16 {
+        return Err(format!("invalid value '{}' for -n", p.iters));
+    }
+    if p.duration
+        .is_some_and(|d| d.is_zero() || d.as_secs() > 86_400)
+    {
+        return Err("invalid value for -D (1 to 86400 seconds)".into());
+    }
+    if p.qps == 0 || p.qps > 64 {
+        return Err(format!("invalid value '{}' for -q (1 to 64)", p.qps));
+    }
+    if p.qps > 1 && test.kind == Kind::Lat {
+        return Err("-q is for bandwidth tests".into());
+    }
+    if p.tx_depth == 0 || p.tx_depth > 256 {
+        return Err(format!("invalid value '{}' for -t (1 to 256)", p.tx_depth));
+    }
+    if let Some(b) = bind {
+        p.bind = Some(parse_addr(&b, 0).map_err(|e| format!("--bind {b}: {e}"))?);
+    }
+    match operands.as_slice() {
+        [] => {}
+        [s] => p.server = Some(parse_addr(s, p.port).map_err(|e| format!("{s}: {e}"))?),
+        [_, x, ..] => return Err(format!("unexpected argument '{x}'")),
+    }
+    if let (Some(b), None) = (&mut p.bind, &p.server) {
+        b.set_port(p.port);
+    }
+    Ok(Parsed::Run(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn client_and_server_forms() {
+        let Parsed::Run(p) = parse(&v(&[
+            "write_bw",
+            "-s",
+            "4096",
+            "--bind",
+            "127.0.0.2",
+            "-F",
+            "127.0.0.1",
+        ]))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(p.size, 4096);
+        assert_eq!(p.server.unwrap().to_string(), "127.0.0.1:18515");
+        assert_eq!(p.bind.unwrap().port(), 0);
+        let Parsed::Run(p) = parse(&v(&["send_lat", "-p5000", "--bind=127.0.0.1", "-a"])).unwrap()
+        else {
+            panic!()
+        };
+        assert!(p.server.is_none() && p.all);
+        assert_eq!(p.bind.unwrap().to_string(), "127.0.0.1:5000");
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        for a in [
+            &["nope"][..],
+            &[],
+            &["send_bw", "-s", "0"],
+            &["send_bw", "-s"],
+            &["send_bw", "-x"],
+            &["send_lat", "-q", "2"],
+            &["send_bw", "--bogus"],
+            &["send_bw", "a", "b"],
+            &["send_bw", "-n", "x"],
+        ] {
+            assert!(parse(&v(a)).is_err(), "{a:?}");
+        }
+    }
+}
