@@ -8,10 +8,12 @@
 # Prints one table (each figure and its ratio to the physical limit) and writes it, with the
 # machine it ran on, to docs/BENCHMARKS.md.
 #
-# Usage: bench/compare.sh [--install] [--quick] [--out FILE] [--no-write] [-h]
+# Usage: bench/compare.sh [--install] [--quick] [--wait-quiet SECS] [--out FILE] [--no-write] [-h]
 #   --install   install the alternatives from Debian's packages (apt-get update once, then
 #               apt-get install libfabric-bin ucx-utils [fabtests]); needs root
 #   --quick     fewer iterations and shorter streams (a smoke run, figures are noisier)
+#   --wait-quiet SECS  before measuring, wait up to SECS for the 1-minute load average to
+#               drop below 0.5 (the machine is shared; other builds skew the figures)
 #   --out FILE  where to write the Markdown (default docs/BENCHMARKS.md)
 #   --no-write  print the table only
 # A tool that is missing or fails gives a row that says so; the script still finishes.
@@ -23,8 +25,10 @@ OUT="$ROOT/docs/BENCHMARKS.md"
 INSTALL=0
 QUICK=0
 WRITE=1
+WAIT_QUIET=0
+WAITED=0
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -37,6 +41,14 @@ while [ $# -gt 0 ]; do
             ;;
         --out=*) OUT=${1#--out=} ;;
         --no-write) WRITE=0 ;;
+        --wait-quiet)
+            if [ $# -lt 2 ] || ! [[ $2 =~ ^[0-9]+$ ]]; then
+                echo "compare.sh: --wait-quiet needs seconds" >&2
+                exit 2
+            fi
+            WAIT_QUIET=$2
+            shift
+            ;;
         -h | --help) usage; exit 0 ;;
         *) echo "compare.sh: unknown option '$1' (try -h)" >&2; exit 2 ;;
     esac
@@ -47,7 +59,7 @@ done
 if [ "$QUICK" = 1 ]; then
     LAT_ITERS=2000 BW_SECS=0.5 CONNS=200 BW_ITERS_64K=500 BW_ITERS_1M=100
 else
-    LAT_ITERS=20000 BW_SECS=2 CONNS=1000 BW_ITERS_64K=5000 BW_ITERS_1M=1000
+    LAT_ITERS=50000 BW_SECS=3 CONNS=1000 BW_ITERS_64K=20000 BW_ITERS_1M=2000
 fi
 CONC=8
 SERVER_IP=127.0.0.1   # our tools: server address
@@ -178,6 +190,20 @@ CMTIME=""
 [ -x "$BIN/cmtime" ] && CMTIME=$BIN/cmtime
 PERF_NOTE="not built yet${TOOLS_NOTE}"
 CMTIME_NOTE="not built yet${TOOLS_NOTE}"
+
+# ----------------------------------------------------------------------------------------
+# Wait for a quiet machine on request
+if [ "$WAIT_QUIET" -gt 0 ]; then
+    wait_start=$(date +%s)
+    deadline=$((wait_start + WAIT_QUIET))
+    while awk '{ exit !($1 >= 0.5) }' /proc/loadavg && [ "$(date +%s)" -lt "$deadline" ]; do
+        say "load $(cut -d' ' -f1 /proc/loadavg): waiting for a quiet machine"
+        sleep 10
+    done
+    LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
+    WAITED=$(($(date +%s) - wait_start))
+    START_S=$((START_S + WAITED))
+fi
 
 # ----------------------------------------------------------------------------------------
 # Physical limits (crates/bench)
@@ -473,7 +499,7 @@ table_text() {
 
 table_text
 echo
-echo "run took ${ELAPSED}s; load average ${LOAD_START} at start, ${LOAD_END} at end"
+echo "run took ${ELAPSED}s (plus ${WAITED}s waiting for a quiet machine); load average ${LOAD_START} at start, ${LOAD_END} at end"
 
 # Keep the analysis a person wrote in an earlier BENCHMARKS.md.
 ANALYSIS=""
@@ -499,7 +525,7 @@ if [ "$WRITE" = 1 ]; then
         echo "| OS | $os |"
         echo "| date | $when |"
         echo "| commit | $commit ($rustc_v)$(case "$commit" in *-dirty) echo "; built from a work tree with uncommitted changes (other engineers' work in progress)" ;; esac) |"
-        echo "| run | ${ELAPSED} s$([ "$QUICK" = 1 ] && echo ", --quick") |"
+        echo "| run | ${ELAPSED} s$([ "$QUICK" = 1 ] && echo ", --quick")$([ "$WAITED" -gt 0 ] && echo " (after ${WAITED} s waiting for a quiet machine)") |"
         echo "| load average (1/5/15 min) | ${LOAD_START} at start, ${LOAD_END} at end |"
         echo "| libfabric-bin | $(pkg_version libfabric-bin) |"
         echo "| ucx-utils | $(pkg_version ucx-utils) |"
