@@ -13,3 +13,5 @@ pub mod endpoint;
 pub mod events;
 /// `rdma-perf`: perftest's tests over connections made by the connection manager.
 pub mod perf;
+/// `rdmacm-demo`: the connection manager and the software device in one short run.
+pub mod demo;

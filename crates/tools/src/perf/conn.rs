@@ -281,7 +281,11 @@ pub fn client(p: &Params, hook: Hook<'_>) -> Result<Link, String> {
 /// The server: listens on `p.bind` (or every address) at `p.port`, takes one client's
 /// connections and returns them with the client's parameters. Requests for another test,
 /// or that are not rdma-perf's, are rejected.
-pub fn server(p: &Params, hook: Hook<'_>) -> Result<(Link, Params), String> {
+pub fn server(
+    p: &Params,
+    hook: Hook<'_>,
+    ready: &mut dyn FnMut(),
+) -> Result<(Link, Params), String> {
     let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
     let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
     let addr = p
@@ -292,6 +296,7 @@ pub fn server(p: &Params, hook: Hook<'_>) -> Result<(Link, Params), String> {
         .bind_addr(addr)
         .map_err(|e| format!("bind {addr}: {e}"))?;
     listen.listen(16).map_err(|e| format!("listen: {e}"))?;
+    ready();
     let mut t0 = None;
     let mut cp: Option<Params> = None;
     let mut v: Option<Verbs> = None;

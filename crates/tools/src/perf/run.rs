@@ -268,7 +268,9 @@ fn lat_server(
 /// The client's bandwidth loop.
 fn bw_client(link: &Link, p: &Params, size: usize, pl: &mut Poller<'_>) -> Result<BwStats, String> {
     let slots = (link.region / size).max(1);
-    let depth = u64::from(p.tx_depth);
+    // At most about 1 MiB in flight (at least 4 messages): deeper queues only overflow
+    // the loopback socket buffers and stall on retransmission timeouts.
+    let depth = u64::from(p.tx_depth).min(((1usize << 20) / size).max(4) as u64);
     let q = link.qps.len().max(1);
     let window: u64 = if p.duration.is_some() {
         4096
@@ -376,15 +378,20 @@ pub fn client(p: &Params, hook: Hook<'_>) -> Result<(), String> {
 
 /// `rdma-perf TEST`: the server, for one client; prints the banner and the table frame.
 pub fn server(p: &Params, hook: Hook<'_>) -> Result<(), String> {
-    server_with(p, hook, true)
+    server_with(p, hook, true, &mut || {})
 }
 
-/// The server; prints perftest's frame when `print`.
-pub fn server_with(p: &Params, hook: Hook<'_>, print: bool) -> Result<(), String> {
+/// The server; prints perftest's frame when `print`; `ready` is called once it listens.
+pub fn server_with(
+    p: &Params,
+    hook: Hook<'_>,
+    print: bool,
+    ready: &mut dyn FnMut(),
+) -> Result<(), String> {
     if print {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
-    let (link, cp) = conn::server(p, &mut *hook)?;
+    let (link, cp) = conn::server(p, &mut *hook, ready)?;
     if print {
         println!("{}", report::banner(&cp, &device_name(&link), "4096[B]"));
         print_addresses(&link);
