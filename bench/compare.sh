@@ -76,7 +76,7 @@ say() { printf 'compare.sh: %s\n' "$*" >&2; }
 # ----------------------------------------------------------------------------------------
 # Table rows: section|measure|tool|figure|unit|ratio|notes
 ROWS=()
-row() { ROWS+=("$1|$2|$3|$4|$5|$6|$7"); }
+row() { ROWS+=("$1|$2|$3|$4|$5|$6|${7//|//}"); }
 
 # ratio FIGURE LIMIT -> FIGURE/LIMIT with 2 decimals, or "-" when either is not a number.
 ratio() {
