@@ -392,11 +392,11 @@ struct Verbs {
 impl Verbs {
     fn create_qp(&mut self, id: &CmId) -> Result<(), String> {
         let (_, idx) = id.netdev().ok_or("id has no device")?;
-        if !self.per_dev.contains_key(&idx) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.per_dev.entry(idx) {
             let dev = id.device().ok_or("id has no device")?;
             let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
             let cq = dev.create_cq(64, None).map_err(|e| e.to_string())?;
-            self.per_dev.insert(idx, (pd, cq));
+            e.insert((pd, cq));
         }
         let (pd, cq) = self.per_dev.get(&idx).ok_or("no PD")?;
         let mut init = QpInitAttr::rc(cq, cq);

@@ -129,7 +129,19 @@ fn connect(o: &DemoOpts, clock: &Clock, ready: &mpsc::Receiver<()>) -> Result<()
             "client",
             &format!("connecting to {} for the {what}", o.server),
         );
-        let (out, setup) = client_with(&p, &mut hook, false)?;
+        // In two processes the server may still be setting up its listener (between the
+        // two connections it tears one down): REJ 8 (nobody listens) is retried briefly.
+        let t0 = Instant::now();
+        let (out, setup) = loop {
+            match client_with(&p, &mut hook, false) {
+                Err(e)
+                    if e.contains("REJECTED, error 8") && t0.elapsed() < Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                r => break r?,
+            }
+        };
         clock.say(
             "client",
             &format!(

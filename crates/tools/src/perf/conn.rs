@@ -201,6 +201,7 @@ fn param(private_data: Vec<u8>) -> ConnParam {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn link(
     ids: Vec<CmId>,
     ch: EventChannel,

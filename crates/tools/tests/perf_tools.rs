@@ -1,0 +1,375 @@
+//! cmtime, rdma-perf and rdmacm-demo as real processes: a server and a client on two
+//! loopback addresses (distinct 127.0.0.x per test: a process owns UDP 4791 on the
+//! addresses it uses), and between two network-namespace hosts (root only).
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+const CMTIME: &str = env!("CARGO_BIN_EXE_cmtime");
+const PERF: &str = env!("CARGO_BIN_EXE_rdma-perf");
+const DEMO: &str = env!("CARGO_BIN_EXE_rdmacm-demo");
+
+/// A background server, killed when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(mut c: Command) -> Server {
+    let s = Server(
+        c.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn server"),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    s
+}
+
+fn cmd(bin: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(bin);
+    c.args(args);
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().expect("run client")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Checks cmtime's table: the header, one row per step, four positive-or-zero numbers.
+fn check_cmtime(out: &str, bound: bool) {
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["step", "total", "ms", "max", "ms", "min", "us", "us", "/", "conn"],
+        "{out}"
+    );
+    let mut steps = vec!["create id"];
+    if bound {
+        steps.push("bind addr");
+    }
+    steps.extend([
+        "resolve addr",
+        "resolve route",
+        "create qp",
+        "connect",
+        "disconnect",
+        "destroy",
+    ]);
+    assert_eq!(lines.len(), steps.len() + 1, "{out}");
+    for (l, s) in lines[1..].iter().zip(steps) {
+        let (name, nums) = l.split_once(':').expect("step: numbers");
+        assert_eq!(name.trim_end(), s, "{out}");
+        assert_eq!(name.len(), 13, "step name padded: {l}");
+        let v: Vec<f64> = nums
+            .split_whitespace()
+            .map(|x| x.parse().expect("number"))
+            .collect();
+        assert_eq!(v.len(), 4, "{l}");
+        assert!(v.iter().all(|x| x.is_finite() && *x >= 0.0), "{l}");
+        if s == "connect" {
+            assert!(v[0] > 0.0 && v[3] > 0.0, "{l}");
+        }
+    }
+}
+
+/// Checks perftest's table: the header with its columns, one positive row per size.
+fn check_perf(out: &str, lat: bool, rows: usize) {
+    let header = out
+        .lines()
+        .position(|l| l.trim_start().starts_with("#bytes"))
+        .unwrap_or_else(|| panic!("no header: {out}"));
+    let lines: Vec<&str> = out.lines().collect();
+    let cols = if lat {
+        vec![
+            "#bytes",
+            "#iterations",
+            "t_min[usec]",
+            "t_max[usec]",
+            "t_typical[usec]",
+            "t_avg[usec]",
+            "t_stdev[usec]",
+        ]
+    } else {
+        vec![
+            "#bytes",
+            "#iterations",
+            "BW",
+            "peak[MB/sec]",
+            "BW",
+            "average[MB/sec]",
+        ]
+    };
+    let h: Vec<&str> = lines[header].split_whitespace().collect();
+    assert_eq!(&h[..cols.len()], cols.as_slice(), "{out}");
+    if lat {
+        assert!(lines[header].contains("99% percentile[usec]   99.9% percentile[usec]"));
+    } else {
+        assert!(lines[header].ends_with("MsgRate[Mpps]"));
+    }
+    assert!(lines[header - 1].starts_with("-----"), "{out}");
+    for r in 0..rows {
+        let l = lines[header + 1 + r];
+        let v: Vec<f64> = l
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or_else(|_| panic!("number in {l:?}")))
+            .collect();
+        assert_eq!(v.len(), if lat { 9 } else { 5 }, "{l}");
+        assert!(v.iter().all(|x| x.is_finite() && *x > 0.0), "{l}");
+    }
+    assert!(lines[header + 1 + rows].starts_with("-----"), "{out}");
+}
+
+fn perf_pair(test: &str, srv: &str, cli: &str, port: &str, extra: &[&str], rows: usize) {
+    let _s = spawn(cmd(PERF, &[test, "--bind", srv, "-p", port]));
+    let mut args = vec![test, "--bind", cli, "-p", port, "-F"];
+    args.extend_from_slice(extra);
+    args.push(srv);
+    // A server still starting (loaded machine) rejects with reason 8: try again.
+    let mut o = run(cmd(PERF, &args));
+    for _ in 0..5 {
+        if o.status.success() || !text(&o).1.contains("error 8") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        o = run(cmd(PERF, &args));
+    }
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{test}: {err}\n{out}");
+    check_perf(&out, test.ends_with("_lat"), rows);
+}
+
+#[test]
+fn cmtime_table_over_loopback() {
+    let _s = spawn(cmd(CMTIME, &["-b", "127.0.0.141", "-p", "7601"]));
+    let o = run(cmd(
+        CMTIME,
+        &[
+            "-s",
+            "127.0.0.141",
+            "-b",
+            "127.0.0.142",
+            "-p",
+            "7601",
+            "-c",
+            "50",
+        ],
+    ));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    check_cmtime(&out, true);
+}
+
+#[test]
+fn cmtime_without_server_fails_with_one_line() {
+    let o = run(cmd(
+        CMTIME,
+        &[
+            "-s",
+            "127.0.0.143",
+            "-b",
+            "127.0.0.144",
+            "-c",
+            "2",
+            "-t",
+            "200",
+            "-r",
+            "0",
+        ],
+    ));
+    let (out, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("cmtime: connect"), "{err}");
+    let o = run(cmd(CMTIME, &["-c", "x"]));
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn perf_send_lat_and_bw() {
+    perf_pair(
+        "send_lat",
+        "127.0.0.151",
+        "127.0.0.152",
+        "18601",
+        &["-s", "64", "-n", "500"],
+        1,
+    );
+    perf_pair(
+        "send_bw",
+        "127.0.0.151",
+        "127.0.0.152",
+        "18602",
+        &["-s", "65536", "-n", "500"],
+        1,
+    );
+}
+
+#[test]
+fn perf_write_lat_and_bw() {
+    perf_pair(
+        "write_lat",
+        "127.0.0.153",
+        "127.0.0.154",
+        "18603",
+        &["-s", "4096", "-n", "500"],
+        1,
+    );
+    perf_pair(
+        "write_bw",
+        "127.0.0.153",
+        "127.0.0.154",
+        "18604",
+        &["-s", "65536", "-n", "500", "-q", "2"],
+        1,
+    );
+}
+
+#[test]
+fn perf_read_lat_and_bw() {
+    perf_pair(
+        "read_lat",
+        "127.0.0.155",
+        "127.0.0.156",
+        "18605",
+        &["-s", "64", "-n", "500"],
+        1,
+    );
+    perf_pair(
+        "read_bw",
+        "127.0.0.155",
+        "127.0.0.156",
+        "18606",
+        &["-s", "65536", "-n", "500"],
+        1,
+    );
+}
+
+#[test]
+fn perf_all_sizes() {
+    perf_pair(
+        "write_lat",
+        "127.0.0.157",
+        "127.0.0.158",
+        "18607",
+        &["-a", "-n", "5"],
+        23,
+    );
+}
+
+#[test]
+fn perf_failures_are_one_line() {
+    let o = run(cmd(
+        PERF,
+        &["send_lat", "--bind", "127.0.0.160", "127.0.0.159"],
+    ));
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("rdma-perf: connect"), "{err}");
+    for bad in [
+        &["nosuch"][..],
+        &["send_bw", "-s", "0"],
+        &["send_bw", "-x"],
+        &[],
+    ] {
+        let o = run(cmd(PERF, bad));
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{bad:?}");
+        assert_eq!(err.lines().count(), 1, "{bad:?}: {err}");
+    }
+}
+
+#[test]
+fn demo_in_one_process() {
+    let o = run(cmd(DEMO, &["-p", "7611", "--mib", "32", "--pings", "1000"]));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{out}");
+    for want in [
+        "RDMA_CM_EVENT_ADDR_RESOLVED",
+        "RDMA_CM_EVENT_ROUTE_RESOLVED",
+        "RDMA_CM_EVENT_CONNECT_REQUEST",
+        "RDMA_CM_EVENT_ESTABLISHED",
+        "RDMA_CM_EVENT_DISCONNECTED",
+        "connection set up in",
+        "RDMA WRITE: 32 MiB",
+        "SEND ping-pong, 64 B x 1000",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+}
+
+#[test]
+fn demo_in_two_processes() {
+    let _s = spawn(cmd(DEMO, &["--server", "127.0.0.161", "-p", "7612"]));
+    let o = run(cmd(
+        DEMO,
+        &[
+            "--client",
+            "127.0.0.161",
+            "--bind",
+            "127.0.0.162",
+            "-p",
+            "7612",
+            "--mib",
+            "16",
+            "--pings",
+            "500",
+        ],
+    ));
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{out}");
+    assert!(
+        out.contains("RDMA_CM_EVENT_ESTABLISHED") && out.contains("MiB/s"),
+        "{out}"
+    );
+}
+
+#[test]
+fn namespaces_two_hosts() {
+    if !rdma_testhosts::require_root("namespaces_two_hosts") {
+        return;
+    }
+    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let mut s = a.command(PERF);
+    s.args(["write_bw", "--bind", "192.0.2.1", "-p", "18610"]);
+    let _s = spawn(s);
+    let mut c = b.command(PERF);
+    c.args([
+        "write_bw",
+        "-s",
+        "65536",
+        "-n",
+        "300",
+        "-p",
+        "18610",
+        "192.0.2.1",
+    ]);
+    let o = run(c);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{out}");
+    check_perf(&out, false, 1);
+
+    let mut s = a.command(CMTIME);
+    s.args(["-p", "7620"]);
+    let _s2 = spawn(s);
+    let mut c = b.command(CMTIME);
+    c.args(["-s", "192.0.2.1", "-p", "7620", "-c", "20"]);
+    let o = run(c);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    check_cmtime(&out, false);
+}
