@@ -207,6 +207,8 @@ pub struct ConnParams {
     pub access: AccessFlags,
     /// Send queue depth.
     pub max_send_wr: u32,
+    /// Send window ([`RcConfig::max_outstanding_psns`]; 0: none).
+    pub max_outstanding_psns: u32,
 }
 
 impl Default for ConnParams {
@@ -220,6 +222,7 @@ impl Default for ConnParams {
             rd_atomic: 8,
             access: AccessFlags::all(),
             max_send_wr: 256,
+            max_outstanding_psns: 0,
         }
     }
 }
@@ -280,6 +283,7 @@ fn node(qpn: u32, base: u64, ip: [u8; 4], peer: [u8; 4], p: &ConnParams) -> Node
     let mut cfg = RcConfig::new(qpn, pd);
     cfg.max_send_wr = p.max_send_wr;
     cfg.max_recv_wr = p.max_send_wr;
+    cfg.max_outstanding_psns = p.max_outstanding_psns;
     let encap = Encap::new(
         IpInfo::V4(Ipv4Info::new(ip, peer)),
         49152 + (qpn as u16),

@@ -565,6 +565,7 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
         rd_atomic: d.resp_resources.max(1),
         access: AccessFlags::all(),
         max_send_wr: 64,
+        ..ConnParams::default()
     };
     connect(&mut qp, d.req_qpn, 0, d.resp_psn, &params);
 
@@ -911,6 +912,8 @@ fn replay_requester(d: &Dir<'_>) -> RequesterRun {
         rd_atomic: d.req_init_depth.max(1),
         access: AccessFlags::all(),
         max_send_wr: wrs.len().max(1) as u32,
+        // rxe's requester window (RXE_MAX_UNACKED_PSNS): no capture comes near it
+        max_outstanding_psns: 128,
     };
     let first_psn = hdr(d.reqs[0]).psn;
     assert_eq!(

@@ -46,10 +46,17 @@ pub struct RcConfig {
     pub max_inline_data: u32,
     /// Every send WR generates a completion.
     pub sq_sig_all: bool,
+    /// Send window: a request packet is sent only while fewer than this many request PSNs
+    /// before it are unacknowledged (PSNs from [`RcQp::oldest_unacked_psn`] up to the
+    /// packet's). A READ request counts with the response PSNs it asks for once sent, but
+    /// is never split: it goes out when the PSNs before it fit, however long it is. Responses
+    /// (ACKs, READ responses, atomic ACKs) are never held back by the window. 0: no limit.
+    pub max_outstanding_psns: u32,
 }
 
 impl RcConfig {
-    /// Defaults: 128 send and receive WRs, 64 bytes inline, selective signaling.
+    /// Defaults: 128 send and receive WRs, 64 bytes inline, selective signaling, no send
+    /// window limit.
     pub fn new(qpn: u32, pd: PdId) -> Self {
         RcConfig {
             qpn,
@@ -58,6 +65,7 @@ impl RcConfig {
             max_recv_wr: 128,
             max_inline_data: 64,
             sq_sig_all: false,
+            max_outstanding_psns: 0,
         }
     }
 }
@@ -206,6 +214,35 @@ impl RcQp {
     /// Work requests in the send queue (posted, not yet completed).
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()
+    }
+
+    /// The oldest request PSN not yet acknowledged (equal to the next new PSN when nothing
+    /// is outstanding). ACKs, NAKs (implicitly, up to the NAKed PSN), READ responses and
+    /// atomic ACKs advance it.
+    pub fn oldest_unacked_psn(&self) -> u32 {
+        self.comp_psn
+    }
+
+    /// Request PSNs handed out and not yet acknowledged: from
+    /// [`oldest_unacked_psn`](Self::oldest_unacked_psn) to the last PSN of the messages
+    /// started (a multi-packet message counts whole once its first packet was sent; a READ
+    /// with the response PSNs it asks for).
+    pub fn outstanding_psns(&self) -> u32 {
+        crate::psn::psn_diff(self.next_psn, self.comp_psn).max(0) as u32
+    }
+
+    /// The configured send window ([`RcConfig::max_outstanding_psns`], 0: none).
+    pub fn max_outstanding_psns(&self) -> u32 {
+        self.cfg.max_outstanding_psns
+    }
+
+    /// Whether the next request packet is held back only by the send window (the caller may
+    /// count this as a stall; the window opens when responses arrive).
+    pub fn send_window_full(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.rnr_until.is_none()
+            && self.sq.get(self.req_idx).is_some()
+            && !self.window_allows(self.current_req_psn())
     }
 
     /// `ibv_modify_qp`: checks the transition table, then applies the attributes.
@@ -429,5 +466,254 @@ impl RcQp {
         self.send_cq
             .pop_front()
             .or_else(|| self.recv_cq.pop_front())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::InMemoryTable;
+    use crate::packet::{Aeth, Opcode, PacketHeader};
+    use crate::sim::{connect, ConnParams};
+    use crate::verbs::{AccessFlags, SendFlags, SendOp, Sge};
+
+    fn ack(psn: u32, msn: u32) -> PacketHeader {
+        let mut h = PacketHeader::new(Opcode::RcAcknowledge, 0x11, psn);
+        h.aeth = Some(Aeth::ack(msn));
+        h
+    }
+
+    fn setup(cap: u32) -> (RcQp, InMemoryTable, u32) {
+        let pd = PdId(1);
+        let mut mem = InMemoryTable::new(0x10000, 1 << 16);
+        let k = mem
+            .register(pd, 0x10000, 1 << 16, AccessFlags::all())
+            .unwrap();
+        let mut cfg = RcConfig::new(0x11, pd);
+        cfg.max_outstanding_psns = cap;
+        let mut qp = RcQp::new(cfg);
+        connect(&mut qp, 0x22, 1000, 0, &ConnParams::default());
+        (qp, mem, k.lkey)
+    }
+
+    fn drain(qp: &mut RcQp, mem: &mut InMemoryTable) -> Vec<(Opcode, u32)> {
+        let mut buf = [0u8; 4096];
+        let mut v = Vec::new();
+        while let Some(t) = qp.poll_transmit(0, mem, &mut buf) {
+            v.push((t.header.opcode, t.header.psn));
+        }
+        v
+    }
+
+    #[test]
+    fn send_window_caps_outstanding_request_psns() {
+        let (mut qp, mut mem, lkey) = setup(4);
+        assert_eq!(qp.max_outstanding_psns(), 4);
+        let wr = SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: 0x1000,
+                rkey: 7,
+            },
+        )
+        .with_sge(Sge {
+            addr: 0x10000,
+            length: 10 * 1024,
+            lkey,
+        })
+        .with_flags(SendFlags::SIGNALED);
+        qp.post_send(&mem, &wr).unwrap();
+        let psns: Vec<u32> = drain(&mut qp, &mut mem).iter().map(|x| x.1).collect();
+        assert_eq!(psns, vec![1000, 1001, 1002, 1003]);
+        assert!(qp.send_window_full());
+        assert_eq!(qp.oldest_unacked_psn(), 1000);
+        assert_eq!(qp.outstanding_psns(), 10);
+        // an ACK through 1001 opens two slots
+        let h = ack(1001, 0);
+        qp.handle_packet(
+            0,
+            &mut mem,
+            &Packet {
+                header: h,
+                payload: &[],
+            },
+        );
+        assert_eq!(qp.oldest_unacked_psn(), 1002);
+        let psns: Vec<u32> = drain(&mut qp, &mut mem).iter().map(|x| x.1).collect();
+        assert_eq!(psns, vec![1004, 1005]);
+        // a stale or duplicate ACK changes nothing
+        qp.handle_packet(
+            0,
+            &mut mem,
+            &Packet {
+                header: h,
+                payload: &[],
+            },
+        );
+        assert!(drain(&mut qp, &mut mem).is_empty());
+        // the rest, as ACKs come
+        let h = ack(1005, 0);
+        qp.handle_packet(
+            0,
+            &mut mem,
+            &Packet {
+                header: h,
+                payload: &[],
+            },
+        );
+        let psns: Vec<u32> = drain(&mut qp, &mut mem).iter().map(|x| x.1).collect();
+        assert_eq!(psns, vec![1006, 1007, 1008, 1009]);
+        assert!(!qp.send_window_full());
+        let h = ack(1009, 1);
+        qp.handle_packet(
+            0,
+            &mut mem,
+            &Packet {
+                header: h,
+                payload: &[],
+            },
+        );
+        assert_eq!(qp.outstanding_psns(), 0);
+        assert_eq!(
+            qp.poll_send_completion().map(|c| c.status),
+            Some(WcStatus::Success)
+        );
+    }
+
+    /// Without ACK requests inside a message a small window would only open by timeouts
+    /// (found by the simulator with window 1 and 2): the packet that fills the window and
+    /// every half window ask for an ACK.
+    #[test]
+    fn send_window_asks_for_acks_inside_messages() {
+        for (cap, want) in [
+            (1u32, vec![true; 3]),
+            (4, vec![false, true, false, true]),
+            (5, vec![false, true, false, true, true]),
+        ] {
+            let (mut qp, mut mem, lkey) = setup(cap);
+            let wr = SendWr::new(1, SendOp::Send).with_sge(Sge {
+                addr: 0x10000,
+                length: 10 * 1024,
+                lkey,
+            });
+            qp.post_send(&mem, &wr).unwrap();
+            let mut buf = [0u8; 4096];
+            let mut got = Vec::new();
+            while let Some(t) = qp.poll_transmit(0, &mut mem, &mut buf) {
+                got.push(t.header.ack_req);
+            }
+            assert_eq!(got, want[..got.len()], "window {cap}");
+            assert_eq!(got.len(), want.len().min(cap as usize).max(1));
+        }
+    }
+
+    #[test]
+    fn send_window_lets_a_long_read_go_when_the_psns_before_it_fit() {
+        let (mut qp, mut mem, lkey) = setup(4);
+        let read = SendWr::new(
+            1,
+            SendOp::RdmaRead {
+                remote_addr: 0x1000,
+                rkey: 7,
+            },
+        )
+        .with_sge(Sge {
+            addr: 0x10000,
+            length: 8 * 1024,
+            lkey,
+        });
+        let send = SendWr::new(2, SendOp::Send).with_sge(Sge {
+            addr: 0x10000,
+            length: 8,
+            lkey,
+        });
+        qp.post_send(&mem, &read).unwrap();
+        qp.post_send(&mem, &send).unwrap();
+        // the READ (8 response PSNs) goes, the SEND after it waits for its responses
+        assert_eq!(
+            drain(&mut qp, &mut mem),
+            vec![(Opcode::RcReadRequest, 1000)]
+        );
+        assert_eq!(qp.outstanding_psns(), 8);
+        assert!(qp.send_window_full());
+        for k in 0..5u32 {
+            let op = if k == 0 {
+                Opcode::RcReadResponseFirst
+            } else {
+                Opcode::RcReadResponseMiddle
+            };
+            let mut h = PacketHeader::new(op, 0x11, 1000 + k);
+            if k == 0 {
+                h.aeth = Some(Aeth::ack(1));
+            }
+            let payload = [0u8; 1024];
+            qp.handle_packet(
+                0,
+                &mut mem,
+                &Packet {
+                    header: h,
+                    payload: &payload,
+                },
+            );
+        }
+        assert_eq!(qp.oldest_unacked_psn(), 1005);
+        // 1008 - 1005 = 3 < 4: the SEND may go now
+        assert_eq!(drain(&mut qp, &mut mem), vec![(Opcode::RcSendOnly, 1008)]);
+        assert!(!qp.send_window_full());
+    }
+
+    #[test]
+    fn no_window_by_default_and_responses_are_never_held() {
+        let (mut qp, mut mem, lkey) = setup(0);
+        let wr = SendWr::new(1, SendOp::Send).with_sge(Sge {
+            addr: 0x10000,
+            length: 60 * 1024,
+            lkey,
+        });
+        qp.post_send(&mem, &wr).unwrap();
+        assert_eq!(drain(&mut qp, &mut mem).len(), 60);
+        assert!(!qp.send_window_full());
+        // window 1: a request incoming while our own request is outstanding is still ACKed
+        let (mut qp, mut mem, _) = setup(1);
+        qp.post_send(
+            &mem,
+            &SendWr::new(
+                1,
+                SendOp::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+            ),
+        )
+        .unwrap();
+        qp.post_send(
+            &mem,
+            &SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+            ),
+        )
+        .unwrap();
+        assert_eq!(drain(&mut qp, &mut mem), vec![(Opcode::RcWriteOnly, 1000)]);
+        let mut h = PacketHeader::new(Opcode::RcWriteOnly, 0x11, 0);
+        h.ack_req = true;
+        h.reth = Some(crate::packet::Reth {
+            va: 0,
+            rkey: 0,
+            len: 0,
+        });
+        qp.handle_packet(
+            0,
+            &mut mem,
+            &Packet {
+                header: h,
+                payload: &[],
+            },
+        );
+        assert_eq!(drain(&mut qp, &mut mem), vec![(Opcode::RcAcknowledge, 0)]);
+        assert!(qp.send_window_full());
     }
 }

@@ -177,7 +177,13 @@ impl RcQp {
         self.gbn_guard = Some((psn, until));
     }
 
-    fn current_req_psn(&self) -> u32 {
+    /// Whether the send window lets a request packet with PSN `psn` go out.
+    pub(super) fn window_allows(&self, psn: u32) -> bool {
+        let cap = self.cfg.max_outstanding_psns;
+        cap == 0 || psn_diff(psn, self.comp_psn) < cap.min(1 << 22) as i32
+    }
+
+    pub(super) fn current_req_psn(&self) -> u32 {
         match self.sq.get(self.req_idx) {
             Some(w) if w.started => psn_add(w.first_psn, self.req_off),
             _ => self.next_psn,
@@ -237,6 +243,9 @@ impl RcQp {
         };
         let k = self.req_off;
         let psn = psn_add(first_psn, k);
+        if !self.window_allows(psn) {
+            return None;
+        }
         let dqp = self.attr.dest_qp_num;
         let mut h = PacketHeader::new(Opcode::RcSendOnly, dqp, psn);
         let mut payload_len = 0usize;
@@ -343,7 +352,15 @@ impl RcQp {
                     h.solicited = w.wr.flags.contains(SendFlags::SOLICITED);
                 }
                 self.pkts_since_ackreq += 1;
-                h.ack_req = last || self.pkts_since_ackreq >= ACK_REQ_EVERY;
+                // with a send window, ask for ACKs often enough that it keeps opening: every
+                // half window, and on the packet that fills it
+                let cap = self.cfg.max_outstanding_psns;
+                let every = match cap {
+                    0 => ACK_REQ_EVERY,
+                    c => ACK_REQ_EVERY.min((c / 2).max(1)),
+                };
+                h.ack_req =
+                    last || self.pkts_since_ackreq >= every || !self.window_allows(psn_add(psn, 1));
             }
         }
         if h.ack_req {
