@@ -287,6 +287,7 @@ impl QueuePair {
         };
         cfg.max_inline_data = c.max_inline_data;
         cfg.sq_sig_all = init.sq_sig_all;
+        cfg.max_outstanding_psns = crate::SEND_WINDOW;
         rt.insert(QpCtx::new(
             RcQp::new(cfg),
             init.send_cq.clone(),
@@ -380,10 +381,6 @@ impl QueuePair {
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
-        let to = ctx.rc.state();
-        if mask.contains(QpAttrMask::SQ_PSN) || matches!(to, QpState::Reset | QpState::Err) {
-            ctx.restart_window();
-        }
         let mut mem = dev.mrs.view();
         rt.after_post(self.qpn, &mut mem)
     }
@@ -391,8 +388,9 @@ impl QueuePair {
     /// Moves a fresh QP through Init and RTR to RTS with common settings, as
     /// `ibv_rc_pingpong` does: `dest_qpn` and `dgid` of the peer, `rq_psn` this side expects
     /// (the peer's `sq_psn`), `sq_psn` it sends from; source GID index 0, the port's active
-    /// MTU, all remote access rights, 16 READs/atomics each way, local ACK timeout 14
-    /// (67 ms), 7 retries, infinite RNR retries, RNR timer 12 (0.64 ms).
+    /// MTU, all remote access rights, 16 READs/atomics each way, local ACK timeout 11
+    /// (8.4 ms: short enough that go-back-N over a lossy wire recovers quickly, see the
+    /// runtime's send window notes), 7 retries, infinite RNR retries, RNR timer 12 (0.64 ms).
     pub fn connect(&self, dest_qpn: u32, rq_psn: u32, sq_psn: u32, dgid: [u8; 16]) -> Result<()> {
         use QpAttrMask as M;
         let mut a = QpAttr {
@@ -424,7 +422,7 @@ impl QueuePair {
                 | M::MIN_RNR_TIMER,
         )?;
         a.qp_state = QpState::Rts;
-        a.timeout = 14;
+        a.timeout = 11;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.sq_psn = sq_psn;
