@@ -131,7 +131,39 @@ pub struct Node {
     pub rkey: u32,
     /// Protection domain.
     pub pd: PdId,
+    /// Retry rounds of the requester since its oldest unacknowledged PSN last advanced, as
+    /// the simulator observes them: retransmission timeouts with something outstanding, and
+    /// PSN sequence NAKs for exactly that oldest PSN that brought no progress (the rounds
+    /// the spec charges to `retry_cnt`; a NAK the transport ignores as a repeat of a go-back
+    /// in progress is counted too, so this is an upper bound of what was charged).
+    pub rounds_without_progress: u32,
+    /// [`rounds_without_progress`](Self::rounds_without_progress) when the QP entered the
+    /// error state (`None` while it has not). A requester may end in `RetryExcErr` only after
+    /// `retry_cnt + 1` such rounds.
+    pub rounds_at_error: Option<u32>,
+    oldest: u32,
+    timeouts: u64,
     encap: Encap,
+}
+
+impl Node {
+    /// Updates the round counters after the QP handled a packet (`nak_for_oldest`: it was a
+    /// PSN sequence NAK for the oldest unacknowledged PSN before) or a timeout.
+    fn observe(&mut self, nak_for_oldest: bool) {
+        let oldest = self.qp.oldest_unacked_psn();
+        let timeouts = self.qp.stats().timeouts;
+        if oldest != self.oldest {
+            self.oldest = oldest;
+            self.rounds_without_progress = 0;
+        } else if nak_for_oldest {
+            self.rounds_without_progress += 1;
+        }
+        self.rounds_without_progress += (timeouts - self.timeouts) as u32;
+        self.timeouts = timeouts;
+        if self.qp.state() == QpState::Err && self.rounds_at_error.is_none() {
+            self.rounds_at_error = Some(self.rounds_without_progress);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -297,6 +329,10 @@ fn node(qpn: u32, base: u64, ip: [u8; 4], peer: [u8; 4], p: &ConnParams) -> Node
         lkey,
         rkey,
         pd,
+        rounds_without_progress: 0,
+        rounds_at_error: None,
+        oldest: 0,
+        timeouts: 0,
         encap,
     }
 }
@@ -324,6 +360,8 @@ impl RcPair {
         let (pa, pb) = (psn(&mut rng), psn(&mut rng));
         connect(&mut a.qp, 0x22, pa, pb, p);
         connect(&mut b.qp, 0x11, pb, pa, p);
+        a.oldest = a.qp.oldest_unacked_psn();
+        b.oldest = b.qp.oldest_unacked_psn();
         RcPair {
             a,
             b,
@@ -431,6 +469,8 @@ impl RcPair {
             let now = self.now;
             self.a.qp.handle_timeout(now);
             self.b.qp.handle_timeout(now);
+            self.a.observe(false);
+            self.b.observe(false);
         }
     }
 
@@ -443,7 +483,14 @@ impl RcPair {
         match wire::parse(&f.bytes, IcrcCheck::Exact(&src_encap)) {
             Ok(pkt) => {
                 self.stats.delivered += 1;
+                let h = &pkt.header;
+                let nak_for_oldest = h.opcode == crate::packet::Opcode::RcAcknowledge
+                    && h.psn == dst.qp.oldest_unacked_psn()
+                    && h.aeth.is_some_and(|a| {
+                        a.kind() == crate::packet::AethKind::Nak(crate::packet::NakCode::PsnSeqErr)
+                    });
                 dst.qp.handle_packet(self.now, &mut dst.mem, &pkt);
+                dst.observe(nak_for_oldest);
             }
             Err(_) => self.stats.rejected += 1,
         }
