@@ -116,3 +116,70 @@ fn netns_rping_ipv4_and_ipv6_and_ucmatose() {
         "rping: cma event RDMA_CM_EVENT_REJECTED, error 8\n"
     );
 }
+
+const UDADDY: &str = env!("CARGO_BIN_EXE_udaddy");
+
+#[test]
+fn netns_udaddy_sidr_and_datagrams() {
+    if !require_root("netns_udaddy_sidr_and_datagrams") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let mut s = b.command(UDADDY);
+    s.args(["-b", "192.0.2.2", "-c", "2", "-C", "4", "-S", "500"]);
+    let srv = spawn(s, "udaddy server");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let mut c = a.command(UDADDY);
+    c.args([
+        "-s",
+        "192.0.2.2",
+        "-b",
+        "192.0.2.1",
+        "-c",
+        "2",
+        "-C",
+        "4",
+        "-S",
+        "500",
+        "-v",
+    ]);
+    let c = spawn(c, "udaddy client").wait(T);
+    c.ok("udaddy client");
+    let s = srv.wait(T);
+    s.ok("udaddy server");
+    let client_lines: Vec<&str> = c
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("cma_event"))
+        .collect();
+    assert_eq!(
+        client_lines,
+        [
+            "udaddy: starting client",
+            "udaddy: connecting",
+            "initiating data transfers",
+            "receiving data transfers",
+            "data transfers complete",
+            "test complete",
+            "return status 0",
+        ]
+    );
+    assert_eq!(
+        c.stdout
+            .matches("cma_event type RDMA_CM_EVENT_ESTABLISHED")
+            .count(),
+        2
+    );
+    assert_eq!(
+        s.stdout.lines().collect::<Vec<_>>(),
+        [
+            "udaddy: starting server",
+            "receiving data transfers",
+            "sending replies",
+            "data transfers complete",
+            "test complete",
+            "return status 0",
+        ]
+    );
+}
