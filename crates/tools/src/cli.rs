@@ -49,8 +49,7 @@ pub fn getopt(args: &[String], spec: &str) -> Result<Vec<Opt>, String> {
         let Some(body) = a.strip_prefix('-').filter(|b| !b.is_empty()) else {
             return Err(format!("unexpected argument '{a}'"));
         };
-        let mut chars = body.char_indices();
-        while let Some((pos, c)) = chars.next() {
+        for (pos, c) in body.char_indices() {
             match takes_arg(spec, c) {
                 None => return Err(format!("invalid option -- '{c}'")),
                 Some(false) => out.push(Opt {
