@@ -7,11 +7,11 @@
 pub mod cli;
 /// `cmtime`: per-step CM timing over many connections.
 pub mod cmtime;
+/// `rdmacm-demo`: the connection manager and the software device in one short run.
+pub mod demo;
 /// A connection's PD/CQ/QP and the "next completion or CM event" wait (rping, ucmatose, udaddy).
 pub mod endpoint;
 /// CM event printing by `rdma_event_str` name and waiting for an expected event.
 pub mod events;
 /// `rdma-perf`: perftest's tests over connections made by the connection manager.
 pub mod perf;
-/// `rdmacm-demo`: the connection manager and the software device in one short run.
-pub mod demo;
