@@ -187,7 +187,7 @@ async fn wait_established(ch: &EventChannel) -> Result<Event> {
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
 /// let opts = rdmacm::ConnectOptions { private_data: b"hi".to_vec(), ..Default::default() };
-/// let c = rdmacm::Connection::connect("127.0.0.1:7471".parse().unwrap(), opts).await?;
+/// let mut c = rdmacm::Connection::connect("127.0.0.1:7471".parse().unwrap(), opts).await?;
 /// let qp = c.qp();
 /// println!("QPN {} -> {:?}", qp.qpn(), c.peer_addr());
 /// c.disconnect().await?;
@@ -243,18 +243,16 @@ impl Connection {
             return Err(event_error(&ev));
         }
         drop(ev);
-        let (id, qp) = blocking(move || {
+        let id = blocking(move || {
             id.resolve_route(timeout)?;
             Ok(id)
         })
-        .await
-        .map(|id| (id, ()))?;
+        .await?;
         let ev = ch.next_event().await?;
         if ev.kind() != EventType::RouteResolved {
             return Err(event_error(&ev));
         }
         drop(ev);
-        let _ = qp;
         let (id, qp) = blocking(move || {
             let qp = id.create_qp_default()?;
             id.connect(&conn_param)?;

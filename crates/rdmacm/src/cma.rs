@@ -203,6 +203,10 @@ pub(crate) struct State {
     /// that their QP numbers are not reused while the peer may still hold the old
     /// connection (it would answer a new REQ with REJ 10, stale connection).
     pub lingering: VecDeque<(Instant, Arc<QueuePair>)>,
+    /// CM response timeout (IBA time code) put in our REQs (rdma_cm: 20).
+    pub cm_response_timeout: u8,
+    /// REQ / SIDR_REQ retries (rdma_cm: 15).
+    pub max_cm_retries: u8,
 }
 
 /// A request to the watcher task.
@@ -303,6 +307,8 @@ impl Cma {
                 ports: PortTables::from_host(),
                 seed,
                 lingering: VecDeque::new(),
+                cm_response_timeout: 20,
+                max_cm_retries: 15,
             }),
             acked: Condvar::new(),
             wake: EventFd::new()?,
@@ -409,6 +415,29 @@ impl Cma {
             }
         }
         Ok(out)
+    }
+
+    /// Sets the CM response timeout (IBA time code: 4.096 µs · 2^t, rdma_cm's
+    /// `CMA_CM_RESPONSE_TIMEOUT` = 20) and the retry count (`CMA_MAX_CM_RETRIES` = 15) used
+    /// in the REQs and SIDR_REQs of later connects. With Linux's values an unanswered REQ
+    /// gives UNREACHABLE after about 74 s; tests use smaller ones. `EINVAL` for a timeout
+    /// above 31 or retries above 15.
+    ///
+    /// ```no_run
+    /// let cma = rdmacm::Cma::new()?;
+    /// cma.set_cm_timeouts(14, 3)?; // ~0.6 s per try, 4 tries
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
+    pub fn set_cm_timeouts(&self, response_timeout: u8, max_retries: u8) -> Result<()> {
+        if response_timeout > 31 || max_retries > 15 {
+            return Err(Error::InvalidArgument(
+                "CM response timeout above 31 or retries above 15".into(),
+            ));
+        }
+        let mut st = self.inner.lock();
+        st.cm_response_timeout = response_timeout;
+        st.max_cm_retries = max_retries;
+        Ok(())
     }
 
     /// Creates an event channel on this context.
@@ -741,6 +770,7 @@ impl Inner {
             ev,
             context,
             new_id,
+            acked: false,
         })
     }
 
@@ -753,13 +783,7 @@ impl Inner {
         let idx: Vec<u32> = st.devices.keys().copied().collect();
         for i in idx {
             // Receive.
-            loop {
-                let Some(d) = st.devices.get_mut(&i) else {
-                    break;
-                };
-                if d.open.is_empty() {
-                    break;
-                }
+            while let Some(d) = st.devices.get_mut(&i).filter(|d| !d.open.is_empty()) {
                 let m = match d.dev.gsi_recv() {
                     Ok(Some(m)) => m,
                     _ => break,

@@ -61,16 +61,22 @@ pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
             ))
         }
     };
+    if !st.devices.contains_key(&dev) {
+        return Err(Error::NoDevice(format!("device {dev}")));
+    }
+    let peer_addr = PeerAddr::new(gid_of(peer.ip()), rdma_proto::cm::ROCE_UDP_PORT, dev);
+    let now = inner.now();
+    let (rto, retries) = (st.cm_response_timeout, st.max_cm_retries);
     let d = st
         .devices
         .get_mut(&dev)
         .ok_or_else(|| Error::NoDevice(format!("device {dev}")))?;
-    let peer_addr = PeerAddr::new(gid_of(peer.ip()), rdma_proto::cm::ROCE_UDP_PORT, dev);
-    let now = inner.now();
     let conn = if ps_ud {
         let pd = sidr_req_private_data(&hdr, &param.private_data)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let mut p = SidrReqParams::new(sid, peer_addr);
+        p.timeout = IbaTime::from_bits_truncate(rto);
+        p.max_retries = retries;
         p.private_data = pd.to_vec();
         d.agent.send_sidr_req(now, p)?
     } else {
@@ -97,6 +103,9 @@ pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
         p.rnr_retry_count = param.rnr_retry_count.min(7);
         p.flow_control = param.flow_control;
         p.srq = param.srq;
+        p.remote_cm_response_timeout = IbaTime::from_bits_truncate(rto);
+        p.local_cm_response_timeout = IbaTime::from_bits_truncate(rto);
+        p.max_cm_retries = retries;
         p.private_data = pd.to_vec();
         let c = d.agent.send_req(now, p)?;
         s.rq_psn = rq_psn;
@@ -139,7 +148,10 @@ pub(crate) fn disconnect(id: &CmId) -> Result<()> {
     let mut st = inner.lock();
     let st = &mut *st;
     let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
-    if !matches!(s.state, IdState::Connect | IdState::Disconnect) {
+    if !matches!(
+        s.state,
+        IdState::Connect | IdState::Disconnect | IdState::DeviceRemoval
+    ) {
         return Err(state_err("disconnect", s.state));
     }
     let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
@@ -240,6 +252,12 @@ pub(crate) fn qp_to_rts(st: &State, s: &IdSlot) -> Result<()> {
     let (a, m) = qp_attr(st, s, QpState::Rts)?;
     qp.modify(&a, m)?;
     Ok(())
+}
+
+/// DISCONNECTED is reported to connected ids, also after DEVICE_REMOVAL (we never tear a
+/// connection down ourselves, so its end is news).
+fn disconnectable(s: IdState) -> bool {
+    matches!(s, IdState::Connect | IdState::DeviceRemoval)
 }
 
 fn qp_to_err(s: &IdSlot) {
@@ -372,8 +390,10 @@ impl Inner {
                 );
             }
             CmEvent::DreqReceived { private_data, .. } => {
-                if s.state == IdState::Connect {
-                    s.state = IdState::Disconnect;
+                if disconnectable(s.state) {
+                    if s.state == IdState::Connect {
+                        s.state = IdState::Disconnect;
+                    }
                     let param = ConnEventParam {
                         private_data,
                         ..ConnEventParam::default()
@@ -382,8 +402,10 @@ impl Inner {
                 }
             }
             CmEvent::DrepReceived { private_data, .. } => {
-                if s.state == IdState::Connect {
-                    s.state = IdState::Disconnect;
+                if disconnectable(s.state) {
+                    if s.state == IdState::Connect {
+                        s.state = IdState::Disconnect;
+                    }
                     let param = ConnEventParam {
                         private_data,
                         ..ConnEventParam::default()
@@ -392,8 +414,10 @@ impl Inner {
                 }
             }
             CmEvent::DreqTimeout { .. } => {
-                if s.state == IdState::Connect {
-                    s.state = IdState::Disconnect;
+                if disconnectable(s.state) {
+                    if s.state == IdState::Connect {
+                        s.state = IdState::Disconnect;
+                    }
                     Inner::event(
                         st,
                         id,
@@ -464,7 +488,17 @@ impl Inner {
                 );
             }
             _ => {
-                Inner::event(st, id, EventType::AddrChange, 0, ConnEventParam::default());
+                // One host change often yields several notifications (an address removal
+                // also removes its prefix route): one ADDR_CHANGE while one is queued.
+                let ch = s.channel;
+                let queued = st.channels.get(&ch).is_some_and(|c| {
+                    c.queue
+                        .iter()
+                        .any(|e| e.id == id && e.kind == EventType::AddrChange)
+                });
+                if !queued {
+                    Inner::event(st, id, EventType::AddrChange, 0, ConnEventParam::default());
+                }
             }
         }
     }

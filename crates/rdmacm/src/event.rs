@@ -193,6 +193,7 @@ pub struct Event {
     pub(crate) ev: PendingEvent,
     pub(crate) context: u64,
     pub(crate) new_id: Option<CmId>,
+    pub(crate) acked: bool,
 }
 
 impl fmt::Debug for Event {
@@ -236,8 +237,18 @@ impl Event {
 
     /// CONNECT_REQUEST: takes the new id. If it is not taken, dropping the event destroys
     /// it, which rejects the request.
+    ///
+    /// Taking the id acknowledges the event for it (the event's data stays readable), so
+    /// that dropping the new id while the event is still alive does not wait forever — a
+    /// difference from `rdma_destroy_id`, whose wait for the CONNECT_REQUEST's ack would
+    /// otherwise be a trap of Rust's drop order.
     pub fn take_id(&mut self) -> Option<CmId> {
-        self.new_id.take()
+        let id = self.new_id.take()?;
+        if !self.acked {
+            self.acked = true;
+            self.inner.ack(self.ev.id);
+        }
+        Some(id)
     }
 
     /// The connection parameters (private data, the peer's QPN, resources).
@@ -261,7 +272,9 @@ impl Drop for Event {
         // A CONNECT_REQUEST's new id (if not taken) is destroyed after the ack, so that
         // its destroy does not wait for this very event.
         let new_id = self.new_id.take();
-        self.inner.ack(self.ev.id);
+        if !self.acked {
+            self.inner.ack(self.ev.id);
+        }
         drop(new_id);
     }
 }
