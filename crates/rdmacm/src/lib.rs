@@ -1,7 +1,51 @@
-//! The address-and-route-resolution layer of the rdmacm-rs connection manager, and its
-//! port spaces: which netdev — and so which software device, since a device is attached to
-//! one netdev and named after it — and which path an id uses, decided from the host's real
+//! The rdmacm-rs connection manager: the rdma_cm model (event channels, ids, bind / resolve
+//! address / resolve route / listen / connect / accept / reject / disconnect, typed events
+//! with Linux's names and statuses) over the software RoCEv2 device and the IB CM, an async
+//! layer on top, and underneath it the address-and-route-resolution layer and the port
+//! spaces: which netdev — and so which software device, since a device is attached to one
+//! netdev and named after it — and which path an id uses, decided from the host's real
 //! network state (read over netlink by `rdma-hostview`).
+//!
+//! # Connection manager
+//!
+//! * [`Cma`]: the process-wide context (devices, CM agents, ports, ids); progress runs in the
+//!   caller's thread ([`EventChannel::get_event`]) or an optional thread
+//!   ([`Cma::spawn_progress`]).
+//! * [`EventChannel`]: blocking [`EventChannel::get_event`], its fd, async
+//!   [`EventChannel::next_event`]. [`Event`]: [`EventType`] (Display = `rdma_event_str`),
+//!   status, private data; dropping it acknowledges it.
+//! * [`CmId`]: [`IdState`] machine, [`CmId::bind_addr`], [`CmId::resolve_addr`],
+//!   [`CmId::resolve_route`], [`CmId::listen`], [`CmId::create_qp`], [`CmId::connect`],
+//!   [`CmId::accept`], [`CmId::reject`], [`CmId::disconnect`], [`CmId::establish`],
+//!   [`CmId::migrate`], [`CmId::set_option`], address / device getters.
+//! * Async: [`Listener`], [`Connection`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+//! # fn f() -> rdmacm::Result<()> {
+//! let ch = EventChannel::new()?;
+//! let id = CmId::new(&ch, PortSpace::Tcp)?;
+//! id.resolve_addr(None, "192.0.2.2:7471".parse().unwrap(), Duration::from_secs(2))?;
+//! assert_eq!(ch.get_event()?.kind(), EventType::AddrResolved);
+//! id.resolve_route(Duration::from_secs(2))?;
+//! assert_eq!(ch.get_event()?.kind(), EventType::RouteResolved);
+//! let qp = id.create_qp_default()?;
+//! id.connect(&ConnParam { private_data: b"hello".to_vec(), ..Default::default() })?;
+//! let ev = ch.get_event()?;
+//! println!("{} (status {}), QPN {}", ev.kind(), ev.status(), qp.qpn());
+//! # Ok(()) }
+//! ```
+//!
+//! `docs/CM.md` shows the state machine of an id, the flows, and every place where the
+//! connection manager differs from Linux, with the reason. In short: `resolve_addr` does
+//! its neighbour resolution in the call; backlog overflow is REJ 3 (Linux drops the REQ);
+//! DISCONNECTED is still reported after DEVICE_REMOVAL; `Event::take_id` acknowledges the
+//! CONNECT_REQUEST for the new id; QPs of destroyed ids linger 3 s (QPN reuse); the `lo`
+//! device's GID table holds 127.0.0.0/24; CM timeouts are settable
+//! ([`Cma::set_cm_timeouts`]).
+//!
+//! # Resolution layer
 //!
 //! * [`Resolver::bind`]: a specific address binds the netdev holding it; a wildcard binds
 //!   none; link-local addresses need a scope id, which selects the netdev.
@@ -69,6 +113,12 @@
 //! | routing changes: ADDR_CHANGE / DEVICE_REMOVAL hints, sticky ids | [`Watcher`] | `addr_change_on_route_replace`, `addr_change_on_neighbour_mac_change`, `addr_change_when_source_address_removed`, `addr_change_when_netdev_goes_down`, `addr_change_when_local_mac_changes`, `device_removal_when_netdev_deleted`, `recheck_after_lost_notifications_finds_changes` |
 //! | port spaces (section (a).6) | [`PortTables`] | unit tests in `ports.rs` |
 //!
+//! | connect / accept / reject / disconnect, events | [`CmId`], [`EventChannel`] | `cm_loopback.rs`, `cm_hosts.rs` (`two_hosts_connect_accept_reject_disconnect_both_directions`) |
+//! | bind / resolve rows through the CM | [`CmId::bind_addr`], [`CmId::resolve_addr`] | `cm_seeds.rs` (`loopback_127_0_0_1_and_ipv6_1_connect_through_the_device_on_lo`, `link_local_without_scope_is_einval_and_rolls_back`, `wildcard_bind_binds_no_device_specific_binds_lo`), `cm_hosts.rs` (`cm_bound_netdev_without_route_fails_fast_ehostunreach`, `listener_on_specific_address_only_accepts_that_address`) |
+//! | sticky connections: changes are hints, a vanished peer times out | [`EventType::AddrChange`], [`EventType::DeviceRemoval`] | `peer_vanishes_gives_unreachable_or_disconnected_never_a_hang` |
+//! | scale, backlog, timewait, async | [`Listener`], [`Connection`] | `cm_many.rs`, `two_hosts_many_connections` (`RDMA_CM_CONNS`) |
+//! | SIDR, hostile MADs | [`CmId::connect`] (UDP port space) | `udp_port_space_resolves_peer_qpn_and_qkey_with_sidr`, `hostile_mads_change_no_connection` |
+//!
 //! Namespace tests need root and print `SKIPPED` otherwise.
 
 #![warn(missing_docs)]
@@ -123,5 +173,11 @@ mod tests {
         send_sync::<crate::Error>();
         send::<crate::Watcher>();
         send::<crate::BlockingResolver>();
+        send_sync::<crate::Cma>();
+        send_sync::<crate::CmId>();
+        send_sync::<crate::EventChannel>();
+        send::<crate::Event>();
+        send_sync::<crate::Connection>();
+        send_sync::<crate::Listener>();
     }
 }

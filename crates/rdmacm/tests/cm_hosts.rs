@@ -371,3 +371,30 @@ fn peer_vanishes_gives_unreachable_or_disconnected_never_a_hang() {
         });
     });
 }
+
+#[test]
+fn cm_bound_netdev_without_route_fails_fast_ehostunreach() {
+    if !require_root("cm_bound_netdev_without_route_fails_fast_ehostunreach") {
+        return;
+    }
+    let t = topologies::two_nics_two_subnets().unwrap();
+    wait_up(t.host("a"), "eth0");
+    t.host("a").run(|| {
+        let cma = Cma::new().unwrap();
+        let ch = EventChannel::with_cma(&cma).unwrap();
+        let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        id.bind_addr(sa("192.0.2.1:0")).unwrap();
+        assert_eq!(id.netdev().unwrap().0, "eth0");
+        let t0 = Instant::now();
+        let e = id
+            .resolve_addr(None, sa("198.51.100.3:7471"), T)
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EHOSTUNREACH);
+        assert!(t0.elapsed() < Duration::from_secs(1), "at once");
+        assert_eq!(id.state(), rdmacm::IdState::AddrBound);
+        assert!(ch
+            .get_event_timeout(Duration::from_millis(50))
+            .unwrap()
+            .is_none());
+    });
+}
