@@ -238,3 +238,48 @@ fn event_names_are_rdma_event_str() {
         "RDMA_CM_EVENT_ADDR_CHANGE"
     );
 }
+
+#[test]
+fn nobody_at_the_address_gives_unreachable_after_the_cm_timeouts() {
+    let cma = Cma::new().unwrap();
+    cma.set_cm_timeouts(14, 1).unwrap();
+    let ch = EventChannel::with_cma(&cma).unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    // 127.0.0.107 is local (lo's /8) but no process has UDP 4791 open there.
+    let dst = sa("127.0.0.107:7471");
+    id.resolve_addr(Some(sa("127.0.0.108:0")), dst, T).unwrap();
+    expect(&ch, EventType::AddrResolved);
+    id.resolve_route(T).unwrap();
+    expect(&ch, EventType::RouteResolved);
+    id.create_qp_default().unwrap();
+    id.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, EventType::Unreachable);
+    assert_eq!(ev.status(), -libc::ETIMEDOUT);
+    assert_eq!(
+        cma.set_cm_timeouts(32, 1).unwrap_err().errno(),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn channel_fd_with_progress_thread() {
+    let cma = Cma::new().unwrap();
+    cma.spawn_progress().unwrap();
+    let (lch, _l, addr) = listener(&cma, "127.0.0.109:0");
+    let (cch, c) = client_to(&cma, addr);
+    c.connect(&ConnParam::default()).unwrap();
+    // Wait on the listener channel's fd only: the progress thread delivers the request.
+    let mut p = libc::pollfd {
+        fd: lch.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, 5000) };
+    assert_eq!(n, 1);
+    let s = lch.try_get_event().unwrap().take_id().unwrap();
+    s.create_qp_default().unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&cch, EventType::Established);
+    cma.stop_progress();
+}
