@@ -112,7 +112,14 @@ impl TopologyBuilder {
 
     /// Creates the namespaces, links, addresses and routes. On error everything created so far
     /// is removed again.
+    ///
+    /// The first build of a process also sweeps away namespaces left by test processes that
+    /// were killed before their `Drop` could run ([`crate::sweep_stale`]).
     pub fn build(self) -> Result<Topology, Error> {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(|| {
+            ns::sweep_stale();
+        });
         let tag = ns::unique_tag();
         self.build_with_tag(&tag)
     }

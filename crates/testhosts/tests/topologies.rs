@@ -182,7 +182,9 @@ fn sweep_removes_namespaces_of_dead_processes_only() {
             .unwrap()
             .success());
     }
-    assert!(rdma_testhosts::sweep_stale() >= 1);
+    // A topology built by a parallel test may have swept first (its first build sweeps too),
+    // so assert on what is left, not on the count.
+    rdma_testhosts::sweep_stale();
     assert!(!netns_exists(stale));
     assert!(netns_exists(&live));
     std::process::Command::new("ip")
