@@ -181,3 +181,8 @@ mod tests {
         send_sync::<crate::Listener>();
     }
 }
+
+/// README.md's code blocks, compiled as doc tests so the quickstart stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
