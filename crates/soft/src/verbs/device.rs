@@ -3,7 +3,8 @@
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError};
 use std::time::Instant;
 
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
@@ -155,8 +156,16 @@ impl DeviceConfig {
     }
 }
 
+/// Largest GID table (a GID index is a `u8`).
+pub const MAX_GIDS: usize = 256;
+
 pub(crate) struct DeviceShared {
-    cfg: DeviceConfig,
+    /// The configuration; its `gids` is the live GID table ([`Device::add_gid`],
+    /// [`Device::remove_gid`]): read when a QP gets its address vector or an AH is made,
+    /// never per packet.
+    cfg: RwLock<DeviceConfig>,
+    name: String,
+    netdev: String,
     attr: DeviceAttr,
     port: PortAttr,
     pub(crate) mrs: Arc<MrTable>,
@@ -174,8 +183,8 @@ impl DeviceShared {
         self.rt.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn cfg(&self) -> &DeviceConfig {
-        &self.cfg
+    pub(crate) fn cfg(&self) -> RwLockReadGuard<'_, DeviceConfig> {
+        self.cfg.read().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn port(&self) -> &PortAttr {
@@ -236,8 +245,8 @@ pub struct Device {
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
-            .field("name", &self.shared.cfg.name)
-            .field("netdev", &self.shared.cfg.netdev)
+            .field("name", &self.shared.name)
+            .field("netdev", &self.shared.netdev)
             .finish()
     }
 }
@@ -273,6 +282,12 @@ impl Device {
     /// assert_eq!(dev.wire_stats().sent, 0);
     /// ```
     pub fn open_with_wire(cfg: DeviceConfig, wire: Box<dyn DatagramWire>) -> Result<Device> {
+        if cfg.gids.len() > MAX_GIDS {
+            return Err(Error::Exhausted {
+                what: "GID table entries",
+                max: MAX_GIDS,
+            });
+        }
         let active = active_mtu(cfg.netdev_mtu).ok_or(Error::InvalidArgument(
             "netdev MTU too small for RoCEv2 (needs 256 bytes of payload plus headers)",
         ))?;
@@ -323,7 +338,9 @@ impl Device {
         Ok(Device {
             shared: Arc::new(DeviceShared {
                 mrs: Arc::new(MrTable::new(MAX_MR as usize)),
-                cfg,
+                name: cfg.name.clone(),
+                netdev: cfg.netdev.clone(),
+                cfg: RwLock::new(cfg),
                 attr,
                 port,
                 next_pd: AtomicU32::new(1),
@@ -341,17 +358,74 @@ impl Device {
 
     /// The device's name.
     pub fn name(&self) -> &str {
-        &self.shared.cfg.name
+        &self.shared.name
     }
 
     /// The netdev it is attached to.
     pub fn netdev(&self) -> &str {
-        &self.shared.cfg.netdev
+        &self.shared.netdev
     }
 
-    /// Its GID table.
-    pub fn gids(&self) -> &[WireAddr] {
-        &self.shared.cfg.gids
+    /// Its GID table as it is now (index = `sgid_index`). The table follows the netdev's
+    /// addresses through [`Device::add_gid`] and [`Device::remove_gid`].
+    pub fn gids(&self) -> Vec<WireAddr> {
+        self.shared.cfg().gids.clone()
+    }
+
+    /// The GID-table index of `ip`, if the table holds it.
+    pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
+        self.shared
+            .cfg()
+            .gids
+            .iter()
+            .position(|g| g.ip() == ip)
+            .and_then(|i| u8::try_from(i).ok())
+    }
+
+    /// Adds `gid` to the GID table of the open device (an address added to its netdev) and
+    /// returns its index; a GID already present keeps its index. QPs and AHs made later may
+    /// use it (existing UD QPs keep receiving on the addresses they started with). It takes
+    /// the table's lock for the call only; the data path never reads the table.
+    /// [`Error::Exhausted`] (`ENOMEM`) when the table has [`MAX_GIDS`] entries.
+    ///
+    /// ```
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let a = "127.0.7.1".parse().unwrap();
+    /// assert_eq!(dev.add_gid(a).unwrap(), 0);
+    /// assert_eq!(dev.add_gid(a).unwrap(), 0);
+    /// assert_eq!(dev.gid_index(a.ip()), Some(0));
+    /// assert_eq!(dev.query_port(1).unwrap().gid_tbl_len, 1);
+    /// assert!(dev.remove_gid(a.ip()));
+    /// assert_eq!(dev.gid_index(a.ip()), None);
+    /// ```
+    pub fn add_gid(&self, gid: WireAddr) -> Result<u8> {
+        let mut cfg = self.shared.cfg.write().unwrap_or_else(|e| e.into_inner());
+        let i = match cfg.gids.iter().position(|g| *g == gid) {
+            Some(i) => i,
+            None => {
+                if cfg.gids.len() >= MAX_GIDS {
+                    return Err(Error::Exhausted {
+                        what: "GID table entries",
+                        max: MAX_GIDS,
+                    });
+                }
+                cfg.gids.push(gid);
+                cfg.gids.len() - 1
+            }
+        };
+        u8::try_from(i).map_err(|_| Error::InvalidArgument("GID index beyond 255"))
+    }
+
+    /// Removes the GID of `ip` (an address removed from the netdev); false if absent.
+    /// Later entries move down one index (Linux leaves an empty entry instead): QPs already
+    /// past INIT → RTR keep their address, only later `sgid_index` lookups see the change.
+    /// Nothing is torn down.
+    pub fn remove_gid(&self, ip: IpAddr) -> bool {
+        let mut cfg = self.shared.cfg.write().unwrap_or_else(|e| e.into_inner());
+        let before = cfg.gids.len();
+        cfg.gids.retain(|g| g.ip() != ip);
+        cfg.gids.len() != before
     }
 
     /// `ibv_query_device`.
@@ -366,7 +440,9 @@ impl Device {
                 "port number (this device has port 1)",
             ));
         }
-        Ok(self.shared.port.clone())
+        let mut p = self.shared.port.clone();
+        p.gid_tbl_len = self.shared.cfg().gids.len() as u32;
+        Ok(p)
     }
 
     fn next_id(counter: &AtomicU32, max: u32, what: &'static str) -> Result<u32> {
