@@ -1,9 +1,9 @@
 //! The device: its attributes (`ibv_query_device`, `ibv_query_port`) and the factory of PDs,
 //! CQs, completion channels and SRQs.
 
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError};
 use std::time::Instant;
 
