@@ -201,6 +201,8 @@ pub(crate) struct Runtime {
     live: Vec<u16>,
     free: Vec<u16>,
     next_slot: usize,
+    /// The slot handed out last (cyclic QPN allocation continues after it).
+    last_slot: usize,
     epoch: Instant,
     tx: TxBufs,
     stats: RuntimeStats,
@@ -217,6 +219,7 @@ impl Runtime {
             live: Vec::new(),
             free: Vec::new(),
             next_slot: 2,
+            last_slot: 1,
             epoch: Instant::now(),
             tx: TxBufs {
                 payload: vec![0u8; MAX_PAYLOAD].into_boxed_slice(),
@@ -290,21 +293,42 @@ impl Runtime {
     }
 
     /// Allocates a QP number: slot index in the low 16 bits (never 0 or 1), a generation
-    /// that changes on reuse in the high 8 bits.
+    /// that changes on reuse in the high 8 bits. Slots are handed out cyclically, as Linux
+    /// allocates QPNs: the next free slot after the last one handed out (a fresh one while
+    /// the table has room), wrapping to the lowest free slot at the end. A QPN therefore
+    /// comes back only after every other slot was used (or 256 reuses of a slot when few are
+    /// free), not at the next create after a destroy: a peer still in timewait for the old
+    /// connection would take the new one for a stale one (REJ 10). Not on the data path
+    /// (one scan of the free list per QP created).
     pub fn alloc_qpn(&mut self, max_qp: usize) -> Result<u32> {
-        let idx = match self.free.pop() {
-            Some(i) => i as usize,
-            None => {
-                if self.next_slot >= SLOTS.min(max_qp + 2) {
-                    return Err(Error::Exhausted {
-                        what: "queue pairs",
-                        max: max_qp,
-                    });
-                }
-                self.next_slot += 1;
-                self.next_slot - 1
-            }
+        let limit = SLOTS.min(max_qp + 2);
+        let after = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, &i)| i as usize > self.last_slot)
+            .min_by_key(|(_, &i)| i)
+            .map(|(pos, _)| pos);
+        let idx = if let Some(pos) = after {
+            self.free.swap_remove(pos) as usize
+        } else if self.next_slot < limit {
+            self.next_slot += 1;
+            self.next_slot - 1
+        } else if let Some(pos) = self
+            .free
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, &i)| i)
+            .map(|(pos, _)| pos)
+        {
+            self.free.swap_remove(pos) as usize
+        } else {
+            return Err(Error::Exhausted {
+                what: "queue pairs",
+                max: max_qp,
+            });
         };
+        self.last_slot = idx;
         if self.slots.len() <= idx {
             self.slots.resize_with(idx + 1, || None);
             self.generation.resize(idx + 1, 0);
