@@ -8,7 +8,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 
 use crate::error::{Error, Result};
 use crate::links::Link;
-use crate::{nl, HostView};
+use crate::HostView;
 
 /// Scope of an address, as the kernel stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +83,11 @@ pub fn is_link_local(ip: &IpAddr) -> bool {
 impl HostView {
     /// Every address of every link, IPv4 and IPv6.
     pub async fn addresses(&self) -> Result<Vec<Address>> {
-        let msgs = nl::request(
-            &self.handle,
+        let msgs = self.nl.request(
             "RTM_GETADDR",
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
             NLM_F_DUMP,
-        )
-        .await?;
+        )?;
         Ok(msgs
             .iter()
             .filter_map(|m| match m {

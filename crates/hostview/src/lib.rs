@@ -85,16 +85,18 @@ pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
 /// ```
 #[derive(Debug, Clone)]
 pub struct HostView {
-    handle: rtnetlink::Handle,
+    nl: std::sync::Arc<nl::Requester>,
 }
 
 impl HostView {
-    /// Opens a netlink route socket in the calling thread's network namespace and spawns its
-    /// connection task on the current tokio runtime.
+    /// Opens a netlink route socket in the calling thread's network namespace. Clones share
+    /// it. Queries are answered by the kernel within their `send` (see the crate docs), so
+    /// they need no runtime task and complete when first polled; [`Monitor`]s and neighbour
+    /// resolution need a tokio runtime.
     pub fn new() -> Result<HostView> {
-        let (conn, handle, _) = rtnetlink::new_connection()?;
-        tokio::spawn(conn);
-        Ok(HostView { handle })
+        Ok(HostView {
+            nl: std::sync::Arc::new(nl::Requester::new()?),
+        })
     }
 
     /// A change monitor in the same namespace (see [`Monitor::new`]).

@@ -114,7 +114,7 @@ impl Monitor {
     }
 
     async fn with_groups(groups: &[MulticastGroup], seed: bool) -> Result<Monitor> {
-        let (conn, handle, rx) = rtnetlink::new_multicast_connection(groups)?;
+        let (conn, _handle, rx) = rtnetlink::new_multicast_connection(groups)?;
         let conn = tokio::spawn(conn);
         let mut mon = Monitor {
             rx,
@@ -125,26 +125,23 @@ impl Monitor {
         };
         if seed {
             // Subscribed first, dumped second: nothing falls between the two.
-            let links = nl::request(
-                &handle,
+            let req = nl::Requester::new()?;
+            let links = req.request(
                 "RTM_GETLINK",
                 RouteNetlinkMessage::GetLink(LinkMessage::default()),
                 NLM_F_DUMP,
-            )
-            .await?;
+            )?;
             for m in &links {
                 if let RouteNetlinkMessage::NewLink(l) = m {
                     let l = Link::from_message(l);
                     mon.links.insert(l.index, l);
                 }
             }
-            let neighs = nl::request(
-                &handle,
+            let neighs = req.request(
                 "RTM_GETNEIGH",
                 RouteNetlinkMessage::GetNeighbour(NeighbourMessage::default()),
                 NLM_F_DUMP,
-            )
-            .await?;
+            )?;
             for m in &neighs {
                 if let RouteNetlinkMessage::NewNeighbour(n) = m {
                     if let Some(n) = Neighbour::from_message(n) {

@@ -13,7 +13,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use crate::error::{Error, Result};
 use crate::links::MacAddr;
 use crate::monitor::{Event, Monitor};
-use crate::{nl, HostView};
+use crate::HostView;
 
 /// State of a neighbour entry (`NUD_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,13 +127,11 @@ fn neigh_message(link: u32, ip: IpAddr) -> NeighbourMessage {
 impl HostView {
     /// The neighbour entry for `ip` on `link`, if there is one (RTM_GETNEIGH).
     pub async fn neighbour(&self, link: u32, ip: IpAddr) -> Result<Option<Neighbour>> {
-        let r = nl::request(
-            &self.handle,
+        let r = self.nl.request(
             "RTM_GETNEIGH",
             RouteNetlinkMessage::GetNeighbour(neigh_message(link, ip)),
             0,
-        )
-        .await;
+        );
         match r {
             Ok(msgs) => Ok(msgs.iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewNeighbour(n) => Neighbour::from_message(n),
@@ -208,13 +206,11 @@ impl HostView {
         let mut m = neigh_message(link, ip);
         m.header.flags = NeighbourFlags::Use;
         m.header.state = NlState::None;
-        let r = nl::request(
-            &self.handle,
+        let r = self.nl.request(
             "RTM_NEWNEIGH(NTF_USE)",
             RouteNetlinkMessage::NewNeighbour(m),
             NLM_F_CREATE | NLM_F_ACK,
-        )
-        .await;
+        );
         match r {
             Ok(_) => Ok(()),
             Err(_) => udp_kick(link, link_name, ip),

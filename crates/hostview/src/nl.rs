@@ -1,34 +1,171 @@
-//! One request/response exchange over the rtnetlink connection.
+//! Request/response exchanges with the kernel's rtnetlink, on one socket per [`HostView`].
+//!
+//! The kernel answers an rtnetlink request inside the `send` that carries it
+//! (`netlink_unicast` → `rtnetlink_rcv_msg` runs in the sender's context and queues the reply
+//! on our socket before `send` returns; a dump's further parts are produced by the `recv`
+//! calls that read it). So an exchange is a `send` and `recv`s that find their data already
+//! queued: it needs no runtime task, no wake-up of another thread and no waiting, and the
+//! `async` functions built on it complete when first polled. Should a `recv` ever find nothing
+//! (it should not), it waits in `poll(2)` for at most [`STALL_LIMIT`] before failing with
+//! `EIO`.
+//!
+//! [`HostView`]: crate::HostView
 
-use futures::StreamExt;
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use netlink_packet_core::{
+    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_MULTIPART, NLM_F_REQUEST,
+};
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::error::{Error, Result};
 
-/// Sends `msg` with `NLM_F_REQUEST | flags` and collects the answers (a dump's parts, the
-/// single reply of a get, nothing for a bare ACK). A NACK becomes [`Error::from_errno`].
-pub(crate) async fn request(
-    handle: &rtnetlink::Handle,
-    op: &'static str,
-    msg: RouteNetlinkMessage,
-    flags: u16,
-) -> Result<Vec<RouteNetlinkMessage>> {
-    let mut req = NetlinkMessage::from(msg);
-    req.header.flags = NLM_F_REQUEST | flags;
-    let mut handle = handle.clone();
-    let mut answers = handle
-        .request(req)
-        .map_err(|e| Error::Netlink(format!("{op}: {e}")))?;
-    let mut out = Vec::new();
-    while let Some(m) = answers.next().await {
-        match m.payload {
-            NetlinkPayload::InnerMessage(inner) => out.push(inner),
-            NetlinkPayload::Error(e) if e.raw_code() != 0 => {
-                return Err(Error::from_errno(op, e.raw_code()))
+/// Longest wait for an answer the kernel should already have queued.
+pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Receive buffer: larger than any datagram the kernel builds for us (a dump part is at most
+/// 32 KiB unless the reader offers more).
+const RECV_BUF: usize = 64 * 1024;
+
+/// One NETLINK_ROUTE socket for request/response exchanges, used by one exchange at a time
+/// (the mutex is held for a send and its answers: a few µs).
+#[derive(Debug)]
+pub(crate) struct Requester {
+    inner: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    sock: Socket,
+    seq: u32,
+    port: u32,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Requester {
+    /// Opens the socket in the calling thread's network namespace.
+    pub(crate) fn new() -> Result<Requester> {
+        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        let addr = sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        sock.set_non_blocking(true)?;
+        // Extended ACKs are not parsed; strict checking would change what old dumps accept.
+        Ok(Requester {
+            inner: Mutex::new(State {
+                sock,
+                seq: 0,
+                port: addr.port_number(),
+                buf: vec![0; RECV_BUF],
+                out: Vec::with_capacity(256),
+            }),
+        })
+    }
+
+    /// Sends `msg` with `NLM_F_REQUEST | flags` and collects the answers (a dump's parts, the
+    /// single reply of a get, nothing for a bare ACK). A NACK becomes [`Error::from_errno`].
+    pub(crate) fn request(
+        &self,
+        op: &'static str,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        let mut st = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *st;
+        st.seq = st.seq.wrapping_add(1);
+        let seq = st.seq;
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | flags;
+        req.header.sequence_number = seq;
+        req.header.port_number = st.port;
+        req.finalize();
+        st.out.clear();
+        st.out.resize(req.buffer_len(), 0);
+        req.serialize(&mut st.out);
+        let sent = st.sock.send(&st.out, 0).map_err(Error::Io)?;
+        if sent != st.out.len() {
+            return Err(Error::Netlink(format!("{op}: short send")));
+        }
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let ack = flags & NLM_F_ACK != 0;
+        let mut answers = Vec::new();
+        loop {
+            let n = recv(&st.sock, &mut st.buf, op)?;
+            let mut off = 0;
+            while off < n {
+                let part = &st.buf[off..n];
+                let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(part)
+                    .map_err(|e| Error::Netlink(format!("{op}: {e}")))?;
+                let len = m.header.length as usize;
+                // Messages are 4-byte aligned; a zero length would never advance.
+                off += if len == 0 { n } else { (len + 3) & !3 };
+                if m.header.sequence_number != seq {
+                    continue; // the rest of an abandoned earlier exchange
+                }
+                let multi = m.header.flags & NLM_F_MULTIPART != 0;
+                match m.payload {
+                    NetlinkPayload::Done(_) => return Ok(answers),
+                    NetlinkPayload::Error(e) => {
+                        return match e.raw_code() {
+                            0 => Ok(answers),
+                            c => Err(Error::from_errno(op, c)),
+                        }
+                    }
+                    NetlinkPayload::InnerMessage(inner) => {
+                        answers.push(inner);
+                        if !multi && !dump && !ack {
+                            return Ok(answers);
+                        }
+                    }
+                    _ => {}
+                }
             }
-            _ => {}
         }
     }
-    Ok(out)
+}
+
+/// One datagram; waits (bounded) only if the kernel has not queued it yet.
+fn recv(sock: &Socket, buf: &mut [u8], op: &'static str) -> Result<usize> {
+    let mut waited = false;
+    loop {
+        let mut b: &mut [u8] = &mut buf[..];
+        match sock.recv(&mut b, libc::MSG_TRUNC) {
+            Ok(n) if n > buf.len() => {
+                return Err(Error::Netlink(format!(
+                    "{op}: answer of {n} bytes truncated"
+                )))
+            }
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !waited => {
+                waited = true;
+                wait_readable(sock, STALL_LIMIT)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(Error::Netlink(format!("{op}: no answer")))
+            }
+            Err(e) => return Err(Error::Io(e)),
+        }
+    }
+}
+
+fn wait_readable(sock: &Socket, limit: Duration) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::Io(e));
+        }
+    }
+    Ok(())
 }

@@ -9,7 +9,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use crate::error::{Error, Result};
-use crate::{nl, HostView};
+use crate::HostView;
 
 /// The type of a route (`RTN_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,13 +245,11 @@ impl HostView {
                 "source {src:?} and destination {dst} are of different families"
             )));
         }
-        let msgs = nl::request(
-            &self.handle,
+        let msgs = self.nl.request(
             "RTM_GETROUTE",
             RouteNetlinkMessage::GetRoute(lookup_message(dst, src, oif, false)),
             0,
-        )
-        .await?;
+        )?;
         let mut answer = msgs
             .iter()
             .find_map(|m| match m {
@@ -268,13 +266,11 @@ impl HostView {
     /// The same lookup with RTM_F_FIB_MATCH: the kernel answers with the FIB entry behind the
     /// answer, or with an error when there is none (its on-link guess has no FIB entry).
     async fn fib_origin(&self, dst: IpAddr, src: Option<IpAddr>, oif: u32) -> Result<RouteOrigin> {
-        let r = nl::request(
-            &self.handle,
+        let r = self.nl.request(
             "RTM_GETROUTE(fibmatch)",
             RouteNetlinkMessage::GetRoute(lookup_message(dst, src, Some(oif), true)),
             0,
-        )
-        .await;
+        );
         match r {
             Ok(msgs) => {
                 let through = msgs.iter().any(|m| match m {
@@ -315,13 +311,11 @@ impl HostView {
 
     /// Every route of every table (IPv4 and IPv6), as `ip route show table all` lists them.
     pub async fn routes(&self) -> Result<Vec<RouteEntry>> {
-        let msgs = nl::request(
-            &self.handle,
+        let msgs = self.nl.request(
             "RTM_GETROUTE(dump)",
             RouteNetlinkMessage::GetRoute(RouteMessage::default()),
             NLM_F_DUMP,
-        )
-        .await?;
+        )?;
         Ok(msgs
             .iter()
             .filter_map(|m| match m {
