@@ -153,7 +153,6 @@ pub(crate) struct DevEntry {
     pub netdev: Netdev,
     pub dev: Device,
     pub agent: CmAgent,
-    pub gids: Vec<WireAddr>,
     /// Local addresses opened for MADs.
     pub open: HashSet<WireAddr>,
     /// Connection → id.
@@ -169,18 +168,111 @@ pub(crate) struct DevEntry {
 impl DevEntry {
     /// The GID-table index of `ip` (the QP's `sgid_index`).
     pub(crate) fn sgid_index(&self, ip: IpAddr) -> Option<u8> {
-        self.gids
-            .iter()
-            .position(|g| g.ip() == ip)
-            .and_then(|i| u8::try_from(i).ok())
+        self.dev.gid_index(ip)
     }
 
+    /// `ip` as a wire address of this device (link-local: scoped to its netdev).
     pub(crate) fn wire_addr(&self, ip: IpAddr) -> WireAddr {
-        self.gids
-            .iter()
-            .find(|g| g.ip() == ip)
-            .copied()
-            .unwrap_or_else(|| WireAddr::from(ip))
+        gid_of(ip, self.netdev.index)
+    }
+
+    /// Puts `ip` in the device's GID table (an address of its netdev, or any 127.0.0.0/8
+    /// address on the device of `lo`).
+    pub(crate) fn ensure_gid(&self, ip: IpAddr) -> Result<()> {
+        if self.dev.gid_index(ip).is_none() {
+            self.dev.add_gid(self.wire_addr(ip))?;
+        }
+        Ok(())
+    }
+}
+
+/// The GID (wire address) of `ip` on netdev `index`.
+pub(crate) fn gid_of(ip: IpAddr, index: u32) -> WireAddr {
+    let scope = if classify(&ip) == AddrClass::LinkLocal {
+        index
+    } else {
+        0
+    };
+    WireAddr::new(ip, scope)
+}
+
+/// Which netdevs get a software device, and under which names: the `RDMACM_DEVICES`
+/// setting, or [`CmaConfig::devices`].
+///
+/// The embedded default (no setting) is a device on every netdev that has an address,
+/// `lo` included, named after the netdev. `RDMACM_DEVICES` is a comma-separated list of
+/// `NETDEV` or `NETDEV=NAME` entries: only those netdevs get a device (an id whose
+/// address or route needs another netdev fails with `ENODEV`), named `NAME` when given.
+///
+/// ```
+/// let c = rdmacm::CmaConfig::parse_devices("lo=soft_lo, eth0").unwrap();
+/// let d = c.devices.unwrap();
+/// assert_eq!((d[0].netdev.as_str(), d[0].name.as_deref()), ("lo", Some("soft_lo")));
+/// assert_eq!((d[1].netdev.as_str(), d[1].name.as_deref()), ("eth0", None));
+/// assert_eq!(rdmacm::CmaConfig::parse_devices("=x").unwrap_err().errno(), libc::EINVAL);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CmaConfig {
+    /// `None`: every netdev with an address, named after it. `Some`: only these.
+    pub devices: Option<Vec<DeviceSpec>>,
+}
+
+/// One entry of [`CmaConfig::devices`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// The netdev's name.
+    pub netdev: String,
+    /// The device's name (default: the netdev's).
+    pub name: Option<String>,
+}
+
+/// The environment variable read by [`CmaConfig::from_env`].
+pub const DEVICES_ENV: &str = "RDMACM_DEVICES";
+
+impl CmaConfig {
+    /// The configuration from the environment (`RDMACM_DEVICES`; unset or empty: the
+    /// embedded default). `EINVAL` for a malformed value.
+    pub fn from_env() -> Result<CmaConfig> {
+        match std::env::var(DEVICES_ENV) {
+            Ok(v) => CmaConfig::parse_devices(&v),
+            Err(_) => Ok(CmaConfig::default()),
+        }
+    }
+
+    /// Parses a `RDMACM_DEVICES` value (`NETDEV[=NAME][,...]`; empty: the default).
+    pub fn parse_devices(v: &str) -> Result<CmaConfig> {
+        if v.trim().is_empty() {
+            return Ok(CmaConfig::default());
+        }
+        let mut out = Vec::new();
+        for e in v.split(',') {
+            let e = e.trim();
+            let (nd, name) = match e.split_once('=') {
+                Some((a, b)) => (a.trim(), Some(b.trim())),
+                None => (e, None),
+            };
+            if nd.is_empty() || name.is_some_and(str::is_empty) {
+                return Err(Error::InvalidArgument(format!(
+                    "{DEVICES_ENV}: bad entry {e:?} (want NETDEV or NETDEV=NAME)"
+                )));
+            }
+            out.push(DeviceSpec {
+                netdev: nd.to_owned(),
+                name: name.map(str::to_owned),
+            });
+        }
+        Ok(CmaConfig { devices: Some(out) })
+    }
+
+    /// The device name for `netdev`, or `None` when it gets no device.
+    fn device_name(&self, netdev: &str) -> Option<String> {
+        match &self.devices {
+            None => Some(netdev.to_owned()),
+            Some(v) => v
+                .iter()
+                .find(|d| d.netdev == netdev)
+                .map(|d| d.name.clone().unwrap_or_else(|| netdev.to_owned())),
+        }
     }
 }
 
@@ -229,9 +321,12 @@ pub(crate) struct Inner {
     /// Host-change notifications from the watcher task (own lock: the task never takes the
     /// state lock, which may be held while waiting for the resolver on the same runtime).
     notifications: Mutex<VecDeque<Notification>>,
+    /// Address and link changes for the device registry (from the watcher task).
+    host_events: Mutex<VecDeque<rdma_hostview::Event>>,
     watch_cmds: Mutex<Vec<WatchCmd>>,
     watch_notify: Arc<tokio::sync::Notify>,
     epoch: Instant,
+    config: CmaConfig,
     progress_stop: AtomicBool,
     progress_thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -272,8 +367,14 @@ static GLOBAL: OnceLock<Cma> = OnceLock::new();
 impl Cma {
     /// A new context in the calling thread's network namespace. It owns a small tokio
     /// runtime (one worker thread, asleep in `epoll` unless netlink answers or host changes
-    /// arrive) for address resolution and the change watcher.
+    /// arrive) for address resolution and the change watcher. Devices as
+    /// [`CmaConfig::from_env`] says (`RDMACM_DEVICES`; `EINVAL` if malformed).
     pub fn new() -> Result<Cma> {
+        Cma::with_config(CmaConfig::from_env()?)
+    }
+
+    /// A new context with an explicit configuration (the environment is not read).
+    pub fn with_config(config: CmaConfig) -> Result<Cma> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("rdmacm-netlink")
@@ -313,9 +414,11 @@ impl Cma {
             acked: Condvar::new(),
             wake: EventFd::new()?,
             notifications: Mutex::new(VecDeque::new()),
+            host_events: Mutex::new(VecDeque::new()),
             watch_cmds: Mutex::new(Vec::new()),
             watch_notify: Arc::new(tokio::sync::Notify::new()),
             epoch: Instant::now(),
+            config,
             progress_stop: AtomicBool::new(false),
             progress_thread: Mutex::new(None),
         });
@@ -398,7 +501,9 @@ impl Cma {
     }
 
     /// The device list (`rdma_get_devices`): a software device for every netdev that has
-    /// an address, `lo` included, named after it. Opens them.
+    /// an address, `lo` included, named after it (the embedded default), in ifindex order;
+    /// `RDMACM_DEVICES` / [`CmaConfig`] restricts and renames them. Opens them. Each
+    /// device's GID table holds its netdev's addresses and follows their changes.
     pub fn device_list(&self) -> Result<Vec<Device>> {
         let links = self.inner.block(|r| async move {
             let addrs = r.view().addresses().await?;
@@ -409,7 +514,12 @@ impl Cma {
         })?;
         let mut out = Vec::new();
         for i in links {
-            self.inner.ensure_device(i)?;
+            match self.inner.ensure_device(i) {
+                Ok(()) => {}
+                // Not selected by the configuration, or gone meanwhile.
+                Err(Error::NoDevice(_)) => continue,
+                Err(e) => return Err(e),
+            }
             if let Some(d) = self.inner.lock().devices.get(&i) {
                 out.push(d.dev.clone());
             }
@@ -455,12 +565,24 @@ impl Drop for Inner {
 }
 
 /// Runs a future on `handle` from any thread (also from inside another runtime, where
-/// `block_on` would panic): spawns it and waits for its result.
+/// `block_on` would panic). It is first polled once in the calling thread (inside the
+/// runtime's context): netlink queries complete there (the kernel answers within the
+/// request's `send`), so bind, resolve_addr on loopback and resolve_route cost no thread
+/// hop. A future that is still pending (neighbour resolution, a timer) is spawned and
+/// awaited as before; it is polled again with the runtime's waker.
 fn run_on<F, T>(handle: &tokio::runtime::Handle, f: F) -> T
 where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
+    let mut f = Box::pin(f);
+    {
+        let _cx = handle.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     handle.spawn(async move {
         let _ = tx.send(f.await);
@@ -480,6 +602,7 @@ fn start_watcher(inner: &Arc<Inner>) {
         let Ok(mut w) = Watcher::new(&resolver).await else {
             return;
         };
+        w.track_host();
         loop {
             {
                 let Some(inner) = weak.upgrade() else { return };
@@ -494,23 +617,39 @@ fn start_watcher(inner: &Arc<Inner>) {
                         }
                     }
                 }
+                let host = w.take_host_events();
+                let mut notes = Vec::new();
+                while let Some(n) = w.pop() {
+                    notes.push(n);
+                }
+                if !host.is_empty() || !notes.is_empty() {
+                    inner
+                        .host_events
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(host);
+                    inner
+                        .notifications
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(notes);
+                    inner.wake.signal();
+                }
             }
-            tokio::select! {
-                _ = notify.notified() => {}
-                n = w.next() => {
-                    let Some(inner) = weak.upgrade() else { return };
-                    match n {
-                        Ok(n) => {
-                            inner
-                                .notifications
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push_back(n);
-                            inner.wake.signal();
-                        }
-                        Err(_) => return,
+            // Only the wait is raced with watch requests (it is cancel-safe); the processing
+            // of a host change runs to completion, so a request arriving mid-way cannot
+            // cancel it and lose the change.
+            let ev = tokio::select! {
+                _ = notify.notified() => continue,
+                ev = w.next_event() => ev,
+            };
+            match ev {
+                Ok(ev) => {
+                    if w.handle_event(ev).await.is_err() {
+                        return;
                     }
                 }
+                Err(_) => return,
             }
         }
     });
@@ -560,7 +699,9 @@ impl Inner {
         }
     }
 
-    /// Opens (once) the software device of netdev `index`, with its CM agent.
+    /// Opens (once) the software device of netdev `index`, with its CM agent. Its GID
+    /// table starts with the netdev's addresses and then follows the host's changes
+    /// (`apply_host_events`); `ENODEV` when the configuration gives the netdev no device.
     pub(crate) fn ensure_device(&self, index: u32) -> Result<()> {
         if self.lock().devices.contains_key(&index) {
             return Ok(());
@@ -570,32 +711,17 @@ impl Inner {
             let gids = r.gid_table(index).await?;
             Ok::<_, Error>((nd, gids))
         })?;
-        let gids: Vec<WireAddr> = gids
-            .iter()
-            .map(|g| {
-                let scope = if classify(&g.ip) == AddrClass::LinkLocal {
-                    index
-                } else {
-                    0
-                };
-                WireAddr::new(g.ip, scope)
-            })
-            .collect();
-        let mut gids = gids;
-        if netdev.loopback {
-            // Every 127.0.0.0/8 address is local through lo's /8 route, but the device's GID
-            // table is fixed when it opens (and indexed by a u8): give it 127.0.0.0/24 so
-            // that processes and tests can use 127.0.0.x as separate addresses.
-            // TODO(rdma-soft): a way to add GIDs to an open device.
-            for i in 1..=254u8 {
-                let w = WireAddr::new(IpAddr::from([127, 0, 0, i]), 0);
-                if gids.len() < 255 && !gids.contains(&w) {
-                    gids.push(w);
-                }
-            }
-        }
+        let name = self.config.device_name(&netdev.name).ok_or_else(|| {
+            Error::NoDevice(format!(
+                "netdev {} has no device ({DEVICES_ENV} does not list it)",
+                netdev.name
+            ))
+        })?;
+        let mut gids: Vec<WireAddr> = gids.iter().map(|g| gid_of(g.ip, index)).collect();
+        gids.truncate(256); // rdma_soft::verbs::device::MAX_GIDS
         let mut cfg = DeviceConfig::for_netdev(&netdev.name)?;
-        cfg.gids = gids.clone();
+        cfg.name = name;
+        cfg.gids = gids;
         cfg.up = netdev.up;
         let mac = netdev.mac.0;
         let guid = u64::from_be_bytes([
@@ -636,7 +762,6 @@ impl Inner {
                 netdev,
                 dev,
                 agent,
-                gids,
                 open: HashSet::new(),
                 conns: HashMap::new(),
                 listeners: HashMap::new(),
@@ -659,6 +784,9 @@ impl Inner {
         if d.open.contains(&w) {
             return Ok(());
         }
+        // Every address an id uses is in the GID table (127.0.0.0/8 beyond lo's own
+        // addresses included: they are local through lo's /8).
+        d.ensure_gid(ip)?;
         d.dev.gsi_open(w)?;
         d.open.insert(w);
         Ok(())
@@ -816,8 +944,96 @@ impl Inner {
         for n in notes {
             self.on_notification(&mut st, n);
         }
+        let host: Vec<rdma_hostview::Event> = self
+            .host_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        if !host.is_empty() {
+            st = self.apply_host_events(st, host);
+        }
         let after: usize = st.channels.values().map(|c| c.queue.len()).sum();
         after.saturating_sub(before)
+    }
+
+    /// The device registry follows the host: an address added to a netdev enters its
+    /// device's GID table (and the wildcard listeners' addresses), a removed one leaves it;
+    /// a netdev that gets an address while a wildcard listener exists gets its device and
+    /// the listener. After lost notifications (overrun) every GID table is re-read.
+    /// Opening a device needs the resolver, so the lock is released for it.
+    fn apply_host_events<'a>(
+        self: &'a Arc<Self>,
+        mut st: MutexGuard<'a, State>,
+        host: Vec<rdma_hostview::Event>,
+    ) -> MutexGuard<'a, State> {
+        use rdma_hostview::Event as H;
+        let mut new_dev: Vec<(u32, IpAddr)> = Vec::new();
+        let mut resync = false;
+        for ev in host {
+            match ev {
+                H::AddressAdded(a) => {
+                    if let Some(d) = st.devices.get(&a.link) {
+                        let _ = d.ensure_gid(a.addr);
+                        crate::listen::wildcard_listen_on(&mut st, a.link, a.addr);
+                    } else if crate::listen::has_wildcard_listener(&st) {
+                        new_dev.push((a.link, a.addr));
+                    }
+                }
+                H::AddressRemoved(a) => {
+                    if let Some(d) = st.devices.get(&a.link) {
+                        // 127.0.0.0/8 stays usable through lo's /8 route.
+                        if !(d.netdev.loopback && a.addr.is_loopback()) {
+                            d.dev.remove_gid(a.addr);
+                        }
+                    }
+                }
+                H::Overrun => resync = true,
+                _ => {}
+            }
+        }
+        if new_dev.is_empty() && !resync {
+            return st;
+        }
+        let known: Vec<u32> = st.devices.keys().copied().collect();
+        drop(st);
+        for (link, _) in &new_dev {
+            // ENODEV when the configuration leaves the netdev out: nothing to do.
+            let _ = self.ensure_device(*link);
+        }
+        let tables: Vec<(u32, Vec<IpAddr>)> = if resync {
+            known
+                .iter()
+                .filter_map(|&i| {
+                    self.block(move |r| async move { r.gid_table(i).await })
+                        .ok()
+                        .map(|g| (i, g.iter().map(|e| e.ip).collect()))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut st = self.lock();
+        for (link, addr) in new_dev {
+            if st.devices.contains_key(&link) {
+                crate::listen::wildcard_listen_on(&mut st, link, addr);
+            }
+        }
+        for (i, ips) in tables {
+            let Some(d) = st.devices.get(&i) else {
+                continue;
+            };
+            for g in d.dev.gids() {
+                let keep = ips.contains(&g.ip()) || (d.netdev.loopback && g.ip().is_loopback());
+                if !keep {
+                    d.dev.remove_gid(g.ip());
+                }
+            }
+            for ip in &ips {
+                let _ = d.ensure_gid(*ip);
+            }
+        }
+        st
     }
 
     /// Sends what the agent of device `i` wants to send and turns its events into ours,
@@ -895,6 +1111,11 @@ impl Inner {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .is_empty()
+                || !self
+                    .host_events
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty()
             {
                 return;
             }

@@ -41,9 +41,14 @@
 //! connection manager differs from Linux, with the reason. In short: `resolve_addr` does
 //! its neighbour resolution in the call; backlog overflow is REJ 3 (Linux drops the REQ);
 //! DISCONNECTED is still reported after DEVICE_REMOVAL; `Event::take_id` acknowledges the
-//! CONNECT_REQUEST for the new id; QPs of destroyed ids linger 3 s (QPN reuse); the `lo`
-//! device's GID table holds 127.0.0.0/24; CM timeouts are settable
+//! CONNECT_REQUEST for the new id; QPs of destroyed ids linger 3 s (QPN reuse); any
+//! 127.0.0.0/8 address is usable through the `lo` device; CM timeouts are settable
 //! ([`Cma::set_cm_timeouts`]).
+//!
+//! Devices: one per netdev that has an address, `lo` included, named after it
+//! ([`Cma::device_list`]); `RDMACM_DEVICES` or [`CmaConfig`] restricts and renames them.
+//! Their GID tables follow the host's addresses, and wildcard listeners follow new
+//! devices.
 //!
 //! # Resolution layer
 //!
@@ -141,7 +146,7 @@ mod watch;
 
 pub use async_api::{ConnectOptions, Connection, Listener};
 pub use channel::EventChannel;
-pub use cma::Cma;
+pub use cma::{Cma, CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};
 pub use id::{CmId, CmOption, IdState, QpKind};

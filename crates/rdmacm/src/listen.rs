@@ -313,3 +313,51 @@ pub(crate) fn reject(id: &CmId, private_data: &[u8]) -> Result<()> {
     inner.drain_agent(st, dev);
     Ok(())
 }
+
+/// A wildcard listener gets requests from every device on every address of its family
+/// (Linux: `cma_listen_on_all`, and `cma_add_one` for devices that appear later). Called
+/// when address `addr` appears on netdev `dev` (whose device is open): registers every
+/// wildcard listener on that device if it is not yet, and opens `addr` for the listeners
+/// of its family.
+pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
+    let ls: Vec<(IdNum, u64, bool)> = st
+        .ids
+        .iter()
+        .filter(|(_, s)| {
+            s.state == IdState::Listen && s.binding.as_ref().is_some_and(|b| b.is_wildcard())
+        })
+        .map(|(n, s)| {
+            let v4 = s.local.is_some_and(|l| l.is_ipv4());
+            let wants = addr.is_ipv4() == v4 || (!v4 && !s.afonly());
+            let port = s.local.map(|l| l.port()).unwrap_or(0);
+            let sid = ServiceId::new(crate::id::wire_ps(s.ps), port).0;
+            (*n, sid, wants)
+        })
+        .collect();
+    for (n, sid, wants) in ls {
+        let Some(d) = st.devices.get_mut(&dev) else {
+            return;
+        };
+        let l = d.listeners.entry(sid).or_default();
+        if !l.contains(&n) {
+            if l.is_empty() && d.agent.listen(sid).is_err() {
+                continue;
+            }
+            l.push(n);
+            if let Some(ls) = st.ids.get_mut(&n).and_then(|s| s.listen.as_mut()) {
+                ls.regs.push((dev, sid));
+            }
+        }
+        if wants {
+            // An address held by another process is skipped, as at listen.
+            let _ = Inner::open_gsi(st, dev, addr);
+        }
+    }
+}
+
+/// Whether some wildcard listener exists (a new netdev then gets a device at once).
+pub(crate) fn has_wildcard_listener(st: &State) -> bool {
+    st.ids
+        .values()
+        .any(|s| s.state == IdState::Listen && s.binding.as_ref().is_some_and(|b| b.is_wildcard()))
+}

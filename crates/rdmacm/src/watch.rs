@@ -135,6 +135,8 @@ pub struct Watcher {
     monitor: Monitor,
     ids: BTreeMap<WatchId, Watched>,
     queue: VecDeque<Notification>,
+    /// Address and link events kept for the CM's device registry (only when enabled).
+    host: Option<VecDeque<Event>>,
 }
 
 impl Watcher {
@@ -145,7 +147,43 @@ impl Watcher {
             monitor: Monitor::new().await?,
             ids: BTreeMap::new(),
             queue: VecDeque::new(),
+            host: None,
         })
+    }
+
+    /// Also keep address and link events (added, removed) for [`Watcher::take_host_events`]:
+    /// the CM's device registry follows the host's addresses with them.
+    pub(crate) fn track_host(&mut self) {
+        self.host.get_or_insert_with(VecDeque::new);
+    }
+
+    /// Address and link events seen since the last call (with [`Watcher::track_host`]).
+    pub(crate) fn take_host_events(&mut self) -> Vec<Event> {
+        self.host
+            .as_mut()
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    /// A queued notification, without waiting.
+    pub(crate) fn pop(&mut self) -> Option<Notification> {
+        self.queue.pop_front()
+    }
+
+    /// The next raw host event. Cancel-safe (nothing is lost when the future is dropped):
+    /// the CM waits on it together with its watch requests, then runs
+    /// [`Watcher::handle_event`] to completion, so a watch request arriving mid-way can no
+    /// longer cancel the processing of a change.
+    pub(crate) async fn next_event(&mut self) -> Result<Event> {
+        self.monitor
+            .next()
+            .await
+            .ok_or_else(|| Error::Host(rdma_hostview::Error::Netlink("monitor closed".into())))
+    }
+
+    /// Processes one host event (queues the notifications it causes).
+    pub(crate) async fn handle_event(&mut self, ev: Event) -> Result<()> {
+        self.handle(ev).await
     }
 
     /// Starts watching id `id` resolved as `addr` (replaces an earlier watch of `id`).
@@ -221,6 +259,18 @@ impl Watcher {
     }
 
     async fn handle(&mut self, ev: Event) -> Result<()> {
+        if let Some(h) = self.host.as_mut() {
+            if matches!(
+                ev,
+                Event::AddressAdded(_)
+                    | Event::AddressRemoved(_)
+                    | Event::LinkAdded(_)
+                    | Event::LinkRemoved(_)
+                    | Event::Overrun
+            ) {
+                h.push_back(ev.clone());
+            }
+        }
         match ev {
             Event::LinkRemoved(l) => {
                 let hit: Vec<WatchId> = self
