@@ -291,10 +291,6 @@ pub(crate) struct State {
     pub next_channel: u64,
     pub ports: PortTables,
     pub seed: u64,
-    /// QPs of destroyed ids kept until their connection's timewait is surely over, so
-    /// that their QP numbers are not reused while the peer may still hold the old
-    /// connection (it would answer a new REQ with REJ 10, stale connection).
-    pub lingering: VecDeque<(Instant, Arc<QueuePair>)>,
     /// CM response timeout (IBA time code) put in our REQs (rdma_cm: 20).
     pub cm_response_timeout: u8,
     /// REQ / SIDR_REQ retries (rdma_cm: 15).
@@ -407,7 +403,6 @@ impl Cma {
                 next_channel: 1,
                 ports: PortTables::from_host(),
                 seed,
-                lingering: VecDeque::new(),
                 cm_response_timeout: 20,
                 max_cm_retries: 15,
             }),
@@ -929,10 +924,6 @@ impl Inner {
                 }
             }
             self.drain_agent(&mut st, i);
-        }
-        let now_i = Instant::now();
-        while st.lingering.front().is_some_and(|(t, _)| *t <= now_i) {
-            st.lingering.pop_front();
         }
         // Host changes.
         let notes: Vec<Notification> = self

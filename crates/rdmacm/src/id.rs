@@ -748,9 +748,6 @@ impl CmId {
     }
 }
 
-/// How long a destroyed id's QP number stays taken.
-const LINGER: Duration = Duration::from_secs(3);
-
 pub(crate) fn wire_ps(ps: PortSpace) -> rdma_wire::ip_cm::PortSpace {
     match ps {
         PortSpace::Tcp => rdma_wire::ip_cm::PortSpace::Tcp,
@@ -816,10 +813,7 @@ pub(crate) fn destroy(inner: &Arc<Inner>, num: IdNum) {
             d.comm_local.retain(|k, _| live.contains(k));
         }
     }
-    if let (Some(qp), Some(_)) = (s.qp, s.conn) {
-        // Timewait is about 1 s (RoCE's packet life time); keep the QP number taken a bit
-        // longer.
-        st.lingering
-            .push_back((std::time::Instant::now() + LINGER, qp));
-    }
+    // The QP goes with the id: the soft device allocates QP numbers cyclically, so its
+    // number does not come back while the peer may still be in timewait for it.
+    drop(s.qp);
 }
