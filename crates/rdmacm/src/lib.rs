@@ -39,8 +39,7 @@
 //!
 //! `docs/CM.md` shows the state machine of an id, the flows, and every place where the
 //! connection manager differs from Linux, with the reason. In short: `resolve_addr` does
-//! its neighbour resolution in the call; backlog overflow is REJ 3 (Linux drops the REQ);
-//! DISCONNECTED is still reported after DEVICE_REMOVAL; `Event::take_id` acknowledges the
+//! its neighbour resolution in the call; DISCONNECTED is still reported after DEVICE_REMOVAL; `Event::take_id` acknowledges the
 //! CONNECT_REQUEST for the new id; any
 //! 127.0.0.0/8 address is usable through the `lo` device; CM timeouts are settable
 //! ([`Cma::set_cm_timeouts`]).

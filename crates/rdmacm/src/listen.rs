@@ -103,6 +103,15 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
     }
     let (num, l) = match child(inner, st, dev, r.listener, arrival, &hdr) {
         Ok(x) => x,
+        Err(RejectReason::NoResources) => {
+            // Backlog full: dropped without an answer, as Linux does (the handler's
+            // -ENOMEM); the requester retries its REQ after its CM timeout, and the retry
+            // is a new request once the application has taken queued ones.
+            if let Some(d) = st.devices.get_mut(&dev) {
+                let _ = d.agent.destroy_silently(conn);
+            }
+            return;
+        }
         Err(reason) => {
             rej(inner, st, dev, conn, reason);
             return;

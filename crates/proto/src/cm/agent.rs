@@ -614,6 +614,28 @@ impl CmAgent {
         Ok(())
     }
 
+    /// Destroys a passive connection that received a REQ and has not answered it (REQ_RCVD,
+    /// or MRA_REQ_SENT with the delayed MRA), sending nothing: the requester retries its REQ
+    /// after its timeout, and the retry is a new request here. Linux's `cm_destroy_id`
+    /// with `-ENOMEM` (a full listen backlog): "do not reject to allow future retries".
+    /// Other states: [`CmError::InvalidState`], the connection is unchanged. The handle is
+    /// invalid afterwards; no event is reported for it.
+    pub fn destroy_silently(&mut self, conn: ConnHandle) -> Result<(), CmError> {
+        let c = self.live_mut(conn)?;
+        match c.state {
+            CmState::ReqRcvd | CmState::MraReqSent => {}
+            state => {
+                return Err(CmError::InvalidState {
+                    op: "destroy_silently",
+                    state,
+                })
+            }
+        }
+        self.remove(conn);
+        self.events.retain(|e| e.conn() != conn);
+        Ok(())
+    }
+
     /// Sends a SIDR_REQ: a new exchange in SIDR_SENT, resent every `timeout` up to
     /// `max_retries` times; answered by [`CmEvent::SidrRepReceived`] or
     /// [`CmEvent::SidrReqTimeout`].

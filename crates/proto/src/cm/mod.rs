@@ -11,7 +11,9 @@
 //! The behaviour follows Linux's `ib_cm` as `rdma_cm` drives it (see `reference/` in the shared
 //! docs): REQ/REP/DREQ retransmission with `max_cm_retries`, MRA "send only on duplicate"
 //! ([`AgentConfig::delayed_mra`]), REJ 8 with local comm id 0 when nobody listens, REJ 10 for
-//! stale connections, timewait, DREP for a DREQ that matches nothing, crossed DREQs, SIDR.
+//! stale connections, timewait, DREP for a DREQ that matches nothing, crossed DREQs, SIDR,
+//! [`CmAgent::destroy`] with `cm_destroy_id`'s side effects and
+//! [`CmAgent::destroy_silently`] for a REQ left unanswered (a full backlog: the peer retries).
 //! Every received message must match a connection by its communication ids, its state and the
 //! peer's GID; anything else changes nothing.
 //!

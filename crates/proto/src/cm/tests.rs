@@ -682,3 +682,65 @@ fn sidr_exchange_no_listener_and_timeout() {
     assert_eq!(now, 16 * 4096 * MS);
     assert_eq!(a.poll_event(), Some(CmEvent::SidrReqTimeout { conn: ca3 }));
 }
+
+#[test]
+fn destroy_silently_sends_nothing_and_the_retried_req_is_a_new_request() {
+    for delayed in [false, true] {
+        let (mut a, mut b) = (agent(0xa, 1, delayed), agent(0xb, 2, delayed));
+        b.listen(SID).unwrap();
+        let ca = a.send_req(0, req_params(0x11)).unwrap();
+        let req = sent(&mut a);
+        for m in &req {
+            b.handle_mad(0, addr_a(), m);
+        }
+        let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+            panic!("no REQ event")
+        };
+        b.destroy_silently(r.conn).unwrap();
+        assert!(sent(&mut b).is_empty(), "nothing on the wire");
+        assert_eq!(b.state(r.conn), None);
+        assert_eq!(b.conn_count(), 0);
+        assert_eq!(
+            b.destroy_silently(r.conn),
+            Err(CmError::UnknownConn(r.conn))
+        );
+        // The requester times out and retries: the same REQ is a new request now.
+        let t = a.poll_timeout().unwrap();
+        a.handle_timeout(t);
+        let retry = sent(&mut a);
+        assert_eq!(retry, req, "retransmitted as sent");
+        for m in &retry {
+            b.handle_mad(t, addr_a(), m);
+        }
+        let Some(CmEvent::ReqReceived(r2)) = b.poll_event() else {
+            panic!("the retry is not a new request")
+        };
+        assert_ne!(r2.conn, r.conn);
+        b.send_rep(t, r2.conn, RepParams::new(0x22, 0x5678))
+            .unwrap();
+        for m in sent(&mut b) {
+            a.handle_mad(t, addr_b(), &m);
+        }
+        assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(_))));
+        a.send_rtu(t, ca).unwrap();
+        assert_eq!(a.state(ca), Some(CmState::Established));
+    }
+}
+
+#[test]
+fn destroy_silently_only_before_an_answer() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, cb) = connect(&mut a, &mut b);
+    assert_eq!(
+        b.destroy_silently(cb),
+        Err(CmError::InvalidState {
+            op: "destroy_silently",
+            state: CmState::Established
+        })
+    );
+    assert_eq!(b.state(cb), Some(CmState::Established));
+    assert!(matches!(
+        a.destroy_silently(ca),
+        Err(CmError::InvalidState { .. })
+    ));
+}
