@@ -36,6 +36,7 @@ fn main() {
     time!("link(1)", v.link(1));
     time!("addresses() dump", v.addresses());
     time!("link_holding(127.0.0.1)", v.link_holding(dst, None));
+    time!("index_holding(127.0.0.1)", v.index_holding(dst, None));
     time!("route_get(dst, src)", v.route_get(dst, Some(src), None));
     time!(
         "route_get(dst, src, oif 1)",

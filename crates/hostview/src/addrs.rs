@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
-use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use crate::error::{Error, Result};
 use crate::links::Link;
@@ -83,9 +83,16 @@ pub fn is_link_local(ip: &IpAddr) -> bool {
 impl HostView {
     /// Every address of every link, IPv4 and IPv6.
     pub async fn addresses(&self) -> Result<Vec<Address>> {
+        self.dump_addresses(AddressFamily::Unspec)
+    }
+
+    /// The addresses of one family (`Unspec`: both); the kernel dumps only that family.
+    fn dump_addresses(&self, family: AddressFamily) -> Result<Vec<Address>> {
+        let mut req = AddressMessage::default();
+        req.header.family = family;
         let msgs = self.nl.request(
             "RTM_GETADDR",
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            RouteNetlinkMessage::GetAddress(req),
             NLM_F_DUMP,
         )?;
         Ok(msgs
@@ -100,12 +107,22 @@ impl HostView {
     /// The link that holds `ip`. For a link-local address `scope` (an ifindex) selects among
     /// links holding the same address. `EADDRNOTAVAIL` if no link holds it.
     pub async fn link_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<Link> {
-        let found = self
-            .addresses()
-            .await?
+        let index = self.index_holding(ip, scope).await?;
+        self.link(index).await
+    }
+
+    /// The ifindex of the link that holds `ip`, as [`HostView::link_holding`] finds it, without
+    /// reading the link itself.
+    /// Only addresses of `ip`'s family are dumped.
+    pub async fn index_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
+        let family = match ip {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        self.dump_addresses(family)?
             .into_iter()
             .find(|a| a.addr == ip && scope.is_none_or(|s| s == a.link))
-            .ok_or(Error::AddressNotAvailable(ip))?;
-        self.link(found.link).await
+            .map(|a| a.link)
+            .ok_or(Error::AddressNotAvailable(ip))
     }
 }

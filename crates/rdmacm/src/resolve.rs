@@ -296,15 +296,21 @@ impl Resolver {
     /// through a local route (127.0.0.2 through 127.0.0.0/8 on `lo`) the netdev of that
     /// route, as Linux's `__ip_dev_find` does. `EADDRNOTAVAIL` if neither.
     pub(crate) async fn holder(&self, ip: IpAddr, scope: Option<u32>) -> Result<Link> {
-        match self.hv.link_holding(ip, scope).await {
-            Ok(l) => Ok(l),
+        let index = self.holder_index(ip, scope).await?;
+        Ok(self.hv.link(index).await?)
+    }
+
+    /// The ifindex of [`Resolver::holder`], without reading the link.
+    async fn holder_index(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
+        match self.hv.index_holding(ip, scope).await {
+            Ok(i) => Ok(i),
             Err(rdma_hostview::Error::AddressNotAvailable(_)) if scope.is_none() => {
                 match self.hv.route_get(ip, None, None).await {
                     Ok(RouteAnswer {
                         kind: RouteType::Local,
                         oif: Some(oif),
                         ..
-                    }) => Ok(self.hv.link(oif).await?),
+                    }) => Ok(oif),
                     _ => Err(Error::not_held(ip)),
                 }
             }
@@ -364,9 +370,11 @@ impl Resolver {
             Some(s) => self.required_scope(s, s.ip).await?,
             None => None,
         };
-        if let Some(b) = bound {
-            self.hv.link(b).await?;
-        }
+        // Read once per resolution and passed on: each query below asks the kernel once.
+        let bound_link = match bound {
+            Some(b) => Some(self.hv.link(b).await?),
+            None => None,
+        };
         let mut oif = bound;
         for sc in [src_scope, dst_scope].into_iter().flatten() {
             match oif {
@@ -380,16 +388,17 @@ impl Resolver {
             }
         }
         let src_ip = src.map(|s| s.ip);
-        if let Some(s) = src_ip {
-            self.holder(s, src_scope).await?;
-        }
+        let src_holder = match src_ip {
+            Some(s) => Some((s, self.holder_index(s, src_scope).await?)),
+            None => None,
+        };
         let query = RouteQuery {
             dst: dst_ip,
             dst_scope,
             src: src_ip,
             oif,
         };
-        let c = self.choose(&query).await?;
+        let c = self.choose_with(&query, bound_link).await?;
         let netdev = Netdev::from_link(&c.netdev);
         let next_hop = c.gateway.unwrap_or(dst_ip);
         let dmac = if c.loopback || netdev.loopback {
@@ -401,7 +410,7 @@ impl Resolver {
                 .resolve_neighbour(netdev.index, next_hop, timeout)
                 .await?
         };
-        self.finish(c, netdev, query, Some(dmac)).await
+        self.finish(c, netdev, query, Some(dmac), src_holder).await
     }
 
     /// The scope (ifindex) of a link-local address; `EINVAL` if it has none, `ENODEV` if its
@@ -444,9 +453,9 @@ impl Resolver {
             return Err(Error::Rejected(RejectCause::ArrivalNetdevDown));
         }
         let ll = |ip: &IpAddr| (classify(ip) == AddrClass::LinkLocal).then_some(arrival);
-        if self.holder(local, ll(&local)).await.is_err() {
+        let Ok(local_holder) = self.holder_index(local, ll(&local)).await else {
             return Err(Error::Rejected(RejectCause::NotOurAddress));
-        }
+        };
         if matches!(classify(&peer), AddrClass::Any | AddrClass::Multicast) {
             return Err(Error::Rejected(RejectCause::NotOnReverseRoute));
         }
@@ -456,7 +465,7 @@ impl Resolver {
             src: Some(local),
             oif: Some(arrival),
         };
-        let c = match self.choose(&query).await {
+        let c = match self.choose_with(&query, Some(link)).await {
             Ok(c) => c,
             Err(_) => return Err(Error::Rejected(RejectCause::NotOnReverseRoute)),
         };
@@ -470,11 +479,28 @@ impl Resolver {
                 _ => None,
             }
         };
-        self.finish(c, netdev, query, dmac).await
+        self.finish(c, netdev, query, dmac, Some((local, local_holder)))
+            .await
     }
 
     /// Picks netdev, source, gateway and loopback-ness for a query, without neighbours.
     pub(crate) async fn choose(&self, q: &RouteQuery) -> Result<Choice> {
+        self.choose_with(q, None).await
+    }
+
+    /// [`Resolver::choose`] with the link of `q.oif` already read in this resolution (used
+    /// instead of reading it again when the choice is that netdev).
+    async fn choose_with(&self, q: &RouteQuery, oif_link: Option<Link>) -> Result<Choice> {
+        let oif_link = oif_link.filter(|l| Some(l.index) == q.oif);
+        let link = |index: u32| {
+            let known = oif_link.as_ref().filter(|l| l.index == index).cloned();
+            async move {
+                match known {
+                    Some(l) => Ok::<Link, Error>(l),
+                    None => Ok(self.hv.link(index).await?),
+                }
+            }
+        };
         let dst = q.dst;
         // Local first, unconstrained: with an oif, IPv4 would answer a lookup to an address
         // of another netdev with an on-link guess.
@@ -489,7 +515,7 @@ impl Resolver {
         };
         if local {
             let netdev = match q.oif {
-                Some(o) => self.hv.link(o).await?,
+                Some(o) => link(o).await?,
                 None if dst.is_loopback() => match unconstrained.as_ref().and_then(|a| a.oif) {
                     Some(o) => self.hv.link(o).await?,
                     None => self.holder(dst, None).await?,
@@ -529,7 +555,7 @@ impl Resolver {
         let oif = answer
             .oif
             .ok_or_else(|| Error::NoDevice(format!("route to {dst} has no netdev")))?;
-        let netdev = self.hv.link(oif).await?;
+        let netdev = link(oif).await?;
         let src = q
             .src
             .or(answer.prefsrc)
@@ -571,11 +597,18 @@ impl Resolver {
         netdev: Netdev,
         query: RouteQuery,
         dmac: Option<MacAddr>,
+        src_holder: Option<(IpAddr, u32)>,
     ) -> Result<ResolvedAddr> {
         let src_scope = (classify(&c.src) == AddrClass::LinkLocal).then_some(netdev.index);
-        let src_netdev = match self.holder(c.src, src_scope).await {
-            Ok(l) => l.index,
-            Err(_) => netdev.index,
+        // The holder of a given source was looked up at the start of this resolution; a
+        // link-local one is looked up again under the chosen netdev's scope.
+        let known = src_holder.filter(|(ip, _)| *ip == c.src && src_scope.is_none());
+        let src_netdev = match known {
+            Some((_, index)) => index,
+            None => match self.holder_index(c.src, src_scope).await {
+                Ok(index) => index,
+                Err(_) => netdev.index,
+            },
         };
         let dst = query.dst;
         Ok(ResolvedAddr {
