@@ -81,12 +81,18 @@ fn child(
     s.peer = Some(SocketAddr::new(peer, hdr.src_port));
     s.dev = Some(dev);
     s.path = Some(path);
+    // Watched like an active id: ADDR_CHANGE when the route to the peer, its neighbour,
+    // the local address or the netdev changes. The route is re-looked up without the
+    // arrival netdev as constraint, so a route moving to another netdev is seen.
+    let mut watched = addr.clone();
+    watched.query.oif = None;
     s.resolved = Some(addr);
     s.parent = Some(l);
     s.state = IdState::Connect;
     let num = st.next_id;
     st.next_id += 1;
     st.ids.insert(num, s);
+    inner.watch(st, num, &watched);
     Ok((num, l))
 }
 
