@@ -133,30 +133,94 @@ impl EventChannel {
             if let Some(e) = self.inner.take_event(self.num) {
                 return Ok(e);
             }
-            let afd = match self.async_fd.get() {
-                Some(a) => a,
-                None => {
-                    #[allow(deprecated)] // the fd outlives the AsyncFd (dropped first)
-                    let a = tokio::io::unix::AsyncFd::with_interest(
-                        RawFdRef(self.efd.raw()),
-                        tokio::io::Interest::READABLE,
-                    )
-                    .map_err(Error::Io)?;
-                    let _ = self.async_fd.set(a);
-                    match self.async_fd.get() {
-                        Some(a) => a,
-                        None => continue,
-                    }
-                }
-            };
-            let mut g = afd.readable().await.map_err(Error::Io)?;
+            let mut g = self.async_fd()?.readable().await.map_err(Error::Io)?;
             g.clear_ready();
         }
+    }
+
+    /// The channel's events as a [`futures_core::Stream`] (for `StreamExt::next`,
+    /// `select!` over several channels, stream combinators). Like
+    /// [`EventChannel::next_event`] it starts the context's progress thread, and it needs a
+    /// tokio runtime (the channel's fd is registered with its reactor). It never ends: it
+    /// yields `Ok(event)` as events come, or an `Err` if the progress thread or the fd
+    /// registration fails.
+    ///
+    /// ```no_run
+    /// # async fn f(ch: rdmacm::EventChannel) -> rdmacm::Result<()> {
+    /// use futures_core::Stream;
+    /// let mut events = std::pin::pin!(ch.events());
+    /// let ev = std::future::poll_fn(|cx| events.as_mut().poll_next(cx)).await;
+    /// println!("{:?}", ev.map(|e| e.map(|e| e.kind())));
+    /// # Ok(()) }
+    /// ```
+    pub fn events(&self) -> EventStream<'_> {
+        EventStream {
+            ch: self,
+            started: false,
+        }
+    }
+
+    fn async_fd(&self) -> Result<&tokio::io::unix::AsyncFd<RawFdRef>> {
+        if let Some(a) = self.async_fd.get() {
+            return Ok(a);
+        }
+        #[allow(deprecated)] // the fd outlives the AsyncFd (dropped first)
+        let a = tokio::io::unix::AsyncFd::with_interest(
+            RawFdRef(self.efd.raw()),
+            tokio::io::Interest::READABLE,
+        )
+        .map_err(Error::Io)?;
+        // Another task may have set it meanwhile: theirs is used, ours dropped.
+        let _ = self.async_fd.set(a);
+        self.async_fd
+            .get()
+            .ok_or_else(|| Error::Io(std::io::Error::other("channel fd registration")))
     }
 
     /// The fd: readable while an event is queued.
     pub fn fd(&self) -> RawFd {
         self.efd.raw()
+    }
+}
+
+/// The events of an [`EventChannel`] as a [`futures_core::Stream`]
+/// ([`EventChannel::events`]).
+#[derive(Debug)]
+pub struct EventStream<'a> {
+    ch: &'a EventChannel,
+    started: bool,
+}
+
+impl futures_core::Stream for EventStream<'_> {
+    type Item = Result<Event>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Event>>> {
+        use std::task::Poll;
+        if !self.started {
+            if let Err(e) = self.ch.cma().spawn_progress() {
+                return Poll::Ready(Some(Err(e)));
+            }
+            self.started = true;
+        }
+        let ch = self.ch;
+        loop {
+            if let Some(e) = ch.inner.take_event(ch.num) {
+                return Poll::Ready(Some(Ok(e)));
+            }
+            let afd = match ch.async_fd() {
+                Ok(a) => a,
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            };
+            match afd.poll_read_ready(cx) {
+                // Readable: clear tokio's readiness and look again (the queue decides).
+                Poll::Ready(Ok(mut g)) => g.clear_ready(),
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(Error::Io(e)))),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 

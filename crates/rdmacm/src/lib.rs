@@ -144,7 +144,7 @@ mod route;
 mod watch;
 
 pub use async_api::{ConnectOptions, Connection, Listener};
-pub use channel::EventChannel;
+pub use channel::{EventChannel, EventStream};
 pub use cma::{Cma, CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};
