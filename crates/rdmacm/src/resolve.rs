@@ -1,7 +1,10 @@
 //! Binding and address resolution on the host's real network state: which netdev (and so
 //! which software device, named after it) and which path an id uses.
 
+use std::fs::File;
 use std::net::IpAddr;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_hostview::{HostView, Link, MacAddr, RouteAnswer, RouteType};
@@ -196,19 +199,21 @@ pub(crate) struct Choice {
 #[derive(Debug, Clone)]
 pub struct Resolver {
     hv: HostView,
+    /// `/proc/sys/net/ipv4/ip_default_ttl` of the resolver's namespace, opened once and
+    /// re-read (`pread` at 0: the kernel formats the current value) at every resolution.
+    ttl: Option<Arc<File>>,
 }
 
 impl Resolver {
     /// Opens a netlink connection in the calling thread's namespace (inside a tokio runtime).
     pub fn new() -> Result<Resolver> {
-        Ok(Resolver {
-            hv: HostView::new()?,
-        })
+        Ok(Resolver::from_view(HostView::new()?))
     }
 
     /// A resolver over an existing host view.
     pub fn from_view(hv: HostView) -> Resolver {
-        Resolver { hv }
+        let ttl = File::open(IPV4_TTL).ok().map(Arc::new);
+        Resolver { hv, ttl }
     }
 
     /// The host view it reads.
@@ -626,7 +631,7 @@ impl Resolver {
             smac: netdev.mac,
             dmac,
             mtu: netdev.mtu,
-            hop_limit: default_hop_limit(&dst, &netdev.name),
+            hop_limit: self.default_hop_limit(&dst, &netdev.name),
             loopback: c.loopback,
             netdev,
             query,
@@ -634,15 +639,30 @@ impl Resolver {
     }
 }
 
-/// The kernel's default hop limit for packets to `dst` out of netdev `name`, read from
-/// `/proc/sys` of the calling thread's namespace; 64 if unreadable.
-fn default_hop_limit(dst: &IpAddr, name: &str) -> u8 {
-    let path = match dst {
-        IpAddr::V4(_) => "/proc/sys/net/ipv4/ip_default_ttl".to_string(),
-        IpAddr::V6(_) => format!("/proc/sys/net/ipv6/conf/{name}/hop_limit"),
-    };
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(64)
+const IPV4_TTL: &str = "/proc/sys/net/ipv4/ip_default_ttl";
+
+impl Resolver {
+    /// The kernel's default hop limit for packets to `dst` out of netdev `name`, read now
+    /// from `/proc/sys` (IPv4: the file opened with the resolver, in its namespace; IPv6:
+    /// the netdev's `hop_limit` in the calling thread's namespace); 64 if unreadable.
+    fn default_hop_limit(&self, dst: &IpAddr, name: &str) -> u8 {
+        let parse = |t: &str| t.trim().parse().ok();
+        let v = match (dst, &self.ttl) {
+            (IpAddr::V4(_), Some(f)) => {
+                let mut buf = [0u8; 16];
+                f.read_at(&mut buf, 0)
+                    .ok()
+                    .and_then(|n| std::str::from_utf8(buf.get(..n)?).ok().and_then(parse))
+            }
+            (IpAddr::V4(_), None) => std::fs::read_to_string(IPV4_TTL)
+                .ok()
+                .and_then(|t| parse(&t)),
+            (IpAddr::V6(_), _) => {
+                std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{name}/hop_limit"))
+                    .ok()
+                    .and_then(|t| parse(&t))
+            }
+        };
+        v.unwrap_or(64)
+    }
 }
