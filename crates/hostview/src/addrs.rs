@@ -8,7 +8,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use crate::error::{Error, Result};
 use crate::links::Link;
-use crate::HostView;
+use crate::{nl, HostView};
 
 /// Scope of an address, as the kernel stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,38 @@ impl Address {
             scope: m.header.scope.into(),
         })
     }
+
+    /// Reads an address from a raw RTM_NEWADDR payload: the `ifaddrmsg` header and only the
+    /// IFA_ADDRESS / IFA_LOCAL attributes (what [`Address::from_message`] keeps).
+    pub(crate) fn from_raw(payload: &[u8]) -> Option<Address> {
+        let head = payload.get(..IFADDRMSG_LEN)?;
+        let link = u32::from_ne_bytes(head.get(4..8)?.try_into().ok()?);
+        let ip = |v: &[u8]| -> Option<IpAddr> {
+            match v.len() {
+                4 => Some(IpAddr::from(<[u8; 4]>::try_from(v).ok()?)),
+                16 => Some(IpAddr::from(<[u8; 16]>::try_from(v).ok()?)),
+                _ => None,
+            }
+        };
+        let (mut addr, mut local) = (None, None);
+        for (kind, value) in nl::attrs(payload, IFADDRMSG_LEN) {
+            match kind {
+                libc::IFA_ADDRESS => addr = ip(value),
+                libc::IFA_LOCAL => local = ip(value),
+                _ => {}
+            }
+        }
+        Some(Address {
+            link,
+            addr: local.or(addr)?,
+            prefix_len: head[1],
+            scope: AddressScope::from(head[3]).into(),
+        })
+    }
 }
+
+/// `sizeof(struct ifaddrmsg)`.
+const IFADDRMSG_LEN: usize = 8;
 
 /// True for IPv6 link-local unicast (fe80::/10).
 pub fn is_link_local(ip: &IpAddr) -> bool {
@@ -90,18 +121,19 @@ impl HostView {
     fn dump_addresses(&self, family: AddressFamily) -> Result<Vec<Address>> {
         let mut req = AddressMessage::default();
         req.header.family = family;
-        let msgs = self.nl.request(
+        let mut out = Vec::new();
+        self.nl.exchange(
             "RTM_GETADDR",
             RouteNetlinkMessage::GetAddress(req),
             NLM_F_DUMP,
+            |h, payload| {
+                if h.message_type == libc::RTM_NEWADDR {
+                    out.extend(Address::from_raw(payload));
+                }
+                Ok(())
+            },
         )?;
-        Ok(msgs
-            .iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewAddress(a) => Address::from_message(a),
-                _ => None,
-            })
-            .collect())
+        Ok(out)
     }
 
     /// The link that holds `ip`. For a link-local address `scope` (an ifindex) selects among

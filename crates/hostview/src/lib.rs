@@ -104,3 +104,69 @@ impl HostView {
         Monitor::new().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use netlink_packet_core::NLM_F_DUMP;
+    use netlink_packet_route::address::AddressMessage;
+    use netlink_packet_route::link::LinkMessage;
+    use netlink_packet_route::RouteNetlinkMessage;
+
+    use super::*;
+
+    /// The raw readers of link and address answers agree with the full parser.
+    #[test]
+    fn raw_readers_match_the_full_parser() {
+        let hv = HostView::new().unwrap();
+        let full_links: Vec<Link> = hv
+            .nl
+            .request(
+                "RTM_GETLINK",
+                RouteNetlinkMessage::GetLink(LinkMessage::default()),
+                NLM_F_DUMP,
+            )
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
+                _ => None,
+            })
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let links = rt.block_on(hv.links()).unwrap();
+        assert!(!links.is_empty());
+        assert_eq!(links, full_links);
+        for l in &links {
+            assert_eq!(&rt.block_on(hv.link(l.index)).unwrap(), l);
+        }
+        let full_addrs: Vec<Address> = hv
+            .nl
+            .request(
+                "RTM_GETADDR",
+                RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+                NLM_F_DUMP,
+            )
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) => Address::from_message(a),
+                _ => None,
+            })
+            .collect();
+        let addrs = rt.block_on(hv.addresses()).unwrap();
+        assert!(!addrs.is_empty());
+        assert_eq!(addrs, full_addrs);
+        for a in &addrs {
+            assert_eq!(
+                rt.block_on(hv.index_holding(a.addr, Some(a.link))).unwrap(),
+                a.link
+            );
+        }
+        assert_eq!(
+            rt.block_on(hv.link(0x7fff_fff0)).unwrap_err().errno(),
+            libc::ENODEV
+        );
+    }
+}

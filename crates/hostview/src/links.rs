@@ -9,7 +9,7 @@ use netlink_packet_route::link::{
 use netlink_packet_route::RouteNetlinkMessage;
 
 use crate::error::{Error, Result};
-use crate::HostView;
+use crate::{nl, HostView};
 
 /// An Ethernet (or other 6-byte) hardware address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -108,43 +108,96 @@ impl Link {
     }
 }
 
+impl Link {
+    /// Reads a link from a raw RTM_NEWLINK payload: the `ifinfomsg` header and only the name,
+    /// hardware address and MTU attributes (what [`Link::from_message`] keeps), without
+    /// parsing the rest of the kernel's answer. `None` if the payload is cut short.
+    pub(crate) fn from_raw(payload: &[u8]) -> Option<Link> {
+        let u32_at = |i: usize| {
+            payload
+                .get(i..i + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_ne_bytes)
+        };
+        let index = u32_at(4)?;
+        let flags = u32_at(8)?;
+        let bit = |f: libc::c_int| flags & (f as u32) != 0;
+        let mut link = Link {
+            index,
+            name: String::new(),
+            flags: LinkFlags {
+                up: bit(libc::IFF_UP),
+                running: bit(libc::IFF_RUNNING),
+                loopback: bit(libc::IFF_LOOPBACK),
+                noarp: bit(libc::IFF_NOARP),
+            },
+            mac: None,
+            mtu: 0,
+        };
+        for (kind, value) in nl::attrs(payload, IFINFOMSG_LEN) {
+            match kind {
+                libc::IFLA_IFNAME => {
+                    let name = value.split(|b| *b == 0).next().unwrap_or_default();
+                    link.name = String::from_utf8_lossy(name).into_owned();
+                }
+                libc::IFLA_ADDRESS => link.mac = MacAddr::from_slice(value),
+                libc::IFLA_MTU => {
+                    if let Some(m) = value.get(..4).and_then(|b| b.try_into().ok()) {
+                        link.mtu = u32::from_ne_bytes(m);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(link)
+    }
+}
+
+/// `sizeof(struct ifinfomsg)`.
+const IFINFOMSG_LEN: usize = 16;
+
+/// The links in an RTM_GETLINK answer, read with [`Link::from_raw`].
+fn collect_links(
+    hv: &HostView,
+    op: &'static str,
+    req: LinkMessage,
+    flags: u16,
+) -> Result<Vec<Link>> {
+    let mut out = Vec::new();
+    hv.nl.exchange(
+        op,
+        RouteNetlinkMessage::GetLink(skip_stats(req)),
+        flags,
+        |h, payload| {
+            if h.message_type == libc::RTM_NEWLINK {
+                out.push(
+                    Link::from_raw(payload)
+                        .ok_or_else(|| Error::Netlink(format!("{op}: short RTM_NEWLINK")))?,
+                );
+            }
+            Ok(())
+        },
+    )?;
+    Ok(out)
+}
+
 impl HostView {
     /// Every link of the namespace.
     pub async fn links(&self) -> Result<Vec<Link>> {
-        let msgs = self.nl.request(
-            "RTM_GETLINK",
-            RouteNetlinkMessage::GetLink(skip_stats(LinkMessage::default())),
-            NLM_F_DUMP,
-        )?;
-        Ok(msgs
-            .iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
-                _ => None,
-            })
-            .collect())
+        collect_links(self, "RTM_GETLINK", LinkMessage::default(), NLM_F_DUMP)
     }
 
     /// The link with ifindex `index` (`ENODEV` if none).
     pub async fn link(&self, index: u32) -> Result<Link> {
         let mut req = LinkMessage::default();
         req.header.index = index;
-        let msgs = self
-            .nl
-            .request(
-                "RTM_GETLINK",
-                RouteNetlinkMessage::GetLink(skip_stats(req)),
-                0,
-            )
+        collect_links(self, "RTM_GETLINK", req, 0)
             .map_err(|e| match e.errno() {
                 libc::ENODEV => Error::NoDevice(format!("ifindex {index}")),
                 _ => e,
-            })?;
-        msgs.iter()
-            .find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(Link::from_message(l)),
-                _ => None,
-            })
+            })?
+            .into_iter()
+            .next()
             .ok_or_else(|| Error::NoDevice(format!("ifindex {index}")))
     }
 

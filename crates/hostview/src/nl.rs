@@ -15,7 +15,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use netlink_packet_core::{
-    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_MULTIPART, NLM_F_REQUEST,
+    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP,
+    NLMSG_OVERRUN, NLM_F_ACK, NLM_F_DUMP, NLM_F_MULTIPART, NLM_F_REQUEST,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -72,6 +73,26 @@ impl Requester {
         msg: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>> {
+        let mut answers = Vec::new();
+        self.exchange(op, msg, flags, |header, payload| {
+            let m = RouteNetlinkMessage::deserialize(header, payload)
+                .map_err(|e| Error::Netlink(format!("{op}: {e}")))?;
+            answers.push(m);
+            Ok(())
+        })?;
+        Ok(answers)
+    }
+
+    /// The exchange behind [`Requester::request`], handing each answer's header and raw
+    /// payload to `each` instead of parsing it (for callers that read a few attributes).
+    /// Every part of the answer is read from the socket even after `each` fails.
+    pub(crate) fn exchange(
+        &self,
+        op: &'static str,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        mut each: impl FnMut(&NetlinkHeader, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let mut st = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *st;
         st.seq = st.seq.wrapping_add(1);
@@ -90,40 +111,78 @@ impl Requester {
         }
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         let ack = flags & NLM_F_ACK != 0;
-        let mut answers = Vec::new();
+        let mut failed = None;
         loop {
             let n = recv(&st.sock, &mut st.buf, op)?;
             let mut off = 0;
             while off < n {
-                let part = &st.buf[off..n];
-                let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(part)
-                    .map_err(|e| Error::Netlink(format!("{op}: {e}")))?;
-                let len = m.header.length as usize;
-                // Messages are 4-byte aligned; a zero length would never advance.
-                off += if len == 0 { n } else { (len + 3) & !3 };
-                if m.header.sequence_number != seq {
+                let part = st.buf.get(off..n).unwrap_or_default();
+                let (header, payload) =
+                    split(part).ok_or_else(|| Error::Netlink(format!("{op}: malformed answer")))?;
+                // Messages are 4-byte aligned; split guarantees length >= 16.
+                off += (header.length as usize + 3) & !3;
+                if header.sequence_number != seq {
                     continue; // the rest of an abandoned earlier exchange
                 }
-                let multi = m.header.flags & NLM_F_MULTIPART != 0;
-                match m.payload {
-                    NetlinkPayload::Done(_) => return Ok(answers),
-                    NetlinkPayload::Error(e) => {
-                        return match e.raw_code() {
-                            0 => Ok(answers),
-                            c => Err(Error::from_errno(op, c)),
-                        }
+                match header.message_type {
+                    NLMSG_DONE => return failed.map_or(Ok(()), Err),
+                    NLMSG_ERROR => {
+                        let code = payload
+                            .get(..4)
+                            .and_then(|b| b.try_into().ok())
+                            .map(i32::from_ne_bytes)
+                            .ok_or_else(|| Error::Netlink(format!("{op}: short NLMSG_ERROR")))?;
+                        return match (code, failed) {
+                            (0, None) => Ok(()),
+                            (0, Some(e)) => Err(e),
+                            (c, _) => Err(Error::from_errno(op, c)),
+                        };
                     }
-                    NetlinkPayload::InnerMessage(inner) => {
-                        answers.push(inner);
+                    NLMSG_NOOP | NLMSG_OVERRUN => {}
+                    _ => {
+                        if failed.is_none() {
+                            failed = each(&header, payload).err();
+                        }
+                        let multi = header.flags & NLM_F_MULTIPART != 0;
                         if !multi && !dump && !ack {
-                            return Ok(answers);
+                            return failed.map_or(Ok(()), Err);
                         }
                     }
-                    _ => {}
                 }
             }
         }
     }
+}
+
+/// The header and payload of the first message in `b`; `None` if it is cut short.
+fn split(b: &[u8]) -> Option<(NetlinkHeader, &[u8])> {
+    let u32_at = |i: usize| b.get(i..i + 4)?.try_into().ok().map(u32::from_ne_bytes);
+    let u16_at = |i: usize| b.get(i..i + 2)?.try_into().ok().map(u16::from_ne_bytes);
+    let length = u32_at(0)?;
+    let len = length as usize;
+    if len < 16 {
+        return None;
+    }
+    let mut h = NetlinkHeader::default();
+    h.length = length;
+    h.message_type = u16_at(4)?;
+    h.flags = u16_at(6)?;
+    h.sequence_number = u32_at(8)?;
+    h.port_number = u32_at(12)?;
+    Some((h, b.get(16..len)?))
+}
+
+/// The attributes (type without the nested/byte-order bits, value) of a payload after its
+/// fixed header of `fixed` bytes.
+pub(crate) fn attrs(payload: &[u8], fixed: usize) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut rest = payload.get(fixed..).unwrap_or_default();
+    std::iter::from_fn(move || {
+        let len = usize::from(u16::from_ne_bytes(rest.get(..2)?.try_into().ok()?));
+        let kind = u16::from_ne_bytes(rest.get(2..4)?.try_into().ok()?) & 0x3fff;
+        let value = rest.get(4..len)?;
+        rest = rest.get((len + 3) & !3..).unwrap_or_default();
+        Some((kind, value))
+    })
 }
 
 /// One datagram; waits (bounded) only if the kernel has not queued it yet.
