@@ -71,7 +71,9 @@ pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
 
 /// Async view of the host's network state in the current network namespace.
 ///
-/// Create it inside a tokio runtime (it spawns the netlink connection task there).
+/// Queries are plain `send`/`recv` exchanges on one netlink socket (the kernel answers within
+/// the `send`), so they complete when first polled; neighbour resolution and [`Monitor`]s
+/// need a tokio runtime.
 ///
 /// ```no_run
 /// # async fn f() -> rdma_hostview::Result<()> {
@@ -89,10 +91,8 @@ pub struct HostView {
 }
 
 impl HostView {
-    /// Opens a netlink route socket in the calling thread's network namespace. Clones share
-    /// it. Queries are answered by the kernel within their `send` (see the crate docs), so
-    /// they need no runtime task and complete when first polled; [`Monitor`]s and neighbour
-    /// resolution need a tokio runtime.
+    /// Opens a netlink route socket in the calling thread's network namespace; clones share
+    /// it (one exchange at a time, answers matched by sequence number).
     pub fn new() -> Result<HostView> {
         Ok(HostView {
             nl: std::sync::Arc::new(nl::Requester::new()?),
