@@ -593,8 +593,11 @@ fn start_watcher(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
     let resolver = inner.resolver.clone();
     let notify = inner.watch_notify.clone();
+    // Subscribed before the context is handed out, so no host change made after
+    // `Cma::new` returns can be missed (it used to subscribe whenever the task first ran).
+    let w = run_on(&inner.rt_handle, async move { Watcher::new(&resolver).await });
     inner.rt_handle.spawn(async move {
-        let Ok(mut w) = Watcher::new(&resolver).await else {
+        let Ok(mut w) = w else {
             return;
         };
         w.track_host();
