@@ -246,3 +246,52 @@ fn ipv6_loopback_grh() {
     assert_eq!(&g[24..40], &one);
     assert_eq!(&g[40..], b"over ipv6");
 }
+
+/// A UD QP opens only its own source address when it has one (`ud_ready_on`), so another
+/// process can hold the device's other addresses; without one it opens every address it can
+/// and skips those another process holds.
+#[test]
+fn ud_qp_opens_only_its_source_address() {
+    let port = 47931;
+    let d = device(port, &["127.0.0.83", "127.0.0.84"]);
+    // "another process" holds UDP port on 127.0.0.84
+    let other = std::net::UdpSocket::bind(("127.0.0.84", port)).unwrap();
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16, None).unwrap();
+    let own = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    own.ud_ready_on(0x99, 0).unwrap();
+    // an index beyond the GID table, or after RTR: EINVAL
+    let q2 = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    assert_eq!(q2.ud_ready_on(1, 7).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(own.set_ud_source(0).unwrap_err().errno(), libc::EINVAL);
+    // its own address taken by someone else: the error says so
+    let q3 = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    assert_eq!(q3.ud_ready_on(1, 1).unwrap_err().errno(), libc::EADDRINUSE);
+    // no source: every address it can open (127.0.0.84 is skipped)
+    let all = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    all.ud_ready(0x98).unwrap();
+    drop(other);
+    // datagrams to the QP with a source arrive
+    let peer = device(port, &["127.0.0.85"]);
+    let p = end(&peer, 0x99);
+    let mr = pd
+        .register(vec![0u8; 256], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    own.post_recv(&RecvWr::new(5).with_sge(mr.sge(0, 256).unwrap()))
+        .unwrap();
+    let ah =
+        p.pd.create_ah(&PathAttr {
+            dgid: gid("127.0.0.83"),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    p.mr.write(0, b"to own").unwrap();
+    p.qp.post_send(
+        &SendWr::new(1, SendOp::Send)
+            .with_sge(p.mr.sge(0, 6).unwrap())
+            .with_ud(ah.dest(own.qpn(), 0x99)),
+    )
+    .unwrap();
+    let c = poll(&cq, Duration::from_secs(2)).expect("the datagram arrives");
+    assert_eq!((c.wr_id, c.byte_len), (5, 40 + 6));
+}

@@ -24,6 +24,9 @@ pub(crate) struct UdCtx {
     pub recv_cq: CompletionQueue,
     /// The addresses it listens on (set when it enters RTR).
     pub listening: Vec<WireAddr>,
+    /// The GID index it receives on from RTR (`QueuePair::set_ud_source`); `None`: every
+    /// usable address of the GID table.
+    pub source: Option<u8>,
 }
 
 /// An address handle: source and destination of datagrams.
@@ -202,19 +205,40 @@ impl Runtime {
         if had {
             return Ok(());
         }
-        for (k, &a) in addrs.iter().enumerate() {
-            if let Err(e) = self.wire.open(a) {
-                for &b in &addrs[..k] {
-                    if self.ud.remove_user(b) {
-                        self.close_if_unused(b);
-                    }
+        // With one address (its source), that one must open. With the whole GID table (no
+        // source chosen), addresses that cannot be opened are skipped: a tentative IPv6
+        // address (EADDRNOTAVAIL) or one another process holds (EADDRINUSE); it fails only
+        // if none opens.
+        let strict = addrs.len() == 1;
+        let mut opened = Vec::with_capacity(addrs.len());
+        let mut first_err = None;
+        for &a in addrs {
+            match self.wire.open(a) {
+                Ok(()) => {
+                    self.ud.add_user(a);
+                    opened.push(a);
                 }
-                return Err(e);
+                Err(e @ (Error::AddrNotAvailable { .. } | Error::AddrInUse { .. })) if !strict => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
             }
-            self.ud.add_user(a);
+        }
+        let failed = matches!(first_err, Some(ref e) if !matches!(e, Error::AddrNotAvailable { .. } | Error::AddrInUse { .. }) || strict);
+        if opened.is_empty() || failed {
+            // undo what this call opened
+            for b in opened {
+                if self.ud.remove_user(b) {
+                    self.close_if_unused(b);
+                }
+            }
+            return Err(first_err.unwrap_or(Error::InvalidArgument("no address to receive on")));
         }
         if let Some(c) = self.ud.get(qpn) {
-            c.listening = addrs.to_vec();
+            c.listening = opened;
         }
         Ok(())
     }

@@ -253,6 +253,7 @@ impl QueuePair {
                 send_cq: init.send_cq.clone(),
                 recv_cq: init.recv_cq.clone(),
                 listening: Vec::new(),
+                source: None,
             });
         } else {
             Self::insert_rc(&mut rt, qpn, pd, init);

@@ -1,8 +1,12 @@
 //! Unreliable datagram support: address handles and the UD side of [`QueuePair`].
 //!
 //! A UD QP (`QpInitAttr::ud`) goes Reset → Init (P_Key index, port, Q_Key) → RTR → RTS
-//! like `ibv_modify_qp` does it; from RTR on it receives on every address of the device's
-//! GID table (opening UDP 4791 there). Each datagram is addressed by the WR's `ud` field
+//! like `ibv_modify_qp` does it; from RTR on it receives on its source address, the GID
+//! chosen with [`QueuePair::set_ud_source`] or [`QueuePair::ud_ready_on`] (opening UDP 4791
+//! there only, so processes sharing a netdev through different addresses do not collide);
+//! without one, on every address of the device's GID table that it can open (skipping
+//! tentative IPv6 addresses and addresses another process holds; it fails only if none
+//! opens). Each datagram is addressed by the WR's `ud` field
 //! ([`UdDest`], as `wr.ud` of `ibv_post_send`): an [`AddressHandle`] (source GID index and
 //! destination GID), the remote QPN and the remote Q_Key (with the high bit set, the QP's own
 //! Q_Key is sent: IBA 10.2.5). Receives start with the 40-byte GRH (for IPv4: 20 zero bytes
@@ -148,11 +152,17 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
     if receives && before == QpState::Init {
         // validate first, then open the addresses, then change state
         rdma_proto::verbs::check_modify(rdma_proto::verbs::QpType::Ud, before, attr, mask)?;
-        let gids = dev.cfg().gids.clone();
+        let mut gids = dev.cfg().gids.clone();
         if gids.is_empty() {
             return Err(Error::InvalidArgument(
                 "the device has no GID to receive on",
             ));
+        }
+        if let Some(i) = ctx.source {
+            let own = *gids.get(i as usize).ok_or(Error::InvalidArgument(
+                "source GID index beyond the GID table",
+            ))?;
+            gids = vec![own];
         }
         rt.ud_listen(qpn, &gids)?;
     }
@@ -208,6 +218,42 @@ impl QueuePair {
         a.qp_state = QpState::Rts;
         a.sq_psn = 0;
         self.modify(&a, M::STATE | M::SQ_PSN)
+    }
+
+    /// Makes a UD QP receive only on the address of GID `sgid_index` (its own source address,
+    /// e.g. `device.gid_index(ip)` of the address its CM id is bound to) from RTR on, instead
+    /// of on every address of the GID table. Call it before the move to RTR (in Reset or
+    /// Init); EINVAL for an RC QP, after RTR, or when the index is beyond the GID table.
+    pub fn set_ud_source(&self, sgid_index: u8) -> Result<()> {
+        if !self.is_ud() {
+            return Err(Error::InvalidArgument(
+                "set_ud_source on a QP that is not UD",
+            ));
+        }
+        let dev = self.device();
+        if dev.cfg().gids.len() <= sgid_index as usize {
+            return Err(Error::InvalidArgument(
+                "source GID index beyond the GID table",
+            ));
+        }
+        let mut rt = dev.runtime();
+        let ctx = rt
+            .ud_get(self.qpn())
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        if !matches!(ctx.ud.state(), QpState::Reset | QpState::Init) {
+            return Err(Error::InvalidArgument(
+                "set_ud_source after the QP moved to RTR",
+            ));
+        }
+        ctx.source = Some(sgid_index);
+        Ok(())
+    }
+
+    /// [`QueuePair::ud_ready`] receiving only on the address of GID `sgid_index` (see
+    /// [`QueuePair::set_ud_source`]).
+    pub fn ud_ready_on(&self, qkey: u32, sgid_index: u8) -> Result<()> {
+        self.set_ud_source(sgid_index)?;
+        self.ud_ready(qkey)
     }
 
     /// Transport counters of a UD QP (Q_Key mismatches, datagrams without a receive); `None`
