@@ -56,6 +56,7 @@ mod addrs;
 mod blocking;
 mod error;
 mod links;
+mod lookups;
 mod monitor;
 mod neigh;
 mod nl;
@@ -65,6 +66,7 @@ pub use addrs::{is_link_local, Address, Scope};
 pub use blocking::BlockingHostView;
 pub use error::{Error, Result};
 pub use links::{Link, LinkFlags, MacAddr};
+pub use lookups::{LookupAnswers, Lookups};
 pub use monitor::{Event, Monitor};
 pub use neigh::{NeighState, Neighbour};
 pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
@@ -168,5 +170,79 @@ mod tests {
             rt.block_on(hv.link(0x7fff_fff0)).unwrap_err().errno(),
             libc::ENODEV
         );
+    }
+
+    /// Several lookups in one datagram answer exactly as the single queries do.
+    #[test]
+    fn lookups_agree_with_single_queries() {
+        let hv = HostView::new().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let same = |a: &Result<RouteAnswer>, b: &Result<RouteAnswer>| match (a, b) {
+            (Ok(x), Ok(y)) => x == y,
+            (Err(x), Err(y)) => x.errno() == y.errno(),
+            _ => false,
+        };
+        let cases = [
+            (
+                Some(1),
+                Some((ip("127.0.0.1"), None)),
+                vec![(ip("127.0.0.1"), Some(ip("127.0.0.2")))],
+            ),
+            (
+                Some(0x7fff_fff0),
+                Some((ip("127.0.0.2"), None)),
+                vec![(ip("127.0.0.2"), None)],
+            ),
+            (
+                None,
+                Some((ip("::1"), Some(1))),
+                vec![(ip("::1"), None), (ip("::1"), Some(ip("127.0.0.1")))],
+            ),
+            (
+                None,
+                None,
+                vec![
+                    (ip("192.0.2.77"), None),
+                    (ip("203.0.113.9"), None),
+                    (ip("fe80::1"), None),
+                ],
+            ),
+            (Some(1), None, vec![]),
+            (None, None, vec![]),
+        ];
+        for (link, holder, routes) in cases {
+            let q = Lookups {
+                link,
+                holder,
+                routes: routes.clone(),
+            };
+            let a = rt.block_on(hv.lookups(&q)).unwrap();
+            match (link, &a.link) {
+                (None, None) => {}
+                (Some(i), Some(r)) => match (rt.block_on(hv.link(i)), r) {
+                    (Ok(x), Ok(y)) => assert_eq!(&x, y),
+                    (Err(x), Err(y)) => assert_eq!(x.errno(), y.errno()),
+                    (x, y) => panic!("link {i}: {x:?} vs {y:?}"),
+                },
+                (l, r) => panic!("link {l:?}: {r:?}"),
+            }
+            match (holder, &a.holder) {
+                (None, None) => {}
+                (Some((h, sc)), Some(r)) => match (rt.block_on(hv.index_holding(h, sc)), r) {
+                    (Ok(x), Ok(y)) => assert_eq!(x, *y),
+                    (Err(x), Err(y)) => assert_eq!(x.errno(), y.errno()),
+                    (x, y) => panic!("holder {h}: {x:?} vs {y:?}"),
+                },
+                (h, r) => panic!("holder {h:?}: {r:?}"),
+            }
+            assert_eq!(a.routes.len(), routes.len());
+            for ((dst, src), r) in routes.iter().zip(&a.routes) {
+                let single = rt.block_on(hv.route_get(*dst, *src, None));
+                assert!(same(&single, r), "{dst} from {src:?}: {single:?} vs {r:?}");
+            }
+        }
     }
 }

@@ -213,7 +213,7 @@ impl HostView {
 
 /// Asks the kernel to leave the counters out of link answers (`RTEXT_FILTER_SKIP_STATS`):
 /// nothing here reads them, and filling and parsing them is most of a link query's cost.
-fn skip_stats(mut m: LinkMessage) -> LinkMessage {
+pub(crate) fn skip_stats(mut m: LinkMessage) -> LinkMessage {
     m.attributes
         .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
     m

@@ -93,64 +93,98 @@ impl Requester {
         flags: u16,
         mut each: impl FnMut(&NetlinkHeader, &[u8]) -> Result<()>,
     ) -> Result<()> {
+        let mut r = self.exchange_many(op, vec![(msg, flags)], |_, h, p| each(h, p))?;
+        r.pop()
+            .unwrap_or_else(|| Err(Error::Netlink(format!("{op}: no answer"))))
+    }
+
+    /// Several requests in one datagram: the kernel handles the messages of a datagram one
+    /// after the other within the `send` (at most one may be a dump), and the answers come
+    /// back in that order, matched here by sequence number. `each` gets the index of the
+    /// request an answer belongs to. The outer error is a socket failure; the inner results
+    /// are the requests' own (a NACK, or the first error `each` returned for it).
+    pub(crate) fn exchange_many(
+        &self,
+        op: &'static str,
+        msgs: Vec<(RouteNetlinkMessage, u16)>,
+        mut each: impl FnMut(usize, &NetlinkHeader, &[u8]) -> Result<()>,
+    ) -> Result<Vec<Result<()>>> {
+        let n = msgs.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let mut st = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *st;
-        st.seq = st.seq.wrapping_add(1);
-        let seq = st.seq;
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = NLM_F_REQUEST | flags;
-        req.header.sequence_number = seq;
-        req.header.port_number = st.port;
-        req.finalize();
+        let base = st.seq.wrapping_add(1);
         st.out.clear();
-        st.out.resize(req.buffer_len(), 0);
-        req.serialize(&mut st.out);
+        let mut kinds = Vec::with_capacity(n);
+        for (msg, flags) in msgs {
+            st.seq = st.seq.wrapping_add(1);
+            let mut req = NetlinkMessage::from(msg);
+            req.header.flags = NLM_F_REQUEST | flags;
+            req.header.sequence_number = st.seq;
+            req.header.port_number = st.port;
+            req.finalize();
+            let at = st.out.len();
+            st.out.resize(at + ((req.buffer_len() + 3) & !3), 0);
+            req.serialize(&mut st.out[at..]);
+            kinds.push((flags & NLM_F_DUMP == NLM_F_DUMP, flags & NLM_F_ACK != 0));
+        }
         let sent = st.sock.send(&st.out, 0).map_err(Error::Io)?;
         if sent != st.out.len() {
             return Err(Error::Netlink(format!("{op}: short send")));
         }
-        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        let ack = flags & NLM_F_ACK != 0;
-        let mut failed = None;
-        loop {
-            let n = recv(&st.sock, &mut st.buf, op)?;
+        let mut done: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
+        let mut failed: Vec<Option<Error>> = (0..n).map(|_| None).collect();
+        let mut open = n;
+        while open > 0 {
+            let got = recv(&st.sock, &mut st.buf, op)?;
             let mut off = 0;
-            while off < n {
-                let part = st.buf.get(off..n).unwrap_or_default();
+            while off < got {
+                let part = st.buf.get(off..got).unwrap_or_default();
                 let (header, payload) =
                     split(part).ok_or_else(|| Error::Netlink(format!("{op}: malformed answer")))?;
                 // Messages are 4-byte aligned; split guarantees length >= 16.
                 off += (header.length as usize + 3) & !3;
-                if header.sequence_number != seq {
+                let i = header.sequence_number.wrapping_sub(base) as usize;
+                let (Some((dump, ack)), Some(None)) = (kinds.get(i).copied(), done.get(i)) else {
                     continue; // the rest of an abandoned earlier exchange
-                }
-                match header.message_type {
-                    NLMSG_DONE => return failed.map_or(Ok(()), Err),
+                };
+                let finished = match header.message_type {
+                    NLMSG_DONE => Some(Ok(())),
                     NLMSG_ERROR => {
                         let code = payload
                             .get(..4)
                             .and_then(|b| b.try_into().ok())
                             .map(i32::from_ne_bytes)
                             .ok_or_else(|| Error::Netlink(format!("{op}: short NLMSG_ERROR")))?;
-                        return match (code, failed) {
-                            (0, None) => Ok(()),
-                            (0, Some(e)) => Err(e),
-                            (c, _) => Err(Error::from_errno(op, c)),
-                        };
+                        Some(match code {
+                            0 => Ok(()),
+                            c => Err(Error::from_errno(op, c)),
+                        })
                     }
-                    NLMSG_NOOP | NLMSG_OVERRUN => {}
+                    NLMSG_NOOP | NLMSG_OVERRUN => None,
                     _ => {
-                        if failed.is_none() {
-                            failed = each(&header, payload).err();
+                        if failed[i].is_none() {
+                            failed[i] = each(i, &header, payload).err();
                         }
                         let multi = header.flags & NLM_F_MULTIPART != 0;
-                        if !multi && !dump && !ack {
-                            return failed.map_or(Ok(()), Err);
-                        }
+                        (!multi && !dump && !ack).then_some(Ok(()))
                     }
+                };
+                if let Some(r) = finished {
+                    done[i] = Some(match (r, failed[i].take()) {
+                        (Ok(()), Some(e)) => Err(e),
+                        (r, _) => r,
+                    });
+                    open -= 1;
                 }
             }
         }
+        Ok(done
+            .into_iter()
+            .map(|d| d.unwrap_or_else(|| Err(Error::Netlink(format!("{op}: no answer")))))
+            .collect())
     }
 }
 

@@ -92,7 +92,7 @@ impl RouteAnswer {
         self.gateway.unwrap_or(self.dst)
     }
 
-    fn from_message(m: &RouteMessage, dst: IpAddr) -> RouteAnswer {
+    pub(crate) fn from_message(m: &RouteMessage, dst: IpAddr) -> RouteAnswer {
         let mut a = RouteAnswer {
             kind: m.header.kind.into(),
             dst,
@@ -195,7 +195,7 @@ fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-fn lookup_message(
+pub(crate) fn lookup_message(
     dst: IpAddr,
     src: Option<IpAddr>,
     oif: Option<u32>,

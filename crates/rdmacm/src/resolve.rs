@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_hostview::{HostView, Link, MacAddr, RouteAnswer, RouteType};
+use rdma_hostview::{HostView, Link, Lookups, MacAddr, RouteAnswer, RouteType};
 
 use crate::addr::{classify, loopback_of, same_family, AddrClass, Gid, ScopeId, ScopedIp};
 use crate::error::{Error, RejectCause, Result};
@@ -287,7 +287,20 @@ impl Resolver {
                 })
             }
             AddrClass::Loopback | AddrClass::Unicast => {
-                let l = self.holder(addr.ip, None).await?;
+                // The address lookup and, for 127/8 (local through lo's /8 route, rarely an
+                // address of a link), the route lookup behind it, in one exchange.
+                let ip = addr.ip;
+                let mut a = self
+                    .hv
+                    .lookups(&Lookups {
+                        holder: Some((ip, None)),
+                        routes: speculative_route(ip, None).into_iter().collect(),
+                        ..Lookups::default()
+                    })
+                    .await?;
+                let dump = take_answer(a.holder.take());
+                let index = self.holder_from(ip, None, dump, a.routes.pop()).await?;
+                let l = self.hv.link(index).await?;
                 Ok(Binding {
                     addr: addr.ip,
                     scope: None,
@@ -307,10 +320,27 @@ impl Resolver {
 
     /// The ifindex of [`Resolver::holder`], without reading the link.
     async fn holder_index(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
-        match self.hv.index_holding(ip, scope).await {
+        let dump = self.hv.index_holding(ip, scope).await;
+        self.holder_from(ip, scope, dump, None).await
+    }
+
+    /// [`Resolver::holder_index`] from the address lookup's answer `dump` and, if it was
+    /// asked in the same exchange, the route lookup of `ip` (else asked here when needed).
+    async fn holder_from(
+        &self,
+        ip: IpAddr,
+        scope: Option<u32>,
+        dump: HvResult<u32>,
+        route: Option<HvResult<RouteAnswer>>,
+    ) -> Result<u32> {
+        match dump {
             Ok(i) => Ok(i),
             Err(rdma_hostview::Error::AddressNotAvailable(_)) if scope.is_none() => {
-                match self.hv.route_get(ip, None, None).await {
+                let route = match route {
+                    Some(r) => r,
+                    None => self.hv.route_get(ip, None, None).await,
+                };
+                match route {
                     Ok(RouteAnswer {
                         kind: RouteType::Local,
                         oif: Some(oif),
@@ -376,8 +406,24 @@ impl Resolver {
             None => None,
         };
         // Read once per resolution and passed on: each query below asks the kernel once.
-        let bound_link = match bound {
-            Some(b) => Some(self.hv.link(b).await?),
+        let src_ip = src.map(|s| s.ip);
+        // One exchange for the independent questions: the bound link, the holder of the
+        // source (with the route lookup behind it for 127/8), the unconstrained route.
+        let src_route = src_ip.and_then(|s| speculative_route(s, src_scope));
+        let dst_route = (classify(&dst_ip) != AddrClass::LinkLocal).then_some((dst_ip, src_ip));
+        let mut a = self
+            .hv
+            .lookups(&Lookups {
+                link: bound,
+                holder: src_ip.map(|s| (s, src_scope)),
+                routes: src_route.into_iter().chain(dst_route).collect(),
+            })
+            .await?;
+        let mut routes = a.routes.into_iter();
+        let src_route = src_route.and_then(|_| routes.next());
+        let dst_route = dst_route.and_then(|_| routes.next());
+        let bound_link = match a.link.take() {
+            Some(l) => Some(l?),
             None => None,
         };
         let mut oif = bound;
@@ -392,9 +438,11 @@ impl Resolver {
                 Some(_) => {}
             }
         }
-        let src_ip = src.map(|s| s.ip);
         let src_holder = match src_ip {
-            Some(s) => Some((s, self.holder_index(s, src_scope).await?)),
+            Some(s) => {
+                let dump = take_answer(a.holder.take());
+                Some((s, self.holder_from(s, src_scope, dump, src_route).await?))
+            }
             None => None,
         };
         let query = RouteQuery {
@@ -403,7 +451,7 @@ impl Resolver {
             src: src_ip,
             oif,
         };
-        let c = self.choose_with(&query, bound_link).await?;
+        let c = self.choose_with(&query, bound_link, dst_route).await?;
         let netdev = Netdev::from_link(&c.netdev);
         let next_hop = c.gateway.unwrap_or(dst_ip);
         let dmac = if c.loopback || netdev.loopback {
@@ -447,7 +495,21 @@ impl Resolver {
         peer: IpAddr,
     ) -> Result<ResolvedAddr> {
         same_family(&local, &peer)?;
-        let link = match self.hv.link(arrival).await {
+        let ll = |ip: &IpAddr| (classify(ip) == AddrClass::LinkLocal).then_some(arrival);
+        // Arrival link, holder of `local` and the unconstrained reverse route in one exchange,
+        // checked in this order. (No speculative route for `local`: a listener's address is
+        // usually held by a link, and the extra lookup costs more than it saves.)
+        let rev_route = (classify(&peer) != AddrClass::LinkLocal).then_some((peer, Some(local)));
+        let mut a = self
+            .hv
+            .lookups(&Lookups {
+                link: Some(arrival),
+                holder: Some((local, ll(&local))),
+                routes: rev_route.into_iter().collect(),
+            })
+            .await?;
+        let rev_route = rev_route.and_then(|_| a.routes.pop());
+        let link = match take_answer(a.link.take()) {
             Ok(l) => l,
             Err(rdma_hostview::Error::NoDevice(_)) => {
                 return Err(Error::Rejected(RejectCause::ArrivalNetdevGone))
@@ -457,8 +519,8 @@ impl Resolver {
         if !link.flags.up {
             return Err(Error::Rejected(RejectCause::ArrivalNetdevDown));
         }
-        let ll = |ip: &IpAddr| (classify(ip) == AddrClass::LinkLocal).then_some(arrival);
-        let Ok(local_holder) = self.holder_index(local, ll(&local)).await else {
+        let dump = take_answer(a.holder.take());
+        let Ok(local_holder) = self.holder_from(local, ll(&local), dump, None).await else {
             return Err(Error::Rejected(RejectCause::NotOurAddress));
         };
         if matches!(classify(&peer), AddrClass::Any | AddrClass::Multicast) {
@@ -470,7 +532,7 @@ impl Resolver {
             src: Some(local),
             oif: Some(arrival),
         };
-        let c = match self.choose_with(&query, Some(link)).await {
+        let c = match self.choose_with(&query, Some(link), rev_route).await {
             Ok(c) => c,
             Err(_) => return Err(Error::Rejected(RejectCause::NotOnReverseRoute)),
         };
@@ -490,12 +552,19 @@ impl Resolver {
 
     /// Picks netdev, source, gateway and loopback-ness for a query, without neighbours.
     pub(crate) async fn choose(&self, q: &RouteQuery) -> Result<Choice> {
-        self.choose_with(q, None).await
+        self.choose_with(q, None, None).await
     }
 
     /// [`Resolver::choose`] with the link of `q.oif` already read in this resolution (used
     /// instead of reading it again when the choice is that netdev).
-    async fn choose_with(&self, q: &RouteQuery, oif_link: Option<Link>) -> Result<Choice> {
+    /// `unconstrained`, if given, is the answer to `route_get(q.dst, q.src, None)` asked in the
+    /// same exchange as the caller's other questions.
+    async fn choose_with(
+        &self,
+        q: &RouteQuery,
+        oif_link: Option<Link>,
+        unconstrained: Option<HvResult<RouteAnswer>>,
+    ) -> Result<Choice> {
         let oif_link = oif_link.filter(|l| Some(l.index) == q.oif);
         let link = |index: u32| {
             let known = oif_link.as_ref().filter(|l| l.index == index).cloned();
@@ -512,7 +581,11 @@ impl Resolver {
         let (local, unconstrained) = if classify(&dst) == AddrClass::LinkLocal {
             (self.hv.link_holding(dst, q.dst_scope).await.is_ok(), None)
         } else {
-            match self.hv.route_get(dst, q.src, None).await {
+            let r = match unconstrained {
+                Some(r) => r,
+                None => self.hv.route_get(dst, q.src, None).await,
+            };
+            match r {
                 Ok(a) => (a.kind == RouteType::Local, Some(a)),
                 Err(e) if q.oif.is_none() => return Err(e.into()),
                 Err(_) => (false, None),
@@ -640,6 +713,20 @@ impl Resolver {
 }
 
 const IPV4_TTL: &str = "/proc/sys/net/ipv4/ip_default_ttl";
+
+type HvResult<T> = std::result::Result<T, rdma_hostview::Error>;
+
+/// The route lookup [`Resolver::holder_from`] falls back to, worth asking up front: for an
+/// IPv4 loopback address without scope (any 127/8 address is local through `lo`'s /8
+/// route, few are addresses of a link).
+fn speculative_route(ip: IpAddr, scope: Option<u32>) -> Option<(IpAddr, Option<IpAddr>)> {
+    (scope.is_none() && ip.is_ipv4() && ip.is_loopback()).then_some((ip, None))
+}
+
+/// An answer that [`HostView::lookups`] was asked for (always present then).
+fn take_answer<T>(a: Option<HvResult<T>>) -> HvResult<T> {
+    a.unwrap_or_else(|| Err(rdma_hostview::Error::Netlink("lookups: no answer".into())))
+}
 
 impl Resolver {
     /// The kernel's default hop limit for packets to `dst` out of netdev `name`, read now
