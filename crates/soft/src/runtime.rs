@@ -504,7 +504,10 @@ impl Runtime {
                 more |= self.service(idx, now, mem);
             }
             self.wire.flush()?;
-            if n == 0 && !more {
+            // Another round only if a queue gave a full batch (more may be waiting) or a QP
+            // has more to send: after a partial batch the next `recvmmsg` would most likely
+            // find nothing, and the completions would wait for it.
+            if (n == 0 || self.wire.recv_drained()) && !more {
                 break;
             }
         }

@@ -35,6 +35,9 @@ pub(crate) struct RecvBatch {
     iovs: Box<[libc::iovec]>,
     hdrs: Box<[libc::mmsghdr]>,
     filled: usize,
+    /// Entries the kernel may have written since they were set up (reset before the next
+    /// call; the rest keep the values `new` gave them).
+    dirty: usize,
 }
 
 // SAFETY: the raw pointers inside `iovs`/`hdrs` only ever point into the boxes owned by the same
@@ -45,7 +48,7 @@ impl RecvBatch {
     /// `count` buffers of `slot` bytes.
     pub fn new(count: usize, slot: usize) -> RecvBatch {
         let count = count.max(1);
-        RecvBatch {
+        let mut b = RecvBatch {
             slot,
             bufs: vec![0u8; count * slot].into_boxed_slice(),
             // SAFETY: all-zero is valid for these plain C structs.
@@ -54,7 +57,21 @@ impl RecvBatch {
             iovs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             hdrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             filled: 0,
+            dirty: count,
+        };
+        // The boxed slices never move or change size: set the pointers up once.
+        for i in 0..count {
+            b.iovs[i] = libc::iovec {
+                iov_base: b.bufs[i * slot..].as_mut_ptr().cast(),
+                iov_len: slot,
+            };
+            let h = &mut b.hdrs[i].msg_hdr;
+            h.msg_name = (&mut b.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_iov = &mut b.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = b.ctrl[i].as_mut_ptr().cast();
         }
+        b
     }
 
     /// Number of buffers.
@@ -67,21 +84,16 @@ impl RecvBatch {
     pub fn recv(&mut self, fd: RawFd, max: usize) -> std::io::Result<usize> {
         let n = max.min(self.capacity());
         self.filled = 0;
-        for i in 0..n {
-            self.iovs[i] = libc::iovec {
-                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
-                iov_len: self.slot,
-            };
+        // The pointers and lengths stay as `new` set them up; only what the kernel wrote into
+        // the entries of the last call is reset (a busy poll's empty calls cost no setup).
+        for i in 0..self.dirty.max(1).min(self.capacity()) {
             let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_namelen = STORAGE_LEN;
-            h.msg_iov = &mut self.iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = self.ctrl[i].as_mut_ptr().cast();
             h.msg_controllen = std::mem::size_of::<[u64; CTRL_WORDS]>() as _;
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
         }
+        self.dirty = 0;
         // SAFETY: the first `n` headers point into buffers owned by `self` with the sizes given.
         let rc = unsafe {
             libc::recvmmsg(
@@ -100,6 +112,7 @@ impl RecvBatch {
             };
         }
         self.filled = rc as usize;
+        self.dirty = self.filled;
         Ok(self.filled)
     }
 

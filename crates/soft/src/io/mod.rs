@@ -143,6 +143,13 @@ pub trait DatagramWire: Send {
     /// `deliver` without blocking; returns how many were delivered.
     fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize>;
 
+    /// Whether the last [`DatagramWire::recv`] emptied every receive queue it read (each gave
+    /// less than a full batch), so that calling it again at once would most likely find
+    /// nothing. The default, `false`, makes callers that stop on it call `recv` again.
+    fn recv_drained(&self) -> bool {
+        false
+    }
+
     /// An fd that polls readable when [`DatagramWire::recv`] may deliver something.
     fn wait_fd(&self) -> Option<BorrowedFd<'_>>;
 

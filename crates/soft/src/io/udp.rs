@@ -103,6 +103,8 @@ pub struct UdpWire {
     recv_faults: Option<Box<FaultInjector<(Arrival, u16)>>>,
     order: Vec<u16>,
     checker: IcrcChecker,
+    /// Every `recvmmsg` of the last `recv` returned less than a full batch.
+    drained: bool,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -152,6 +154,7 @@ impl UdpWire {
             send_faults,
             recv_faults,
             checker: IcrcChecker::new(),
+            drained: false,
         })
     }
 
@@ -380,6 +383,7 @@ impl DatagramWire for UdpWire {
         let count = self.locals.len();
         let now = self.recv_faults.as_ref().map(|_| Instant::now());
         let port = self.cfg.port;
+        let mut drained = true;
         for step in 0..count {
             let i = (self.next_recv + step) % count;
             let local = &self.locals[i];
@@ -393,6 +397,9 @@ impl DatagramWire for UdpWire {
                 })?;
             if n == 0 {
                 continue;
+            }
+            if n >= self.cfg.batch.min(self.inbox.capacity()) {
+                drained = false;
             }
             self.stats.recv_calls += 1;
             let bound = local.addr;
@@ -466,7 +473,12 @@ impl DatagramWire for UdpWire {
             self.next_recv = (self.next_recv + 1) % count;
         }
         self.stats.received += delivered as u64;
+        self.drained = drained;
         Ok(delivered)
+    }
+
+    fn recv_drained(&self) -> bool {
+        self.drained
     }
 
     fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
