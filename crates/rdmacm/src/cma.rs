@@ -595,7 +595,10 @@ fn start_watcher(inner: &Arc<Inner>) {
     let notify = inner.watch_notify.clone();
     // Subscribed before the context is handed out, so no host change made after
     // `Cma::new` returns can be missed (it used to subscribe whenever the task first ran).
-    let w = run_on(&inner.rt_handle, async move { Watcher::new(&resolver).await });
+    let w = run_on(
+        &inner.rt_handle,
+        async move { Watcher::new(&resolver).await },
+    );
     inner.rt_handle.spawn(async move {
         let Ok(mut w) = w else {
             return;
@@ -1134,10 +1137,8 @@ impl Inner {
 /// Lets a destroyed id's connection linger in its agent (timewait) and forgets it.
 pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) {
     if let Some(d) = st.devices.get_mut(&dev) {
-        if let Some(cid) = d.agent.local_comm_id(conn) {
-            // Keep the local address known while the agent may still send for it.
-            let _ = cid;
-        }
+        // The local address stays known (`comm_local`) until the caller has drained what
+        // the agent sends for the destroy.
         let _ = d.agent.destroy(now, conn);
         d.conns.remove(&conn);
     }

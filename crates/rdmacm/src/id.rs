@@ -801,16 +801,21 @@ pub(crate) fn destroy(inner: &Arc<Inner>, num: IdNum) {
     }
     if let (Some(i), Some(c)) = (s.dev, s.conn) {
         let now = inner.now();
+        let cid = st.devices.get(&i).and_then(|d| d.agent.local_comm_id(c));
         forget_conn(&mut st, now, i, c);
         inner.drain_agent(&mut st, i);
-        if let Some(d) = st.devices.get_mut(&i) {
-            let agent = &d.agent;
-            let live: std::collections::HashSet<u32> = d
-                .conns
-                .keys()
-                .filter_map(|c| agent.local_comm_id(*c))
-                .collect();
-            d.comm_local.retain(|k, _| live.contains(k));
+        // `comm_local` holds the comm ids of the device's live connections (entries are
+        // added with `conns` and leave here): only the destroyed one's can have gone stale.
+        // Kept if another live connection of ours now holds the id. O(1), where a scan of
+        // every connection (and a set of their ids) used to run per destroy.
+        if let (Some(d), Some(cid)) = (st.devices.get_mut(&i), cid) {
+            let held = d
+                .agent
+                .conn_by_local_comm_id(cid)
+                .is_some_and(|h| d.conns.contains_key(&h));
+            if !held {
+                d.comm_local.remove(&cid);
+            }
         }
     }
     // The QP goes with the id: the soft device allocates QP numbers cyclically, so its

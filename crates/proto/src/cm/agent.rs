@@ -120,6 +120,13 @@ impl CmAgent {
         self.live(conn).map(|c| c.local_id)
     }
 
+    /// The live connection whose communication id (SIDR: request id) is `id`, if any.
+    /// A map lookup, unlike scanning every connection with [`CmAgent::local_comm_id`].
+    pub fn conn_by_local_comm_id(&self, id: u32) -> Option<ConnHandle> {
+        let h = *self.by_local_id.get(&id)?;
+        self.live(h).map(|c| c.handle)
+    }
+
     /// The peer's communication id for a connection (0 until known).
     pub fn remote_comm_id(&self, conn: ConnHandle) -> Option<u32> {
         self.live(conn).map(|c| c.remote_id)
