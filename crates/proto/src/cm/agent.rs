@@ -1,6 +1,6 @@
 //! The agent: API calls, queues, timers.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use rdma_wire::cm::{
     CmMessage, CmPathRepr, MessageRef, RejectReason, RepRepr, ReqRepr, SidrRepRepr, SidrReqRepr,
@@ -63,6 +63,16 @@ pub struct CmAgent {
     pub(crate) rng: SplitMix64,
     pub(crate) conns: BTreeMap<ConnHandle, Conn>,
     pub(crate) by_local_id: HashMap<u32, ConnHandle>,
+    /// Peer's comm id → connections holding it (any state; callers check the rest).
+    /// The key comes from the network (attacker-chosen): SipHash, std's default.
+    pub(crate) by_remote_id: HashMap<u32, Vec<ConnHandle>>,
+    /// Peer's QPN → connections holding it (any state). Network-chosen key: SipHash.
+    pub(crate) by_remote_qpn: HashMap<u32, Vec<ConnHandle>>,
+    /// Every connection's next deadline ([`Conn::deadline`]), earliest first.
+    pub(crate) timers: BTreeSet<(Nanos, ConnHandle)>,
+    /// Connections changed since their deadline was last put in `timers`
+    /// (see [`CmAgent::sync_timers`]).
+    pub(crate) touched: Vec<ConnHandle>,
     pub(crate) listeners: BTreeMap<u64, ()>,
     pub(crate) transmit: VecDeque<(PeerAddr, MadBuf)>,
     pub(crate) events: VecDeque<CmEvent>,
@@ -82,6 +92,10 @@ impl CmAgent {
             rng,
             conns: BTreeMap::new(),
             by_local_id: HashMap::new(),
+            by_remote_id: HashMap::new(),
+            by_remote_qpn: HashMap::new(),
+            timers: BTreeSet::new(),
+            touched: Vec::new(),
             listeners: BTreeMap::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
@@ -166,24 +180,35 @@ impl CmAgent {
 
     /// When [`CmAgent::handle_timeout`] must next be called, if ever.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.conns.values().filter_map(Conn::deadline).min()
+        if self.touched.is_empty() {
+            // The earliest entry of the deadline index: O(log n), not a scan.
+            self.timers.first().map(|&(d, _)| d)
+        } else {
+            // Not synced (every public `&mut self` method syncs before it returns, so this is
+            // only a safety net): the scan is always right.
+            self.conns.values().filter_map(Conn::deadline).min()
+        }
     }
 
     /// Runs every timer due at `now`: retransmissions, CM timeouts, timewait ends.
     pub fn handle_timeout(&mut self, now: Nanos) {
-        let due: Vec<ConnHandle> = self
-            .conns
-            .values()
-            .filter(|c| c.deadline().is_some_and(|d| d <= now))
-            .map(|c| c.handle)
+        self.sync_timers();
+        let mut due: Vec<ConnHandle> = self
+            .timers
+            .iter()
+            .take_while(|&&(d, _)| d <= now)
+            .map(|&(_, h)| h)
             .collect();
+        // In handle order, as the scan of `conns` did.
+        due.sort_unstable();
         for h in due {
             self.conn_timeout(now, h);
         }
+        self.sync_timers();
     }
 
     fn conn_timeout(&mut self, now: Nanos, h: ConnHandle) {
-        let Some(c) = self.conns.get_mut(&h) else {
+        let Some(c) = self.conn_mut(h) else {
             return;
         };
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
@@ -221,7 +246,7 @@ impl CmAgent {
                 }
             }
         }
-        let Some(c) = self.conns.get_mut(&h) else {
+        let Some(c) = self.conn_mut(h) else {
             return;
         };
         if c.timewait_deadline.is_some_and(|d| d <= now) {
@@ -316,6 +341,7 @@ impl CmAgent {
             timewait_deadline: None,
             last_response: None,
             destroyed: false,
+            scheduled: None,
         };
         self.insert(conn);
         self.transmit.push_back((p.peer, mad));
@@ -363,6 +389,7 @@ impl CmAgent {
         ));
         let to = c.peer;
         self.transmit.push_back((to, mad));
+        self.sync_timers();
         Ok(())
     }
 
@@ -383,6 +410,7 @@ impl CmAgent {
         let to = c.peer;
         self.transmit.push_back((to, mad));
         self.emit_event(CmEvent::Established { conn });
+        self.sync_timers();
         Ok(())
     }
 
@@ -399,6 +427,7 @@ impl CmAgent {
         c.retx = None;
         c.state = CmState::Established;
         self.emit_event(CmEvent::Established { conn });
+        self.sync_timers();
         Ok(())
     }
 
@@ -443,6 +472,7 @@ impl CmAgent {
         if let Some(mad) = mad {
             self.transmit.push_back((to, mad));
         }
+        self.sync_timers();
         Ok(())
     }
 
@@ -473,6 +503,7 @@ impl CmAgent {
         if let Some(mad) = c.format_mra(what, st) {
             self.transmit.push_back((to, mad));
         }
+        self.sync_timers();
         Ok(())
     }
 
@@ -511,6 +542,7 @@ impl CmAgent {
         ));
         let to = c.peer;
         self.transmit.push_back((to, mad));
+        self.sync_timers();
         Ok(())
     }
 
@@ -534,6 +566,7 @@ impl CmAgent {
         c.last_response = Some(Box::new(mad));
         let to = c.peer;
         self.transmit.push_back((to, mad));
+        self.sync_timers();
         Ok(())
     }
 
@@ -618,6 +651,7 @@ impl CmAgent {
         if !linger {
             self.remove(conn);
         }
+        self.sync_timers();
         Ok(())
     }
 
@@ -640,6 +674,7 @@ impl CmAgent {
         }
         self.remove(conn);
         self.events.retain(|e| e.conn() != conn);
+        self.sync_timers();
         Ok(())
     }
 
@@ -682,6 +717,7 @@ impl CmAgent {
             timewait_deadline: None,
             last_response: None,
             destroyed: false,
+            scheduled: None,
         };
         self.insert(conn);
         self.transmit.push_back((p.peer, mad));
@@ -716,6 +752,7 @@ impl CmAgent {
         c.reset_to_idle();
         let to = c.peer;
         self.transmit.push_back((to, mad));
+        self.sync_timers();
         Ok(())
     }
 
@@ -726,6 +763,7 @@ impl CmAgent {
     }
 
     pub(crate) fn live_mut(&mut self, conn: ConnHandle) -> Result<&mut Conn, CmError> {
+        self.touched.push(conn);
         self.conns
             .get_mut(&conn)
             .filter(|c| !c.destroyed)
@@ -754,15 +792,70 @@ impl CmAgent {
         (u64::from(self.tid_high) << 32) | u64::from(self.tid_counter)
     }
 
-    pub(crate) fn insert(&mut self, conn: Conn) {
-        self.by_local_id.insert(conn.local_id, conn.handle);
-        self.conns.insert(conn.handle, conn);
+    /// A connection for changing: marked for [`CmAgent::sync_timers`].
+    pub(crate) fn conn_mut(&mut self, h: ConnHandle) -> Option<&mut Conn> {
+        self.touched.push(h);
+        self.conns.get_mut(&h)
+    }
+
+    /// Puts the deadlines of the connections changed since the last call in `timers`.
+    /// Every public `&mut self` method calls it before returning.
+    pub(crate) fn sync_timers(&mut self) {
+        for h in std::mem::take(&mut self.touched) {
+            let Some(c) = self.conns.get_mut(&h) else {
+                continue;
+            };
+            let d = c.deadline();
+            if d != c.scheduled {
+                if let Some(old) = c.scheduled {
+                    self.timers.remove(&(old, h));
+                }
+                if let Some(new) = d {
+                    self.timers.insert((new, h));
+                }
+                c.scheduled = d;
+            }
+        }
+    }
+
+    pub(crate) fn insert(&mut self, mut conn: Conn) {
+        let h = conn.handle;
+        self.by_local_id.insert(conn.local_id, h);
+        self.by_remote_id.entry(conn.remote_id).or_default().push(h);
+        self.by_remote_qpn
+            .entry(conn.remote_qpn)
+            .or_default()
+            .push(h);
+        conn.scheduled = conn.deadline();
+        if let Some(d) = conn.scheduled {
+            self.timers.insert((d, h));
+        }
+        self.conns.insert(h, conn);
+    }
+
+    /// Sets a connection's remote comm id and QPN, keeping the indexes.
+    pub(crate) fn set_remote(&mut self, h: ConnHandle, remote_id: u32, remote_qpn: u32) {
+        let Some(c) = self.conns.get_mut(&h) else {
+            return;
+        };
+        let (old_id, old_qpn) = (c.remote_id, c.remote_qpn);
+        c.remote_id = remote_id;
+        c.remote_qpn = remote_qpn;
+        unindex(&mut self.by_remote_id, old_id, h);
+        unindex(&mut self.by_remote_qpn, old_qpn, h);
+        self.by_remote_id.entry(remote_id).or_default().push(h);
+        self.by_remote_qpn.entry(remote_qpn).or_default().push(h);
     }
 
     pub(crate) fn remove(&mut self, h: ConnHandle) {
         if let Some(c) = self.conns.remove(&h) {
             if self.by_local_id.get(&c.local_id) == Some(&h) {
                 self.by_local_id.remove(&c.local_id);
+            }
+            unindex(&mut self.by_remote_id, c.remote_id, h);
+            unindex(&mut self.by_remote_qpn, c.remote_qpn, h);
+            if let Some(d) = c.scheduled {
+                self.timers.remove(&(d, h));
             }
         }
     }
@@ -771,6 +864,16 @@ impl CmAgent {
     pub(crate) fn emit_event(&mut self, e: CmEvent) {
         if self.live(e.conn()).is_some() {
             self.events.push_back(e);
+        }
+    }
+}
+
+/// Removes `h` from the list under `key`, and the list if it becomes empty.
+fn unindex(map: &mut HashMap<u32, Vec<ConnHandle>>, key: u32, h: ConnHandle) {
+    if let Some(v) = map.get_mut(&key) {
+        v.retain(|x| *x != h);
+        if v.is_empty() {
+            map.remove(&key);
         }
     }
 }

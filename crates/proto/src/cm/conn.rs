@@ -48,6 +48,8 @@ pub(crate) struct Conn {
     pub(crate) last_response: Option<Box<MadBuf>>,
     /// Destroyed by the user while in TIMEWAIT: kept silently until the timewait ends.
     pub(crate) destroyed: bool,
+    /// The deadline this connection has in the agent's timer index.
+    pub(crate) scheduled: Option<Nanos>,
 }
 
 impl Conn {

@@ -47,6 +47,7 @@ impl CmAgent {
                 self.stats.unmatched += 1
             }
         }
+        self.sync_timers();
     }
 
     /// The live connection whose local id is `local`, whose remote id is `remote` (if given)
@@ -66,26 +67,37 @@ impl CmAgent {
     }
 
     /// A connection (live or lingering) that holds this remote (node, CA GUID, comm id).
+    /// The first in handle order, as a scan of `conns` finds it; only the connections indexed
+    /// under `remote_id` are looked at.
     fn find_remote_id(&self, src: &PeerAddr, ca_guid: u64, remote_id: u32) -> Option<ConnHandle> {
-        self.conns
-            .values()
-            .find(|c| {
+        self.by_remote_id
+            .get(&remote_id)?
+            .iter()
+            .filter_map(|h| self.conns.get(h))
+            .filter(|c| {
                 c.state.holds_remote()
                     && c.remote_id == remote_id
                     && c.remote_ca_guid == ca_guid
                     && c.peer.same_node(src)
             })
             .map(|c| c.handle)
+            .min()
     }
 
     /// A connection (live or lingering) that holds this remote QP.
+    /// The first in handle order, among the connections indexed under `qpn`.
     fn find_remote_qpn(&self, src: &PeerAddr, ca_guid: u64, qpn: u32) -> Option<&Conn> {
-        self.conns.values().find(|c| {
-            c.state.holds_remote()
-                && c.remote_qpn == qpn
-                && c.remote_ca_guid == ca_guid
-                && c.peer.same_node(src)
-        })
+        self.by_remote_qpn
+            .get(&qpn)?
+            .iter()
+            .filter_map(|h| self.conns.get(h))
+            .filter(|c| {
+                c.state.holds_remote()
+                    && c.remote_qpn == qpn
+                    && c.remote_ca_guid == ca_guid
+                    && c.peer.same_node(src)
+            })
+            .min_by_key(|c| c.handle)
     }
 
     fn on_req(&mut self, now: Nanos, src: PeerAddr, tid: u64, r: ReqRepr) {
@@ -183,6 +195,7 @@ impl CmAgent {
             timewait_deadline: None,
             last_response: None,
             destroyed: false,
+            scheduled: None,
         };
         self.insert(conn);
         self.emit_event(CmEvent::ReqReceived(ReqReceived {
@@ -242,7 +255,10 @@ impl CmAgent {
             ),
             _ => (None, CmState::Idle, CmState::Idle),
         };
-        let Some(c) = h.and_then(|h| self.conns.get_mut(&h)) else {
+        let Some(c) = h.and_then(|h| {
+            self.touched.push(h);
+            self.conns.get_mut(&h)
+        }) else {
             self.stats.unmatched += 1;
             return;
         };
@@ -292,7 +308,10 @@ impl CmAgent {
                     })
                 })
         };
-        let Some(c) = h.and_then(|h| self.conns.get_mut(&h)) else {
+        let Some(c) = h.and_then(|h| {
+            self.touched.push(h);
+            self.conns.get_mut(&h)
+        }) else {
             self.stats.unmatched += 1;
             return;
         };
@@ -360,11 +379,10 @@ impl CmAgent {
             return;
         }
         let delayed = self.config.delayed_mra;
-        let Some(c) = self.conns.get_mut(&h) else {
+        self.set_remote(h, x.local_comm_id, x.local_qpn);
+        let Some(c) = self.conn_mut(h) else {
             return;
         };
-        c.remote_id = x.local_comm_id;
-        c.remote_qpn = x.local_qpn;
         c.remote_ca_guid = x.local_ca_guid;
         c.retx = None;
         c.state = if delayed {
@@ -405,7 +423,10 @@ impl CmAgent {
     fn on_rtu(&mut self, src: PeerAddr, x: RtuRepr) {
         let Some(c) = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
-            .and_then(|h| self.conns.get_mut(&h))
+            .and_then(|h| {
+                self.touched.push(h);
+                self.conns.get_mut(&h)
+            })
         else {
             self.stats.unmatched += 1;
             return;
@@ -423,7 +444,10 @@ impl CmAgent {
     fn on_dreq(&mut self, now: Nanos, src: PeerAddr, tid: u64, x: DreqRepr) {
         let found = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
-            .and_then(|h| self.conns.get_mut(&h));
+            .and_then(|h| {
+                self.touched.push(h);
+                self.conns.get_mut(&h)
+            });
         let Some(c) = found else {
             // Linux's cm_issue_drep: a DREQ for no connection still gets its DREP.
             self.stats.unmatched += 1;
@@ -490,7 +514,10 @@ impl CmAgent {
     fn on_drep(&mut self, now: Nanos, src: PeerAddr, x: DrepRepr) {
         let Some(c) = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
-            .and_then(|h| self.conns.get_mut(&h))
+            .and_then(|h| {
+                self.touched.push(h);
+                self.conns.get_mut(&h)
+            })
         else {
             self.stats.unmatched += 1;
             return;

@@ -68,6 +68,7 @@ impl CmAgent {
             timewait_deadline: None,
             last_response: None,
             destroyed: false,
+            scheduled: None,
         });
         self.emit_event(CmEvent::SidrReqReceived(SidrReqReceived {
             conn: h,
@@ -82,7 +83,10 @@ impl CmAgent {
     pub(crate) fn on_sidr_rep(&mut self, src: PeerAddr, x: SidrRepRepr) {
         let Some(c) = self
             .find(x.request_id, None, &src)
-            .and_then(|h| self.conns.get_mut(&h))
+            .and_then(|h| {
+                self.touched.push(h);
+                self.conns.get_mut(&h)
+            })
             .filter(|c| c.state == CmState::SidrReqSent)
         else {
             self.stats.unmatched += 1;
