@@ -85,8 +85,14 @@ fn kernel_sends_identification_zero() {
     let cap = capture_lo(libc::ETH_P_IP as u16);
     let (la, lb): (WireAddr, WireAddr) =
         ("127.0.1.30".parse().unwrap(), "127.0.1.31".parse().unwrap());
-    let mut a = UdpWire::new(UdpConfig::default()).unwrap();
-    let mut b = UdpWire::new(UdpConfig::default()).unwrap();
+    // one datagram per packet (without GSO: `gso_segments_carry_their_identification`
+    // covers that)
+    let cfg = UdpConfig {
+        gso: false,
+        ..UdpConfig::default()
+    };
+    let mut a = UdpWire::new(cfg.clone()).unwrap();
+    let mut b = UdpWire::new(cfg).unwrap();
     a.open(la).unwrap();
     b.open(lb).unwrap();
     for _ in 0..3 {
@@ -148,4 +154,156 @@ fn ipv6_icrc_over_the_real_header() {
     encap
         .verify(&ip[48..])
         .expect("ICRC over the real IPv6/UDP header");
+}
+
+/// `ioctl(SIOCETHTOOL)` on `lo` with `data` as `ifr_data`.
+fn ethtool(sock: &OwnedFd, data: &mut [u8]) -> std::io::Result<()> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        data: *mut u8,
+        _pad: [u8; 16],
+    }
+    let mut req = IfReq {
+        name: [0; 16],
+        data: data.as_mut_ptr(),
+        _pad: [0; 16],
+    };
+    req.name[..2].copy_from_slice(b"lo");
+    // SAFETY: SIOCETHTOOL reads the ifreq and the command buffer it points to, which are
+    // large enough for the command written at its start.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), 0x8946, &mut req) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// In this thread's (fresh) network namespace: brings `lo` up and turns its UDP
+/// segmentation offload off, so that the kernel segments a GSO message before the capture
+/// point and the capture sees the datagrams a real wire carries.
+fn lo_up_without_udp_offload() -> std::io::Result<()> {
+    // SAFETY: plain socket(2); checked.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: all-zero ifreq is valid; name and flags set below.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_name[0] = b'l' as libc::c_char;
+    ifr.ifr_name[1] = b'o' as libc::c_char;
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS on a valid ifreq.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut ifr) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // the index of "tx-udp-segmentation" among the feature names
+    const ETH_SS_FEATURES: u32 = 4;
+    let mut info = [0u8; 8 + 8 + 4];
+    info[..4].copy_from_slice(&0x37u32.to_ne_bytes()); // ETHTOOL_GSSET_INFO
+    info[8..16].copy_from_slice(&(1u64 << ETH_SS_FEATURES).to_ne_bytes());
+    ethtool(&sock, &mut info)?;
+    let count = u32::from_ne_bytes(info[16..20].try_into().unwrap()) as usize;
+    let mut names = vec![0u8; 12 + 32 * count];
+    names[..4].copy_from_slice(&0x1bu32.to_ne_bytes()); // ETHTOOL_GSTRINGS
+    names[4..8].copy_from_slice(&ETH_SS_FEATURES.to_ne_bytes());
+    names[8..12].copy_from_slice(&(count as u32).to_ne_bytes());
+    ethtool(&sock, &mut names)?;
+    let idx = (0..count)
+        .find(|&i| {
+            let n = &names[12 + 32 * i..12 + 32 * (i + 1)];
+            n.starts_with(b"tx-udp-segmentation\0")
+        })
+        .ok_or_else(|| std::io::Error::other("no tx-udp-segmentation feature"))?;
+    let blocks = count.div_ceil(32);
+    let mut set = vec![0u8; 8 + 8 * blocks];
+    set[..4].copy_from_slice(&0x3bu32.to_ne_bytes()); // ETHTOOL_SFEATURES
+    set[4..8].copy_from_slice(&(blocks as u32).to_ne_bytes());
+    let b = 8 + 8 * (idx / 32);
+    set[b..b + 4].copy_from_slice(&(1u32 << (idx % 32)).to_ne_bytes()); // valid; requested 0
+    ethtool(&sock, &mut set)
+}
+
+/// A RoCE packet of `payload` bytes tagged `tag` (BTH, payload, ICRC room).
+fn sized_packet(tag: u8, payload: usize) -> Vec<u8> {
+    let mut p = vec![0u8; 12 + payload + 4];
+    p[0] = 0x04; // RC SEND_ONLY
+    p[2..4].copy_from_slice(&[0xff, 0xff]);
+    p[7] = 0x11;
+    p[12..12 + payload].fill(tag);
+    p
+}
+
+#[test]
+fn gso_segments_carry_their_identification() {
+    if !is_root() {
+        println!("SKIPPED: gso_segments_carry_their_identification needs root");
+        return;
+    }
+    // A private network namespace (this thread only): its `lo` is ours to reconfigure.
+    std::thread::spawn(|| {
+        // SAFETY: unshare of this thread's network namespace; no preconditions.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            println!(
+                "SKIPPED: unshare(CLONE_NEWNET): {}",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        if let Err(e) = lo_up_without_udp_offload() {
+            println!("SKIPPED: cannot turn lo's UDP segmentation offload off: {e}");
+            return;
+        }
+        let cap = capture_lo(libc::ETH_P_IP as u16);
+        let (la, lb): (WireAddr, WireAddr) =
+            ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        let mut a = UdpWire::new(UdpConfig::default()).unwrap();
+        let mut b = UdpWire::new(UdpConfig::default()).unwrap();
+        a.open(la).unwrap();
+        b.open(lb).unwrap();
+        // three of one size and a shorter last: one GSO message of four segments
+        let sizes = [1000, 1000, 1000, 500];
+        for (k, &n) in sizes.iter().enumerate() {
+            a.send(la, lb, &sized_packet(0x60 + k as u8, n)).unwrap();
+        }
+        a.flush().unwrap();
+        assert_eq!(a.stats().send_calls, 1);
+        assert_eq!(a.stats().sent, 4, "{:?}", a.stats());
+        assert_eq!(a.stats().gso_refused, 0);
+        for (k, &n) in sizes.iter().enumerate() {
+            let tag = 0x60 + k as u8;
+            let seg = |p: &[u8]| {
+                p.len() == 20 + 8 + 12 + n + 4
+                    && p[0] == 0x45
+                    && p[9] == 17
+                    && p[12..16] == [127, 0, 0, 1]
+                    && p[16..20] == [127, 0, 0, 2]
+                    && p[40] == tag
+            };
+            let ip = find(&cap, seg).expect("captured the segment as its own datagram");
+            let id = u16::from_be_bytes([ip[4], ip[5]]);
+            println!("segment {k}: Identification {id}, {} bytes", ip.len());
+            assert_eq!(id, k as u16, "Identification of segment {k}");
+            let encap = Encap::from_headers(&ip[..20], &ip[20..28]).unwrap();
+            encap
+                .verify(&ip[28..])
+                .expect("ICRC over the segment's real IP/UDP header");
+        }
+        let mut got = 0;
+        let end = Instant::now() + Duration::from_secs(2);
+        while got < 4 && Instant::now() < end {
+            got += b.recv(&mut |_, _| {}).unwrap();
+        }
+        assert_eq!(got, 4);
+        assert_eq!(b.stats().icrc_errors, 0);
+    })
+    .join()
+    .unwrap();
 }

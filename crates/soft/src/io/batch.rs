@@ -146,7 +146,31 @@ pub(crate) struct SendBatch {
     iovs: Box<[libc::iovec]>,
     hdrs: Box<[libc::mmsghdr]>,
     queued: usize,
+    /// UDP GSO: consecutive datagrams to the same destination, all of one size but the last
+    /// (which may be shorter), go as one message with `UDP_SEGMENT`.
+    gso: bool,
+    /// Destination of each queued datagram (to group them).
+    dsts: Box<[Option<WireAddr>]>,
+    /// Segment index of each queued datagram in its GSO group (0: starts a message).
+    segs: Box<[u16]>,
+    /// The open group: its segment size and bytes, or `None` when the next datagram starts
+    /// a new one.
+    group: Option<(usize, usize)>,
+    /// Datagrams of each message built by `send`.
+    per_msg: Box<[u16]>,
+    /// `UDP_SEGMENT` control messages, one per message.
+    ctrl: Box<[[u64; GSO_CTRL_WORDS]]>,
 }
+
+/// Space for one `UDP_SEGMENT` control message (header and a u16), in u64 words.
+const GSO_CTRL_WORDS: usize = 3;
+/// Most segments in one GSO message (the kernel's `UDP_MAX_SEGMENTS` is 64 or more).
+pub(crate) const GSO_MAX_SEGS: usize = 64;
+/// Most bytes in one GSO message (a UDP datagram's length field; the kernel refuses more).
+const GSO_MAX_BYTES: usize = 65_000;
+/// `SOL_UDP` and `UDP_SEGMENT` (linux/udp.h).
+pub(crate) const SOL_UDP: i32 = 17;
+pub(crate) const UDP_SEGMENT: i32 = 103;
 
 // SAFETY: as for `RecvBatch`, the raw pointers point into boxes owned by the same value.
 unsafe impl Send for SendBatch {}
@@ -160,6 +184,9 @@ pub(crate) struct SendOutcome {
     pub failed: usize,
     /// The last errno of a refused datagram.
     pub last_error: Option<i32>,
+    /// A GSO message was refused with an errno that says the path cannot segment (EIO:
+    /// no checksum offload on the device; EINVAL, ENOPROTOOPT): send without GSO from now on.
+    pub gso_refused: bool,
 }
 
 impl SendBatch {
@@ -175,6 +202,44 @@ impl SendBatch {
             iovs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
             hdrs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
             queued: 0,
+            gso: false,
+            dsts: vec![None; count].into_boxed_slice(),
+            segs: vec![0; count].into_boxed_slice(),
+            group: None,
+            per_msg: vec![0; count * 2].into_boxed_slice(),
+            ctrl: vec![[0u64; GSO_CTRL_WORDS]; count * 2].into_boxed_slice(),
+        }
+    }
+
+    /// The segment index of queued datagram `i` (see [`SendBatch::next_segment`]).
+    pub fn segment(&self, i: usize) -> u16 {
+        self.segs.get(i).copied().unwrap_or(0)
+    }
+
+    /// Turns grouping into GSO messages on or off (takes effect from the next datagram).
+    pub fn set_gso(&mut self, on: bool) {
+        self.gso = on;
+        self.group = None;
+    }
+
+    /// The segment index the next datagram of `len` bytes to `dst` gets: its position in the
+    /// GSO message it joins, 0 when it starts one. With IPv4 the kernel gives the segments of
+    /// a message Identifications counting up from the first's (0 from an unconnected socket
+    /// with DF), and the ICRC covers the Identification: the caller seals with this index.
+    pub fn next_segment(&self, dst: WireAddr, len: usize) -> u16 {
+        let i = self.queued;
+        match self.group {
+            Some((size, bytes))
+                if self.gso
+                    && i > 0
+                    && self.dsts[i - 1] == Some(dst)
+                    && len <= size
+                    && (self.segs[i - 1] as usize) + 1 < GSO_MAX_SEGS
+                    && bytes + len <= GSO_MAX_BYTES =>
+            {
+                self.segs[i - 1] + 1
+            }
+            _ => 0,
         }
     }
 
@@ -196,6 +261,15 @@ impl SendBatch {
         self.bufs[i * self.slot..i * self.slot + data.len()].copy_from_slice(data);
         self.lens[i] = data.len();
         self.names[i] = sys::to_sockaddr(dst, port);
+        let seg = self.next_segment(dst, data.len());
+        self.segs[i] = seg;
+        self.dsts[i] = Some(dst);
+        self.group = match (seg, self.group) {
+            // a shorter datagram ends its group
+            (0, _) => Some((data.len(), data.len())),
+            (_, Some((size, bytes))) if data.len() == size => Some((size, bytes + data.len())),
+            _ => None,
+        };
         self.queued += 1;
         i
     }
@@ -216,47 +290,80 @@ impl SendBatch {
     /// a full socket buffer is waited out briefly.
     pub fn send(&mut self, fd: RawFd, order: Option<&[u16]>) -> SendOutcome {
         let mut n = 0;
-        let mut add = |hdrs: &mut [libc::mmsghdr], iovs: &mut [libc::iovec], i: usize| {
-            if n >= hdrs.len() {
+        let mut k = 0;
+        // Datagram `i` as the next iovec; with `new_msg` it starts the next message.
+        let mut add = |me: &mut SendBatch, i: usize, new_msg: bool| {
+            if k >= me.iovs.len() || (new_msg && n >= me.hdrs.len()) || (!new_msg && n == 0) {
                 return;
             }
-            iovs[n] = libc::iovec {
-                iov_base: self.bufs[i * self.slot..].as_mut_ptr().cast(),
-                iov_len: self.lens[i],
+            me.iovs[k] = libc::iovec {
+                iov_base: me.bufs[i * me.slot..].as_mut_ptr().cast(),
+                iov_len: me.lens[i],
             };
-            // SAFETY: all-zero is a valid msghdr.
-            let mut h: libc::msghdr = unsafe { zeroed() };
-            h.msg_name = (&mut self.names[i].0 as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = self.names[i].1;
-            h.msg_iov = &mut iovs[n];
-            h.msg_iovlen = 1;
-            hdrs[n] = libc::mmsghdr {
-                msg_hdr: h,
-                msg_len: 0,
-            };
-            n += 1;
+            if new_msg {
+                // SAFETY: all-zero is a valid msghdr.
+                let mut h: libc::msghdr = unsafe { zeroed() };
+                h.msg_name = (&mut me.names[i].0 as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = me.names[i].1;
+                h.msg_iov = &mut me.iovs[k];
+                h.msg_iovlen = 1;
+                me.hdrs[n] = libc::mmsghdr {
+                    msg_hdr: h,
+                    msg_len: 0,
+                };
+                me.per_msg[n] = 1;
+                n += 1;
+            } else {
+                me.hdrs[n - 1].msg_hdr.msg_iovlen += 1;
+                me.per_msg[n - 1] += 1;
+            }
+            k += 1;
         };
         match order {
             Some(order) => {
                 for &i in order {
                     if (i as usize) < self.queued {
-                        add(&mut self.hdrs, &mut self.iovs, i as usize);
+                        add(self, i as usize, true);
                     }
                 }
             }
             None => {
                 for i in 0..self.queued {
-                    add(&mut self.hdrs, &mut self.iovs, i);
+                    let first = self.segs[i] == 0;
+                    add(self, i, first);
                 }
             }
         }
+        // Messages of more than one datagram: UDP_SEGMENT with the first one's size.
+        for m in 0..n {
+            if self.per_msg[m] < 2 {
+                continue;
+            }
+            // SAFETY: msg_iov points at an initialised iovec of this batch.
+            let size = unsafe { (*self.hdrs[m].msg_hdr.msg_iov).iov_len } as u16;
+            let c = &mut self.ctrl[m];
+            *c = [0; GSO_CTRL_WORDS];
+            let h = &mut self.hdrs[m].msg_hdr;
+            h.msg_control = c.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE/CMSG_LEN of a u16 fit in `c` (24 bytes); the header and data
+            // are written inside it.
+            unsafe {
+                h.msg_controllen = libc::CMSG_SPACE(2) as _;
+                let cm = libc::CMSG_FIRSTHDR(h);
+                (*cm).cmsg_level = SOL_UDP;
+                (*cm).cmsg_type = UDP_SEGMENT;
+                (*cm).cmsg_len = libc::CMSG_LEN(2) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), size);
+            }
+        }
         self.queued = 0;
-        send_all(fd, &mut self.hdrs[..n])
+        self.group = None;
+        send_all(fd, &mut self.hdrs[..n], &self.per_msg[..n])
     }
 }
 
 /// Hands every header to the kernel, skipping (and counting) the ones it refuses.
-fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> SendOutcome {
+fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutcome {
     let mut out = SendOutcome::default();
     let mut at = 0;
     let mut waits = 0;
@@ -265,8 +372,12 @@ fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> SendOutcome {
         // SAFETY: every header points at live buffers owned by the caller's batch.
         let rc = unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as _, 0) };
         if rc > 0 {
-            at += rc as usize;
-            out.sent += rc as usize;
+            let done = rc as usize;
+            out.sent += per_msg[at..at + done]
+                .iter()
+                .map(|&d| d as usize)
+                .sum::<usize>();
+            at += done;
             continue;
         }
         let errno = std::io::Error::last_os_error()
@@ -285,8 +396,12 @@ fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> SendOutcome {
                 unsafe { libc::poll(&mut pfd, 1, 10) };
             }
             _ => {
-                // This datagram is refused (unreachable, too big, ...): a lost packet.
-                out.failed += 1;
+                // This message is refused (unreachable, too big, ...): lost packets.
+                let dgrams = per_msg[at] as usize;
+                if dgrams > 1 && matches!(errno, libc::EIO | libc::EINVAL | libc::ENOPROTOOPT) {
+                    out.gso_refused = true;
+                }
+                out.failed += dgrams;
                 out.last_error = Some(errno);
                 at += 1;
             }

@@ -45,6 +45,20 @@ pub(crate) fn encap(src: WireAddr, dst: WireAddr, sport: u16, dport: u16) -> Opt
 
 /// Writes the ICRC into the last 4 bytes of `packet`. False when the packet is shorter than a
 /// BTH plus ICRC or the addresses are of different families.
+/// `encap` for a datagram whose IPv4 Identification is `id` (IPv6 has none: unchanged).
+pub(crate) fn with_identification(encap: Encap, id: u16) -> Encap {
+    match encap.ip {
+        IpInfo::V4(v4) if id != 0 => Encap {
+            ip: IpInfo::V4(Ipv4Info {
+                identification: id,
+                ..v4
+            }),
+            ..encap
+        },
+        _ => encap,
+    }
+}
+
 pub(crate) fn seal(encap: &Encap, packet: &mut [u8]) -> bool {
     let Some(body) = packet.len().checked_sub(ICRC_LEN) else {
         return false;

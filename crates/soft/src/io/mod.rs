@@ -75,6 +75,8 @@ pub struct WireStats {
     pub icrc_recovered_id: u64,
     /// System calls that sent datagrams.
     pub send_calls: u64,
+    /// Times the kernel refused a UDP GSO message, after which the socket sent without GSO.
+    pub gso_refused: u64,
     /// System calls that returned received datagrams.
     pub recv_calls: u64,
     /// Fault injection on sent datagrams.

@@ -30,6 +30,19 @@ fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Resu
     }
 }
 
+/// Whether the kernel has UDP GSO for this socket: setting `UDP_SEGMENT` to 0 (no
+/// segmentation unless a message asks for it) succeeds.
+pub(crate) fn has_udp_gso(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    setsockopt_int(
+        fd.as_raw_fd(),
+        super::batch::SOL_UDP,
+        super::batch::UDP_SEGMENT,
+        0,
+    )
+    .is_ok()
+}
+
 /// Reads an integer socket option.
 #[cfg(test)]
 pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> std::io::Result<i32> {

@@ -35,6 +35,11 @@ pub struct UdpConfig {
     pub socket_buffer: usize,
     /// Fault injection, off when `None`.
     pub faults: Option<FaultSpec>,
+    /// UDP GSO on send (`UDP_SEGMENT`): consecutive packets to one peer that have the same
+    /// size (the last may be shorter) go as one message the kernel segments, each segment
+    /// sealed with the ICRC of the IPv4 Identification it gets. Used where the kernel has it
+    /// and no send faults are injected; off after the kernel refuses a GSO message.
+    pub gso: bool,
 }
 
 impl Default for UdpConfig {
@@ -45,6 +50,7 @@ impl Default for UdpConfig {
             max_packet: 4096 + 128,
             socket_buffer: 4 << 20,
             faults: None,
+            gso: true,
         }
     }
 }
@@ -208,10 +214,16 @@ impl UdpWire {
                 local.out.send(fd, Some(&self.order))
             }
         };
-        self.account(outcome);
+        self.account(i, outcome);
     }
 
-    fn account(&mut self, o: SendOutcome) {
+    fn account(&mut self, i: usize, o: SendOutcome) {
+        if o.gso_refused {
+            // the path cannot segment: the refused packets are lost (the transport resends
+            // them, sealed for Identification 0), and the socket sends one by one from now on
+            self.locals[i].out.set_gso(false);
+            self.stats.gso_refused += 1;
+        }
         self.stats.sent += o.sent as u64;
         self.stats.send_errors += o.failed as u64;
         self.stats.send_calls += 1;
@@ -315,10 +327,12 @@ impl DatagramWire for UdpWire {
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(local)));
         }
+        let mut out = SendBatch::new(self.cfg.batch, self.cfg.max_packet);
+        out.set_gso(self.cfg.gso && self.send_faults.is_none() && sys::has_udp_gso(fd.as_fd()));
         self.locals.push(Local {
             addr: local,
             fd,
-            out: SendBatch::new(self.cfg.batch, self.cfg.max_packet),
+            out,
         });
         Ok(())
     }
@@ -362,6 +376,7 @@ impl DatagramWire for UdpWire {
         let to = with_scope(to, from);
         let out = &mut self.locals[i].out;
         let k = out.push(to, port, packet);
+        let encap = icrc::with_identification(encap, out.segment(k));
         // Cannot fail: the length is within bounds and the families match.
         icrc::seal(&encap, out.data_mut(k));
         Ok(())
