@@ -725,16 +725,26 @@ impl Inner {
         cfg.gids = gids;
         cfg.up = netdev.up;
         let mac = netdev.mac.0;
-        let guid = u64::from_be_bytes([
-            mac[0] ^ 2,
-            mac[1],
-            mac[2],
-            0xff,
-            0xfe,
-            mac[3],
-            mac[4],
-            mac[5],
-        ]) ^ u64::from(index);
+        // The EUI-64 of the MAC, except that its 0xfffe middle is replaced by 16 bits of
+        // this context's seed: every context (process) is a CA of its own, and several of
+        // them share lo's MAC and GIDs. Their QPNs start over at the same values in every
+        // process, so a client run right after another one reuses the QPNs a server still
+        // holds in timewait; the CM's remote-QPN (stale connection) check is keyed by peer
+        // GID, CA GUID and QPN, so a distinct CA GUID keeps the new process's REQs from
+        // being rejected as stale (REJ 10). See docs/CM.md.
+        let ca_tag = u64::from((self.lock().seed >> 48) as u16 ^ 0xfffe) << 24;
+        let guid = ca_tag
+            ^ u64::from_be_bytes([
+                mac[0] ^ 2,
+                mac[1],
+                mac[2],
+                0xff,
+                0xfe,
+                mac[3],
+                mac[4],
+                mac[5],
+            ])
+            ^ u64::from(index);
         cfg.node_guid = guid;
         let dev = Device::open(cfg)?;
         // Room for a burst of requests from one peer (a client opening hundreds of

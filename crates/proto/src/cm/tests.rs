@@ -483,6 +483,45 @@ fn duplicate_req_in_timewait_gets_rej10() {
     assert_eq!(x.reason, RejectReason::StaleConn);
 }
 
+/// cmtime run twice in a row against one server: the second client process (same GID, QPNs
+/// allocated from the same start) reuses QPN 0x11 while the server still holds the first
+/// run's connection in timewait. The stale rule is keyed by (GID, CA GUID, QPN): a REQ from
+/// another CA (a new process, whose context has its own CA GUID) is a new connection; from
+/// the same CA it is stale (REJ 10), as Linux answers.
+#[test]
+fn qpn_reused_by_another_ca_during_timewait_is_not_stale() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, cb) = connect(&mut a, &mut b);
+    a.send_dreq(0, ca, &[]).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    assert!(matches!(b.poll_event(), Some(CmEvent::DreqReceived { .. })));
+    b.send_drep(0, cb, &[]).unwrap();
+    sent(&mut b);
+    b.destroy(1, cb).unwrap();
+    assert_eq!(b.state(cb), None);
+    // The next client process: another CA GUID, same GID, same QPN, new comm id.
+    let mut a2 = agent(0xa2, 99, true);
+    let ca2 = a2.send_req(2, req_params(0x11)).unwrap();
+    b.handle_mad(2, addr_a(), &sent(&mut a2)[0]);
+    assert!(sent(&mut b).is_empty(), "no REJ 10 to another CA");
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!("no REQ event")
+    };
+    b.send_rep(2, r.conn, RepParams::new(0x22, 1)).unwrap();
+    a2.handle_mad(2, addr_b(), &sent(&mut b)[0]);
+    assert!(matches!(a2.poll_event(), Some(CmEvent::RepReceived(_))));
+    assert_eq!(a2.state(ca2), Some(CmState::MraRepSent));
+    // The same CA reusing the QPN within the timewait: stale, REJ 10.
+    let mut a3 = agent(0xa, 7, true);
+    a3.send_req(3, req_params(0x11)).unwrap();
+    b.handle_mad(3, addr_a(), &sent(&mut a3)[0]);
+    let CmMessage::Rej(x) = parse(&sent(&mut b)[0]).message else {
+        panic!("no REJ")
+    };
+    assert_eq!(x.reason, RejectReason::StaleConn);
+    assert!(b.poll_event().is_none());
+}
+
 #[test]
 fn forged_messages_change_nothing() {
     let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
