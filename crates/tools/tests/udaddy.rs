@@ -1,12 +1,12 @@
-//! udaddy's command line (its SIDR + datagram run is in `tools_netns.rs`: on loopback a UD
-//! QP opens UDP 4791 on every address of the `lo` device, which other processes hold).
+//! udaddy as two processes on loopback (SIDR, then datagrams both ways; each UD QP opens UDP
+//! 4791 only on its id's address), and its command line. Namespace hosts: `tools_netns.rs`.
 
 mod procs;
 
 use std::process::Command;
 use std::time::Duration;
 
-use procs::spawn;
+use procs::{spawn, wait_udp_4791};
 
 const UDADDY: &str = env!("CARGO_BIN_EXE_udaddy");
 const T: Duration = Duration::from_secs(20);
@@ -36,4 +36,39 @@ fn udaddy_bad_usage_fails_in_one_line() {
     assert!(h
         .stdout
         .starts_with("usage: udaddy\n\t[-s server_address]\n"));
+}
+
+#[test]
+fn udaddy_two_processes_on_loopback() {
+    let srv = spawn(
+        udaddy(&["-b", "127.0.0.54", "-c", "2", "-C", "4", "-S", "500"]),
+        "server",
+    );
+    wait_udp_4791("127.0.0.54".parse().unwrap(), None);
+    let c = spawn(
+        udaddy(&[
+            "-s",
+            "127.0.0.54",
+            "-b",
+            "127.0.0.55",
+            "-c",
+            "2",
+            "-C",
+            "4",
+            "-S",
+            "500",
+        ]),
+        "client",
+    )
+    .wait(T);
+    c.ok("client");
+    let s = srv.wait(T);
+    s.ok("server");
+    for (out, who) in [(&c.stdout, "client"), (&s.stdout, "server")] {
+        assert!(out.contains("data transfers complete"), "{who}: {out}");
+        assert!(out.ends_with("return status 0\n"), "{who}: {out}");
+    }
+    assert!(c
+        .stdout
+        .starts_with("udaddy: starting client\nudaddy: connecting\n"));
 }

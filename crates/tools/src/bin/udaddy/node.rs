@@ -80,8 +80,15 @@ impl Node {
             ..QpCap::default()
         };
         let ep = Endpoint::new(&self.id, QpType::Ud, depth * 2, cap)?;
+        // Receive only on the id's own address: a process owns UDP 4791 on the addresses it
+        // uses, and other processes may hold the device's other addresses (e.g. on `lo`).
+        let dev = self.id.device().ok_or("the id has no device")?;
+        let local = self.id.local_addr().ok_or("the id has no local address")?;
+        let sgid = dev
+            .gid_index(local.ip())
+            .ok_or_else(|| format!("{} is not in the GID table of {}", local.ip(), dev.name()))?;
         ep.qp
-            .ud_ready(RDMA_UDP_QKEY)
+            .ud_ready_on(RDMA_UDP_QKEY, sgid)
             .map_err(|e| format!("unable to create QP: {e}"))?;
         if m.count > 0 {
             let mr = ep.register(m.size + GRH_LEN, AccessFlags::LOCAL_WRITE)?;
