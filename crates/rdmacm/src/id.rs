@@ -645,11 +645,17 @@ impl CmId {
         let mut st = self.inner.lock();
         let st = &mut *st;
         let mut regs = Vec::new();
+        let specific = binding.netdev.is_some();
         for (i, addrs) in targets {
             for a in addrs {
-                // An address we cannot open (held by another process) is skipped; the
-                // listener works on the others.
-                let _ = Inner::open_gsi(st, i, a);
+                match Inner::open_gsi(st, i, a) {
+                    Ok(()) => {}
+                    // A specific listener has only this address: not being able to open it
+                    // (e.g. another process holds UDP 4791 there) fails the listen.
+                    Err(e) if specific => return Err(e),
+                    // A wildcard listener skips such an address and works on the others.
+                    Err(_) => {}
+                }
             }
             let Some(d) = st.devices.get_mut(&i) else {
                 continue;

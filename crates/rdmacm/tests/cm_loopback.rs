@@ -291,8 +291,8 @@ fn channel_fd_with_progress_thread() {
 #[test]
 fn next_context_reusing_a_qpn_in_the_servers_timewait_connects() {
     let server = Cma::new().unwrap();
-    let (lch, _l, addr) = listener(&server, "127.0.0.109:0");
-    let src = "127.0.0.110:0";
+    let (lch, _l, addr) = listener(&server, "127.0.0.113:0");
+    let src = "127.0.0.114:0";
     let mut qpns = Vec::new();
     for _ in 0..2 {
         let cma = Cma::new().unwrap();
@@ -321,4 +321,18 @@ fn next_context_reusing_a_qpn_in_the_servers_timewait_connects() {
         drop(cma);
     }
     assert_eq!(qpns[0], qpns[1], "the second context reused the QPN");
+}
+
+#[test]
+fn listen_on_an_address_held_by_another_process_fails_naming_it() {
+    // Another process (here: a plain socket) owns UDP 4791 on 127.0.0.199.
+    let _holder = std::net::UdpSocket::bind("127.0.0.199:4791").unwrap();
+    let cma = Cma::new().unwrap();
+    let ch = EventChannel::with_cma(&cma).unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    id.bind_addr(sa("127.0.0.199:0")).unwrap();
+    let err = id.listen(4).unwrap_err();
+    assert_eq!(err.errno(), libc::EADDRINUSE, "{err}");
+    assert!(err.to_string().contains("127.0.0.199"), "{err}");
+    assert_eq!(id.state(), IdState::AddrBound);
 }

@@ -200,15 +200,23 @@ pub fn run(o: &DemoOpts) -> Result<(), String> {
                 role: Role::Server,
                 ..o.clone()
             };
-            std::thread::scope(|sc| {
-                let clock = &clock;
-                let h = sc.spawn(move || serve(&so, clock, &tx));
-                let c = connect(&co, clock, &rx);
-                let s = h
-                    .join()
-                    .unwrap_or_else(|_| Err("server thread failed".into()));
-                c.and(s)
-            })
+            let clock = std::sync::Arc::new(clock);
+            let sclock = std::sync::Arc::clone(&clock);
+            let server = std::thread::spawn(move || serve(&so, &sclock, &tx));
+            // A failed client ends the demo at once (the process exits with the server
+            // thread still waiting for a connection that will not come).
+            if let Err(e) = connect(&co, &clock, &rx) {
+                // Report the server's own failure (e.g. its address is held) when it has one.
+                if server.is_finished() {
+                    if let Ok(Err(se)) = server.join() {
+                        return Err(se);
+                    }
+                }
+                return Err(e);
+            }
+            server
+                .join()
+                .unwrap_or_else(|_| Err("server thread failed".into()))
         }
     }
 }
