@@ -5,6 +5,8 @@
 
 /// Short-option parsing (`getopt` style), `-h` usage, one-line `tool: reason` failures.
 pub mod cli;
+/// `ucmatose` and `udaddy`: their shared options and client/server run.
+pub mod cmatose_common;
 /// `cmtime`: per-step CM timing over many connections.
 pub mod cmtime;
 /// `rdmacm-demo`: the connection manager and the software device in one short run.

@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use rdma_soft::verbs::WcOpcode;
 use rdma_tools::cli::Tool;
+use rdma_tools::cmatose_common::{self, Options, Role};
 use rdma_tools::events::EventLog;
-use rdmacm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::{CmId, CmOption, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 use node::{Msgs, Node};
 
@@ -53,67 +54,25 @@ struct Run {
 }
 
 fn main() {
-    let (mut dst, mut src) = (None::<String>, None::<String>);
-    let mut port: u16 = 7471;
-    let mut msgs = Msgs {
-        count: 10,
-        size: 100,
-    };
-    let (mut connections, mut tos, mut verbose) = (1usize, None, false);
-    for opt in TOOL.parse_args("s:b:c:C:S:t:p:vh") {
-        let v = opt.value.as_deref().unwrap_or("");
-        match opt.name {
-            's' => dst = Some(v.to_string()),
-            'b' => src = Some(v.to_string()),
-            'c' => connections = TOOL.num('c', v),
-            'C' => msgs.count = TOOL.num('C', v),
-            'S' => msgs.size = TOOL.num('S', v),
-            't' => tos = Some(TOOL.num('t', v)),
-            'p' => port = TOOL.num('p', v),
-            'v' => verbose = true,
-            _ => TOOL.usage(),
-        }
-    }
-    if msgs.size == 0 {
-        msgs.count = 0;
-    }
-    if connections == 0 {
-        TOOL.fail("invalid value '0' for -c");
-    }
-    let cma = Cma::new().unwrap_or_else(|e| TOOL.fail(format_args!("rdma_cm: {e}")));
-    let ch = EventChannel::with_cma(&cma)
-        .unwrap_or_else(|e| TOOL.fail(format_args!("failed to create event channel: {e}")));
+    let opts = Options::parse(&TOOL, 7471);
+    let ch = cmatose_common::event_channel(&TOOL);
     let mut run = Run {
         ch,
-        log: EventLog::new(verbose),
-        msgs,
-        connections,
-        tos,
+        log: EventLog::new(opts.verbose),
+        msgs: Msgs {
+            count: opts.count,
+            size: opts.size,
+        },
+        connections: opts.connections,
+        tos: opts.tos,
         nodes: Vec::new(),
         by_id: HashMap::new(),
         later: VecDeque::new(),
     };
-    let r = match dst {
-        Some(d) => {
-            println!("cmatose: starting client");
-            let dst = TOOL.addr('s', &d, port);
-            let src = src.map(|s| TOOL.addr('b', &s, 0));
-            run.client(src, dst)
-        }
-        None => {
-            println!("cmatose: starting server");
-            let bind = match src {
-                Some(s) => TOOL.addr('b', &s, port),
-                None => SocketAddr::from(([0, 0, 0, 0], port)),
-            };
-            run.server(bind)
-        }
-    };
-    if let Err(e) = r {
-        TOOL.fail(e);
-    }
-    println!("test complete");
-    println!("return status 0");
+    cmatose_common::run(&TOOL, &opts, |role| match role {
+        Role::Client { src, dst } => run.client(src, dst),
+        Role::Server { bind } => run.server(bind),
+    });
 }
 
 impl Run {
