@@ -146,6 +146,67 @@ pub trait MemoryTable {
     fn read_inline(&self, pd: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
 }
 
+/// A registered region as one access sees it: the checks after the key has found it, shared
+/// by every [`MemoryTable`] (this crate's [`InMemoryTable`] and the software device's key
+/// table), so each makes the same checks in the same order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionAccess {
+    /// The region's protection domain.
+    pub pd: PdId,
+    /// The region's first address.
+    pub addr: u64,
+    /// The region's length in bytes.
+    pub len: u64,
+    /// The region's access rights.
+    pub access: AccessFlags,
+}
+
+impl RegionAccess {
+    /// Checks an access of `[addr, addr+len)` in `pd` needing `need`, in this order: the key
+    /// is still valid for it (`key_valid`: false for a remote access through an invalidated
+    /// rkey), the protection domain, the bounds (with overflow) and the access rights.
+    /// Returns the offset of `addr` in the region.
+    ///
+    /// ```
+    /// use rdma_proto::memory::{MemError, RegionAccess};
+    /// use rdma_proto::verbs::{AccessFlags, PdId};
+    /// let r = RegionAccess { pd: PdId(1), addr: 0x100, len: 16, access: AccessFlags::REMOTE_READ };
+    /// assert_eq!(r.check(true, PdId(1), 0x104, 12, AccessFlags::REMOTE_READ), Ok(4));
+    /// assert_eq!(r.check(false, PdId(1), 0x104, 4, AccessFlags::empty()), Err(MemError::InvalidKey));
+    /// assert_eq!(r.check(true, PdId(2), 0x104, 4, AccessFlags::empty()), Err(MemError::WrongPd));
+    /// assert_eq!(r.check(true, PdId(1), 0x104, 13, AccessFlags::empty()), Err(MemError::OutOfBounds));
+    /// assert_eq!(r.check(true, PdId(1), 0xff, 1, AccessFlags::empty()), Err(MemError::OutOfBounds));
+    /// assert_eq!(r.check(true, PdId(1), 0x104, u64::MAX, AccessFlags::empty()), Err(MemError::OutOfBounds));
+    /// assert_eq!(r.check(true, PdId(1), 0x100, 1, AccessFlags::REMOTE_WRITE),
+    ///            Err(MemError::AccessDenied(AccessFlags::REMOTE_WRITE)));
+    /// ```
+    pub fn check(
+        &self,
+        key_valid: bool,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<u64, MemError> {
+        if !key_valid {
+            return Err(MemError::InvalidKey);
+        }
+        if self.pd != pd {
+            return Err(MemError::WrongPd);
+        }
+        let off = addr.checked_sub(self.addr).ok_or(MemError::OutOfBounds)?;
+        let end = off.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        if end > self.len {
+            return Err(MemError::OutOfBounds);
+        }
+        let missing = need.difference(self.access);
+        if !missing.is_empty() {
+            return Err(MemError::AccessDenied(missing));
+        }
+        Ok(off)
+    }
+}
+
 /// Keys of a registered region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MrKeys {
@@ -258,21 +319,13 @@ impl InMemoryTable {
         need: AccessFlags,
     ) -> Result<usize, MemError> {
         let r = self.regions.get(&key).ok_or(MemError::InvalidKey)?;
-        if remote && !r.remote_valid {
-            return Err(MemError::InvalidKey);
+        RegionAccess {
+            pd: r.pd,
+            addr: r.addr,
+            len: r.len,
+            access: r.access,
         }
-        if r.pd != pd {
-            return Err(MemError::WrongPd);
-        }
-        let start = addr.checked_sub(r.addr).ok_or(MemError::OutOfBounds)?;
-        let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        if end > r.len {
-            return Err(MemError::OutOfBounds);
-        }
-        let missing = need.difference(r.access);
-        if !missing.is_empty() {
-            return Err(MemError::AccessDenied(missing));
-        }
+        .check(!remote || r.remote_valid, pd, addr, len, need)?;
         self.offset(addr, len)
     }
 }

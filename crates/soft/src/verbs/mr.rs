@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
+use rdma_proto::memory::{AtomicOp, MemError, MemoryTable, RegionAccess};
 use rdma_proto::verbs::{AccessFlags, PdId, Sge};
 
 use super::pd::ProtectionDomain;
@@ -163,23 +163,14 @@ impl MrTableView<'_> {
         need: AccessFlags,
     ) -> std::result::Result<(&Region, usize), MemError> {
         let r = self.lookup(key).ok_or(MemError::InvalidKey)?;
-        if remote && !r.remote_valid.load(Ordering::Acquire) {
-            return Err(MemError::InvalidKey);
+        let key_valid = !remote || r.remote_valid.load(Ordering::Acquire);
+        let off = RegionAccess {
+            pd: r.pd,
+            addr: r.mem.addr(),
+            len: r.mem.len() as u64,
+            access: r.access,
         }
-        if r.pd != pd {
-            return Err(MemError::WrongPd);
-        }
-        let off = addr
-            .checked_sub(r.mem.addr())
-            .ok_or(MemError::OutOfBounds)?;
-        let end = off.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        if end > r.mem.len() as u64 {
-            return Err(MemError::OutOfBounds);
-        }
-        let missing = need.difference(r.access);
-        if !missing.is_empty() {
-            return Err(MemError::AccessDenied(missing));
-        }
+        .check(key_valid, pd, addr, len, need)?;
         Ok((r, off as usize))
     }
 }
