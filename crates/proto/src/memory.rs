@@ -328,6 +328,36 @@ impl InMemoryTable {
         .check(!remote || r.remote_valid, pd, addr, len, need)?;
         self.offset(addr, len)
     }
+
+    /// Copies the bytes at `addr` into `dst` once [`Self::check`] allows it.
+    fn read(
+        &self,
+        remote: bool,
+        pd: PdId,
+        key: u32,
+        addr: u64,
+        dst: &mut [u8],
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        let o = self.check(remote, pd, key, addr, dst.len() as u64, need)?;
+        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
+        Ok(())
+    }
+
+    /// Copies `src` to `addr` once [`Self::check`] allows it.
+    fn write(
+        &mut self,
+        remote: bool,
+        pd: PdId,
+        key: u32,
+        addr: u64,
+        src: &[u8],
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        let o = self.check(remote, pd, key, addr, src.len() as u64, need)?;
+        self.mem[o..o + src.len()].copy_from_slice(src);
+        Ok(())
+    }
 }
 
 impl MemoryTable for InMemoryTable {
@@ -352,52 +382,16 @@ impl MemoryTable for InMemoryTable {
         self.check(true, pd, rkey, va, len, need).map(|_| ())
     }
     fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        let o = self.check(
-            false,
-            pd,
-            lkey,
-            addr,
-            dst.len() as u64,
-            AccessFlags::empty(),
-        )?;
-        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
-        Ok(())
+        self.read(false, pd, lkey, addr, dst, AccessFlags::empty())
     }
     fn write_local(&mut self, pd: PdId, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError> {
-        let o = self.check(
-            false,
-            pd,
-            lkey,
-            addr,
-            src.len() as u64,
-            AccessFlags::LOCAL_WRITE,
-        )?;
-        self.mem[o..o + src.len()].copy_from_slice(src);
-        Ok(())
+        self.write(false, pd, lkey, addr, src, AccessFlags::LOCAL_WRITE)
     }
     fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        let o = self.check(
-            true,
-            pd,
-            rkey,
-            va,
-            dst.len() as u64,
-            AccessFlags::REMOTE_READ,
-        )?;
-        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
-        Ok(())
+        self.read(true, pd, rkey, va, dst, AccessFlags::REMOTE_READ)
     }
     fn write_remote(&mut self, pd: PdId, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError> {
-        let o = self.check(
-            true,
-            pd,
-            rkey,
-            va,
-            src.len() as u64,
-            AccessFlags::REMOTE_WRITE,
-        )?;
-        self.mem[o..o + src.len()].copy_from_slice(src);
-        Ok(())
+        self.write(true, pd, rkey, va, src, AccessFlags::REMOTE_WRITE)
     }
     fn atomic_remote(
         &mut self,

@@ -173,6 +173,36 @@ impl MrTableView<'_> {
         .check(key_valid, pd, addr, len, need)?;
         Ok((r, off as usize))
     }
+
+    /// Copies the region's bytes at `addr` into `dst` once [`Self::check`] allows it.
+    fn read(
+        &self,
+        remote: bool,
+        pd: PdId,
+        key: u32,
+        addr: u64,
+        dst: &mut [u8],
+        need: AccessFlags,
+    ) -> std::result::Result<(), MemError> {
+        let (r, off) = self.check(remote, pd, key, addr, dst.len() as u64, need)?;
+        r.mem.read(off, dst);
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `addr` once [`Self::check`] allows it.
+    fn write(
+        &self,
+        remote: bool,
+        pd: PdId,
+        key: u32,
+        addr: u64,
+        src: &[u8],
+        need: AccessFlags,
+    ) -> std::result::Result<(), MemError> {
+        let (r, off) = self.check(remote, pd, key, addr, src.len() as u64, need)?;
+        r.mem.write(off, src);
+        Ok(())
+    }
 }
 
 impl MemoryTable for MrTableView<'_> {
@@ -205,16 +235,7 @@ impl MemoryTable for MrTableView<'_> {
         addr: u64,
         dst: &mut [u8],
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(
-            false,
-            pd,
-            lkey,
-            addr,
-            dst.len() as u64,
-            AccessFlags::empty(),
-        )?;
-        r.mem.read(off, dst);
-        Ok(())
+        self.read(false, pd, lkey, addr, dst, AccessFlags::empty())
     }
 
     fn write_local(
@@ -224,16 +245,7 @@ impl MemoryTable for MrTableView<'_> {
         addr: u64,
         src: &[u8],
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(
-            false,
-            pd,
-            lkey,
-            addr,
-            src.len() as u64,
-            AccessFlags::LOCAL_WRITE,
-        )?;
-        r.mem.write(off, src);
-        Ok(())
+        self.write(false, pd, lkey, addr, src, AccessFlags::LOCAL_WRITE)
     }
 
     fn read_remote(
@@ -243,16 +255,7 @@ impl MemoryTable for MrTableView<'_> {
         va: u64,
         dst: &mut [u8],
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(
-            true,
-            pd,
-            rkey,
-            va,
-            dst.len() as u64,
-            AccessFlags::REMOTE_READ,
-        )?;
-        r.mem.read(off, dst);
-        Ok(())
+        self.read(true, pd, rkey, va, dst, AccessFlags::REMOTE_READ)
     }
 
     fn write_remote(
@@ -262,16 +265,7 @@ impl MemoryTable for MrTableView<'_> {
         va: u64,
         src: &[u8],
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(
-            true,
-            pd,
-            rkey,
-            va,
-            src.len() as u64,
-            AccessFlags::REMOTE_WRITE,
-        )?;
-        r.mem.write(off, src);
-        Ok(())
+        self.write(true, pd, rkey, va, src, AccessFlags::REMOTE_WRITE)
     }
 
     fn atomic_remote(
