@@ -128,19 +128,8 @@ impl CmAgent {
             return;
         }
         // A new REQ from a QP that still has a connection here: stale.
-        if let Some(c) = self.find_remote_qpn(&src, r.local_ca_guid, r.local_qpn) {
-            let old = (c.handle, c.state, c.destroyed);
-            self.reject_unmatched(
-                src,
-                tid,
-                0,
-                r.local_comm_id,
-                MessageRef::Req,
-                RejectReason::StaleConn,
-            );
-            if old.1 == CmState::Established && !old.2 {
-                let _ = self.send_dreq(now, old.0, &[]);
-            }
+        let rej = (0, r.local_comm_id, MessageRef::Req);
+        if self.reject_if_stale(now, src, tid, r.local_ca_guid, r.local_qpn, rej) {
             return;
         }
         if !self.listeners.contains_key(&r.service_id) {
@@ -239,6 +228,31 @@ impl CmAgent {
         if let Some(m) = issue_rej(tid, local, remote, msg, reason) {
             self.transmit.push_back((to, m));
         }
+    }
+
+    /// A REQ or REP from remote QP `qpn` of `ca_guid` that still has a connection here is
+    /// stale: answers it with a REJ (StaleConn; `rej` is the REJ's local and remote comm ids
+    /// and the message rejected) and sends a DREQ on the old connection when it is
+    /// established. Returns whether it was stale (and so answered).
+    fn reject_if_stale(
+        &mut self,
+        now: Nanos,
+        src: PeerAddr,
+        tid: u64,
+        ca_guid: u64,
+        qpn: u32,
+        rej: (u32, u32, MessageRef),
+    ) -> bool {
+        let Some(old) = self.find_remote_qpn(&src, ca_guid, qpn) else {
+            return false;
+        };
+        let old = (old.handle, old.state, old.destroyed);
+        let (local, remote, msg) = rej;
+        self.reject_unmatched(src, tid, local, remote, msg, RejectReason::StaleConn);
+        if old.1 == CmState::Established && !old.2 {
+            let _ = self.send_dreq(now, old.0, &[]);
+        }
+        true
     }
 
     fn on_mra(&mut self, now: Nanos, src: PeerAddr, x: MraRepr) {
@@ -363,19 +377,8 @@ impl CmAgent {
             self.stats.duplicates += 1;
             return;
         }
-        if let Some(old) = self.find_remote_qpn(&src, x.local_ca_guid, x.local_qpn) {
-            let old = (old.handle, old.state, old.destroyed);
-            self.reject_unmatched(
-                src,
-                tid,
-                x.remote_comm_id,
-                x.local_comm_id,
-                MessageRef::Rep,
-                RejectReason::StaleConn,
-            );
-            if old.1 == CmState::Established && !old.2 {
-                let _ = self.send_dreq(now, old.0, &[]);
-            }
+        let rej = (x.remote_comm_id, x.local_comm_id, MessageRef::Rep);
+        if self.reject_if_stale(now, src, tid, x.local_ca_guid, x.local_qpn, rej) {
             return;
         }
         let delayed = self.config.delayed_mra;
