@@ -389,9 +389,11 @@ impl QueuePair {
     /// Moves a fresh QP through Init and RTR to RTS with common settings, as
     /// `ibv_rc_pingpong` does: `dest_qpn` and `dgid` of the peer, `rq_psn` this side expects
     /// (the peer's `sq_psn`), `sq_psn` it sends from; source GID index 0, the port's active
-    /// MTU, all remote access rights, 16 READs/atomics each way, local ACK timeout 12
-    /// (17 ms: short enough that go-back-N over a lossy wire recovers quickly, see the
-    /// runtime's send window notes), 7 retries, infinite RNR retries, RNR timer 12 (0.64 ms).
+    /// MTU, all remote access rights, 16 READs/atomics each way, local ACK timeout 14
+    /// (67 ms, as `ibv_rc_pingpong`: with 7 retries a peer may make no progress for about
+    /// 0.5 s before `RetryExcErr`; 12 (17 ms, 134 ms in all) recovered faster from injected
+    /// loss but failed transfers on a loaded 2-core machine), 7 retries, infinite RNR
+    /// retries, RNR timer 12 (0.64 ms).
     pub fn connect(&self, dest_qpn: u32, rq_psn: u32, sq_psn: u32, dgid: [u8; 16]) -> Result<()> {
         use QpAttrMask as M;
         let mut a = QpAttr {
@@ -423,7 +425,7 @@ impl QueuePair {
                 | M::MIN_RNR_TIMER,
         )?;
         a.qp_state = QpState::Rts;
-        a.timeout = 12;
+        a.timeout = 14;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.sq_psn = sq_psn;
