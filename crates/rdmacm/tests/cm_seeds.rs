@@ -189,3 +189,33 @@ fn hostile_mads_change_no_connection() {
     c.disconnect().unwrap();
     expect(&lch, EventType::Disconnected);
 }
+
+/// A user-managed QP (`ConnParam::qp_num`, no QP created through the id): the REP gives
+/// CONNECT_RESPONSE instead of ESTABLISHED, `init_qp_attr` gives the RTR/RTS attributes from
+/// the exchange, and `establish` sends the RTU, after which the passive side is ESTABLISHED.
+#[test]
+fn user_qp_gets_connect_response_then_establish() {
+    let cma = Cma::new().unwrap();
+    let lch = EventChannel::with_cma(&cma).unwrap();
+    let (_l, addr) = listen(&lch, PortSpace::Tcp, "127.0.0.196:0");
+    let ch = EventChannel::with_cma(&cma).unwrap();
+    let c = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    c.resolve_addr(Some(SocketAddr::new(addr.ip(), 0)), addr, T)
+        .unwrap();
+    expect(&ch, EventType::AddrResolved);
+    c.resolve_route(T).unwrap();
+    expect(&ch, EventType::RouteResolved);
+    c.connect(&ConnParam {
+        qp_num: Some(0x1234),
+        ..Default::default()
+    })
+    .unwrap();
+    let s = expect(&lch, EventType::ConnectRequest).take_id().unwrap();
+    s.create_qp_default().unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&ch, EventType::ConnectResponse);
+    let (rtr, _) = c.init_qp_attr(QpState::Rtr).unwrap();
+    assert_eq!(rtr.dest_qp_num, s.qp().unwrap().qpn());
+    c.establish().unwrap();
+    expect(&lch, EventType::Established);
+}
