@@ -12,8 +12,6 @@
 //! Defaults: 20000 ping-pong iterations, 512 MiB per bandwidth test. RDMA devices use
 //! 127.0.0.31 and 127.0.0.32 on UDP 4791.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -220,72 +218,34 @@ fn bandwidth(a: &Side, b: &Side, total: usize, write: bool) -> f64 {
     total as f64 / t.elapsed().as_secs_f64() / (1 << 20) as f64
 }
 
-/// UDP ping-pong; `spin`: non-blocking sockets polled in a loop (as the RC sides poll their
-/// CQs), else blocking `recv`.
-fn udp_lat(iters: usize, spin: bool) -> std::io::Result<f64> {
-    let a = UdpSocket::bind("127.0.0.1:0")?;
-    let b = UdpSocket::bind("127.0.0.1:0")?;
-    a.connect(b.local_addr()?)?;
-    b.connect(a.local_addr()?)?;
-    for s in [&a, &b] {
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.set_nonblocking(spin)?;
-    }
-    let recv = |s: &UdpSocket, buf: &mut [u8]| -> std::io::Result<usize> {
-        loop {
-            match s.recv(buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                r => return r,
-            }
-        }
+/// One-way UDP latency (half the average round trip, as `ib_send_lat` reports), measured by
+/// the repository's loopback baseline (`rdma-bench`); `spin`: busy-poll, as the RC sides poll
+/// their CQs, else blocking `recv`.
+fn udp_lat(iters: usize, spin: bool) -> Result<f64, rdma_bench::Error> {
+    let cfg = rdma_bench::udp::Config {
+        size: MSG,
+        iters,
+        warmup: iters / 20,
+        mode: if spin {
+            rdma_bench::udp::Mode::BusyPoll
+        } else {
+            rdma_bench::udp::Mode::Blocking
+        },
+        timeout: Duration::from_secs(5),
     };
-    let t = Instant::now();
-    std::thread::scope(|sc| -> std::io::Result<()> {
-        let h = sc.spawn(|| -> std::io::Result<()> {
-            let mut buf = [0u8; MSG];
-            for _ in 0..iters {
-                recv(&b, &mut buf)?;
-                b.send(&buf)?;
-            }
-            Ok(())
-        });
-        let mut buf = [0u8; MSG];
-        for _ in 0..iters {
-            a.send(&buf)?;
-            recv(&a, &mut buf)?;
-        }
-        h.join().unwrap_or(Ok(()))
-    })?;
-    Ok(t.elapsed().as_secs_f64() * 1e6 / (2 * iters) as f64)
+    let rtt = rdma_bench::udp::pingpong_in_process("127.0.0.1:0".parse().unwrap(), &cfg)?;
+    Ok(rtt.avg / 2.0)
 }
 
-fn tcp_bw(total: usize) -> std::io::Result<f64> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    let addr = l.local_addr()?;
-    let t = Instant::now();
-    std::thread::scope(|sc| -> std::io::Result<()> {
-        let h = sc.spawn(move || -> std::io::Result<()> {
-            let (mut s, _) = l.accept()?;
-            let mut buf = vec![0u8; BW_MSG];
-            let mut got = 0;
-            while got < total {
-                let n = s.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                got += n;
-            }
-            Ok(())
-        });
-        let mut s = TcpStream::connect(addr)?;
-        let buf = vec![7u8; BW_MSG];
-        for _ in 0..total / BW_MSG {
-            s.write_all(&buf)?;
-        }
-        drop(s);
-        h.join().unwrap_or(Ok(()))
-    })?;
-    Ok(total as f64 / t.elapsed().as_secs_f64() / (1 << 20) as f64)
+/// A single TCP stream in `BW_MSG` writes (the `rdma-bench` baseline), in MiB/s.
+fn tcp_bw() -> Result<f64, rdma_bench::Error> {
+    let cfg = rdma_bench::tcp_stream::Config {
+        duration: Duration::from_secs(2),
+        write_size: BW_MSG,
+        timeout: Duration::from_secs(10),
+    };
+    let t = rdma_bench::tcp_stream::stream_in_process("127.0.0.1:0".parse().unwrap(), &cfg)?;
+    Ok(t.bytes_per_s() / (1 << 20) as f64)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -306,7 +266,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let w_bw = bandwidth(&a, &b, total, true);
     let u_lat = udp_lat(iters, false)?;
     let u_spin = udp_lat(iters, true)?;
-    let t_bw = tcp_bw(total)?;
+    let t_bw = tcp_bw()?;
     let gbit = |m: f64| m * (1 << 20) as f64 * 8.0 / 1e9;
 
     println!(
