@@ -30,6 +30,14 @@ fn bulk(ip_a: &str, ip_b: &str, faults: Option<&str>) {
     let a = Side::new(ip_a, n, faults);
     let b = Side::new(ip_b, n, faults);
     connect(&a, &b);
+    // Each side's device must keep answering after its own last completion: a receiver that
+    // has all its data stops polling, and if its last ACK was lost the sender's retries would
+    // find nobody to re-ACK them (RetryExcErr). Real applications keep polling or run the
+    // progress thread; this test runs it.
+    let _progress = (
+        a.dev.spawn_progress().unwrap(),
+        b.dev.spawn_progress().unwrap(),
+    );
     fill(&a.mr, 0, n, 0x1234_5678);
     let want = crc(&a.mr, 0, n);
 
