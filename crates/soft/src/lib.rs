@@ -12,6 +12,12 @@
 //!   transmits the results; [`verbs::Device::spawn_progress`] starts an optional thread that
 //!   does it asynchronously.
 //!
+//!   Unlike a NIC, nothing answers the peer while no thread drives the device: a side that
+//!   stops polling after its last completion (and is not waiting in the connection manager's
+//!   `get_event`, which drives its devices) cannot re-ACK a peer whose last ACK was lost, and
+//!   the peer ends in `RetryExcErr`. Keep polling while peers may still send, or run the
+//!   progress thread.
+//!
 //! - [`gsi`]: the GSI (QP1) MAD path the connection manager uses.
 //!
 //! Every public call returns [`Error`], which maps to the errno verbs would give
