@@ -172,7 +172,23 @@ struct InFlight {
     seq: u64,
     to_b: bool,
     bytes: Vec<u8>,
+    /// How the network corrupted it.
+    corruption: Corruption,
 }
+
+/// Whether (and where) the network flipped a bit of a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Corruption {
+    None,
+    /// A bit of BTH byte 4 (FECN, BECN, resv6a): the ICRC masks these bits (IBA 17.6.2.1.3
+    /// / RoCEv2 annex), so no receiver can catch the flip, and the transport ignores them.
+    Masked,
+    /// Any other bit: covered by the ICRC, so the receiver must refuse the datagram.
+    Covered,
+}
+
+/// Offset of the BTH byte the ICRC masks (FECN, BECN and the 6 reserved bits).
+const BTH_MASKED_BYTE: usize = 4;
 
 /// Simulation counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -185,10 +201,37 @@ pub struct NetStats {
     pub duplicated: u64,
     /// Corrupted in flight.
     pub corrupted: u64,
+    /// Of [`corrupted`](Self::corrupted), flips in the BTH bits the ICRC masks (FECN, BECN,
+    /// resv6a), which no receiver can detect: delivered as valid packets.
+    pub corrupted_masked: u64,
+    /// Corrupted datagrams (outside the masked bits) that the receiver's parser accepted:
+    /// always 0 unless the ICRC check is broken.
+    pub corrupt_accepted: u64,
+    /// Delayed behind later datagrams by the reordering fault.
+    pub reordered: u64,
     /// Refused by the receiver's parser (ICRC or layout).
     pub rejected: u64,
     /// Delivered to a QP.
     pub delivered: u64,
+    /// Packets a QP gave to transmit that `rdma-wire` could not emit (a transport that
+    /// builds an impossible header): always 0 unless something is broken.
+    pub emit_errors: u64,
+}
+
+impl NetStats {
+    /// Adds `o`'s counters to these.
+    pub fn add(&mut self, o: &NetStats) {
+        self.sent += o.sent;
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.corrupted += o.corrupted;
+        self.corrupted_masked += o.corrupted_masked;
+        self.corrupt_accepted += o.corrupt_accepted;
+        self.reordered += o.reordered;
+        self.rejected += o.rejected;
+        self.delivered += o.delivered;
+        self.emit_errors += o.emit_errors;
+    }
 }
 
 /// Size of each host's simulated address space.
@@ -389,6 +432,8 @@ impl RcPair {
                 &mut self.dgram,
                 Some(&n.encap),
             ) else {
+                // counted (tests assert 0): a silently dropped packet would look like loss
+                self.stats.emit_errors += 1;
                 continue;
             };
             self.stats.sent += 1;
@@ -416,13 +461,21 @@ impl RcPair {
             self.stats.duplicated += copies - 1;
             for _ in 0..copies {
                 let mut bytes = self.dgram[..len].to_vec();
+                let mut corruption = Corruption::None;
                 if self.rng.chance(f.corrupt) {
                     self.stats.corrupted += 1;
                     let i = self.rng.below(len as u64) as usize;
                     bytes[i] ^= 1 << self.rng.below(8);
+                    corruption = if i == BTH_MASKED_BYTE {
+                        self.stats.corrupted_masked += 1;
+                        Corruption::Masked
+                    } else {
+                        Corruption::Covered
+                    };
                 }
                 let mut at = self.now + f.delay_ns + self.rng.below(f.jitter_ns);
                 if self.rng.chance(f.reorder) {
+                    self.stats.reordered += 1;
                     at += self.rng.below(20_000);
                 }
                 self.seq += 1;
@@ -431,6 +484,7 @@ impl RcPair {
                     seq: self.seq,
                     to_b: from_a,
                     bytes,
+                    corruption,
                 });
             }
         }
@@ -483,6 +537,10 @@ impl RcPair {
         match wire::parse(&f.bytes, IcrcCheck::Exact(&src_encap)) {
             Ok(pkt) => {
                 self.stats.delivered += 1;
+                if f.corruption == Corruption::Covered {
+                    // still handed to the QP, so a test sees what a broken ICRC check does
+                    self.stats.corrupt_accepted += 1;
+                }
                 let h = &pkt.header;
                 let nak_for_oldest = h.opcode == crate::packet::Opcode::RcAcknowledge
                     && h.psn == dst.qp.oldest_unacked_psn()
@@ -504,6 +562,7 @@ impl RcPair {
             seq: self.seq,
             to_b,
             bytes,
+            corruption: Corruption::None,
         });
     }
 
