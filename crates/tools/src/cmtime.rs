@@ -4,14 +4,20 @@
 //! table reports per step: the total time, the slowest and the fastest connection, and
 //! the total divided by the number of connections.
 //!
+//! As in rdma-core's cmtime, the client and the server keep in step over an out-of-band
+//! TCP connection to the server's address and CM port (one byte per sync point: before the
+//! first step, after connect, after disconnect), and the server serves one client's run:
+//! it exits when that run is over, so the address and port are free for the next one.
+//!
 //! ```text
 //! step              total ms     max ms     min us  us / conn
 //! create id    :        0.52       0.00       0.25       0.52
 //! ...
 //! ```
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use rdma_soft::verbs::{CompletionQueue, ProtectionDomain, QpCap, QpInitAttr};
@@ -250,6 +256,10 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
     let mut t = Timings::new(n, opts.src.is_some());
     // Upper bound for steps driven by the peer: every try of every message.
     let cm_limit = Duration::from_secs(30) + opts.timeout * (u32::from(opts.retries) + 2) * 2;
+    // rdma-core's cmtime: an out-of-band TCP connection to the server's address and CM port
+    // keeps the two in step, and tells the server when the run is over.
+    let mut oob = Oob::connect(opts.dst, cm_limit + SERVER_SYNC_LIMIT)?;
+    oob.sync(SYNC_START)?;
 
     t.begin(CREATE_ID);
     let mut ids = Vec::with_capacity(n);
@@ -307,6 +317,7 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
             .map_err(|e| format!("connect: {e}"))?;
     }
     wait_all(&ch, &mut t, CONNECT, EventType::Established, n, cm_limit)?;
+    oob.sync(SYNC_CONNECT)?;
 
     t.begin(DISCONNECT);
     for (c, id) in ids.iter().enumerate() {
@@ -321,6 +332,7 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
         n,
         cm_limit,
     )?;
+    oob.sync(SYNC_DISCONNECT)?;
 
     t.begin(DESTROY);
     for (c, id) in ids.into_iter().enumerate() {
@@ -412,8 +424,59 @@ impl Verbs {
     }
 }
 
-/// Runs the server: listens on `addr` and accepts every request, disconnecting and
-/// destroying each connection when its client disconnects. Runs until killed.
+/// The out-of-band sync points, as rdma-core's cmtime has them: the byte one side sends and
+/// the other echoes once it is there too. `SYNC_START` before the first step, `SYNC_CONNECT`
+/// when the client has every connection established, `SYNC_DISCONNECT` when it has every
+/// connection disconnected (the last one: the server's run ends with it).
+const SYNC_START: u8 = 0;
+const SYNC_CONNECT: u8 = CONNECT as u8;
+const SYNC_DISCONNECT: u8 = DISCONNECT as u8;
+
+/// How long the server waits at a sync point for its side of the step (its connections
+/// established, or disconnected) before it answers anyway; at the disconnect point it then
+/// disconnects what is left itself (rdma-core's cmtime does the same, for a lost DREQ).
+const SERVER_SYNC_LIMIT: Duration = Duration::from_secs(10);
+
+/// The client's end of the out-of-band connection: one TCP connection to the server's
+/// address and CM port, made before the first step.
+struct Oob(TcpStream);
+
+impl Oob {
+    fn connect(dst: SocketAddr, limit: Duration) -> Result<Oob, String> {
+        let s = TcpStream::connect_timeout(&dst, limit)
+            .map_err(|e| format!("connect to {dst} (out-of-band socket): {e}"))?;
+        let _ = s.set_nodelay(true);
+        s.set_read_timeout(Some(limit))
+            .map_err(|e| format!("out-of-band socket: {e}"))?;
+        Ok(Oob(s))
+    }
+
+    /// Sends `step` and waits for the server to echo it.
+    fn sync(&mut self, step: u8) -> Result<(), String> {
+        let what = match step {
+            SYNC_START => "start",
+            s => STEPS[usize::from(s)],
+        };
+        let err = |e: std::io::Error| format!("{what}: out-of-band sync with the server: {e}");
+        self.0.write_all(&[step]).map_err(err)?;
+        let mut b = [0u8];
+        self.0.read_exact(&mut b).map_err(err)?;
+        if b[0] != step {
+            return Err(format!(
+                "{what}: out-of-band sync: the server answered {} for {step}",
+                b[0]
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the server for one client's run, as rdma-core's cmtime does: listens on `addr`,
+/// then waits for the client's out-of-band TCP connection on the same address and port,
+/// accepts every connection request, disconnects and destroys each connection when its
+/// client disconnects, and answers the client's sync points. Returns when the client's run
+/// is over (its last sync point), so the address and port are free again; fails when the
+/// client closes the out-of-band connection before that (its run failed).
 pub fn run_server(addr: SocketAddr) -> Result<(), String> {
     let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
     let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
@@ -422,36 +485,111 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
         .bind_addr(addr)
         .map_err(|e| format!("bind addr {addr}: {e}"))?;
     listen.listen(0).map_err(|e| format!("listen: {e}"))?;
+    // Ready for connection requests before the client can start (as rdma-core: listen first,
+    // then the out-of-band socket).
+    let oob = TcpListener::bind(addr).map_err(|e| format!("out-of-band socket {addr}: {e}"))?;
+    let (mut sock, _) = oob
+        .accept()
+        .map_err(|e| format!("out-of-band socket {addr}: accept: {e}"))?;
+    drop(oob);
+    let _ = sock.set_nodelay(true);
+    sock.set_nonblocking(true)
+        .map_err(|e| format!("out-of-band socket: {e}"))?;
+
     let mut verbs = Verbs::default();
     let mut live: HashMap<u64, CmId> = HashMap::new();
+    let mut established: HashSet<u64> = HashSet::new();
+    // The sync point the client waits at, and since when.
+    let mut waiting: Option<(u8, Instant)> = None;
     loop {
-        let mut ev = ch.get_event().map_err(|e| format!("get_event: {e}"))?;
-        match ev.kind() {
-            EventType::ConnectRequest => {
-                let Some(id) = ev.take_id() else { continue };
-                drop(ev);
-                let ok = verbs
-                    .create_qp(&id)
-                    .and_then(|_| id.accept(&ConnParam::default()).map_err(|e| e.to_string()));
-                match ok {
-                    Ok(()) => {
-                        live.insert(id.num(), id);
-                    }
-                    Err(e) => {
-                        eprintln!("cmtime: accept: {e}");
-                        let _ = id.reject(&[]);
-                    }
-                }
-            }
-            EventType::Disconnected | EventType::ConnectError | EventType::Unreachable => {
-                let num = ev.id_num();
-                drop(ev);
-                if let Some(id) = live.remove(&num) {
-                    let _ = id.disconnect();
-                }
-            }
-            _ => {}
+        if let Some(ev) = ch
+            .get_event_timeout(Duration::from_millis(10))
+            .map_err(|e| format!("get_event: {e}"))?
+        {
+            server_event(ev, &mut verbs, &mut live, &mut established);
         }
+        if waiting.is_none() {
+            let mut b = [0u8];
+            match sock.read(&mut b) {
+                Ok(0) => {
+                    return Err(
+                        "the client closed the out-of-band connection before its run ended".into(),
+                    )
+                }
+                Ok(_) => waiting = Some((b[0], Instant::now())),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("out-of-band socket: {e}")),
+            }
+        }
+        let Some((step, since)) = waiting else {
+            continue;
+        };
+        let late = since.elapsed() >= SERVER_SYNC_LIMIT;
+        let ready = match step {
+            SYNC_CONNECT => live.keys().all(|n| established.contains(n)),
+            SYNC_DISCONNECT => live.is_empty(),
+            _ => true,
+        };
+        if !ready && !late {
+            continue;
+        }
+        if step == SYNC_DISCONNECT && !live.is_empty() {
+            eprintln!(
+                "cmtime: timed out waiting for the client to disconnect ({} left)",
+                live.len()
+            );
+            for (_, id) in live.drain() {
+                let _ = id.disconnect();
+            }
+        }
+        sock.set_nonblocking(false)
+            .and_then(|_| sock.write_all(&[step]))
+            .and_then(|_| sock.set_nonblocking(true))
+            .map_err(|e| format!("out-of-band socket: {e}"))?;
+        waiting = None;
+        if step == SYNC_DISCONNECT {
+            return Ok(());
+        }
+    }
+}
+
+/// The server's answer to one CM event.
+fn server_event(
+    mut ev: rdmacm::Event,
+    verbs: &mut Verbs,
+    live: &mut HashMap<u64, CmId>,
+    established: &mut HashSet<u64>,
+) {
+    match ev.kind() {
+        EventType::ConnectRequest => {
+            let Some(id) = ev.take_id() else { return };
+            drop(ev);
+            let ok = verbs
+                .create_qp(&id)
+                .and_then(|_| id.accept(&ConnParam::default()).map_err(|e| e.to_string()));
+            match ok {
+                Ok(()) => {
+                    live.insert(id.num(), id);
+                }
+                Err(e) => {
+                    eprintln!("cmtime: accept: {e}");
+                    let _ = id.reject(&[]);
+                }
+            }
+        }
+        EventType::Established => {
+            established.insert(ev.id_num());
+        }
+        EventType::Disconnected | EventType::ConnectError | EventType::Unreachable => {
+            let num = ev.id_num();
+            drop(ev);
+            established.remove(&num);
+            if let Some(id) = live.remove(&num) {
+                let _ = id.disconnect();
+            }
+        }
+        _ => {}
     }
 }
 

@@ -197,6 +197,113 @@ fn cmtime_without_server_fails_with_one_line() {
     assert_eq!(o.status.code(), Some(1));
 }
 
+/// A cmtime server that is expected to exit by itself (killed if it has not when dropped,
+/// so that a failing test leaves nothing running).
+struct OwnServer(Child);
+
+impl OwnServer {
+    fn spawn(args: &[&str]) -> OwnServer {
+        OwnServer(
+            Command::new(CMTIME)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn server"),
+        )
+    }
+
+    /// Its exit code within `limit`, or `None` when it is still running; and its stderr.
+    fn exit_within(&mut self, limit: Duration) -> (Option<i32>, String) {
+        let end = std::time::Instant::now() + limit;
+        let mut code = None;
+        while std::time::Instant::now() < end {
+            if let Some(st) = self.0.try_wait().expect("try_wait") {
+                code = Some(st.code());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if code.is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+        let mut err = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        (code.flatten(), err)
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// rdma-core's cmtime server serves one client's run and exits with it; ours used to keep
+/// running (and holding its address and port) until killed.
+#[test]
+fn cmtime_server_ends_with_its_client_run() {
+    for round in 0..2 {
+        // The same address and port both times: the first server must have let go of them.
+        let mut srv = OwnServer::spawn(&["-b", "127.0.0.145", "-p", "7603"]);
+        std::thread::sleep(Duration::from_millis(400));
+        let o = run(cmd(
+            CMTIME,
+            &[
+                "-s",
+                "127.0.0.145",
+                "-b",
+                "127.0.0.146",
+                "-p",
+                "7603",
+                "-c",
+                "20",
+            ],
+        ));
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "round {round}: {err}");
+        check_cmtime(&out, true);
+        let (code, serr) = srv.exit_within(Duration::from_secs(10));
+        assert_eq!(
+            code,
+            Some(0),
+            "round {round}: the server did not exit 0 after its client's run: {serr}"
+        );
+    }
+}
+
+/// A client that goes away before its run is over ends the server's run too, with one line.
+#[test]
+fn cmtime_server_ends_when_its_client_goes_away() {
+    let mut srv = OwnServer::spawn(&["-b", "127.0.0.147", "-p", "7604"]);
+    // The out-of-band socket is on the CM port; connect, then leave at once.
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    let sock = loop {
+        match std::net::TcpStream::connect("127.0.0.147:7604") {
+            Ok(s) => break s,
+            Err(e) if std::time::Instant::now() >= end => panic!("server's socket: {e}"),
+            Err(e) => {
+                if let Ok(Some(st)) = srv.0.try_wait() {
+                    let (_, serr) = srv.exit_within(Duration::ZERO);
+                    panic!("server exited ({st}) before taking a connection ({e}): {serr}");
+                }
+                std::thread::sleep(Duration::from_millis(50))
+            }
+        }
+    };
+    drop(sock);
+    let (code, serr) = srv.exit_within(Duration::from_secs(10));
+    assert_eq!(code, Some(1), "{serr}");
+    assert_eq!(serr.lines().count(), 1, "{serr}");
+    assert!(serr.starts_with("cmtime: "), "{serr}");
+}
+
 #[test]
 fn perf_send_lat_and_bw() {
     perf_pair(

@@ -1,5 +1,6 @@
 //! `cmtime`: per-step timing of RDMA CM connection setup and teardown over many
-//! connections (rdma-core's `cmtime`). Server when no `-s` is given.
+//! connections (rdma-core's `cmtime`). Server when no `-s` is given; the server serves one
+//! client's run (kept in step over an out-of-band TCP connection) and exits with it.
 
 use std::time::Duration;
 
