@@ -3,7 +3,9 @@
 //!
 //! What every tool shares, so that habits and scripts carry over from rdma-core:
 //! * short options parsed as POSIX `getopt` does ([`getopt`]: `-C 5`, `-C5`, grouped flags
-//!   `-vV`, `--` ends options), with getopt's own messages for bad options;
+//!   `-vV`, `--` ends options), with getopt's own messages for bad options; long options
+//!   as `getopt_long` ([`getopt_long`], for `rdma-perf`'s perftest flags). The parsing
+//!   itself is the [`getopts`] crate's;
 //! * `-h` prints the usage text to stdout and exits 0 ([`Tool::usage`]);
 //! * any failure prints ONE line `toolname: reason` to stderr and exits 1 ([`Tool::fail`]);
 //! * numbers and addresses parsed with one-line errors ([`Tool::num`], [`Tool::addr`]).
@@ -34,57 +36,171 @@ pub struct Opt {
 /// Every argument must be an option (the tools take no operands). Errors carry getopt's
 /// wording: `invalid option -- 'x'`, `option requires an argument -- 'x'`,
 /// `unexpected argument 'foo'`.
+///
+/// The parsing is the `getopts` crate's (POSIX rules: grouped flags, attached or separate
+/// values, `--`); this function only declares the spec's letters to it, words its errors as
+/// getopt does and returns the options in command-line order.
 pub fn getopt(args: &[String], spec: &str) -> Result<Vec<Opt>, String> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let a = &args[i];
-        i += 1;
-        if a == "--" {
-            if let Some(extra) = args.get(i) {
-                return Err(format!("unexpected argument '{extra}'"));
-            }
-            break;
-        }
-        let Some(body) = a.strip_prefix('-').filter(|b| !b.is_empty()) else {
-            return Err(format!("unexpected argument '{a}'"));
-        };
-        for (pos, c) in body.char_indices() {
-            match takes_arg(spec, c) {
-                None => return Err(format!("invalid option -- '{c}'")),
-                Some(false) => out.push(Opt {
-                    name: c,
-                    value: None,
-                }),
-                Some(true) => {
-                    let rest = &body[pos + c.len_utf8()..];
-                    let value = if !rest.is_empty() {
-                        rest.to_string()
-                    } else if let Some(next) = args.get(i) {
-                        i += 1;
-                        next.clone()
-                    } else {
-                        return Err(format!("option requires an argument -- '{c}'"));
-                    };
-                    out.push(Opt {
-                        name: c,
-                        value: Some(value),
-                    });
-                    break;
-                }
-            }
+    let letters = spec_letters(spec);
+    let mut opts = getopts::Options::new();
+    // The first operand ends the options, as POSIX getopt (without GNU permutation).
+    opts.parsing_style(getopts::ParsingStyle::StopAtFirstFree);
+    for &(c, value) in &letters {
+        let c = c.to_string();
+        if value {
+            opts.optmulti(&c, "", "", "");
+        } else {
+            opts.optflagmulti(&c, "", "");
         }
     }
-    Ok(out)
+    let m = opts.parse(args).map_err(|f| getopt_message(&f, false))?;
+    if let Some(extra) = m.free.first() {
+        return Err(format!("unexpected argument '{extra}'"));
+    }
+    Ok(in_order(args, &letters, &m))
 }
 
-/// `None`: not in the spec; `Some(true)`: takes an argument.
-fn takes_arg(spec: &str, c: char) -> Option<bool> {
-    if c == ':' {
-        return None;
+/// The letters of a getopt spec and whether each takes a value (`x:`).
+fn spec_letters(spec: &str) -> Vec<(char, bool)> {
+    let chars: Vec<char> = spec.chars().collect();
+    chars
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c != ':')
+        .map(|(i, &c)| (c, chars.get(i + 1) == Some(&':')))
+        .collect()
+}
+
+/// A `getopts` failure in getopt's words (`long`: the tool also has `--name` options, and
+/// an unknown `--name` is reported as getopt_long does).
+fn getopt_message(f: &getopts::Fail, long: bool) -> String {
+    use getopts::Fail;
+    let one = |n: &str| n.chars().count() == 1;
+    match f {
+        Fail::UnrecognizedOption(n) if one(n) => format!("invalid option -- '{n}'"),
+        Fail::UnrecognizedOption(n) if long => format!("unrecognized option '--{n}'"),
+        // getopt without long options reads `--name` as the letter '-' first.
+        Fail::UnrecognizedOption(_) => "invalid option -- '-'".to_string(),
+        Fail::ArgumentMissing(n) if one(n) => format!("option requires an argument -- '{n}'"),
+        Fail::ArgumentMissing(n) => format!("option '--{n}' requires an argument"),
+        Fail::UnexpectedArgument(n) => format!("option '--{n}' doesn't allow an argument"),
+        other => other.to_string(),
     }
-    let pos = spec.find(c)?;
-    Some(spec[pos + c.len_utf8()..].starts_with(':'))
+}
+
+/// The options of `m` in command-line order. `getopts` keeps, per letter, the index of the
+/// option argument each occurrence came from; a grouped `-vVs` gives three letters the same
+/// index, and their order is the order of the letters in that argument.
+fn in_order(args: &[String], letters: &[(char, bool)], m: &getopts::Matches) -> Vec<Opt> {
+    // The command-line argument behind each option index: getopts counts the arguments it
+    // reads as options, not the values it takes from the next argument (a group whose first
+    // value-taking letter is its last one takes the next argument as that value).
+    let takes = |c: char| letters.iter().any(|&(l, v)| l == c && v);
+    let mut option_args = Vec::new();
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if a == "--" || a.len() < 2 || !a.starts_with('-') {
+            break;
+        }
+        option_args.push(a.as_str());
+        let body = &a[1..];
+        let next_is_value = body
+            .char_indices()
+            .find(|&(_, c)| takes(c))
+            .is_some_and(|(j, c)| j + c.len_utf8() == body.len());
+        i += 1 + usize::from(next_is_value);
+    }
+    // (option index, letter's place in its argument, option)
+    let mut all: Vec<(usize, usize, Opt)> = Vec::new();
+    for &(c, value) in letters {
+        let name = c.to_string();
+        let found: Vec<(usize, Option<String>)> = if value {
+            m.opt_strs_pos(&name)
+                .into_iter()
+                .map(|(p, v)| (p, Some(v)))
+                .collect()
+        } else {
+            m.opt_positions(&name)
+                .into_iter()
+                .map(|p| (p, None))
+                .collect()
+        };
+        let mut prev: Option<usize> = None;
+        let mut nth = 0;
+        for (pos, v) in found {
+            nth = if prev == Some(pos) { nth + 1 } else { 0 };
+            prev = Some(pos);
+            let place = option_args
+                .get(pos)
+                .and_then(|a| a[1..].chars().enumerate().filter(|&(_, l)| l == c).nth(nth))
+                .map_or(0, |(k, _)| k);
+            all.push((pos, place, Opt { name: c, value: v }));
+        }
+    }
+    all.sort_by_key(|&(pos, place, _)| (pos, place));
+    all.into_iter().map(|(_, _, o)| o).collect()
+}
+
+/// Parses `args` (without the program name) against a getopt spec and long names for some
+/// of its letters (`(name, letter)`: `--name` is `-letter`), as `getopt_long` does:
+/// operands may come between options and are returned apart, `--` ends the options.
+/// Errors carry getopt_long's wording: `unrecognized option '--x'`,
+/// `option '--x' requires an argument`, `option '--x' doesn't allow an argument`, and
+/// those of [`getopt`] for short options.
+///
+/// ```
+/// use rdma_tools::cli::getopt_long;
+/// let args = ["write_bw", "-s4096", "--bind=127.0.0.2", "127.0.0.1"].map(String::from);
+/// let (opts, operands) = getopt_long(&args, "s:B:", &[("size", 's'), ("bind", 'B')]).unwrap();
+/// assert_eq!(opts.len(), 2);
+/// assert_eq!(opts[1].value.as_deref(), Some("127.0.0.2"));
+/// assert_eq!(operands, ["write_bw", "127.0.0.1"]);
+/// ```
+pub fn getopt_long(
+    args: &[String],
+    spec: &str,
+    long: &[(&str, char)],
+) -> Result<(Vec<Opt>, Vec<String>), String> {
+    let letters = spec_letters(spec);
+    let mut opts = getopts::Options::new();
+    opts.parsing_style(getopts::ParsingStyle::FloatingFrees);
+    for &(c, value) in &letters {
+        let short = c.to_string();
+        let name = long.iter().find(|&&(_, l)| l == c).map_or("", |&(n, _)| n);
+        if value {
+            opts.optmulti(&short, name, "", "");
+        } else {
+            opts.optflagmulti(&short, name, "");
+        }
+    }
+    let m = opts.parse(args).map_err(|f| getopt_message(&f, true))?;
+    // Different letters of one group share a position; no caller gives such letters
+    // meanings that depend on their order, so a stable sort by position is enough here.
+    let mut found: Vec<(usize, Opt)> = Vec::new();
+    for &(c, value) in &letters {
+        let name = c.to_string();
+        if value {
+            found.extend(m.opt_strs_pos(&name).into_iter().map(|(p, v)| {
+                let o = Opt {
+                    name: c,
+                    value: Some(v),
+                };
+                (p, o)
+            }));
+        } else {
+            found.extend(m.opt_positions(&name).into_iter().map(|p| {
+                (
+                    p,
+                    Opt {
+                        name: c,
+                        value: None,
+                    },
+                )
+            }));
+        }
+    }
+    found.sort_by_key(|&(p, _)| p);
+    Ok((found.into_iter().map(|(_, o)| o).collect(), m.free))
 }
 
 /// A tool's name and usage text: the exits every tool shares.
@@ -232,6 +348,70 @@ mod tests {
         assert!(getopt(&v(&["foo"]), "p:").is_err());
         assert!(getopt(&v(&["-"]), "p:").is_err());
         assert!(getopt(&v(&["-:"]), "p:").is_err());
+    }
+
+    #[test]
+    fn getopt_order_and_repeats() {
+        // The last of -s / -c wins in rping: the order inside a group is kept.
+        let names = |a: &[&str]| -> Vec<char> {
+            getopt(&v(a), "scvC:")
+                .unwrap()
+                .iter()
+                .map(|o| o.name)
+                .collect()
+        };
+        assert_eq!(names(&["-csc"]), ['c', 's', 'c']);
+        assert_eq!(
+            names(&["-vs", "-C", "-5", "-cvC3"]),
+            ['v', 's', 'C', 'c', 'v', 'C']
+        );
+        let o = getopt(&v(&["-C", "-5", "-C7"]), "C:").unwrap();
+        assert_eq!(o[0].value.as_deref(), Some("-5"));
+        assert_eq!(o[1].value.as_deref(), Some("7"));
+        assert_eq!(
+            getopt(&v(&["--foo"]), "s").unwrap_err(),
+            "invalid option -- '-'"
+        );
+        assert_eq!(
+            getopt(&v(&["-s", "foo", "-x"]), "s").unwrap_err(),
+            "unexpected argument 'foo'"
+        );
+        assert_eq!(
+            getopt(&v(&["-s", "--", "x"]), "s").unwrap_err(),
+            "unexpected argument 'x'"
+        );
+    }
+
+    #[test]
+    fn getopt_long_forms() {
+        let long = [("size", 's'), ("all", 'a'), ("bind", 'B')];
+        let (o, free) = getopt_long(
+            &v(&["t", "--size", "64", "-a", "x", "--bind=::1", "-s8"]),
+            "s:aB:",
+            &long,
+        )
+        .unwrap();
+        let got: Vec<(char, Option<&str>)> =
+            o.iter().map(|o| (o.name, o.value.as_deref())).collect();
+        assert_eq!(
+            got,
+            [
+                ('s', Some("64")),
+                ('a', None),
+                ('B', Some("::1")),
+                ('s', Some("8"))
+            ]
+        );
+        assert_eq!(free, ["t", "x"]);
+        let err = |a: &[&str]| getopt_long(&v(a), "s:aB:", &long).unwrap_err();
+        assert_eq!(err(&["--bogus"]), "unrecognized option '--bogus'");
+        assert_eq!(err(&["--size"]), "option '--size' requires an argument");
+        assert_eq!(
+            err(&["--all=1"]),
+            "option '--all' doesn't allow an argument"
+        );
+        assert_eq!(err(&["-x"]), "invalid option -- 'x'");
+        assert_eq!(err(&["-s"]), "option requires an argument -- 's'");
     }
 
     #[test]

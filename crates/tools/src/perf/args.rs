@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{Kind, Params, Test, MAX_ALL_SIZE};
-use crate::cli::{getopt, parse_addr, parse_num};
+use crate::cli::{getopt_long, parse_addr, parse_num};
 
 /// The usage text.
 pub const USAGE: &str = "usage: rdma-perf TEST [options] [server_address]
@@ -50,56 +50,6 @@ pub enum Parsed {
     Run(Params),
 }
 
-fn takes_value(c: char) -> bool {
-    SPEC.find(c).is_some_and(|i| SPEC[i + 1..].starts_with(':'))
-}
-
-/// Splits long options into short ones and separates the operands.
-fn normalize(args: &[String]) -> Result<(Vec<String>, Vec<String>), String> {
-    let (mut opts, mut operands) = (Vec::new(), Vec::new());
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if let Some(long) = a.strip_prefix("--") {
-            let (name, val) = match long.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (long, None),
-            };
-            let c = LONG
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, c)| *c)
-                .ok_or_else(|| format!("unrecognized option '--{name}'"))?;
-            opts.push(format!("-{c}"));
-            if takes_value(c) {
-                let v = match val {
-                    Some(v) => v,
-                    None => it
-                        .next()
-                        .cloned()
-                        .ok_or_else(|| format!("option '--{name}' requires an argument"))?,
-                };
-                opts.push(v);
-            } else if val.is_some() {
-                return Err(format!("option '--{name}' doesn't allow an argument"));
-            }
-        } else if a.len() > 1 && a.starts_with('-') {
-            opts.push(a.clone());
-            // A value given as the next argument belongs to the option.
-            let last = a.chars().last().unwrap_or('-');
-            let body = &a[1..];
-            let pos = body.find(|c: char| takes_value(c));
-            if pos.is_some_and(|p| p + 1 == body.len()) && takes_value(last) {
-                if let Some(v) = it.next() {
-                    opts.push(v.clone());
-                }
-            }
-        } else {
-            operands.push(a.clone());
-        }
-    }
-    Ok((opts, operands))
-}
-
 fn num<T: std::str::FromStr + TryFrom<u64>>(c: char, v: &str) -> Result<T, String> {
     parse_num(v).ok_or_else(|| format!("invalid value '{v}' for -{c}"))
 }
@@ -115,8 +65,14 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let test = Test::from_name(first)
         .or_else(|| first.strip_prefix("ib_").and_then(Test::from_name))
         .ok_or_else(|| format!("unknown test '{first}' (try 'rdma-perf -h')"))?;
-    let (opts, operands) = normalize(rest)?;
-    let opts = getopt(&opts, SPEC).map_err(|e| format!("{e} (try 'rdma-perf -h')"))?;
+    let (opts, operands) = getopt_long(rest, SPEC, &LONG).map_err(|e| {
+        // getopt's short-option messages point at -h, getopt_long's long-option ones do not.
+        if e.contains("'--") {
+            e
+        } else {
+            format!("{e} (try 'rdma-perf -h')")
+        }
+    })?;
     let mut p = Params {
         test,
         size: if test.kind == Kind::Lat { 2 } else { 65536 },
