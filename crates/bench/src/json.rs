@@ -1,87 +1,32 @@
-//! One-line JSON output without dependencies.
+//! One-line JSON output (`--json`), with serde and serde_json: each binary derives
+//! `Serialize` for its output and prints it with [`line`].
 
-use std::fmt::Write;
+use serde::{Serialize, Serializer};
 
-/// A JSON object being built, written on one line by [`Object::finish`].
-#[derive(Debug, Default)]
-pub struct Object {
-    buf: String,
+/// `v` as one line of JSON.
+///
+/// ```
+/// #[derive(serde::Serialize)]
+/// struct Out<'a> { tool: &'a str, n: u64 }
+/// assert_eq!(rdma_bench::json::line(&Out { tool: "x", n: 3 }), r#"{"tool":"x","n":3}"#);
+/// ```
+pub fn line<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("output structs serialize")
 }
 
-impl Object {
-    /// An empty object.
-    pub fn new() -> Object {
-        Object::default()
-    }
+/// A measured number as the outputs write it: rounded to 6 decimals, `null` when not
+/// finite.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Num(pub f64);
 
-    fn key(&mut self, k: &str) {
-        self.buf.push(if self.buf.is_empty() { '{' } else { ',' });
-        string(&mut self.buf, k);
-        self.buf.push(':');
-    }
-
-    /// Adds a string member.
-    pub fn str(mut self, k: &str, v: &str) -> Object {
-        self.key(k);
-        string(&mut self.buf, v);
-        self
-    }
-
-    /// Adds an integer member.
-    pub fn int(mut self, k: &str, v: u64) -> Object {
-        self.key(k);
-        let _ = write!(self.buf, "{v}");
-        self
-    }
-
-    /// Adds a number member; non-finite numbers become `null`.
-    pub fn num(mut self, k: &str, v: f64) -> Object {
-        self.key(k);
-        if v.is_finite() {
-            let _ = write!(self.buf, "{}", (v * 1e6).round() / 1e6);
+impl Serialize for Num {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0.is_finite() {
+            s.serialize_f64((self.0 * 1e6).round() / 1e6)
         } else {
-            self.buf.push_str("null");
-        }
-        self
-    }
-
-    /// Adds an array of objects.
-    pub fn array(mut self, k: &str, items: Vec<Object>) -> Object {
-        self.key(k);
-        self.buf.push('[');
-        for (i, o) in items.into_iter().enumerate() {
-            if i > 0 {
-                self.buf.push(',');
-            }
-            self.buf.push_str(&o.finish());
-        }
-        self.buf.push(']');
-        self
-    }
-
-    /// The object as one line of JSON.
-    pub fn finish(mut self) -> String {
-        if self.buf.is_empty() {
-            self.buf.push('{');
-        }
-        self.buf.push('}');
-        self.buf
-    }
-}
-
-fn string(buf: &mut String, s: &str) {
-    buf.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => buf.push_str("\\\""),
-            '\\' => buf.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(buf, "\\u{:04x}", c as u32);
-            }
-            c => buf.push(c),
+            s.serialize_none()
         }
     }
-    buf.push('"');
 }
 
 #[cfg(test)]
@@ -90,15 +35,28 @@ mod tests {
 
     #[test]
     fn one_line() {
-        let o = Object::new()
-            .str("a", "x\"y\n")
-            .int("n", 3)
-            .num("f", 1.23456)
-            .num("bad", f64::NAN)
-            .array("r", vec![Object::new().int("k", 1), Object::new()]);
+        #[derive(Serialize)]
+        struct Item {
+            k: u64,
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
+            a: &'a str,
+            n: u64,
+            f: Num,
+            bad: Num,
+            r: Vec<Item>,
+        }
+        let o = Out {
+            a: "x\"y\n",
+            n: 3,
+            f: Num(1.2345678),
+            bad: Num(f64::NAN),
+            r: vec![Item { k: 1 }],
+        };
         assert_eq!(
-            o.finish(),
-            r#"{"a":"x\"y\u000a","n":3,"f":1.23456,"bad":null,"r":[{"k":1},{}]}"#
+            line(&o),
+            r#"{"a":"x\"y\n","n":3,"f":1.234568,"bad":null,"r":[{"k":1}]}"#
         );
     }
 }

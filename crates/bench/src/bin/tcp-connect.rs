@@ -4,7 +4,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use rdma_bench::cli::{Args, Usage};
-use rdma_bench::json::Object;
+use rdma_bench::json::{line, Num};
+use rdma_bench::stats::SummaryJson;
 use rdma_bench::tcp_connect::{self, Config, Rate, MAX_CONCURRENCY};
 use rdma_bench::{loopback_addr, run_main, Error, MainError, Progress};
 
@@ -39,6 +40,35 @@ Options:
   -h, --help           this help
 
 Only loopback addresses are accepted (127.0.0.0/8, ::1).";
+
+/// `--json` of `--server`.
+#[derive(serde::Serialize)]
+struct ServerJson {
+    tool: &'static str,
+    role: &'static str,
+    addr: String,
+    served: u64,
+}
+
+/// `--json` of a client run: one result per mode.
+#[derive(serde::Serialize)]
+struct ClientJson<'a> {
+    tool: &'static str,
+    addr: String,
+    results: Vec<RunJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct RunJson<'a> {
+    mode: &'static str,
+    concurrency: usize,
+    count: usize,
+    seconds: Num,
+    conn_per_s: Num,
+    us_per_conn: Num,
+    #[serde(flatten)]
+    cycle: SummaryJson<'a>,
+}
 
 enum Role {
     InProcess(SocketAddr),
@@ -111,12 +141,13 @@ fn real_main() -> Result<(), MainError> {
         let n = tcp_connect::serve(&l, conc, timeout)?;
         p.say(format_args!("served {n} connections"));
         if json {
-            let o = Object::new()
-                .str("tool", NAME)
-                .str("role", "server")
-                .str("addr", &addr.to_string())
-                .int("served", n);
-            println!("{}", o.finish());
+            let o = ServerJson {
+                tool: NAME,
+                role: "server",
+                addr: addr.to_string(),
+                served: n,
+            };
+            println!("{}", line(&o));
         }
         return Ok(());
     }
@@ -172,25 +203,25 @@ fn real_main() -> Result<(), MainError> {
         ));
     }
     if json {
-        let items = runs
+        let results = runs
             .iter()
             .zip(&rates)
-            .map(|(c, r)| {
-                let o = Object::new()
-                    .str("mode", name(c))
-                    .int("concurrency", c.concurrency as u64)
-                    .int("count", r.count as u64)
-                    .num("seconds", r.seconds)
-                    .num("conn_per_s", r.per_second())
-                    .num("us_per_conn", r.us_per_conn());
-                r.per_conn.add_to(o, "cycle")
+            .map(|(c, r)| RunJson {
+                mode: name(c),
+                concurrency: c.concurrency,
+                count: r.count,
+                seconds: Num(r.seconds),
+                conn_per_s: Num(r.per_second()),
+                us_per_conn: Num(r.us_per_conn()),
+                cycle: r.per_conn.json("cycle"),
             })
             .collect();
-        let o = Object::new()
-            .str("tool", NAME)
-            .str("addr", &addr.ip().to_string())
-            .array("results", items);
-        println!("{}", o.finish());
+        let o = ClientJson {
+            tool: NAME,
+            addr: addr.ip().to_string(),
+            results,
+        };
+        println!("{}", line(&o));
     } else {
         println!("TCP connect/accept/close on {}", addr.ip());
         println!(

@@ -4,7 +4,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 use rdma_bench::cli::{Args, Usage};
-use rdma_bench::json::Object;
+use rdma_bench::json::{line, Num};
 use rdma_bench::tcp_stream::{self, Config};
 use rdma_bench::{gbit_per_s, loopback_addr, mib_per_s, run_main, Error, MainError, Progress};
 
@@ -34,6 +34,27 @@ Options:
   -h, --help           this help
 
 Only loopback addresses are accepted (127.0.0.0/8, ::1).";
+
+/// `--json` of `--server`.
+#[derive(serde::Serialize)]
+struct ServerJson {
+    tool: &'static str,
+    role: &'static str,
+    addr: String,
+    bytes: u64,
+}
+
+/// `--json` of a sender's run.
+#[derive(serde::Serialize)]
+struct ClientJson {
+    tool: &'static str,
+    addr: String,
+    write_size: usize,
+    bytes: u64,
+    seconds: Num,
+    mb_per_s: Num,
+    gbit_per_s: Num,
+}
 
 enum Role {
     InProcess(SocketAddr),
@@ -95,12 +116,13 @@ fn real_main() -> Result<(), MainError> {
             let n = tcp_stream::sink(&l, None)?;
             p.say(format_args!("received {n} bytes"));
             if json {
-                let o = Object::new()
-                    .str("tool", NAME)
-                    .str("role", "server")
-                    .str("addr", &addr.to_string())
-                    .int("bytes", n);
-                println!("{}", o.finish());
+                let o = ServerJson {
+                    tool: NAME,
+                    role: "server",
+                    addr: addr.to_string(),
+                    bytes: n,
+                };
+                println!("{}", line(&o));
             }
             return Ok(());
         }
@@ -121,15 +143,16 @@ fn real_main() -> Result<(), MainError> {
     let bps = t.bytes_per_s();
     p.say(format_args!("{:.0} MB/s", mib_per_s(bps)));
     if json {
-        let o = Object::new()
-            .str("tool", NAME)
-            .str("addr", &addr.ip().to_string())
-            .int("write_size", size as u64)
-            .int("bytes", t.bytes)
-            .num("seconds", t.seconds)
-            .num("mb_per_s", mib_per_s(bps))
-            .num("gbit_per_s", gbit_per_s(bps));
-        println!("{}", o.finish());
+        let o = ClientJson {
+            tool: NAME,
+            addr: addr.ip().to_string(),
+            write_size: size,
+            bytes: t.bytes,
+            seconds: Num(t.seconds),
+            mb_per_s: Num(mib_per_s(bps)),
+            gbit_per_s: Num(gbit_per_s(bps)),
+        };
+        println!("{}", line(&o));
     } else {
         println!(
             "TCP stream on {}, {size} B writes: {} bytes in {:.3} s = {:.0} MB/s (2^20 B) = {:.2} Gb/s",

@@ -4,8 +4,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use rdma_bench::cli::{Args, Usage};
-use rdma_bench::json::Object;
-use rdma_bench::stats::Summary;
+use rdma_bench::json::{line, Num};
+use rdma_bench::stats::{Summary, SummaryJson};
 use rdma_bench::udp::{self, Config, Mode};
 use rdma_bench::{loopback_addr, run_main, Error, MainError, Progress};
 
@@ -38,6 +38,34 @@ Options:
   -h, --help           this help
 
 Only loopback addresses are accepted (127.0.0.0/8, ::1).";
+
+/// `--json` of `--server`.
+#[derive(serde::Serialize)]
+struct ServerJson {
+    tool: &'static str,
+    role: &'static str,
+    addr: String,
+    echoed: u64,
+}
+
+/// `--json` of a client run: one result per mode.
+#[derive(serde::Serialize)]
+struct ClientJson<'a> {
+    tool: &'static str,
+    addr: String,
+    size: usize,
+    iters: usize,
+    results: Vec<ModeJson<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ModeJson<'a> {
+    mode: &'static str,
+    #[serde(flatten)]
+    rtt: SummaryJson<'a>,
+    one_way_median_us: Num,
+    one_way_avg_us: Num,
+}
 
 enum Role {
     InProcess(SocketAddr),
@@ -119,12 +147,13 @@ fn real_main() -> Result<(), MainError> {
         let n = udp::echo(&sock, mode, None)?;
         p.say(format_args!("client done after {n} datagrams"));
         if json {
-            let o = Object::new()
-                .str("tool", NAME)
-                .str("role", "server")
-                .str("addr", &addr.to_string())
-                .int("echoed", n);
-            println!("{}", o.finish());
+            let o = ServerJson {
+                tool: NAME,
+                role: "server",
+                addr: addr.to_string(),
+                echoed: n,
+            };
+            println!("{}", line(&o));
         }
         return Ok(());
     }
@@ -163,23 +192,26 @@ fn real_main() -> Result<(), MainError> {
     }
 
     if json {
-        let items = results
+        let results = results
             .iter()
             .map(|(m, rtt)| {
-                let o = Object::new().str("mode", m.name());
-                let o = rtt.add_to(o, "rtt");
                 let half = rtt.scaled(2.0);
-                o.num("one_way_median_us", half.median)
-                    .num("one_way_avg_us", half.avg)
+                ModeJson {
+                    mode: m.name(),
+                    rtt: rtt.json("rtt"),
+                    one_way_median_us: Num(half.median),
+                    one_way_avg_us: Num(half.avg),
+                }
             })
             .collect();
-        let o = Object::new()
-            .str("tool", NAME)
-            .str("addr", &addr.ip().to_string())
-            .int("size", size as u64)
-            .int("iters", iters as u64)
-            .array("results", items);
-        println!("{}", o.finish());
+        let o = ClientJson {
+            tool: NAME,
+            addr: addr.ip().to_string(),
+            size,
+            iters,
+            results,
+        };
+        println!("{}", line(&o));
     } else {
         println!(
             "UDP ping-pong, {size} B on {}, {iters} round trips per mode (microseconds)",
