@@ -522,20 +522,140 @@ fn qpn_reused_by_another_ca_during_timewait_is_not_stale() {
     assert!(b.poll_event().is_none());
 }
 
+/// A REJ with these ids, as a peer would send it (the dangerous forgery: it tears a
+/// connection down).
+fn rej_mad(
+    tid: u64,
+    local: u32,
+    remote: u32,
+    msg: MessageRef,
+    reason: RejectReason,
+) -> [u8; MAD_LEN] {
+    let m = CmMadRepr {
+        r_bit: false,
+        method: rdma_wire::mad::method::SEND,
+        status: 0,
+        class_specific: 0,
+        transaction_id: tid,
+        attribute_modifier: 0,
+        message: CmMessage::Rej(rdma_wire::cm::RejRepr {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            message_rejected: msg,
+            reject_info_length: 0,
+            reason,
+            additional_reject_information: [0; 72],
+            private_data: [0; 148],
+        }),
+    };
+    let mut out = [0u8; MAD_LEN];
+    m.emit(&mut out).unwrap();
+    out
+}
+
+/// After a forgery: `conn` is still in `state`, no event was produced, nothing was sent and
+/// no timer was added or removed.
+#[track_caller]
+fn unchanged(
+    x: &mut CmAgent,
+    conn: ConnHandle,
+    state: CmState,
+    timeout: Option<Nanos>,
+    what: &str,
+) {
+    assert_eq!(x.state(conn), Some(state), "{what}: state");
+    assert_eq!(x.poll_event(), None, "{what}: event");
+    assert!(sent(x).is_empty(), "{what}: something was sent");
+    assert_eq!(x.poll_timeout(), timeout, "{what}: timers");
+}
+
 #[test]
 fn forged_messages_change_nothing() {
     let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
     b.listen(SID).unwrap();
     let ca = a.send_req(0, req_params(0x11)).unwrap();
-    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let req = sent(&mut a).pop().unwrap();
+    let tid = parse(&req).transaction_id;
+    b.handle_mad(0, addr_a(), &req);
     let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
         panic!()
     };
+    let (ida, idb) = (
+        a.local_comm_id(ca).unwrap(),
+        b.local_comm_id(r.conn).unwrap(),
+    );
+    let ta = a.poll_timeout();
+    // REJs of the REQ while A waits for the REP: from the wrong host, and from the right
+    // host naming another comm id (B has not sent its REP, so A does not know B's id)
+    for (from, remote, what) in [
+        (addr_evil(), ida, "REJ of the REQ from the wrong host"),
+        (addr_b(), ida ^ 1, "REJ of the REQ naming another comm id"),
+    ] {
+        let m = rej_mad(
+            tid,
+            idb,
+            remote,
+            MessageRef::Req,
+            RejectReason::ConsumerDefined,
+        );
+        a.handle_mad(0, from, &m);
+        unchanged(&mut a, ca, CmState::ReqSent, ta, what);
+    }
     b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
     let rep = sent(&mut b).pop().unwrap();
+    let tb = b.poll_timeout();
+    // REJs of the REP while B waits for the RTU: wrong host, wrong ids; and a timeout REJ
+    // (which names B by A's id and A's CA GUID) from the wrong host
+    for (from, local, remote, what) in [
+        (addr_evil(), ida, idb, "REJ of the REP from the wrong host"),
+        (
+            addr_a(),
+            ida ^ 1,
+            idb,
+            "REJ of the REP with the wrong sender id",
+        ),
+        (
+            addr_a(),
+            ida,
+            idb ^ 1,
+            "REJ of the REP naming another comm id",
+        ),
+    ] {
+        let m = rej_mad(
+            tid,
+            local,
+            remote,
+            MessageRef::Rep,
+            RejectReason::ConsumerDefined,
+        );
+        b.handle_mad(0, from, &m);
+        unchanged(&mut b, r.conn, CmState::RepSent, tb, what);
+    }
+    let mut m = parse(&rej_mad(
+        tid,
+        ida,
+        0,
+        MessageRef::Req,
+        RejectReason::Timeout,
+    ));
+    if let CmMessage::Rej(x) = &mut m.message {
+        x.reject_info_length = 8;
+        x.additional_reject_information[..8].copy_from_slice(&0xau64.to_be_bytes());
+    }
+    let mut timeout_rej = [0u8; MAD_LEN];
+    m.emit(&mut timeout_rej).unwrap();
+    b.handle_mad(0, addr_evil(), &timeout_rej);
+    unchanged(
+        &mut b,
+        r.conn,
+        CmState::RepSent,
+        tb,
+        "timeout REJ from the wrong host",
+    );
+
     // The right REP from the wrong host.
     a.handle_mad(0, addr_evil(), &rep);
-    assert_eq!(a.state(ca), Some(CmState::ReqSent));
+    unchanged(&mut a, ca, CmState::ReqSent, ta, "REP from the wrong host");
     // A REP naming another comm id.
     let mut m = parse(&rep);
     if let CmMessage::Rep(x) = &mut m.message {
@@ -544,36 +664,100 @@ fn forged_messages_change_nothing() {
     let mut forged = [0u8; MAD_LEN];
     m.emit(&mut forged).unwrap();
     a.handle_mad(0, addr_b(), &forged);
-    assert_eq!(a.state(ca), Some(CmState::ReqSent));
-    assert!(a.poll_event().is_none());
+    unchanged(
+        &mut a,
+        ca,
+        CmState::ReqSent,
+        ta,
+        "REP naming another comm id",
+    );
     a.handle_mad(0, addr_b(), &rep);
+    assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(_))));
     a.send_rtu(0, ca).unwrap();
+    assert_eq!(a.poll_event(), Some(CmEvent::Established { conn: ca }));
     let rtu = sent(&mut a).pop().unwrap();
     // RTU from the wrong host, RTU with the wrong remote id.
     b.handle_mad(0, addr_evil(), &rtu);
+    unchanged(
+        &mut b,
+        r.conn,
+        CmState::RepSent,
+        tb,
+        "RTU from the wrong host",
+    );
     let mut m = parse(&rtu);
     if let CmMessage::Rtu(x) = &mut m.message {
         x.local_comm_id ^= 1;
     }
     m.emit(&mut forged).unwrap();
     b.handle_mad(0, addr_a(), &forged);
-    assert_eq!(b.state(r.conn), Some(CmState::RepSent));
+    unchanged(
+        &mut b,
+        r.conn,
+        CmState::RepSent,
+        tb,
+        "RTU with the wrong remote id",
+    );
     b.handle_mad(0, addr_a(), &rtu);
     assert_eq!(b.state(r.conn), Some(CmState::Established));
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: r.conn }));
+    assert!(sent(&mut b).is_empty());
     // DREQ with the wrong QPN or from the wrong host.
     a.send_dreq(0, ca, &[]).unwrap();
     let dreq = sent(&mut a).pop().unwrap();
     b.handle_mad(0, addr_evil(), &dreq);
+    // a DREQ for no connection gets a DREP back to its sender, as Linux's cm_issue_drep
+    // does; it goes to the forger, not to A, and the connection is untouched
+    let out: Vec<_> = std::iter::from_fn(|| b.poll_transmit()).collect();
+    assert_eq!(out.len(), 1, "one DREP to the wrong host");
+    assert_eq!(out[0].0, addr_evil());
+    assert!(matches!(parse(&out[0].1).message, CmMessage::Drep(_)));
+    unchanged(
+        &mut b,
+        r.conn,
+        CmState::Established,
+        None,
+        "DREQ from the wrong host",
+    );
     let mut m = parse(&dreq);
     if let CmMessage::Dreq(x) = &mut m.message {
         x.remote_qpn_eecn = 0x23;
     }
     m.emit(&mut forged).unwrap();
     b.handle_mad(0, addr_a(), &forged);
-    assert_eq!(b.state(r.conn), Some(CmState::Established));
-    // REJ for the established connection from the wrong host.
+    unchanged(
+        &mut b,
+        r.conn,
+        CmState::Established,
+        None,
+        "DREQ with the wrong QPN",
+    );
+    // REJs for the established connection: from the wrong host, with the wrong ids (the
+    // REP the comment here once said was a REJ is sent too)
     b.handle_mad(0, addr_evil(), &rep);
-    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    unchanged(
+        &mut b,
+        r.conn,
+        CmState::Established,
+        None,
+        "REP from the wrong host",
+    );
+    for (from, local, remote, what) in [
+        (
+            addr_evil(),
+            ida,
+            idb,
+            "REJ of an established connection from the wrong host",
+        ),
+        (addr_a(), ida ^ 1, idb, "REJ with the wrong sender id"),
+        (addr_a(), ida, idb ^ 1, "REJ naming another comm id"),
+    ] {
+        for msg in [MessageRef::Rep, MessageRef::Other] {
+            let m = rej_mad(tid, local, remote, msg, RejectReason::ConsumerDefined);
+            b.handle_mad(0, from, &m);
+            unchanged(&mut b, r.conn, CmState::Established, None, what);
+        }
+    }
     let before = b.stats();
     for len in [0, 24, 255, 257] {
         b.handle_mad(0, addr_a(), &vec![0u8; len]);
@@ -582,7 +766,19 @@ fn forged_messages_change_nothing() {
     junk[17] = 0x99; // unknown attribute
     b.handle_mad(0, addr_a(), &junk);
     assert_eq!(b.stats().malformed, before.malformed + 5);
-    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    unchanged(&mut b, r.conn, CmState::Established, None, "malformed MADs");
+    // the control: the same REJ from the right host with the right ids does tear it down,
+    // so the forgeries above were refused for what they got wrong
+    let m = rej_mad(
+        tid,
+        ida,
+        idb,
+        MessageRef::Other,
+        RejectReason::ConsumerDefined,
+    );
+    b.handle_mad(0, addr_a(), &m);
+    assert_eq!(b.state(r.conn), Some(CmState::Timewait));
+    assert!(matches!(b.poll_event(), Some(CmEvent::RejReceived(x)) if x.conn == r.conn));
 }
 
 #[test]
