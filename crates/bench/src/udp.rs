@@ -52,7 +52,7 @@ fn recv(
                     Ok(r) => return Ok(r),
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
                         spins = spins.wrapping_add(1);
-                        if spins % 4096 == 0 {
+                        if spins.is_multiple_of(4096) {
                             if let Some(t) = timeout {
                                 if start.elapsed() > t {
                                     return Err(Error(

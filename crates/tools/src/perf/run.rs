@@ -6,7 +6,7 @@ use rdma_soft::verbs::{Completion, SendOp, SendWr, WcFlags, WcOpcode};
 
 use super::conn::{self, Hook, Link};
 use super::proto::{IMM_END, IMM_READY};
-use super::report::{self, BwStats, LatStats, Outcome};
+use super::report::{self, BwStats, LatRecorder, LatStats, Outcome};
 use super::{Kind, Params, Verb};
 
 /// wr_id of control SENDs.
@@ -48,7 +48,7 @@ impl<'a> Poller<'a> {
             }
             None => {
                 self.spins = self.spins.wrapping_add(1);
-                if self.spins % 1024 == 0 && self.last.elapsed() > IDLE {
+                if self.spins.is_multiple_of(1024) && self.last.elapsed() > IDLE {
                     return Err(format!(
                         "the peer stopped answering (nothing for {} s)",
                         IDLE.as_secs()
@@ -175,8 +175,8 @@ fn lat_client(
     p: &Params,
     size: usize,
     pl: &mut Poller<'_>,
-) -> Result<Vec<f64>, String> {
-    let mut samples = Vec::with_capacity(p.duration.map_or(p.iters as usize, |_| 1 << 16));
+) -> Result<LatStats, String> {
+    let mut samples = LatRecorder::new();
     let mut prog = Progress::new(p, size);
     let wr = data_wr(link, p, size, 0, 1)?;
     let t_phase = Instant::now();
@@ -219,14 +219,14 @@ fn lat_client(
         }
         let t1 = Instant::now();
         let us = t1.duration_since(t0).as_secs_f64() * 1e6;
-        samples.push(if p.test.verb == Verb::Read {
+        samples.record(if p.test.verb == Verb::Read {
             us
         } else {
             us / 2.0
         });
         prog.tick(t1, i);
         if over(p, t_phase, t1, i) {
-            return Ok(samples);
+            return samples.stats(size).ok_or_else(|| "no samples".to_string());
         }
     }
 }
@@ -352,8 +352,7 @@ pub fn client_with(
                 if p.test.verb == Verb::Write {
                     link.mr.fill(0, size, 0).map_err(|e| e.to_string())?;
                 }
-                let mut s = lat_client(&link, p, size, &mut pl)?;
-                Outcome::Lat(LatStats::from_samples(size, &mut s).ok_or("no samples")?)
+                Outcome::Lat(lat_client(&link, p, size, &mut pl)?)
             }
             Kind::Bw => Outcome::Bw(bw_client(&link, p, size, &mut pl)?),
         };
