@@ -24,6 +24,7 @@ use rdma_soft::verbs::{CompletionQueue, ProtectionDomain, QpCap, QpInitAttr};
 use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 
 use crate::events::describe;
+use crate::progress::{Line, Progress};
 
 /// The steps, in order, with the names cmtime prints.
 pub const STEPS: [&str; 8] = [
@@ -172,28 +173,14 @@ impl Timings {
     }
 }
 
-/// Prints `cmtime: STEP: done/total` on stderr about every second while a step is slow.
-struct Progress {
-    step: &'static str,
-    total: usize,
-    next: Instant,
-}
-
-impl Progress {
-    fn new(step: usize, total: usize) -> Progress {
-        Progress {
-            step: STEPS[step],
-            total,
-            next: Instant::now() + Duration::from_secs(1),
-        }
-    }
-
-    fn tick(&mut self, done: usize) {
-        if Instant::now() >= self.next {
-            eprintln!("cmtime: {}: {done}/{}", self.step, self.total);
-            self.next += Duration::from_secs(1);
-        }
-    }
+/// Progress of a slow step: `cmtime: STEP: done/total` on stderr about every second (a
+/// bar on a terminal).
+fn progress(step: usize, total: usize) -> Progress {
+    Progress::new(
+        format!("cmtime: {}", STEPS[step]),
+        Some(total as u64),
+        Line::OfTotal,
+    )
 }
 
 /// The CM response timeout code (4.096 µs · 2^t) closest below `timeout`.
@@ -214,7 +201,7 @@ fn wait_all(
 ) -> Result<(), String> {
     let total = pending;
     let deadline = Instant::now() + limit;
-    let mut prog = Progress::new(step, total);
+    let mut prog = progress(step, total);
     while pending > 0 {
         let now = Instant::now();
         if now >= deadline {
@@ -229,7 +216,7 @@ fn wait_all(
         let ev = ch
             .get_event_timeout(wait)
             .map_err(|e| format!("{}: get_event: {e}", STEPS[step]))?;
-        prog.tick(total - pending);
+        prog.tick(Instant::now(), (total - pending) as u64);
         let Some(ev) = ev else { continue };
         let c = ev.context() as usize;
         match ev.kind() {
@@ -360,7 +347,7 @@ fn resolve_addrs(
             .map_err(|e| format!("resolve addr {}: {e}", opts.dst.ip()))?;
     }
     let mut pending = n;
-    let mut prog = Progress::new(RESOLVE_ADDR, n);
+    let mut prog = progress(RESOLVE_ADDR, n);
     let deadline =
         Instant::now() + opts.timeout * (u32::from(opts.retries) + 1) + Duration::from_secs(10);
     while pending > 0 {
@@ -372,7 +359,7 @@ fn resolve_addrs(
         let ev = ch
             .get_event_timeout(Duration::from_millis(200))
             .map_err(|e| format!("resolve addr: get_event: {e}"))?;
-        prog.tick(n - pending);
+        prog.tick(Instant::now(), (n - pending) as u64);
         let Some(ev) = ev else { continue };
         let c = ev.context() as usize;
         match ev.kind() {

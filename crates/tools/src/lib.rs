@@ -17,3 +17,5 @@ pub mod endpoint;
 pub mod events;
 /// `rdma-perf`: perftest's tests over connections made by the connection manager.
 pub mod perf;
+/// Progress of long steps: an indicatif bar on a terminal, plain lines otherwise.
+pub mod progress;

@@ -8,6 +8,7 @@ use super::conn::{self, Hook, Link};
 use super::proto::{IMM_END, IMM_READY};
 use super::report::{self, BwStats, LatRecorder, LatStats, Outcome};
 use super::{Kind, Params, Verb};
+use crate::progress::{Line, Progress};
 
 /// wr_id of control SENDs.
 const CTL: u64 = u64::MAX;
@@ -92,26 +93,14 @@ fn send_ctl(link: &Link, imm: u32) -> Result<(), String> {
         .map_err(|e| format!("post_send: {e}"))
 }
 
-/// Prints progress on stderr about every second of a long phase.
-struct Progress {
-    what: String,
-    next: Instant,
-}
-
-impl Progress {
-    fn new(p: &Params, size: usize) -> Progress {
-        Progress {
-            what: format!("{} {size} B", p.test.name()),
-            next: Instant::now() + Duration::from_secs(1),
-        }
-    }
-
-    fn tick(&mut self, now: Instant, done: u64) {
-        if now >= self.next {
-            eprintln!("rdma-perf: {}: {done} iterations", self.what);
-            self.next = now + Duration::from_secs(1);
-        }
-    }
+/// Progress of a long phase: `rdma-perf: TEST SIZE B: N iterations` on stderr about every
+/// second (a bar on a terminal).
+fn progress(p: &Params, size: usize) -> Progress {
+    Progress::new(
+        format!("rdma-perf: {} {size} B", p.test.name()),
+        p.duration.is_none().then_some(p.iters),
+        Line::Iterations,
+    )
 }
 
 /// Whether a phase that started at `t0` and did `done` iterations is over.
@@ -177,7 +166,7 @@ fn lat_client(
     pl: &mut Poller<'_>,
 ) -> Result<LatStats, String> {
     let mut samples = LatRecorder::new();
-    let mut prog = Progress::new(p, size);
+    let mut prog = progress(p, size);
     let wr = data_wr(link, p, size, 0, 1)?;
     let t_phase = Instant::now();
     let mut i = 0u64;
@@ -277,7 +266,7 @@ fn bw_client(link: &Link, p: &Params, size: usize, pl: &mut Poller<'_>) -> Resul
     } else {
         (p.iters / 16).clamp(16, 4096)
     };
-    let mut prog = Progress::new(p, size);
+    let mut prog = progress(p, size);
     let (mut posted, mut done) = (0u64, 0u64);
     let mut stop = false;
     let t0 = Instant::now();
