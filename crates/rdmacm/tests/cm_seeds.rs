@@ -33,6 +33,27 @@ fn listen(ch: &EventChannel, ps: PortSpace, addr: &str) -> (CmId, SocketAddr) {
     (id, a)
 }
 
+/// Runs `f` here when UDP 4791 is free on `ip`; otherwise (another process holds it: a tool,
+/// a benchmark, another run of the suites) in a fresh network namespace this test creates,
+/// where it is free. That needs root: without it the test fails rather than pass having
+/// tested nothing.
+fn where_free<R: Send>(test: &str, ip: std::net::IpAddr, f: impl FnOnce() -> R + Send) -> R {
+    if std::net::UdpSocket::bind(SocketAddr::new(ip, 4791)).is_ok() {
+        return f();
+    }
+    assert!(
+        rdma_testhosts::is_root(),
+        "{test}: UDP 4791 on {ip} is held by another process, and without root the test \
+         cannot run in a namespace of its own"
+    );
+    println!("{test}: UDP 4791 on {ip} held by another process: testing in a new namespace");
+    let t = rdma_testhosts::Topology::builder(test)
+        .host("a")
+        .build()
+        .expect("namespace");
+    t.host("a").run(f)
+}
+
 fn connect_pair(cma: &Cma, listen_addr: &str) -> (EventChannel, CmId, EventChannel, CmId, CmId) {
     let lch = EventChannel::with_cma(cma).unwrap();
     let (l, addr) = listen(&lch, PortSpace::Tcp, listen_addr);
@@ -57,22 +78,24 @@ fn connect_pair(cma: &Cma, listen_addr: &str) -> (EventChannel, CmId, EventChann
 
 #[test]
 fn loopback_127_0_0_1_and_ipv6_1_connect_through_the_device_on_lo() {
-    let cma = Cma::new().unwrap();
+    let mut tested = Vec::new();
     for a in ["127.0.0.1:0", "[::1]:0"] {
         // One process per address: another process (a tool, a benchmark) may hold UDP
-        // 4791 on 127.0.0.1 or ::1 of this host.
-        let probe = std::net::UdpSocket::bind(SocketAddr::new(sa(a).ip(), 4791));
-        if probe.is_err() {
-            println!("SKIPPED {a}: UDP 4791 held by another process");
-            continue;
-        }
-        drop(probe);
-        let (_lch, _l, _ch, c, s) = connect_pair(&cma, a);
-        assert_eq!(c.netdev().unwrap().0, "lo");
-        assert_eq!(s.netdev().unwrap().0, "lo");
-        assert!(c.path().unwrap().loopback);
-        assert_eq!(c.qp().unwrap().state(), QpState::Rts);
+        // 4791 on 127.0.0.1 or ::1 of this host; then the test runs in a namespace.
+        let t = where_free("cm_seeds_loopback", sa(a).ip(), || {
+            let cma = Cma::new().unwrap();
+            let (_lch, _l, _ch, c, s) = connect_pair(&cma, a);
+            assert_eq!(c.netdev().unwrap().0, "lo");
+            assert_eq!(s.netdev().unwrap().0, "lo");
+            assert!(c.path().unwrap().loopback);
+            assert_eq!(c.qp().unwrap().state(), QpState::Rts);
+            assert_eq!(s.qp().unwrap().state(), QpState::Rts);
+            c.local_addr().unwrap().ip()
+        });
+        tested.push(t);
     }
+    // both addresses really connected (no address skipped)
+    assert_eq!(tested, [sa("127.0.0.1:0").ip(), sa("[::1]:0").ip()]);
 }
 
 #[test]
@@ -146,6 +169,35 @@ fn hostile_mads_change_no_connection() {
     let me: WireAddr = "127.0.0.154".parse().unwrap();
     evil.gsi_open(me).unwrap();
     let target: WireAddr = "127.0.0.153".parse().unwrap();
+    // Control probes mixed into the hostile stream: a DREQ for no connection, which the
+    // target's CM answers with a DREP (as Linux's cm_issue_drep). Each DREP coming back
+    // proves the hostile MADs around it reached the same agent.
+    let control = |k: u32| -> [u8; 256] {
+        let mut m = [0u8; 256];
+        m[..4].copy_from_slice(&[1, 7, 2, 3]); // CM class v2, Send
+        m[8..16].copy_from_slice(&(0xC0DE_0000_0000_0000u64 | u64::from(k)).to_be_bytes());
+        m[16..18].copy_from_slice(&0x0015u16.to_be_bytes()); // DREQ
+        m[24..28].copy_from_slice(&(0xC0DE_0000 | k).to_be_bytes()); // its local comm id
+        m[28..32].copy_from_slice(&(0x0BAD_0000 | k).to_be_bytes()); // "our" id: unknown
+        m[32..35].copy_from_slice(&[0, 0, 0x77]);
+        m
+    };
+    let mut probes = 0u32;
+    let mut answers = std::collections::BTreeSet::new();
+    let mut collect = |evil: &Device, answers: &mut std::collections::BTreeSet<u32>| {
+        while let Some(m) = evil.gsi_recv().unwrap() {
+            let m = m.mad;
+            // a DREP (0x0016) with a control DREQ's TID and its ids swapped
+            let k = u32::from_be_bytes(m[28..32].try_into().unwrap()) & 0xFFFF;
+            if m[16..18] == [0, 0x16]
+                && m[8..16] == (0xC0DE_0000_0000_0000u64 | u64::from(k)).to_be_bytes()
+                && m[24..28] == (0x0BAD_0000 | k).to_be_bytes()
+                && m[28..32] == (0xC0DE_0000 | k).to_be_bytes()
+            {
+                answers.insert(k);
+            }
+        }
+    };
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut rnd = || {
         x ^= x << 13;
@@ -164,15 +216,29 @@ fn hostile_mads_change_no_connection() {
             mad[16] = 0;
             mad[17] = 0x10 + (rnd() % 9) as u8;
         }
-        let _ = evil.gsi_send(&me, &target, &mad);
         if i % 100 == 0 {
+            // drive the target first, so that the control probe heads the next batch (the
+            // GSI queue keeps the first MADs of a peer and drops the rest under overload)
             cma.progress();
+            collect(&evil, &mut answers);
+            evil.gsi_send(&me, &target, &control(probes)).unwrap();
+            probes += 1;
         }
+        evil.gsi_send(&me, &target, &mad).unwrap();
     }
-    for _ in 0..20 {
+    // every control DREQ answered (the network is loopback, the GSI queue bounded per peer:
+    // the CM may drop hostile MADs under overload, but never its answers to these)
+    let deadline = std::time::Instant::now() + T;
+    while answers.len() < probes as usize && std::time::Instant::now() < deadline {
         cma.progress();
-        std::thread::sleep(Duration::from_millis(5));
+        evil.gsi_wait(Some(Duration::from_millis(20))).unwrap();
+        collect(&evil, &mut answers);
     }
+    assert_eq!(
+        answers,
+        (0..probes).collect(),
+        "the target's CM answered every control DREQ: the hostile MADs reached it"
+    );
     // No event for anyone, both QPs still in RTS, both ids still connected.
     assert!(ch
         .get_event_timeout(Duration::from_millis(200))

@@ -5,19 +5,32 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 /// The example binary: cargo builds examples next to the test binaries' `deps` directory.
-fn example() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let p = dir.join("examples").join("rc_pingpong");
-    p.exists().then_some(p)
+/// `cargo test` builds it; `cargo test --test rc_pingpong` does not, so then this builds it
+/// (same cargo, target directory and profile) rather than skip the test.
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    let p = profile_dir.join("examples").join("rc_pingpong");
+    if !p.exists() {
+        let target_dir = profile_dir.parent().expect("target directory");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "rdma-soft", "--example", "rc_pingpong"])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let st = cmd.status().expect("run cargo build for the example");
+        assert!(st.success(), "building the rc_pingpong example failed");
+    }
+    assert!(p.exists(), "{} missing after the build", p.display());
+    p
 }
 
 #[test]
 fn two_processes_ping_pong() {
-    let Some(bin) = example() else {
-        eprintln!("rc_pingpong example not built (cargo test builds it): skipped");
-        return;
-    };
+    let bin = example();
     let common = ["-p", "47962", "-U", "47961", "-s", "4096", "-n", "200"];
     let server = Command::new(&bin)
         .args(["-a", "127.0.0.2"])
