@@ -23,35 +23,67 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
     let (va, rkey) = (mr.addr(), mr.rkey());
     let mut m = d.memory();
     m.write_remote(pd.id(), rkey, va + 10, b"peer").unwrap();
+    // what both regions must still hold after every refused access
+    let mut want = vec![0u8; 256];
+    want[10..14].copy_from_slice(b"peer");
+    let untouched = |what: &str| {
+        assert_eq!(mr.to_vec(), want, "{what}: the region changed");
+        assert_eq!(
+            ro.to_vec(),
+            vec![7u8; 64],
+            "{what}: the other region changed"
+        );
+    };
+    untouched("the accepted write");
     assert_eq!(
         m.write_remote(other.id(), rkey, va, b"x"),
         Err(MemError::WrongPd)
     );
+    untouched("write from another PD");
     assert_eq!(
         m.write_remote(pd.id(), rkey ^ 1, va, b"x"),
         Err(MemError::InvalidKey)
     );
+    untouched("write with a wrong rkey");
+    // 3 of the 4 bytes would fit: none of them may be written
     assert_eq!(
         m.write_remote(pd.id(), rkey, va + 253, b"four"),
         Err(MemError::OutOfBounds)
     );
+    untouched("write across the end");
     assert_eq!(
         m.write_remote(pd.id(), rkey, va - 1, b"x"),
         Err(MemError::OutOfBounds)
     );
+    untouched("write before the start");
     assert_eq!(
         m.write_remote(pd.id(), rkey, u64::MAX, b"x"),
         Err(MemError::OutOfBounds)
     );
-    let mut out = [0u8; 4];
+    untouched("write at the top of the address space");
+    // a refused READ leaves its destination alone too
+    let mut out = [0xEEu8; 4];
     assert_eq!(
         m.read_remote(pd.id(), rkey, va, &mut out),
         Err(MemError::AccessDenied(AccessFlags::REMOTE_READ))
     );
+    assert_eq!(out, [0xEE; 4], "refused READ wrote its destination");
+    for (pd_id, k, a, err) in [
+        (pd.id(), ro.rkey() ^ 1, ro.addr(), MemError::InvalidKey),
+        (other.id(), ro.rkey(), ro.addr(), MemError::WrongPd),
+        (pd.id(), ro.rkey(), ro.addr() + 62, MemError::OutOfBounds),
+    ] {
+        assert_eq!(m.read_remote(pd_id, k, a, &mut out), Err(err));
+        assert_eq!(
+            out, [0xEE; 4],
+            "refused READ ({err:?}) wrote its destination"
+        );
+    }
     assert_eq!(
         m.write_remote(pd.id(), ro.rkey(), ro.addr(), b"x"),
         Err(MemError::AccessDenied(AccessFlags::REMOTE_WRITE))
     );
+    untouched("write to a read-only region");
     m.read_remote(pd.id(), ro.rkey(), ro.addr() + 60, &mut out)
         .unwrap();
     assert_eq!(out, [7; 4]);
@@ -60,6 +92,7 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
         m.write_local(pd.id(), ro.lkey(), ro.addr(), b"x"),
         Err(MemError::AccessDenied(AccessFlags::LOCAL_WRITE))
     );
+    untouched("local write without LOCAL_WRITE");
     m.read_local(pd.id(), mr.lkey(), va + 10, &mut out).unwrap();
     assert_eq!(&out, b"peer");
     // atomics: aligned only, with the right
@@ -81,10 +114,21 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
         ),
         Ok(5)
     );
+    want[off..off + 8].copy_from_slice(&9u64.to_ne_bytes());
+    let untouched = |what: &str| {
+        assert_eq!(mr.to_vec(), want, "{what}: the region changed");
+        assert_eq!(
+            ro.to_vec(),
+            vec![7u8; 64],
+            "{what}: the other region changed"
+        );
+    };
+    untouched("the accepted atomics");
     assert_eq!(
         m.atomic_remote(pd.id(), rkey, aligned + 1, AtomicOp::FetchAdd { add: 1 }),
         Err(MemError::Misaligned)
     );
+    untouched("misaligned atomic");
     assert_eq!(
         m.atomic_remote(
             pd.id(),
@@ -94,6 +138,24 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
         ),
         Err(MemError::AccessDenied(AccessFlags::REMOTE_ATOMIC))
     );
+    untouched("atomic without REMOTE_ATOMIC");
+    // atomics with a wrong rkey, from another PD, past the end: refused, nothing written
+    for (pd_id, k, a, err) in [
+        (pd.id(), rkey ^ 1, aligned, MemError::InvalidKey),
+        (other.id(), rkey, aligned, MemError::WrongPd),
+        (
+            pd.id(),
+            rkey,
+            (va + 256).next_multiple_of(8),
+            MemError::OutOfBounds,
+        ),
+    ] {
+        assert_eq!(
+            m.atomic_remote(pd_id, k, a, AtomicOp::FetchAdd { add: 1 }),
+            Err(err)
+        );
+        untouched("refused atomic");
+    }
     // inline data only from registered memory of the PD
     m.read_inline(pd.id(), va + 10, &mut out).unwrap();
     assert_eq!(
