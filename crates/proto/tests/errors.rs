@@ -3,7 +3,7 @@
 
 use rdma_proto::packet::{Opcode, PacketHeader, Reth};
 use rdma_proto::psn::psn_add;
-use rdma_proto::sim::{ConnParams, Faults, RcPair, BASE_B, MEM_SIZE};
+use rdma_proto::sim::{ConnParams, Faults, RcPair, BASE_A, BASE_B, MEM_SIZE};
 use rdma_proto::verbs::{
     AccessFlags, PdId, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
@@ -15,8 +15,14 @@ fn pair() -> RcPair {
     RcPair::new(7, Faults::clean())
 }
 
+/// B's whole memory (where requests land).
 fn snapshot(s: &RcPair) -> Vec<u8> {
     s.b.mem.bytes(BASE_B, MEM_SIZE as u64).unwrap().to_vec()
+}
+
+/// A's whole memory (where READ and atomic results land).
+fn snapshot_a(s: &RcPair) -> Vec<u8> {
+    s.a.mem.bytes(BASE_A, MEM_SIZE as u64).unwrap().to_vec()
 }
 
 /// Posts one op from A and runs; returns A's completion.
@@ -42,14 +48,26 @@ fn expect_fatal(s: &mut RcPair, op: SendOp, len: u32, status: WcStatus) {
             lkey: s.b.lkey,
         }))
         .unwrap();
-    let before = snapshot(s);
+    // distinct patterns on both sides, so that a refused READ or atomic that still moved
+    // data (B's bytes into A's destination) or a refused WRITE (A's into B) shows
+    let (a0, b0) = (s.a.buf_addr, s.b.buf_addr);
+    s.a.mem.bytes_mut(a0, 8192).unwrap().fill(0xA5);
+    s.b.mem.bytes_mut(b0, 8192).unwrap().fill(0x5A);
+    let (before_a, before_b) = (snapshot_a(s), snapshot(s));
     let c = one(s, op, len);
     assert_eq!(c.status, status, "{c:?}");
     assert_eq!(s.a.qp.state(), QpState::Err);
     assert_eq!(s.b.qp.state(), QpState::Err);
     let r = s.b.qp.poll_recv_completion().unwrap();
     assert_eq!((r.wr_id, r.status), (99, WcStatus::WrFlushErr));
-    assert_eq!(snapshot(s), before, "memory changed by a refused request");
+    assert!(
+        snapshot(s) == before_b,
+        "B's memory changed by a refused request"
+    );
+    assert!(
+        snapshot_a(s) == before_a,
+        "A's memory changed by a refused request"
+    );
 }
 
 #[test]
@@ -63,6 +81,63 @@ fn write_with_wrong_rkey() {
             rkey,
         },
         16,
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn read_and_atomics_with_wrong_rkey() {
+    for op in [
+        |va, rkey| SendOp::RdmaRead {
+            remote_addr: va,
+            rkey,
+        },
+        |va, rkey| SendOp::AtomicFetchAndAdd {
+            remote_addr: va,
+            rkey,
+            add: 1,
+        },
+        |va, rkey| SendOp::AtomicCmpAndSwp {
+            remote_addr: va,
+            rkey,
+            compare: 0x5a5a_5a5a_5a5a_5a5a,
+            swap: 1,
+        },
+    ] {
+        let mut s = pair();
+        let (va, rkey) = (s.b.buf_addr, s.b.rkey ^ 0x5a);
+        let len = if matches!(op(0, 0), SendOp::RdmaRead { .. }) {
+            4000
+        } else {
+            8
+        };
+        expect_fatal(&mut s, op(va, rkey), len, WcStatus::RemAccessErr);
+    }
+}
+
+#[test]
+fn read_and_atomics_past_the_end_of_the_region() {
+    let mut s = pair();
+    let (va, rkey) = (s.b.buf_addr + s.b.buf_len - 8, s.b.rkey);
+    expect_fatal(
+        &mut s,
+        SendOp::RdmaRead {
+            remote_addr: va,
+            rkey,
+        },
+        16,
+        WcStatus::RemAccessErr,
+    );
+    let mut s = pair();
+    let (va, rkey) = (s.b.buf_addr + s.b.buf_len, s.b.rkey);
+    expect_fatal(
+        &mut s,
+        SendOp::AtomicFetchAndAdd {
+            remote_addr: va,
+            rkey,
+            add: 1,
+        },
+        8,
         WcStatus::RemAccessErr,
     );
 }
@@ -189,6 +264,28 @@ fn key_of_another_protection_domain() {
         8,
         WcStatus::RemAccessErr,
     );
+    // READ and atomics through a key of another PD: refused the same way
+    for i in 0..2 {
+        let mut s = pair();
+        let k =
+            s.b.mem
+                .register(PdId(2), base, 4096, AccessFlags::all())
+                .unwrap();
+        let op = if i == 0 {
+            SendOp::RdmaRead {
+                remote_addr: base,
+                rkey: k.rkey,
+            }
+        } else {
+            SendOp::AtomicCmpAndSwp {
+                remote_addr: base,
+                rkey: k.rkey,
+                compare: 0x5a5a_5a5a_5a5a_5a5a,
+                swap: 1,
+            }
+        };
+        expect_fatal(&mut s, op, 8, WcStatus::RemAccessErr);
+    }
 }
 
 #[test]
