@@ -32,6 +32,7 @@
 #![warn(missing_docs)]
 
 mod host;
+mod nl;
 mod ns;
 pub mod topologies;
 mod topology;

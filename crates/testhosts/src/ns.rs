@@ -44,6 +44,14 @@ pub(crate) fn unique_tag() -> String {
 }
 
 /// Runs `ip ARGS`, returning stdout or an error carrying stderr.
+///
+/// Links, addresses and the usual routes go over rtnetlink (`nl.rs`); `ip` stays for what
+/// rtnetlink has no equivalent of here: `ip netns add/del` (a named namespace is an
+/// unshare(CLONE_NEWNET) bind-mounted on /var/run/netns/NAME under a shared mount, which
+/// `ip netns exec` and other tools rely on; rtnetlink's `NetworkNamespace::add` forks the
+/// calling process to do it, unsafe in a multi-threaded test binary), `ip netns exec` in
+/// [`crate::Host::command`] (it also mounts a /sys for the namespace), and [`crate::Host::ip`],
+/// the public passthrough that tests use for arbitrary `ip` commands.
 pub(crate) fn ip(args: &[&str]) -> io::Result<String> {
     let out = Command::new("ip").args(args).output()?;
     if out.status.success() {

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::host::Host;
-use crate::ns;
+use crate::{nl, ns};
 
 /// A failed topology operation: the `ip` command or sysctl that failed and why.
 #[derive(Debug)]
@@ -140,7 +140,7 @@ impl TopologyBuilder {
             };
             ns::ip(&["netns", "add", &host.netns])?;
             topo.hosts.push(host.clone());
-            host.ip(&["link", "set", "lo", "up"])?;
+            host.run(|| nl::link_up("lo"))?;
             for conf in ["all", "default"] {
                 host.set_sysctl(&format!("net/ipv6/conf/{conf}/accept_dad"), "0")?;
             }
@@ -196,26 +196,23 @@ impl Topology {
         match step {
             Step::Link { a, a_if, b, b_if } => {
                 let (ha, hb) = (self.host(a), self.host(b));
-                ns::ip(&[
-                    "link", "add", a_if, "netns", &ha.netns, "type", "veth", "peer", "name", b_if,
-                    "netns", &hb.netns,
-                ])?;
-                ha.ip(&["link", "set", a_if, "up"])?;
-                hb.ip(&["link", "set", b_if, "up"])?;
+                nl::veth(a_if, &ha.netns, b_if, &hb.netns)?;
+                ha.run(|| nl::link_up(a_if))?;
+                hb.run(|| nl::link_up(b_if))?;
             }
             Step::Addr { host, dev, cidr } => {
-                let h = self.host(host);
-                let mut args = vec!["addr", "add", cidr.as_str(), "dev", dev.as_str()];
-                if cidr.contains(':') {
-                    args.push("nodad");
+                self.host(host).run(|| nl::addr_add(dev, cidr))?;
+            }
+            Step::Route { host, args } => match nl::Route::parse(args) {
+                Some(r) => self.host(host).run(|| r.add())?,
+                // Forms other than `DEST via GW [dev DEV]` / `DEST dev DEV` (metrics, types,
+                // tables, ...) are handed to `ip route add` as given rather than parsed here.
+                None => {
+                    let mut v = vec!["route", "add"];
+                    v.extend(args.iter().map(String::as_str));
+                    self.host(host).ip(&v)?;
                 }
-                h.ip(&args)?;
-            }
-            Step::Route { host, args } => {
-                let mut v = vec!["route", "add"];
-                v.extend(args.iter().map(String::as_str));
-                self.host(host).ip(&v)?;
-            }
+            },
             Step::Forwarding { host } => {
                 let h = self.host(host);
                 h.set_sysctl("net/ipv4/ip_forward", "1")?;
