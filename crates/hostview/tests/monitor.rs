@@ -71,9 +71,8 @@ fn monitor_reports_route_replace_address_removal_link_down() {
                 "monitor latency (command start -> event): route add {added:?}, route replace {replaced:?}, \
                  address removal {removed:?}, link down {down:?}, link up {up:?}"
             );
-            for d in [replaced, removed, down] {
-                assert!(d < Duration::from_secs(1), "{d:?}");
-            }
+            // each event arrived (change_and_wait fails without it); the latencies above are
+            // reported, not asserted: timings belong to benchmarks
         });
     });
 }

@@ -70,10 +70,8 @@ fn absent_host_times_out_then_fails() {
             let took = t0.elapsed();
             assert!(matches!(e, Error::TimedOut), "{e:?}");
             assert_eq!(e.errno(), libc::ETIMEDOUT);
-            assert!(
-                took >= Duration::from_millis(290) && took < Duration::from_secs(2),
-                "{took:?}"
-            );
+            // it waited for its deadline (not an upper bound: timings belong to benchmarks)
+            assert!(took >= Duration::from_millis(290), "{took:?}");
             println!("{ip}: {e} after {took:?}");
         }
         // With a long deadline the kernel gives up first (3 probes, 1 s apart): EHOSTUNREACH.
@@ -100,7 +98,7 @@ fn loopback_needs_no_neighbour() {
         let hv = BlockingHostView::new().unwrap();
         let lo = hv.link_by_name("lo").unwrap();
         assert!(lo.flags.loopback && !lo.needs_neighbour());
-        let t0 = Instant::now();
+        // a 1 ms deadline: answered without any neighbour resolution, or it would time out
         let mac = hv
             .resolve_neighbour(
                 lo.index,
@@ -109,7 +107,6 @@ fn loopback_needs_no_neighbour() {
             )
             .unwrap();
         assert!(mac.is_zero());
-        assert!(t0.elapsed() < Duration::from_millis(500));
         let e = hv
             .resolve_neighbour(9999, "192.0.2.2".parse().unwrap(), Duration::from_millis(1))
             .unwrap_err();

@@ -103,9 +103,7 @@ fn local_route_through_lo_is_loopback_seed_001() {
             ("2001:db8:1::11", "2001:db8:2::1"),
         ] {
             // Not bound: the device holding the destination (eth0), no neighbour needed.
-            let t0 = Instant::now();
             let a = r.resolve_addr(Some(&sip(y)), &sip(x), None, T).unwrap();
-            assert!(t0.elapsed() < Duration::from_millis(500));
             assert!(a.loopback, "{x} from {y}");
             assert_eq!(a.netdev.index, eth0.index);
             assert_eq!(a.src, ip(y));
@@ -146,16 +144,11 @@ fn bound_netdev_without_route_fails_fast_ehostunreach() {
         ] {
             let b = r.bind(&sip(bind)).unwrap();
             let bound = b.netdev.map(|n| n.index);
-            let t0 = Instant::now();
+            // EHOSTUNREACH, not ETIMEDOUT at the 5 s deadline: it failed without waiting
             let e = r
                 .resolve_addr(None, &sip(dst), bound, Duration::from_secs(5))
                 .unwrap_err();
             assert_eq!(e.errno(), libc::EHOSTUNREACH, "{dst}: {e}");
-            assert!(
-                t0.elapsed() < Duration::from_millis(500),
-                "{:?}",
-                t0.elapsed()
-            );
         }
     });
 }
@@ -244,14 +237,13 @@ fn link_local_without_scope_is_einval() {
     }
     let t = topologies::link_local_only().unwrap();
     with_resolver(t.host("a"), |r| {
-        let t0 = Instant::now();
+        // EINVAL, not ETIMEDOUT: refused without waiting for anything
         let e = r.resolve_addr(None, &sip("fe80::2"), None, T).unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL, "{e}");
         let e = r
             .resolve_addr(Some(&sip("fe80::1")), &sip("fe80::2%eth0"), None, T)
             .unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL, "{e}");
-        assert!(t0.elapsed() < Duration::from_millis(500));
         // The scope names no netdev.
         let e = r
             .resolve_addr(None, &sip("fe80::2%nosuch"), None, T)
@@ -315,11 +307,9 @@ fn neighbour_timeout_is_etimedout() {
             .resolve_addr(None, &sip("192.0.2.99"), None, Duration::from_millis(300))
             .unwrap_err();
         assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+        // it waited for its deadline (no upper bound: timings belong to benchmarks)
         let el = t0.elapsed();
-        assert!(
-            el >= Duration::from_millis(300) && el < Duration::from_secs(2),
-            "{el:?}"
-        );
+        assert!(el >= Duration::from_millis(300), "{el:?}");
     });
 }
 
