@@ -1,5 +1,5 @@
 //! One-line JSON output (`--json`), with serde and serde_json: each binary derives
-//! `Serialize` for its output and prints it with [`line`].
+//! `Serialize` for its output and prints it with [`line()`].
 
 use serde::{Serialize, Serializer};
 

@@ -75,7 +75,7 @@ use crate::{Error, Result};
 pub const SEND_WINDOW: u32 = 128;
 /// Packets one QP transmits per service at most (the rest in the next round).
 const TX_BUDGET: u32 = 256;
-/// Receive rounds per [`Runtime::progress`] call at most.
+/// Receive rounds per `Runtime::progress` call at most.
 pub const ROUNDS: usize = 8;
 /// Largest payload of one packet (MTU 4096).
 const MAX_PAYLOAD: usize = 4096;

@@ -1,21 +1,32 @@
-//! Shared pieces of the command-line tools (`rping`, `cmtime`, `ucmatose`, `udaddy`,
-//! `rdma-perf`, `rdmacm-demo`): argument parsing in the style of rdma-core's tools, event
-//! printing by `rdma_event_str` name, and one-line failure reporting.
+//! The pieces behind rdmacm-rs's command-line tools, which keep rdma-core's and perftest's
+//! names, flags and output: `rping`, `cmtime`, `ucmatose`, `udaddy`, `rdma-perf`
+//! (`send_lat` ... `read_bw`) and `rdmacm-demo`.
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`cli`] | getopt-style options (the `getopts` crate), `-h` usage, one-line `tool: reason` failures |
+//! | [`events`] | CM events by their `rdma_event_str` names, waiting for an expected event |
+//! | [`endpoint`] | a connection's PD/CQ/QP and the "next completion or CM event" wait |
+//! | [`cmatose_common`] | what `ucmatose` and `udaddy` share |
+//! | [`cmtime`] | per-step timing of CM connection setup and teardown |
+//! | [`perf`] | perftest's tests over CM-made connections |
+//! | [`demo`] | the connection manager and the software device in one short run |
+//! | [`progress`] | progress of long steps: a bar on a terminal, plain lines otherwise |
+//!
+//! Every tool fails with one line on stderr and exit status 1:
+//!
+//! ```
+//! use rdma_tools::cli::getopt;
+//! let args = ["-x"].map(String::from);
+//! assert_eq!(getopt(&args, "sc").unwrap_err(), "invalid option -- 'x'");
+//! ```
 #![warn(missing_docs)]
 
-/// Short-option parsing (`getopt` style), `-h` usage, one-line `tool: reason` failures.
 pub mod cli;
-/// `ucmatose` and `udaddy`: their shared options and client/server run.
 pub mod cmatose_common;
-/// `cmtime`: per-step CM timing over many connections.
 pub mod cmtime;
-/// `rdmacm-demo`: the connection manager and the software device in one short run.
 pub mod demo;
-/// A connection's PD/CQ/QP and the "next completion or CM event" wait (rping, ucmatose, udaddy).
 pub mod endpoint;
-/// CM event printing by `rdma_event_str` name and waiting for an expected event.
 pub mod events;
-/// `rdma-perf`: perftest's tests over connections made by the connection manager.
 pub mod perf;
-/// Progress of long steps: an indicatif bar on a terminal, plain lines otherwise.
 pub mod progress;

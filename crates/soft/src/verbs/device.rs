@@ -386,7 +386,7 @@ impl Device {
     /// returns its index; a GID already present keeps its index. QPs and AHs made later may
     /// use it (existing UD QPs keep receiving on the addresses they started with). It takes
     /// the table's lock for the call only; the data path never reads the table.
-    /// [`Error::Exhausted`] (`ENOMEM`) when the table has [`MAX_GIDS`] entries.
+    /// [`Error::Exhausted`] (`ENOMEM`) when the table has `MAX_GIDS` (256) entries.
     ///
     /// ```
     /// use rdma_soft::verbs::{Device, DeviceConfig};

@@ -59,7 +59,7 @@ use crate::{Error, Result};
 
 /// An address handle (`ibv_ah`): the source address (GID index of the device) and the
 /// destination GID of datagrams. While it lives, UDP 4791 stays open on its source address.
-/// See the [module example](self).
+/// See the example at the top of `verbs/ud.rs`.
 pub struct AddressHandle {
     dev: Arc<DeviceShared>,
     id: u32,
