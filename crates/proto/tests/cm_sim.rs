@@ -77,7 +77,17 @@ struct Sim {
     actions: Vec<(u64, usize, Action)>,
     logs: [BTreeMap<ConnHandle, Vec<CmEvent>>; 2],
     disconnect_at: Option<u64>,
+    /// The starting PSN the REQ carried, and those of the REPs B sent.
+    req_psn: u32,
+    rep_psns: Vec<u32>,
+    /// Contents a peer received differently from what was sent.
+    bad: Vec<String>,
 }
+
+/// The REQ's private data (all 92 bytes a REQ holds) and the QPNs of both sides.
+const REQ_PD: [u8; 92] = [0x5a; 92];
+const QPN_A: u32 = 0x100;
+const QPN_B: u32 = 0x201;
 
 const REJ_PD: &[u8] = b"refvm-rej: consumer reject from cmrej server\0";
 
@@ -122,6 +132,9 @@ impl Sim {
             actions: Vec::new(),
             logs: [BTreeMap::new(), BTreeMap::new()],
             disconnect_at: (scenario == Scenario::Simultaneous).then_some(200 * S),
+            req_psn: 0,
+            rep_psns: Vec::new(),
+            bad: Vec::new(),
         }
     }
 
@@ -169,6 +182,36 @@ impl Sim {
         let conn = e.conn();
         self.logs[i].entry(conn).or_default().push(e.clone());
         let at = self.now;
+        // what the peer sent arrives intact: QPN, PSN, the 92 bytes of private data
+        match (&e, i) {
+            (CmEvent::ReqReceived(r), 1) => {
+                let q = &r.req;
+                if q.local_qpn != QPN_A
+                    || q.starting_psn != self.req_psn
+                    || q.private_data[..] != REQ_PD[..]
+                {
+                    self.bad.push(format!(
+                        "REQ at B: QPN {:#x} PSN {:#x} (sent {:#x}) private data {:02x?}",
+                        q.local_qpn,
+                        q.starting_psn,
+                        self.req_psn,
+                        &q.private_data[..]
+                    ));
+                }
+            }
+            (CmEvent::RepReceived(r), 0) => {
+                if r.rep.local_qpn != QPN_B || !self.rep_psns.contains(&r.rep.starting_psn) {
+                    self.bad.push(format!(
+                        "REP at A: QPN {:#x} PSN {:#x} (sent {:x?})",
+                        r.rep.local_qpn, r.rep.starting_psn, self.rep_psns
+                    ));
+                }
+            }
+            (CmEvent::ReqReceived(_), _) | (CmEvent::RepReceived(_), _) => {
+                self.bad.push(format!("side {i} got {e:?}"));
+            }
+            _ => {}
+        }
         match e {
             CmEvent::ReqReceived(_) => {
                 let d = self.app_delay();
@@ -212,6 +255,7 @@ impl Sim {
         let _ = match a {
             Action::Accept(c) => {
                 let psn = ag.random_psn();
+                self.rep_psns.push(psn);
                 ag.send_rep(now, c, RepParams::new(0x200 + i as u32, psn))
             }
             Action::Reject(c) => ag.send_rej(now, c, RejectReason::ConsumerDefined, &[], REJ_PD),
@@ -270,9 +314,10 @@ impl Sim {
         if self.scenario != Scenario::NoListener {
             self.agents[1].listen(SID).map_err(|e| e.to_string())?;
         }
-        let mut p = ReqParams::new(SID, self.addrs[1], 0x100, self.agents[0].random_psn());
+        self.req_psn = self.agents[0].random_psn();
+        let mut p = ReqParams::new(SID, self.addrs[1], QPN_A, self.req_psn);
         p.path.local_gid = self.addrs[0].gid;
-        p.private_data = vec![0x5a; 92];
+        p.private_data = REQ_PD.to_vec();
         self.agents[0].send_req(0, p).map_err(|e| e.to_string())?;
         self.pump(0);
         Ok(())
@@ -361,6 +406,37 @@ fn run_seed(seed: u64) -> Result<(), String> {
             }
             eprintln!("  side {i} stats {:?}", sim.agents[i].stats());
         }
+    }
+    if !sim.bad.is_empty() {
+        return Err(wrap(format!("contents differ at the peer: {:?}", sim.bad)));
+    }
+    // one REQ: at most one connection per side (a duplicated REQ must not make a second
+    // passive one), exactly one each whenever the passive side got the REQ and answered.
+    // The exception: once B has rejected the REQ it keeps no record of it (as Linux's ib_cm,
+    // whose rejected cm_id goes back to idle and is destroyed), so a retransmitted or
+    // duplicated REQ arriving after the REJ is a new request, rejected again; each such
+    // passive connection saw exactly one event, its REQ.
+    let per_side = [sim.logs[0].len(), sim.logs[1].len()];
+    let want_both = matches!(
+        sim.scenario,
+        Scenario::ActiveDisconnects | Scenario::PassiveDisconnects | Scenario::Simultaneous
+    );
+    let rejected_again = sim.scenario == Scenario::Reject
+        && per_side[0] == 1
+        && per_side[1] >= 1
+        && sim.logs[1]
+            .values()
+            .all(|l| matches!(&l[..], [CmEvent::ReqReceived(_)]));
+    if !rejected_again
+        && (per_side[0] > 1
+            || per_side[1] > 1
+            || (want_both && per_side != [1, 1])
+            || (sim.scenario == Scenario::Reject && per_side != [1, 1]))
+    {
+        return Err(wrap(format!(
+            "connections per side {per_side:?}: {:?}",
+            sim.logs
+        )));
     }
     let mut est = [0usize; 2];
     for i in 0..2 {
