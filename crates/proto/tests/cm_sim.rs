@@ -183,34 +183,23 @@ impl Sim {
         self.logs[i].entry(conn).or_default().push(e.clone());
         let at = self.now;
         // what the peer sent arrives intact: QPN, PSN, the 92 bytes of private data
-        match (&e, i) {
+        let wrong = match (&e, i) {
             (CmEvent::ReqReceived(r), 1) => {
-                let q = &r.req;
-                if q.local_qpn != QPN_A
-                    || q.starting_psn != self.req_psn
-                    || q.private_data[..] != REQ_PD[..]
-                {
-                    self.bad.push(format!(
-                        "REQ at B: QPN {:#x} PSN {:#x} (sent {:#x}) private data {:02x?}",
-                        q.local_qpn,
-                        q.starting_psn,
-                        self.req_psn,
-                        &q.private_data[..]
-                    ));
-                }
+                r.req.local_qpn != QPN_A
+                    || r.req.starting_psn != self.req_psn
+                    || r.req.private_data[..] != REQ_PD[..]
             }
             (CmEvent::RepReceived(r), 0) => {
-                if r.rep.local_qpn != QPN_B || !self.rep_psns.contains(&r.rep.starting_psn) {
-                    self.bad.push(format!(
-                        "REP at A: QPN {:#x} PSN {:#x} (sent {:x?})",
-                        r.rep.local_qpn, r.rep.starting_psn, self.rep_psns
-                    ));
-                }
+                r.rep.local_qpn != QPN_B || !self.rep_psns.contains(&r.rep.starting_psn)
             }
-            (CmEvent::ReqReceived(_), _) | (CmEvent::RepReceived(_), _) => {
-                self.bad.push(format!("side {i} got {e:?}"));
-            }
-            _ => {}
+            (CmEvent::ReqReceived(_), _) | (CmEvent::RepReceived(_), _) => true,
+            _ => false,
+        };
+        if wrong {
+            self.bad.push(format!(
+                "side {i} got {e:?} (REQ PSN sent {:#x}, REP PSNs sent {:x?})",
+                self.req_psn, self.rep_psns
+            ));
         }
         match e {
             CmEvent::ReqReceived(_) => {
