@@ -9,7 +9,10 @@ use std::process::{Command, Stdio};
 /// (same cargo, target directory and profile) rather than skip the test.
 fn example() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
     let p = profile_dir.join("examples").join("rc_pingpong");
     if !p.exists() {
         let target_dir = profile_dir.parent().expect("target directory");
