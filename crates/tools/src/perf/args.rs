@@ -18,16 +18,20 @@ options:
    -t, --tx-depth=N       work requests in flight (bandwidth tests, default 128)
    -p, --port=PORT        rdma_cm port (default 18515)
    -F, --CPU-freq         accepted for compatibility (no CPU frequency check is made)
-   -R, --rdma_cm          accepted: connections are always made by the connection manager
-       --bind=ADDR        local address
+   -R, --rdma_cm          perftest's -R exchange (a perftest -R peer; see docs/PERFTEST.md);
+                          a server without -R serves both our clients and perftest -R ones
+   -d, -i, -x, -m, -I, -u accepted for perftest compatibility (device, port, GID index, MTU,
+                          inline size, QP timeout: the connection manager picks them)
+   -c, --connection=RC    connection type (RC only)
+       --bind=ADDR        local address (also --bind_source_ip, as perftest)
    -h, --help             this help
 ";
 
 /// Short options and which take a value.
-const SPEC: &str = "s:an:D:q:t:p:FRB:h";
+const SPEC: &str = "s:an:D:q:t:p:FRB:hd:i:x:m:I:u:c:";
 
 /// Long options and their short letter.
-const LONG: [(&str, char); 11] = [
+const LONG: [(&str, char); 19] = [
     ("size", 's'),
     ("all", 'a'),
     ("iters", 'n'),
@@ -39,6 +43,14 @@ const LONG: [(&str, char); 11] = [
     ("rdma_cm", 'R'),
     ("bind", 'B'),
     ("help", 'h'),
+    ("bind_source_ip", 'B'),
+    ("ib-dev", 'd'),
+    ("ib-port", 'i'),
+    ("gid-index", 'x'),
+    ("mtu", 'm'),
+    ("inline_size", 'I'),
+    ("qp-timeout", 'u'),
+    ("connection", 'c'),
 ];
 
 /// The outcome of parsing.
@@ -47,11 +59,32 @@ pub enum Parsed {
     /// `-h`.
     Help,
     /// Run with these parameters.
-    Run(Params),
+    Run(Params, Extra),
+}
+
+/// Options beyond [`Params`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extra {
+    /// `-R`: perftest's exchange.
+    pub rdma_cm: bool,
 }
 
 fn num<T: std::str::FromStr + TryFrom<u64>>(c: char, v: &str) -> Result<T, String> {
     parse_num(v).ok_or_else(|| format!("invalid value '{v}' for -{c}"))
+}
+
+/// `-s` as perftest reads it: a number, optionally with a `K` or `M` suffix.
+fn size_arg(v: &str) -> Result<usize, String> {
+    let (n, f) = match v.strip_suffix('K') {
+        Some(n) => (n, 1024),
+        None => match v.strip_suffix('M') {
+            Some(n) => (n, 1 << 20),
+            None => (v, 1),
+        },
+    };
+    let n: usize = num('s', n)?;
+    n.checked_mul(f)
+        .ok_or_else(|| format!("invalid value '{v}' for -s"))
 }
 
 /// Parses the arguments (without the program name).
@@ -86,10 +119,11 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         server: None,
     };
     let mut bind = None;
+    let mut extra = Extra::default();
     for o in opts {
         let v = o.value.as_deref().unwrap_or("");
         match o.name {
-            's' => p.size = num('s', v)?,
+            's' => p.size = size_arg(v)?,
             'a' => p.all = true,
             'n' => p.iters = num('n', v)?,
             'D' => p.duration = Some(Duration::from_secs(num('D', v)?)),
@@ -97,6 +131,10 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             't' => p.tx_depth = num('t', v)?,
             'p' => p.port = num('p', v)?,
             'B' => bind = Some(v.to_string()),
+            'R' => extra.rdma_cm = true,
+            'c' if !v.eq_ignore_ascii_case("RC") => {
+                return Err(format!("connection type '{v}' is not supported (RC only)"));
+            }
             _ => {}
         }
     }
@@ -134,7 +172,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     if let (Some(b), None) = (&mut p.bind, &p.server) {
         b.set_port(p.port);
     }
-    Ok(Parsed::Run(p))
+    Ok(Parsed::Run(p, extra))
 }
 
 #[cfg(test)]
@@ -147,7 +185,7 @@ mod tests {
 
     #[test]
     fn client_and_server_forms() {
-        let Parsed::Run(p) = parse(&v(&[
+        let Parsed::Run(p, _) = parse(&v(&[
             "write_bw",
             "-s",
             "4096",
@@ -162,12 +200,32 @@ mod tests {
         assert_eq!(p.size, 4096);
         assert_eq!(p.server.unwrap().to_string(), "127.0.0.1:18515");
         assert_eq!(p.bind.unwrap().port(), 0);
-        let Parsed::Run(p) = parse(&v(&["send_lat", "-p5000", "--bind=127.0.0.1", "-a"])).unwrap()
+        let Parsed::Run(p, _) =
+            parse(&v(&["send_lat", "-p5000", "--bind=127.0.0.1", "-a"])).unwrap()
         else {
             panic!()
         };
         assert!(p.server.is_none() && p.all);
         assert_eq!(p.bind.unwrap().to_string(), "127.0.0.1:5000");
+        let Parsed::Run(p, e) = parse(&v(&[
+            "send_lat",
+            "-R",
+            "-s",
+            "4K",
+            "-n",
+            "200",
+            "-x",
+            "3",
+            "--bind_source_ip",
+            "127.0.0.3",
+            "127.0.0.1",
+        ]))
+        .unwrap() else {
+            panic!()
+        };
+        assert!(e.rdma_cm);
+        assert_eq!((p.size, p.iters), (4096, 200));
+        assert_eq!(p.bind.unwrap().ip().to_string(), "127.0.0.3");
     }
 
     #[test]
@@ -182,6 +240,7 @@ mod tests {
             &["send_bw", "--bogus"],
             &["send_bw", "a", "b"],
             &["send_bw", "-n", "x"],
+            &["send_bw", "-c", "UD"],
         ] {
             assert!(parse(&v(a)).is_err(), "{a:?}");
         }

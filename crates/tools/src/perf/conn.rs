@@ -123,7 +123,7 @@ impl Link {
     }
 }
 
-fn wait(
+pub(crate) fn wait(
     ch: &EventChannel,
     want: EventType,
     limit: Duration,
@@ -287,6 +287,29 @@ pub fn server(
     hook: Hook<'_>,
     ready: &mut dyn FnMut(),
 ) -> Result<(Link, Params), String> {
+    match server_any(p, hook, ready, false)? {
+        Served::Native(l, cp) => Ok((l, cp)),
+        Served::Perftest(_) => Err("a perftest client".into()),
+    }
+}
+
+/// What a server got: one of our clients, or perftest's `-R` communication request (a
+/// request without our private data, before any of ours).
+pub enum Served {
+    /// Our client's connections and parameters.
+    Native(Link, Params),
+    /// A perftest `-R` client, for [`super::rcm::serve`].
+    Perftest(super::rcm::Request),
+}
+
+/// [`server`], handing a request that is not ours to perftest's `-R` flow when `perftest`
+/// (it is rejected otherwise).
+pub fn server_any(
+    p: &Params,
+    hook: Hook<'_>,
+    ready: &mut dyn FnMut(),
+    perftest: bool,
+) -> Result<Served, String> {
     let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
     let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
     let addr = p
@@ -314,6 +337,14 @@ pub fn server(
                 let Some(id) = ev.take_id() else { continue };
                 drop(ev);
                 let Some(h) = hello else {
+                    if perftest && cp.is_none() {
+                        return Ok(Served::Perftest(super::rcm::Request {
+                            cma,
+                            ch,
+                            listen,
+                            id,
+                        }));
+                    }
                     let _ = id.reject(b"not an rdma-perf request");
                     continue;
                 };
@@ -388,5 +419,5 @@ pub fn server(
         remote,
         t0.unwrap_or_else(Instant::now),
     );
-    Ok((l, cp))
+    Ok(Served::Native(l, cp))
 }

@@ -11,7 +11,9 @@
 
 pub mod args;
 pub mod conn;
+pub mod perftest;
 pub mod proto;
+pub mod rcm;
 pub mod report;
 pub mod run;
 
@@ -166,9 +168,11 @@ pub fn main_with(args: &[String]) -> Result<(), String> {
             print!("{}", args::USAGE);
             Ok(())
         }
-        args::Parsed::Run(p) => match p.server {
-            Some(_) => run::client(&p, &mut |_| {}),
-            None => run::server(&p, &mut |_| {}),
+        args::Parsed::Run(p, e) => match (p.server, e.rdma_cm) {
+            (Some(_), false) => run::client(&p, &mut |_| {}),
+            (Some(_), true) => rcm::client(&p, &mut |_| {}, true).map(|_| ()),
+            (None, false) => run::server_auto(&p, &mut |_| {}, true),
+            (None, true) => rcm::server(&p, &mut |_| {}, true, &mut || {}).map(|_| ()),
         },
     }
 }

@@ -380,6 +380,22 @@ pub fn server_with(
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
     let (link, cp) = conn::server(p, &mut *hook, ready)?;
+    serve_link(link, cp, hook, print)
+}
+
+/// `rdma-perf TEST` as a server: our client's protocol, or perftest's `-R` when the first
+/// request carries no rdma-perf private data (`ib_send_lat -R ...` against us).
+pub fn server_auto(p: &Params, hook: Hook<'_>, print: bool) -> Result<(), String> {
+    if print {
+        println!("\n************************************\n* Waiting for client to connect... *\n************************************");
+    }
+    match conn::server_any(p, &mut *hook, &mut || {}, true)? {
+        conn::Served::Native(link, cp) => serve_link(link, cp, hook, print),
+        conn::Served::Perftest(req) => super::rcm::serve(p, req, hook, print).map(|_| ()),
+    }
+}
+
+fn serve_link(link: Link, cp: Params, hook: Hook<'_>, print: bool) -> Result<(), String> {
     if print {
         println!("{}", report::banner(&cp, &device_name(&link), "4096[B]"));
         print_addresses(&link);
