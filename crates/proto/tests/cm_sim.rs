@@ -1,5 +1,5 @@
 //! Deterministic two-agent simulation of the IB CM: seeded loss, duplication, delay
-//! (and so reordering) of CM MADs on a virtual clock.
+//! (and so reordering) and corruption of CM MADs on a virtual clock.
 //!
 //! Each seed picks a scenario (connect and disconnect from either side, simultaneous DREQs,
 //! consumer reject with private data, no listener, peer vanishing) and network faults. The
@@ -8,6 +8,23 @@
 //! reached (both sides established then disconnected, or the expected REJ), the simulation
 //! goes quiet (no timer left: never a hang), and after destroying everything both agents are
 //! empty.
+//!
+//! Vanish: the passive host disappears (at the start, right after sending its REP, when it is
+//! established, or at a random time): from then on it receives, sends and runs nothing. The
+//! survivor's one connection must end as the CM prescribes for what it had seen: REQ_TIMEOUT
+//! when no REP came, else ESTABLISHED, then DREP_RECEIVED if a DREP answered its DREQ or
+//! DREQ_TIMEOUT if none did, then TIMEWAIT_EXIT; afterwards it wants no timer, and destroying
+//! the connection sends nothing and leaves the agent empty.
+//!
+//! Corruption: a delivered MAD may have one bit of its 24-byte MAD header flipped (the fields
+//! the CM itself must validate or may ignore; a flip elsewhere would be caught by the ICRC,
+//! which the transport simulator covers). Each corrupted MAD is counted and classified by what
+//! the receiving agent did: refused (its `malformed` or `unmatched` counter grew), accepted
+//! with the flip in a field the CM ignores (status, class specific, transaction id, reserved,
+//! attribute modifier: harmless, so the seed must still reach its goal), or accepted as
+//! another message type (a flipped attribute id, e.g. a REP read as a REJ, which no CM can tell
+//! from a genuine one: the seed is held to the grammar, the quiet end and the empty agents
+//! only). A corrupted base version, class, class version or method must always be refused.
 //!
 //! `RDMA_SIM_SEEDS=N` runs seeds 0..N (default 200); `RDMA_SIM_SEED=S` runs only seed S.
 //! A failure prints its seed.
@@ -55,6 +72,55 @@ enum Scenario {
     Vanish,
 }
 
+/// When the passive host of a Vanish seed disappears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vanish {
+    /// Before it receives anything.
+    AtStart,
+    /// Right after it sends its REP.
+    AfterRep,
+    /// When it is established (it got the RTU).
+    WhenEstablished,
+    /// At this virtual time.
+    At(u64),
+}
+
+/// Corrupted MADs, by what the receiver did with them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Corruption {
+    /// MADs delivered with a flipped bit.
+    corrupted: u64,
+    /// Refused: counted as malformed or unmatched by the receiving agent.
+    refused: u64,
+    /// Accepted, the flip in a field the CM ignores.
+    harmless: u64,
+    /// Accepted as another message type (flipped attribute id).
+    retyped: u64,
+}
+
+impl Corruption {
+    fn add(&mut self, o: &Corruption) {
+        self.corrupted += o.corrupted;
+        self.refused += o.refused;
+        self.harmless += o.harmless;
+        self.retyped += o.retyped;
+    }
+}
+
+/// What a seed did, for the totals.
+#[derive(Debug, Default)]
+struct Report {
+    corruption: Corruption,
+    /// Vanish seeds: the survivor's last event before TIMEWAIT_EXIT (or its only one).
+    vanish_outcome: Option<&'static str>,
+}
+
+/// A MAD in flight: delivery time, sequence, receiver, the MAD, the bit flipped in it.
+type InFlight = (u64, u64, usize, [u8; MAD_LEN], Option<u64>);
+
+/// Bytes of the MAD header the corruption flips bits in.
+const MAD_HEADER: u64 = 24;
+
 #[derive(Debug, Clone, Copy)]
 enum Action {
     Accept(ConnHandle),
@@ -71,8 +137,11 @@ struct Sim {
     scenario: Scenario,
     loss: f64,
     dup: f64,
+    corrupt: f64,
+    vanish: Option<Vanish>,
+    /// When the passive host vanished (or will: `Vanish::At`).
     vanish_at: Option<u64>,
-    net: Vec<(u64, u64, usize, [u8; MAD_LEN])>,
+    net: Vec<InFlight>,
     seq: u64,
     actions: Vec<(u64, usize, Action)>,
     logs: [BTreeMap<ConnHandle, Vec<CmEvent>>; 2],
@@ -82,6 +151,15 @@ struct Sim {
     rep_psns: Vec<u32>,
     /// Contents a peer received differently from what was sent.
     bad: Vec<String>,
+    corruption: Corruption,
+    /// Corrupted MADs accepted that must have been refused.
+    refusal_missed: Vec<String>,
+    /// A corrupted MAD was accepted as another message type: the goal checks do not apply.
+    retyped: bool,
+    /// The active side's connection.
+    a_conn: Option<ConnHandle>,
+    /// DREPs the active side accepted while its connection was in DREQ_SENT.
+    dreps_to_dreq_sent: u32,
 }
 
 /// The REQ's private data (all 92 bytes a REQ holds) and the QPNs of both sides.
@@ -104,7 +182,18 @@ impl Sim {
         };
         let loss = [0.0, 0.05, 0.15, 0.3][rng.below(4) as usize];
         let dup = [0.0, 0.1, 0.3][rng.below(3) as usize];
-        let vanish_at = (scenario == Scenario::Vanish).then(|| rng.below(12 * S));
+        let corrupt = [0.0, 0.05, 0.2, 0.4][rng.below(4) as usize];
+        let vanish = (scenario == Scenario::Vanish).then(|| match rng.below(4) {
+            0 => Vanish::AtStart,
+            1 => Vanish::AfterRep,
+            2 => Vanish::WhenEstablished,
+            _ => Vanish::At(rng.below(12 * S)),
+        });
+        let vanish_at = match vanish {
+            Some(Vanish::AtStart) => Some(0),
+            Some(Vanish::At(t)) => Some(t),
+            _ => None,
+        };
         let cfg = |guid, seed| AgentConfig {
             ca_guid: guid,
             seed,
@@ -126,6 +215,8 @@ impl Sim {
             scenario,
             loss,
             dup,
+            corrupt,
+            vanish,
             vanish_at,
             net: Vec::new(),
             seq: 0,
@@ -135,13 +226,23 @@ impl Sim {
             req_psn: 0,
             rep_psns: Vec::new(),
             bad: Vec::new(),
+            corruption: Corruption::default(),
+            refusal_missed: Vec::new(),
+            retyped: false,
+            a_conn: None,
+            dreps_to_dreq_sent: 0,
         }
+    }
+
+    /// Whether the passive host is gone.
+    fn vanished(&self) -> bool {
+        self.vanish_at.is_some_and(|t| self.now >= t)
     }
 
     fn describe(&self) -> String {
         format!(
-            "{:?} loss {} dup {} vanish {:?}",
-            self.scenario, self.loss, self.dup, self.vanish_at
+            "{:?} loss {} dup {} corrupt {} vanish {:?}",
+            self.scenario, self.loss, self.dup, self.corrupt, self.vanish
         )
     }
 
@@ -150,8 +251,8 @@ impl Sim {
         while let Some((to, mad)) = self.agents[i].poll_transmit() {
             let j = if to.same_node(&self.addrs[0]) { 0 } else { 1 };
             assert_ne!(i, j, "agent sent to itself");
-            if self.vanish_at.is_some_and(|t| self.now >= t) {
-                continue;
+            if i == 1 && self.vanished() {
+                continue; // a vanished host sends nothing
             }
             let copies = if self.rng.chance(self.dup) { 2 } else { 1 };
             for _ in 0..copies {
@@ -159,8 +260,14 @@ impl Sim {
                     continue;
                 }
                 let at = self.now + self.rng.below(20 * MS);
+                let mut copy = mad;
+                let flip = self.rng.chance(self.corrupt).then(|| {
+                    let bit = self.rng.below(MAD_HEADER * 8);
+                    copy[(bit / 8) as usize] ^= 1 << (bit % 8);
+                    bit
+                });
                 self.seq += 1;
-                self.net.push((at, self.seq, j, mad));
+                self.net.push((at, self.seq, j, copy, flip));
             }
         }
         while let Some(e) = self.agents[i].poll_event() {
@@ -200,6 +307,12 @@ impl Sim {
                 "side {i} got {e:?} (REQ PSN sent {:#x}, REP PSNs sent {:x?})",
                 self.req_psn, self.rep_psns
             ));
+        }
+        if i == 1
+            && self.vanish == Some(Vanish::WhenEstablished)
+            && matches!(e, CmEvent::Established { .. })
+        {
+            self.vanish_at = Some(self.now);
         }
         match e {
             CmEvent::ReqReceived(_) => {
@@ -262,7 +375,10 @@ impl Sim {
             let t_net = self.net.iter().map(|p| (p.0, p.1)).min();
             let t_act = self.actions.iter().map(|a| a.0).min();
             let t_a = self.agents[0].poll_timeout();
-            let t_b = self.agents[1].poll_timeout();
+            // a vanished host runs no timer
+            let t_b = self.agents[1]
+                .poll_timeout()
+                .filter(|&t| !self.vanish_at.is_some_and(|v| t >= v));
             let next = [t_net.map(|t| t.0), t_act, t_a, t_b]
                 .into_iter()
                 .flatten()
@@ -279,24 +395,78 @@ impl Sim {
                 .iter()
                 .position(|p| Some((p.0, p.1)) == t_net && p.0 <= self.now)
             {
-                let (_, _, j, mad) = self.net.swap_remove(k);
-                let from = self.addrs[1 - j];
-                self.agents[j].handle_mad(self.now, from, &mad);
+                let (_, _, j, mad, flip) = self.net.swap_remove(k);
+                if j == 1 && self.vanished() {
+                    continue; // nobody there
+                }
+                self.deliver(j, &mad, flip);
                 self.pump(j);
                 continue;
             }
             if let Some(k) = self.actions.iter().position(|a| a.0 <= self.now) {
                 let (_, i, a) = self.actions.remove(k);
+                if i == 1 && self.vanished() {
+                    continue; // nor any application
+                }
                 self.act(i, a);
                 self.pump(i);
+                if i == 1
+                    && matches!(a, Action::Accept(_))
+                    && self.vanish == Some(Vanish::AfterRep)
+                    && self.vanish_at.is_none()
+                {
+                    self.vanish_at = Some(self.now); // its REP is on the way
+                }
                 continue;
             }
             for i in 0..2 {
+                if i == 1 && self.vanished() {
+                    break;
+                }
                 self.agents[i].handle_timeout(self.now);
                 self.pump(i);
             }
         }
         Err("too many steps: hang".into())
+    }
+
+    /// Hands a MAD to agent `j`; a corrupted one (`flip`: the bit) is classified by what the
+    /// agent did with it.
+    fn deliver(&mut self, j: usize, mad: &[u8; MAD_LEN], flip: Option<u64>) {
+        let from = self.addrs[1 - j];
+        let attr = u16::from_be_bytes([mad[16], mad[17]]);
+        let dreq_sent = j == 0
+            && self
+                .a_conn
+                .is_some_and(|c| self.agents[0].state(c) == Some(CmState::DreqSent));
+        let before = self.agents[j].stats();
+        self.agents[j].handle_mad(self.now, from, mad);
+        let after = self.agents[j].stats();
+        let refused = after.malformed + after.unmatched > before.malformed + before.unmatched;
+        if dreq_sent && attr == 0x0016 && !refused {
+            self.dreps_to_dreq_sent += 1;
+        }
+        let Some(bit) = flip else {
+            return;
+        };
+        let c = &mut self.corruption;
+        c.corrupted += 1;
+        if refused {
+            c.refused += 1;
+            return;
+        }
+        match bit / 8 {
+            // base version, class, class version, method: a CM MAD has exactly one of each
+            0..=3 => self.refusal_missed.push(format!(
+                "side {j} accepted a MAD with bit {bit} of its header flipped: {:02x?}",
+                &mad[..24]
+            )),
+            16 | 17 => {
+                c.retyped += 1;
+                self.retyped = true;
+            }
+            _ => c.harmless += 1,
+        }
     }
 
     fn start(&mut self) -> Result<(), String> {
@@ -307,7 +477,8 @@ impl Sim {
         let mut p = ReqParams::new(SID, self.addrs[1], QPN_A, self.req_psn);
         p.path.local_gid = self.addrs[0].gid;
         p.private_data = REQ_PD.to_vec();
-        self.agents[0].send_req(0, p).map_err(|e| e.to_string())?;
+        let c = self.agents[0].send_req(0, p).map_err(|e| e.to_string())?;
+        self.a_conn = Some(c);
         self.pump(0);
         Ok(())
     }
@@ -371,7 +542,7 @@ fn check_grammar(log: &[CmEvent]) -> Result<bool, String> {
     Ok(established)
 }
 
-fn run_seed(seed: u64) -> Result<(), String> {
+fn run_seed(seed: u64) -> Result<Report, String> {
     let mut sim = Sim::new(seed);
     let ctx = sim.describe();
     let wrap = |e: String| format!("{ctx}: {e}");
@@ -396,9 +567,22 @@ fn run_seed(seed: u64) -> Result<(), String> {
             eprintln!("  side {i} stats {:?}", sim.agents[i].stats());
         }
     }
-    if !sim.bad.is_empty() {
+    if !sim.refusal_missed.is_empty() {
+        return Err(wrap(format!(
+            "corrupted MADs accepted: {:?}",
+            sim.refusal_missed
+        )));
+    }
+    // a MAD read as another message type (a REP taken for a REJ ...) can be told from a
+    // genuine one by no CM: such a seed is held to the grammar, the quiet end and the empty
+    // agents only
+    let goal = !sim.retyped;
+    if goal && !sim.bad.is_empty() {
         return Err(wrap(format!("contents differ at the peer: {:?}", sim.bad)));
     }
+    // the passive host of a Vanish seed is gone: nothing of it is checked
+    let gone = sim.vanished();
+    let sides = if gone { 1 } else { 2 };
     // one REQ: at most one connection per side (a duplicated REQ must not make a second
     // passive one), exactly one each whenever the passive side got the REQ and answered.
     // The exception: once B has rejected the REQ it keeps no record of it (as Linux's ib_cm,
@@ -416,7 +600,8 @@ fn run_seed(seed: u64) -> Result<(), String> {
         && sim.logs[1]
             .values()
             .all(|l| matches!(&l[..], [CmEvent::ReqReceived(_)]));
-    if !rejected_again
+    if goal
+        && !rejected_again
         && (per_side[0] > 1
             || per_side[1] > 1
             || (want_both && per_side != [1, 1])
@@ -433,24 +618,23 @@ fn run_seed(seed: u64) -> Result<(), String> {
             let e = check_grammar(log)
                 .map_err(|e| wrap(format!("side {i} conn {c:?}: {e}: {log:?}")))?;
             est[i] += e as usize;
-            let last = log.last();
-            let quiet_established = sim.agents[i].state(*c) == Some(CmState::Established);
-            if quiet_established && sim.scenario != Scenario::Vanish {
+            // every connection of a live host ends idle: none is left established, half
+            // open or waiting (unless a retyped MAD made, say, a REJ read as a REP)
+            let state = sim.agents[i].state(*c);
+            if goal && i < sides && state != Some(CmState::Idle) {
                 return Err(wrap(format!(
-                    "side {i} left established without a disconnect: {log:?}"
+                    "side {i} conn {c:?} ended in {state:?}: {log:?}"
                 )));
             }
-            if !quiet_established && sim.agents[i].state(*c) != Some(CmState::Idle) {
-                return Err(wrap(format!(
-                    "side {i} conn {c:?} ended in {:?}: {log:?}",
-                    sim.agents[i].state(*c)
-                )));
-            }
-            let _ = last;
         }
     }
     let a_log: Vec<CmEvent> = sim.logs[0].values().flatten().cloned().collect();
+    let mut report = Report {
+        corruption: sim.corruption,
+        vanish_outcome: None,
+    };
     match sim.scenario {
+        _ if !goal => {}
         Scenario::ActiveDisconnects | Scenario::PassiveDisconnects | Scenario::Simultaneous => {
             if est != [1, 1] {
                 return Err(wrap(format!("established {est:?}; logs {:?}", sim.logs)));
@@ -478,15 +662,88 @@ fn run_seed(seed: u64) -> Result<(), String> {
             other => return Err(wrap(format!("active ended with {other:?}"))),
         },
         Scenario::Vanish => {
-            // Anything clean: checked above by the grammar and the quiet end.
             if est[1] > est[0] {
                 return Err(wrap(format!("passive established alone: {est:?}")));
+            }
+            // the survivor's one connection ends as what it saw prescribes
+            let name = |e: &CmEvent| -> &'static str {
+                match e {
+                    CmEvent::ReqTimeout { .. } => "REQ_TIMEOUT",
+                    CmEvent::DreqTimeout { .. } => "DREQ_TIMEOUT",
+                    CmEvent::DrepReceived { .. } => "DREP_RECEIVED",
+                    CmEvent::DreqReceived { .. } => "DREQ_RECEIVED",
+                    CmEvent::TimewaitExit { .. } => "TIMEWAIT_EXIT",
+                    _ => "other",
+                }
+            };
+            let disconnects: Vec<&CmEvent> = a_log.iter().filter(|e| e.is_disconnect()).collect();
+            let outcome = match (est[0], &disconnects[..], a_log.last()) {
+                (0, [], Some(e @ CmEvent::ReqTimeout { .. })) => name(e),
+                (1, [d], Some(CmEvent::TimewaitExit { .. })) => name(d),
+                _ => {
+                    return Err(wrap(format!(
+                        "survivor's connection did not end cleanly: {a_log:?}"
+                    )))
+                }
+            };
+            let want_drep = sim.dreps_to_dreq_sent > 0;
+            if outcome != "REQ_TIMEOUT"
+                && outcome != ["DREQ_TIMEOUT", "DREP_RECEIVED"][want_drep as usize]
+            {
+                return Err(wrap(format!(
+                    "survivor ended with {outcome} but {} DREPs answered its DREQ: {a_log:?}",
+                    sim.dreps_to_dreq_sent
+                )));
+            }
+            // what each vanishing point leaves the survivor
+            let ok = match sim.vanish {
+                Some(Vanish::AtStart) => a_log.len() == 1 && outcome == "REQ_TIMEOUT",
+                Some(Vanish::AfterRep) => outcome != "DREP_RECEIVED",
+                Some(Vanish::WhenEstablished) if gone => outcome == "DREQ_TIMEOUT",
+                _ => true,
+            };
+            if !ok {
+                return Err(wrap(format!(
+                    "vanish {:?}: survivor ended with {outcome}: {a_log:?}",
+                    sim.vanish
+                )));
+            }
+            if !gone && outcome != "DREP_RECEIVED" {
+                return Err(wrap(format!(
+                    "the peer never vanished, yet the survivor ended with {outcome}"
+                )));
+            }
+            report.vanish_outcome = Some(outcome);
+            // nothing left behind: no timer, and the ended connection goes without a word
+            if gone {
+                if let Some(t) = sim.agents[0].poll_timeout() {
+                    return Err(wrap(format!("survivor still wants a timer at {t}")));
+                }
+                let c = sim.a_conn.expect("the REQ was sent");
+                let now = sim.now;
+                sim.agents[0]
+                    .destroy(now, c)
+                    .map_err(|e| wrap(e.to_string()))?;
+                if let Some((to, mad)) = sim.agents[0].poll_transmit() {
+                    return Err(wrap(format!(
+                        "destroying the ended connection sent {:02x?} to {to:?}",
+                        &mad[..24]
+                    )));
+                }
+                if sim.agents[0].conn_count() != 0 || sim.agents[0].poll_event().is_some() {
+                    return Err(wrap("survivor not empty after destroy".into()));
+                }
             }
         }
     }
     // Destroy everything; the agents must drain to empty.
-    for i in 0..2 {
-        let conns: Vec<ConnHandle> = sim.logs[i].keys().copied().collect();
+    for i in 0..sides {
+        // (but the survivor's, destroyed above)
+        let conns: Vec<ConnHandle> = sim.logs[i]
+            .keys()
+            .copied()
+            .filter(|c| sim.agents[i].state(*c).is_some())
+            .collect();
         for c in conns {
             let now = sim.now;
             sim.agents[i]
@@ -496,7 +753,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         }
     }
     sim.run().map_err(wrap)?;
-    for i in 0..2 {
+    for i in 0..sides {
         if sim.agents[i].conn_count() != 0 {
             return Err(wrap(format!(
                 "side {i} holds {} connections after destroy",
@@ -504,7 +761,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
             )));
         }
     }
-    Ok(())
+    Ok(report)
 }
 
 #[test]
@@ -521,20 +778,43 @@ fn cm_simulation_seeds() {
     };
     let started = std::time::Instant::now();
     let mut failures = Vec::new();
+    let mut corruption = Corruption::default();
+    let mut outcomes: BTreeMap<&'static str, usize> = BTreeMap::new();
     for &seed in &seeds {
         let r = std::panic::catch_unwind(|| run_seed(seed));
         match r {
-            Ok(Ok(())) => {}
+            Ok(Ok(rep)) => {
+                corruption.add(&rep.corruption);
+                if let Some(o) = rep.vanish_outcome {
+                    *outcomes.entry(o).or_default() += 1;
+                }
+            }
             Ok(Err(e)) => failures.push(format!("seed {seed}: {e}")),
             Err(_) => failures.push(format!("seed {seed}: panicked")),
         }
     }
     eprintln!(
-        "cm simulation: {} seeds in {:?}, {} failed",
+        "cm simulation: {} seeds in {:?}, {} failed; corrupted MADs {corruption:?}; \
+         survivors of a vanished peer ended with {outcomes:?}",
         seeds.len(),
         started.elapsed(),
         failures.len()
     );
+    let c = corruption;
+    assert_eq!(c.refused + c.harmless + c.retyped, c.corrupted, "{c:?}");
+    if seeds.len() >= 200 {
+        // the faults were really injected and every kind of outcome happened
+        assert!(
+            c.refused > 0 && c.harmless > 0 && c.retyped > 0,
+            "too little corruption: {c:?}"
+        );
+        for o in ["REQ_TIMEOUT", "DREQ_TIMEOUT", "DREP_RECEIVED"] {
+            assert!(
+                outcomes.contains_key(o),
+                "no survivor ended with {o}: {outcomes:?}"
+            );
+        }
+    }
     assert!(
         failures.is_empty(),
         "{} failing seeds (rerun one with RDMA_SIM_SEED=N):\n{}",
