@@ -12,13 +12,12 @@ use crate::fd::EventFd;
 
 /// `struct rdma_event_channel`: the queue of events of the ids created on it.
 ///
-/// * [`EventChannel::get_event`] blocks until an event is ready, driving the connection
-///   manager meanwhile (MADs, timers, host changes): no thread is needed.
+/// The process's progress engine drives the connection manager (MADs, timers, host
+/// changes) and queues the events, whatever the application is doing:
+/// * [`EventChannel::get_event`] blocks until an event is ready (it waits on the fd).
 /// * [`EventChannel::try_get_event`] does one round without blocking (`EAGAIN`).
-/// * [`EventChannel::fd`] is readable while an event is queued (for `epoll` or tokio). It
-///   only becomes readable when somebody drives the CM: call [`Cma::spawn_progress`] when
-///   waiting on the fd alone.
-/// * [`EventChannel::next_event`] is the async form (it starts the progress thread).
+/// * [`EventChannel::fd`] is readable while an event is queued (for `epoll` or tokio).
+/// * [`EventChannel::next_event`] is the async form.
 ///
 /// ```no_run
 /// let ch = rdmacm::EventChannel::new()?;
@@ -104,14 +103,10 @@ impl EventChannel {
             if let Some(e) = self.inner.take_event(self.num) {
                 return Ok(Some(e));
             }
-            self.inner.progress();
-            if let Some(e) = self.inner.take_event(self.num) {
-                return Ok(Some(e));
-            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            self.inner.wait(Some(self.efd.raw()), deadline);
+            crate::fd::poll_readable(&[self.efd.raw()], deadline);
         }
     }
 
@@ -124,11 +119,9 @@ impl EventChannel {
         self.inner.take_event(self.num).ok_or(Error::WouldBlock)
     }
 
-    /// The async form of [`EventChannel::get_event`]. Starts the context's progress thread
-    /// (an async caller is not in `get_event` to drive the CM), then waits on the channel's
-    /// fd through tokio.
+    /// The async form of [`EventChannel::get_event`]: waits on the channel's fd through
+    /// tokio (the progress engine queues the events).
     pub async fn next_event(&self) -> Result<Event> {
-        self.cma().spawn_progress()?;
         loop {
             if let Some(e) = self.inner.take_event(self.num) {
                 return Ok(e);
@@ -139,11 +132,9 @@ impl EventChannel {
     }
 
     /// The channel's events as a [`futures_core::Stream`] (for `StreamExt::next`,
-    /// `select!` over several channels, stream combinators). Like
-    /// [`EventChannel::next_event`] it starts the context's progress thread, and it needs a
-    /// tokio runtime (the channel's fd is registered with its reactor). It never ends: it
-    /// yields `Ok(event)` as events come, or an `Err` if the progress thread or the fd
-    /// registration fails.
+    /// `select!` over several channels, stream combinators). It needs a tokio runtime (the
+    /// channel's fd is registered with its reactor). It never ends: it yields `Ok(event)` as
+    /// events come, or an `Err` if the fd registration fails.
     ///
     /// ```no_run
     /// # async fn f(ch: rdmacm::EventChannel) -> rdmacm::Result<()> {
@@ -154,10 +145,7 @@ impl EventChannel {
     /// # Ok(()) }
     /// ```
     pub fn events(&self) -> EventStream<'_> {
-        EventStream {
-            ch: self,
-            started: false,
-        }
+        EventStream { ch: self }
     }
 
     fn async_fd(&self) -> Result<&tokio::io::unix::AsyncFd<RawFdRef>> {
@@ -188,23 +176,16 @@ impl EventChannel {
 #[derive(Debug)]
 pub struct EventStream<'a> {
     ch: &'a EventChannel,
-    started: bool,
 }
 
 impl futures_core::Stream for EventStream<'_> {
     type Item = Result<Event>;
 
     fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Event>>> {
         use std::task::Poll;
-        if !self.started {
-            if let Err(e) = self.ch.cma().spawn_progress() {
-                return Poll::Ready(Some(Err(e)));
-            }
-            self.started = true;
-        }
         let ch = self.ch;
         loop {
             if let Some(e) = ch.inner.take_event(ch.num) {

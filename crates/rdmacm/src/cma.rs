@@ -1,17 +1,15 @@
 //! The process-wide connection-manager context: devices and their CM agents, port tables,
-//! the resolver and the change watcher, every id and every channel; and the progress engine
-//! that drives them in the caller's thread.
+//! the resolver and the change watcher, every id and every channel. The process's progress
+//! engine (`rdma_soft::engine`) drives it: MADs, CM timers, host changes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use rdma_proto::cm::{AgentConfig, CmAgent, ConnHandle, OverloadPolicy, PeerAddr};
+use rdma_soft::engine::{Registration, Run, Source};
 use rdma_soft::io::WireAddr;
 use rdma_soft::verbs::{Device, DeviceConfig, QueuePair};
 
@@ -19,16 +17,12 @@ use crate::addr::{classify, AddrClass};
 use crate::channel::EventChannel;
 use crate::error::{Error, Result};
 use crate::event::{ConnEventParam, EventType, PendingEvent, UdParam};
-use crate::fd::{poll_readable, EventFd};
+use crate::fd::EventFd;
 use crate::id::{CmId, IdState, QpKind};
 use crate::ports::{BindHandle, PortSpace, PortTables};
 use crate::resolve::{Binding, Netdev, ResolvedAddr, Resolver};
 use crate::route::RocePath;
 use crate::watch::{Notification, Watcher};
-
-/// Longest a waiter sleeps without re-checking (a safety net against missed wake-ups
-/// between several waiting threads; not a polling interval in the normal case).
-const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// Number of an id: never reused within a context.
 pub(crate) type IdNum = u64;
@@ -323,8 +317,38 @@ pub(crate) struct Inner {
     watch_notify: Arc<tokio::sync::Notify>,
     epoch: Instant,
     config: CmaConfig,
-    progress_stop: AtomicBool,
-    progress_thread: Mutex<Option<JoinHandle<()>>>,
+    /// The CM's place in the process's progress engine: it runs [`Inner::progress`] when a
+    /// MAD is queued on a device's GSI, `wake` is signalled or a CM timer is due.
+    engine: OnceLock<(Arc<CmSource>, Registration)>,
+    /// The namespace the context was made in: the engine runs its CM there.
+    netns: Option<crate::netns::NetNs>,
+    /// Tests only ([`Cma::pause_progress`]): the engine leaves the CM alone.
+    paused: std::sync::atomic::AtomicBool,
+}
+
+/// What the progress engine drives: the context's CM (held weakly: a dropped context stops).
+pub(crate) struct CmSource(Weak<Inner>);
+
+impl Source for CmSource {
+    fn run(&self, now: Instant) -> Run {
+        if self.0.strong_count() == 0 {
+            return Run::Idle;
+        }
+        // Borrowed without a count of its own, so that the engine never keeps the context
+        // alive: when the application drops its last handle during this run, `Inner`'s
+        // drop first unregisters, which waits for this run to end (rdma_soft::engine's
+        // gate), and only then tears the devices and sockets down, in its own thread.
+        // SAFETY: the engine runs us only while the registration is alive (see above), so
+        // the pointee is live for the whole run; the `ManuallyDrop` never decrements.
+        let inner = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(self.0.as_ptr()) });
+        if inner.paused.load(std::sync::atomic::Ordering::Acquire) {
+            return Run::Deferred(now + Duration::from_millis(5));
+        }
+        let _ns = inner.netns.as_ref().and_then(|n| n.enter());
+        inner.wake.clear();
+        inner.progress();
+        Run::Idle
+    }
 }
 
 /// The connection-manager context: owns the software devices (one per netdev, created on
@@ -335,16 +359,14 @@ pub(crate) struct Inner {
 /// and embedders may make their own with [`Cma::new`] (created in the network namespace it
 /// should see).
 ///
-/// Progress is run-to-completion in the caller's thread: [`EventChannel::get_event`]
-/// receives MADs, runs the CM and its timers and blocks on the devices' fds with the next
-/// CM deadline as timeout. [`Cma::spawn_progress`] starts an optional thread that does this
-/// continuously, for applications that want the CM answered while they are not in
-/// `get_event` (it costs a thread that sleeps in `poll`).
+/// The process's progress engine (one thread, asleep in `epoll` while nothing happens)
+/// drives the CM whatever the application does: it answers MADs, runs the CM's timers and
+/// host changes and queues events, so [`EventChannel::get_event`] and the channel's fd only
+/// wait.
 ///
 /// ```no_run
 /// let cma = rdmacm::Cma::new()?;
 /// let ch = rdmacm::EventChannel::with_cma(&cma)?;
-/// let _progress = cma.spawn_progress(); // optional
 /// # Ok::<(), rdmacm::Error>(())
 /// ```
 #[derive(Clone)]
@@ -414,9 +436,16 @@ impl Cma {
             watch_notify: Arc::new(tokio::sync::Notify::new()),
             epoch: Instant::now(),
             config,
-            progress_stop: AtomicBool::new(false),
-            progress_thread: Mutex::new(None),
+            engine: OnceLock::new(),
+            netns: crate::netns::NetNs::current().ok(),
+            paused: std::sync::atomic::AtomicBool::new(false),
         });
+        let src = Arc::new(CmSource(Arc::downgrade(&inner)));
+        let weak: Weak<dyn Source> = Arc::downgrade(&src) as Weak<dyn Source>;
+        let reg = rdma_soft::engine::register(weak)?;
+        reg.add_fd(inner.wake.raw())?;
+        // Cannot be set already: the Arc is ours alone.
+        let _ = inner.engine.set((src, reg));
         start_watcher(&inner);
         Ok(Cma { inner })
     }
@@ -430,51 +459,15 @@ impl Cma {
         Ok(GLOBAL.get_or_init(|| c).clone())
     }
 
-    /// Starts the optional CM progress thread (idempotent). It answers MADs, runs CM timers
-    /// and delivers events into the channels while the application is elsewhere; it
-    /// sleeps in `poll(2)` on the devices' fds. Stopped by [`Cma::stop_progress`] or when
-    /// the context is dropped.
-    pub fn spawn_progress(&self) -> Result<()> {
-        let mut t = self
-            .inner
-            .progress_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if t.is_some() {
-            return Ok(());
-        }
-        self.inner.progress_stop.store(false, Ordering::SeqCst);
-        let weak = Arc::downgrade(&self.inner);
-        let h = std::thread::Builder::new()
-            .name("rdmacm-progress".into())
-            .spawn(move || loop {
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.progress_stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                inner.progress();
-                inner.wait(None, Some(Instant::now() + MAX_WAIT));
-            })
-            .map_err(Error::Io)?;
-        *t = Some(h);
-        Ok(())
-    }
-
-    /// Stops the progress thread, if running.
-    pub fn stop_progress(&self) {
-        self.inner.progress_stop.store(true, Ordering::SeqCst);
-        self.inner.wake.signal();
-        let h = self
-            .inner
-            .progress_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(h) = h {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
-        }
+    /// For tests that need a MAD to wait before the CM looks at it (a host change racing
+    /// with a request): the engine leaves this context's CM alone until the guard is
+    /// dropped (MADs stay queued on the devices). Not for applications.
+    #[doc(hidden)]
+    pub fn pause_progress(&self) -> PauseGuard {
+        self.inner
+            .paused
+            .store(true, std::sync::atomic::Ordering::Release);
+        PauseGuard(self.inner.clone())
     }
 
     /// Runs the CM once without blocking: receives MADs, runs timers, delivers events.
@@ -551,8 +544,26 @@ impl Cma {
     }
 }
 
+/// See [`Cma::pause_progress`].
+#[doc(hidden)]
+pub struct PauseGuard(Arc<Inner>);
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        self.0
+            .paused
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.0.wake.signal();
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Leave the engine first (waiting for a CM run in progress), then tear down.
+        if let Some((src, reg)) = self.engine.take() {
+            drop(reg);
+            drop(src);
+        }
         if let Some(rt) = self.rt.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             rt.shutdown_background();
         }
@@ -780,9 +791,29 @@ impl Inner {
                 arrival_local: HashMap::new(),
             },
         );
+        let gsi_fd = st.devices.get(&index).map(|d| d.dev.gsi_wait_fds().event);
         drop(st);
+        if let (Some(fd), Some((_, reg))) = (gsi_fd, self.engine.get()) {
+            // MADs queued on this device's GSI make the engine run the CM
+            reg.add_fd(fd)?;
+        }
         self.wake.signal();
         Ok(())
+    }
+
+    /// Tells the engine when the CM must run next: the earliest timer of any agent.
+    /// Called with the state locked (so a concurrent `wake_by` is not overwritten).
+    fn set_engine_wake(&self, st: &State) {
+        let Some((_, reg)) = self.engine.get() else {
+            return;
+        };
+        let next = st
+            .devices
+            .values()
+            .filter_map(|d| d.agent.poll_timeout())
+            .min()
+            .map(|t| self.instant(t));
+        reg.set_wake(next);
     }
 
     /// Opens UDP 4791 / QP1 of device `index` on local address `ip`.
@@ -960,6 +991,7 @@ impl Inner {
         if !host.is_empty() {
             st = self.apply_host_events(st, host);
         }
+        self.set_engine_wake(&st);
         let after: usize = st.channels.values().map(|c| c.queue.len()).sum();
         after.saturating_sub(before)
     }
@@ -1079,67 +1111,15 @@ impl Inner {
             let ev = d.agent.poll_event();
             match ev {
                 Some(ev) => self.on_cm_event(st, i, ev),
-                None if !did => return,
+                None if !did => {
+                    // an API call may have armed a timer: the engine must wake for it
+                    if let (Some(t), Some((_, reg))) = (d.agent.poll_timeout(), self.engine.get()) {
+                        reg.wake_by(self.instant(t));
+                    }
+                    return;
+                }
                 None => {}
             }
-        }
-    }
-
-    /// The fds to block on and the next deadline.
-    fn wait_set(&self, st: &State) -> (Vec<RawFd>, Option<Instant>) {
-        let mut fds = vec![self.wake.raw()];
-        let mut dl: Option<Instant> = None;
-        for d in st.devices.values() {
-            if d.open.is_empty() {
-                continue;
-            }
-            let w = d.dev.gsi_wait_fds();
-            fds.push(w.event);
-            if let Some(f) = w.wire {
-                fds.push(f);
-            }
-            if let Some(t) = d.agent.poll_timeout() {
-                let t = self.instant(t);
-                dl = Some(dl.map_or(t, |x| x.min(t)));
-            }
-            if let Some(t) = d.dev.next_deadline() {
-                dl = Some(dl.map_or(t, |x| x.min(t)));
-            }
-        }
-        (fds, dl)
-    }
-
-    /// Blocks until something may need progress, channel `chan_fd` is readable, or
-    /// `deadline`.
-    pub(crate) fn wait(&self, chan_fd: Option<RawFd>, deadline: Option<Instant>) {
-        let (mut fds, dl) = {
-            if !self
-                .notifications
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
-                || !self
-                    .host_events
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_empty()
-            {
-                return;
-            }
-            let st = self.lock();
-            self.wait_set(&st)
-        };
-        if let Some(f) = chan_fd {
-            fds.push(f);
-        }
-        let cap = Instant::now() + MAX_WAIT;
-        let mut until = dl.map_or(cap, |d| d.min(cap));
-        if let Some(d) = deadline {
-            until = until.min(d);
-        }
-        if poll_readable(&fds, Some(until)) {
-            // Only the wake flag is ours to clear; the others are cleared by consuming.
-            self.wake.clear();
         }
     }
 }

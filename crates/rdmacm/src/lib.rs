@@ -8,9 +8,9 @@
 //!
 //! # Connection manager
 //!
-//! * [`Cma`]: the process-wide context (devices, CM agents, ports, ids); progress runs in the
-//!   caller's thread ([`EventChannel::get_event`]) or an optional thread
-//!   ([`Cma::spawn_progress`]).
+//! * [`Cma`]: the process-wide context (devices, CM agents, ports, ids), driven by the
+//!   process's progress engine (one thread asleep in `epoll`; no application call is
+//!   needed for the CM to answer its peers).
 //! * [`EventChannel`]: blocking [`EventChannel::get_event`], its fd, async
 //!   [`EventChannel::next_event`]. [`Event`]: [`EventType`] (Display = `rdma_event_str`),
 //!   status, private data; dropping it acknowledges it.
@@ -138,6 +138,7 @@ mod event;
 mod fd;
 mod id;
 mod listen;
+mod netns;
 mod ports;
 mod resolve;
 mod route;
@@ -145,6 +146,8 @@ mod watch;
 
 pub use async_api::{ConnectOptions, Connection, Listener};
 pub use channel::{EventChannel, EventStream};
+#[doc(hidden)]
+pub use cma::PauseGuard;
 pub use cma::{Cma, CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};

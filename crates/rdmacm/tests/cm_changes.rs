@@ -77,8 +77,9 @@ fn wait_all_up(t: &Topology) {
     }
 }
 
-/// A listener in `h` on `addr` that must not see a CONNECT_REQUEST: waits for `go` (no
-/// progress before), then runs the CM for `dur`.
+/// A listener in `h` on `addr` that must not see a CONNECT_REQUEST: its CM is paused until
+/// `go` (requests wait in the GSI queue, as they would for a busy CM), then it waits for
+/// events for `dur`.
 fn refusing_server(
     h: &Host,
     addr: &'static str,
@@ -92,8 +93,10 @@ fn refusing_server(
         let l = CmId::new(&ch, PortSpace::Tcp).unwrap();
         l.bind_addr(sa(addr)).unwrap();
         l.listen(0).unwrap();
+        let pause = cma.pause_progress();
         ready.send(()).unwrap();
         go.recv().unwrap();
+        drop(pause);
         let t0 = Instant::now();
         while t0.elapsed() < dur {
             if let Some(ev) = ch.get_event_timeout(Duration::from_millis(100)).unwrap() {

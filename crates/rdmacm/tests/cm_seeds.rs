@@ -184,7 +184,7 @@ fn hostile_mads_change_no_connection() {
     };
     let mut probes = 0u32;
     let mut answers = std::collections::BTreeSet::new();
-    let mut collect = |evil: &Device, answers: &mut std::collections::BTreeSet<u32>| {
+    let collect = |evil: &Device, answers: &mut std::collections::BTreeSet<u32>| {
         while let Some(m) = evil.gsi_recv().unwrap() {
             let m = m.mad;
             // a DREP (0x0016) with a control DREQ's TID and its ids swapped

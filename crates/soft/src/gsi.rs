@@ -13,17 +13,14 @@
 //!    addressed to QP1 on it.
 //! 2. [`Device::gsi_send`] sends a MAD and flushes it at once.
 //! 3. [`Device::gsi_recv`] takes the next received MAD. MADs are queued by whoever drives the
-//!    device (a thread polling CQs, the progress thread, or `gsi_recv` itself, which drives the
-//!    device once when its queue is empty), so the connection manager never misses MADs that
-//!    another thread received.
-//! 4. To block without busy polling: wait until one of [`Device::gsi_wait_fds`] is readable
-//!    (the wire's fd: datagrams arrived that nobody processed yet; the GSI eventfd: MADs are
-//!    queued), then call `gsi_recv` until it returns `None`. Both fds are level-triggered and
-//!    stay readable until the cause is consumed, so they suit `poll`, `epoll` and tokio's
-//!    `AsyncFd` (register both with read interest; on readiness, clear it and call
-//!    `gsi_recv` until `None`). Also wake at [`Device::next_deadline`] if it is set (packets
-//!    held by the fault injector, transport timers). [`Device::gsi_wait`] does all of this
-//!    with `poll(2)`.
+//!    device (the process's progress engine, a thread polling CQs, or `gsi_recv` itself,
+//!    which drives the device once when its queue is empty), so the connection manager never
+//!    misses MADs that another thread received.
+//! 4. To block without busy polling: wait until the GSI eventfd ([`Device::gsi_wait_fds`]
+//!    `.event`) is readable, then call `gsi_recv` until it returns `None`. The progress engine
+//!    receives MADs on its own, so no other fd or deadline is needed. The fd is
+//!    level-triggered and stays readable while MADs are queued, so it suits `poll`, `epoll`
+//!    and tokio's `AsyncFd`. [`Device::gsi_wait`] does this with `poll(2)`.
 //!
 //! ## What is dropped
 //! Packets to QP1 are checked before they are queued; each rejected packet is counted in
@@ -344,7 +341,14 @@ impl Device {
     /// [`GSI_QKEY`], source QP 1), the MAD, ICRC. Flushed at once. A datagram the network
     /// refuses is an error here (the CM's retries cover loss in the network).
     pub fn gsi_send(&self, local: &WireAddr, remote: &WireAddr, mad: &[u8; MAD_LEN]) -> Result<()> {
-        self.shared().runtime().gsi_send(*local, *remote, mad)
+        let shared = self.shared();
+        let mut rt = shared.runtime();
+        let r = rt.gsi_send(*local, *remote, mad);
+        // a MAD the fault injector holds back is released by the engine
+        if let Some(t) = rt.post_deadline(0) {
+            shared.wake_by(t);
+        }
+        r
     }
 
     /// The next received MAD, if any. When none is queued it drives the device once (receives
@@ -356,13 +360,13 @@ impl Device {
         if let Some(m) = rt.gsi_mut().pop() {
             return Ok(Some(m));
         }
-        let mut mem = shared.mrs.view();
-        rt.progress(&mut mem)?;
+        shared.progress_locked(&mut rt)?;
         Ok(rt.gsi_mut().pop())
     }
 
-    /// The fds that become readable when [`Device::gsi_recv`] may have something: the wire's
-    /// and the GSI eventfd. Valid as long as the device lives.
+    /// The fds that become readable when [`Device::gsi_recv`] may have something: the GSI
+    /// eventfd (MADs are queued: the one to wait on) and the wire's (datagrams arrived that
+    /// the engine has not processed yet). Valid as long as the device lives.
     pub fn gsi_wait_fds(&self) -> GsiWaitFds {
         GsiWaitFds {
             wire: self.shared().wait_fd(),
@@ -370,23 +374,16 @@ impl Device {
         }
     }
 
-    /// Blocks until a MAD is queued, datagrams arrive, the device's next deadline passes or
-    /// `timeout` passes (`None`: no limit), whichever comes first; returns at once when MADs
-    /// are queued. Then call [`Device::gsi_recv`] (a wake-up does not promise a MAD).
+    /// Blocks until a MAD is queued (the progress engine receives it) or `timeout` passes
+    /// (`None`: no limit); returns at once when MADs are queued. Then call
+    /// [`Device::gsi_recv`] (a wake-up does not promise a MAD).
     pub fn gsi_wait(&self, timeout: Option<Duration>) -> Result<()> {
         let shared = self.shared();
         if !shared.runtime().gsi_mut().is_empty() {
             return Ok(());
         }
-        let mut until = timeout.and_then(|t| Instant::now().checked_add(t));
-        if let Some(d) = shared.next_deadline() {
-            until = Some(until.map_or(d, |u| u.min(d)));
-        }
-        let fds = self.gsi_wait_fds();
-        match fds.wire {
-            Some(w) => crate::progress::wait_fds(&[w, fds.event], until),
-            None => crate::progress::wait_fds(&[fds.event], until),
-        }
+        let until = timeout.and_then(|t| Instant::now().checked_add(t));
+        crate::progress::wait_fds(&[self.gsi_wait_fds().event], until)
     }
 
     /// Sets the bounds of the GSI receive queue (both at least 1, else

@@ -6,17 +6,12 @@
 //!   buffers, and the fault injector switched on by `RDMA_SOFT_FAULTS`.
 //! - [`verbs`]: device attributes, protection domains, memory regions (keys, bounds, access),
 //!   completion queues with a completion channel, shared receive queues, queue pairs.
-//! - the runtime: run to completion in the caller's thread. Posting a send transmits at once;
-//!   polling an empty CQ, waiting on a completion channel or [`verbs::Device::progress`]
-//!   drains the wire, feeds each packet to its QP's transport (rdma-proto), runs timers and
-//!   transmits the results; [`verbs::Device::spawn_progress`] starts an optional thread that
-//!   does it asynchronously.
-//!
-//!   Unlike a NIC, nothing answers the peer while no thread drives the device: a side that
-//!   stops polling after its last completion (and is not waiting in the connection manager's
-//!   `get_event`, which drives its devices) cannot re-ACK a peer whose last ACK was lost, and
-//!   the peer ends in `RetryExcErr`. Keep polling while peers may still send, or run the
-//!   progress thread.
+//! - the runtime ([`engine`]): a device always makes progress, as a NIC does. One engine
+//!   thread per process sleeps in `epoll` on every device's wire and the earliest transport
+//!   deadline, and receives, acknowledges, answers READs, retransmits and times out whatever
+//!   the application does (asleep, blocked, computing). The fast path stays in the caller's
+//!   thread: posting a work request transmits at once, and polling an empty CQ drives the
+//!   device inline (the engine then leaves it to the poller until it stops polling).
 //!
 //! - [`gsi`]: the GSI (QP1) MAD path the connection manager uses.
 //!
@@ -24,6 +19,7 @@
 //! ([`Error::errno`]).
 #![warn(missing_docs)]
 
+pub mod engine;
 mod error;
 pub mod gsi;
 pub mod io;
@@ -32,5 +28,4 @@ mod runtime;
 pub mod verbs;
 
 pub use error::{Error, Result};
-pub use progress::ProgressThread;
 pub use runtime::{RuntimeStats, ROUNDS, SEND_WINDOW};

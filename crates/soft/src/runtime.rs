@@ -209,6 +209,9 @@ pub(crate) struct Runtime {
     stats: RuntimeStats,
     gsi: Gsi,
     ud: ud::UdState,
+    /// Set by a `progress` that received something or ran timers: the earliest deadline
+    /// may have moved (see [`Runtime::take_timers_touched`]).
+    timers_touched: bool,
 }
 
 impl Runtime {
@@ -229,6 +232,7 @@ impl Runtime {
             stats: RuntimeStats::default(),
             gsi: Gsi::new()?,
             ud: ud::UdState::default(),
+            timers_touched: false,
         })
     }
 
@@ -499,6 +503,7 @@ impl Runtime {
                     if let Some(ctx) = self.slots[idx].as_deref_mut() {
                         if ctx.rc.poll_timeout().is_some_and(|t| t <= now) {
                             ctx.rc.handle_timeout(now);
+                            self.timers_touched = true;
                         }
                     }
                 }
@@ -512,7 +517,32 @@ impl Runtime {
                 break;
             }
         }
+        if total > 0 || self.wire.next_deadline().is_some() {
+            self.timers_touched = true;
+        }
         Ok(total)
+    }
+
+    /// Whether a `progress` since the last call may have moved the earliest deadline;
+    /// clears the flag.
+    pub fn take_timers_touched(&mut self) -> bool {
+        std::mem::take(&mut self.timers_touched)
+    }
+
+    /// The deadline a post on `qpn` may have set: its transport timer, or a packet the
+    /// wire holds back (fault injection). O(1): the QP and the wire only.
+    pub fn post_deadline(&self, qpn: u32) -> Option<Instant> {
+        let qp = self
+            .slots
+            .get((qpn & 0xFFFF) as usize)
+            .and_then(|s| s.as_ref())
+            .filter(|c| c.qpn == qpn)
+            .and_then(|c| c.rc.poll_timeout())
+            .map(|t| self.epoch + Duration::from_nanos(t));
+        match (qp, self.wire.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// When progress must run next even if nothing arrives: the earliest transport timer or

@@ -25,19 +25,13 @@ fn rate(what: &str, bytes: usize, t: Instant) {
 
 /// SEND, WRITE and READ of `RDMA_SOFT_BYTES` between 127.0.0.1 and 127.0.0.2, one thread per
 /// side; every byte checked by CRC-32 against the source.
-fn bulk(ip_a: &str, ip_b: &str, faults: Option<&str>) {
-    let n = bytes_from_env(64 << 20);
+fn bulk(ip_a: &str, ip_b: &str, faults: Option<&str>, default_bytes: usize) {
+    let n = bytes_from_env(default_bytes);
     let a = Side::new(ip_a, n, faults);
     let b = Side::new(ip_b, n, faults);
     connect(&a, &b);
-    // Each side's device must keep answering after its own last completion: a receiver that
-    // has all its data stops polling, and if its last ACK was lost the sender's retries would
-    // find nobody to re-ACK them (RetryExcErr). Real applications keep polling or run the
-    // progress thread; this test runs it.
-    let _progress = (
-        a.dev.spawn_progress().unwrap(),
-        b.dev.spawn_progress().unwrap(),
-    );
+    // No progress thread: a receiver that has all its data stops polling, and if its last
+    // ACK was lost only the process's progress engine re-ACKs the sender's retries.
     fill(&a.mr, 0, n, 0x1234_5678);
     let want = crc(&a.mr, 0, n);
 
@@ -78,6 +72,18 @@ fn bulk(ip_a: &str, ip_b: &str, faults: Option<&str>) {
         stop.store(true, Ordering::Release);
     });
     rate("READ", n, t);
+    if faults.is_some() {
+        // the faults really happened, and were recovered from
+        let (wa, wb) = (a.dev.wire_stats(), b.dev.wire_stats());
+        let dropped = wa.faults_send.dropped + wb.faults_send.dropped;
+        let dup = wa.faults_send.duplicated + wb.faults_send.duplicated;
+        let reordered = wa.faults_send.reordered + wb.faults_send.reordered;
+        eprintln!("faults: dropped {dropped}, duplicated {dup}, reordered {reordered}");
+        assert!(dropped > 0 && dup > 0 && reordered > 0, "{wa:?} {wb:?}");
+        let retrans = a.qp.transport_stats().unwrap().retransmitted
+            + b.qp.transport_stats().unwrap().retransmitted;
+        assert!(retrans > 0, "losses were recovered by retransmission");
+    }
     assert_eq!(crc(&b.mr, 0, n), want, "READ data differs");
 
     let (sa, sb) = (a.dev.wire_stats(), b.dev.wire_stats());
@@ -96,19 +102,18 @@ fn bulk(ip_a: &str, ip_b: &str, faults: Option<&str>) {
 
 #[test]
 fn send_write_read_between_two_devices() {
-    bulk("127.0.0.1", "127.0.0.2", None);
+    bulk("127.0.0.1", "127.0.0.2", None, 64 << 20);
 }
 
 #[test]
 fn send_write_read_with_faults() {
-    // a smaller default: go-back-N over 5 % loss is slow by design
-    if std::env::var("RDMA_SOFT_BYTES").is_err() {
-        std::env::set_var("RDMA_SOFT_BYTES", "16M");
-    }
+    // a smaller default (go-back-N over 5 % loss is slow by design), passed as an argument:
+    // setting RDMA_SOFT_BYTES here would change the size of tests running beside it
     bulk(
         "127.0.0.3",
         "127.0.0.4",
         Some("loss=0.05,dup=0.02,reorder=0.05,seed=7"),
+        16 << 20,
     );
 }
 
@@ -187,8 +192,7 @@ fn verbs_rules_and_errors() {
     );
     connect(&a, &b);
     assert_eq!(a.qp.state(), QpState::Rts);
-    // nobody polls b's CQ before its completions are due: its progress thread answers
-    let _progress = b.dev.spawn_progress().unwrap();
+    // nobody polls b's CQ before its completions are due: the progress engine answers
     let q = a.qp.query().unwrap();
     assert_eq!((q.dest_qp_num, q.sq_psn), (b.qp.qpn(), 0x1000));
     // inline: bytes given at post time
@@ -285,23 +289,24 @@ fn completion_channel_wait_drives_progress() {
     assert_eq!(crc(&mr, 0, 1 << 20), crc(&a.mr, 0, 1 << 20));
 }
 
-/// The optional progress thread: the passive side of a READ never polls.
+/// The passive side of a READ never polls and never calls into the device: the progress
+/// engine serves it.
 #[test]
-fn progress_thread_serves_reads() {
+fn engine_serves_reads_of_a_side_that_never_polls() {
     let n = 8 << 20;
     let a = Side::new("127.0.0.15", n, None);
     let b = Side::new("127.0.0.16", n, None);
     connect(&a, &b);
     fill(&a.mr, 0, n, 11);
-    let thread = a.dev.spawn_progress().unwrap();
     read_stream(&b, 0, n, a.mr.addr(), a.mr.rkey());
-    drop(thread);
     assert_eq!(crc(&b.mr, 0, n), crc(&a.mr, 0, n));
 }
 
 // ---- two processes ----
 
 const ROLE: &str = "RDMA_SOFT_TEST_ROLE";
+/// The child server's address (each two-process test has its own pair: they run at once).
+const SERVER_IP: &str = "RDMA_SOFT_TEST_SERVER_IP";
 
 fn hex(g: &[u8; 16]) -> String {
     g.iter().map(|b| format!("{b:02x}")).collect()
@@ -324,7 +329,8 @@ fn child_server() {
         return;
     };
     let n = bytes_from_env(64 << 20);
-    let me = Side::new("127.0.0.21", 2 * n + 8, None);
+    let ip = std::env::var(SERVER_IP).unwrap_or_else(|_| "127.0.0.21".into());
+    let me = Side::new(&ip, 2 * n + 8, None);
     let tcp = TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).unwrap();
     let mut w = tcp.try_clone().unwrap();
     let mut r = BufReader::new(tcp);
@@ -371,13 +377,14 @@ fn child_server() {
     eprintln!("server wire: {:?}", me.dev.wire_stats());
 }
 
-fn two_processes(faults: Option<&str>, default_bytes: usize) {
+fn two_processes(faults: Option<&str>, default_bytes: usize, (server, client): (&str, &str)) {
     let n = bytes_from_env(default_bytes);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", "child_server", "--ignored", "--nocapture"])
         .env(ROLE, port.to_string())
+        .env(SERVER_IP, server)
         .env("RDMA_SOFT_BYTES", n.to_string());
     match faults {
         Some(f) => cmd.env("RDMA_SOFT_FAULTS", f),
@@ -396,7 +403,7 @@ fn two_processes(faults: Option<&str>, default_bytes: usize) {
         f[2].parse().unwrap(),
         f[3].parse().unwrap(),
     );
-    let me = Side::new("127.0.0.22", 2 * n, faults);
+    let me = Side::new(client, 2 * n, faults);
     writeln!(w, "{} {}", me.qp.qpn(), hex(&me.gid)).unwrap();
     me.qp.connect(qpn, 0x77, 0xABC, gid).unwrap();
     fill(&me.mr, 0, n, 0xFEED);
@@ -442,10 +449,14 @@ fn two_processes(faults: Option<&str>, default_bytes: usize) {
 
 #[test]
 fn two_processes_send_write_read_atomics() {
-    two_processes(None, 64 << 20);
+    two_processes(None, 64 << 20, ("127.0.0.21", "127.0.0.22"));
 }
 
 #[test]
 fn two_processes_with_faults() {
-    two_processes(Some("loss=0.05,dup=0.02,reorder=0.05,seed=7"), 16 << 20);
+    two_processes(
+        Some("loss=0.05,dup=0.02,reorder=0.05,seed=7"),
+        16 << 20,
+        ("127.0.0.23", "127.0.0.24"),
+    );
 }

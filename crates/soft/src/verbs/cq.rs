@@ -6,11 +6,11 @@
 //! readable and queues the CQ for [`CompletionChannel::get_event`]. The fd works with `poll`,
 //! epoll and tokio's `AsyncFd`.
 //!
-//! Both drive the device (run to completion in the caller's thread): polling an empty CQ runs
-//! the device's progress once (one `recvmmsg` per open address, timers, transmissions);
-//! [`CompletionChannel::wait_event`] blocks on the eventfd *and* the wire's fd with the next
-//! transport deadline as timeout, so a blocked application still acknowledges, retransmits
-//! and answers READs.
+//! The process's progress engine ([`crate::engine`]) drives the device and fills the CQs
+//! whatever the application does, so [`CompletionChannel::wait_event`] only waits on the
+//! eventfd. Polling an empty CQ also drives the device once in the caller's thread (one
+//! `recvmmsg` per open address, timers, transmissions): a busy-polling caller then gets its
+//! completions without a thread hop, and the engine leaves the device to it meanwhile.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -75,16 +75,13 @@ impl CompletionQueue {
         Self::with_device(Weak::new(), id, cqe, channel)
     }
 
-    /// A CQ of `dev`: polling it drives the device; its channel learns the device's fd.
+    /// A CQ of `dev`: polling it drives the device.
     pub(crate) fn new_on(
         dev: &Arc<DeviceShared>,
         id: u32,
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Self {
-        if let Some(ch) = channel {
-            ch.add_device(dev);
-        }
         Self::with_device(Arc::downgrade(dev), id, cqe, channel)
     }
 
@@ -214,7 +211,6 @@ impl CompletionQueue {
 struct ChannelShared {
     efd: OwnedFd,
     pending: Mutex<VecDeque<Weak<CqShared>>>,
-    devices: Mutex<Vec<Weak<DeviceShared>>>,
 }
 
 /// A completion channel (`ibv_comp_channel`): an eventfd that polls readable while CQ events
@@ -252,7 +248,6 @@ impl CompletionChannel {
                 // SAFETY: fresh descriptor owned here.
                 efd: unsafe { OwnedFd::from_raw_fd(raw) },
                 pending: Mutex::new(VecDeque::new()),
-                devices: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -288,50 +283,19 @@ impl CompletionChannel {
         Ok(None)
     }
 
-    fn add_device(&self, dev: &Arc<DeviceShared>) {
-        let mut d = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner());
-        d.retain(|w| w.strong_count() > 0);
-        if !d.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(dev))) {
-            d.push(Arc::downgrade(dev));
-        }
-    }
-
-    fn devices(&self) -> Vec<Arc<DeviceShared>> {
-        let d = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner());
-        d.iter().filter_map(Weak::upgrade).collect()
-    }
-
     /// Waits up to `timeout` (forever with `None`) for a CQ event (`ibv_get_cq_event` on a
-    /// blocking channel), driving the devices of the channel's CQs meanwhile: it blocks in
-    /// `poll(2)` on the eventfd and the devices' wire fds, with the earliest transport deadline
-    /// as timeout, and runs [`super::Device::progress`] on every wake-up.
+    /// blocking channel). It blocks in `poll(2)` on the eventfd alone: the progress engine
+    /// receives, acknowledges, retransmits and fills the CQs meanwhile.
     pub fn wait_event(&self, timeout: Option<Duration>) -> Result<Option<CompletionQueue>> {
         let end = timeout.map(|t| Instant::now() + t);
-        let devices = self.devices();
-        let mut fds = Vec::with_capacity(devices.len() + 1);
-        fds.push(self.inner.efd.as_raw_fd());
-        fds.extend(devices.iter().filter_map(|d| d.wait_fd()));
         loop {
             if let Some(cq) = self.get_event()? {
                 return Ok(Some(cq));
             }
-            for d in &devices {
-                d.try_progress()?;
-            }
-            if let Some(cq) = self.get_event()? {
-                return Ok(Some(cq));
-            }
-            let now = Instant::now();
-            if end.is_some_and(|e| now >= e) {
+            if end.is_some_and(|e| Instant::now() >= e) {
                 return Ok(None);
             }
-            let mut until = end;
-            for d in &devices {
-                if let Some(t) = d.next_deadline() {
-                    until = Some(until.map_or(t, |u| u.min(t)));
-                }
-            }
-            crate::progress::wait_fds(&fds, until)?;
+            crate::progress::wait_fds(&[self.inner.efd.as_raw_fd()], end)?;
         }
     }
 }

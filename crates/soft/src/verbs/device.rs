@@ -3,9 +3,9 @@
 
 use std::net::IpAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, TryLockError};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, TryLockError, Weak};
+use std::time::{Duration, Instant};
 
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 
@@ -13,6 +13,7 @@ use super::cq::{CompletionChannel, CompletionQueue};
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
+use crate::engine::{self, Registration, Run, Source};
 use crate::io::{DatagramWire, UdpConfig, UdpWire, WireAddr, WireStats};
 use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result};
@@ -171,6 +172,13 @@ pub(crate) struct DeviceShared {
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
     next_cq: AtomicU32,
+    /// The device's place in the progress engine (declared before `rt`, so that it leaves
+    /// the engine before the wire's fd closes).
+    reg: OnceLock<Registration>,
+    /// When a thread last drove the device inline (polling an empty CQ), in nanoseconds
+    /// since `created` (0: never): the engine leaves the device to it meanwhile.
+    inline_at: AtomicU64,
+    created: Instant,
     rt: Mutex<Runtime>,
     /// The wire's wait fd (lives as long as the wire, which lives as long as this).
     wait_fd: Option<RawFd>,
@@ -195,22 +203,51 @@ impl DeviceShared {
         &self.attr
     }
 
-    /// Runs the runtime once (see [`Device::progress`]).
+    /// Runs the runtime once in the caller's thread (see [`Device::progress`]).
     pub(crate) fn progress(&self) -> Result<usize> {
         let mut rt = self.runtime();
-        let mut mem = self.mrs.view();
-        rt.progress(&mut mem)
+        self.progress_locked(&mut rt)
     }
 
-    /// Like `progress`, but does nothing when another thread is already running it.
+    /// A busy-polling caller drives the device inline: like `progress`, but does nothing
+    /// when another thread (the engine) is running it, and tells the engine to leave the
+    /// device to this caller for [`HANDOFF`].
     pub(crate) fn try_progress(&self) -> Result<usize> {
+        let at = self.created.elapsed().as_nanos() as u64;
+        self.inline_at.store(at.max(1), Ordering::Relaxed);
         let mut rt = match self.rt.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(0),
         };
+        self.progress_locked(&mut rt)
+    }
+
+    pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
         let mut mem = self.mrs.view();
-        rt.progress(&mut mem)
+        let r = rt.progress(&mut mem);
+        // Timers may have been armed (RNR waits) or moved: the engine must know the
+        // earliest before the caller goes away. Only when something happened.
+        if rt.take_timers_touched() {
+            if let Some(d) = rt.next_deadline() {
+                self.wake_by(d);
+            }
+        }
+        r
+    }
+
+    /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
+    pub(crate) fn posted(&self, rt: &Runtime, qpn: u32) {
+        if let Some(t) = rt.post_deadline(qpn) {
+            self.wake_by(t);
+        }
+    }
+
+    /// Makes the engine run the device at `at` at the latest. Call with the runtime locked.
+    pub(crate) fn wake_by(&self, at: Instant) {
+        if let Some(r) = self.reg.get() {
+            r.wake_by(at);
+        }
     }
 
     pub(crate) fn gsi_event_fd(&self) -> RawFd {
@@ -223,6 +260,46 @@ impl DeviceShared {
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.runtime().next_deadline()
+    }
+}
+
+impl Drop for DeviceShared {
+    fn drop(&mut self) {
+        // Leave the engine first (waiting for a run in progress), so the fields it uses
+        // outlive it; the wire's sockets then close in this thread, at once.
+        drop(self.reg.take());
+    }
+}
+
+/// How long the engine leaves a device to a thread that drives it inline (busy-polls a CQ)
+/// before it checks back; it takes over when that thread has not driven it for this long.
+pub(crate) const HANDOFF: Duration = Duration::from_millis(1);
+
+impl Source for DeviceShared {
+    fn run(&self, now: Instant) -> Run {
+        let last = self.inline_at.load(Ordering::Relaxed);
+        if last != 0 {
+            let until = self.created + Duration::from_nanos(last) + HANDOFF;
+            if now < until {
+                return Run::Deferred(until);
+            }
+        }
+        let mut rt = self.runtime();
+        let mut mem = self.mrs.view();
+        // An error here is the wire's (a socket refused a batch): the transports see it as
+        // loss and retransmit; nobody else would see it either.
+        let _ = rt.progress(&mut mem);
+        rt.take_timers_touched();
+        // Lazy deadline: a wake time still ahead stays (it costs at most one early
+        // wake-up), so a timer cleared and re-armed per message rings no doorbell.
+        let next = match (rt.next_deadline(), self.reg.get().and_then(|r| r.wake())) {
+            (Some(a), Some(b)) if b > now => Some(a.min(b)),
+            (a, _) => a,
+        };
+        if let Some(r) = self.reg.get() {
+            r.set_wake(next);
+        }
+        Run::Idle
     }
 }
 
@@ -335,21 +412,30 @@ impl Device {
         let rt = Runtime::new(wire)?;
         let wait_fd = rt.wait_fd();
         let gsi_event = rt.gsi_event_fd();
-        Ok(Device {
-            shared: Arc::new(DeviceShared {
-                mrs: Arc::new(MrTable::new(MAX_MR as usize)),
-                name: cfg.name.clone(),
-                netdev: cfg.netdev.clone(),
-                cfg: RwLock::new(cfg),
-                attr,
-                port,
-                next_pd: AtomicU32::new(1),
-                next_cq: AtomicU32::new(1),
-                rt: Mutex::new(rt),
-                wait_fd,
-                gsi_event,
-            }),
-        })
+        let shared = Arc::new(DeviceShared {
+            mrs: Arc::new(MrTable::new(MAX_MR as usize)),
+            name: cfg.name.clone(),
+            netdev: cfg.netdev.clone(),
+            cfg: RwLock::new(cfg),
+            attr,
+            port,
+            next_pd: AtomicU32::new(1),
+            next_cq: AtomicU32::new(1),
+            reg: OnceLock::new(),
+            inline_at: AtomicU64::new(0),
+            created: Instant::now(),
+            rt: Mutex::new(rt),
+            wait_fd,
+            gsi_event,
+        });
+        let weak: Weak<dyn Source> = Arc::downgrade(&shared) as Weak<dyn Source>;
+        let reg = engine::register(weak)?;
+        if let Some(fd) = wait_fd {
+            reg.add_fd(fd)?;
+        }
+        // Cannot be set already: the Arc is ours alone.
+        let _ = shared.reg.set(reg);
+        Ok(Device { shared })
     }
 
     pub(crate) fn shared(&self) -> &DeviceShared {
@@ -508,9 +594,9 @@ impl Device {
     /// Drives the device once in the caller's thread: receives what the wire has (up to a few
     /// `recvmmsg` batches), hands each packet to its QP, runs expired transport timers,
     /// transmits the results and moves completions to their CQs. Returns the datagrams
-    /// received. Polling an empty CQ and waiting on a completion channel call this; an
-    /// application that only posts and never polls may call it itself, or use
-    /// [`Device::spawn_progress`].
+    /// received. Never needed for correctness: the process's progress engine
+    /// ([`crate::engine`]) drives every device on its own; polling an empty CQ does this
+    /// inline to save a thread hop while busy-polling.
     pub fn progress(&self) -> Result<usize> {
         self.shared.progress()
     }
@@ -519,20 +605,6 @@ impl Device {
     /// retransmission or RNR timer, or a packet held by the fault injector).
     pub fn next_deadline(&self) -> Option<Instant> {
         self.shared.next_deadline()
-    }
-
-    /// Starts a thread that drives this device whenever packets arrive or a timer expires
-    /// (blocking in `poll` on the wire's fd otherwise), for applications that want
-    /// asynchronous progress. It stops when the returned handle is dropped.
-    ///
-    /// ```
-    /// use rdma_soft::verbs::{Device, DeviceConfig};
-    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
-    /// let thread = dev.spawn_progress().unwrap();
-    /// drop(thread); // stops and joins it
-    /// ```
-    pub fn spawn_progress(&self) -> Result<crate::progress::ProgressThread> {
-        crate::progress::ProgressThread::spawn(self.shared.clone())
     }
 
     /// Counters of the device's wire (datagrams, system calls, faults injected).

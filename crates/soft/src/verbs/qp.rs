@@ -383,7 +383,9 @@ impl QueuePair {
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
         let mut mem = dev.mrs.view();
-        rt.after_post(self.qpn, &mut mem)
+        let r = rt.after_post(self.qpn, &mut mem);
+        dev.posted(&rt, self.qpn);
+        r
     }
 
     /// Moves a fresh QP through Init and RTR to RTS with common settings, as
@@ -516,7 +518,9 @@ impl QueuePair {
             };
             ctx.ud.post_send(&pm, wr)?;
             // gathered now, while the inline bytes are at hand
-            return rt.ud_service(self.qpn, &mut pm);
+            let r = rt.ud_service(self.qpn, &mut pm);
+            self.dev.posted(&rt, self.qpn);
+            return r;
         }
         let ctx = rt
             .get(self.qpn)
@@ -526,7 +530,9 @@ impl QueuePair {
             inline,
         };
         ctx.rc.post_send(&pm, wr)?;
-        rt.after_post(self.qpn, &mut mem)
+        let r = rt.after_post(self.qpn, &mut mem);
+        self.dev.posted(&rt, self.qpn);
+        r
     }
 
     /// `ibv_post_recv`: queues a receive (allowed from Init on). EINVAL with an SRQ (post to
@@ -558,6 +564,7 @@ impl QueuePair {
         if ctx.rc.state() == QpState::Err {
             let mut mem = self.dev.mrs.view();
             rt.after_post(self.qpn, &mut mem)?;
+            self.dev.posted(&rt, self.qpn);
         }
         Ok(())
     }

@@ -1,0 +1,605 @@
+//! The progress engine: one thread per process that drives every software device (and the
+//! connection manager above it) whatever the application is doing, as a NIC does.
+//!
+//! It sleeps in `epoll_wait` on the fds of its [`Source`]s (a device's wire, the CM's
+//! queues) and a doorbell eventfd, with the earliest deadline any source asked for as
+//! timeout; an idle process costs nothing. When an fd fires or a deadline passes it calls
+//! the source's [`Source::run`] in the engine thread.
+//!
+//! Every fd is registered `EPOLLONESHOT`: after it fires it stays disarmed until the source
+//! has run, so a source can leave its fds to another thread for a while
+//! ([`Run::Deferred`]: a caller busy-polling a CQ drives the device inline, and the engine
+//! only checks back at the given time instead of fighting it for the lock on every
+//! datagram).
+//!
+//! Deadlines: each source has a wake time ([`Registration::set_wake`],
+//! [`Registration::wake_by`]). Lowering it below what the engine sleeps towards rings the
+//! doorbell (one `write(2)`); raising it never does: an engine that wakes early finds
+//! nothing due, runs the source, and sleeps again.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::time::{Duration, Instant};
+//! use rdma_soft::engine::{self, Run, Source};
+//!
+//! struct Tick(AtomicUsize);
+//! impl Source for Tick {
+//!     fn run(&self, _now: Instant) -> Run {
+//!         self.0.fetch_add(1, Ordering::Relaxed);
+//!         Run::Idle
+//!     }
+//! }
+//! let tick = Arc::new(Tick(AtomicUsize::new(0)));
+//! let weak = Arc::downgrade(&tick);
+//! let reg = engine::register(weak).unwrap();
+//! reg.wake_by(Instant::now()); // run it once, as soon as possible
+//! let end = Instant::now() + Duration::from_secs(5);
+//! while tick.0.load(Ordering::Relaxed) == 0 && Instant::now() < end {
+//!     std::thread::sleep(Duration::from_millis(1));
+//! }
+//! assert!(tick.0.load(Ordering::Relaxed) >= 1);
+//! ```
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use crate::{Error, Result};
+
+/// What a source's run asks of the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// Done: re-arm the fds that fired; run again when one fires or at the wake time.
+    Idle,
+    /// Someone else drives this source now: keep the fired fds disarmed and look again at
+    /// the given time.
+    Deferred(Instant),
+}
+
+/// Work the engine drives.
+pub trait Source: Send + Sync + 'static {
+    /// Does what is due. Called in the engine thread when one of the source's fds fired or
+    /// its wake time passed; it may take locks the application takes too, but must not
+    /// block on anything else.
+    fn run(&self, now: Instant) -> Run;
+}
+
+/// Wake time "never".
+const NEVER: u64 = u64::MAX;
+/// Token of the doorbell in the epoll set.
+const DOORBELL: u64 = u64::MAX;
+
+/// Serializes a source's runs with its unregistration, so the engine never keeps a source
+/// alive: dropping the owner's last reference tears it down at once, in the owner's thread
+/// (waiting for a run in progress), never later in the engine's.
+struct Gate {
+    alive: std::sync::atomic::AtomicBool,
+    running: Mutex<()>,
+}
+
+thread_local! {
+    /// The registration whose source the engine thread is running (0: none).
+    static RUNNING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+struct Entry {
+    src: Weak<dyn Source>,
+    gate: Arc<Gate>,
+    wake: Arc<AtomicU64>,
+    /// Registered fds and whether each is armed in the epoll set.
+    fds: Vec<(RawFd, bool)>,
+    /// Fds that fired since the source last ran.
+    fired: Vec<RawFd>,
+    /// Deferred: the fired fds stay disarmed until a run returns [`Run::Idle`].
+    deferred: bool,
+}
+
+/// A source to run this round: id, source, gate, the fds that fired.
+type Due = (u64, Weak<dyn Source>, Arc<Gate>, Vec<RawFd>);
+
+struct Table {
+    entries: HashMap<u64, Entry>,
+    next_id: u64,
+}
+
+/// The process's engine (see the module docs).
+pub struct Engine {
+    epoll: OwnedFd,
+    doorbell: OwnedFd,
+    table: Mutex<Table>,
+    epoch: Instant,
+    /// What the engine thread sleeps towards (nanos since `epoch`; NEVER: no deadline).
+    sleeping_until: AtomicU64,
+    /// Wake-ups of the engine thread, for tests and counters.
+    wakeups: AtomicU64,
+}
+
+static ENGINE: OnceLock<std::result::Result<&'static Engine, i32>> = OnceLock::new();
+
+/// The process's engine, started on first use.
+pub fn get() -> Result<&'static Engine> {
+    match ENGINE.get_or_init(start) {
+        Ok(e) => Ok(e),
+        Err(errno) => Err(Error::Os {
+            op: "start the progress engine",
+            addr: None,
+            source: std::io::Error::from_raw_os_error(*errno),
+        }),
+    }
+}
+
+fn start() -> std::result::Result<&'static Engine, i32> {
+    let last = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: plain epoll_create1 / eventfd; checked below, owned right after.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(last());
+    }
+    // SAFETY: fresh descriptor.
+    let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+    // SAFETY: as above.
+    let db = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if db < 0 {
+        return Err(last());
+    }
+    // SAFETY: fresh descriptor.
+    let doorbell = unsafe { OwnedFd::from_raw_fd(db) };
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: DOORBELL,
+    };
+    // SAFETY: valid fds and a live event struct.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, db, &mut ev) } < 0 {
+        return Err(last());
+    }
+    let engine: &'static Engine = Box::leak(Box::new(Engine {
+        epoll,
+        doorbell,
+        table: Mutex::new(Table {
+            entries: HashMap::new(),
+            next_id: 1,
+        }),
+        epoch: Instant::now(),
+        sleeping_until: AtomicU64::new(NEVER),
+        wakeups: AtomicU64::new(0),
+    }));
+    std::thread::Builder::new()
+        .name("rdma-progress".into())
+        .spawn(move || engine.run_loop())
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    Ok(engine)
+}
+
+/// Registers `src` with the process's engine. It runs when an fd added with
+/// [`Registration::add_fd`] fires or its wake time passes; dropping the registration (or
+/// the source) ends that.
+pub fn register(src: Weak<dyn Source>) -> Result<Registration> {
+    let engine = get()?;
+    let wake = Arc::new(AtomicU64::new(NEVER));
+    let mut t = engine.lock();
+    let id = t.next_id;
+    t.next_id += 1;
+    t.entries.insert(
+        id,
+        Entry {
+            src,
+            gate: Arc::new(Gate::new()),
+            wake: wake.clone(),
+            fds: Vec::new(),
+            fired: Vec::new(),
+            deferred: false,
+        },
+    );
+    let gate = t.entries.get(&id).map(|e| e.gate.clone());
+    drop(t);
+    Ok(Registration {
+        engine,
+        id,
+        wake,
+        gate: gate.unwrap_or_else(|| Arc::new(Gate::new())),
+    })
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            alive: std::sync::atomic::AtomicBool::new(true),
+            running: Mutex::new(()),
+        }
+    }
+}
+
+impl Engine {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn nanos(&self, t: Instant) -> u64 {
+        (t.saturating_duration_since(self.epoch).as_nanos() as u64).min(NEVER - 1)
+    }
+
+    fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd (EAGAIN: already rung).
+        unsafe { libc::write(self.doorbell.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Engine-thread wake-ups so far (fd events, deadlines and doorbells).
+    pub fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn ctl(&self, op: i32, fd: RawFd, token: u64) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            u64: token,
+        };
+        // SAFETY: a live event struct; the fd is the caller's, valid while registered.
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn run_loop(&'static self) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut due: Vec<Due> = Vec::new();
+        loop {
+            let timeout = {
+                // Any wake time lowered from here on rings the doorbell; those lowered
+                // before are in the minimum read next.
+                self.sleeping_until.store(NEVER, Ordering::SeqCst);
+                let t = self.lock();
+                let next = t
+                    .entries
+                    .values()
+                    .map(|e| e.wake.load(Ordering::SeqCst))
+                    .min()
+                    .unwrap_or(NEVER);
+                self.sleeping_until.store(next, Ordering::SeqCst);
+                if next == NEVER {
+                    -1
+                } else {
+                    let now = self.nanos(Instant::now());
+                    // round up to whole ms, so a deadline 0.3 ms away does not spin
+                    (next.saturating_sub(now).div_ceil(1_000_000)).min(i32::MAX as u64) as i32
+                }
+            };
+            // SAFETY: a live array of `events.len()` entries.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout,
+                )
+            };
+            // awake: wake times set now are read before the next sleep
+            self.sleeping_until.store(0, Ordering::SeqCst);
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
+            let now = Instant::now();
+            let now_ns = self.nanos(now);
+            {
+                let mut t = self.lock();
+                for ev in events.iter().take(n.max(0) as usize) {
+                    let token = ev.u64;
+                    if token == DOORBELL {
+                        let mut v: u64 = 0;
+                        // SAFETY: reads 8 bytes into a live u64 (EAGAIN when drained).
+                        unsafe {
+                            libc::read(self.doorbell.as_raw_fd(), (&mut v as *mut u64).cast(), 8)
+                        };
+                        continue;
+                    }
+                    let (id, fd) = (token >> 32, token as u32 as RawFd);
+                    if let Some(e) = t.entries.get_mut(&id) {
+                        if let Some(f) = e.fds.iter_mut().find(|f| f.0 == fd) {
+                            f.1 = false;
+                            if !e.fired.contains(&fd) {
+                                e.fired.push(fd);
+                            }
+                        }
+                    }
+                }
+                let mut gone = Vec::new();
+                for (&id, e) in t.entries.iter_mut() {
+                    let timer = e.wake.load(Ordering::Acquire) <= now_ns;
+                    let fired = !e.fired.is_empty() && !e.deferred;
+                    if !(timer || fired) {
+                        continue;
+                    }
+                    if e.src.strong_count() == 0 {
+                        gone.push(id);
+                        continue;
+                    }
+                    // a run consumes the wake time; the source sets the next one
+                    if timer {
+                        e.wake.store(NEVER, Ordering::Release);
+                    }
+                    due.push((
+                        id,
+                        e.src.clone(),
+                        e.gate.clone(),
+                        std::mem::take(&mut e.fired),
+                    ));
+                }
+                for id in gone {
+                    self.remove(&mut t, id);
+                }
+            }
+            for (id, src, gate, fired) in due.drain(..) {
+                let r = {
+                    let _running = gate.running.lock().unwrap_or_else(|e| e.into_inner());
+                    if !gate.alive.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    // SAFETY: `alive` is cleared, and `running` then taken, by the
+                    // registration's drop before its owner frees the source; while we hold
+                    // `running` with `alive` set, the source is live. A source dropped
+                    // during its own run (its owner let go meanwhile) is only reached
+                    // through `src` again after a new `alive` check.
+                    let p: *const dyn Source = src.as_ptr();
+                    RUNNING.with(|r| r.set(id));
+                    let r = unsafe { (*p).run(now) };
+                    RUNNING.with(|r| r.set(0));
+                    r
+                };
+                let mut t = self.lock();
+                let Some(e) = t.entries.get_mut(&id) else {
+                    continue;
+                };
+                match r {
+                    Run::Idle => {
+                        e.deferred = false;
+                        let to_arm: Vec<RawFd> = e
+                            .fds
+                            .iter()
+                            .filter(|f| !f.1)
+                            .map(|f| f.0)
+                            .chain(fired.iter().copied())
+                            .collect();
+                        for fd in to_arm {
+                            if let Some(f) = e.fds.iter_mut().find(|f| f.0 == fd && !f.1) {
+                                f.1 = self
+                                    .ctl(libc::EPOLL_CTL_MOD, fd, (id << 32) | fd as u32 as u64)
+                                    .is_ok();
+                            }
+                        }
+                    }
+                    Run::Deferred(at) => {
+                        e.deferred = true;
+                        e.fired.extend(fired);
+                        e.wake.fetch_min(self.nanos(at), Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+    }
+
+    fn remove(&self, t: &mut Table, id: u64) {
+        if let Some(e) = t.entries.remove(&id) {
+            for (fd, _) in e.fds {
+                let mut ev = libc::epoll_event { events: 0, u64: 0 };
+                // SAFETY: a live event struct; failure (fd already closed) is harmless.
+                unsafe {
+                    libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev)
+                };
+            }
+        }
+    }
+}
+
+/// A source's place in the engine (see [`register`]). Dropping it unregisters the source.
+pub struct Registration {
+    engine: &'static Engine,
+    id: u64,
+    wake: Arc<AtomicU64>,
+    gate: Arc<Gate>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registration {
+    /// Runs the source whenever `fd` is readable. The fd must stay open until
+    /// [`Registration::remove_fd`] or the registration is dropped.
+    pub fn add_fd(&self, fd: RawFd) -> Result<()> {
+        let mut t = self.engine.lock();
+        let Some(e) = t.entries.get_mut(&self.id) else {
+            return Ok(());
+        };
+        if e.fds.iter().any(|f| f.0 == fd) {
+            return Ok(());
+        }
+        self.engine
+            .ctl(libc::EPOLL_CTL_ADD, fd, (self.id << 32) | fd as u32 as u64)
+            .map_err(|source| Error::Os {
+                op: "epoll_ctl (progress engine)",
+                addr: None,
+                source,
+            })?;
+        e.fds.push((fd, true));
+        Ok(())
+    }
+
+    /// Stops watching `fd`.
+    pub fn remove_fd(&self, fd: RawFd) {
+        let mut t = self.engine.lock();
+        if let Some(e) = t.entries.get_mut(&self.id) {
+            if let Some(i) = e.fds.iter().position(|f| f.0 == fd) {
+                e.fds.swap_remove(i);
+                e.fired.retain(|&f| f != fd);
+                let mut ev = libc::epoll_event { events: 0, u64: 0 };
+                // SAFETY: a live event struct; failure (already closed) is harmless.
+                unsafe {
+                    libc::epoll_ctl(
+                        self.engine.epoll.as_raw_fd(),
+                        libc::EPOLL_CTL_DEL,
+                        fd,
+                        &mut ev,
+                    )
+                };
+            }
+        }
+    }
+
+    /// The wake time as now set (`None`: only fd events).
+    pub fn wake(&self) -> Option<Instant> {
+        match self.wake.load(Ordering::Acquire) {
+            NEVER => None,
+            n => Some(self.engine.epoch + Duration::from_nanos(n)),
+        }
+    }
+
+    /// Sets the wake time (`None`: only fd events); rings the doorbell only if the engine
+    /// would otherwise sleep past it. Call it with the state it was computed from locked,
+    /// so that a concurrent [`Registration::wake_by`] is not overwritten.
+    pub fn set_wake(&self, at: Option<Instant>) {
+        let n = at.map_or(NEVER, |t| self.engine.nanos(t));
+        self.wake.store(n, Ordering::SeqCst);
+        self.ring_if_needed(n);
+    }
+
+    /// Makes the source run at `at` at the latest (earlier wake times stay).
+    pub fn wake_by(&self, at: Instant) {
+        let n = self.engine.nanos(at);
+        let old = self.wake.fetch_min(n, Ordering::SeqCst);
+        if n < old {
+            self.ring_if_needed(n);
+        }
+    }
+
+    fn ring_if_needed(&self, n: u64) {
+        // See `run_loop`: while the engine computes its sleep this reads NEVER (ring), while
+        // it is awake 0 (it reads the wake times before sleeping), asleep its deadline.
+        if n < self.engine.sleeping_until.load(Ordering::SeqCst) {
+            self.engine.ring();
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.gate.alive.store(false, Ordering::Release);
+        // Wait for a run in progress, unless it is this thread's own (a source whose
+        // owner is dropped by its own run).
+        if RUNNING.with(|r| r.get()) != self.id {
+            drop(self.gate.running.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        let mut t = self.engine.lock();
+        self.engine.remove(&mut t, self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    struct Counter {
+        runs: AtomicUsize,
+        efd: OwnedFd,
+        defer_until: Mutex<Option<Instant>>,
+    }
+
+    impl Source for Counter {
+        fn run(&self, now: Instant) -> Run {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            if let Some(t) = *self.defer_until.lock().unwrap() {
+                if now < t {
+                    return Run::Deferred(t);
+                }
+            }
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a live u64.
+            unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            Run::Idle
+        }
+    }
+
+    fn counter() -> Arc<Counter> {
+        // SAFETY: plain eventfd.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        Arc::new(Counter {
+            runs: AtomicUsize::new(0),
+            // SAFETY: fresh descriptor.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            defer_until: Mutex::new(None),
+        })
+    }
+
+    fn poke(c: &Counter) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64.
+        unsafe { libc::write(c.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn wait_runs(c: &Counter, n: usize) -> bool {
+        let end = Instant::now() + Duration::from_secs(5);
+        while c.runs.load(Ordering::SeqCst) < n {
+            if Instant::now() > end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    #[test]
+    fn fd_events_and_deadlines_run_the_source() {
+        let c = counter();
+        let w: Weak<dyn Source> = Arc::downgrade(&c) as Weak<dyn Source>;
+        let reg = register(w).unwrap();
+        reg.add_fd(c.efd.as_raw_fd()).unwrap();
+        poke(&c);
+        assert!(wait_runs(&c, 1), "an fd event runs it");
+        let before = c.runs.load(Ordering::SeqCst);
+        reg.wake_by(Instant::now() + Duration::from_millis(20));
+        assert!(wait_runs(&c, before + 1), "a deadline runs it");
+        // a readable fd that the source drains does not make it run again by itself
+        std::thread::sleep(Duration::from_millis(30));
+        let settled = c.runs.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(c.runs.load(Ordering::SeqCst), settled, "idle: no runs");
+        drop(reg);
+        poke(&c);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(c.runs.load(Ordering::SeqCst), settled, "unregistered");
+    }
+
+    #[test]
+    fn deferred_source_keeps_its_fd_disarmed_until_it_takes_over() {
+        let c = counter();
+        *c.defer_until.lock().unwrap() = Some(Instant::now() + Duration::from_millis(100));
+        let w: Weak<dyn Source> = Arc::downgrade(&c) as Weak<dyn Source>;
+        let reg = register(w).unwrap();
+        reg.add_fd(c.efd.as_raw_fd()).unwrap();
+        poke(&c); // stays readable while deferred
+        assert!(wait_runs(&c, 1));
+        std::thread::sleep(Duration::from_millis(50));
+        // one run, then nothing: the readable fd is disarmed, the check is at 100 ms
+        assert_eq!(
+            c.runs.load(Ordering::SeqCst),
+            1,
+            "no spinning while deferred"
+        );
+        assert!(wait_runs(&c, 2), "checks back at the deferral time");
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(c.runs.load(Ordering::SeqCst), 2, "drained and idle again");
+        poke(&c);
+        assert!(wait_runs(&c, 3), "re-armed after taking over");
+    }
+}
