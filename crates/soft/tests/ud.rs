@@ -40,6 +40,13 @@ fn end(d: &Device, qkey: u32) -> End {
     End { qp, mr, cq, pd }
 }
 
+/// Bytes no datagram writes, so a buffer that must stay untouched can be recognised.
+fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ salt)
+        .collect()
+}
+
 fn poll(cq: &CompletionQueue, within: Duration) -> Option<Completion> {
     let end = Instant::now() + within;
     let mut wc = Vec::new();
@@ -115,9 +122,15 @@ fn two_devices_exchange_datagrams_with_grh() {
         assert_eq!((sum & 0xFFFF) + (sum >> 16), 0xFFFF, "IPv4 header checksum");
     }
     // and back, with the high-bit rule: Q_Key 0x8000_0000 in the WR sends the QP's own (0x22),
-    // which a is not set to: dropped; then b's QP Q_Key equal to a's
+    // which a is not set to: dropped; then b's QP Q_Key equal to a's. a receives into a region
+    // of its own (not the one it sends from), patterned, so the drop provably wrote nothing.
+    let rx_pattern = pattern(8192, 0xa5);
+    let a_rx =
+        a.pd.register(rx_pattern.clone(), AccessFlags::LOCAL_WRITE)
+            .unwrap();
     b.mr.write(0, b"back").unwrap();
-    a.qp.post_recv(&RecvWr::new(1).with_sge(a.mr.sge(0, 8192).unwrap()))
+    let (a_before, b_before) = (a.mr.to_vec(), b.mr.to_vec());
+    a.qp.post_recv(&RecvWr::new(1).with_sge(a_rx.sge(0, 8192).unwrap()))
         .unwrap();
     let wr = |qkey| {
         SendWr::new(9, SendOp::Send)
@@ -127,9 +140,20 @@ fn two_devices_exchange_datagrams_with_grh() {
     b.qp.post_send(&wr(0x8000_0000)).unwrap();
     assert!(poll(&a.cq, Duration::from_millis(200)).is_none());
     assert_eq!(a.qp.ud_stats().unwrap().qkey_mismatch, 1);
+    assert!(
+        a_rx.to_vec() == rx_pattern,
+        "the dropped datagram wrote a's receive buffer"
+    );
+    assert!(a.mr.to_vec() == a_before, "a's send region changed");
+    assert!(b.mr.to_vec() == b_before, "b's region changed");
+    // the receive is still posted: the right Q_Key lands in it, GRH and 4 bytes, no more
     b.qp.post_send(&wr(0x11)).unwrap();
     let c = poll(&a.cq, Duration::from_secs(5)).expect("datagram back");
     assert_eq!((c.wr_id, c.byte_len, c.src_qp), (1, 44, b.qp.qpn()));
+    let got = a_rx.to_vec();
+    assert_eq!(&got[40..44], b"back");
+    assert!(got[44..] == rx_pattern[44..], "written past the datagram");
+    assert!(a.mr.to_vec() == a_before && b.mr.to_vec() == b_before);
 }
 
 #[test]
@@ -145,9 +169,13 @@ fn wrong_qkey_is_dropped_and_counted() {
             ..PathAttr::default()
         })
         .unwrap();
+    // b receives into its own patterned region; a sends from its own
+    let b_pattern = pattern(8192, 0x3c);
+    b.mr.write(0, &b_pattern).unwrap();
     b.qp.post_recv(&RecvWr::new(1).with_sge(b.mr.sge(0, 8192).unwrap()))
         .unwrap();
     a.mr.write(0, b"x").unwrap();
+    let a_before = a.mr.to_vec();
     for qkey in [5, 7, 0x8000_0006] {
         let wr = SendWr::new(1, SendOp::Send)
             .with_sge(a.mr.sge(0, 1).unwrap())
@@ -156,6 +184,11 @@ fn wrong_qkey_is_dropped_and_counted() {
     }
     assert!(poll(&b.cq, Duration::from_millis(300)).is_none());
     assert_eq!(b.qp.ud_stats().unwrap().qkey_mismatch, 3);
+    assert!(
+        b.mr.to_vec() == b_pattern,
+        "a dropped datagram wrote b's buffer"
+    );
+    assert!(a.mr.to_vec() == a_before, "a's region changed");
     // a datagram to a QP that does not exist is counted by the runtime
     let wr = SendWr::new(1, SendOp::Send)
         .with_sge(a.mr.sge(0, 1).unwrap())
@@ -167,6 +200,22 @@ fn wrong_qkey_is_dropped_and_counted() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(db.runtime_stats().no_such_qp, 1);
+    assert!(
+        b.mr.to_vec() == b_pattern,
+        "a datagram to no QP wrote b's buffer"
+    );
+    // control: b's receive is still posted, and the right Q_Key (b's own, 6) lands in it
+    let wr = SendWr::new(2, SendOp::Send)
+        .with_sge(a.mr.sge(0, 1).unwrap())
+        .with_ud(ah.dest(b.qp.qpn(), 6));
+    a.qp.post_send(&wr).unwrap();
+    let c = poll(&b.cq, Duration::from_secs(5)).expect("the datagram with the right Q_Key");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (1, WcStatus::Success, 41));
+    let got = b.mr.to_vec();
+    assert_eq!(got[40], b'x');
+    assert!(got[41..] == b_pattern[41..], "written past the datagram");
+    assert_eq!(b.qp.ud_stats().unwrap().qkey_mismatch, 3);
+    assert!(a.mr.to_vec() == a_before);
 }
 
 #[test]
