@@ -1,8 +1,8 @@
 //! The runtime: drives the sans-IO transport of every QP of a device over its datagram wire.
 //!
-//! Run to completion in the caller's thread: posting a send runs the requester and hands the
-//! packets to the wire at once ([`Runtime::after_post`]); polling an empty CQ, waiting on a
-//! completion channel or the optional progress thread call [`Runtime::progress`], which
+//! Posting a send runs the requester and hands the packets to the wire at once, in the
+//! caller's thread ([`Runtime::after_post`]); the process's progress engine
+//! ([`crate::engine`]), or a caller polling an empty CQ, calls [`Runtime::progress`], which
 //! drains the wire (one `recvmmsg` batch per open address and round), demultiplexes each
 //! packet by destination QPN to its QP's transport, runs expired timers, transmits what
 //! results (ACKs, READ responses, retransmissions) and moves completions to the CQs.

@@ -2,13 +2,13 @@
 //! next completion or CM event", for tools that move data over a CM-made QP (`rping`,
 //! `ucmatose`, `udaddy`; usable by `rdma-perf` too).
 //!
-//! The software device makes progress in the caller's thread: [`Endpoint::next`] polls the
-//! CQ (which drives the device), runs one round of the CM ([`EventChannel::try_get_event`])
-//! and otherwise sleeps on the completion channel (which drives the device while it waits)
-//! in slices of [`CM_SLICE`], so CM events such as DISCONNECTED are seen within a slice.
+//! The process's progress engine drives the device and the CM, so [`Endpoint::next`] only
+//! looks: it polls the CQ, takes a queued CM event, and otherwise sleeps in `poll(2)` on the
+//! completion channel's fd and the CM event channel's fd at once (no slices, no spinning).
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
@@ -17,9 +17,6 @@ use rdma_soft::verbs::{
 use rdmacm::{CmId, Event, EventChannel};
 
 use crate::events::EventLog;
-
-/// The longest sleep on the completion channel before the CM is looked at again.
-pub const CM_SLICE: Duration = Duration::from_millis(20);
 
 /// What [`Endpoint::next`] found.
 #[derive(Debug)]
@@ -114,14 +111,33 @@ impl Endpoint {
             if let Some(c) = self.cq.poll_queued_one() {
                 return Ok(Some(Step::Wc(c)));
             }
-            let now = Instant::now();
-            let slice = match deadline {
-                Some(d) if d <= now => return Ok(None),
-                Some(d) => (d - now).min(CM_SLICE),
-                None => CM_SLICE,
+            let ms = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if d <= now {
+                        return Ok(None);
+                    }
+                    (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+                }
+                None => -1,
             };
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.channel.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: cm.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two live pollfds. EINTR is a wake-up like any other.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            // consume the CQ event (the CQ is polled at the top of the loop)
             self.channel
-                .wait_event(Some(slice))
+                .get_event()
                 .map_err(|e| format!("ibv_get_cq_event: {e}"))?;
         }
     }

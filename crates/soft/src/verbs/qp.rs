@@ -92,8 +92,9 @@ impl<'a> QpInitAttr<'a> {
 /// A queue pair of a software device.
 ///
 /// Posting a send transmits at once in the caller's thread (up to the send window); receive
-/// processing runs when a CQ is polled empty, a completion channel is waited on,
-/// [`super::Device::progress`] is called or a progress thread runs.
+/// processing, ACKs, READ responses, retransmissions and timeouts run in the process's
+/// progress engine ([`crate::engine`]) whatever the application does, or inline when a CQ
+/// is polled empty.
 ///
 /// Connecting by hand, as `ibv_rc_pingpong` does (each side's `rq_psn` is the PSN it expects,
 /// so the peer's `sq_psn`):
