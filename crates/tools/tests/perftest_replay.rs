@@ -250,7 +250,8 @@ fn model_exchange(comm: &ModelComm, c: &Case) {
         .take_while(|&&x| x != 0)
         .map(|&x| x as char)
         .collect();
-    assert!(s.parse::<f64>().unwrap() >= 6.28, "version {s:?}");
+    // 6.29: at least 6.28, so both sides negotiate.
+    assert_eq!(s, "6.29", "version");
     assert!(r[s.len()..].iter().all(|&x| x == 0));
     let r = comm.xchg(&(PAGE as u32).to_be_bytes(), 4, "cycle_buffer");
     assert_eq!(be32(&r, 0), 4096);
@@ -296,7 +297,11 @@ impl Ctx {
         self.mr.addr() + ((self.qps.len() + i) * self.bs) as u64
     }
     fn my_dest(&self, i: usize, c: &Case) -> [u8; 64] {
-        let reads = if c.verb == Verb::Read { MODEL_RD_ATOM } else { 1 };
+        let reads = if c.verb == Verb::Read {
+            MODEL_RD_ATOM
+        } else {
+            1
+        };
         dest(self.qps[i].qpn(), self.mr.rkey(), self.vaddr(i), reads)
     }
 }
@@ -398,7 +403,11 @@ fn model_dest_handshakes(comm: &ModelComm, ctx: &Ctx, c: &Case) -> Vec<[u8; 64]>
         assert_ne!(be32(d, 16), 0, "rkey");
         assert_ne!(be64(d, 24), 0, "vaddr");
         assert_eq!(be32(d, 0), 0, "lid on RoCE");
-        assert_eq!(&d[40..52], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff], "IPv4 GID");
+        assert_eq!(
+            &d[40..52],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff],
+            "IPv4 GID"
+        );
         let reads = be32(d, 4);
         if c.verb == Verb::Read {
             assert!((1..=MODEL_RD_ATOM).contains(&reads));
@@ -491,7 +500,8 @@ fn model_run(comm: &ModelComm, ctx: &Ctx, c: &Case, rem: &[[u8; 64]], client: bo
             let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
             let mut b = [0u8];
             while scnt < c.iters || ccnt < c.iters || rcnt < c.iters {
-                if rcnt < c.iters && !(scnt < 1 && !client) {
+                // perftest: !(scnt < 1 && machine == SERVER): the server writes first.
+                if rcnt < c.iters && (client || scnt >= 1) {
                     rcnt += 1;
                     let t0 = Instant::now();
                     loop {
@@ -738,7 +748,10 @@ fn model_server(c: Case, me: &str, port: u16, ready: std::sync::mpsc::Sender<()>
     control.bind_addr(addr).unwrap();
     control.listen(c.qps as usize).unwrap();
     ready.send(()).unwrap();
-    let mut ev = ch.get_event_timeout(Duration::from_secs(30)).unwrap().unwrap();
+    let mut ev = ch
+        .get_event_timeout(Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
     assert_eq!(ev.kind(), EventType::ConnectRequest);
     // The comm request: no private data after the IP CM header, no READ resources.
     assert!(ev.private_data().iter().all(|&b| b == 0), "private data");
@@ -765,7 +778,10 @@ fn model_server(c: Case, me: &str, port: u16, ready: std::sync::mpsc::Sender<()>
     let mut peer = Vec::new();
     let mut res = None;
     while ids.len() < c.qps as usize {
-        let mut ev = tch.get_event_timeout(Duration::from_secs(20)).unwrap().unwrap();
+        let mut ev = tch
+            .get_event_timeout(Duration::from_secs(20))
+            .unwrap()
+            .unwrap();
         match ev.kind() {
             EventType::ConnectRequest => {
                 let p = ev.param().clone();
@@ -835,10 +851,7 @@ fn check_output(o: &Output, c: &Case, rows: bool) {
                     && l.split_whitespace().count() >= 5
             })
             .unwrap_or_else(|| panic!("{}: no result row\n{out}", c.name));
-        let v: Vec<f64> = row
-            .split_whitespace()
-            .map(|x| x.parse().unwrap())
-            .collect();
+        let v: Vec<f64> = row.split_whitespace().map(|x| x.parse().unwrap()).collect();
         assert!(v.iter().all(|x| x.is_finite() && *x > 0.0), "{row}");
     }
 }
@@ -857,7 +870,10 @@ fn perftest_client(c: Case, me: &str, srv: &str, port: u16) {
     model_client(c, me, srv, port);
     let t0 = Instant::now();
     while p.0.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "server did not exit");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "server did not exit"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let child = std::mem::replace(&mut p.0, Command::new("true").spawn().unwrap());
@@ -903,9 +919,69 @@ macro_rules! both {
     };
 }
 
-both!(send_lat, "send_lat", 64, 200, 1, "127.0.40.1", "127.0.40.2", "127.0.40.3", "127.0.40.4");
-both!(send_bw, "send_bw", 4096, 300, 2, "127.0.41.1", "127.0.41.2", "127.0.41.3", "127.0.41.4");
-both!(write_lat, "write_lat", 64, 300, 1, "127.0.42.1", "127.0.42.2", "127.0.42.3", "127.0.42.4");
-both!(write_bw, "write_bw", 1000, 400, 2, "127.0.43.1", "127.0.43.2", "127.0.43.3", "127.0.43.4");
-both!(read_lat, "read_lat", 64, 200, 1, "127.0.44.1", "127.0.44.2", "127.0.44.3", "127.0.44.4");
-both!(read_bw, "read_bw", 8192, 300, 1, "127.0.45.1", "127.0.45.2", "127.0.45.3", "127.0.45.4");
+both!(
+    send_lat,
+    "send_lat",
+    64,
+    200,
+    1,
+    "127.0.40.1",
+    "127.0.40.2",
+    "127.0.40.3",
+    "127.0.40.4"
+);
+both!(
+    send_bw,
+    "send_bw",
+    4096,
+    300,
+    2,
+    "127.0.41.1",
+    "127.0.41.2",
+    "127.0.41.3",
+    "127.0.41.4"
+);
+both!(
+    write_lat,
+    "write_lat",
+    64,
+    300,
+    1,
+    "127.0.42.1",
+    "127.0.42.2",
+    "127.0.42.3",
+    "127.0.42.4"
+);
+both!(
+    write_bw,
+    "write_bw",
+    1000,
+    400,
+    2,
+    "127.0.43.1",
+    "127.0.43.2",
+    "127.0.43.3",
+    "127.0.43.4"
+);
+both!(
+    read_lat,
+    "read_lat",
+    64,
+    200,
+    1,
+    "127.0.44.1",
+    "127.0.44.2",
+    "127.0.44.3",
+    "127.0.44.4"
+);
+both!(
+    read_bw,
+    "read_bw",
+    8192,
+    300,
+    1,
+    "127.0.45.1",
+    "127.0.45.2",
+    "127.0.45.3",
+    "127.0.45.4"
+);

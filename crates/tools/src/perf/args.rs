@@ -31,7 +31,7 @@ options:
 const SPEC: &str = "s:an:D:q:t:p:FRB:hd:i:x:m:I:u:c:";
 
 /// Long options and their short letter.
-const LONG: [(&str, char); 19] = [
+const LONG: [(&str, char); 18] = [
     ("size", 's'),
     ("all", 'a'),
     ("iters", 'n'),
@@ -43,7 +43,6 @@ const LONG: [(&str, char); 19] = [
     ("rdma_cm", 'R'),
     ("bind", 'B'),
     ("help", 'h'),
-    ("bind_source_ip", 'B'),
     ("ib-dev", 'd'),
     ("ib-port", 'i'),
     ("gid-index", 'x'),
@@ -98,7 +97,15 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     let test = Test::from_name(first)
         .or_else(|| first.strip_prefix("ib_").and_then(Test::from_name))
         .ok_or_else(|| format!("unknown test '{first}' (try 'rdma-perf -h')"))?;
-    let (opts, operands) = getopt_long(rest, SPEC, &LONG).map_err(|e| {
+    // perftest's --bind_source_ip is our --bind (getopt_long takes one long name a letter).
+    let rest: Vec<String> = rest
+        .iter()
+        .map(|a| match a.strip_prefix("--bind_source_ip") {
+            Some(t) if t.is_empty() || t.starts_with('=') => format!("--bind{t}"),
+            _ => a.clone(),
+        })
+        .collect();
+    let (opts, operands) = getopt_long(&rest, SPEC, &LONG).map_err(|e| {
         // getopt's short-option messages point at -h, getopt_long's long-option ones do not.
         if e.contains("'--") {
             e

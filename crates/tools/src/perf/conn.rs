@@ -288,7 +288,7 @@ pub fn server(
     ready: &mut dyn FnMut(),
 ) -> Result<(Link, Params), String> {
     match server_any(p, hook, ready, false)? {
-        Served::Native(l, cp) => Ok((l, cp)),
+        Served::Native(l, cp) => Ok((*l, cp)),
         Served::Perftest(_) => Err("a perftest client".into()),
     }
 }
@@ -297,7 +297,7 @@ pub fn server(
 /// request without our private data, before any of ours).
 pub enum Served {
     /// Our client's connections and parameters.
-    Native(Link, Params),
+    Native(Box<Link>, Params),
     /// A perftest `-R` client, for [`super::rcm::serve`].
     Perftest(super::rcm::Request),
 }
@@ -419,5 +419,5 @@ pub fn server_any(
         remote,
         t0.unwrap_or_else(Instant::now),
     );
-    Ok(Served::Native(l, cp))
+    Ok(Served::Native(Box::new(l), cp))
 }

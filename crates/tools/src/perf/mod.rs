@@ -8,6 +8,10 @@
 //! server's buffer back (perftest's `-R` exchange over rdma_cm). Each message size is one
 //! phase: the server announces it is ready (a SEND with immediate), the client runs the
 //! test and ends the phase with a SEND with immediate.
+//!
+//! With `-R`, both sides speak perftest's own `-R` exchange instead ([`rcm`], message layouts
+//! in [`perftest`], `docs/PERFTEST.md`), so that perftest's `ib_*` tools are the peer; a
+//! server without `-R` serves both kinds of client.
 
 pub mod args;
 pub mod conn;

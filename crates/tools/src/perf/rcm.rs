@@ -30,6 +30,9 @@ const CACHE_LINE: usize = 64;
 const RQ: usize = 256;
 /// Outstanding RDMA READs we offer (and our device's `max_qp_rd_atom` in the negotiation).
 const OUT_READS: u32 = 16;
+/// The first perftest version that negotiates parameters (not 2π).
+#[allow(clippy::approx_constant)]
+const NEGOTIATE_FROM: f64 = 6.28;
 /// No completion on a test QP for this long: the peer is gone.
 const IDLE: Duration = Duration::from_secs(10);
 
@@ -299,7 +302,7 @@ fn exchange(comm: &mut Comm, p: &Params, follow: bool) -> Result<Settled, String
     }
     let mut p = p.clone();
     let mut out_reads = OUT_READS;
-    if rem_version >= 6.28 {
+    if rem_version >= NEGOTIATE_FROM {
         let sizes = [pt::NEGOTIATE_LEN, pt::NEGOTIATE_LEN + 8];
         let remote = if comm.client {
             let mine = negotiate_of(&p);

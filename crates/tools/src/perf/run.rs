@@ -390,7 +390,7 @@ pub fn server_auto(p: &Params, hook: Hook<'_>, print: bool) -> Result<(), String
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
     match conn::server_any(p, &mut *hook, &mut || {}, true)? {
-        conn::Served::Native(link, cp) => serve_link(link, cp, hook, print),
+        conn::Served::Native(link, cp) => serve_link(*link, cp, hook, print),
         conn::Served::Perftest(req) => super::rcm::serve(p, req, hook, print).map(|_| ()),
     }
 }
