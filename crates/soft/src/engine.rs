@@ -78,6 +78,8 @@ const DOORBELL: u64 = u64::MAX;
 struct Gate {
     alive: std::sync::atomic::AtomicBool,
     running: Mutex<()>,
+    /// The source's last run answered [`Run::Deferred`].
+    deferred: std::sync::atomic::AtomicBool,
 }
 
 thread_local! {
@@ -212,6 +214,7 @@ impl Gate {
         Gate {
             alive: std::sync::atomic::AtomicBool::new(true),
             running: Mutex::new(()),
+            deferred: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -349,6 +352,8 @@ impl Engine {
                     RUNNING.with(|r| r.set(id));
                     let r = unsafe { (*p).run(now) };
                     RUNNING.with(|r| r.set(0));
+                    gate.deferred
+                        .store(matches!(r, Run::Deferred(_)), Ordering::Release);
                     r
                 };
                 let mut t = self.lock();
@@ -453,6 +458,12 @@ impl Registration {
                 };
             }
         }
+    }
+
+    /// Whether the source's last run answered [`Run::Deferred`] (the engine left it to
+    /// someone else and looks again later).
+    pub fn is_deferred(&self) -> bool {
+        self.gate.deferred.load(Ordering::Acquire)
     }
 
     /// The wake time as now set (`None`: only fd events).

@@ -172,6 +172,11 @@ impl CompletionQueue {
         };
         // Arming for any completion widens an earlier solicited-only request, never narrows it.
         self.inner.armed.fetch_max(want, Ordering::AcqRel);
+        // The caller is about to sleep on the channel: no longer a busy poller, so the engine
+        // takes the device back at once instead of after the hand-off time.
+        if let Some(dev) = self.inner.dev.upgrade() {
+            dev.end_inline();
+        }
         Ok(())
     }
 

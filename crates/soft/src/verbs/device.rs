@@ -223,6 +223,16 @@ impl DeviceShared {
         self.progress_locked(&mut rt)
     }
 
+    /// The inline driver stopped (it is going to sleep): the engine drives the device again.
+    pub(crate) fn end_inline(&self) {
+        if self.inline_at.swap(0, Ordering::Relaxed) != 0 {
+            // left to us meanwhile: take it back now, not at the end of the hand-off
+            if let Some(r) = self.reg.get().filter(|r| r.is_deferred()) {
+                r.wake_by(Instant::now());
+            }
+        }
+    }
+
     pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
         let mut mem = self.mrs.view();
         let r = rt.progress(&mut mem);
