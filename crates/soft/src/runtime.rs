@@ -571,3 +571,17 @@ impl Runtime {
 pub(crate) fn gid_addr(gid: [u8; 16]) -> WireAddr {
     WireAddr::from(IpAddr::V6(Ipv6Addr::from(gid)))
 }
+
+/// The remote address of a path from `local` to destination GID `dgid`: a link-local
+/// destination is reached through `local`'s interface, so it takes `local`'s scope. Packets
+/// from it arrive with that scope too (the kernel reports the arrival interface), so the
+/// QP's path check matches them; without it every packet of a link-local connection was
+/// dropped as coming from the wrong path (and the sender ended in RetryExcErr).
+pub(crate) fn peer_addr(local: WireAddr, dgid: [u8; 16]) -> WireAddr {
+    let remote = gid_addr(dgid);
+    if remote.is_link_local() && remote.scope_id() == 0 {
+        WireAddr::new(remote.ip(), local.scope_id())
+    } else {
+        remote
+    }
+}

@@ -183,3 +183,92 @@ fn netns_udaddy_sidr_and_datagrams() {
         ]
     );
 }
+
+const RDMA_PERF: &str = env!("CARGO_BIN_EXE_rdma-perf");
+
+/// Every tool over link-local IPv6 only (a fe80::1%eth0 — b fe80::2%eth0), data both ways.
+/// RC data over link-local used to fail: the QP's path held the peer without its scope, the
+/// packets arrived with it, and every one was dropped as from the wrong path (RetryExcErr
+/// on the first SEND although the CM had connected).
+#[test]
+fn netns_link_local_every_tool_moves_data() {
+    if !require_root("netns_link_local_every_tool_moves_data") {
+        return;
+    }
+    let topo = topologies::link_local_only().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let srv_ip: std::net::IpAddr = "fe80::2".parse().unwrap();
+
+    // rping: READ (server from client) and WRITE (server to client) of every ping, verified
+    let mut s = b.command(RPING);
+    s.args(["-s", "-a", "fe80::2%eth0", "-v", "-V"]);
+    let srv = spawn(s, "rping server ll");
+    wait_udp_4791(srv_ip, Some(b.netns()));
+    let mut c = a.command(RPING);
+    c.args(["-c", "-a", "fe80::2%eth0", "-C", "3", "-v", "-V"]);
+    let c = spawn(c, "rping client ll").wait(T);
+    c.ok("rping client ll");
+    let s = srv.wait(T);
+    s.ok("rping server ll");
+    assert_eq!(
+        lines_with(&c.stdout, "ping data: rdma-ping-").len(),
+        3,
+        "{c:#?}"
+    );
+    assert_eq!(
+        lines_with(&s.stdout, "server ping data: rdma-ping-").len(),
+        3,
+        "{s:#?}"
+    );
+
+    // ucmatose: SENDs both ways on 2 connections
+    let mut s = b.command(UCMATOSE);
+    s.args(["-b", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    let srv = spawn(s, "ucmatose server ll");
+    wait_udp_4791(srv_ip, Some(b.netns()));
+    let mut c = a.command(UCMATOSE);
+    c.args(["-s", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    let c = spawn(c, "ucmatose client ll").wait(T);
+    c.ok("ucmatose client ll");
+    let s = srv.wait(T);
+    s.ok("ucmatose server ll");
+    assert!(c.stdout.contains("data transfers complete\n"), "{c:#?}");
+    assert!(s.stdout.contains("data transfers complete\n"), "{s:#?}");
+
+    // udaddy: SIDR, then UD datagrams and replies
+    let mut s = b.command(UDADDY);
+    s.args(["-b", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    let srv = spawn(s, "udaddy server ll");
+    wait_udp_4791(srv_ip, Some(b.netns()));
+    let mut c = a.command(UDADDY);
+    c.args(["-s", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    let c = spawn(c, "udaddy client ll").wait(T);
+    c.ok("udaddy client ll");
+    let s = srv.wait(T);
+    s.ok("udaddy server ll");
+    assert!(c.stdout.contains("data transfers complete\n"), "{c:#?}");
+    assert!(s.stdout.contains("sending replies\n"), "{s:#?}");
+
+    // rdma-perf: SEND latency (both ways), WRITE and READ bandwidth
+    for (k, test) in ["send_lat", "write_bw", "read_bw"].into_iter().enumerate() {
+        let port = (18700 + k).to_string();
+        let mut s = b.command(RDMA_PERF);
+        s.args([test, "-n", "200", "-p", &port, "--bind", "fe80::2%eth0"]);
+        let srv = spawn(s, "rdma-perf server ll");
+        wait_udp_4791(srv_ip, Some(b.netns()));
+        let mut c = a.command(RDMA_PERF);
+        c.args([test, "-n", "200", "-p", &port, "fe80::2%eth0"]);
+        let c = spawn(c, "rdma-perf client ll").wait(T);
+        c.ok(test);
+        srv.wait(T).ok(test);
+        let rows = c
+            .stdout
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1] == "200"
+            })
+            .count();
+        assert_eq!(rows, 1, "{test}: one result row: {c:#?}");
+    }
+}

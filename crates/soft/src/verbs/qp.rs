@@ -14,7 +14,7 @@ use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
-use crate::runtime::{gid_addr, QpCtx, UdCtx};
+use crate::runtime::{peer_addr, QpCtx, UdCtx};
 use crate::{Error, Result};
 
 /// Queue sizes of a QP (`ibv_qp_cap`).
@@ -361,7 +361,7 @@ impl QueuePair {
                 .gids
                 .get(attr.path.sgid_index as usize)
                 .ok_or(Error::InvalidArgument("sgid_index beyond the GID table"))?;
-            let remote = gid_addr(attr.path.dgid);
+            let remote = peer_addr(local, attr.path.dgid);
             if local.ip().is_ipv4() != remote.ip().is_ipv4() {
                 return Err(Error::InvalidArgument(
                     "source and destination GIDs of different IP families",

@@ -54,7 +54,7 @@ use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::qp::QueuePair;
 use crate::io::WireAddr;
-use crate::runtime::gid_addr;
+use crate::runtime::peer_addr;
 use crate::{Error, Result};
 
 /// An address handle (`ibv_ah`): the source address (GID index of the device) and the
@@ -84,7 +84,7 @@ impl AddressHandle {
             .gids
             .get(attr.sgid_index as usize)
             .ok_or(Error::InvalidArgument("sgid_index beyond the GID table"))?;
-        let remote = gid_addr(attr.dgid);
+        let remote = peer_addr(local, attr.dgid);
         if local.ip().is_ipv4() != remote.ip().is_ipv4() {
             return Err(Error::InvalidArgument(
                 "source and destination GIDs of different IP families",
