@@ -250,3 +250,137 @@ pub fn serve(side: &Side, stop: &std::sync::atomic::AtomicBool) {
         }
     }
 }
+
+/// A device on `netdev` whose GID table holds `ip`, with exactly the faults given (None: no
+/// faults, whatever `RDMA_SOFT_FAULTS` says). Open it in the thread (and network namespace)
+/// whose sockets it should use.
+pub fn device_on(netdev: &str, ip: &str, faults: Option<FaultSpec>) -> Device {
+    let mut cfg = DeviceConfig::for_netdev(netdev).unwrap();
+    cfg.gids = vec![ip.parse().unwrap()];
+    let wire = UdpWire::new(UdpConfig {
+        faults,
+        ..UdpConfig::default()
+    })
+    .unwrap();
+    Device::open_with_wire(cfg, Box::new(wire)).unwrap()
+}
+
+/// The attributes [`connect_with`] gives a QP on its way to RTS.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnOpts {
+    /// Path MTU (None: the port's active MTU).
+    pub mtu: Option<Mtu>,
+    /// Local ACK timeout exponent (4.096 us * 2^timeout; 10 = 4 ms).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// READs/atomics in flight each way (initiator depth and responder resources).
+    pub rd_atomic: u8,
+}
+
+impl Default for ConnOpts {
+    /// A short ACK timeout (10: 4 ms) for fast recovery from injected loss, 7 retries, 16
+    /// READs/atomics, the port's MTU.
+    fn default() -> ConnOpts {
+        ConnOpts {
+            mtu: None,
+            timeout: 10,
+            retry_cnt: 7,
+            rd_atomic: 16,
+        }
+    }
+}
+
+/// Moves `qp` of `dev` through Init and RTR to RTS as [`QueuePair::connect`] does (source
+/// GID index 0, all remote access, infinite RNR retries, RNR timer 12), with the MTU, ACK
+/// timeout, retries and READ/atomic depth of `o`.
+pub fn connect_with(
+    dev: &Device,
+    qp: &QueuePair,
+    dest_qpn: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+    dgid: [u8; 16],
+    o: &ConnOpts,
+) {
+    use QpAttrMask as M;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path.dgid = dgid;
+    a.path.hop_limit = 64;
+    a.path_mtu = o
+        .mtu
+        .unwrap_or_else(|| dev.query_port(1).unwrap().active_mtu);
+    a.dest_qp_num = dest_qpn;
+    a.rq_psn = rq_psn;
+    a.max_dest_rd_atomic = o.rd_atomic;
+    a.min_rnr_timer = 12;
+    qp.modify(
+        &a,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rts;
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = 7;
+    a.sq_psn = sq_psn;
+    a.max_rd_atomic = o.rd_atomic;
+    qp.modify(
+        &a,
+        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+/// Waits on `ch` (armed CQ `cq`, no busy polling: the progress engine fills the CQ) until
+/// `want` completions have arrived or `limit` has passed; returns those that came, in order.
+pub fn wait_completions(
+    cq: &CompletionQueue,
+    ch: &CompletionChannel,
+    want: usize,
+    limit: Duration,
+) -> Vec<Completion> {
+    let end = Instant::now() + limit;
+    let mut got = Vec::with_capacity(want);
+    let more = |got: &mut Vec<Completion>| {
+        let room = want - got.len();
+        cq.poll(got, room)
+    };
+    loop {
+        more(&mut got);
+        if got.len() >= want {
+            return got;
+        }
+        cq.req_notify(false).unwrap();
+        // a completion that came between the poll and the arming gives no event
+        if more(&mut got) > 0 {
+            continue;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return got;
+        }
+        // the event only wakes us; what it announces is taken by the poll above
+        if ch.wait_event(Some(end - now)).unwrap().is_none() {
+            more(&mut got);
+            return got;
+        }
+    }
+}
