@@ -293,3 +293,62 @@ fn recheck_after_lost_notifications_finds_changes() {
         assert_eq!(seen.len(), want.len(), "{seen:?}");
     });
 }
+
+/// Only a change of the id's own path gives ADDR_CHANGE. Reported against Linux rxe over
+/// link-local: ADDR_CHANGE during connection setup after an unrelated address was added to
+/// the netdev and the neighbour entry went from incomplete to reachable. For an IPv4 id and a
+/// link-local IPv6 id (neighbours learnt by the kernel, not permanent): unrelated addresses
+/// added and removed, the neighbour flushed and re-learnt with the same MAC, an unrelated
+/// route, the link's MTU changed: nothing. Then a real change of the path (the source
+/// address removed) is reported, so the watcher was live throughout.
+#[test]
+fn no_addr_change_for_changes_off_the_path() {
+    if !require_root("no_addr_change_for_changes_off_the_path") {
+        return;
+    }
+    let t = topologies::two_hosts_one_link().unwrap();
+    let a = t.host("a");
+    with_resolver(a, |r| {
+        wait_running(r, "eth0");
+        let eth0 = index(r, "eth0");
+        let v4 = r.resolve_addr(None, &sip("192.0.2.2"), None, T).unwrap();
+        let ll = r
+            .resolve_addr(None, &sip(&format!("fe80::2%{eth0}")), None, T)
+            .unwrap();
+        assert!(v4.dmac.is_some() && ll.dmac.is_some(), "{v4:?} {ll:?}");
+        let mut w = r.watcher().unwrap();
+        w.watch(1, &v4);
+        w.watch(2, &ll);
+        // unrelated addresses on the id's netdev, added and removed
+        sh(a, &["addr", "add", "192.0.2.77/24", "dev", "eth0"]);
+        sh(
+            a,
+            &["addr", "add", "2001:db8:1::77/64", "dev", "eth0", "nodad"],
+        );
+        sh(a, &["addr", "add", "fe80::77/64", "dev", "eth0", "nodad"]);
+        sh(a, &["addr", "del", "192.0.2.77/24", "dev", "eth0"]);
+        sh(a, &["addr", "del", "2001:db8:1::77/64", "dev", "eth0"]);
+        // the neighbours go away and come back, incomplete then reachable, same MACs
+        sh(a, &["neigh", "flush", "dev", "eth0"]);
+        r.resolve_addr(None, &sip("192.0.2.2"), None, T).unwrap();
+        r.resolve_addr(None, &sip(&format!("fe80::2%{eth0}")), None, T)
+            .unwrap();
+        // an unrelated route, and the link's MTU
+        sh(a, &["route", "add", "203.0.113.0/24", "via", "192.0.2.2"]);
+        sh(a, &["link", "set", "eth0", "mtu", "1400"]);
+        let quiet = drain(r, &mut w, Duration::from_millis(500));
+        assert!(quiet.is_empty(), "changes off the path reported: {quiet:?}");
+        // a change of the path is reported (control)
+        sh(a, &["addr", "del", "192.0.2.1/24", "dev", "eth0"]);
+        let seen = wait_for(r, &mut w, WAIT, |n| {
+            *n == Notification::AddrChange {
+                id: 1,
+                reason: ChangeReason::SourceAddressRemoved,
+            }
+        });
+        assert!(
+            seen.iter().all(|n| n.id() == 1),
+            "only the IPv4 id's path changed: {seen:?}"
+        );
+    });
+}

@@ -272,3 +272,64 @@ fn netns_link_local_every_tool_moves_data() {
         assert_eq!(rows, 1, "{test}: one result row: {c:#?}");
     }
 }
+
+/// rping goes on through ADDR_CHANGE, as rdma-core's rping does (its event handler prints
+/// `unhandled event: RDMA_CM_EVENT_ADDR_CHANGE, ignoring`): the client's neighbour entry for
+/// the server is replaced by a wrong MAC and then the right one while pings run, each a
+/// change of the id's path; the pings lost meanwhile are retransmitted and every ping is
+/// verified.
+#[test]
+fn netns_rping_goes_on_through_addr_change() {
+    if !require_root("netns_rping_goes_on_through_addr_change") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let mac_b = b.ip(&["-br", "link", "show", "eth0"]).expect("ip link");
+    let mac_b = mac_b.split_whitespace().nth(2).expect("a MAC").to_owned();
+    let neigh = |mac: &str| {
+        a.ip(&[
+            "neigh",
+            "replace",
+            "192.0.2.2",
+            "lladdr",
+            mac,
+            "dev",
+            "eth0",
+            "nud",
+            "permanent",
+        ])
+        .expect("ip neigh");
+    };
+    neigh(&mac_b);
+    let mut s = b.command(RPING);
+    s.args(["-s", "-a", "192.0.2.2", "-p", "7176", "-V"]);
+    let srv = spawn(s, "rping server");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let mut c = a.command(RPING);
+    c.args([
+        "-c",
+        "-a",
+        "192.0.2.2",
+        "-p",
+        "7176",
+        "-C",
+        "400",
+        "-V",
+        "-v",
+    ]);
+    let c = spawn(c, "rping client");
+    std::thread::sleep(Duration::from_millis(200));
+    neigh("02:00:00:00:00:99");
+    std::thread::sleep(Duration::from_millis(100));
+    neigh(&mac_b);
+    let c = c.wait(T);
+    c.ok("rping client through ADDR_CHANGE");
+    srv.wait(T).ok("rping server");
+    assert_eq!(lines_with(&c.stdout, "ping data: rdma-ping-").len(), 400);
+    assert!(
+        c.stderr
+            .contains("unhandled event: RDMA_CM_EVENT_ADDR_CHANGE, ignoring"),
+        "the client saw the change: {c:#?}"
+    );
+}
