@@ -112,7 +112,7 @@ fn a_sleeping_target_serves_reads_from_a_lossy_peer() {
                 w.copy_from_slice(&next(&mut x).to_le_bytes()[..w.len()]);
             }
         }
-        let mut rng = 0x1234_5678_9ABC_DEFu64;
+        let mut rng = 0x0123_4567_89AB_CDEF_u64;
         // the READ in flight in each slot: (offset in A, length)
         let mut inflight: Vec<Option<(usize, usize)>> = vec![None; DEPTH];
         let (mut posted, mut completed) = (0usize, 0usize);
