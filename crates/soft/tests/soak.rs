@@ -742,6 +742,23 @@ fn soak(name: &str, mix: &'static str) {
         ] {
             assert!(injected(f) > 0, "{name}: nothing injected by {what}");
         }
+        // and each fault of the mix both on send and on receive
+        let (mut on_send, mut on_recv) = (FaultStats::default(), FaultStats::default());
+        add_faults(&mut on_send, &ca.send);
+        add_faults(&mut on_send, &cb.send);
+        add_faults(&mut on_recv, &ca.recv);
+        add_faults(&mut on_recv, &cb.recv);
+        for (dir, f) in [("send", on_send), ("recv", on_recv)] {
+            for (what, asked, n) in [
+                ("loss", spec.loss > 0.0, f.dropped),
+                ("duplication", spec.dup > 0.0, f.duplicated),
+                ("reordering", spec.reorder > 0.0, f.reordered),
+                ("corruption", spec.corrupt > 0.0, f.corrupted),
+                ("delay", spec.delay.is_some(), f.delayed),
+            ] {
+                assert!(!asked || n > 0, "{name}: no {what} on {dir}: {f:?}");
+            }
+        }
     }
     // a corrupted datagram is refused by the receiver's ICRC check (never delivered: the
     // byte-exact checks above), except flips of the bits the ICRC masks; nothing else fails
