@@ -186,26 +186,40 @@ fn netns_udaddy_sidr_and_datagrams() {
 
 const RDMA_PERF: &str = env!("CARGO_BIN_EXE_rdma-perf");
 
-/// Every tool over link-local IPv6 only (a fe80::1%eth0 — b fe80::2%eth0), data both ways.
-/// RC data over link-local used to fail: the QP's path held the peer without its scope, the
-/// packets arrived with it, and every one was dropped as from the wrong path (RetryExcErr
-/// on the first SEND although the CM had connected).
+/// Every tool over IPv6, data both ways: link-local only (a fe80::1%eth0 — b fe80::2%eth0)
+/// and global (2001:db8:1::1 — 2001:db8:1::2). RC data over link-local used to fail: the
+/// QP's path held the peer without its scope, the packets arrived with it, and every one was
+/// dropped as from the wrong path (RetryExcErr on the first SEND although the CM had
+/// connected).
 #[test]
 fn netns_link_local_every_tool_moves_data() {
     if !require_root("netns_link_local_every_tool_moves_data") {
         return;
     }
     let topo = topologies::link_local_only().expect("topology");
+    every_tool_v6(&topo, "fe80::2%eth0", "fe80::2", 18700);
+}
+
+#[test]
+fn netns_ipv6_global_every_tool_moves_data() {
+    if !require_root("netns_ipv6_global_every_tool_moves_data") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    every_tool_v6(&topo, "2001:db8:1::2", "2001:db8:1::2", 18710);
+}
+
+fn every_tool_v6(topo: &rdma_testhosts::Topology, addr: &str, srv_ip: &str, base_port: usize) {
     let (a, b) = (topo.host("a"), topo.host("b"));
-    let srv_ip: std::net::IpAddr = "fe80::2".parse().unwrap();
+    let srv_ip: std::net::IpAddr = srv_ip.parse().unwrap();
 
     // rping: READ (server from client) and WRITE (server to client) of every ping, verified
     let mut s = b.command(RPING);
-    s.args(["-s", "-a", "fe80::2%eth0", "-v", "-V"]);
+    s.args(["-s", "-a", addr, "-v", "-V"]);
     let srv = spawn(s, "rping server ll");
     wait_udp_4791(srv_ip, Some(b.netns()));
     let mut c = a.command(RPING);
-    c.args(["-c", "-a", "fe80::2%eth0", "-C", "3", "-v", "-V"]);
+    c.args(["-c", "-a", addr, "-C", "3", "-v", "-V"]);
     let c = spawn(c, "rping client ll").wait(T);
     c.ok("rping client ll");
     let s = srv.wait(T);
@@ -223,11 +237,11 @@ fn netns_link_local_every_tool_moves_data() {
 
     // ucmatose: SENDs both ways on 2 connections
     let mut s = b.command(UCMATOSE);
-    s.args(["-b", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    s.args(["-b", addr, "-c", "2", "-C", "4"]);
     let srv = spawn(s, "ucmatose server ll");
     wait_udp_4791(srv_ip, Some(b.netns()));
     let mut c = a.command(UCMATOSE);
-    c.args(["-s", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    c.args(["-s", addr, "-c", "2", "-C", "4"]);
     let c = spawn(c, "ucmatose client ll").wait(T);
     c.ok("ucmatose client ll");
     let s = srv.wait(T);
@@ -237,11 +251,11 @@ fn netns_link_local_every_tool_moves_data() {
 
     // udaddy: SIDR, then UD datagrams and replies
     let mut s = b.command(UDADDY);
-    s.args(["-b", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    s.args(["-b", addr, "-c", "2", "-C", "4"]);
     let srv = spawn(s, "udaddy server ll");
     wait_udp_4791(srv_ip, Some(b.netns()));
     let mut c = a.command(UDADDY);
-    c.args(["-s", "fe80::2%eth0", "-c", "2", "-C", "4"]);
+    c.args(["-s", addr, "-c", "2", "-C", "4"]);
     let c = spawn(c, "udaddy client ll").wait(T);
     c.ok("udaddy client ll");
     let s = srv.wait(T);
@@ -251,13 +265,13 @@ fn netns_link_local_every_tool_moves_data() {
 
     // rdma-perf: SEND latency (both ways), WRITE and READ bandwidth
     for (k, test) in ["send_lat", "write_bw", "read_bw"].into_iter().enumerate() {
-        let port = (18700 + k).to_string();
+        let port = (base_port + k).to_string();
         let mut s = b.command(RDMA_PERF);
-        s.args([test, "-n", "200", "-p", &port, "--bind", "fe80::2%eth0"]);
+        s.args([test, "-n", "200", "-p", &port, "--bind", addr]);
         let srv = spawn(s, "rdma-perf server ll");
         wait_udp_4791(srv_ip, Some(b.netns()));
         let mut c = a.command(RDMA_PERF);
-        c.args([test, "-n", "200", "-p", &port, "fe80::2%eth0"]);
+        c.args([test, "-n", "200", "-p", &port, addr]);
         let c = spawn(c, "rdma-perf client ll").wait(T);
         c.ok(test);
         srv.wait(T).ok(test);
