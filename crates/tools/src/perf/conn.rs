@@ -231,8 +231,9 @@ fn link(
 pub fn client(p: &Params, hook: Hook<'_>) -> Result<Link, String> {
     let dst = p.server.ok_or("no server address")?;
     let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
-    // About 1 s per try, 3 tries: an absent server is reported within seconds.
-    cma.set_cm_timeouts(17, 2)
+    // About 0.5 s per try, 7 tries: a busy server (a loaded machine) still answers in time;
+    // an absent listener is a REJ at once, only a silent host waits the ~4 s out.
+    cma.set_cm_timeouts(17, 6)
         .map_err(|e| format!("CM timeouts: {e}"))?;
     let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
     let t0 = Instant::now();

@@ -1155,7 +1155,9 @@ fn banner(s: &Settled, d: &Data, mine: &[Dest], rem: &[Dest]) {
 pub fn client(p: &Params, hook: Hook<'_>, print: bool) -> Result<Vec<Outcome>, String> {
     let dst = p.server.ok_or("no server address")?;
     let cma = Cma::new().map_err(err("rdma_cm context"))?;
-    cma.set_cm_timeouts(17, 2).map_err(err("CM timeouts"))?;
+    // ~0.5 s per try, 7 tries: a busy peer (a loaded machine) still answers in time; an
+    // absent listener is a REJ at once, only a silent host waits them out
+    cma.set_cm_timeouts(17, 6).map_err(err("CM timeouts"))?;
     let ch = EventChannel::with_cma(&cma).map_err(err("event channel"))?;
     let limit = Duration::from_secs(10);
     let id = CmId::new(&ch, PortSpace::Tcp).map_err(err("create id"))?;
