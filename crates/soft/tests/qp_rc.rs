@@ -215,7 +215,11 @@ fn verbs_rules_and_errors() {
     );
     let flagged = SendWr::new(3, SendOp::Send).with_flags(SendFlags::INLINE);
     assert_eq!(a.qp.post_send(&flagged).unwrap_err().errno(), libc::EINVAL);
-    // a WRITE with a bad rkey: remote access error, QP to Err, later WRs flushed
+    // a WRITE with a bad rkey: remote access error, QP to Err, later WRs flushed; neither
+    // side's memory changes (b's target region, a's source region)
+    fill(&a.mr, 0, 4096, 0xA5A5);
+    fill(&b.mr, 0, 4096, 0x5A5A);
+    let (before_a, before_b) = (crc(&a.mr, 0, 4096), crc(&b.mr, 0, 4096));
     let op = SendOp::RdmaWrite {
         remote_addr: b.mr.addr(),
         rkey: b.mr.rkey() ^ 0x100,
@@ -229,6 +233,16 @@ fn verbs_rules_and_errors() {
     let c = a.next();
     assert_eq!((c.wr_id, c.status), (4, WcStatus::RemAccessErr));
     assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(
+        crc(&b.mr, 0, 4096),
+        before_b,
+        "the refused WRITE changed the target"
+    );
+    assert_eq!(
+        crc(&a.mr, 0, 4096),
+        before_a,
+        "the refused WRITE changed the source"
+    );
     a.qp.post_send(&SendWr::new(6, SendOp::Send).signaled())
         .unwrap();
     assert_eq!(a.next().status, WcStatus::WrFlushErr);
