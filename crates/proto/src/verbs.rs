@@ -581,6 +581,76 @@ impl WcStatus {
     }
 }
 
+/// The status by its `ibv_wc_status_str` name and value, with what it usually means and
+/// what to do.
+///
+/// ```
+/// use rdma_proto::verbs::WcStatus;
+/// let s = WcStatus::RetryExcErr.to_string();
+/// assert!(s.starts_with("transport retry counter exceeded (12)"), "{s}");
+/// assert!(WcStatus::WrFlushErr.to_string().contains("error state"));
+/// ```
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use WcStatus::*;
+        let (name, meaning) = match self {
+            Success => ("success", ""),
+            LocLenErr => (
+                "local length error",
+                "a message was larger than the receive buffer, or a length was wrong",
+            ),
+            LocQpOpErr => ("local QP operation error", "a work request the QP cannot run"),
+            LocEecOpErr => ("local EE context operation error", "RD only"),
+            LocProtErr => (
+                "local protection error",
+                "a local buffer is not in a registered region of this PD (lkey, bounds, access)",
+            ),
+            WrFlushErr => (
+                "Work Request Flushed Error",
+                "the QP is in the error state (disconnected, or an earlier request failed); \
+                 look at the first failed completion",
+            ),
+            MwBindErr => ("memory management operation error", "memory window bind failed"),
+            BadRespErr => ("bad response error", "the responder answered with an unexpected opcode"),
+            LocAccessErr => (
+                "local access error",
+                "data could not be written into the local buffer (access flags)",
+            ),
+            RemInvReqErr => (
+                "remote invalid request error",
+                "the responder refused the request (length, opcode, or no receive posted)",
+            ),
+            RemAccessErr => (
+                "remote access error",
+                "the rkey, address range or access flags of the remote region are wrong",
+            ),
+            RemOpErr => ("remote operation error", "the responder failed the operation"),
+            RetryExcErr => (
+                "transport retry counter exceeded",
+                "the peer did not acknowledge within the retries: it is gone or unreachable",
+            ),
+            RnrRetryExcErr => (
+                "RNR retry counter exceeded",
+                "the peer had no receive posted, retries ran out: post receives before the \
+                 peer sends",
+            ),
+            LocRddViolErr => ("local RDD violation error", "RD only"),
+            RemInvRdReqErr => ("remote invalid RD request", "RD only"),
+            RemAbortErr => ("operation aborted", "the remote side aborted"),
+            InvEecnErr => ("invalid EE context number", "RD only"),
+            InvEecStateErr => ("invalid EE context state", "RD only"),
+            FatalErr => ("fatal error", "the device failed"),
+            RespTimeoutErr => ("response timeout error", "the responder did not answer"),
+            GeneralErr => ("general error", "another error"),
+        };
+        write!(f, "{name} ({})", *self as u32)?;
+        if !meaning.is_empty() {
+            write!(f, ": {meaning}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Work completion opcode (`ibv_wc_opcode` values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]

@@ -89,12 +89,29 @@ pub enum Error {
     /// The IB CM refused a call (its errno: `EINVAL`, `EADDRINUSE`, `ENOMEM`).
     #[error("cm: {0}")]
     Cm(rdma_proto::cm::CmError),
-    /// The peer rejected the connection (`ECONNREFUSED`), with the IB CM reject reason.
-    #[error("connection refused (reject reason {0})")]
+    /// The peer rejected the connection (`ECONNREFUSED`), with the IB CM reject reason
+    /// (named with its meaning by [`reject_reason_text`]).
+    ///
+    /// ```
+    /// let e = rdmacm::Error::ConnectionRefused(8);
+    /// assert!(e.to_string().contains("invalid service id"), "{e}");
+    /// ```
+    #[error("connection refused: {}", reject_reason_text(*.0))]
     ConnectionRefused(u16),
     /// An operation on an id that was disconnected or whose connection failed (`ENOTCONN`).
     #[error("not connected")]
     NotConnected,
+    /// The connection closed while the call was waiting (`ECONNRESET`; `ENOTCONN` when it
+    /// was closed locally), with the reason.
+    ///
+    /// ```
+    /// use rdmacm::{CloseReason, Error};
+    /// let e = Error::Closed(CloseReason::PeerDisconnected);
+    /// assert_eq!(e.errno(), libc::ECONNRESET);
+    /// assert!(e.to_string().contains("peer disconnected"), "{e}");
+    /// ```
+    #[error("connection closed: {0}")]
+    Closed(CloseReason),
     /// No event is ready (`EAGAIN`), from the non-blocking calls.
     #[error("would block")]
     WouldBlock,
@@ -131,6 +148,8 @@ impl Error {
             Error::Cm(e) => e.errno(),
             Error::ConnectionRefused(_) => libc::ECONNREFUSED,
             Error::NotConnected => libc::ENOTCONN,
+            Error::Closed(CloseReason::LocalDisconnect | CloseReason::Dropped) => libc::ENOTCONN,
+            Error::Closed(_) => libc::ECONNRESET,
             Error::WouldBlock => libc::EAGAIN,
             Error::Shutdown => libc::ENODEV,
         }
@@ -172,6 +191,101 @@ impl From<rdma_proto::cm::CmError> for Error {
     fn from(e: rdma_proto::cm::CmError) -> Self {
         Error::Cm(e)
     }
+}
+
+/// Why a [`crate::Connection`] closed ([`crate::Connection::closed`], [`Error::Closed`]).
+///
+/// ```
+/// use rdmacm::{CloseReason, WcStatus};
+/// let why = CloseReason::Failed(WcStatus::RetryExcErr);
+/// assert!(why.to_string().contains("retry"), "{why}");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// The peer disconnected (the CM reported DISCONNECTED: its DREQ arrived).
+    PeerDisconnected,
+    /// [`crate::Connection::disconnect`] was called.
+    LocalDisconnect,
+    /// The [`crate::Connection`] was dropped.
+    Dropped,
+    /// A work request completed with an error (the QP is in Err).
+    Failed(rdma_soft::verbs::WcStatus),
+    /// The CM reported this event (UNREACHABLE, CONNECT_ERROR, DEVICE_REMOVAL).
+    Event(crate::EventType),
+    /// The device refused a post (e.g. the QP was destroyed).
+    PostFailed(String),
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloseReason::PeerDisconnected => f.write_str(
+                "the peer disconnected (DISCONNECTED); reconnect to continue",
+            ),
+            CloseReason::LocalDisconnect => f.write_str("disconnected locally (disconnect())"),
+            CloseReason::Dropped => f.write_str("the connection was dropped"),
+            CloseReason::Failed(s) => write!(f, "a work request failed: {s}"),
+            CloseReason::Event(k) => write!(
+                f,
+                "the connection manager reported {k}: the peer or the path is gone"
+            ),
+            CloseReason::PostFailed(e) => write!(f, "the device refused a post: {e}"),
+        }
+    }
+}
+
+/// An IB CM reject reason (a REJECTED event's status, [`Error::ConnectionRefused`]) by
+/// name, with what it usually means for an rdma_cm application.
+///
+/// ```
+/// let t = rdmacm::reject_reason_text(28);
+/// assert!(t.starts_with("28 consumer defined"), "{t}");
+/// assert!(rdmacm::reject_reason_text(34).starts_with("34"));
+/// ```
+pub fn reject_reason_text(reason: u16) -> String {
+    let (name, meaning) = match reason {
+        1 => ("no QP", "the peer has no QP for the request"),
+        2 => ("no EE context", "RD only"),
+        3 => (
+            "no resources",
+            "the peer is out of resources; retry later",
+        ),
+        4 => (
+            "timeout",
+            "the peer gave up on the connection (its id was destroyed while connecting)",
+        ),
+        5 => ("unsupported request", "the peer does not support the request"),
+        6 => ("invalid communication id", "the peer does not know this connection"),
+        7 => ("invalid communication instance", "stale or mismatched connection"),
+        8 => (
+            "invalid service id",
+            "nobody listens on that port at the peer: start the server or check the port",
+        ),
+        9 => ("invalid transport service type", "the peer does not accept this QP type"),
+        10 => (
+            "stale connection",
+            "the peer still holds an old connection with these ids; retry after its timewait",
+        ),
+        12 => ("primary remote port GID rejected", "the peer refuses the path's GID"),
+        26 => ("invalid path MTU", "the peer refuses the path MTU"),
+        27 => (
+            "insufficient responder resources",
+            "ask for fewer responder resources / initiator depth",
+        ),
+        28 => (
+            "consumer defined",
+            "the peer's application or listener refused (rdma_reject, or its listener does \
+             not take this address)",
+        ),
+        29 => ("invalid RNR retry count", "the peer refuses the RNR retry count"),
+        30 => ("duplicate local communication id", "the peer already has this connection"),
+        31 => ("unsupported class version", "CM version mismatch"),
+        35 => ("vendor option not supported", "the peer does not support ECE"),
+        11 | 13..=25 | 32 | 33 => ("path parameter rejected", "the peer refuses the path"),
+        _ => ("unknown reason", "not a reason the IB CM defines"),
+    };
+    format!("{reason} {name}: {meaning}")
 }
 
 /// Result with [`Error`].

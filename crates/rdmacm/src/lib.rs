@@ -18,7 +18,8 @@
 //!   [`CmId::resolve_route`], [`CmId::listen`], [`CmId::create_qp`], [`CmId::connect`],
 //!   [`CmId::accept`], [`CmId::reject`], [`CmId::disconnect`], [`CmId::establish`],
 //!   [`CmId::migrate`], [`CmId::set_option`], address / device getters.
-//! * Async: [`Listener`], [`Connection`].
+//! * Async: [`Listener`], [`Connection`] (messages: [`Connection::send`],
+//!   [`Connection::recv`]; teardown: [`Connection::closed`], [`Connection::disconnect`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -144,7 +145,23 @@ mod resolve;
 mod route;
 mod watch;
 
-pub use async_api::{ConnectOptions, Connection, Listener};
+pub use async_api::{
+    ConnectOptions, Connection, Listener, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, WINDOW,
+};
+/// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand
+/// them out (so an application needs no dependency on `rdma-soft` itself).
+///
+/// ```
+/// use rdmacm::verbs::{AccessFlags, QpState, WcStatus};
+/// assert_eq!(WcStatus::RetryExcErr as u32, 12);
+/// assert!(AccessFlags::LOCAL_WRITE.contains(AccessFlags::LOCAL_WRITE));
+/// assert_ne!(QpState::Rts, QpState::Err);
+/// ```
+pub use rdma_soft::verbs;
+pub use rdma_soft::verbs::{
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, Device, MemoryRegion,
+    ProtectionDomain, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 pub use channel::{EventChannel, EventStream};
 #[doc(hidden)]
 pub use cma::PauseGuard;
@@ -155,7 +172,7 @@ pub use id::{CmId, CmOption, IdState, QpKind};
 
 pub use addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
 pub use blocking::BlockingResolver;
-pub use error::{Error, RejectCause, Result};
+pub use error::{reject_reason_text, CloseReason, Error, RejectCause, Result};
 pub use ports::{
     read_local_port_range, BindHandle, BindRequest, PortConfig, PortSpace, PortTables,
 };

@@ -1,0 +1,283 @@
+//! The async data path of `Connection`: messages, credits, teardown, error text.
+//!
+//! Client and server share one process and one context per test, each test on its own
+//! 127.0.60.x address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmacm::{
+    CloseReason, Cma, ConnectOptions, Connection, Error, EventType, Listener, QpState, WcStatus,
+    MAX_MESSAGE, WINDOW,
+};
+
+const T: Duration = Duration::from_secs(10);
+
+async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(T, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// A connected (client, server) pair on `ip`.
+async fn pair(ip: &str) -> (Connection, Connection) {
+    let cma = Cma::new().unwrap();
+    let l = Listener::bind_with(format!("{ip}:0").parse().unwrap(), Some(cma.clone()))
+        .await
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move { l.accept().await });
+    let opts = ConnectOptions {
+        src: Some(SocketAddr::new(addr.ip(), 0)),
+        cma: Some(cma),
+        ..Default::default()
+    };
+    let c = within("connect", Connection::connect(addr, opts))
+        .await
+        .unwrap();
+    let s = within("accept", server).await.unwrap().unwrap();
+    (c, s)
+}
+
+fn pattern(seq: u32, len: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..len).map(|i| (i as u32 ^ seq.wrapping_mul(31)) as u8).collect();
+    if len >= 4 {
+        v[..4].copy_from_slice(&seq.to_le_bytes());
+    }
+    v
+}
+
+fn rnr_naks(c: &Connection) -> u64 {
+    c.qp().transport_stats().unwrap().rnr_naks_received
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_every_size_byte_exact() {
+    let (c, s) = pair("127.0.60.1").await;
+    let s = Arc::new(s);
+    let s2 = s.clone();
+    let echo = tokio::spawn(async move {
+        let mut n = 0u32;
+        while let Ok(m) = s2.recv().await {
+            s2.send(&m).await.unwrap();
+            n += 1;
+        }
+        n
+    });
+    let sizes = [0usize, 1, 63, 64, 65, 4096, 4097, 60_000, MAX_MESSAGE];
+    for round in 0..3u32 {
+        for (i, &len) in sizes.iter().enumerate() {
+            let msg = pattern(round * 100 + i as u32, len);
+            within("send", c.send(&msg)).await.unwrap();
+            let got = within("echo", c.recv()).await.unwrap();
+            assert_eq!(got.len(), len);
+            assert!(got == msg, "round {round} size {len}: echo differs");
+        }
+    }
+    within("disconnect", c.disconnect()).await.unwrap();
+    let n = within("server loop ends", echo).await.unwrap();
+    assert_eq!(n as usize, 3 * sizes.len());
+    assert_eq!(rnr_naks(&c) + rnr_naks(&s), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_long_message_is_refused_and_nothing_is_sent() {
+    let (c, s) = pair("127.0.60.2").await;
+    let e = c.send(&vec![7u8; MAX_MESSAGE + 1]).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert!(e.to_string().contains(&MAX_MESSAGE.to_string()), "{e}");
+    // The connection still works, and the refused message never arrived.
+    c.send(b"after").await.unwrap();
+    assert_eq!(within("recv", s.recv()).await.unwrap(), b"after");
+}
+
+/// The receiver takes nothing: exactly WINDOW sends complete, the next waits for a credit,
+/// which the first `recv` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sender_stops_at_the_window_until_the_receiver_takes_a_message() {
+    let (c, s) = pair("127.0.60.3").await;
+    for i in 0..WINDOW {
+        within("send within the window", c.send(&pattern(i, 100)))
+            .await
+            .unwrap();
+    }
+    let extra = pattern(WINDOW, 100);
+    let blocked = c.send(&extra);
+    tokio::pin!(blocked);
+    // Pending: no credit left (whatever the time given, it cannot complete while the
+    // receiver takes nothing).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), blocked.as_mut())
+            .await
+            .is_err(),
+        "a send beyond the window completed without a credit"
+    );
+    let first = within("recv", s.recv()).await.unwrap();
+    assert_eq!(first, pattern(0, 100));
+    within("send after a credit came back", blocked)
+        .await
+        .unwrap();
+    for i in 1..=WINDOW {
+        assert_eq!(within("recv", s.recv()).await.unwrap(), pattern(i, 100));
+    }
+    assert_eq!(rnr_naks(&c), 0, "a SEND found no receive posted");
+}
+
+/// A one-way stream: the receiver never sends data, so its credits go back in control
+/// messages; every message arrives once, in order, byte exact, with no RNR NAK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_way_stream_returns_credits_in_control_messages() {
+    let (c, s) = pair("127.0.60.4").await;
+    const N: u32 = 2000;
+    let rx = tokio::spawn(async move {
+        for i in 0..N {
+            let m = s.recv().await.unwrap();
+            assert!(m == pattern(i, 4096), "message {i} differs");
+        }
+        s
+    });
+    for i in 0..N {
+        within("send", c.send(&pattern(i, 4096))).await.unwrap();
+    }
+    let s = within("receiver", rx).await.unwrap();
+    assert_eq!(rnr_naks(&c) + rnr_naks(&s), 0);
+}
+
+/// Both sides stream at once (credits ride on data both ways).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_directions_at_once() {
+    let (c, s) = pair("127.0.60.5").await;
+    const N: u32 = 1000;
+    let (c, s) = (Arc::new(c), Arc::new(s));
+    let mut tasks = Vec::new();
+    for (a, b, salt) in [(c.clone(), s.clone(), 0u32), (s.clone(), c.clone(), 1 << 20)] {
+        tasks.push(tokio::spawn(async move {
+            for i in 0..N {
+                a.send(&pattern(salt + i, 1000 + (i as usize % 7) * 500))
+                    .await
+                    .unwrap();
+            }
+        }));
+        tasks.push(tokio::spawn(async move {
+            for i in 0..N {
+                let m = b.recv().await.unwrap();
+                assert!(m == pattern(salt + i, 1000 + (i as usize % 7) * 500));
+            }
+        }));
+    }
+    for t in tasks {
+        within("streams", t).await.unwrap();
+    }
+    assert_eq!(rnr_naks(&c) + rnr_naks(&s), 0);
+}
+
+/// The peer disconnects: the pending recv fails at once with the reason, `closed()` says
+/// why, later sends are NotConnected, both QPs are in Err, and `disconnect()` on the
+/// initiating side returned only after DISCONNECTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_disconnect_fails_pending_recv_and_later_sends() {
+    let (c, s) = pair("127.0.60.6").await;
+    let s = Arc::new(s);
+    let s2 = s.clone();
+    let pending = tokio::spawn(async move { s2.recv().await });
+    let s3 = s.clone();
+    let closed = tokio::spawn(async move { s3.closed().await });
+    within("disconnect", c.disconnect()).await.unwrap();
+    // DISCONNECTED came (disconnect waited for it) and is still reported as an event.
+    let ev = within("client event", c.next_event()).await.unwrap();
+    assert_eq!(ev.kind(), EventType::Disconnected);
+    drop(ev);
+    match within("pending recv", pending).await.unwrap() {
+        Err(Error::Closed(CloseReason::PeerDisconnected)) => {}
+        other => panic!("pending recv: {other:?}"),
+    }
+    assert_eq!(
+        within("closed", closed).await.unwrap(),
+        CloseReason::PeerDisconnected
+    );
+    assert!(matches!(s.send(b"x").await, Err(Error::NotConnected)));
+    assert!(matches!(c.send(b"x").await, Err(Error::NotConnected)));
+    assert!(matches!(
+        c.recv().await,
+        Err(Error::Closed(CloseReason::LocalDisconnect))
+    ));
+    assert_eq!(c.close_reason(), Some(CloseReason::LocalDisconnect));
+    assert_eq!(s.qp().state(), QpState::Err);
+    assert_eq!(c.qp().state(), QpState::Err);
+    // A second disconnect returns at once, on both sides.
+    within("again", c.disconnect()).await.unwrap();
+    within("server side", s.disconnect()).await.unwrap();
+}
+
+/// Messages that arrived before the peer's DREQ are still delivered, then the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_before_the_disconnect_are_delivered_first() {
+    let (c, s) = pair("127.0.60.7").await;
+    for i in 0..3 {
+        c.send(&pattern(i, 2000)).await.unwrap();
+    }
+    within("disconnect", c.disconnect()).await.unwrap();
+    within("closed", s.closed()).await;
+    for i in 0..3 {
+        assert_eq!(within("recv", s.recv()).await.unwrap(), pattern(i, 2000));
+    }
+    assert!(matches!(
+        s.recv().await,
+        Err(Error::Closed(CloseReason::PeerDisconnected))
+    ));
+}
+
+/// The server drops its Connection while the client is blocked on credits: the client's
+/// send fails with the peer's disconnect (not a retry timeout), its QP goes to Err.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_peer_fails_a_send_blocked_on_credits() {
+    let (c, s) = pair("127.0.60.8").await;
+    for i in 0..WINDOW {
+        c.send(&pattern(i, 512)).await.unwrap();
+    }
+    let c = Arc::new(c);
+    let c2 = c.clone();
+    let blocked = tokio::spawn(async move { c2.send(b"one too many").await });
+    drop(s);
+    match within("blocked send", blocked).await.unwrap() {
+        Err(Error::Closed(CloseReason::PeerDisconnected)) => {}
+        other => panic!("blocked send: {other:?}"),
+    }
+    assert_eq!(c.qp().state(), QpState::Err);
+    let e = c.send(b"later").await.unwrap_err();
+    assert_eq!(e.errno(), libc::ENOTCONN);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connection_names_the_reason() {
+    let cma = Cma::new().unwrap();
+    let opts = ConnectOptions {
+        src: Some("127.0.60.9:0".parse().unwrap()),
+        cma: Some(cma),
+        ..Default::default()
+    };
+    // Nobody listens on this port: REJ 8.
+    let e = within(
+        "connect",
+        Connection::connect("127.0.60.9:7999".parse().unwrap(), opts),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, Error::ConnectionRefused(8)), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains("invalid service id"), "{text}");
+    assert!(text.contains("nobody listens"), "{text}");
+    assert_eq!(e.errno(), libc::ECONNREFUSED);
+}
+
+#[test]
+fn completion_statuses_say_what_happened() {
+    let t = WcStatus::RnrRetryExcErr.to_string();
+    assert!(t.contains("(13)") && t.contains("post receives"), "{t}");
+    let t = WcStatus::RemAccessErr.to_string();
+    assert!(t.contains("rkey"), "{t}");
+    assert_eq!(WcStatus::Success.to_string(), "success (0)");
+    let why = CloseReason::Failed(WcStatus::RetryExcErr).to_string();
+    assert!(why.contains("gone or unreachable"), "{why}");
+}
