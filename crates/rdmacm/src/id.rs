@@ -589,7 +589,9 @@ impl CmId {
     /// `rdma_listen`: listens for requests (binding to 0.0.0.0 first if IDLE). A specific
     /// address listens on its device and only gets requests for that address; a wildcard
     /// listens on every device. `backlog` bounds the CONNECT_REQUEST events queued and not
-    /// yet taken (0: 1024); requests beyond it are rejected (REJ 3, no resources).
+    /// yet taken (0: 1024); requests beyond it are dropped without an answer, as Linux does
+    /// (no REJ: the requester's CM retries its REQ after its timeout, and the retry is a new
+    /// request once the application has taken queued ones).
     pub fn listen(&self, backlog: usize) -> Result<()> {
         if self.state() == IdState::Idle {
             let any = self.with(|s| match s.local {
