@@ -599,7 +599,10 @@ impl fmt::Display for WcStatus {
                 "local length error",
                 "a message was larger than the receive buffer, or a length was wrong",
             ),
-            LocQpOpErr => ("local QP operation error", "a work request the QP cannot run"),
+            LocQpOpErr => (
+                "local QP operation error",
+                "a work request the QP cannot run",
+            ),
             LocEecOpErr => ("local EE context operation error", "RD only"),
             LocProtErr => (
                 "local protection error",
@@ -610,8 +613,14 @@ impl fmt::Display for WcStatus {
                 "the QP is in the error state (disconnected, or an earlier request failed); \
                  look at the first failed completion",
             ),
-            MwBindErr => ("memory management operation error", "memory window bind failed"),
-            BadRespErr => ("bad response error", "the responder answered with an unexpected opcode"),
+            MwBindErr => (
+                "memory management operation error",
+                "memory window bind failed",
+            ),
+            BadRespErr => (
+                "bad response error",
+                "the responder answered with an unexpected opcode",
+            ),
             LocAccessErr => (
                 "local access error",
                 "data could not be written into the local buffer (access flags)",
@@ -624,7 +633,10 @@ impl fmt::Display for WcStatus {
                 "remote access error",
                 "the rkey, address range or access flags of the remote region are wrong",
             ),
-            RemOpErr => ("remote operation error", "the responder failed the operation"),
+            RemOpErr => (
+                "remote operation error",
+                "the responder failed the operation",
+            ),
             RetryExcErr => (
                 "transport retry counter exceeded",
                 "the peer did not acknowledge within the retries: it is gone or unreachable",

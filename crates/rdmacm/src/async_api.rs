@@ -675,12 +675,7 @@ impl Connection {
     /// the peer disconnects, ADDR_CHANGE). The connection acts on DISCONNECTED itself (see
     /// [`Connection::closed`]); the event is still reported here.
     pub async fn next_event(&self) -> Result<Event> {
-        self.events
-            .lock()
-            .await
-            .recv()
-            .await
-            .ok_or(Error::Shutdown)
+        self.events.lock().await.recv().await.ok_or(Error::Shutdown)
     }
 
     /// Why the connection is closed, if it is.

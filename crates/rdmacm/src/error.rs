@@ -220,9 +220,9 @@ pub enum CloseReason {
 impl std::fmt::Display for CloseReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CloseReason::PeerDisconnected => f.write_str(
-                "the peer disconnected (DISCONNECTED); reconnect to continue",
-            ),
+            CloseReason::PeerDisconnected => {
+                f.write_str("the peer disconnected (DISCONNECTED); reconnect to continue")
+            }
             CloseReason::LocalDisconnect => f.write_str("disconnected locally (disconnect())"),
             CloseReason::Dropped => f.write_str("the connection was dropped"),
             CloseReason::Failed(s) => write!(f, "a work request failed: {s}"),
@@ -247,27 +247,39 @@ pub fn reject_reason_text(reason: u16) -> String {
     let (name, meaning) = match reason {
         1 => ("no QP", "the peer has no QP for the request"),
         2 => ("no EE context", "RD only"),
-        3 => (
-            "no resources",
-            "the peer is out of resources; retry later",
-        ),
+        3 => ("no resources", "the peer is out of resources; retry later"),
         4 => (
             "timeout",
             "the peer gave up on the connection (its id was destroyed while connecting)",
         ),
-        5 => ("unsupported request", "the peer does not support the request"),
-        6 => ("invalid communication id", "the peer does not know this connection"),
-        7 => ("invalid communication instance", "stale or mismatched connection"),
+        5 => (
+            "unsupported request",
+            "the peer does not support the request",
+        ),
+        6 => (
+            "invalid communication id",
+            "the peer does not know this connection",
+        ),
+        7 => (
+            "invalid communication instance",
+            "stale or mismatched connection",
+        ),
         8 => (
             "invalid service id",
             "nobody listens on that port at the peer: start the server or check the port",
         ),
-        9 => ("invalid transport service type", "the peer does not accept this QP type"),
+        9 => (
+            "invalid transport service type",
+            "the peer does not accept this QP type",
+        ),
         10 => (
             "stale connection",
             "the peer still holds an old connection with these ids; retry after its timewait",
         ),
-        12 => ("primary remote port GID rejected", "the peer refuses the path's GID"),
+        12 => (
+            "primary remote port GID rejected",
+            "the peer refuses the path's GID",
+        ),
         26 => ("invalid path MTU", "the peer refuses the path MTU"),
         27 => (
             "insufficient responder resources",
@@ -278,10 +290,19 @@ pub fn reject_reason_text(reason: u16) -> String {
             "the peer's application or listener refused (rdma_reject, or its listener does \
              not take this address)",
         ),
-        29 => ("invalid RNR retry count", "the peer refuses the RNR retry count"),
-        30 => ("duplicate local communication id", "the peer already has this connection"),
+        29 => (
+            "invalid RNR retry count",
+            "the peer refuses the RNR retry count",
+        ),
+        30 => (
+            "duplicate local communication id",
+            "the peer already has this connection",
+        ),
         31 => ("unsupported class version", "CM version mismatch"),
-        35 => ("vendor option not supported", "the peer does not support ECE"),
+        35 => (
+            "vendor option not supported",
+            "the peer does not support ECE",
+        ),
         11 | 13..=25 | 32 | 33 => ("path parameter rejected", "the peer refuses the path"),
         _ => ("unknown reason", "not a reason the IB CM defines"),
     };

@@ -148,6 +148,13 @@ mod watch;
 pub use async_api::{
     ConnectOptions, Connection, Listener, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, WINDOW,
 };
+pub use channel::{EventChannel, EventStream};
+#[doc(hidden)]
+pub use cma::PauseGuard;
+pub use cma::{Cma, CmaConfig, DeviceSpec, DEVICES_ENV};
+pub use connect::RDMA_UDP_QKEY;
+pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};
+pub use id::{CmId, CmOption, IdState, QpKind};
 /// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand
 /// them out (so an application needs no dependency on `rdma-soft` itself).
 ///
@@ -162,13 +169,6 @@ pub use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Device, MemoryRegion,
     ProtectionDomain, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
-pub use channel::{EventChannel, EventStream};
-#[doc(hidden)]
-pub use cma::PauseGuard;
-pub use cma::{Cma, CmaConfig, DeviceSpec, DEVICES_ENV};
-pub use connect::RDMA_UDP_QKEY;
-pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};
-pub use id::{CmId, CmOption, IdState, QpKind};
 
 pub use addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
 pub use blocking::BlockingResolver;

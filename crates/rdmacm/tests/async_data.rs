@@ -41,7 +41,9 @@ async fn pair(ip: &str) -> (Connection, Connection) {
 }
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
-    let mut v: Vec<u8> = (0..len).map(|i| (i as u32 ^ seq.wrapping_mul(31)) as u8).collect();
+    let mut v: Vec<u8> = (0..len)
+        .map(|i| (i as u32 ^ seq.wrapping_mul(31)) as u8)
+        .collect();
     if len >= 4 {
         v[..4].copy_from_slice(&seq.to_le_bytes());
     }
@@ -151,7 +153,10 @@ async fn both_directions_at_once() {
     const N: u32 = 1000;
     let (c, s) = (Arc::new(c), Arc::new(s));
     let mut tasks = Vec::new();
-    for (a, b, salt) in [(c.clone(), s.clone(), 0u32), (s.clone(), c.clone(), 1 << 20)] {
+    for (a, b, salt) in [
+        (c.clone(), s.clone(), 0u32),
+        (s.clone(), c.clone(), 1 << 20),
+    ] {
         tasks.push(tokio::spawn(async move {
             for i in 0..N {
                 a.send(&pattern(salt + i, 1000 + (i as usize % 7) * 500))

@@ -280,11 +280,11 @@ fn async_listener_and_connection() {
             cma: Some(cma.clone()),
             ..Default::default()
         };
-        let mut c = tokio::time::timeout(T, Connection::connect(addr, opts))
+        let c = tokio::time::timeout(T, Connection::connect(addr, opts))
             .await
             .unwrap()
             .unwrap();
-        let mut s = tokio::time::timeout(T, server).await.unwrap().unwrap();
+        let s = tokio::time::timeout(T, server).await.unwrap().unwrap();
         assert_eq!(&s.peer_private_data()[..11], b"async hello");
         assert_eq!(s.peer_addr(), c.local_addr());
         assert_eq!(c.qp().query().unwrap().dest_qp_num, s.qp().qpn());
