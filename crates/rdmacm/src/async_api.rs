@@ -35,7 +35,7 @@
 //! credits, which come back on the peer's next data message, so credit traffic never
 //! feeds on itself.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -61,12 +61,17 @@ pub const MAX_MESSAGE: usize = 64 * 1024;
 pub const WINDOW: u32 = 16;
 /// Extra receives each side posts for credit-only control messages.
 pub const CONTROL_WINDOW: u32 = 2;
+/// One-sided operations ([`Connection::write`], [`Connection::read`]) a connection keeps
+/// outstanding at most; more wait for one to complete.
+pub const MAX_RDMA_OPS: usize = 64;
 /// How long [`Connection::disconnect`] waits for the peer's answer at most, beyond the CM's
 /// own bound (the DREQ's retries end in DISCONNECTED too).
 pub const DISCONNECT_WAIT: Duration = Duration::from_secs(30);
 
 const CQ_SIZE: usize = 256;
 const TAG_SHIFT: u32 = 62;
+/// One-sided operations (tag 0: the wr_id is the operation's number).
+const TAG_RDMA: u64 = 0;
 const TAG_RECV: u64 = 1;
 const TAG_SEND: u64 = 2;
 const TAG_CTRL: u64 = 3;
@@ -308,6 +313,9 @@ struct State {
     /// peer holds at most `WINDOW + returned - received_data` credits.
     returned: u64,
     received_data: u64,
+    /// Outstanding one-sided operations: `None` until their completion's status arrives.
+    ops: HashMap<u64, Option<WcStatus>>,
+    next_op: u64,
 }
 
 impl State {
@@ -363,6 +371,11 @@ impl Shared {
     fn on_completion(&self, st: &mut State, c: &Completion) -> Option<WcStatus> {
         let kind = c.wr_id >> TAG_SHIFT;
         let slot = (c.wr_id & ((1 << TAG_SHIFT) - 1)) as u32;
+        if kind == TAG_RDMA {
+            if let Some(op) = st.ops.get_mut(&c.wr_id) {
+                *op = Some(c.status);
+            }
+        }
         if !c.status.is_success() {
             // Flushes after a close are expected; anything else closes the connection.
             if st.closed.is_none() {
@@ -483,6 +496,81 @@ async fn run(
                 g.clear_ready();
             }
         }
+    }
+}
+
+/// A region of the peer's memory that [`Connection::write`] and [`Connection::read`]
+/// reach: its address, rkey and length, as the peer's [`RemoteBuf::of`] gave them. It
+/// travels as 16 bytes ([`RemoteBuf::to_bytes`], network byte order), in a message or in
+/// the private data of a REQ or REP.
+///
+/// ```
+/// use rdmacm::RemoteBuf;
+/// let rb = RemoteBuf { addr: 0x1000, rkey: 0xabcd, len: 4096 };
+/// let mut private_data = rb.to_bytes().to_vec();
+/// private_data.resize(56, 0); // zero padded, as a REP's private data arrives
+/// assert_eq!(RemoteBuf::from_bytes(&private_data), Some(rb));
+/// assert_eq!(rb.slice(1024, 512), Some(RemoteBuf { addr: 0x1400, rkey: 0xabcd, len: 512 }));
+/// assert_eq!(rb.slice(4000, 512), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    /// The region's address (in the peer's region address space).
+    pub addr: u64,
+    /// Its remote key.
+    pub rkey: u32,
+    /// Its length in bytes.
+    pub len: u32,
+}
+
+impl RemoteBuf {
+    /// Bytes of [`RemoteBuf::to_bytes`].
+    pub const ENCODED_LEN: usize = 16;
+
+    /// The whole of `mr` (at most 4 GiB - 1 of it), for the peer.
+    ///
+    /// ```no_run
+    /// # async fn f(c: &rdmacm::Connection) -> rdmacm::Result<()> {
+    /// let mr = c.register_remote(1 << 20)?;
+    /// c.send(&rdmacm::RemoteBuf::of(&mr).to_bytes()).await?; // the peer may now write and read it
+    /// # Ok(()) }
+    /// ```
+    pub fn of(mr: &MemoryRegion) -> RemoteBuf {
+        RemoteBuf {
+            addr: mr.addr(),
+            rkey: mr.rkey(),
+            len: mr.len().min(u32::MAX as usize) as u32,
+        }
+    }
+
+    /// `addr`, `rkey`, `len`, big-endian.
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        b[12..].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// From the first 16 bytes of `b` (`None` if shorter); private data's zero padding
+    /// after them is ignored.
+    pub fn from_bytes(b: &[u8]) -> Option<RemoteBuf> {
+        let b = b.get(..Self::ENCODED_LEN)?;
+        Some(RemoteBuf {
+            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[8..12].try_into().ok()?),
+            len: u32::from_be_bytes(b[12..16].try_into().ok()?),
+        })
+    }
+
+    /// `len` bytes from `offset`, if inside.
+    pub fn slice(&self, offset: u32, len: u32) -> Option<RemoteBuf> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then_some(RemoteBuf {
+            addr: self.addr + offset as u64,
+            rkey: self.rkey,
+            len,
+        })
     }
 }
 
@@ -613,6 +701,8 @@ impl Connection {
                 ret_ctrl: 0,
                 returned: 0,
                 received_data: 0,
+                ops: HashMap::new(),
+                next_op: 0,
             }),
             changed: Notify::new(),
         });
@@ -829,6 +919,141 @@ impl Connection {
         }
     }
 
+    /// Registers a zeroed region of `len` bytes in the connection's PD that the peer may
+    /// write and read (give it [`RemoteBuf::of`]). The region is read and written locally
+    /// by copy ([`MemoryRegion::read`], [`MemoryRegion::write`]), which stays sound while
+    /// the peer writes into it.
+    ///
+    /// ```no_run
+    /// # fn f(c: &rdmacm::Connection) -> rdmacm::Result<()> {
+    /// let mr = c.register_remote(4096)?;
+    /// let rb = rdmacm::RemoteBuf::of(&mr);
+    /// assert_eq!(rb.len, 4096);
+    /// # Ok(()) }
+    /// ```
+    pub fn register_remote(&self, len: usize) -> Result<MemoryRegion> {
+        Ok(self.pd().register(
+            vec![0u8; len],
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )?)
+    }
+
+    /// RDMA WRITE of `data` to the start of `remote`, completed when the peer's device
+    /// acknowledged it (the bytes are in the peer's memory; the peer's application gets no
+    /// completion). `data` is copied into a registered staging buffer first.
+    ///
+    /// Errors: `EINVAL` when `data` is longer than `remote`; [`Error::Closed`] with
+    /// [`CloseReason::Failed`] (e.g. `RemAccessErr`: wrong rkey or bounds) when the WRITE
+    /// fails, which also closes the connection (an RC QP goes to Err on a failed request);
+    /// [`Error::NotConnected`] after the close.
+    ///
+    /// ```no_run
+    /// # async fn f(c: &rdmacm::Connection, remote: rdmacm::RemoteBuf) -> rdmacm::Result<()> {
+    /// c.write(&remote, b"into the peer's memory").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn write(&self, remote: &RemoteBuf, data: &[u8]) -> Result<()> {
+        check_remote(remote, data.len())?;
+        if data.is_empty() {
+            return self.check_open();
+        }
+        let mr = self
+            .pd()
+            .register(data.to_vec(), AccessFlags::LOCAL_WRITE)?;
+        let op = SendOp::RdmaWrite {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.rdma(op, &mr, data.len()).await
+    }
+
+    /// RDMA READ of `buf.len()` bytes from the start of `remote` into `buf`, through a
+    /// registered staging buffer. Errors as [`Connection::write`].
+    ///
+    /// ```no_run
+    /// # async fn f(c: &rdmacm::Connection, remote: rdmacm::RemoteBuf) -> rdmacm::Result<()> {
+    /// let mut buf = vec![0u8; remote.len as usize];
+    /// c.read(&remote, &mut buf).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn read(&self, remote: &RemoteBuf, buf: &mut [u8]) -> Result<()> {
+        check_remote(remote, buf.len())?;
+        if buf.is_empty() {
+            return self.check_open();
+        }
+        let mr = self
+            .pd()
+            .register(vec![0u8; buf.len()], AccessFlags::LOCAL_WRITE)?;
+        let op = SendOp::RdmaRead {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.rdma(op, &mr, buf.len()).await?;
+        mr.read(0, buf)?;
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<()> {
+        match self.sh.lock().closed {
+            Some(_) => Err(Error::NotConnected),
+            None => Ok(()),
+        }
+    }
+
+    async fn rdma(&self, op: SendOp, mr: &MemoryRegion, len: usize) -> Result<()> {
+        let mut first = true;
+        let id = loop {
+            let n = self.sh.changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            {
+                let mut st = self.sh.lock();
+                if let Some(why) = &st.closed {
+                    return Err(if first {
+                        Error::NotConnected
+                    } else {
+                        Error::Closed(why.clone())
+                    });
+                }
+                if st.ops.len() < MAX_RDMA_OPS {
+                    let id = st.next_op;
+                    st.next_op = (st.next_op + 1) & ((1 << TAG_SHIFT) - 1);
+                    let wr = SendWr::new(tag(TAG_RDMA, 0) | id, op)
+                        .with_sge(mr.sge(0, len as u32)?)
+                        .signaled();
+                    self.sh.parts.qp.post_send(&wr)?;
+                    st.ops.insert(id, None);
+                    break id;
+                }
+            }
+            first = false;
+            n.await;
+        };
+        // Forgets the operation if this future is dropped before it completes.
+        let _forget = OpGuard { sh: &self.sh, id };
+        loop {
+            let n = self.sh.changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            {
+                let st = self.sh.lock();
+                match st.ops.get(&id) {
+                    Some(Some(WcStatus::Success)) => return Ok(()),
+                    Some(Some(status)) => {
+                        return Err(Error::Closed(
+                            st.closed.clone().unwrap_or(CloseReason::Failed(*status)),
+                        ))
+                    }
+                    _ => {}
+                }
+                if let Some(why) = &st.closed {
+                    return Err(Error::Closed(why.clone()));
+                }
+            }
+            n.await;
+        }
+    }
+
     /// Disconnects (`rdma_disconnect`: the QP goes to Err, pending futures fail, the DREQ
     /// leaves, or the DREP when the peer disconnected first) and waits for the CM to report
     /// DISCONNECTED (the peer's DREP, or the DREQ's retries running out), at most
@@ -862,6 +1087,27 @@ impl Connection {
         tokio::time::timeout(DISCONNECT_WAIT, wait)
             .await
             .map_err(|_| Error::TimedOut)
+    }
+}
+
+fn check_remote(remote: &RemoteBuf, len: usize) -> Result<()> {
+    if len > remote.len as usize {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes do not fit the remote buffer of {} bytes (rkey {:#x})",
+            remote.len, remote.rkey
+        )));
+    }
+    Ok(())
+}
+
+struct OpGuard<'a> {
+    sh: &'a Shared,
+    id: u64,
+}
+
+impl Drop for OpGuard<'_> {
+    fn drop(&mut self) {
+        self.sh.lock().ops.remove(&self.id);
     }
 }
 

@@ -146,7 +146,8 @@ mod route;
 mod watch;
 
 pub use async_api::{
-    ConnectOptions, Connection, Listener, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, WINDOW,
+    ConnectOptions, Connection, Listener, RemoteBuf, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
+    MAX_RDMA_OPS, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 #[doc(hidden)]

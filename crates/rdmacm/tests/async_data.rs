@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmacm::{
-    CloseReason, Cma, ConnectOptions, Connection, Error, EventType, Listener, QpState, WcStatus,
-    MAX_MESSAGE, WINDOW,
+    CloseReason, Cma, ConnectOptions, Connection, Error, EventType, Listener, QpState, RemoteBuf,
+    WcStatus, MAX_MESSAGE, WINDOW,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -285,4 +285,82 @@ fn completion_statuses_say_what_happened() {
     assert_eq!(WcStatus::Success.to_string(), "success (0)");
     let why = CloseReason::Failed(WcStatus::RetryExcErr).to_string();
     assert!(why.contains("gone or unreachable"), "{why}");
+}
+
+/// 1 MiB WRITE then READ into a region the server registered and announced in a message;
+/// the server sees exactly the bytes written, canaries around the target stay untouched,
+/// and the READ brings back what the server wrote locally afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mib_write_and_read_through_a_remote_buf() {
+    let (c, s) = pair("127.0.60.10").await;
+    const MIB: usize = 1 << 20;
+    let mr = s.register_remote(MIB + 2 * 4096).unwrap();
+    mr.fill(0, mr.len(), 0xee).unwrap();
+    let whole = RemoteBuf::of(&mr);
+    // The server announces the middle MiB only.
+    let target = whole.slice(4096, MIB as u32).unwrap();
+    s.send(&target.to_bytes()).await.unwrap();
+    let got = within("remote buf", c.recv()).await.unwrap();
+    let remote = RemoteBuf::from_bytes(&got).unwrap();
+    assert_eq!(remote, target);
+
+    let data: Vec<u8> = (0..MIB).map(|i| (i * 13 + i / 4096) as u8).collect();
+    within("write", c.write(&remote, &data)).await.unwrap();
+    let seen = mr.to_vec();
+    assert!(seen[4096..4096 + MIB] == data[..], "written bytes differ");
+    assert!(seen[..4096].iter().all(|&b| b == 0xee), "canary before");
+    assert!(
+        seen[4096 + MIB..].iter().all(|&b| b == 0xee),
+        "canary after"
+    );
+
+    // The server changes its memory; the client's READ sees the change.
+    mr.write(4096 + 100, b"changed by the server").unwrap();
+    let mut back = vec![0u8; MIB];
+    within("read", c.read(&remote, &mut back)).await.unwrap();
+    let mut expect = data.clone();
+    expect[100..121].copy_from_slice(b"changed by the server");
+    assert!(back == expect, "read bytes differ");
+
+    // Too long for the remote buffer: refused before anything is posted.
+    let e = c.write(&remote, &vec![0u8; MIB + 1]).await.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    // Messages still flow after the one-sided traffic.
+    c.send(b"done").await.unwrap();
+    assert_eq!(within("recv", s.recv()).await.unwrap(), b"done");
+}
+
+/// A WRITE with a wrong rkey fails with the remote access error, which closes the
+/// connection on both sides (the QP goes to Err); the target is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_with_a_bad_rkey_fails_with_remote_access_error() {
+    let (c, s) = pair("127.0.60.11").await;
+    let mr = s.register_remote(4096).unwrap();
+    let mut bad = RemoteBuf::of(&mr);
+    bad.rkey ^= 0x5a5a_0000;
+    let e = within("write", c.write(&bad, b"not allowed"))
+        .await
+        .unwrap_err();
+    match &e {
+        Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr)) => {}
+        other => panic!("bad rkey write: {other:?}"),
+    }
+    assert!(e.to_string().contains("rkey"), "{e}");
+    assert!(mr.to_vec().iter().all(|&b| b == 0), "target changed");
+    assert_eq!(c.qp().state(), QpState::Err);
+    assert!(matches!(
+        c.write(&RemoteBuf::of(&mr), b"x").await,
+        Err(Error::NotConnected)
+    ));
+    // The server's responder moved its own QP to Err too (its receives flush) or the
+    // client's DREQ came first: either way the server is closed, not waiting.
+    let why = within("server closed", s.closed()).await;
+    assert!(
+        matches!(
+            why,
+            CloseReason::PeerDisconnected | CloseReason::Failed(WcStatus::WrFlushErr)
+        ),
+        "{why:?}"
+    );
+    assert_eq!(s.qp().state(), QpState::Err);
 }
