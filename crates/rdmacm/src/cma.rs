@@ -155,6 +155,9 @@ pub(crate) struct DevEntry {
     pub listeners: HashMap<u64, Vec<IdNum>>,
     /// Our local comm id → the local address its MADs leave from.
     pub comm_local: HashMap<u32, WireAddr>,
+    /// Our local comm id → the traffic class (the id's TOS) its MADs leave with, kept for
+    /// the MADs sent after the id is gone (DREQ of a destroy); leaves with `comm_local`.
+    pub comm_tos: HashMap<u32, u8>,
     /// Peer GID → local address its last MAD arrived on (answers to unknown connections).
     pub arrival_local: HashMap<Ipv6Addr, WireAddr>,
 }
@@ -788,6 +791,7 @@ impl Inner {
                 conns: HashMap::new(),
                 listeners: HashMap::new(),
                 comm_local: HashMap::new(),
+                comm_tos: HashMap::new(),
                 arrival_local: HashMap::new(),
             },
         );
@@ -1082,6 +1086,7 @@ impl Inner {
             let Some(d) = st.devices.get_mut(&i) else {
                 return;
             };
+            let ids = &st.ids;
             let mut did = false;
             while let Some((peer, mad)) = d.agent.poll_transmit() {
                 did = true;
@@ -1103,9 +1108,25 @@ impl Inner {
                             0
                         },
                     );
+                    // As Linux's CM: a connection's MADs carry its path's traffic class.
+                    let tos = d
+                        .agent
+                        .conn_by_local_comm_id(comm)
+                        .and_then(|c| d.conns.get(&c))
+                        .and_then(|n| ids.get(n))
+                        .and_then(|s| s.path.as_ref())
+                        .map(|p| p.traffic_class);
+                    let tclass = match tos {
+                        Some(t) => {
+                            d.comm_tos.insert(comm, t);
+                            t
+                        }
+                        None => d.comm_tos.get(&comm).copied().unwrap_or(0),
+                    };
                     // A send error (e.g. the address went away) is a lost MAD: the CM's
                     // retries and timeouts handle it.
-                    let _ = d.dev.gsi_send(&local, &remote, &mad);
+                    let meta = rdma_soft::io::TxMeta { tclass };
+                    let _ = d.dev.gsi_send_with(&local, &remote, meta, &mad);
                 }
             }
             let ev = d.agent.poll_event();

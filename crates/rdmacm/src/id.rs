@@ -823,6 +823,7 @@ pub(crate) fn destroy(inner: &Arc<Inner>, num: IdNum) {
                 .is_some_and(|h| d.conns.contains_key(&h));
             if !held {
                 d.comm_local.remove(&cid);
+                d.comm_tos.remove(&cid);
             }
         }
     }

@@ -61,7 +61,7 @@ use std::time::{Duration, Instant};
 use rdma_proto::packet::{Deth, Opcode, Packet, PacketHeader};
 use rdma_proto::psn::{psn_add, PSN_MASK};
 
-use crate::io::{Arrival, WireAddr};
+use crate::io::{Arrival, TxMeta, WireAddr};
 use crate::verbs::Device;
 use crate::{Error, Result};
 
@@ -339,11 +339,25 @@ impl Device {
     /// [`Error::NotOpen`]) to QP1 at `remote`, UDP port 4791: BTH (UD SEND_ONLY, P_Key
     /// 0xFFFF, destination QP 1, AckReq, PSN from a per-device counter), DETH (Q_Key
     /// [`GSI_QKEY`], source QP 1), the MAD, ICRC. Flushed at once. A datagram the network
-    /// refuses is an error here (the CM's retries cover loss in the network).
+    /// refuses is an error here (the CM's retries cover loss in the network). IPv4 TOS /
+    /// IPv6 traffic class 0: see [`Device::gsi_send_with`].
     pub fn gsi_send(&self, local: &WireAddr, remote: &WireAddr, mad: &[u8; MAD_LEN]) -> Result<()> {
+        self.gsi_send_with(local, remote, TxMeta::default(), mad)
+    }
+
+    /// [`Device::gsi_send`] with the datagram's IPv4 TOS / IPv6 traffic class from `meta`
+    /// (Linux's CM sends a connection's MADs with its path's traffic class, the rdma_cm id's
+    /// TOS).
+    pub fn gsi_send_with(
+        &self,
+        local: &WireAddr,
+        remote: &WireAddr,
+        meta: TxMeta,
+        mad: &[u8; MAD_LEN],
+    ) -> Result<()> {
         let shared = self.shared();
         let mut rt = shared.runtime();
-        let r = rt.gsi_send(*local, *remote, mad);
+        let r = rt.gsi_send(*local, *remote, meta.tclass, mad);
         // a MAD the fault injector holds back is released by the engine
         if let Some(t) = rt.post_deadline(0) {
             shared.wake_by(t);

@@ -66,7 +66,7 @@ mod ud;
 pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
-use crate::io::{Arrival, DatagramWire, WireAddr, WireStats};
+use crate::io::{Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::verbs::{CompletionQueue, SharedReceiveQueue};
 use crate::{Error, Result};
 
@@ -116,6 +116,9 @@ pub(crate) struct QpCtx {
     pub srq: Option<SharedReceiveQueue>,
     /// Local and remote address of the path, set when the QP moves to RTR.
     pub path: Option<(WireAddr, WireAddr)>,
+    /// The path's traffic class (`QpAttr.path.traffic_class`, set with the address vector):
+    /// the IPv4 TOS / IPv6 traffic class of every packet the QP sends, as in rxe.
+    pub tclass: u8,
     /// Receives moved from the SRQ into the transport and not yet completed.
     srq_held: u32,
 }
@@ -134,6 +137,7 @@ impl QpCtx {
             recv_cq,
             srq,
             path: None,
+            tclass: 0,
             srq_held: 0,
         }
     }
@@ -256,11 +260,12 @@ impl Runtime {
         was
     }
 
-    /// Sends a MAD from QP1 and flushes.
+    /// Sends a MAD from QP1 with IPv4 TOS / IPv6 traffic class `tclass` and flushes.
     pub fn gsi_send(
         &mut self,
         local: WireAddr,
         remote: WireAddr,
+        tclass: u8,
         mad: &[u8; MAD_LEN],
     ) -> Result<()> {
         if !self.gsi.is_open(local) {
@@ -269,7 +274,8 @@ impl Runtime {
         let h = self.gsi.next_header();
         let n = rdma_proto::wire::emit(&h, mad, &mut self.tx.packet, None)
             .map_err(|_| Error::InvalidArgument("MAD header does not encode"))?;
-        self.wire.send(local, remote, &self.tx.packet[..n])?;
+        self.wire
+            .send_with(local, remote, TxMeta { tclass }, &self.tx.packet[..n])?;
         self.wire.flush()?;
         self.gsi.on_sent();
         Ok(())
@@ -382,13 +388,22 @@ impl Runtime {
             .filter(|c| c.qpn == qpn)
     }
 
-    /// Sets the path of a QP moving to RTR: opens `local` on the wire (UDP 4791 on that
-    /// address: the only time the device opens a socket) and, if the QP had another local
-    /// address, closes that one when unused.
-    pub fn set_path(&mut self, qpn: u32, local: WireAddr, remote: WireAddr) -> Result<()> {
+    /// Sets the path of a QP moving to RTR (`tclass`: its traffic class, sent in every
+    /// packet): opens `local` on the wire (UDP 4791 on that address: the only time the device
+    /// opens a socket) and, if the QP had another local address, closes that one when unused.
+    pub fn set_path(
+        &mut self,
+        qpn: u32,
+        local: WireAddr,
+        remote: WireAddr,
+        tclass: u8,
+    ) -> Result<()> {
         self.wire.open(local)?;
         let old = match self.get(qpn) {
-            Some(ctx) => ctx.path.replace((local, remote)),
+            Some(ctx) => {
+                ctx.tclass = tclass;
+                ctx.path.replace((local, remote))
+            }
             None => return Err(Error::InvalidArgument("no such QP")),
         };
         if let Some((l, _)) = old {
@@ -428,9 +443,10 @@ impl Runtime {
                 stats.send_errors += 1;
                 continue;
             };
+            let meta = TxMeta { tclass: ctx.tclass };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send(local, remote, &tx.packet[..n]) {
+                Ok(n) => match wire.send_with(local, remote, meta, &tx.packet[..n]) {
                     Ok(()) => stats.transmitted += 1,
                     Err(_) => stats.send_errors += 1,
                 },

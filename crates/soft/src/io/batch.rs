@@ -151,6 +151,8 @@ pub(crate) struct SendBatch {
     gso: bool,
     /// Destination of each queued datagram (to group them).
     dsts: Box<[Option<WireAddr>]>,
+    /// IPv4 TOS / IPv6 traffic class of each queued datagram (a GSO message has one).
+    tclasses: Box<[u8]>,
     /// Segment index of each queued datagram in its GSO group (0: starts a message).
     segs: Box<[u16]>,
     /// The open group: its segment size and bytes, or `None` when the next datagram starts
@@ -158,12 +160,15 @@ pub(crate) struct SendBatch {
     group: Option<(usize, usize)>,
     /// Datagrams of each message built by `send`.
     per_msg: Box<[u16]>,
-    /// `UDP_SEGMENT` control messages, one per message.
-    ctrl: Box<[[u64; GSO_CTRL_WORDS]]>,
+    /// The first queued datagram of each message built by `send`.
+    msg_first: Box<[u16]>,
+    /// Control messages (`UDP_SEGMENT`, `IP_TOS` / `IPV6_TCLASS`), one buffer per message.
+    ctrl: Box<[[u64; SEND_CTRL_WORDS]]>,
 }
 
-/// Space for one `UDP_SEGMENT` control message (header and a u16), in u64 words.
-const GSO_CTRL_WORDS: usize = 3;
+/// Space for a `UDP_SEGMENT` control message (header and a u16, 24 bytes) and an `IP_TOS` /
+/// `IPV6_TCLASS` one (header and an int, 24 bytes), in u64 words.
+const SEND_CTRL_WORDS: usize = 6;
 /// Most segments in one GSO message (the kernel's `UDP_MAX_SEGMENTS` is 64 or more).
 pub(crate) const GSO_MAX_SEGS: usize = 64;
 /// Most bytes in one GSO message (a UDP datagram's length field; the kernel refuses more).
@@ -204,10 +209,12 @@ impl SendBatch {
             queued: 0,
             gso: false,
             dsts: vec![None; count].into_boxed_slice(),
+            tclasses: vec![0; count].into_boxed_slice(),
             segs: vec![0; count].into_boxed_slice(),
             group: None,
             per_msg: vec![0; count * 2].into_boxed_slice(),
-            ctrl: vec![[0u64; GSO_CTRL_WORDS]; count * 2].into_boxed_slice(),
+            msg_first: vec![0; count * 2].into_boxed_slice(),
+            ctrl: vec![[0u64; SEND_CTRL_WORDS]; count * 2].into_boxed_slice(),
         }
     }
 
@@ -222,17 +229,20 @@ impl SendBatch {
         self.group = None;
     }
 
-    /// The segment index the next datagram of `len` bytes to `dst` gets: its position in the
-    /// GSO message it joins, 0 when it starts one. With IPv4 the kernel gives the segments of
-    /// a message Identifications counting up from the first's (0 from an unconnected socket
-    /// with DF), and the ICRC covers the Identification: the caller seals with this index.
-    pub fn next_segment(&self, dst: WireAddr, len: usize) -> u16 {
+    /// The segment index the next datagram of `len` bytes to `dst` with traffic class
+    /// `tclass` gets: its position in the GSO message it joins, 0 when it starts one (a
+    /// message has one destination and one traffic class). With IPv4 the kernel gives the
+    /// segments of a message Identifications counting up from the first's (0 from an
+    /// unconnected socket with DF), and the ICRC covers the Identification: the caller seals
+    /// with this index.
+    pub fn next_segment(&self, dst: WireAddr, len: usize, tclass: u8) -> u16 {
         let i = self.queued;
         match self.group {
             Some((size, bytes))
                 if self.gso
                     && i > 0
                     && self.dsts[i - 1] == Some(dst)
+                    && self.tclasses[i - 1] == tclass
                     && len <= size
                     && (self.segs[i - 1] as usize) + 1 < GSO_MAX_SEGS
                     && bytes + len <= GSO_MAX_BYTES =>
@@ -253,17 +263,18 @@ impl SendBatch {
         self.queued == self.lens.len()
     }
 
-    /// Queues a copy of `data` to `dst:port`. The caller checks [`SendBatch::is_full`] and the
-    /// length first.
-    pub fn push(&mut self, dst: WireAddr, port: u16, data: &[u8]) -> usize {
+    /// Queues a copy of `data` to `dst:port`, to go with IPv4 TOS / IPv6 traffic class
+    /// `tclass`. The caller checks [`SendBatch::is_full`] and the length first.
+    pub fn push(&mut self, dst: WireAddr, port: u16, tclass: u8, data: &[u8]) -> usize {
         let i = self.queued;
         debug_assert!(i < self.lens.len() && data.len() <= self.slot);
         self.bufs[i * self.slot..i * self.slot + data.len()].copy_from_slice(data);
         self.lens[i] = data.len();
         self.names[i] = sys::to_sockaddr(dst, port);
-        let seg = self.next_segment(dst, data.len());
+        let seg = self.next_segment(dst, data.len(), tclass);
         self.segs[i] = seg;
         self.dsts[i] = Some(dst);
+        self.tclasses[i] = tclass;
         self.group = match (seg, self.group) {
             // a shorter datagram ends its group
             (0, _) => Some((data.len(), data.len())),
@@ -282,6 +293,11 @@ impl SendBatch {
     /// Destination of queued datagram `i`.
     pub fn dst(&self, i: usize) -> Option<(WireAddr, u16)> {
         sys::from_sockaddr(&self.names[i].0)
+    }
+
+    /// Traffic class of queued datagram `i`.
+    pub fn tclass(&self, i: usize) -> u8 {
+        self.tclasses[i]
     }
 
     /// Sends queued datagrams in the order `order` gives (indices may repeat or be left out:
@@ -312,6 +328,7 @@ impl SendBatch {
                     msg_len: 0,
                 };
                 me.per_msg[n] = 1;
+                me.msg_first[n] = i as u16;
                 n += 1;
             } else {
                 me.hdrs[n - 1].msg_hdr.msg_iovlen += 1;
@@ -334,26 +351,52 @@ impl SendBatch {
                 }
             }
         }
-        // Messages of more than one datagram: UDP_SEGMENT with the first one's size.
+        // Control messages: UDP_SEGMENT with the first datagram's size for a message of more
+        // than one; IP_TOS / IPV6_TCLASS for a non-zero traffic class (0 is the socket's
+        // default, which the sockets never change, so it needs none).
         for m in 0..n {
-            if self.per_msg[m] < 2 {
+            let first = self.msg_first[m] as usize;
+            let tclass = self.tclasses[first];
+            let gso = self.per_msg[m] >= 2;
+            if !gso && tclass == 0 {
                 continue;
             }
+            let v6 = i32::from(self.names[first].0.ss_family) == libc::AF_INET6;
             // SAFETY: msg_iov points at an initialised iovec of this batch.
             let size = unsafe { (*self.hdrs[m].msg_hdr.msg_iov).iov_len } as u16;
             let c = &mut self.ctrl[m];
-            *c = [0; GSO_CTRL_WORDS];
+            *c = [0; SEND_CTRL_WORDS];
             let h = &mut self.hdrs[m].msg_hdr;
             h.msg_control = c.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE/CMSG_LEN of a u16 fit in `c` (24 bytes); the header and data
-            // are written inside it.
+            // SAFETY: CMSG_SPACE(2) + CMSG_SPACE(4) (48 bytes) fit in `c`; msg_controllen
+            // covers exactly the control messages written, each inside `c`.
             unsafe {
-                h.msg_controllen = libc::CMSG_SPACE(2) as _;
-                let cm = libc::CMSG_FIRSTHDR(h);
-                (*cm).cmsg_level = SOL_UDP;
-                (*cm).cmsg_type = UDP_SEGMENT;
-                (*cm).cmsg_len = libc::CMSG_LEN(2) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), size);
+                let mut len = 0;
+                if gso {
+                    len += libc::CMSG_SPACE(2);
+                }
+                if tclass != 0 {
+                    len += libc::CMSG_SPACE(4);
+                }
+                h.msg_controllen = len as _;
+                let base = c.as_mut_ptr().cast::<u8>();
+                if gso {
+                    let cm = base.cast::<libc::cmsghdr>();
+                    (*cm).cmsg_level = SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), size);
+                }
+                if tclass != 0 {
+                    // after the UDP_SEGMENT one (CMSG_SPACE keeps it aligned)
+                    let at = if gso { libc::CMSG_SPACE(2) as usize } else { 0 };
+                    let cm = base.add(at).cast::<libc::cmsghdr>();
+                    let (level, kind) = sys::tclass_cmsg(v6);
+                    (*cm).cmsg_level = level;
+                    (*cm).cmsg_type = kind;
+                    (*cm).cmsg_len = libc::CMSG_LEN(4) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<i32>(), i32::from(tclass));
+                }
             }
         }
         self.queued = 0;

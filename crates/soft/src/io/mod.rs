@@ -55,6 +55,20 @@ pub struct Arrival {
     pub hop_limit: u8,
 }
 
+/// What a sent datagram carries besides its addresses and bytes.
+///
+/// ```
+/// let m = rdma_soft::io::TxMeta { tclass: 0x48 };
+/// assert_eq!(rdma_soft::io::TxMeta::default().tclass, 0);
+/// assert_eq!(m.tclass >> 2, 18); // DSCP AF21
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxMeta {
+    /// IPv4 TOS or IPv6 traffic class byte (DSCP and ECN), as Linux rxe sends the address
+    /// vector's `grh.traffic_class`. The ICRC masks this byte, so it does not change the seal.
+    pub tclass: u8,
+}
+
 /// Counters of a wire.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WireStats {
@@ -135,9 +149,23 @@ pub trait DatagramWire: Send {
     /// Whether `local` is open.
     fn is_open(&self, local: WireAddr) -> bool;
 
-    /// Queues `packet` from `from` (an open address) to `to`. It is sent at the latest by the
-    /// next [`DatagramWire::flush`] (earlier when the batch is full).
-    fn send(&mut self, from: WireAddr, to: WireAddr, packet: &[u8]) -> Result<()>;
+    /// Queues `packet` from `from` (an open address) to `to` with traffic class 0: see
+    /// [`DatagramWire::send_with`].
+    fn send(&mut self, from: WireAddr, to: WireAddr, packet: &[u8]) -> Result<()> {
+        self.send_with(from, to, TxMeta::default(), packet)
+    }
+
+    /// Queues `packet` from `from` (an open address) to `to`, to go with `meta` (its IPv4
+    /// TOS / IPv6 traffic class). It is sent at the latest by the next
+    /// [`DatagramWire::flush`] (earlier when the batch is full). Datagrams of different
+    /// traffic classes may share a batch; each keeps its own.
+    fn send_with(
+        &mut self,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> Result<()>;
 
     /// Sends everything queued.
     fn flush(&mut self) -> Result<()>;

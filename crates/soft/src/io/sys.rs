@@ -152,6 +152,59 @@ pub(crate) fn open_udp(local: WireAddr, port: u16, buf_bytes: i32) -> Result<Own
     Ok(fd)
 }
 
+/// Level and type of the control message that sets a datagram's IPv4 TOS (`IP_TOS`) or
+/// IPv6 traffic class (`IPV6_TCLASS`), both with an int.
+pub(crate) fn tclass_cmsg(v6: bool) -> (i32, i32) {
+    if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_TOS)
+    }
+}
+
+/// Sends one datagram to `to:port` with IPv4 TOS / IPv6 traffic class `tclass` (a control
+/// message when it is not 0). Not batched: for datagrams the fault injector held back.
+pub(crate) fn send_one(
+    fd: RawFd,
+    to: WireAddr,
+    port: u16,
+    tclass: u8,
+    data: &[u8],
+) -> std::io::Result<()> {
+    let (mut sa, len) = to_sockaddr(to, port);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut ctrl = [0u64; 3];
+    // SAFETY: all-zero is a valid msghdr; every pointer set below outlives the call.
+    let mut h: libc::msghdr = unsafe { zeroed() };
+    h.msg_name = (&mut sa as *mut libc::sockaddr_storage).cast();
+    h.msg_namelen = len;
+    h.msg_iov = &mut iov;
+    h.msg_iovlen = 1;
+    if tclass != 0 {
+        let (level, kind) = tclass_cmsg(to.ip().is_ipv6());
+        h.msg_control = ctrl.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE(4) (24 bytes) fits in `ctrl`, which is aligned for cmsghdr.
+        unsafe {
+            h.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let cm = libc::CMSG_FIRSTHDR(&h);
+            (*cm).cmsg_level = level;
+            (*cm).cmsg_type = kind;
+            (*cm).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<i32>(), i32::from(tclass));
+        }
+    }
+    // SAFETY: `h` describes live buffers (data is only read by the kernel).
+    let rc = unsafe { libc::sendmsg(fd, &h, 0) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// A socket address for `addr:port`.
 pub(crate) fn to_sockaddr(addr: WireAddr, port: u16) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.

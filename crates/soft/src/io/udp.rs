@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::batch::{RecvBatch, SendBatch, SendOutcome};
 use super::fault::{FaultInjector, FaultSpec, Verdict};
 use super::icrc::{self, IcrcChecker, IcrcOk};
-use super::{sys, Arrival, DatagramWire, WireAddr, WireStats};
+use super::{sys, Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::{Error, Result};
 
 /// The IANA port of RoCEv2.
@@ -72,8 +72,8 @@ struct Local {
     out: SendBatch,
 }
 
-/// Where a held sent datagram goes.
-type SendMeta = (WireAddr, WireAddr);
+/// Where a held sent datagram goes (from, to) and its traffic class.
+type SendMeta = (WireAddr, WireAddr, u8);
 
 /// RoCEv2 over UDP: a [`DatagramWire`] that opens UDP port 4791 on each local address in use.
 ///
@@ -197,10 +197,14 @@ impl UdpWire {
                         Verdict::Drop => continue,
                         Verdict::Hold { .. } => {
                             let to = local.out.dst(k).map(|(a, _)| a);
+                            let tclass = local.out.tclass(k);
                             let held = match to {
-                                Some(to) => {
-                                    inj.hold(now, local.out.data_mut(k), (local.addr, to), verdict)
-                                }
+                                Some(to) => inj.hold(
+                                    now,
+                                    local.out.data_mut(k),
+                                    (local.addr, to, tclass),
+                                    verdict,
+                                ),
                                 None => false,
                             };
                             if held {
@@ -232,8 +236,8 @@ impl UdpWire {
         }
     }
 
-    /// Sends the held (delayed or reordered) datagrams that are due, one `sendto` each: only
-    /// with fault injection, so not on the fast path.
+    /// Sends the held (delayed or reordered) datagrams that are due, one `sendmsg` each (with
+    /// their traffic class): only with fault injection, so not on the fast path.
     fn release_sends(&mut self, now: Instant) {
         let Some(inj) = self.send_faults.as_deref_mut() else {
             return;
@@ -241,27 +245,16 @@ impl UdpWire {
         let locals = &self.locals;
         let port = self.cfg.port;
         let stats = &mut self.stats;
-        inj.release(now, &mut |(from, to), data| {
+        inj.release(now, &mut |(from, to, tclass), data| {
             let Some(local) = locals.iter().find(|l| l.addr == from) else {
                 return;
             };
-            let (sa, len) = sys::to_sockaddr(to, port);
-            // SAFETY: `data` and `sa` are valid for the given lengths.
-            let rc = unsafe {
-                libc::sendto(
-                    local.fd.as_raw_fd(),
-                    data.as_ptr().cast(),
-                    data.len(),
-                    0,
-                    (&sa as *const libc::sockaddr_storage).cast(),
-                    len,
-                )
-            };
-            if rc < 0 {
-                stats.send_errors += 1;
-                stats.last_send_errno = std::io::Error::last_os_error().raw_os_error();
-            } else {
-                stats.sent += 1;
+            match sys::send_one(local.fd.as_raw_fd(), to, port, tclass, data) {
+                Err(e) => {
+                    stats.send_errors += 1;
+                    stats.last_send_errno = e.raw_os_error();
+                }
+                Ok(()) => stats.sent += 1,
             }
         });
     }
@@ -351,7 +344,13 @@ impl DatagramWire for UdpWire {
         self.local_index(local).is_some()
     }
 
-    fn send(&mut self, from: WireAddr, to: WireAddr, packet: &[u8]) -> Result<()> {
+    fn send_with(
+        &mut self,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> Result<()> {
         if packet.len() > self.cfg.max_packet {
             return Err(Error::TooLong {
                 len: packet.len(),
@@ -375,7 +374,7 @@ impl DatagramWire for UdpWire {
         }
         let to = with_scope(to, from);
         let out = &mut self.locals[i].out;
-        let k = out.push(to, port, packet);
+        let k = out.push(to, port, meta.tclass, packet);
         let encap = icrc::with_identification(encap, out.segment(k));
         // Cannot fail: the length is within bounds and the families match.
         icrc::seal(&encap, out.data_mut(k));

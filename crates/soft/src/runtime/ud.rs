@@ -12,7 +12,7 @@ use rdma_proto::packet::Packet;
 use rdma_proto::ud::{GrhInfo, UdQp};
 
 use super::{Runtime, RuntimeStats};
-use crate::io::{Arrival, WireAddr};
+use crate::io::{Arrival, TxMeta, WireAddr};
 use crate::verbs::CompletionQueue;
 use crate::{Error, Result};
 
@@ -29,11 +29,13 @@ pub(crate) struct UdCtx {
     pub source: Option<u8>,
 }
 
-/// An address handle: source and destination of datagrams.
+/// An address handle: source and destination of datagrams, and their traffic class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AhEntry {
     pub local: WireAddr,
     pub remote: WireAddr,
+    /// `grh.traffic_class` of the handle: the IPv4 TOS / IPv6 traffic class sent.
+    pub tclass: u8,
 }
 
 /// UD QPs, address handles and the address users other than RC paths and the GSI.
@@ -243,8 +245,9 @@ impl Runtime {
         Ok(())
     }
 
-    /// Creates an address handle from `local` to `remote`, opening `local`; returns its id.
-    pub fn ah_create(&mut self, local: WireAddr, remote: WireAddr) -> Result<u32> {
+    /// Creates an address handle from `local` to `remote` sending with traffic class
+    /// `tclass`, opening `local`; returns its id.
+    pub fn ah_create(&mut self, local: WireAddr, remote: WireAddr, tclass: u8) -> Result<u32> {
         if self.ud.ahs.len() >= 1 << 16 && self.ud.ah_free.is_empty() {
             return Err(Error::Exhausted {
                 what: "address handles",
@@ -263,7 +266,11 @@ impl Runtime {
             }
         };
         u.ah_gen[idx] = u.ah_gen[idx].wrapping_add(1);
-        u.ahs[idx] = Some(AhEntry { local, remote });
+        u.ahs[idx] = Some(AhEntry {
+            local,
+            remote,
+            tclass,
+        });
         Ok((u32::from(u.ah_gen[idx]) << 16) | idx as u32)
     }
 
@@ -310,13 +317,18 @@ impl Runtime {
                 .get(ah_idx)
                 .filter(|&&g| u32::from(g) == t.ah >> 16)
                 .and_then(|_| ahs.0.get(ah_idx).copied().flatten());
-            let Some(AhEntry { local, remote }) = entry else {
+            let Some(AhEntry {
+                local,
+                remote,
+                tclass,
+            }) = entry
+            else {
                 stats.send_errors += 1;
                 continue;
             };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send(local, remote, &tx.packet[..n]) {
+                Ok(n) => match wire.send_with(local, remote, TxMeta { tclass }, &tx.packet[..n]) {
                     Ok(()) => stats.transmitted += 1,
                     Err(_) => stats.send_errors += 1,
                 },

@@ -377,7 +377,7 @@ impl QueuePair {
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         check_modify(QpType::Rc, ctx.rc.state(), attr, mask)?;
         if let Some((local, remote)) = path {
-            rt.set_path(self.qpn, local, remote)?;
+            rt.set_path(self.qpn, local, remote, attr.path.traffic_class)?;
         }
         let ctx = rt
             .get(self.qpn)

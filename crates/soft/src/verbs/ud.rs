@@ -93,7 +93,7 @@ impl AddressHandle {
         if remote.ip().is_multicast() {
             return Err(Error::InvalidArgument("multicast UD is not implemented"));
         }
-        let id = dev.runtime().ah_create(local, remote)?;
+        let id = dev.runtime().ah_create(local, remote, attr.traffic_class)?;
         Ok(AddressHandle {
             dev,
             id,

@@ -1,0 +1,400 @@
+//! `RDMA_OPTION_ID_TOS` on the wire (root; SKIPPED otherwise): two namespace hosts connect
+//! through rdmacm ids with `set_option(Tos)` and move data (RC SEND, WRITE, READ) over IPv4
+//! and IPv6; an AF_PACKET capture on the server's veth sees every RoCEv2 datagram of both
+//! directions, CM MADs (REQ, REP, RTU, DREQ, DREP) and data (SEND, WRITE, READ request, READ
+//! responses, ACKs) alike, and each must carry the id's TOS in its IPv4 TOS / IPv6 traffic
+//! class byte, as Linux rxe and rdma_cm send it. Each single datagram's ICRC is also checked
+//! over the IP/UDP header the kernel really wrote (the ICRC masks that byte).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
+use rdma_testhosts::{require_root, topologies, Host};
+use rdma_wire::icrc::Encap;
+use rdmacm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+
+const T: Duration = Duration::from_secs(10);
+const LEN: usize = 3000; // three packets at the veth's RoCE MTU of 1024
+
+fn expect(ch: &EventChannel, kind: EventType) -> Event {
+    let ev = ch
+        .get_event_timeout(T)
+        .unwrap()
+        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
+    assert_eq!(ev.kind(), kind, "status {}", ev.status());
+    ev
+}
+
+/// A packet socket on `dev` of the calling thread's namespace seeing every IP packet, both
+/// directions, from the network header on.
+fn capture(dev: &str) -> OwnedFd {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket(2); checked below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            i32::from(proto),
+        )
+    };
+    assert!(raw >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: all-zero sockaddr_ll is valid; filled below.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    let name = std::ffi::CString::new(dev).unwrap();
+    // SAFETY: a NUL-terminated name.
+    sll.sll_ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
+    assert!(sll.sll_ifindex > 0, "no {dev}");
+    // SAFETY: `sll` is a valid sockaddr_ll of the given size.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "bind AF_PACKET: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Reads `fd` into a list of IP packets until `stop` is set (then drains what is left).
+fn record(fd: OwnedFd, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 70_000];
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            // SAFETY: `buf` is writable for its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n > 0 {
+                out.push(buf[..n as usize].to_vec());
+            } else if stopping {
+                return out;
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    })
+}
+
+/// One captured RoCEv2 datagram.
+#[derive(Debug)]
+struct Roce {
+    src: IpAddr,
+    dst: IpAddr,
+    /// IPv4 TOS / IPv6 traffic class.
+    tclass: u8,
+    opcode: u8,
+    dest_qp: u32,
+    /// The CM attribute id of a MAD to QP1.
+    cm_attr: Option<u16>,
+    /// IP header, UDP header and the rest.
+    ip: Vec<u8>,
+    ip_len: usize,
+}
+
+fn parse(ip: &[u8]) -> Option<Roce> {
+    let (src, dst, tclass, ip_len) = match ip.first()? >> 4 {
+        4 if ip.len() >= 20 && ip[9] == 17 => {
+            let ihl = usize::from(ip[0] & 0xf) * 4;
+            let s: [u8; 4] = ip[12..16].try_into().ok()?;
+            let d: [u8; 4] = ip[16..20].try_into().ok()?;
+            (IpAddr::from(s), IpAddr::from(d), ip[1], ihl)
+        }
+        6 if ip.len() >= 40 && ip[6] == 17 => {
+            let s: [u8; 16] = ip[8..24].try_into().ok()?;
+            let d: [u8; 16] = ip[24..40].try_into().ok()?;
+            let tc = (ip[0] << 4) | (ip[1] >> 4);
+            (IpAddr::from(s), IpAddr::from(d), tc, 40)
+        }
+        _ => return None,
+    };
+    let udp = ip.get(ip_len..ip_len + 8)?;
+    if udp[2..4] != 4791u16.to_be_bytes() {
+        return None;
+    }
+    let bth = ip.get(ip_len + 8..ip_len + 20)?;
+    let dest_qp = u32::from_be_bytes([0, bth[5], bth[6], bth[7]]);
+    let cm_attr = (dest_qp == 1)
+        .then(|| ip.get(ip_len + 20 + 8 + 16..ip_len + 20 + 8 + 18))
+        .flatten()
+        .map(|a| u16::from_be_bytes([a[0], a[1]]));
+    Some(Roce {
+        src,
+        dst,
+        tclass,
+        opcode: bth[0],
+        dest_qp,
+        cm_attr,
+        ip: ip.to_vec(),
+        ip_len,
+    })
+}
+
+/// The server: a listener with TOS `tos` on `addr`; accepts one connection with a
+/// remotely readable and writable region (its address and rkey in the private data),
+/// takes one SEND, answers the disconnect.
+fn server(h: &Host, addr: SocketAddr, tos: u8, ready: mpsc::Sender<()>) -> Vec<u8> {
+    h.run(move || {
+        let cma = Cma::new().unwrap();
+        let ch = EventChannel::with_cma(&cma).unwrap();
+        let l = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        l.set_option(CmOption::Tos(tos)).unwrap();
+        l.bind_addr(addr).unwrap();
+        l.listen(0).unwrap();
+        ready.send(()).unwrap();
+        let mut ev = expect(&ch, EventType::ConnectRequest);
+        let id = ev.take_id().unwrap();
+        drop(ev);
+        let qp = id.create_qp_default().unwrap();
+        let region: Vec<u8> = (0..2 * 4096).map(|i| (i * 7 % 251) as u8).collect();
+        let mr = qp
+            .pd()
+            .register(
+                region,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
+            .unwrap();
+        let inbox = qp
+            .pd()
+            .register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        qp.post_recv(&RecvWr::new(1).with_sge(inbox.sge(0, 4096).unwrap()))
+            .unwrap();
+        let mut pd = mr.addr().to_be_bytes().to_vec();
+        pd.extend_from_slice(&mr.rkey().to_be_bytes());
+        id.accept(&ConnParam {
+            private_data: pd,
+            ..Default::default()
+        })
+        .unwrap();
+        expect(&ch, EventType::Established);
+        let mut wc = Vec::new();
+        let t0 = Instant::now();
+        while qp.recv_cq().poll(&mut wc, 1) == 0 {
+            assert!(t0.elapsed() < T, "no SEND arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            (wc[0].status, wc[0].byte_len),
+            (WcStatus::Success, LEN as u32)
+        );
+        expect(&ch, EventType::Disconnected);
+        id.disconnect().unwrap();
+        let mut got = vec![0u8; LEN];
+        inbox.read(0, &mut got).unwrap();
+        // what the client wrote at the start of the region
+        let mut written = vec![0u8; LEN];
+        mr.read(0, &mut written).unwrap();
+        got.extend_from_slice(&written);
+        got
+    })
+}
+
+/// The client: an id with TOS `tos` connects to `dst`, SENDs, WRITEs and READs `LEN`
+/// bytes each, then disconnects. Returns what the READ brought.
+fn client(h: &Host, dst: SocketAddr, tos: u8) -> Vec<u8> {
+    h.run(move || {
+        let cma = Cma::new().unwrap();
+        let ch = EventChannel::with_cma(&cma).unwrap();
+        let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        id.set_option(CmOption::Tos(tos)).unwrap();
+        id.resolve_addr(None, dst, T).unwrap();
+        expect(&ch, EventType::AddrResolved);
+        id.resolve_route(T).unwrap();
+        expect(&ch, EventType::RouteResolved);
+        assert_eq!(id.path().unwrap().traffic_class, tos, "stored in the path");
+        let qp = id.create_qp_default().unwrap();
+        let mine = qp
+            .pd()
+            .register(vec![0u8; 3 * 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        mine.write(0, &[0x5e; LEN]).unwrap();
+        mine.write(4096, &[0x3a; LEN]).unwrap();
+        id.connect(&ConnParam::default()).unwrap();
+        let ev = expect(&ch, EventType::Established);
+        let pd = ev.private_data().to_vec();
+        drop(ev);
+        let raddr = u64::from_be_bytes(pd[..8].try_into().unwrap());
+        let rkey = u32::from_be_bytes(pd[8..12].try_into().unwrap());
+        qp.post_send(
+            &SendWr::new(1, SendOp::Send)
+                .with_sge(mine.sge(0, LEN as u32).unwrap())
+                .signaled(),
+        )
+        .unwrap();
+        qp.post_send(
+            &SendWr::new(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: raddr,
+                    rkey,
+                },
+            )
+            .with_sge(mine.sge(4096, LEN as u32).unwrap())
+            .signaled(),
+        )
+        .unwrap();
+        qp.post_send(
+            &SendWr::new(
+                3,
+                SendOp::RdmaRead {
+                    remote_addr: raddr + 4096,
+                    rkey,
+                },
+            )
+            .with_sge(mine.sge(2 * 4096, LEN as u32).unwrap())
+            .signaled(),
+        )
+        .unwrap();
+        let mut wc = Vec::new();
+        let t0 = Instant::now();
+        while wc.len() < 3 {
+            let mut more = Vec::new();
+            if qp.send_cq().poll(&mut more, 3) == 0 {
+                assert!(t0.elapsed() < T, "completions: {wc:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            wc.extend(more);
+        }
+        for (k, c) in wc.iter().enumerate() {
+            assert_eq!((c.wr_id, c.status), (k as u64 + 1, WcStatus::Success));
+        }
+        id.disconnect().unwrap();
+        expect(&ch, EventType::Disconnected);
+        let mut read = vec![0u8; LEN];
+        mine.read(2 * 4096, &mut read).unwrap();
+        read
+    })
+}
+
+/// What each kind of datagram was seen with: name -> (count, traffic classes seen).
+fn classify(pkts: &[Roce], client: IpAddr) -> BTreeMap<String, (usize, Vec<u8>)> {
+    let mut seen: BTreeMap<String, (usize, Vec<u8>)> = BTreeMap::new();
+    for p in pkts {
+        let from = if p.src == client { "client" } else { "server" };
+        let what = match (p.dest_qp, p.cm_attr, p.opcode) {
+            (1, Some(0x10), _) => "REQ".to_string(),
+            (1, Some(0x13), _) => "REP".to_string(),
+            (1, Some(0x14), _) => "RTU".to_string(),
+            (1, Some(0x15), _) => "DREQ".to_string(),
+            (1, Some(0x16), _) => "DREP".to_string(),
+            (1, a, _) => format!("MAD {a:?}"),
+            (_, _, 0x00..=0x05) => "SEND".to_string(),
+            (_, _, 0x06..=0x0b) => "WRITE".to_string(),
+            (_, _, 0x0c) => "READ request".to_string(),
+            (_, _, 0x0d..=0x0f) => "READ response".to_string(),
+            (_, _, 0x11) => "ACK".to_string(),
+            (_, _, op) => format!("opcode {op:#04x}"),
+        };
+        let e = seen.entry(format!("{from} {what}")).or_default();
+        e.0 += 1;
+        if !e.1.contains(&p.tclass) {
+            e.1.push(p.tclass);
+        }
+    }
+    seen
+}
+
+fn run_case(client_ip: &str, server_sa: &str, tos: u8) {
+    let t = topologies::two_hosts_one_link().unwrap();
+    for h in ["a", "b"] {
+        with_resolver(t.host(h), |r| wait_running(r, "eth0"));
+    }
+    let server_sa: SocketAddr = server_sa.parse().unwrap();
+    let client_ip: IpAddr = client_ip.parse().unwrap();
+    let cap = t.host("b").run(|| capture("eth0"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rec = record(cap, stop.clone());
+    let (tx, rx) = mpsc::channel();
+    let (served, read) = std::thread::scope(|s| {
+        let srv = s.spawn(|| server(t.host("b"), server_sa, tos, tx));
+        rx.recv().unwrap();
+        let read = client(t.host("a"), server_sa, tos);
+        (srv.join().unwrap(), read)
+    });
+    // the data moved
+    assert_eq!(&served[..LEN], &[0x5e; LEN][..], "SEND payload");
+    assert_eq!(&served[LEN..], &[0x3a; LEN][..], "WRITE payload");
+    let want: Vec<u8> = (4096..4096 + LEN).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(read, want, "READ payload");
+    // the DREP may still be on its way out of the server's queue
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::Release);
+    let pkts: Vec<Roce> = rec
+        .join()
+        .unwrap()
+        .iter()
+        .filter_map(|p| parse(p))
+        .filter(|p| {
+            (p.src == client_ip && p.dst == server_sa.ip())
+                || (p.src == server_sa.ip() && p.dst == client_ip)
+        })
+        .collect();
+    let seen = classify(&pkts, client_ip);
+    println!("{server_sa} TOS {tos:#04x}: {seen:?}");
+    for kind in [
+        "client REQ",
+        "server REP",
+        "client RTU",
+        "client DREQ",
+        "server DREP",
+        "client SEND",
+        "client WRITE",
+        "client READ request",
+        "server READ response",
+        "server ACK",
+    ] {
+        assert!(seen.contains_key(kind), "no {kind} captured: {seen:?}");
+    }
+    for (kind, (_, classes)) in &seen {
+        assert_eq!(
+            classes,
+            &vec![tos],
+            "{kind}: IP traffic class on the wire (want {tos:#04x})"
+        );
+    }
+    // The ICRC of each single datagram (a GSO message the capture sees before segmentation
+    // is longer than the veth's MTU) is valid over the header the kernel wrote.
+    let mut checked = 0;
+    for p in &pkts {
+        if p.ip.len() > 1500 {
+            continue;
+        }
+        let encap =
+            Encap::from_headers(&p.ip[..p.ip_len], &p.ip[p.ip_len..p.ip_len + 8]).expect("headers");
+        encap
+            .verify(&p.ip[p.ip_len + 8..])
+            .unwrap_or_else(|e| panic!("ICRC of {p:?}: {e}"));
+        checked += 1;
+    }
+    // at least the five CM MADs, the READ request and an ACK
+    assert!(checked >= 7, "ICRC checked on {checked} datagrams");
+}
+
+#[test]
+fn tos_reaches_the_wire_ipv4() {
+    if !require_root("tos_reaches_the_wire_ipv4") {
+        return;
+    }
+    run_case("192.0.2.1", "192.0.2.2:7491", 0x48);
+}
+
+#[test]
+fn tos_reaches_the_wire_ipv6() {
+    if !require_root("tos_reaches_the_wire_ipv6") {
+        return;
+    }
+    run_case("2001:db8:1::1", "[2001:db8:1::2]:7492", 0xb8);
+}
