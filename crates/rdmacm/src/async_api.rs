@@ -408,10 +408,13 @@ impl Shared {
         None
     }
 
-    /// Takes every queued completion; returns the first failure status, if any.
+    /// Takes every queued completion; returns the first failure status, if any. The CQ is
+    /// popped under the state lock, so that completions are processed in their order
+    /// whichever task drains.
     fn drain(&self, buf: &mut Vec<Completion>) -> Option<WcStatus> {
         let mut failed = None;
         loop {
+            let mut st = self.lock();
             buf.clear();
             if self.parts.cq.poll(buf, 64) == 0 {
                 // About to sleep: arm, then look once more (a completion may have come in
@@ -422,7 +425,6 @@ impl Shared {
                     return failed;
                 }
             }
-            let mut st = self.lock();
             for c in buf.iter() {
                 failed = failed.or(self.on_completion(&mut st, c));
             }
@@ -843,7 +845,7 @@ impl Connection {
                 }
             }
             first = false;
-            n.await;
+            self.wait(n).await;
         }
     }
 
@@ -915,7 +917,7 @@ impl Connection {
                     return Err(Error::Closed(why.clone()));
                 }
             }
-            n.await;
+            self.wait(n).await;
         }
     }
 
@@ -993,6 +995,26 @@ impl Connection {
         Ok(())
     }
 
+    /// Waits for a change of the shared state, or for the completion channel itself: the
+    /// waiting task then takes the completions (no hop through the connection's task).
+    async fn wait(&self, n: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) {
+        let sh = &self.sh;
+        tokio::select! {
+            _ = n => {}
+            g = sh.afd.readable() => {
+                if let Ok(mut g) = g {
+                    while let Ok(Some(_)) = sh.parts.cc.get_event() {}
+                    g.clear_ready();
+                }
+                if sh.drain(&mut Vec::with_capacity(64)).is_some() {
+                    if let Some(id) = &self.id {
+                        sh.disconnect_id(id);
+                    }
+                }
+            }
+        }
+    }
+
     fn check_open(&self) -> Result<()> {
         match self.sh.lock().closed {
             Some(_) => Err(Error::NotConnected),
@@ -1027,7 +1049,7 @@ impl Connection {
                 }
             }
             first = false;
-            n.await;
+            self.wait(n).await;
         };
         // Forgets the operation if this future is dropped before it completes.
         let _forget = OpGuard { sh: &self.sh, id };
@@ -1050,7 +1072,7 @@ impl Connection {
                     return Err(Error::Closed(why.clone()));
                 }
             }
-            n.await;
+            self.wait(n).await;
         }
     }
 

@@ -241,11 +241,12 @@ async fn dropped_peer_fails_a_send_blocked_on_credits() {
     for i in 0..WINDOW {
         c.send(&pattern(i, 512)).await.unwrap();
     }
-    let c = Arc::new(c);
-    let c2 = c.clone();
-    let blocked = tokio::spawn(async move { c2.send(b"one too many").await });
+    let blocked = c.send(b"one too many");
+    tokio::pin!(blocked);
+    // Polled once: waiting for a credit (the window is spent), before the peer goes.
+    assert!(futures::poll!(blocked.as_mut()).is_pending());
     drop(s);
-    match within("blocked send", blocked).await.unwrap() {
+    match within("blocked send", blocked).await {
         Err(Error::Closed(CloseReason::PeerDisconnected)) => {}
         other => panic!("blocked send: {other:?}"),
     }
