@@ -122,6 +122,7 @@
 //! | bind / resolve rows through the CM | [`CmId::bind_addr`], [`CmId::resolve_addr`] | `cm_seeds.rs` (`loopback_127_0_0_1_and_ipv6_1_connect_through_the_device_on_lo`, `link_local_without_scope_is_einval_and_rolls_back`, `wildcard_bind_binds_no_device_specific_binds_lo`), `cm_hosts.rs` (`cm_bound_netdev_without_route_fails_fast_ehostunreach`, `listener_on_specific_address_only_accepts_that_address`) |
 //! | sticky connections: changes are hints, a vanished peer times out | [`EventType::AddrChange`], [`EventType::DeviceRemoval`] | `peer_vanishes_gives_unreachable_or_disconnected_never_a_hang` |
 //! | scale, backlog, timewait, async | [`Listener`], [`Connection`] | `cm_many.rs`, `two_hosts_many_connections` (`RDMA_CM_CONNS`) |
+//! | async data path: messages with credits, one-sided WRITE/READ, TCP-like teardown, error text | [`Connection::send`], [`Connection::recv`], [`Connection::write`], [`Connection::read`], [`RemoteBuf`], [`Connection::closed`], [`Connection::disconnect`], [`CloseReason`] | `async_data.rs`, README's async echo (a doctest) |
 //! | SIDR, hostile MADs | [`CmId::connect`] (UDP port space) | `udp_port_space_resolves_peer_qpn_and_qkey_with_sidr`, `hostile_mads_change_no_connection` |
 //!
 //! Namespace tests need root and print `SKIPPED` otherwise.
