@@ -282,16 +282,20 @@ impl Drop for DeviceShared {
 }
 
 /// How long the engine leaves a device to a thread that drives it inline (busy-polls a CQ)
-/// before it checks back; it takes over when that thread has not driven it for this long.
+/// before it checks back.
 pub(crate) const HANDOFF: Duration = Duration::from_millis(1);
+/// A thread counts as busy-polling when it drove the device this recently at the moment the
+/// engine looks: a caller that polls now and then (every few hundred µs) is not one, and the
+/// engine does not wait for it.
+pub(crate) const ACTIVE: Duration = Duration::from_micros(100);
 
 impl Source for DeviceShared {
     fn run(&self, now: Instant) -> Run {
         let last = self.inline_at.load(Ordering::Relaxed);
         if last != 0 {
-            let until = self.created + Duration::from_nanos(last) + HANDOFF;
-            if now < until {
-                return Run::Deferred(until);
+            let at = self.created + Duration::from_nanos(last);
+            if now.saturating_duration_since(at) < ACTIVE {
+                return Run::Deferred(now + HANDOFF);
             }
         }
         let mut rt = self.runtime();

@@ -168,7 +168,14 @@ fn verbs(id: &CmId, p: &Params) -> Result<Verbs, String> {
     Ok(Verbs { pd, cq, mr })
 }
 
+/// The QPs' local ACK timeout: perftest's default `-u` (DEF_QP_TIME 14, 67 ms), not the
+/// CM's packet-lifetime value (17, 537 ms): each lost tail packet of a message costs one
+/// timeout, which made lossy bandwidth runs crawl.
+const QP_TIMEOUT: u8 = 14;
+
 fn create_qp(id: &CmId, v: &Verbs, p: &Params) -> Result<Arc<QueuePair>, String> {
+    id.set_option(rdmacm::CmOption::AckTimeout(QP_TIMEOUT))
+        .map_err(|e| format!("set ACK timeout: {e}"))?;
     let mut init = QpInitAttr::rc(&v.cq, &v.cq);
     init.cap.max_send_wr = p.tx_depth + 8;
     init.cap.max_recv_wr = RQ_DEPTH as u32;

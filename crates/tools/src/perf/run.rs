@@ -316,7 +316,46 @@ fn bw_client(link: &Link, p: &Params, size: usize, pl: &mut Poller<'_>) -> Resul
 /// The server's side of a bandwidth phase: keeps the device running (and receives
 /// reposted) until the client's END.
 fn bw_server(end: u32, pl: &mut Poller<'_>) -> Result<(), String> {
-    pl.wait_imm(end)
+    let link = pl.link;
+    // The passive side of WRITE/READ gets no completion until END: it neither spins nor
+    // drives the device (the progress engine serves the peer); it sleeps in 1 ms slices,
+    // looks at what is queued, and takes the peer for gone only when
+    // nothing at all arrives for IDLE (no completion and no datagram), not merely no
+    // completion (under loss a one-sided transfer can take longer than IDLE).
+    let dev = link.ids.first().and_then(|id| id.device());
+    let heard = || dev.as_ref().map_or(0, |d| d.wire_stats().received);
+    let (mut seen, mut last) = (heard(), Instant::now());
+    let mut wc = Vec::with_capacity(16);
+    loop {
+        wc.clear();
+        link.cq.poll_queued(&mut wc, 16);
+        for c in wc.drain(..) {
+            if !c.status.is_success() {
+                return Err(format!(
+                    "completion with error: {:?} ({:?})",
+                    c.status, c.opcode
+                ));
+            }
+            if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                let i = link.qp_index(c.qp_num).unwrap_or(0);
+                link.post_recv(i)?;
+            }
+            if is_ctl(&c) && c.imm_data == end {
+                return Ok(());
+            }
+        }
+        // a plain sleep: the CM's events stay for the teardown that reads them
+        std::thread::sleep(Duration::from_millis(1));
+        let now = heard();
+        if now != seen {
+            (seen, last) = (now, Instant::now());
+        } else if last.elapsed() > IDLE {
+            return Err(format!(
+                "the peer stopped answering (nothing for {} s)",
+                IDLE.as_secs()
+            ));
+        }
+    }
 }
 
 /// Runs the client: connects, runs every size, prints perftest's output when `print`, and
