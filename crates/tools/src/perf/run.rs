@@ -31,19 +31,25 @@ impl<'a> Poller<'a> {
         }
     }
 
+    /// Checks a completion's status and reposts the receive it used.
+    fn take(link: &Link, c: &Completion) -> Result<(), String> {
+        if !c.status.is_success() {
+            return Err(format!(
+                "completion with error: {:?} ({:?})",
+                c.status, c.opcode
+            ));
+        }
+        if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            let i = link.qp_index(c.qp_num).unwrap_or(0);
+            link.post_recv(i)?;
+        }
+        Ok(())
+    }
+
     fn poll(&mut self) -> Result<Option<Completion>, String> {
         match self.link.cq.poll_one() {
             Some(c) => {
-                if !c.status.is_success() {
-                    return Err(format!(
-                        "completion with error: {:?} ({:?})",
-                        c.status, c.opcode
-                    ));
-                }
-                if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-                    let i = self.link.qp_index(c.qp_num).unwrap_or(0);
-                    self.link.post_recv(i)?;
-                }
+                Self::take(self.link, &c)?;
                 self.last = Instant::now();
                 Ok(Some(c))
             }
@@ -330,16 +336,7 @@ fn bw_server(end: u32, pl: &mut Poller<'_>) -> Result<(), String> {
         wc.clear();
         link.cq.poll_queued(&mut wc, 16);
         for c in wc.drain(..) {
-            if !c.status.is_success() {
-                return Err(format!(
-                    "completion with error: {:?} ({:?})",
-                    c.status, c.opcode
-                ));
-            }
-            if matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-                let i = link.qp_index(c.qp_num).unwrap_or(0);
-                link.post_recv(i)?;
-            }
+            Poller::take(link, &c)?;
             if is_ctl(&c) && c.imm_data == end {
                 return Ok(());
             }
