@@ -603,7 +603,7 @@ impl CmId {
                     .map_err(|_| Error::InvalidArgument("any".into()))?,
             )?;
         }
-        let (binding, ps, port, afonly) = {
+        let (binding, ps, port) = {
             let mut st = self.inner.lock();
             let st = &mut *st;
             let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
@@ -617,7 +617,6 @@ impl CmId {
                 s.binding.clone(),
                 s.ps,
                 s.local.map(|l| l.port()).unwrap_or(0),
-                s.afonly(),
             )
         };
         let binding = binding.ok_or_else(|| bad_state("listen", IdState::Idle))?;
@@ -625,17 +624,17 @@ impl CmId {
         let mut targets: Vec<(u32, Vec<IpAddr>)> = Vec::new();
         match &binding.netdev {
             Some(nd) => targets.push((nd.index, vec![binding.addr])),
+            // A wildcard opens every address of both families, as the kernel hears on all
+            // of them: a request the listener does not take (the other family, AFONLY) is
+            // then refused with REJ 28 as Linux does, not left unanswered.
             None => {
-                let v4 = binding.addr.is_ipv4();
                 let addrs = self
                     .inner
                     .block(|r| async move { r.view().addresses().await })
                     .map_err(Error::from)?;
                 let mut by: std::collections::BTreeMap<u32, Vec<IpAddr>> = Default::default();
                 for a in addrs {
-                    if a.addr.is_ipv4() == v4 || (!v4 && !afonly) {
-                        by.entry(a.link).or_default().push(a.addr);
-                    }
+                    by.entry(a.link).or_default().push(a.addr);
                 }
                 targets.extend(by);
             }

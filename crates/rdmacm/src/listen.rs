@@ -43,6 +43,7 @@ fn child(
     sid: u64,
     arrival: u32,
     hdr: &IpCmHeaderRepr,
+    tclass: Option<u8>,
 ) -> std::result::Result<(IdNum, IdNum), RejectReason> {
     let Some(l) = find_listener(st, dev, sid, arrival, hdr.dst) else {
         // A listener on the port but not for this address (or none matching): REJ 28 as
@@ -67,7 +68,9 @@ fn child(
     let params = RouteParams {
         src_port: port,
         dst_port: hdr.src_port,
-        tos: lslot.opts.tos.unwrap_or(0),
+        // As Linux: a connection's traffic class is the one its REQ's path carries (the
+        // active side's TOS); a SIDR request has none and takes the listener's.
+        tos: tclass.unwrap_or(lslot.opts.tos.unwrap_or(0)),
         ipv6_flow_label: None,
         ack_timeout: lslot.opts.ack_timeout,
     };
@@ -107,7 +110,8 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
         rej(inner, st, dev, conn, RejectReason::InvalidServiceId);
         return;
     }
-    let (num, l) = match child(inner, st, dev, r.listener, arrival, &hdr) {
+    let tclass = Some(r.req.primary_path.traffic_class);
+    let (num, l) = match child(inner, st, dev, r.listener, arrival, &hdr, tclass) {
         Ok(x) => x,
         Err(RejectReason::NoResources) => {
             // Backlog full: dropped without an answer, as Linux does (the handler's
@@ -181,7 +185,7 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
         refuse(st);
         return;
     };
-    let (num, l) = match child(inner, st, dev, r.listener, r.peer.ifindex, &hdr) {
+    let (num, l) = match child(inner, st, dev, r.listener, r.peer.ifindex, &hdr, None) {
         Ok(x) => x,
         Err(_) => {
             refuse(st);
@@ -329,27 +333,25 @@ pub(crate) fn reject(id: &CmId, private_data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A wildcard listener gets requests from every device on every address of its family
+/// A wildcard listener gets requests from every device on every address
 /// (Linux: `cma_listen_on_all`, and `cma_add_one` for devices that appear later). Called
 /// when address `addr` appears on netdev `dev` (whose device is open): registers every
-/// wildcard listener on that device if it is not yet, and opens `addr` for the listeners
-/// of its family.
+/// wildcard listener on that device if it is not yet, and opens `addr` (of either family:
+/// a request a listener does not take is refused with REJ 28).
 pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
-    let ls: Vec<(IdNum, u64, bool)> = st
+    let ls: Vec<(IdNum, u64)> = st
         .ids
         .iter()
         .filter(|(_, s)| {
             s.state == IdState::Listen && s.binding.as_ref().is_some_and(|b| b.is_wildcard())
         })
         .map(|(n, s)| {
-            let v4 = s.local.is_some_and(|l| l.is_ipv4());
-            let wants = addr.is_ipv4() == v4 || (!v4 && !s.afonly());
             let port = s.local.map(|l| l.port()).unwrap_or(0);
             let sid = ServiceId::new(crate::id::wire_ps(s.ps), port).0;
-            (*n, sid, wants)
+            (*n, sid)
         })
         .collect();
-    for (n, sid, wants) in ls {
+    for &(n, sid) in &ls {
         let Some(d) = st.devices.get_mut(&dev) else {
             return;
         };
@@ -363,10 +365,10 @@ pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
                 ls.regs.push((dev, sid));
             }
         }
-        if wants {
-            // An address held by another process is skipped, as at listen.
-            let _ = Inner::open_gsi(st, dev, addr);
-        }
+    }
+    if !ls.is_empty() {
+        // Every address, as at listen; one held by another process is skipped.
+        let _ = Inner::open_gsi(st, dev, addr);
     }
 }
 

@@ -10,13 +10,12 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
+use rdma_testhosts::capture::{Capture, Roce};
 use rdma_testhosts::{require_root, topologies, Host};
 use rdma_wire::icrc::Encap;
 use rdmacm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
@@ -35,124 +34,17 @@ fn expect(ch: &EventChannel, kind: EventType) -> Event {
     ev
 }
 
-/// A packet socket on `dev` of the calling thread's namespace seeing every IP packet, both
-/// directions, from the network header on.
-fn capture(dev: &str) -> OwnedFd {
-    let proto = (libc::ETH_P_ALL as u16).to_be();
-    // SAFETY: plain socket(2); checked below.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            i32::from(proto),
-        )
-    };
-    assert!(raw >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
-    // SAFETY: fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: all-zero sockaddr_ll is valid; filled below.
-    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_protocol = proto;
-    let name = std::ffi::CString::new(dev).unwrap();
-    // SAFETY: a NUL-terminated name.
-    sll.sll_ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
-    assert!(sll.sll_ifindex > 0, "no {dev}");
-    // SAFETY: `sll` is a valid sockaddr_ll of the given size.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sll as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        )
-    };
-    assert_eq!(rc, 0, "bind AF_PACKET: {}", std::io::Error::last_os_error());
-    fd
-}
-
-/// Reads `fd` into a list of IP packets until `stop` is set (then drains what is left).
-fn record(fd: OwnedFd, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
-    std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; 70_000];
-        loop {
-            let stopping = stop.load(Ordering::Acquire);
-            // SAFETY: `buf` is writable for its length.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n > 0 {
-                out.push(buf[..n as usize].to_vec());
-            } else if stopping {
-                return out;
-            } else {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-    })
-}
-
-/// One captured RoCEv2 datagram.
-#[derive(Debug)]
-struct Roce {
-    src: IpAddr,
-    dst: IpAddr,
-    /// IPv4 TOS / IPv6 traffic class.
-    tclass: u8,
-    opcode: u8,
-    dest_qp: u32,
-    /// The CM attribute id of a MAD to QP1.
-    cm_attr: Option<u16>,
-    /// IP header, UDP header and the rest.
-    ip: Vec<u8>,
-    ip_len: usize,
-}
-
-fn parse(ip: &[u8]) -> Option<Roce> {
-    let (src, dst, tclass, ip_len) = match ip.first()? >> 4 {
-        4 if ip.len() >= 20 && ip[9] == 17 => {
-            let ihl = usize::from(ip[0] & 0xf) * 4;
-            let s: [u8; 4] = ip[12..16].try_into().ok()?;
-            let d: [u8; 4] = ip[16..20].try_into().ok()?;
-            (IpAddr::from(s), IpAddr::from(d), ip[1], ihl)
-        }
-        6 if ip.len() >= 40 && ip[6] == 17 => {
-            let s: [u8; 16] = ip[8..24].try_into().ok()?;
-            let d: [u8; 16] = ip[24..40].try_into().ok()?;
-            let tc = (ip[0] << 4) | (ip[1] >> 4);
-            (IpAddr::from(s), IpAddr::from(d), tc, 40)
-        }
-        _ => return None,
-    };
-    let udp = ip.get(ip_len..ip_len + 8)?;
-    if udp[2..4] != 4791u16.to_be_bytes() {
-        return None;
-    }
-    let bth = ip.get(ip_len + 8..ip_len + 20)?;
-    let dest_qp = u32::from_be_bytes([0, bth[5], bth[6], bth[7]]);
-    let cm_attr = (dest_qp == 1)
-        .then(|| ip.get(ip_len + 20 + 8 + 16..ip_len + 20 + 8 + 18))
-        .flatten()
-        .map(|a| u16::from_be_bytes([a[0], a[1]]));
-    Some(Roce {
-        src,
-        dst,
-        tclass,
-        opcode: bth[0],
-        dest_qp,
-        cm_attr,
-        ip: ip.to_vec(),
-        ip_len,
-    })
-}
-
 /// The server: a listener with TOS `tos` on `addr`; accepts one connection with a
 /// remotely readable and writable region (its address and rkey in the private data),
 /// takes one SEND, answers the disconnect.
-fn server(h: &Host, addr: SocketAddr, tos: u8, ready: mpsc::Sender<()>) -> Vec<u8> {
+fn server(h: &Host, addr: SocketAddr, tos: Option<u8>, ready: mpsc::Sender<()>) -> Vec<u8> {
     h.run(move || {
         let cma = Cma::new().unwrap();
         let ch = EventChannel::with_cma(&cma).unwrap();
         let l = CmId::new(&ch, PortSpace::Tcp).unwrap();
-        l.set_option(CmOption::Tos(tos)).unwrap();
+        if let Some(tos) = tos {
+            l.set_option(CmOption::Tos(tos)).unwrap();
+        }
         l.bind_addr(addr).unwrap();
         l.listen(0).unwrap();
         ready.send(()).unwrap();
@@ -309,19 +201,18 @@ fn classify(pkts: &[Roce], client: IpAddr) -> BTreeMap<String, (usize, Vec<u8>)>
     seen
 }
 
-fn run_case(client_ip: &str, server_sa: &str, tos: u8) {
+/// `server_tos`: the listener's own TOS, or none (the connection then takes the REQ's).
+fn run_case(client_ip: &str, server_sa: &str, tos: u8, server_tos: Option<u8>) {
     let t = topologies::two_hosts_one_link().unwrap();
     for h in ["a", "b"] {
         with_resolver(t.host(h), |r| wait_running(r, "eth0"));
     }
     let server_sa: SocketAddr = server_sa.parse().unwrap();
     let client_ip: IpAddr = client_ip.parse().unwrap();
-    let cap = t.host("b").run(|| capture("eth0"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let rec = record(cap, stop.clone());
+    let rec = t.host("b").run(|| Capture::open("eth0")).unwrap().record();
     let (tx, rx) = mpsc::channel();
     let (served, read) = std::thread::scope(|s| {
-        let srv = s.spawn(|| server(t.host("b"), server_sa, tos, tx));
+        let srv = s.spawn(|| server(t.host("b"), server_sa, server_tos, tx));
         rx.recv().unwrap();
         let read = client(t.host("a"), server_sa, tos);
         (srv.join().unwrap(), read)
@@ -333,12 +224,10 @@ fn run_case(client_ip: &str, server_sa: &str, tos: u8) {
     assert_eq!(read, want, "READ payload");
     // the DREP may still be on its way out of the server's queue
     std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Release);
     let pkts: Vec<Roce> = rec
-        .join()
-        .unwrap()
+        .stop()
         .iter()
-        .filter_map(|p| parse(p))
+        .filter_map(|p| Roce::parse(p))
         .filter(|p| {
             (p.src == client_ip && p.dst == server_sa.ip())
                 || (p.src == server_sa.ip() && p.dst == client_ip)
@@ -390,7 +279,7 @@ fn tos_reaches_the_wire_ipv4() {
     if !require_root("tos_reaches_the_wire_ipv4") {
         return;
     }
-    run_case("192.0.2.1", "192.0.2.2:7491", 0x48);
+    run_case("192.0.2.1", "192.0.2.2:7491", 0x48, Some(0x48));
 }
 
 #[test]
@@ -398,5 +287,15 @@ fn tos_reaches_the_wire_ipv6() {
     if !require_root("tos_reaches_the_wire_ipv6") {
         return;
     }
-    run_case("2001:db8:1::1", "[2001:db8:1::2]:7492", 0xb8);
+    run_case("2001:db8:1::1", "[2001:db8:1::2]:7492", 0xb8, Some(0xb8));
+}
+
+/// A listener without a TOS of its own: the passive side's REP, ACKs and READ responses
+/// carry the traffic class of the client's REQ, as with Linux (the path comes from the REQ).
+#[test]
+fn passive_side_takes_the_tos_of_the_req() {
+    if !require_root("passive_side_takes_the_tos_of_the_req") {
+        return;
+    }
+    run_case("192.0.2.1", "192.0.2.2:7493", 0x28, None);
 }

@@ -31,6 +31,7 @@
 
 #![warn(missing_docs)]
 
+pub mod capture;
 mod host;
 mod nl;
 mod ns;

@@ -184,6 +184,71 @@ fn netns_udaddy_sidr_and_datagrams() {
     );
 }
 
+/// `udaddy -t TOS`: the UD data datagrams (and the SIDR MADs) carry the TOS on the wire,
+/// as rdma-core's udaddy does through the event's address handle attributes.
+#[test]
+fn netns_udaddy_tos_reaches_the_wire() {
+    if !require_root("netns_udaddy_tos_reaches_the_wire") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let rec = b
+        .run(|| rdma_testhosts::capture::Capture::open("eth0"))
+        .expect("capture")
+        .record();
+    let mut s = b.command(UDADDY);
+    s.args(["-b", "192.0.2.2", "-C", "3", "-S", "200", "-t", "0x48"]);
+    let srv = spawn(s, "udaddy server");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let mut c = a.command(UDADDY);
+    c.args([
+        "-s",
+        "192.0.2.2",
+        "-b",
+        "192.0.2.1",
+        "-C",
+        "3",
+        "-S",
+        "200",
+        "-t",
+        "0x48",
+    ]);
+    spawn(c, "udaddy client").wait(T).ok("udaddy client");
+    srv.wait(T).ok("udaddy server");
+    let pkts: Vec<_> = rec
+        .stop()
+        .iter()
+        .filter_map(|p| rdma_testhosts::capture::Roce::parse(p))
+        .collect();
+    // UD SEND (only / with immediate) of the data QPs, from each side
+    let client: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+    let data: Vec<_> = pkts
+        .iter()
+        .filter(|p| p.opcode & 0xe0 == 0x60 && p.dest_qp != 1)
+        .collect();
+    for from in ["192.0.2.1", "192.0.2.2"] {
+        let ip: std::net::IpAddr = from.parse().unwrap();
+        let n = data.iter().filter(|p| p.src == ip).count();
+        assert_eq!(n, 3, "UD SENDs from {from}: {pkts:?}");
+    }
+    // `-t` sets the TOS of the client's ids only, as in rdma-core's udaddy: its SIDR REQ
+    // and its datagrams carry it. (Linux's passive side answers with the TOS of the
+    // request's IP header; ours with the listener's: see docs/CM.md.)
+    let from_client: Vec<_> = pkts.iter().filter(|p| p.src == client).collect();
+    assert!(
+        from_client.iter().any(|p| p.dest_qp == 1),
+        "the SIDR REQ captured: {pkts:?}"
+    );
+    for p in from_client {
+        assert_eq!(
+            p.tclass, 0x48,
+            "client datagram (QP {}, MAD {:?}) carries the TOS",
+            p.dest_qp, p.cm_attr
+        );
+    }
+}
+
 const RDMA_PERF: &str = env!("CARGO_BIN_EXE_rdma-perf");
 
 /// Every tool over IPv6, data both ways: link-local only (a fe80::1%eth0 — b fe80::2%eth0)

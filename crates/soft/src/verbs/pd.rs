@@ -67,8 +67,9 @@ impl ProtectionDomain {
 
     /// `ibv_create_ah`: an address handle from the GID at `attr.sgid_index` of the device to
     /// `attr.dgid` (same IP family; EINVAL otherwise or beyond the GID table). It opens UDP
-    /// 4791 on the source address. `hop_limit`, `traffic_class` and `flow_label` are not
-    /// applied yet (the kernel's defaults are sent). See [`super::AddressHandle`].
+    /// 4791 on the source address. `traffic_class` is sent as the IPv4 TOS / IPv6 traffic
+    /// class of every datagram; `hop_limit` and `flow_label` are not applied yet (the
+    /// kernel's defaults are sent). See [`super::AddressHandle`].
     pub fn create_ah(&self, attr: &rdma_proto::verbs::PathAttr) -> Result<super::AddressHandle> {
         super::ud::AddressHandle::create(self, attr)
     }

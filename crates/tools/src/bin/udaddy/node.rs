@@ -125,10 +125,13 @@ impl Node {
             Some(std::net::SocketAddr::V6(v6)) => v6.scope_id(),
             _ => 0,
         };
+        // As rdma_init_ah_attr: the route's hop limit and traffic class (the id's TOS).
+        let path = self.id.path();
         let attr = PathAttr {
             dgid: WireAddr::new(peer, scope).gid(),
             sgid_index,
-            hop_limit: 64,
+            hop_limit: path.as_ref().map_or(64, |p| p.hop_limit.max(1)),
+            traffic_class: path.as_ref().map_or(0, |p| p.traffic_class),
             ..PathAttr::default()
         };
         let ah = ep
