@@ -292,6 +292,8 @@ pub(crate) struct State {
     pub cm_response_timeout: u8,
     /// REQ / SIDR_REQ retries (rdma_cm: 15).
     pub max_cm_retries: u8,
+    /// Requests the passive side refused, by cause.
+    pub rejects: std::collections::BTreeMap<crate::error::RejectCause, u64>,
 }
 
 /// A request to the watcher task.
@@ -430,6 +432,7 @@ impl Cma {
                 seed,
                 cm_response_timeout: 20,
                 max_cm_retries: 15,
+                rejects: Default::default(),
             }),
             acked: Condvar::new(),
             wake: EventFd::new()?,
@@ -516,6 +519,21 @@ impl Cma {
             }
         }
         Ok(out)
+    }
+
+    /// How many connection requests this context's listeners refused, by cause (causes
+    /// never seen are left out). Each refusal is also logged (`tracing`, target `rdmacm`).
+    ///
+    /// ```no_run
+    /// let cma = rdmacm::Cma::new()?;
+    /// for (cause, n) in cma.reject_counts() {
+    ///     println!("{n} refused: {cause}");
+    /// }
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
+    pub fn reject_counts(&self) -> Vec<(crate::error::RejectCause, u64)> {
+        let st = self.inner.lock();
+        st.rejects.iter().map(|(c, n)| (*c, *n)).collect()
     }
 
     /// Sets the CM response timeout (IBA time code: 4.096 µs · 2^t, rdma_cm's

@@ -2,9 +2,20 @@
 
 use std::net::IpAddr;
 
-/// Why the passive side refuses an incoming connection request (the CM sends REJ with
-/// reason 28, "consumer defined", as Linux does when its listener lookup fails).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why the passive side refuses an incoming connection request. On the wire every cause
+/// but [`RejectCause::InvalidServiceId`] is REJ reason 28 ("consumer defined"), as Linux
+/// sends when its listener lookup fails, and [`RejectCause::BacklogFull`] is no answer at all
+/// (the requester retries). The server logs each refusal with its cause (`tracing`, target
+/// `rdmacm`, level `info`) and counts it ([`crate::Cma::reject_counts`]): "why was my connect
+/// rejected" is answered on the server.
+///
+/// ```
+/// use rdmacm::RejectCause;
+/// assert_eq!(RejectCause::NoListenerForAddress.wire_reason(), Some(28));
+/// assert_eq!(RejectCause::BacklogFull.wire_reason(), None);
+/// assert!(RejectCause::NotOnReverseRoute.to_string().contains("reverse route"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum RejectCause {
     /// The netdev the request arrived on is administratively down.
@@ -16,11 +27,65 @@ pub enum RejectCause {
     NotOnReverseRoute,
     /// The request is addressed to an address this host does not hold.
     NotOurAddress,
+    /// A listener holds the port, but none takes this address (another address, the other
+    /// family, or an AFONLY IPv6 listener and an IPv4 request).
+    NoListenerForAddress,
+    /// The listener's backlog is full: the request is dropped unanswered, as Linux does.
+    BacklogFull,
+    /// The REQ's private data does not start with a valid IP CM header.
+    BadIpCmHeader,
+    /// The service id is not of the RDMA IP CM range (REJ 8, invalid service id).
+    InvalidServiceId,
+    /// The path back to the requester cannot carry RoCE (e.g. the arrival netdev's MTU).
+    PathUnusable,
 }
 
 impl RejectCause {
-    /// The IB CM reject reason the CM puts in its REJ: always 28 (consumer defined).
+    /// The IB CM reject reason the CM puts in its REJ for the causes Linux reports as a
+    /// failed listener lookup: 28 (consumer defined).
     pub const REJ_REASON: u16 = 28;
+
+    /// What goes on the wire: the REJ reason, or `None` when the request is dropped.
+    pub fn wire_reason(self) -> Option<u16> {
+        match self {
+            RejectCause::BacklogFull => None,
+            RejectCause::InvalidServiceId => Some(8),
+            _ => Some(Self::REJ_REASON),
+        }
+    }
+
+    /// Every cause, for counters and tables.
+    pub const ALL: [RejectCause; 9] = [
+        RejectCause::ArrivalNetdevDown,
+        RejectCause::ArrivalNetdevGone,
+        RejectCause::NotOnReverseRoute,
+        RejectCause::NotOurAddress,
+        RejectCause::NoListenerForAddress,
+        RejectCause::BacklogFull,
+        RejectCause::BadIpCmHeader,
+        RejectCause::InvalidServiceId,
+        RejectCause::PathUnusable,
+    ];
+}
+
+impl std::fmt::Display for RejectCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RejectCause::ArrivalNetdevDown => "the netdev the request arrived on is down",
+            RejectCause::ArrivalNetdevGone => "the netdev the request arrived on is gone",
+            RejectCause::NotOnReverseRoute => {
+                "the reverse route to the requester does not leave through the arrival netdev"
+            }
+            RejectCause::NotOurAddress => "the destination address is not held by this host",
+            RejectCause::NoListenerForAddress => {
+                "a listener holds the port but none takes this address or family"
+            }
+            RejectCause::BacklogFull => "the listener's backlog is full (dropped, unanswered)",
+            RejectCause::BadIpCmHeader => "the private data has no valid IP CM header",
+            RejectCause::InvalidServiceId => "the service id is not an RDMA IP CM one",
+            RejectCause::PathUnusable => "the path to the requester cannot carry RoCE",
+        })
+    }
 }
 
 /// What went wrong; [`Error::errno`] gives the (positive) errno rdma_cm would report.
@@ -66,7 +131,7 @@ pub enum Error {
     PermissionDenied(String),
     /// The passive side refuses a request (the CM sends REJ reason 28); errno
     /// `EHOSTUNREACH` (`ENODEV` when the arrival netdev is gone), as Linux's listener lookup.
-    #[error("request rejected: {0:?}")]
+    #[error("request rejected: {0}")]
     Rejected(RejectCause),
     /// Another error of the host view (netlink), with its own errno.
     #[error("host view: {0}")]

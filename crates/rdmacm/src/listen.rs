@@ -10,7 +10,7 @@ use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
 use crate::cma::{IdNum, IdSlot, Inner, Remote, State};
 use crate::connect::{qp_to_rts, Conn, RDMA_UDP_QKEY};
-use crate::error::{Error, Result};
+use crate::error::{Error, RejectCause, Result};
 use crate::event::{ConnEventParam, ConnParam, EventType, PendingEvent};
 use crate::id::{CmId, IdState, QpKind};
 use crate::route::{RocePath, RouteParams};
@@ -28,10 +28,46 @@ fn find_listener(st: &State, dev: u32, sid: u64, arrival: u32, local: IpAddr) ->
     })
 }
 
-fn rej(inner: &Arc<Inner>, st: &mut State, dev: u32, conn: Conn, reason: RejectReason) {
+/// A refused request: logged with its cause, counted, answered as Linux answers it (REJ
+/// 28 or 8, or nothing when the backlog is full).
+fn refuse(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    conn: Conn,
+    cause: RejectCause,
+    peer: Option<IpAddr>,
+) {
     let now = inner.now();
-    if let Some(d) = st.devices.get_mut(&dev) {
-        let _ = d.agent.send_rej(now, conn, reason, &[], &[]);
+    *st.rejects.entry(cause).or_default() += 1;
+    tracing::info!(
+        target: "rdmacm",
+        device = dev,
+        peer = ?peer,
+        wire = ?cause.wire_reason(),
+        "connection request refused: {cause}"
+    );
+    let Some(d) = st.devices.get_mut(&dev) else {
+        return;
+    };
+    // A failure to answer is a lost MAD: the requester's CM retries or times out.
+    match cause.wire_reason() {
+        None => {
+            // Backlog full: dropped without an answer, as Linux does (the handler's
+            // -ENOMEM); the requester retries its REQ after its CM timeout, and the retry
+            // is a new request once the application has taken queued ones.
+            let _ = d.agent.destroy_silently(conn);
+        }
+        Some(8) => {
+            let _ = d
+                .agent
+                .send_rej(now, conn, RejectReason::InvalidServiceId, &[], &[]);
+        }
+        Some(_) => {
+            let _ = d
+                .agent
+                .send_rej(now, conn, RejectReason::ConsumerDefined, &[], &[]);
+        }
     }
 }
 
@@ -44,25 +80,27 @@ fn child(
     arrival: u32,
     hdr: &IpCmHeaderRepr,
     tclass: Option<u8>,
-) -> std::result::Result<(IdNum, IdNum), RejectReason> {
+) -> std::result::Result<(IdNum, IdNum), RejectCause> {
     let Some(l) = find_listener(st, dev, sid, arrival, hdr.dst) else {
         // A listener on the port but not for this address (or none matching): REJ 28 as
         // Linux (the agent itself answers REJ 8 when nobody listens on the service id).
-        return Err(RejectReason::ConsumerDefined);
+        return Err(RejectCause::NoListenerForAddress);
     };
     let ls = st.ids.get(&l).and_then(|s| s.listen.as_ref());
     if ls.is_some_and(|ls| ls.queued >= ls.backlog) {
-        return Err(RejectReason::NoResources);
+        return Err(RejectCause::BacklogFull);
     }
     let (local, peer) = (hdr.dst, hdr.src);
     // The path from where the request arrived (no neighbour entry needed); refused when the
     // arrival netdev is down or not on the reverse route (REJ 28).
     let r = inner.block(move |r| async move { r.accept_path(arrival, local, peer).await });
-    let Ok(addr) = r else {
-        return Err(RejectReason::ConsumerDefined);
+    let addr = match r {
+        Ok(a) => a,
+        Err(Error::Rejected(cause)) => return Err(cause),
+        Err(_) => return Err(RejectCause::NotOnReverseRoute),
     };
     let Some(lslot) = st.ids.get(&l) else {
-        return Err(RejectReason::ConsumerDefined);
+        return Err(RejectCause::NoListenerForAddress);
     };
     let port = ServiceId(sid).port();
     let params = RouteParams {
@@ -75,7 +113,7 @@ fn child(
         ack_timeout: lslot.opts.ack_timeout,
     };
     let Ok(path) = RocePath::compute(&addr, &addr.netdev, &params) else {
-        return Err(RejectReason::ConsumerDefined);
+        return Err(RejectCause::PathUnusable);
     };
     let mut s = IdSlot::new(lslot.channel, lslot.ps, lslot.qp_kind);
     s.opts = lslot.opts;
@@ -102,28 +140,20 @@ fn child(
 pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceived) {
     let conn = r.conn;
     let arrival = r.peer.ifindex;
+    let from = Some(crate::addr::Gid(r.peer.gid.octets()).to_ip());
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.req.private_data) else {
-        rej(inner, st, dev, conn, RejectReason::ConsumerDefined);
+        refuse(inner, st, dev, conn, RejectCause::BadIpCmHeader, from);
         return;
     };
     if ServiceId(r.listener).split().is_err() {
-        rej(inner, st, dev, conn, RejectReason::InvalidServiceId);
+        refuse(inner, st, dev, conn, RejectCause::InvalidServiceId, from);
         return;
     }
     let tclass = Some(r.req.primary_path.traffic_class);
     let (num, l) = match child(inner, st, dev, r.listener, arrival, &hdr, tclass) {
         Ok(x) => x,
-        Err(RejectReason::NoResources) => {
-            // Backlog full: dropped without an answer, as Linux does (the handler's
-            // -ENOMEM); the requester retries its REQ after its CM timeout, and the retry
-            // is a new request once the application has taken queued ones.
-            if let Some(d) = st.devices.get_mut(&dev) {
-                let _ = d.agent.destroy_silently(conn);
-            }
-            return;
-        }
-        Err(reason) => {
-            rej(inner, st, dev, conn, reason);
+        Err(cause) => {
+            refuse(inner, st, dev, conn, cause, Some(hdr.src));
             return;
         }
     };
@@ -174,7 +204,9 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
 
 pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrReqReceived) {
     let conn = r.conn;
-    let refuse = |st: &mut State| {
+    let refuse = |st: &mut State, cause: RejectCause, peer: Option<IpAddr>| {
+        *st.rejects.entry(cause).or_default() += 1;
+        tracing::info!(target: "rdmacm", device = dev, peer = ?peer, "SIDR request refused: {cause}");
         if let Some(d) = st.devices.get_mut(&dev) {
             let mut p = SidrRepParams::success(0, 0);
             p.status = SidrStatus::Reject;
@@ -182,13 +214,14 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
         }
     };
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.private_data) else {
-        refuse(st);
+        let from = Some(crate::addr::Gid(r.peer.gid.octets()).to_ip());
+        refuse(st, RejectCause::BadIpCmHeader, from);
         return;
     };
     let (num, l) = match child(inner, st, dev, r.listener, r.peer.ifindex, &hdr, None) {
         Ok(x) => x,
-        Err(_) => {
-            refuse(st);
+        Err(cause) => {
+            refuse(st, cause, Some(hdr.src));
             return;
         }
     };

@@ -172,6 +172,11 @@ fn afonly_v6_listener_gets_no_v4_request() {
                 stop_rx.recv().unwrap();
                 // nothing came through the listener
                 assert!(ch.get_event_timeout(Duration::ZERO).unwrap().is_none());
+                // the server knows why it refused
+                assert_eq!(
+                    cma.reject_counts(),
+                    [(rdmacm::RejectCause::NoListenerForAddress, 1)]
+                );
             })
         });
         ready_rx.recv().unwrap();
