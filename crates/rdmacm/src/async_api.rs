@@ -50,8 +50,9 @@ use tokio::sync::Notify;
 use crate::channel::EventChannel;
 use crate::cma::Cma;
 use crate::error::{CloseReason, Error, Result};
-use crate::event::{ConnParam, Event, EventType};
+use crate::event::Event;
 use crate::id::CmId;
+use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// Largest message [`Connection::send`] takes and [`Connection::recv`] returns (64 KiB).

@@ -5,10 +5,13 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::cma::{ChanState, Cma, Inner};
+use crate::cma::Cma;
 use crate::error::{Error, Result};
-use crate::event::{Event, EventType};
+use crate::event::Event;
 use crate::fd::EventFd;
+use crate::inner::Inner;
+use crate::params::EventType;
+use crate::state::ChanState;
 
 /// `struct rdma_event_channel`: the queue of events of the ids created on it.
 ///
@@ -100,7 +103,7 @@ impl EventChannel {
 
     fn get_event_until(&self, deadline: Option<Instant>) -> Result<Option<Event>> {
         loop {
-            if let Some(e) = self.inner.take_event(self.num) {
+            if let Some(e) = take_event(&self.inner, self.num) {
                 return Ok(Some(e));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -112,18 +115,18 @@ impl EventChannel {
 
     /// One round of progress, then the next event if there is one (`EAGAIN` otherwise).
     pub fn try_get_event(&self) -> Result<Event> {
-        if let Some(e) = self.inner.take_event(self.num) {
+        if let Some(e) = take_event(&self.inner, self.num) {
             return Ok(e);
         }
         self.inner.progress();
-        self.inner.take_event(self.num).ok_or(Error::WouldBlock)
+        take_event(&self.inner, self.num).ok_or(Error::WouldBlock)
     }
 
     /// The async form of [`EventChannel::get_event`]: waits on the channel's fd through
     /// tokio (the progress engine queues the events).
     pub async fn next_event(&self) -> Result<Event> {
         loop {
-            if let Some(e) = self.inner.take_event(self.num) {
+            if let Some(e) = take_event(&self.inner, self.num) {
                 return Ok(e);
             }
             let mut g = self.async_fd()?.readable().await.map_err(Error::Io)?;
@@ -188,7 +191,7 @@ impl futures_core::Stream for EventStream<'_> {
         use std::task::Poll;
         let ch = self.ch;
         loop {
-            if let Some(e) = ch.inner.take_event(ch.num) {
+            if let Some(e) = take_event(&ch.inner, ch.num) {
                 return Poll::Ready(Some(Ok(e)));
             }
             let afd = match ch.async_fd() {
@@ -225,8 +228,21 @@ impl Drop for EventChannel {
         // Requests nobody will see: destroy their ids (which rejects them).
         for e in pending {
             if e.kind == EventType::ConnectRequest {
-                crate::id::destroy(&self.inner, e.id);
+                crate::cm_engine::destroy(&self.inner, e.id);
             }
         }
+    }
+}
+
+/// The next event of channel `ch`, as handed out.
+fn take_event(inner: &Arc<Inner>, ch: u64) -> Option<Event> {
+    let (ev, context) = inner.take_pending(ch)?;
+    Some(Event::new(inner.clone(), ev, context))
+}
+
+impl Cma {
+    /// Creates an event channel on this context.
+    pub fn create_channel(&self) -> Result<EventChannel> {
+        EventChannel::with_cma(self)
     }
 }

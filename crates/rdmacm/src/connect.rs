@@ -11,10 +11,14 @@ use rdma_wire::ip_cm::{req_private_data, sidr_req_private_data, IpCmHeaderRepr, 
 use rdma_wire::time::IbaTime;
 
 use crate::addr::Gid;
-use crate::cma::{IdNum, IdSlot, Inner, Remote, State};
 use crate::error::{Error, Result};
-use crate::event::{ConnEventParam, ConnParam, EventType, UdParam};
-use crate::id::{wire_ps, CmId, IdState, QpKind};
+use crate::inner::IdRef;
+use crate::inner::Inner;
+use crate::params::{ConnEventParam, ConnParam, EventType, UdParam};
+use crate::slot::wire_ps;
+use crate::slot::{IdNum, IdSlot, Remote};
+use crate::slot::{IdState, QpKind};
+use crate::state::State;
 use crate::watch::Notification;
 
 /// The default Q_Key of rdma_cm UD ids (`RDMA_UDP_QKEY`).
@@ -31,8 +35,8 @@ fn state_err(op: &'static str, s: IdState) -> Error {
     }
 }
 
-pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
-    let inner = &id.inner;
+pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
+    let inner = id.inner;
     let mut st = inner.lock();
     let st = &mut *st;
     let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
@@ -124,8 +128,8 @@ pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn establish(id: &CmId) -> Result<()> {
-    let inner = &id.inner;
+pub(crate) fn establish(id: IdRef<'_>) -> Result<()> {
+    let inner = id.inner;
     let mut st = inner.lock();
     let st = &mut *st;
     let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
@@ -143,8 +147,8 @@ pub(crate) fn establish(id: &CmId) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn disconnect(id: &CmId) -> Result<()> {
-    let inner = &id.inner;
+pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
+    let inner = id.inner;
     let mut st = inner.lock();
     let st = &mut *st;
     let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
@@ -273,16 +277,9 @@ fn qp_to_err(s: &IdSlot) {
 }
 
 impl Inner {
-    /// One CM agent event of device `dev`.
+    /// One CM agent event of device `dev` for an existing connection (requests go to
+    /// the passive side, `listen`).
     pub(crate) fn on_cm_event(self: &Arc<Self>, st: &mut State, dev: u32, ev: CmEvent) {
-        if let CmEvent::ReqReceived(r) = ev {
-            crate::listen::on_req(self, st, dev, r);
-            return;
-        }
-        if let CmEvent::SidrReqReceived(r) = ev {
-            crate::listen::on_sidr_req(self, st, dev, r);
-            return;
-        }
         let conn = ev.conn();
         let Some(&id) = st.devices.get(&dev).and_then(|d| d.conns.get(&conn)) else {
             return;

@@ -1,182 +1,11 @@
-//! Events, their types and parameters, and the connection parameters of connect/accept.
+//! Events as `get_event` hands them out (`struct rdma_cm_event`); acknowledged on drop.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::cma::Inner;
-use crate::id::CmId;
-
-/// The type of an event (`enum rdma_cm_event_type`). [`fmt::Display`] prints the name
-/// `rdma_event_str` prints.
-///
-/// ```
-/// use rdmacm::EventType;
-/// assert_eq!(EventType::AddrResolved.to_string(), "RDMA_CM_EVENT_ADDR_RESOLVED");
-/// assert_eq!(EventType::TimewaitExit.to_string(), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventType {
-    /// Address resolution finished (status 0).
-    AddrResolved,
-    /// Address resolution failed (status `-errno`: `-ETIMEDOUT`, `-EHOSTUNREACH`, `-ENODEV` ...).
-    AddrError,
-    /// Route resolution finished.
-    RouteResolved,
-    /// Route resolution failed (status `-errno`).
-    RouteError,
-    /// A connection request arrived on a listener: the event carries a new id
-    /// ([`Event::take_id`]) and the listener ([`Event::listen_id`]).
-    ConnectRequest,
-    /// A REP arrived for an id without a QP of ours (a user QP given by
-    /// [`ConnParam::qp_num`]): set the QP up from [`Event::param`], then
-    /// [`CmId::establish`].
-    ConnectResponse,
-    /// Setting up the QP after the REP failed (status `-errno`).
-    ConnectError,
-    /// The peer's CM did not answer (REQ or REP retries exhausted, status `-ETIMEDOUT`), or
-    /// SIDR failed (status: the SIDR status).
-    Unreachable,
-    /// The peer rejected: status is the IB CM reject reason (8: nobody listens on the port,
-    /// 28: the application or the listener lookup rejected), with the REJ's private data.
-    Rejected,
-    /// The connection is established.
-    Established,
-    /// The connection is down: DREQ or DREP received (status 0) or our DREQ timed out
-    /// (`-ETIMEDOUT`).
-    Disconnected,
-    /// The id's device went away; destroy the id.
-    DeviceRemoval,
-    /// Multicast join finished (not implemented yet).
-    MulticastJoin,
-    /// Multicast join failed (not implemented yet).
-    MulticastError,
-    /// The route, neighbour, source address or netdev under the id changed (a hint: the id
-    /// keeps its device and path).
-    AddrChange,
-    /// The timewait after a disconnect is over: the QP may be reused.
-    TimewaitExit,
-}
-
-impl EventType {
-    /// The name `rdma_event_str` gives.
-    pub fn name(self) -> &'static str {
-        match self {
-            EventType::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
-            EventType::AddrError => "RDMA_CM_EVENT_ADDR_ERROR",
-            EventType::RouteResolved => "RDMA_CM_EVENT_ROUTE_RESOLVED",
-            EventType::RouteError => "RDMA_CM_EVENT_ROUTE_ERROR",
-            EventType::ConnectRequest => "RDMA_CM_EVENT_CONNECT_REQUEST",
-            EventType::ConnectResponse => "RDMA_CM_EVENT_CONNECT_RESPONSE",
-            EventType::ConnectError => "RDMA_CM_EVENT_CONNECT_ERROR",
-            EventType::Unreachable => "RDMA_CM_EVENT_UNREACHABLE",
-            EventType::Rejected => "RDMA_CM_EVENT_REJECTED",
-            EventType::Established => "RDMA_CM_EVENT_ESTABLISHED",
-            EventType::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
-            EventType::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
-            EventType::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
-            EventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
-            EventType::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
-            EventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
-        }
-    }
-}
-
-impl fmt::Display for EventType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// `struct rdma_conn_param`: what connect and accept put in the REQ / REP.
-///
-/// ```
-/// let p = rdmacm::ConnParam { private_data: b"hello".to_vec(), ..Default::default() };
-/// assert_eq!((p.retry_count, p.rnr_retry_count), (7, 7));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnParam {
-    /// Private data: at most 56 bytes on connect (after the 36-byte IP CM header), 196 on
-    /// accept, 148 on reject; more is `EINVAL`.
-    pub private_data: Vec<u8>,
-    /// RDMA READ / atomic operations the peer may have outstanding at us.
-    pub responder_resources: u8,
-    /// RDMA READ / atomic operations we may have outstanding at the peer.
-    pub initiator_depth: u8,
-    /// End-to-end flow control.
-    pub flow_control: bool,
-    /// Transport retry count (0-7).
-    pub retry_count: u8,
-    /// RNR retry count (0-7, 7 = infinite).
-    pub rnr_retry_count: u8,
-    /// The QP uses an SRQ.
-    pub srq: bool,
-    /// A QP the application manages itself (no [`CmId::create_qp`]): its number goes in
-    /// the REQ/REP, and the active side gets CONNECT_RESPONSE instead of ESTABLISHED.
-    pub qp_num: Option<u32>,
-}
-
-impl Default for ConnParam {
-    fn default() -> Self {
-        ConnParam {
-            private_data: Vec::new(),
-            responder_resources: 1,
-            initiator_depth: 1,
-            flow_control: false,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            srq: false,
-            qp_num: None,
-        }
-    }
-}
-
-/// The connection parameters an event carries (`event->param.conn`), plus the peer's QP
-/// number and starting PSN for applications that manage their own QP.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ConnEventParam {
-    /// The private data of the message behind the event (CONNECT_REQUEST: the user part
-    /// after the IP CM header, 56 bytes; ESTABLISHED / CONNECT_RESPONSE on the active side:
-    /// the REP's 196; REJECTED: the REJ's 148; DISCONNECTED: the DREQ's or DREP's). Zero
-    /// padded as on the wire: carry your own length.
-    pub private_data: Vec<u8>,
-    /// The peer's responder resources.
-    pub responder_resources: u8,
-    /// The peer's initiator depth.
-    pub initiator_depth: u8,
-    /// The peer's flow control bit.
-    pub flow_control: bool,
-    /// The peer's RNR retry count.
-    pub rnr_retry_count: u8,
-    /// The peer uses an SRQ.
-    pub srq: bool,
-    /// The peer's QP number.
-    pub qp_num: u32,
-    /// The PSN the peer expects to receive first (our send PSN).
-    pub starting_psn: u32,
-}
-
-/// The UD parameters of an ESTABLISHED event in the UDP port space (`event->param.ud`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UdParam {
-    /// The peer's UD QP number.
-    pub qp_num: u32,
-    /// The peer's Q_Key.
-    pub qkey: u32,
-    /// The peer's address.
-    pub peer: SocketAddr,
-}
-
-/// What the CM queues for a channel until `get_event` hands it out.
-#[derive(Debug)]
-pub(crate) struct PendingEvent {
-    pub id: u64,
-    pub kind: EventType,
-    pub status: i32,
-    pub param: ConnEventParam,
-    pub ud: Option<UdParam>,
-    pub listen_id: Option<u64>,
-}
+use crate::inner::Inner;
+use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
+use crate::slot::IdNum;
 
 /// An event (`struct rdma_cm_event`). Dropping it acknowledges it (`rdma_ack_cm_event`):
 /// destroying its id waits until then.
@@ -192,7 +21,8 @@ pub struct Event {
     pub(crate) inner: Arc<Inner>,
     pub(crate) ev: PendingEvent,
     pub(crate) context: u64,
-    pub(crate) new_id: Option<CmId>,
+    /// A CONNECT_REQUEST's new id until taken (destroyed with the event otherwise).
+    pub(crate) new_id: Option<IdNum>,
     pub(crate) acked: bool,
 }
 
@@ -235,22 +65,6 @@ impl Event {
         self.ev.listen_id
     }
 
-    /// CONNECT_REQUEST: takes the new id. If it is not taken, dropping the event destroys
-    /// it, which rejects the request.
-    ///
-    /// Taking the id acknowledges the event for it (the event's data stays readable), so
-    /// that dropping the new id while the event is still alive does not wait forever — a
-    /// difference from `rdma_destroy_id`, whose wait for the CONNECT_REQUEST's ack would
-    /// otherwise be a trap of Rust's drop order.
-    pub fn take_id(&mut self) -> Option<CmId> {
-        let id = self.new_id.take()?;
-        if !self.acked {
-            self.acked = true;
-            self.inner.ack(self.ev.id);
-        }
-        Some(id)
-    }
-
     /// The connection parameters (private data, the peer's QPN, resources).
     pub fn param(&self) -> &ConnEventParam {
         &self.ev.param
@@ -267,14 +81,34 @@ impl Event {
     }
 }
 
+impl Event {
+    /// The event as `get_event` hands it out (a CONNECT_REQUEST carries its new id).
+    pub(crate) fn new(inner: Arc<Inner>, ev: PendingEvent, context: u64) -> Event {
+        let new_id = (ev.kind == EventType::ConnectRequest).then_some(ev.id);
+        Event {
+            inner,
+            ev,
+            context,
+            new_id,
+            acked: false,
+        }
+    }
+
+    pub(crate) fn ack_once(&mut self) {
+        if !self.acked {
+            self.acked = true;
+            self.inner.ack(self.ev.id);
+        }
+    }
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         // A CONNECT_REQUEST's new id (if not taken) is destroyed after the ack, so that
         // its destroy does not wait for this very event.
-        let new_id = self.new_id.take();
-        if !self.acked {
-            self.inner.ack(self.ev.id);
+        self.ack_once();
+        if let Some(n) = self.new_id.take() {
+            crate::cm_engine::destroy(&self.inner, n);
         }
-        drop(new_id);
     }
 }

@@ -11,89 +11,14 @@ use rdma_soft::verbs::{
 
 use crate::addr::ScopedIp;
 use crate::channel::EventChannel;
-use crate::cma::{forget_conn, IdNum, IdSlot, Inner, ListenState};
 use crate::error::{Error, Result};
-use crate::event::{ConnEventParam, ConnParam, EventType};
+use crate::event::Event;
+use crate::inner::{IdRef, Inner};
+use crate::params::{ConnEventParam, ConnParam, EventType};
 use crate::ports::{BindRequest, PortSpace};
 use crate::resolve::Binding;
 use crate::route::{RocePath, RouteParams};
-
-/// The state of an id (`enum rdma_cm_state`). Every call checks it and refuses calls out
-/// of order with `EINVAL`; asynchronous steps that fail roll it back so the step can be
-/// retried.
-///
-/// ```text
-///            bind_addr                 resolve_addr              resolve_route
-///   IDLE ─────────────▶ ADDR_BOUND ──────────────▶ ADDR_QUERY ──▶ ADDR_RESOLVED ──────▶ ROUTE_QUERY
-///    │  (resolve_addr binds implicitly)    ▲  ADDR_ERROR │                                   │
-///    │                                     └─────────────┘                 ROUTE_RESOLVED ◀──┘
-///    │ listen (binds 0.0.0.0)                                                    │ connect
-///    ▼                                                                           ▼
-///  LISTEN ── REQ ──▶ new id in CONNECT ── accept ──▶ (RTU) ESTABLISHED ◀── CONNECT (REQ sent)
-///                                                         │ DISCONNECTED
-///                                                         ▼
-///                                                     DISCONNECT ── TIMEWAIT_EXIT
-///  any ── device gone ──▶ DEVICE_REMOVAL;  drop ──▶ DESTROYING
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IdState {
-    /// Created, nothing bound.
-    Idle,
-    /// Address resolution running.
-    AddrQuery,
-    /// Address resolved: device, source, destination known.
-    AddrResolved,
-    /// Route resolution running.
-    RouteQuery,
-    /// Route resolved: ready to connect.
-    RouteResolved,
-    /// Connecting or connected (also a passive id from its request on).
-    Connect,
-    /// Disconnected.
-    Disconnect,
-    /// Bound to an address.
-    AddrBound,
-    /// Listening.
-    Listen,
-    /// Its device went away.
-    DeviceRemoval,
-    /// Being destroyed.
-    Destroying,
-}
-
-impl IdState {
-    /// The kernel's name (`RDMA_CM_IDLE` ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            IdState::Idle => "RDMA_CM_IDLE",
-            IdState::AddrQuery => "RDMA_CM_ADDR_QUERY",
-            IdState::AddrResolved => "RDMA_CM_ADDR_RESOLVED",
-            IdState::RouteQuery => "RDMA_CM_ROUTE_QUERY",
-            IdState::RouteResolved => "RDMA_CM_ROUTE_RESOLVED",
-            IdState::Connect => "RDMA_CM_CONNECT",
-            IdState::Disconnect => "RDMA_CM_DISCONNECT",
-            IdState::AddrBound => "RDMA_CM_ADDR_BOUND",
-            IdState::Listen => "RDMA_CM_LISTEN",
-            IdState::DeviceRemoval => "RDMA_CM_DEVICE_REMOVAL",
-            IdState::Destroying => "RDMA_CM_DESTROYING",
-        }
-    }
-}
-
-impl fmt::Display for IdState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// The QP type an id's port space implies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QpKind {
-    /// Reliable connected (TCP and IB port spaces).
-    Rc,
-    /// Unreliable datagram (UDP port space: SIDR).
-    Ud,
-}
+use crate::slot::{wire_ps, IdNum, IdSlot, IdState, ListenState, QpKind};
 
 /// Options of [`CmId::set_option`] (`rdma_set_option`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -717,33 +642,33 @@ impl CmId {
     /// `EINVAL`. Then: ESTABLISHED (or CONNECT_RESPONSE with a user QP), REJECTED,
     /// UNREACHABLE or CONNECT_ERROR.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
-        crate::connect::connect(self, param)
+        crate::connect::connect(self.r(), param)
     }
 
     /// `rdma_accept` on a passive id: moves the QP to RTR and RTS and sends the REP (RC),
     /// or sends the SIDR_REP (UD, with `param.qp_num`). Private data over 196 bytes (136
     /// for UD) is `EINVAL`. ESTABLISHED follows when the RTU arrives.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
-        crate::listen::accept(self, param)
+        crate::listen::accept(self.r(), param)
     }
 
     /// `rdma_reject` on a passive id: REJ reason 28 (consumer defined) with up to 148
     /// bytes of private data (SIDR_REP "reject" for UD).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
-        crate::listen::reject(self, private_data)
+        crate::listen::reject(self.r(), private_data)
     }
 
     /// `rdma_establish`: completes an active connection after CONNECT_RESPONSE when the
     /// application manages its QP (sends the RTU). No ESTABLISHED event follows.
     pub fn establish(&self) -> Result<()> {
-        crate::connect::establish(self)
+        crate::connect::establish(self.r())
     }
 
     /// `rdma_disconnect`: moves the QP to ERR and sends a DREQ (or the DREP when the peer's
     /// DREQ came first). DISCONNECTED follows (at once for the DREP case... when the DREP
     /// arrives otherwise), then TIMEWAIT_EXIT.
     pub fn disconnect(&self) -> Result<()> {
-        crate::connect::disconnect(self)
+        crate::connect::disconnect(self.r())
     }
 
     /// The attributes to move a user-managed QP to `state` (`rdma_init_qp_attr`): INIT,
@@ -755,78 +680,30 @@ impl CmId {
     }
 }
 
-pub(crate) fn wire_ps(ps: PortSpace) -> rdma_wire::ip_cm::PortSpace {
-    match ps {
-        PortSpace::Tcp => rdma_wire::ip_cm::PortSpace::Tcp,
-        PortSpace::Udp => rdma_wire::ip_cm::PortSpace::Udp,
-        PortSpace::Ib => rdma_wire::ip_cm::PortSpace::Ib,
-        PortSpace::IpoIb => rdma_wire::ip_cm::PortSpace::IpoIb,
+impl CmId {
+    fn r(&self) -> IdRef<'_> {
+        IdRef {
+            inner: &self.inner,
+            num: self.num,
+        }
     }
 }
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        destroy(&self.inner, self.num);
+        crate::cm_engine::destroy(&self.inner, self.num);
     }
 }
 
-/// `rdma_destroy_id`: drops queued events of the id, waits for the ones handed out, then
-/// releases everything (the CM connection lingers in its agent for the timewait).
-pub(crate) fn destroy(inner: &Arc<Inner>, num: IdNum) {
-    let mut st = inner.lock();
-    let ch = match st.ids.get_mut(&num) {
-        Some(s) => {
-            s.state = IdState::Destroying;
-            s.channel
-        }
-        None => return,
-    };
-    if let Some(c) = st.channels.get_mut(&ch) {
-        c.queue.retain(|e| e.id != num);
-        if c.queue.is_empty() {
-            c.efd.clear();
-        }
+impl Event {
+    /// Takes the new id of a CONNECT_REQUEST (`event->id`, the id to accept or reject on);
+    /// `None` for other events or when already taken. Taking it acknowledges the event, so
+    /// that dropping the new id while the event is still alive does not wait forever — a
+    /// difference from `rdma_destroy_id`, whose wait for the CONNECT_REQUEST's ack would
+    /// otherwise be a trap of Rust's drop order.
+    pub fn take_id(&mut self) -> Option<CmId> {
+        let num = self.new_id.take()?;
+        self.ack_once();
+        Some(CmId::from_num(self.inner.clone(), num))
     }
-    let mut st = inner.wait_acked(st, num);
-    inner.unwatch(&mut st, num);
-    let Some(s) = st.ids.remove(&num) else { return };
-    if let Some(h) = s.bind {
-        st.ports.release(h);
-    }
-    if let Some(l) = &s.listen {
-        for (i, sid) in &l.regs {
-            if let Some(d) = st.devices.get_mut(i) {
-                if let Some(v) = d.listeners.get_mut(sid) {
-                    v.retain(|x| *x != num);
-                    if v.is_empty() {
-                        d.listeners.remove(sid);
-                        let _ = d.agent.unlisten(*sid);
-                    }
-                }
-            }
-        }
-    }
-    if let (Some(i), Some(c)) = (s.dev, s.conn) {
-        let now = inner.now();
-        let cid = st.devices.get(&i).and_then(|d| d.agent.local_comm_id(c));
-        forget_conn(&mut st, now, i, c);
-        inner.drain_agent(&mut st, i);
-        // `comm_local` holds the comm ids of the device's live connections (entries are
-        // added with `conns` and leave here): only the destroyed one's can have gone stale.
-        // Kept if another live connection of ours now holds the id. O(1), where a scan of
-        // every connection (and a set of their ids) used to run per destroy.
-        if let (Some(d), Some(cid)) = (st.devices.get_mut(&i), cid) {
-            let held = d
-                .agent
-                .conn_by_local_comm_id(cid)
-                .is_some_and(|h| d.conns.contains_key(&h));
-            if !held {
-                d.comm_local.remove(&cid);
-                d.comm_tos.remove(&cid);
-            }
-        }
-    }
-    // The QP goes with the id: the soft device allocates QP numbers cyclically, so its
-    // number does not come back while the peer may still be in timewait for it.
-    drop(s.qp);
 }

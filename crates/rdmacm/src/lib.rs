@@ -132,18 +132,28 @@
 mod addr;
 mod async_api;
 mod blocking;
+mod bridge;
 mod channel;
+mod cm_engine;
 mod cma;
+mod config;
 mod connect;
+mod devices;
 mod error;
 mod event;
 mod fd;
 mod id;
+mod inner;
 mod listen;
 mod netns;
+mod params;
 mod ports;
+mod queue;
+mod registry;
 mod resolve;
 mod route;
+mod slot;
+mod state;
 mod watch;
 
 pub use async_api::{
@@ -151,12 +161,14 @@ pub use async_api::{
     MAX_RDMA_OPS, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
+pub use cma::Cma;
 #[doc(hidden)]
 pub use cma::PauseGuard;
-pub use cma::{Cma, CmaConfig, DeviceSpec, DEVICES_ENV};
+pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
-pub use event::{ConnEventParam, ConnParam, Event, EventType, UdParam};
-pub use id::{CmId, CmOption, IdState, QpKind};
+pub use event::Event;
+pub use id::{CmId, CmOption};
+pub use params::{ConnEventParam, ConnParam, EventType, UdParam};
 /// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand
 /// them out (so an application needs no dependency on `rdma-soft` itself).
 ///
@@ -171,6 +183,7 @@ pub use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Device, MemoryRegion,
     ProtectionDomain, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
+pub use slot::{IdState, QpKind};
 
 pub use addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
 pub use blocking::BlockingResolver;

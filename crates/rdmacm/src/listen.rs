@@ -8,12 +8,15 @@ use rdma_proto::cm::{RepParams, ReqReceived, SidrRepParams, SidrReqReceived};
 use rdma_wire::cm::{RejectReason, SidrStatus};
 use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
-use crate::cma::{IdNum, IdSlot, Inner, Remote, State};
 use crate::connect::{qp_to_rts, Conn, RDMA_UDP_QKEY};
 use crate::error::{Error, RejectCause, Result};
-use crate::event::{ConnEventParam, ConnParam, EventType, PendingEvent};
-use crate::id::{CmId, IdState, QpKind};
+use crate::inner::IdRef;
+use crate::inner::Inner;
+use crate::params::{ConnEventParam, ConnParam, EventType, PendingEvent};
 use crate::route::{RocePath, RouteParams};
+use crate::slot::{IdNum, IdSlot, Remote};
+use crate::slot::{IdState, QpKind};
+use crate::state::State;
 
 /// The listener (if any) that gets a request for `local` arriving on netdev `arrival`.
 fn find_listener(st: &State, dev: u32, sid: u64, arrival: u32, local: IpAddr) -> Option<IdNum> {
@@ -261,7 +264,7 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
 
 fn passive<'a>(
     st: &'a mut State,
-    id: &CmId,
+    id: IdRef<'_>,
     op: &'static str,
 ) -> Result<(u32, Conn, &'a mut IdSlot)> {
     let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
@@ -274,8 +277,8 @@ fn passive<'a>(
     }
 }
 
-pub(crate) fn accept(id: &CmId, param: &ConnParam) -> Result<()> {
-    let inner = &id.inner;
+pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
+    let inner = id.inner;
     let mut st = inner.lock();
     let st = &mut *st;
     let (dev, conn, s) = passive(st, id, "accept")?;
@@ -342,8 +345,8 @@ pub(crate) fn accept(id: &CmId, param: &ConnParam) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn reject(id: &CmId, private_data: &[u8]) -> Result<()> {
-    let inner = &id.inner;
+pub(crate) fn reject(id: IdRef<'_>, private_data: &[u8]) -> Result<()> {
+    let inner = id.inner;
     let mut st = inner.lock();
     let st = &mut *st;
     let (dev, conn, s) = passive(st, id, "reject")?;
@@ -380,7 +383,7 @@ pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
         })
         .map(|(n, s)| {
             let port = s.local.map(|l| l.port()).unwrap_or(0);
-            let sid = ServiceId::new(crate::id::wire_ps(s.ps), port).0;
+            let sid = ServiceId::new(crate::slot::wire_ps(s.ps), port).0;
             (*n, sid)
         })
         .collect();

@@ -1,0 +1,395 @@
+//! The CM engine: what the process's progress engine runs for a context. MADs in, agents
+//! and their timers, MADs out, events; host changes applied to the device registry.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rdma_proto::cm::{CmEvent, ConnHandle, PeerAddr};
+use rdma_soft::engine::{Run, Source};
+use rdma_soft::io::WireAddr;
+
+use crate::addr::{classify, AddrClass};
+use crate::bridge::run_on;
+use crate::inner::{CmSource, Inner};
+use crate::slot::{IdNum, IdState};
+use crate::state::State;
+use crate::state::WatchCmd;
+use crate::watch::Notification;
+use crate::watch::Watcher;
+
+impl Source for CmSource {
+    fn run(&self, now: Instant) -> Run {
+        if self.0.strong_count() == 0 {
+            return Run::Idle;
+        }
+        // Borrowed without a count of its own, so that the engine never keeps the context
+        // alive: when the application drops its last handle during this run, `Inner`'s
+        // drop first unregisters, which waits for this run to end (rdma_soft::engine's
+        // gate), and only then tears the devices and sockets down, in its own thread.
+        // SAFETY: the engine runs us only while the registration is alive (see above), so
+        // the pointee is live for the whole run; the `ManuallyDrop` never decrements.
+        let inner = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(self.0.as_ptr()) });
+        if inner.paused.load(std::sync::atomic::Ordering::Acquire) {
+            return Run::Deferred(now + Duration::from_millis(5));
+        }
+        let _ns = inner.netns.as_ref().and_then(|n| n.enter());
+        inner.wake.clear();
+        inner.progress();
+        Run::Idle
+    }
+}
+
+impl Inner {
+    /// Tells the engine when the CM must run next: the earliest timer of any agent.
+    /// Called with the state locked (so a concurrent `wake_by` is not overwritten).
+    fn set_engine_wake(&self, st: &State) {
+        let Some((_, reg)) = self.engine.get() else {
+            return;
+        };
+        let next = st
+            .devices
+            .values()
+            .filter_map(|d| d.agent.poll_timeout())
+            .min()
+            .map(|t| self.instant(t));
+        reg.set_wake(next);
+    }
+
+    /// One non-blocking round: MADs in, agents, timers, MADs out, events; host changes.
+    /// Returns the number of events queued.
+    pub(crate) fn progress(self: &Arc<Self>) -> usize {
+        let mut st = self.lock();
+        let before: usize = st.channels.values().map(|c| c.queue.len()).sum();
+        let now = self.now();
+        let idx: Vec<u32> = st.devices.keys().copied().collect();
+        for i in idx {
+            // Receive.
+            while let Some(d) = st.devices.get_mut(&i).filter(|d| !d.open.is_empty()) {
+                let m = match d.dev.gsi_recv() {
+                    Ok(Some(m)) => m,
+                    _ => break,
+                };
+                let gid = Ipv6Addr::from(m.remote.gid());
+                d.arrival_local.insert(gid, m.local);
+                let peer = PeerAddr::new(gid, rdma_proto::cm::ROCE_UDP_PORT, m.ifindex);
+                d.agent.handle_mad(now, peer, &m.mad);
+                self.drain_agent(&mut st, i);
+            }
+            // Timers.
+            if let Some(d) = st.devices.get_mut(&i) {
+                if d.agent.poll_timeout().is_some_and(|t| t <= now) {
+                    d.agent.handle_timeout(now);
+                }
+            }
+            self.drain_agent(&mut st, i);
+        }
+        // Host changes.
+        let notes: Vec<Notification> = self
+            .notifications
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for n in notes {
+            self.on_notification(&mut st, n);
+        }
+        let host: Vec<rdma_hostview::Event> = self
+            .host_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        if !host.is_empty() {
+            st = self.apply_host_events(st, host);
+        }
+        self.set_engine_wake(&st);
+        let after: usize = st.channels.values().map(|c| c.queue.len()).sum();
+        after.saturating_sub(before)
+    }
+
+    /// The device registry follows the host: an address added to a netdev enters its
+    /// device's GID table (and the wildcard listeners' addresses), a removed one leaves it;
+    /// a netdev that gets an address while a wildcard listener exists gets its device and
+    /// the listener. After lost notifications (overrun) every GID table is re-read.
+    /// Opening a device needs the resolver, so the lock is released for it.
+    fn apply_host_events<'a>(
+        self: &'a Arc<Self>,
+        mut st: MutexGuard<'a, State>,
+        host: Vec<rdma_hostview::Event>,
+    ) -> MutexGuard<'a, State> {
+        use rdma_hostview::Event as H;
+        let mut new_dev: Vec<(u32, IpAddr)> = Vec::new();
+        let mut resync = false;
+        for ev in host {
+            match ev {
+                H::AddressAdded(a) => {
+                    if let Some(d) = st.devices.get(&a.link) {
+                        let _ = d.ensure_gid(a.addr);
+                        crate::listen::wildcard_listen_on(&mut st, a.link, a.addr);
+                    } else if crate::listen::has_wildcard_listener(&st) {
+                        new_dev.push((a.link, a.addr));
+                    }
+                }
+                H::AddressRemoved(a) => {
+                    if let Some(d) = st.devices.get(&a.link) {
+                        // 127.0.0.0/8 stays usable through lo's /8 route.
+                        if !(d.netdev.loopback && a.addr.is_loopback()) {
+                            d.dev.remove_gid(a.addr);
+                        }
+                    }
+                }
+                H::Overrun => resync = true,
+                _ => {}
+            }
+        }
+        if new_dev.is_empty() && !resync {
+            return st;
+        }
+        let known: Vec<u32> = st.devices.keys().copied().collect();
+        drop(st);
+        for (link, _) in &new_dev {
+            // ENODEV when the configuration leaves the netdev out: nothing to do.
+            let _ = self.ensure_device(*link);
+        }
+        let tables: Vec<(u32, Vec<IpAddr>)> = if resync {
+            known
+                .iter()
+                .filter_map(|&i| {
+                    self.block(move |r| async move { r.gid_table(i).await })
+                        .ok()
+                        .map(|g| (i, g.iter().map(|e| e.ip).collect()))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut st = self.lock();
+        for (link, addr) in new_dev {
+            if st.devices.contains_key(&link) {
+                crate::listen::wildcard_listen_on(&mut st, link, addr);
+            }
+        }
+        for (i, ips) in tables {
+            let Some(d) = st.devices.get(&i) else {
+                continue;
+            };
+            for g in d.dev.gids() {
+                let keep = ips.contains(&g.ip()) || (d.netdev.loopback && g.ip().is_loopback());
+                if !keep {
+                    d.dev.remove_gid(g.ip());
+                }
+            }
+            for ip in &ips {
+                let _ = d.ensure_gid(*ip);
+            }
+        }
+        st
+    }
+
+    /// Sends what the agent of device `i` wants to send and turns its events into ours,
+    /// until it has nothing left.
+    pub(crate) fn drain_agent(self: &Arc<Self>, st: &mut State, i: u32) {
+        loop {
+            let Some(d) = st.devices.get_mut(&i) else {
+                return;
+            };
+            let ids = &st.ids;
+            let mut did = false;
+            while let Some((peer, mad)) = d.agent.poll_transmit() {
+                did = true;
+                let comm = u32::from_be_bytes([mad[24], mad[25], mad[26], mad[27]]);
+                let local = d
+                    .comm_local
+                    .get(&comm)
+                    .or_else(|| d.arrival_local.get(&peer.gid))
+                    .copied();
+                if let Some(local) = local {
+                    let remote = WireAddr::new(
+                        crate::addr::Gid(peer.gid.octets()).to_ip(),
+                        if local.scope_id() != 0
+                            && classify(&crate::addr::Gid(peer.gid.octets()).to_ip())
+                                == AddrClass::LinkLocal
+                        {
+                            local.scope_id()
+                        } else {
+                            0
+                        },
+                    );
+                    // As Linux's CM: a connection's MADs carry its path's traffic class.
+                    let tos = d
+                        .agent
+                        .conn_by_local_comm_id(comm)
+                        .and_then(|c| d.conns.get(&c))
+                        .and_then(|n| ids.get(n))
+                        .and_then(|s| s.path.as_ref())
+                        .map(|p| p.traffic_class);
+                    let tclass = match tos {
+                        Some(t) => {
+                            d.comm_tos.insert(comm, t);
+                            t
+                        }
+                        None => d.comm_tos.get(&comm).copied().unwrap_or(0),
+                    };
+                    // A send error (e.g. the address went away) is a lost MAD: the CM's
+                    // retries and timeouts handle it.
+                    let meta = rdma_soft::io::TxMeta { tclass };
+                    let _ = d.dev.gsi_send_with(&local, &remote, meta, &mad);
+                }
+            }
+            let ev = d.agent.poll_event();
+            match ev {
+                Some(CmEvent::ReqReceived(r)) => crate::listen::on_req(self, st, i, r),
+                Some(CmEvent::SidrReqReceived(r)) => crate::listen::on_sidr_req(self, st, i, r),
+                Some(ev) => self.on_cm_event(st, i, ev),
+                None if !did => {
+                    // an API call may have armed a timer: the engine must wake for it
+                    if let (Some(t), Some((_, reg))) = (d.agent.poll_timeout(), self.engine.get()) {
+                        reg.wake_by(self.instant(t));
+                    }
+                    return;
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// Lets a destroyed id's connection linger in its agent (timewait) and forgets it.
+pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) {
+    if let Some(d) = st.devices.get_mut(&dev) {
+        // The local address stays known (`comm_local`) until the caller has drained what
+        // the agent sends for the destroy.
+        let _ = d.agent.destroy(now, conn);
+        d.conns.remove(&conn);
+    }
+}
+
+/// Starts the change watcher task: host events and per-id notifications for the CM.
+pub(crate) fn start_watcher(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    let resolver = inner.resolver.clone();
+    let notify = inner.watch_notify.clone();
+    // Subscribed before the context is handed out, so no host change made after
+    // `Cma::new` returns can be missed (it used to subscribe whenever the task first ran).
+    let w = run_on(
+        &inner.rt_handle,
+        async move { Watcher::new(&resolver).await },
+    );
+    inner.rt_handle.spawn(async move {
+        let Ok(mut w) = w else {
+            return;
+        };
+        w.track_host();
+        loop {
+            {
+                let Some(inner) = weak.upgrade() else { return };
+                let cmds: Vec<WatchCmd> = std::mem::take(
+                    &mut *inner.watch_cmds.lock().unwrap_or_else(|e| e.into_inner()),
+                );
+                for c in cmds {
+                    match c {
+                        WatchCmd::Watch(id, a) => w.watch(id, &a),
+                        WatchCmd::Unwatch(id) => {
+                            w.unwatch(id);
+                        }
+                    }
+                }
+                let host = w.take_host_events();
+                let mut notes = Vec::new();
+                while let Some(n) = w.pop() {
+                    notes.push(n);
+                }
+                if !host.is_empty() || !notes.is_empty() {
+                    inner
+                        .host_events
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(host);
+                    inner
+                        .notifications
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(notes);
+                    inner.wake.signal();
+                }
+            }
+            // Only the wait is raced with watch requests (it is cancel-safe); the processing
+            // of a host change runs to completion, so a request arriving mid-way cannot
+            // cancel it and lose the change.
+            let ev = tokio::select! {
+                _ = notify.notified() => continue,
+                ev = w.next_event() => ev,
+            };
+            match ev {
+                Ok(ev) => {
+                    if w.handle_event(ev).await.is_err() {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    });
+}
+
+/// `rdma_destroy_id`: drops queued events of the id, waits for the ones handed out, then
+/// releases everything (the CM connection lingers in its agent for the timewait).
+pub(crate) fn destroy(inner: &Arc<Inner>, num: IdNum) {
+    let mut st = inner.lock();
+    let ch = match st.ids.get_mut(&num) {
+        Some(s) => {
+            s.state = IdState::Destroying;
+            s.channel
+        }
+        None => return,
+    };
+    if let Some(c) = st.channels.get_mut(&ch) {
+        c.queue.retain(|e| e.id != num);
+        if c.queue.is_empty() {
+            c.efd.clear();
+        }
+    }
+    let mut st = inner.wait_acked(st, num);
+    inner.unwatch(&mut st, num);
+    let Some(s) = st.ids.remove(&num) else { return };
+    if let Some(h) = s.bind {
+        st.ports.release(h);
+    }
+    if let Some(l) = &s.listen {
+        for (i, sid) in &l.regs {
+            if let Some(d) = st.devices.get_mut(i) {
+                if let Some(v) = d.listeners.get_mut(sid) {
+                    v.retain(|x| *x != num);
+                    if v.is_empty() {
+                        d.listeners.remove(sid);
+                        let _ = d.agent.unlisten(*sid);
+                    }
+                }
+            }
+        }
+    }
+    if let (Some(i), Some(c)) = (s.dev, s.conn) {
+        let now = inner.now();
+        let cid = st.devices.get(&i).and_then(|d| d.agent.local_comm_id(c));
+        forget_conn(&mut st, now, i, c);
+        inner.drain_agent(&mut st, i);
+        // `comm_local` holds the comm ids of the device's live connections (entries are
+        // added with `conns` and leave here): only the destroyed one's can have gone stale.
+        // Kept if another live connection of ours now holds the id. O(1), where a scan of
+        // every connection (and a set of their ids) used to run per destroy.
+        if let (Some(d), Some(cid)) = (st.devices.get_mut(&i), cid) {
+            let held = d
+                .agent
+                .conn_by_local_comm_id(cid)
+                .is_some_and(|h| d.conns.contains_key(&h));
+            if !held {
+                d.comm_local.remove(&cid);
+                d.comm_tos.remove(&cid);
+            }
+        }
+    }
+    // The QP goes with the id: the soft device allocates QP numbers cyclically, so its
+    // number does not come back while the peer may still be in timewait for it.
+    drop(s.qp);
+}

@@ -1,0 +1,112 @@
+//! The shared state of a context ([`crate::Cma`]): the lock over the id table, devices and
+//! channels, the resolver's runtime, the watcher's queues, the engine registration.
+
+use crate::bridge::run_on;
+use crate::config::CmaConfig;
+use crate::fd::EventFd;
+use crate::resolve::{ResolvedAddr, Resolver};
+use crate::slot::IdNum;
+use crate::state::{State, WatchCmd};
+use crate::watch::Notification;
+use rdma_soft::engine::Registration;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// The shared part of a [`Cma`].
+pub(crate) struct Inner {
+    pub(crate) rt: Mutex<Option<tokio::runtime::Runtime>>,
+    pub(crate) rt_handle: tokio::runtime::Handle,
+    pub(crate) resolver: Resolver,
+    pub(crate) state: Mutex<State>,
+    /// Signalled when an event is acknowledged (destroy waits on it).
+    pub(crate) acked: Condvar,
+    /// Wakes waiters: notifications, new devices, new deadlines.
+    pub(crate) wake: EventFd,
+    /// Host-change notifications from the watcher task (own lock: the task never takes the
+    /// state lock, which may be held while waiting for the resolver on the same runtime).
+    pub(crate) notifications: Mutex<VecDeque<Notification>>,
+    /// Address and link changes for the device registry (from the watcher task).
+    pub(crate) host_events: Mutex<VecDeque<rdma_hostview::Event>>,
+    pub(crate) watch_cmds: Mutex<Vec<WatchCmd>>,
+    pub(crate) watch_notify: Arc<tokio::sync::Notify>,
+    pub(crate) epoch: Instant,
+    pub(crate) config: CmaConfig,
+    /// The CM's place in the process's progress engine: it runs [`Inner::progress`] when a
+    /// MAD is queued on a device's GSI, `wake` is signalled or a CM timer is due.
+    pub(crate) engine: OnceLock<(Arc<CmSource>, Registration)>,
+    /// The namespace the context was made in: the engine runs its CM there.
+    pub(crate) netns: Option<crate::netns::NetNs>,
+    /// Tests only ([`Cma::pause_progress`]): the engine leaves the CM alone.
+    pub(crate) paused: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Leave the engine first (waiting for a CM run in progress), then tear down.
+        if let Some((src, reg)) = self.engine.take() {
+            drop(reg);
+            drop(src);
+        }
+        if let Some(rt) = self.rt.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) fn instant(&self, nanos: u64) -> Instant {
+        self.epoch + Duration::from_nanos(nanos)
+    }
+
+    /// Runs an async resolver call to completion from this (blocking) thread.
+    pub(crate) fn block<F, Fut, T>(&self, f: F) -> T
+    where
+        F: FnOnce(Resolver) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        run_on(&self.rt_handle, f(self.resolver.clone()))
+    }
+
+    pub(crate) fn watch(&self, st: &mut State, id: IdNum, a: &ResolvedAddr) {
+        self.watch_cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(WatchCmd::Watch(id, Box::new(a.clone())));
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.watched = true;
+        }
+        self.watch_notify.notify_one();
+    }
+
+    pub(crate) fn unwatch(&self, st: &mut State, id: IdNum) {
+        if st.ids.get(&id).is_some_and(|s| s.watched) {
+            self.watch_cmds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(WatchCmd::Unwatch(id));
+            self.watch_notify.notify_one();
+        }
+    }
+}
+
+/// An id as the CM's internals take it: its context and number (what a [`crate::CmId`]
+/// holds), so that the CM never depends on the public handle type.
+#[derive(Clone, Copy)]
+pub(crate) struct IdRef<'a> {
+    pub inner: &'a Arc<Inner>,
+    pub num: IdNum,
+}
+
+/// What the progress engine drives: the context's CM (held weakly: a dropped context stops).
+pub(crate) struct CmSource(pub(crate) Weak<Inner>);

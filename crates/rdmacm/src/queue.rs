@@ -1,0 +1,111 @@
+//! Event queues: pending events per channel, acknowledgement and the waits of destroy.
+
+use std::sync::MutexGuard;
+
+use crate::inner::Inner;
+use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
+use crate::slot::IdNum;
+use crate::state::State;
+
+impl Inner {
+    /// Queues an event for an id's channel.
+    pub(crate) fn push_event(st: &mut State, ev: PendingEvent) {
+        let Some(slot) = st.ids.get(&ev.id) else {
+            return;
+        };
+        let ch = match ev.listen_id.and_then(|l| st.ids.get(&l)) {
+            Some(l) if ev.kind == EventType::ConnectRequest => l.channel,
+            _ => slot.channel,
+        };
+        if let Some(c) = st.channels.get_mut(&ch) {
+            if c.queue.is_empty() {
+                c.efd.signal();
+            }
+            c.queue.push_back(ev);
+        }
+    }
+
+    pub(crate) fn event(
+        st: &mut State,
+        id: IdNum,
+        kind: EventType,
+        status: i32,
+        param: ConnEventParam,
+    ) {
+        Inner::push_event(
+            st,
+            PendingEvent {
+                id,
+                kind,
+                status,
+                param,
+                ud: None,
+                listen_id: None,
+            },
+        );
+    }
+
+    pub(crate) fn event_ud(st: &mut State, id: IdNum, ud: UdParam, param: ConnEventParam) {
+        Inner::push_event(
+            st,
+            PendingEvent {
+                id,
+                kind: EventType::Established,
+                status: 0,
+                param,
+                ud: Some(ud),
+                listen_id: None,
+            },
+        );
+    }
+
+    /// An event was dropped by the application.
+    pub(crate) fn ack(&self, id: IdNum) {
+        let mut st = self.lock();
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.outstanding = s.outstanding.saturating_sub(1);
+        }
+        drop(st);
+        self.acked.notify_all();
+    }
+
+    /// Waits until `id` has no outstanding event (`rdma_destroy_id`).
+    pub(crate) fn wait_acked<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        id: IdNum,
+    ) -> MutexGuard<'a, State> {
+        while st.ids.get(&id).is_some_and(|s| s.outstanding > 0) {
+            st = self.acked.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st
+    }
+
+    /// Takes the next event of channel `ch`, with the context value of its id.
+    pub(crate) fn take_pending(&self, ch: u64) -> Option<(PendingEvent, u64)> {
+        let mut st = self.lock();
+        let c = st.channels.get_mut(&ch)?;
+        let ev = c.queue.pop_front()?;
+        if c.queue.is_empty() {
+            c.efd.clear();
+        }
+        if ev.kind == EventType::ConnectRequest {
+            if let Some(l) = ev.listen_id.and_then(|l| st.ids.get_mut(&l)) {
+                if let Some(ls) = l.listen.as_mut() {
+                    ls.queued = ls.queued.saturating_sub(1);
+                }
+            }
+        }
+        let mut context = 0;
+        if let Some(s) = st.ids.get_mut(&ev.id) {
+            s.outstanding += 1;
+            context = s.context;
+        }
+        if ev.kind == EventType::ConnectRequest {
+            if let Some(l) = ev.listen_id.and_then(|l| st.ids.get(&l)) {
+                context = l.context;
+            }
+        }
+        Some((ev, context))
+    }
+}

@@ -1,0 +1,219 @@
+//! The id table's entries: what the CM holds for each id (its state, addresses, options,
+//! connection and listener bookkeeping).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rdma_proto::cm::ConnHandle;
+use rdma_soft::verbs::QueuePair;
+
+use crate::params::ConnEventParam;
+use crate::ports::{BindHandle, PortSpace};
+use crate::resolve::{Binding, ResolvedAddr};
+use crate::route::RocePath;
+
+/// Number of an id: never reused within a context.
+pub(crate) type IdNum = u64;
+
+/// What the peer told us in its REQ or REP.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Remote {
+    pub qpn: u32,
+    pub psn: u32,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub rnr_retry: u8,
+    pub retry: u8,
+}
+
+/// Per-id options (`rdma_set_option`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdOptions {
+    pub tos: Option<u8>,
+    pub reuseaddr: bool,
+    pub afonly: Option<bool>,
+    pub ack_timeout: Option<u8>,
+}
+
+/// A listener's bookkeeping.
+#[derive(Debug, Default)]
+pub(crate) struct ListenState {
+    pub backlog: usize,
+    /// CONNECT_REQUEST events queued and not yet handed out (Linux's backlog measure).
+    pub queued: usize,
+    /// (device ifindex, service id) registrations.
+    pub regs: Vec<(u32, u64)>,
+}
+
+/// The state of one id.
+#[derive(Debug)]
+pub(crate) struct IdSlot {
+    pub state: IdState,
+    pub channel: u64,
+    pub ps: PortSpace,
+    pub context: u64,
+    pub opts: IdOptions,
+    pub bind: Option<BindHandle>,
+    pub binding: Option<Binding>,
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+    /// ifindex of the device (netdev) the id is attached to.
+    pub dev: Option<u32>,
+    pub resolved: Option<ResolvedAddr>,
+    pub path: Option<RocePath>,
+    pub qp: Option<Arc<QueuePair>>,
+    pub qp_kind: QpKind,
+    pub conn: Option<ConnHandle>,
+    pub rq_psn: u32,
+    pub remote: Option<Remote>,
+    pub listen: Option<ListenState>,
+    pub parent: Option<IdNum>,
+    /// Events handed out and not yet dropped.
+    pub outstanding: usize,
+    pub user_qpn: Option<u32>,
+    pub conn_param: Option<crate::params::ConnParam>,
+    pub watched: bool,
+    /// The REP's parameters, reported with ESTABLISHED on the active side.
+    pub est_param: ConnEventParam,
+    /// The application establishes itself (user QP): no ESTABLISHED event.
+    pub suppress_est: bool,
+    /// A passive id was accepted or rejected.
+    pub accepted: bool,
+}
+
+impl IdSlot {
+    pub(crate) fn new(channel: u64, ps: PortSpace, qp_kind: QpKind) -> IdSlot {
+        IdSlot {
+            state: IdState::Idle,
+            channel,
+            ps,
+            context: 0,
+            opts: IdOptions::default(),
+            bind: None,
+            binding: None,
+            local: None,
+            peer: None,
+            dev: None,
+            resolved: None,
+            path: None,
+            qp: None,
+            qp_kind,
+            conn: None,
+            rq_psn: 0,
+            remote: None,
+            listen: None,
+            parent: None,
+            outstanding: 0,
+            user_qpn: None,
+            conn_param: None,
+            watched: false,
+            est_param: ConnEventParam::default(),
+            suppress_est: false,
+            accepted: false,
+        }
+    }
+
+    pub(crate) fn afonly(&self) -> bool {
+        match self.opts.afonly {
+            Some(v) => v,
+            None => match self.local {
+                Some(SocketAddr::V6(_)) => read_bindv6only(),
+                _ => true,
+            },
+        }
+    }
+}
+
+fn read_bindv6only() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only")
+        .map(|s| s.trim() == "1")
+        .unwrap_or(false)
+}
+
+/// The state of an id (`enum rdma_cm_state`). Every call checks it and refuses calls out
+/// of order with `EINVAL`; asynchronous steps that fail roll it back so the step can be
+/// retried.
+///
+/// ```text
+///            bind_addr                 resolve_addr              resolve_route
+///   IDLE ─────────────▶ ADDR_BOUND ──────────────▶ ADDR_QUERY ──▶ ADDR_RESOLVED ──────▶ ROUTE_QUERY
+///    │  (resolve_addr binds implicitly)    ▲  ADDR_ERROR │                                   │
+///    │                                     └─────────────┘                 ROUTE_RESOLVED ◀──┘
+///    │ listen (binds 0.0.0.0)                                                    │ connect
+///    ▼                                                                           ▼
+///  LISTEN ── REQ ──▶ new id in CONNECT ── accept ──▶ (RTU) ESTABLISHED ◀── CONNECT (REQ sent)
+///                                                         │ DISCONNECTED
+///                                                         ▼
+///                                                     DISCONNECT ── TIMEWAIT_EXIT
+///  any ── device gone ──▶ DEVICE_REMOVAL;  drop ──▶ DESTROYING
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdState {
+    /// Created, nothing bound.
+    Idle,
+    /// Address resolution running.
+    AddrQuery,
+    /// Address resolved: device, source, destination known.
+    AddrResolved,
+    /// Route resolution running.
+    RouteQuery,
+    /// Route resolved: ready to connect.
+    RouteResolved,
+    /// Connecting or connected (also a passive id from its request on).
+    Connect,
+    /// Disconnected.
+    Disconnect,
+    /// Bound to an address.
+    AddrBound,
+    /// Listening.
+    Listen,
+    /// Its device went away.
+    DeviceRemoval,
+    /// Being destroyed.
+    Destroying,
+}
+
+impl IdState {
+    /// The kernel's name (`RDMA_CM_IDLE` ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            IdState::Idle => "RDMA_CM_IDLE",
+            IdState::AddrQuery => "RDMA_CM_ADDR_QUERY",
+            IdState::AddrResolved => "RDMA_CM_ADDR_RESOLVED",
+            IdState::RouteQuery => "RDMA_CM_ROUTE_QUERY",
+            IdState::RouteResolved => "RDMA_CM_ROUTE_RESOLVED",
+            IdState::Connect => "RDMA_CM_CONNECT",
+            IdState::Disconnect => "RDMA_CM_DISCONNECT",
+            IdState::AddrBound => "RDMA_CM_ADDR_BOUND",
+            IdState::Listen => "RDMA_CM_LISTEN",
+            IdState::DeviceRemoval => "RDMA_CM_DEVICE_REMOVAL",
+            IdState::Destroying => "RDMA_CM_DESTROYING",
+        }
+    }
+}
+
+impl fmt::Display for IdState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The QP type an id's port space implies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpKind {
+    /// Reliable connected (TCP and IB port spaces).
+    Rc,
+    /// Unreliable datagram (UDP port space: SIDR).
+    Ud,
+}
+
+/// rdma_cm's port space as the IP CM service id encodes it.
+pub(crate) fn wire_ps(ps: PortSpace) -> rdma_wire::ip_cm::PortSpace {
+    match ps {
+        PortSpace::Tcp => rdma_wire::ip_cm::PortSpace::Tcp,
+        PortSpace::Udp => rdma_wire::ip_cm::PortSpace::Udp,
+        PortSpace::Ib => rdma_wire::ip_cm::PortSpace::Ib,
+        PortSpace::IpoIb => rdma_wire::ip_cm::PortSpace::IpoIb,
+    }
+}

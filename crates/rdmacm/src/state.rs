@@ -1,0 +1,41 @@
+//! Everything behind the context's lock: ids, devices, channels, port tables.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::devices::DevEntry;
+use crate::fd::EventFd;
+use crate::params::PendingEvent;
+use crate::ports::PortTables;
+use crate::resolve::ResolvedAddr;
+use crate::slot::{IdNum, IdSlot};
+
+/// A channel's queue.
+pub(crate) struct ChanState {
+    pub queue: VecDeque<PendingEvent>,
+    pub efd: Arc<EventFd>,
+}
+
+/// Everything behind the context's lock.
+pub(crate) struct State {
+    pub ids: HashMap<IdNum, IdSlot>,
+    pub next_id: IdNum,
+    pub devices: HashMap<u32, DevEntry>,
+    pub channels: HashMap<u64, ChanState>,
+    pub next_channel: u64,
+    pub ports: PortTables,
+    pub seed: u64,
+    /// CM response timeout (IBA time code) put in our REQs (rdma_cm: 20).
+    pub cm_response_timeout: u8,
+    /// REQ / SIDR_REQ retries (rdma_cm: 15).
+    pub max_cm_retries: u8,
+    /// Requests the passive side refused, by cause.
+    pub rejects: std::collections::BTreeMap<crate::error::RejectCause, u64>,
+}
+
+/// A request to the watcher task.
+#[derive(Debug)]
+pub(crate) enum WatchCmd {
+    Watch(IdNum, Box<ResolvedAddr>),
+    Unwatch(IdNum),
+}
