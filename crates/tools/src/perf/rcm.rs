@@ -490,9 +490,21 @@ fn connect_tests(cma: &Cma, s: &Settled, dst: SocketAddr, hook: Hook<'_>) -> Res
             EventType::Rejected if tries[i] < TRIES => {
                 drop(ev);
                 tries[i] += 1;
-                qps[i] = None;
+                // The CM moved the refused QP to error (as rdma_cm does): its posted
+                // receives were flushed into the shared CQ. They go with the QP, or the
+                // test would take them for its own (WrFlushErr on the first poll).
+                let old = qps[i].take().map(|q| q.qpn());
                 std::thread::sleep(Duration::from_millis(100));
                 ids[i] = fresh()?;
+                if let (Some(qpn), Some(vb)) = (old, v.as_ref()) {
+                    while let Some(c) = vb.cq.poll_one() {
+                        if c.qp_num != qpn {
+                            return Err(format!(
+                                "connect test QPs: a completion before any data: {c:?}"
+                            ));
+                        }
+                    }
+                }
             }
             _ => return Err(format!("connect test QPs: {}", describe(&ev))),
         }
