@@ -4,7 +4,8 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use rdma_proto::cm::{CmEvent, ConnHandle, PeerAddr, ReqParams, SidrReqParams};
+use rdma_proto::cm::{CmEvent, CmPath, ConnHandle, ReqParams, SidrReqParams};
+use rdma_proto::verbs::{PathAttr, RtrParams, RtsParams};
 use rdma_soft::verbs::{Mtu, QpAttr, QpAttrMask, QpState};
 use rdma_wire::cm::SidrStatus;
 use rdma_wire::ip_cm::{req_private_data, sidr_req_private_data, IpCmHeaderRepr, ServiceId};
@@ -68,7 +69,9 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
     if !st.devices.contains_key(&dev) {
         return Err(Error::NoDevice(format!("device {dev}")));
     }
-    let peer_addr = PeerAddr::new(gid_of(peer.ip()), rdma_proto::cm::ROCE_UDP_PORT, dev);
+    // The connection's MADs leave from our address on this device with the path's TOS.
+    let cm_path = CmPath::new(gid_of(local.ip()), gid_of(peer.ip()), dev)
+        .with_traffic_class(path.traffic_class);
     let now = inner.now();
     let (rto, retries) = (st.cm_response_timeout, st.max_cm_retries);
     let d = st
@@ -78,7 +81,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
     let conn = if ps_ud {
         let pd = sidr_req_private_data(&hdr, &param.private_data)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let mut p = SidrReqParams::new(sid, peer_addr);
+        let mut p = SidrReqParams::new(sid, cm_path);
         p.timeout = IbaTime::from_bits_truncate(rto);
         p.max_retries = retries;
         p.private_data = pd.to_vec();
@@ -87,7 +90,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         let pd = req_private_data(&hdr, &param.private_data)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let rq_psn = d.agent.random_psn();
-        let mut p = ReqParams::new(sid, peer_addr, qpn, rq_psn);
+        let mut p = ReqParams::new(sid, cm_path, qpn, rq_psn);
         p.path.local_gid = Ipv6Addr::from(path.sgid.0);
         p.path.remote_gid = Ipv6Addr::from(path.dgid.0);
         p.path.flow_label = path.flow_label;
@@ -115,10 +118,6 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         s.rq_psn = rq_psn;
         c
     };
-    if let Some(cid) = d.agent.local_comm_id(conn) {
-        let w = d.wire_addr(local.ip());
-        d.comm_local.insert(cid, w);
-    }
     d.conns.insert(conn, id.num);
     s.conn = Some(conn);
     s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
@@ -179,73 +178,53 @@ pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
 
 /// `rdma_init_qp_attr` for an RC QP.
 pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, QpAttrMask)> {
-    use QpAttrMask as M;
-    let mut a = QpAttr {
-        qp_state: to,
-        port_num: 1,
-        qp_access_flags: rdma_soft::verbs::AccessFlags::LOCAL_WRITE
-            | rdma_soft::verbs::AccessFlags::REMOTE_WRITE
-            | rdma_soft::verbs::AccessFlags::REMOTE_READ
-            | rdma_soft::verbs::AccessFlags::REMOTE_ATOMIC,
-        ..QpAttr::default()
-    };
-    match to {
-        QpState::Init => Ok((a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)),
-        QpState::Rtr | QpState::Rts => {
-            let (Some(path), Some(remote), Some(dev)) = (&s.path, s.remote, s.dev) else {
-                return Err(state_err("init_qp_attr", s.state));
-            };
-            let d = st.devices.get(&dev).ok_or(Error::Shutdown)?;
-            let local_ip = s.local.map(|l| l.ip()).ok_or(Error::Shutdown)?;
-            a.path.dgid = path.dgid.0;
-            a.path.sgid_index = d.sgid_index(local_ip).ok_or_else(|| {
-                Error::AddressNotAvailable(format!("{local_ip} not in GID table"))
-            })?;
-            a.path.hop_limit = path.hop_limit;
-            a.path.traffic_class = path.traffic_class;
-            a.path.flow_label = path.flow_label;
-            let port_mtu = d
-                .dev
-                .query_port(1)
-                .map(|p| p.active_mtu.bytes())
-                .unwrap_or(1024);
-            a.path_mtu = Mtu::from_bytes(path.mtu.bytes().min(port_mtu)).unwrap_or(Mtu::Mtu1024);
-            a.dest_qp_num = remote.qpn;
-            a.rq_psn = s.rq_psn;
-            a.max_dest_rd_atomic = remote.initiator_depth.max(1);
-            a.min_rnr_timer = 12;
-            if to == QpState::Rtr {
-                return Ok((
-                    a,
-                    M::STATE
-                        | M::AV
-                        | M::PATH_MTU
-                        | M::DEST_QPN
-                        | M::RQ_PSN
-                        | M::MAX_DEST_RD_ATOMIC
-                        | M::MIN_RNR_TIMER,
-                ));
-            }
-            a.timeout = s
-                .opts
-                .ack_timeout
-                .unwrap_or(path.packet_lifetime.saturating_add(1).min(31));
-            a.retry_cnt = remote.retry.min(7);
-            a.rnr_retry = remote.rnr_retry.min(7);
-            a.sq_psn = remote.psn;
-            a.max_rd_atomic = remote.responder_resources.max(1);
-            Ok((
-                a,
-                M::STATE
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::SQ_PSN
-                    | M::MAX_QP_RD_ATOMIC,
-            ))
-        }
-        _ => Err(Error::InvalidArgument(format!("init_qp_attr to {to:?}"))),
+    let (init, m) = QpAttr::init(QpAttr::RC_ACCESS);
+    if to == QpState::Init {
+        return Ok((init, m));
     }
+    if !matches!(to, QpState::Rtr | QpState::Rts) {
+        return Err(Error::InvalidArgument(format!("init_qp_attr to {to:?}")));
+    }
+    let (Some(path), Some(remote), Some(dev)) = (&s.path, s.remote, s.dev) else {
+        return Err(state_err("init_qp_attr", s.state));
+    };
+    let d = st.devices.get(&dev).ok_or(Error::Shutdown)?;
+    let local_ip = s.local.map(|l| l.ip()).ok_or(Error::Shutdown)?;
+    let sgid_index = d
+        .sgid_index(local_ip)
+        .ok_or_else(|| Error::AddressNotAvailable(format!("{local_ip} not in GID table")))?;
+    let port_mtu = d
+        .dev
+        .query_port(1)
+        .map(|p| p.active_mtu.bytes())
+        .unwrap_or(1024);
+    let (rtr, m) = init.rtr(&RtrParams {
+        path: PathAttr {
+            dgid: path.dgid.0,
+            sgid_index,
+            hop_limit: path.hop_limit,
+            traffic_class: path.traffic_class,
+            flow_label: path.flow_label,
+        },
+        path_mtu: Mtu::from_bytes(path.mtu.bytes().min(port_mtu)).unwrap_or(Mtu::Mtu1024),
+        dest_qp_num: remote.qpn,
+        rq_psn: s.rq_psn,
+        max_dest_rd_atomic: remote.initiator_depth.max(1),
+        min_rnr_timer: 12,
+    });
+    if to == QpState::Rtr {
+        return Ok((rtr, m));
+    }
+    Ok(rtr.rts(&RtsParams {
+        timeout: s
+            .opts
+            .ack_timeout
+            .unwrap_or(path.packet_lifetime.saturating_add(1).min(31)),
+        retry_cnt: remote.retry.min(7),
+        rnr_retry: remote.rnr_retry.min(7),
+        sq_psn: remote.psn,
+        max_rd_atomic: remote.responder_resources.max(1),
+    }))
 }
 
 /// Moves the id's own QP to RTR then RTS.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_soft::verbs::{
-    AccessFlags, Device, ProtectionDomain, QpAttr, QpAttrMask, QpInitAttr, QpState, QueuePair,
+    Device, ProtectionDomain, QpAttr, QpAttrMask, QpInitAttr, QpState, QueuePair,
 };
 
 use crate::addr::ScopedIp;
@@ -478,22 +478,8 @@ impl CmId {
             }
         }
         let qp = pd.create_qp(init)?;
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-            port_num: 1,
-            ..QpAttr::default()
-        };
-        qp.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )?;
+        let (a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        qp.modify(&a, m)?;
         let qp = Arc::new(qp);
         self.with(|s| s.qp = Some(qp.clone()))?;
         Ok(qp)

@@ -6,8 +6,8 @@ use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::ud::{UdConfig, UdQp};
 use rdma_proto::verbs::{
-    check_modify, AccessFlags, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendFlags,
-    SendWr, SgList, Sge, MAX_SGE,
+    check_modify, AccessFlags, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
+    RtrParams, RtsParams, SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
 use super::cq::CompletionQueue;
@@ -398,45 +398,29 @@ impl QueuePair {
     /// loss but failed transfers on a loaded 2-core machine), 7 retries, infinite RNR
     /// retries, RNR timer 12 (0.64 ms).
     pub fn connect(&self, dest_qpn: u32, rq_psn: u32, sq_psn: u32, dgid: [u8; 16]) -> Result<()> {
-        use QpAttrMask as M;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-            port_num: 1,
-            ..QpAttr::default()
-        };
-        self.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
-        a.qp_state = QpState::Rtr;
-        a.path.dgid = dgid;
-        a.path.hop_limit = 64;
-        a.path_mtu = self.dev.port().active_mtu;
-        a.dest_qp_num = dest_qpn;
-        a.rq_psn = rq_psn;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 12;
-        self.modify(
-            &a,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )?;
-        a.qp_state = QpState::Rts;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.sq_psn = sq_psn;
-        a.max_rd_atomic = 16;
-        self.modify(
-            &a,
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-        )
+        let (a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        self.modify(&a, m)?;
+        let (a, m) = a.rtr(&RtrParams {
+            path: PathAttr {
+                dgid,
+                hop_limit: 64,
+                ..PathAttr::default()
+            },
+            path_mtu: self.dev.port().active_mtu,
+            dest_qp_num: dest_qpn,
+            rq_psn,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+        });
+        self.modify(&a, m)?;
+        let (a, m) = a.rts(&RtsParams {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn,
+            max_rd_atomic: 16,
+        });
+        self.modify(&a, m)
     }
 
     /// `ibv_query_qp`: the current attributes (state, PSNs, path, limits).
