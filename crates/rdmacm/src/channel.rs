@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use crate::cma::Cma;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::fd::EventFd;
 use crate::inner::Inner;
 use crate::params::EventType;
 use crate::state::ChanState;
+use rdma_soft::fd::EventFd;
 
 /// `struct rdma_event_channel`: the queue of events of the ids created on it.
 ///
@@ -109,7 +109,7 @@ impl EventChannel {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
-            crate::fd::poll_readable(&[self.efd.raw()], deadline);
+            let _ = rdma_soft::fd::wait_readable(&[self.efd.raw()], deadline);
         }
     }
 

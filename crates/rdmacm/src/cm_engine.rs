@@ -5,12 +5,12 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdma_proto::cm::{CmEvent, ConnHandle, PeerAddr};
+use rdma_proto::cm::{CmEvent, CmPath, ConnHandle};
 use rdma_soft::engine::{Run, Source};
-use rdma_soft::io::WireAddr;
 
-use crate::addr::{classify, AddrClass};
+use crate::addr::Gid;
 use crate::bridge::run_on;
+use crate::devices::gid_of;
 use crate::inner::{CmSource, Inner};
 use crate::slot::{IdNum, IdState};
 use crate::state::State;
@@ -70,10 +70,13 @@ impl Inner {
                     Ok(Some(m)) => m,
                     _ => break,
                 };
-                let gid = Ipv6Addr::from(m.remote.gid());
-                d.arrival_local.insert(gid, m.local);
-                let peer = PeerAddr::new(gid, rdma_proto::cm::ROCE_UDP_PORT, m.ifindex);
-                d.agent.handle_mad(now, peer, &m.mad);
+                // The arrival path: answers to this MAD go back along it.
+                let path = CmPath::new(
+                    Ipv6Addr::from(m.local.gid()),
+                    Ipv6Addr::from(m.remote.gid()),
+                    m.ifindex,
+                );
+                d.agent.handle_mad(now, path, &m.mad);
                 self.drain_agent(&mut st, i);
             }
             // Timers.
@@ -194,48 +197,18 @@ impl Inner {
             let Some(d) = st.devices.get_mut(&i) else {
                 return;
             };
-            let ids = &st.ids;
             let mut did = false;
-            while let Some((peer, mad)) = d.agent.poll_transmit() {
+            while let Some(t) = d.agent.poll_transmit() {
                 did = true;
-                let comm = u32::from_be_bytes([mad[24], mad[25], mad[26], mad[27]]);
-                let local = d
-                    .comm_local
-                    .get(&comm)
-                    .or_else(|| d.arrival_local.get(&peer.gid))
-                    .copied();
-                if let Some(local) = local {
-                    let remote = WireAddr::new(
-                        crate::addr::Gid(peer.gid.octets()).to_ip(),
-                        if local.scope_id() != 0
-                            && classify(&crate::addr::Gid(peer.gid.octets()).to_ip())
-                                == AddrClass::LinkLocal
-                        {
-                            local.scope_id()
-                        } else {
-                            0
-                        },
-                    );
-                    // As Linux's CM: a connection's MADs carry its path's traffic class.
-                    let tos = d
-                        .agent
-                        .conn_by_local_comm_id(comm)
-                        .and_then(|c| d.conns.get(&c))
-                        .and_then(|n| ids.get(n))
-                        .and_then(|s| s.path.as_ref())
-                        .map(|p| p.traffic_class);
-                    let tclass = match tos {
-                        Some(t) => {
-                            d.comm_tos.insert(comm, t);
-                            t
-                        }
-                        None => d.comm_tos.get(&comm).copied().unwrap_or(0),
-                    };
-                    // A send error (e.g. the address went away) is a lost MAD: the CM's
-                    // retries and timeouts handle it.
-                    let meta = rdma_soft::io::TxMeta { tclass };
-                    let _ = d.dev.gsi_send_with(&local, &remote, meta, &mad);
-                }
+                // The path names both ends; the tag is the netdev (the scope of link-local
+                // addresses). A send error (e.g. the address went away) is a lost MAD: the
+                // CM's retries and timeouts handle it.
+                let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
+                let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
+                let meta = rdma_soft::io::TxMeta {
+                    tclass: t.path.traffic_class,
+                };
+                let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
             }
             let ev = d.agent.poll_event();
             match ev {
@@ -258,8 +231,8 @@ impl Inner {
 /// Lets a destroyed id's connection linger in its agent (timewait) and forgets it.
 pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) {
     if let Some(d) = st.devices.get_mut(&dev) {
-        // The local address stays known (`comm_local`) until the caller has drained what
-        // the agent sends for the destroy.
+        // The connection keeps its path in the agent: what it sends for the destroy (a
+        // DREQ, a REJ) leaves on it after the id is gone.
         let _ = d.agent.destroy(now, conn);
         d.conns.remove(&conn);
     }
@@ -371,23 +344,8 @@ pub(crate) fn destroy(inner: &Arc<Inner>, num: IdNum) {
     }
     if let (Some(i), Some(c)) = (s.dev, s.conn) {
         let now = inner.now();
-        let cid = st.devices.get(&i).and_then(|d| d.agent.local_comm_id(c));
         forget_conn(&mut st, now, i, c);
         inner.drain_agent(&mut st, i);
-        // `comm_local` holds the comm ids of the device's live connections (entries are
-        // added with `conns` and leave here): only the destroyed one's can have gone stale.
-        // Kept if another live connection of ours now holds the id. O(1), where a scan of
-        // every connection (and a set of their ids) used to run per destroy.
-        if let (Some(d), Some(cid)) = (st.devices.get_mut(&i), cid) {
-            let held = d
-                .agent
-                .conn_by_local_comm_id(cid)
-                .is_some_and(|h| d.conns.contains_key(&h));
-            if !held {
-                d.comm_local.remove(&cid);
-                d.comm_tos.remove(&cid);
-            }
-        }
     }
     // The QP goes with the id: the soft device allocates QP numbers cyclically, so its
     // number does not come back while the peer may still be in timewait for it.

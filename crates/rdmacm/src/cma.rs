@@ -13,12 +13,12 @@ use crate::bridge::run_on;
 use crate::cm_engine::start_watcher;
 use crate::config::CmaConfig;
 use crate::error::{Error, Result};
-use crate::fd::EventFd;
 use crate::inner::CmSource;
 use crate::inner::Inner;
 use crate::ports::PortTables;
 use crate::resolve::Resolver;
 use crate::state::State;
+use rdma_soft::fd::EventFd;
 
 /// The connection-manager context: owns the software devices (one per netdev, created on
 /// first use), their IB CM agents, the port tables, the resolver and watcher, every id and

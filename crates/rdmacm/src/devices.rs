@@ -2,7 +2,7 @@
 //! agent, GSI addresses and connection bookkeeping.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 use rdma_proto::cm::{CmAgent, ConnHandle};
 use rdma_soft::io::WireAddr;
@@ -24,13 +24,6 @@ pub(crate) struct DevEntry {
     pub conns: HashMap<ConnHandle, IdNum>,
     /// Service id → listeners registered on this device.
     pub listeners: HashMap<u64, Vec<IdNum>>,
-    /// Our local comm id → the local address its MADs leave from.
-    pub comm_local: HashMap<u32, WireAddr>,
-    /// Our local comm id → the traffic class (the id's TOS) its MADs leave with, kept for
-    /// the MADs sent after the id is gone (DREQ of a destroy); leaves with `comm_local`.
-    pub comm_tos: HashMap<u32, u8>,
-    /// Peer GID → local address its last MAD arrived on (answers to unknown connections).
-    pub arrival_local: HashMap<Ipv6Addr, WireAddr>,
 }
 
 impl DevEntry {

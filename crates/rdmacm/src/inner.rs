@@ -3,12 +3,12 @@
 
 use crate::bridge::run_on;
 use crate::config::CmaConfig;
-use crate::fd::EventFd;
 use crate::resolve::{ResolvedAddr, Resolver};
 use crate::slot::IdNum;
 use crate::state::{State, WatchCmd};
 use crate::watch::Notification;
 use rdma_soft::engine::Registration;
+use rdma_soft::fd::EventFd;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};

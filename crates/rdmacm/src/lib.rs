@@ -141,7 +141,6 @@ mod connect;
 mod devices;
 mod error;
 mod event;
-mod fd;
 mod id;
 mod inner;
 mod listen;

@@ -142,8 +142,8 @@ fn child(
 
 pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceived) {
     let conn = r.conn;
-    let arrival = r.peer.ifindex;
-    let from = Some(crate::addr::Gid(r.peer.gid.octets()).to_ip());
+    let arrival = r.path.tag;
+    let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.req.private_data) else {
         refuse(inner, st, dev, conn, RejectCause::BadIpCmHeader, from);
         return;
@@ -174,10 +174,6 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
     }
     if let Some(d) = st.devices.get_mut(&dev) {
         d.conns.insert(conn, num);
-        if let Some(cid) = d.agent.local_comm_id(conn) {
-            let w = d.wire_addr(hdr.dst);
-            d.comm_local.insert(cid, w);
-        }
     }
     if let Some(ls) = st.ids.get_mut(&l).and_then(|s| s.listen.as_mut()) {
         ls.queued += 1;
@@ -217,26 +213,25 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
         }
     };
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.private_data) else {
-        let from = Some(crate::addr::Gid(r.peer.gid.octets()).to_ip());
+        let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
         refuse(st, RejectCause::BadIpCmHeader, from);
         return;
     };
-    let (num, l) = match child(inner, st, dev, r.listener, r.peer.ifindex, &hdr, None) {
+    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, &hdr, None) {
         Ok(x) => x,
         Err(cause) => {
             refuse(st, cause, Some(hdr.src));
             return;
         }
     };
-    if let Some(s) = st.ids.get_mut(&num) {
+    let tos = st.ids.get_mut(&num).map(|s| {
         s.conn = Some(conn);
-    }
+        s.path.as_ref().map_or(0, |p| p.traffic_class)
+    });
     if let Some(d) = st.devices.get_mut(&dev) {
         d.conns.insert(conn, num);
-        if let Some(cid) = d.agent.local_comm_id(conn) {
-            let w = d.wire_addr(hdr.dst);
-            d.comm_local.insert(cid, w);
-        }
+        // The SIDR_REP leaves with the id's TOS (the listener's).
+        let _ = d.agent.set_traffic_class(conn, tos.unwrap_or(0));
     }
     if let Some(ls) = st.ids.get_mut(&l).and_then(|s| s.listen.as_mut()) {
         ls.queued += 1;

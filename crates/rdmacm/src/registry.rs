@@ -89,9 +89,6 @@ impl Inner {
                 open: HashSet::new(),
                 conns: HashMap::new(),
                 listeners: HashMap::new(),
-                comm_local: HashMap::new(),
-                comm_tos: HashMap::new(),
-                arrival_local: HashMap::new(),
             },
         );
         let gsi_fd = st.devices.get(&index).map(|d| d.dev.gsi_wait_fds().event);

@@ -4,11 +4,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::devices::DevEntry;
-use crate::fd::EventFd;
 use crate::params::PendingEvent;
 use crate::ports::PortTables;
 use crate::resolve::ResolvedAddr;
 use crate::slot::{IdNum, IdSlot};
+use rdma_soft::fd::EventFd;
 
 /// A channel's queue.
 pub(crate) struct ChanState {

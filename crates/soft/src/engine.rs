@@ -110,7 +110,7 @@ struct Table {
 /// The process's engine (see the module docs).
 pub struct Engine {
     epoll: OwnedFd,
-    doorbell: OwnedFd,
+    doorbell: crate::fd::EventFd,
     table: Mutex<Table>,
     epoch: Instant,
     /// What the engine thread sleeps towards (nanos since `epoch`; NEVER: no deadline).
@@ -146,13 +146,8 @@ fn start() -> std::result::Result<&'static Engine, i32> {
     }
     // SAFETY: fresh descriptor.
     let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
-    // SAFETY: as above.
-    let db = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if db < 0 {
-        return Err(last());
-    }
-    // SAFETY: fresh descriptor.
-    let doorbell = unsafe { OwnedFd::from_raw_fd(db) };
+    let doorbell = crate::fd::EventFd::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let db = doorbell.raw();
     let mut ev = libc::epoll_event {
         events: libc::EPOLLIN as u32,
         u64: DOORBELL,
@@ -229,9 +224,7 @@ impl Engine {
     }
 
     fn ring(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd (EAGAIN: already rung).
-        unsafe { libc::write(self.doorbell.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.doorbell.signal();
     }
 
     /// Engine-thread wake-ups so far (fd events, deadlines and doorbells).
@@ -294,11 +287,7 @@ impl Engine {
                 for ev in events.iter().take(n.max(0) as usize) {
                     let token = ev.u64;
                     if token == DOORBELL {
-                        let mut v: u64 = 0;
-                        // SAFETY: reads 8 bytes into a live u64 (EAGAIN when drained).
-                        unsafe {
-                            libc::read(self.doorbell.as_raw_fd(), (&mut v as *mut u64).cast(), 8)
-                        };
+                        self.doorbell.clear();
                         continue;
                     }
                     let (id, fd) = (token >> 32, token as u32 as RawFd);
@@ -521,7 +510,7 @@ mod tests {
 
     struct Counter {
         runs: AtomicUsize,
-        efd: OwnedFd,
+        efd: crate::fd::EventFd,
         defer_until: Mutex<Option<Instant>>,
     }
 
@@ -533,29 +522,21 @@ mod tests {
                     return Run::Deferred(t);
                 }
             }
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a live u64.
-            unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            self.efd.clear();
             Run::Idle
         }
     }
 
     fn counter() -> Arc<Counter> {
-        // SAFETY: plain eventfd.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(fd >= 0);
         Arc::new(Counter {
             runs: AtomicUsize::new(0),
-            // SAFETY: fresh descriptor.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            efd: crate::fd::EventFd::new().unwrap(),
             defer_until: Mutex::new(None),
         })
     }
 
     fn poke(c: &Counter) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a live u64.
-        unsafe { libc::write(c.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        c.efd.signal();
     }
 
     fn wait_runs(c: &Counter, n: usize) -> bool {
@@ -574,7 +555,7 @@ mod tests {
         let c = counter();
         let w: Weak<dyn Source> = Arc::downgrade(&c) as Weak<dyn Source>;
         let reg = register(w).unwrap();
-        reg.add_fd(c.efd.as_raw_fd()).unwrap();
+        reg.add_fd(c.efd.raw()).unwrap();
         poke(&c);
         assert!(wait_runs(&c, 1), "an fd event runs it");
         let before = c.runs.load(Ordering::SeqCst);
@@ -597,7 +578,7 @@ mod tests {
         *c.defer_until.lock().unwrap() = Some(Instant::now() + Duration::from_millis(100));
         let w: Weak<dyn Source> = Arc::downgrade(&c) as Weak<dyn Source>;
         let reg = register(w).unwrap();
-        reg.add_fd(c.efd.as_raw_fd()).unwrap();
+        reg.add_fd(c.efd.raw()).unwrap();
         poke(&c); // stays readable while deferred
         assert!(wait_runs(&c, 1));
         std::thread::sleep(Duration::from_millis(50));

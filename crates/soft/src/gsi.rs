@@ -55,7 +55,7 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 use rdma_proto::packet::{Deth, Opcode, Packet, PacketHeader};
@@ -161,20 +161,18 @@ pub(crate) struct Gsi {
     queue: VecDeque<GsiMad>,
     limits: GsiLimits,
     psn: u32,
-    event: OwnedFd,
+    event: crate::fd::EventFd,
     signaled: bool,
     stats: GsiStats,
 }
 
 impl Gsi {
     pub fn new() -> Result<Gsi> {
-        // SAFETY: plain eventfd; checked below.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(Error::last_os("eventfd", None));
-        }
-        // SAFETY: fresh descriptor owned here.
-        let event = unsafe { OwnedFd::from_raw_fd(raw) };
+        let event = crate::fd::EventFd::new().map_err(|source| Error::Os {
+            op: "eventfd",
+            addr: None,
+            source,
+        })?;
         let limits = GsiLimits::default();
         Ok(Gsi {
             opens: Vec::new(),
@@ -188,7 +186,7 @@ impl Gsi {
     }
 
     pub fn event_fd(&self) -> RawFd {
-        self.event.as_raw_fd()
+        self.event.raw()
     }
 
     pub fn stats(&self) -> GsiStats {
@@ -291,10 +289,7 @@ impl Gsi {
         s.received += 1;
         if !self.signaled {
             self.signaled = true;
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writes 8 bytes from a live buffer to our eventfd. It can only fail
-            // when the counter would overflow, which one pending wake-up never reaches.
-            unsafe { libc::write(self.event.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+            self.event.signal();
         }
     }
 
@@ -303,10 +298,7 @@ impl Gsi {
         let m = self.queue.pop_front();
         if self.queue.is_empty() && self.signaled {
             self.signaled = false;
-            let mut buf = [0u8; 8];
-            // SAFETY: reads 8 bytes into a live buffer from our non-blocking eventfd; EAGAIN
-            // (already reset) is fine.
-            unsafe { libc::read(self.event.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            self.event.clear();
         }
         m
     }

@@ -21,6 +21,7 @@
 
 pub mod engine;
 mod error;
+pub mod fd;
 pub mod gsi;
 pub mod io;
 mod progress;

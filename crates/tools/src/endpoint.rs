@@ -111,30 +111,12 @@ impl Endpoint {
             if let Some(c) = self.cq.poll_queued_one() {
                 return Ok(Some(Step::Wc(c)));
             }
-            let ms = match deadline {
-                Some(d) => {
-                    let now = Instant::now();
-                    if d <= now {
-                        return Ok(None);
-                    }
-                    (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-                }
-                None => -1,
-            };
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.channel.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: cm.fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two live pollfds. EINTR is a wake-up like any other.
-            unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if deadline.is_some_and(|d| d <= Instant::now()) {
+                return Ok(None);
+            }
+            // EINTR is a wake-up like any other; a poll error is retried at the top.
+            let fds = [self.channel.as_raw_fd(), cm.fd()];
+            let _ = rdma_soft::fd::wait_readable(&fds, deadline);
             // consume the CQ event (the CQ is polled at the top of the loop)
             self.channel
                 .get_event()

@@ -13,7 +13,7 @@
 //! completions without a thread hop, and the engine leaves the device to it meanwhile.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -214,7 +214,7 @@ impl CompletionQueue {
 }
 
 struct ChannelShared {
-    efd: OwnedFd,
+    efd: crate::fd::EventFd,
     pending: Mutex<VecDeque<Weak<CqShared>>>,
 }
 
@@ -243,15 +243,14 @@ impl std::fmt::Debug for CompletionChannel {
 
 impl CompletionChannel {
     pub(crate) fn new() -> Result<CompletionChannel> {
-        // SAFETY: plain eventfd(2); checked below.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(Error::last_os("eventfd", None));
-        }
+        let efd = crate::fd::EventFd::new().map_err(|source| Error::Os {
+            op: "eventfd",
+            addr: None,
+            source,
+        })?;
         Ok(CompletionChannel {
             inner: Arc::new(ChannelShared {
-                // SAFETY: fresh descriptor owned here.
-                efd: unsafe { OwnedFd::from_raw_fd(raw) },
+                efd,
                 pending: Mutex::new(VecDeque::new()),
             }),
         })
@@ -266,10 +265,7 @@ impl CompletionChannel {
     fn signal(&self, cq: Weak<CqShared>) {
         let mut q = self.lock();
         q.push_back(cq);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64. A full counter (never in practice) only
-        // means the fd is already readable.
-        unsafe { libc::write(self.inner.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.inner.efd.signal();
     }
 
     /// The next CQ event without blocking (`ibv_get_cq_event` on a non-blocking channel).
@@ -277,9 +273,7 @@ impl CompletionChannel {
         let mut q = self.lock();
         while let Some(weak) = q.pop_front() {
             if q.is_empty() {
-                let mut v: u64 = 0;
-                // SAFETY: reads 8 bytes into a live u64; EAGAIN when already drained.
-                unsafe { libc::read(self.inner.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                self.inner.efd.clear();
             }
             if let Some(inner) = weak.upgrade() {
                 return Ok(Some(CompletionQueue { inner }));

@@ -1,0 +1,96 @@
+//! The one eventfd wrapper and the one `poll(2)` helper of the workspace: the engine's
+//! doorbell, the GSI queue, completion channels and the CM's channels all use them.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Instant;
+
+/// A non-blocking eventfd used as a level-triggered "something is ready" flag.
+///
+/// ```
+/// use rdma_soft::fd::{wait_readable, EventFd};
+/// let e = EventFd::new()?;
+/// assert!(!wait_readable(&[e.raw()], Some(std::time::Instant::now()))?);
+/// e.signal();
+/// assert!(wait_readable(&[e.raw()], None)?);
+/// e.clear();
+/// assert!(!wait_readable(&[e.raw()], Some(std::time::Instant::now()))?);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A fresh, clear eventfd (non-blocking, close-on-exec).
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a valid fd is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just created and is owned by nobody else.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes the fd readable.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64. EAGAIN (counter full) leaves it readable.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Makes the fd not readable.
+    pub fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64; EAGAIN when already clear.
+        unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// The raw fd (for epoll / poll sets).
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Blocks in `poll(2)` until one of `fds` (any number) is readable or `until` passes
+/// (`None`: forever). True when an fd was readable; EINTR is a wake-up with nothing ready.
+/// A deadline is rounded up to the next millisecond, so a wait never ends just before it.
+pub fn wait_readable(fds: &[RawFd], until: Option<Instant>) -> io::Result<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = match until {
+        None => -1,
+        Some(t) => {
+            let left = t.saturating_duration_since(Instant::now());
+            left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+        }
+    };
+    // SAFETY: `pfds` is a valid array of pollfd of the given length for the call.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(rc > 0)
+}
