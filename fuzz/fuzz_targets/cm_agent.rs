@@ -32,7 +32,7 @@ use std::collections::BTreeSet;
 
 use libfuzzer_sys::fuzz_target;
 use rdma_proto::cm::{
-    AgentConfig, CmAgent, CmEvent, CmState, ConnHandle, PeerAddr, RepParams, ReqParams,
+    AgentConfig, CmAgent, CmEvent, CmPath, CmState, CmTransmit, ConnHandle, RepParams, ReqParams,
     SidrRepParams, SidrReqParams,
 };
 use rdma_wire::cm::{CmMadRepr, RejectReason};
@@ -57,15 +57,15 @@ const PEER_SID: u64 = TCP | 7001;
 /// Most timer rounds after everything is destroyed before the agent counts as never idle.
 const MAX_ROUNDS: usize = 10_000;
 
-fn addr(s: &str) -> PeerAddr {
-    PeerAddr::new(s.parse().unwrap(), 4791, 1)
+fn addr(s: &str) -> CmPath {
+    CmPath::new(std::net::Ipv6Addr::UNSPECIFIED, s.parse().unwrap(), 1)
 }
 
 struct Fx {
     agent: CmAgent,
-    me: PeerAddr,
-    peer: PeerAddr,
-    stranger: PeerAddr,
+    me: CmPath,
+    peer: CmPath,
+    stranger: CmPath,
     now: u64,
     /// Every connection handle the agent has shown, in order.
     conns: Vec<ConnHandle>,
@@ -76,9 +76,9 @@ struct Fx {
 }
 
 /// Moves every MAD `from` sends to `to` (as coming from `src`).
-fn deliver(from: &mut CmAgent, to: &mut CmAgent, src: PeerAddr, now: u64) -> usize {
+fn deliver(from: &mut CmAgent, to: &mut CmAgent, src: CmPath, now: u64) -> usize {
     let mut n = 0;
-    while let Some((_, mad)) = from.poll_transmit() {
+    while let Some(CmTransmit { mad, .. }) = from.poll_transmit() {
         to.handle_mad(now, src, &mad);
         n += 1;
     }
@@ -124,7 +124,7 @@ impl Fx {
         // each REQ with its own QPN (a QPN already connected makes the REQ stale)
         let req = |h: &mut CmAgent, sid, qpn| {
             let mut p = ReqParams::new(sid, me, qpn, h.random_psn());
-            p.path.local_gid = peer.gid;
+            p.path.local_gid = peer.remote_gid;
             p.private_data = vec![0x5a; 56];
             h.send_req(0, p).unwrap()
         };
@@ -137,7 +137,7 @@ impl Fx {
         let req_rcvd = r.conn;
         // passive: the REQ came twice (with delayed MRA, the duplicate gets the MRA)
         req(&mut h, TCP | 7005, 0x101);
-        let (_, mad) = h.poll_transmit().unwrap();
+        let mad = h.poll_transmit().unwrap().mad;
         a.handle_mad(0, peer, &mad);
         a.handle_mad(0, peer, &mad);
         let CmEvent::ReqReceived(r) = next_event(a) else {
@@ -192,7 +192,7 @@ impl Fx {
         // active: REQ sent, unanswered
         let active_req = |a: &mut CmAgent, qpn| {
             let mut p = ReqParams::new(PEER_SID, peer, qpn, 0x777);
-            p.path.local_gid = me.gid;
+            p.path.local_gid = me.remote_gid;
             a.send_req(0, p).unwrap()
         };
         let req_sent = active_req(a, 0x400);
@@ -258,7 +258,7 @@ impl Fx {
 
     /// Checks what the agent sends and reports.
     fn pump(&mut self) {
-        while let Some((to, mad)) = self.agent.poll_transmit() {
+        while let Some(CmTransmit { path: to, mad }) = self.agent.poll_transmit() {
             assert!(!to.same_node(&self.me), "the agent sends to itself");
             if let Err(e) = CmMadRepr::parse(&mad) {
                 panic!("the agent sent a MAD that does not parse ({e:?}): {mad:02x?}");

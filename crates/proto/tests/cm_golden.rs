@@ -12,7 +12,7 @@ use rdma_wire::mad::MAD_LEN;
 #[derive(Debug, Clone)]
 struct CapturedMad {
     frame: usize,
-    src: PeerAddr,
+    src: CmPath,
     mad: [u8; MAD_LEN],
 }
 
@@ -71,7 +71,7 @@ fn cm_mads(case: &str) -> Vec<CapturedMad> {
         let mad: [u8; MAD_LEN] = payload[20..20 + MAD_LEN].try_into().unwrap();
         out.push(CapturedMad {
             frame,
-            src: PeerAddr::new(src, u16be(l4, 0), 1),
+            src: CmPath::new(std::net::Ipv6Addr::UNSPECIFIED, src, 1),
             mad,
         });
     }
@@ -86,8 +86,8 @@ fn agent(guid: u64) -> CmAgent {
     })
 }
 
-fn sent(a: &mut CmAgent) -> Vec<(PeerAddr, [u8; MAD_LEN])> {
-    std::iter::from_fn(|| a.poll_transmit()).collect()
+fn sent(a: &mut CmAgent) -> Vec<(CmPath, [u8; MAD_LEN])> {
+    std::iter::from_fn(|| a.poll_transmit().map(|t| (t.path, t.mad))).collect()
 }
 
 /// Overwrites the 4-byte local comm id (first field of REJ/MRA, at MAD byte 24).
@@ -150,7 +150,7 @@ fn every_captured_req_reaches_a_listener() {
                 panic!("{case} frame {}: no ReqReceived", m.frame)
             };
             assert_eq!(*ev.req, req);
-            assert_eq!(ev.peer, m.src);
+            assert_eq!(ev.path, m.src);
             assert!(
                 sent(&mut b).is_empty(),
                 "{case}: nothing sent before accept"
@@ -259,7 +259,11 @@ fn destroy_in_req_sent_rejects_like_linux() {
         panic!()
     };
     let mut a = agent(r.local_ca_guid);
-    let peer = PeerAddr::new(r.primary_path.remote_port_gid, 4791, 1);
+    let peer = CmPath::new(
+        std::net::Ipv6Addr::UNSPECIFIED,
+        r.primary_path.remote_port_gid,
+        1,
+    );
     let conn = a
         .send_req(
             0,
@@ -361,5 +365,5 @@ fn captured_conversation_replayed_into_passive_agent() {
 
 /// Sent by vm1 (192.0.2.2), the client of every capture.
 fn from_vm1(m: &CapturedMad) -> bool {
-    m.src.gid.octets()[15] == 2
+    m.src.remote_gid.octets()[15] == 2
 }

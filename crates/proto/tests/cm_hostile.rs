@@ -7,10 +7,10 @@ use rdma_wire::mad::MAD_LEN;
 
 const SID: u64 = 0x0000_0000_0106_1b58;
 
-fn addr(last: u8) -> PeerAddr {
-    PeerAddr::new(
+fn addr(last: u8) -> CmPath {
+    CmPath::new(
+        std::net::Ipv6Addr::UNSPECIFIED,
         std::net::Ipv4Addr::new(10, 0, 0, last).to_ipv6_mapped(),
-        4791,
         1,
     )
 }
@@ -39,20 +39,20 @@ fn mutated_mads_from_a_third_host_change_nothing() {
     b.listen(SID).unwrap();
     let mut corpus: Vec<[u8; MAD_LEN]> = Vec::new();
     let ca = a.send_req(0, ReqParams::new(SID, pb, 0x11, 1)).unwrap();
-    let req = a.poll_transmit().unwrap().1;
+    let req = a.poll_transmit().unwrap().mad;
     corpus.push(req);
     b.handle_mad(0, pa, &req);
     let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
         panic!()
     };
     b.handle_mad(0, pa, &req);
-    corpus.push(b.poll_transmit().unwrap().1); // MRA
+    corpus.push(b.poll_transmit().unwrap().mad); // MRA
     b.send_rep(0, r.conn, RepParams::new(0x22, 2)).unwrap();
-    let rep = b.poll_transmit().unwrap().1;
+    let rep = b.poll_transmit().unwrap().mad;
     corpus.push(rep);
     a.handle_mad(0, pb, &rep);
     a.send_rtu(0, ca).unwrap();
-    let rtu = a.poll_transmit().unwrap().1;
+    let rtu = a.poll_transmit().unwrap().mad;
     corpus.push(rtu);
     b.handle_mad(0, pa, &rtu);
     // A disconnect on a throwaway pair gives DREQ/DREP/REJ shapes with the same ids.
@@ -61,26 +61,26 @@ fn mutated_mads_from_a_third_host_change_nothing() {
         let mut b2 = CmAgent::new(cfg(0xb, 2));
         b2.listen(SID).unwrap();
         let c2 = a2.send_req(0, ReqParams::new(SID, pb, 0x11, 1)).unwrap();
-        b2.handle_mad(0, pa, &a2.poll_transmit().unwrap().1);
+        b2.handle_mad(0, pa, &a2.poll_transmit().unwrap().mad);
         let Some(CmEvent::ReqReceived(r2)) = b2.poll_event() else {
             panic!()
         };
         b2.send_rep(0, r2.conn, RepParams::new(0x22, 2)).unwrap();
-        a2.handle_mad(0, pb, &b2.poll_transmit().unwrap().1);
+        a2.handle_mad(0, pb, &b2.poll_transmit().unwrap().mad);
         a2.send_rtu(0, c2).unwrap();
-        b2.handle_mad(0, pa, &a2.poll_transmit().unwrap().1);
+        b2.handle_mad(0, pa, &a2.poll_transmit().unwrap().mad);
         a2.send_dreq(0, c2, &[]).unwrap();
-        let dreq = a2.poll_transmit().unwrap().1;
+        let dreq = a2.poll_transmit().unwrap().mad;
         b2.handle_mad(0, pa, &dreq);
         b2.send_drep(0, r2.conn, &[]).unwrap();
         corpus.push(dreq);
-        corpus.push(b2.poll_transmit().unwrap().1);
+        corpus.push(b2.poll_transmit().unwrap().mad);
         b2.handle_mad(0, pa, &dreq);
         let mut b3 = CmAgent::new(cfg(0xb, 3));
         b3.handle_mad(0, pa, &req);
-        corpus.push(b3.poll_transmit().unwrap().1); // REJ 8
+        corpus.push(b3.poll_transmit().unwrap().mad); // REJ 8
         let s = a2.send_sidr_req(0, SidrReqParams::new(SID, pb)).unwrap();
-        corpus.push(a2.poll_transmit().unwrap().1);
+        corpus.push(a2.poll_transmit().unwrap().mad);
         let _ = s;
     }
     assert_eq!(a.state(ca), Some(CmState::Established));
@@ -110,7 +110,7 @@ fn mutated_mads_from_a_third_host_change_nothing() {
         let to_a = rng.next() % 2 == 0;
         let target = if to_a { &mut a } else { &mut b };
         target.handle_mad(round as u64, evil, &m);
-        while let Some((to, _)) = target.poll_transmit() {
+        while let Some(CmTransmit { path: to, .. }) = target.poll_transmit() {
             assert_eq!(
                 to, evil,
                 "round {round}: answer to someone else than the sender"

@@ -133,7 +133,7 @@ struct Sim {
     rng: Rng,
     now: u64,
     agents: [CmAgent; 2],
-    addrs: [PeerAddr; 2],
+    addrs: [CmPath; 2],
     scenario: Scenario,
     loss: f64,
     dup: f64,
@@ -204,8 +204,16 @@ impl Sim {
             CmAgent::new(cfg(0xb, rng.next())),
         ];
         let addrs = [
-            PeerAddr::new("::ffff:10.0.0.1".parse().unwrap(), 4791, 1),
-            PeerAddr::new("::ffff:10.0.0.2".parse().unwrap(), 4791, 1),
+            CmPath::new(
+                std::net::Ipv6Addr::UNSPECIFIED,
+                "::ffff:10.0.0.1".parse().unwrap(),
+                1,
+            ),
+            CmPath::new(
+                std::net::Ipv6Addr::UNSPECIFIED,
+                "::ffff:10.0.0.2".parse().unwrap(),
+                1,
+            ),
         ];
         Sim {
             rng,
@@ -248,7 +256,7 @@ impl Sim {
 
     /// Moves everything agent `i` wants to send onto the network, and its events to the app.
     fn pump(&mut self, i: usize) {
-        while let Some((to, mad)) = self.agents[i].poll_transmit() {
+        while let Some(CmTransmit { path: to, mad }) = self.agents[i].poll_transmit() {
             let j = if to.same_node(&self.addrs[0]) { 0 } else { 1 };
             assert_ne!(i, j, "agent sent to itself");
             if i == 1 && self.vanished() {
@@ -475,7 +483,7 @@ impl Sim {
         }
         self.req_psn = self.agents[0].random_psn();
         let mut p = ReqParams::new(SID, self.addrs[1], QPN_A, self.req_psn);
-        p.path.local_gid = self.addrs[0].gid;
+        p.path.local_gid = self.addrs[0].remote_gid;
         p.private_data = REQ_PD.to_vec();
         let c = self.agents[0].send_req(0, p).map_err(|e| e.to_string())?;
         self.a_conn = Some(c);
@@ -724,7 +732,7 @@ fn run_seed(seed: u64) -> Result<Report, String> {
                 sim.agents[0]
                     .destroy(now, c)
                     .map_err(|e| wrap(e.to_string()))?;
-                if let Some((to, mad)) = sim.agents[0].poll_transmit() {
+                if let Some(CmTransmit { path: to, mad }) = sim.agents[0].poll_transmit() {
                     return Err(wrap(format!(
                         "destroying the ended connection sent {:02x?} to {to:?}",
                         &mad[..24]

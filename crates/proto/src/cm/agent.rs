@@ -7,14 +7,13 @@ use rdma_wire::cm::{
     SidrStatus, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN,
     SIDR_REP_ADDITIONAL_INFORMATION_LEN, SIDR_REP_PRIVATE_DATA_LEN, SIDR_REQ_PRIVATE_DATA_LEN,
 };
-use rdma_wire::mad::MAD_LEN;
 
 use super::conn::{emit, pad_checked, Conn, MadBuf};
 use super::rng::SplitMix64;
 use super::timers::{cm_ns, request_timeout, Retx};
 use super::{
-    AgentConfig, CmError, CmEvent, CmState, ConnHandle, Nanos, PeerAddr, RepParams, ReqParams,
-    SidrRepParams, SidrReqParams,
+    AgentConfig, CmError, CmEvent, CmPath, CmState, CmTransmit, ConnHandle, Nanos, RepParams,
+    ReqParams, SidrRepParams, SidrReqParams,
 };
 
 /// Counters of what the agent dropped or repeated (for tests and monitoring).
@@ -40,8 +39,8 @@ pub struct CmStats {
 /// [`CmAgent::poll_timeout`]. Call the three `poll_*` after every input.
 ///
 /// ```
-/// use rdma_proto::cm::{AgentConfig, CmAgent, CmEvent, PeerAddr, ReqParams};
-/// let peer = PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 1);
+/// use rdma_proto::cm::{AgentConfig, CmAgent, CmEvent, CmPath, ReqParams};
+/// let peer = CmPath::new("::ffff:192.0.2.1".parse().unwrap(), "::ffff:192.0.2.3".parse().unwrap(), 1);
 /// let mut a = CmAgent::new(AgentConfig { seed: 42, ..AgentConfig::default() });
 /// let conn = a.send_req(0, ReqParams::new(0x1061b58, peer, 0x11, 0x1234)).unwrap();
 /// assert!(a.poll_transmit().is_some());
@@ -74,7 +73,7 @@ pub struct CmAgent {
     /// (see [`CmAgent::sync_timers`]).
     pub(crate) touched: Vec<ConnHandle>,
     pub(crate) listeners: BTreeMap<u64, ()>,
-    pub(crate) transmit: VecDeque<(PeerAddr, MadBuf)>,
+    pub(crate) transmit: VecDeque<(CmPath, MadBuf)>,
     pub(crate) events: VecDeque<CmEvent>,
     pub(crate) next_handle: u64,
     pub(crate) tid_high: u32,
@@ -141,6 +140,23 @@ impl CmAgent {
         self.live(h).map(|c| c.handle)
     }
 
+    /// The path a connection's MADs take.
+    pub fn path(&self, conn: ConnHandle) -> Option<CmPath> {
+        self.live(conn).map(|c| c.path)
+    }
+
+    /// Sets the traffic class of a connection's later MADs (e.g. a passive SIDR id that
+    /// takes its listener's TOS). `EINVAL` for an unknown connection.
+    pub fn set_traffic_class(
+        &mut self,
+        conn: ConnHandle,
+        traffic_class: u8,
+    ) -> Result<(), CmError> {
+        let c = self.live_mut(conn)?;
+        c.path.traffic_class = traffic_class;
+        Ok(())
+    }
+
     /// The peer's communication id for a connection (0 until known).
     pub fn remote_comm_id(&self, conn: ConnHandle) -> Option<u32> {
         self.live(conn).map(|c| c.remote_id)
@@ -169,8 +185,10 @@ impl CmAgent {
     }
 
     /// The next MAD to send and where to send it (to QP1 of the peer).
-    pub fn poll_transmit(&mut self) -> Option<(PeerAddr, [u8; MAD_LEN])> {
-        self.transmit.pop_front()
+    pub fn poll_transmit(&mut self) -> Option<CmTransmit> {
+        self.transmit
+            .pop_front()
+            .map(|(path, mad)| CmTransmit { path, mad })
     }
 
     /// The next event.
@@ -327,13 +345,13 @@ impl CmAgent {
             local_id,
             remote_id: 0,
             remote_ca_guid: 0,
-            peer: p.peer,
+            path: p.cm_path,
             service_id: p.service_id,
             listener: None,
             local_qpn: p.local_qpn,
             remote_qpn: 0,
             tid,
-            retx: Some(Retx::new(mad, p.peer, now, timeout, p.max_cm_retries)),
+            retx: Some(Retx::new(mad, p.cm_path, now, timeout, p.max_cm_retries)),
             response_timeout: timeout,
             max_cm_retries: p.max_cm_retries,
             plt: p.path.packet_life_time,
@@ -344,7 +362,7 @@ impl CmAgent {
             scheduled: None,
         };
         self.insert(conn);
-        self.transmit.push_back((p.peer, mad));
+        self.transmit.push_back((p.cm_path, mad));
         Ok(h)
     }
 
@@ -382,12 +400,12 @@ impl CmAgent {
         c.last_response = None;
         c.retx = Some(Retx::new(
             mad,
-            c.peer,
+            c.path,
             now,
             c.response_timeout,
             c.max_cm_retries,
         ));
-        let to = c.peer;
+        let to = c.path;
         self.transmit.push_back((to, mad));
         self.sync_timers();
         Ok(())
@@ -407,7 +425,7 @@ impl CmAgent {
         let mad = c.format_rtu(&[])?;
         c.state = CmState::Established;
         c.last_response = Some(Box::new(mad));
-        let to = c.peer;
+        let to = c.path;
         self.transmit.push_back((to, mad));
         self.emit_event(CmEvent::Established { conn });
         self.sync_timers();
@@ -468,7 +486,7 @@ impl CmAgent {
                 })
             }
         }
-        let to = c.peer;
+        let to = c.path;
         if let Some(mad) = mad {
             self.transmit.push_back((to, mad));
         }
@@ -499,7 +517,7 @@ impl CmAgent {
                 })
             }
         };
-        let to = c.peer;
+        let to = c.path;
         if let Some(mad) = c.format_mra(what, st) {
             self.transmit.push_back((to, mad));
         }
@@ -535,12 +553,12 @@ impl CmAgent {
         c.state = CmState::DreqSent;
         c.retx = Some(Retx::new(
             mad,
-            c.peer,
+            c.path,
             now,
             c.response_timeout,
             c.max_cm_retries,
         ));
-        let to = c.peer;
+        let to = c.path;
         self.transmit.push_back((to, mad));
         self.sync_timers();
         Ok(())
@@ -564,7 +582,7 @@ impl CmAgent {
         let mad = c.format_drep(private_data)?;
         c.enter_timewait(now);
         c.last_response = Some(Box::new(mad));
-        let to = c.peer;
+        let to = c.path;
         self.transmit.push_back((to, mad));
         self.sync_timers();
         Ok(())
@@ -640,7 +658,7 @@ impl CmAgent {
             .conns
             .get_mut(&conn)
             .ok_or(CmError::UnknownConn(conn))?;
-        let to = c.peer;
+        let to = c.path;
         if linger {
             c.destroyed = true;
             c.last_response = None;
@@ -703,13 +721,13 @@ impl CmAgent {
             local_id,
             remote_id: 0,
             remote_ca_guid: 0,
-            peer: p.peer,
+            path: p.cm_path,
             service_id: p.service_id,
             listener: None,
             local_qpn: 0,
             remote_qpn: 0,
             tid,
-            retx: Some(Retx::new(mad, p.peer, now, timeout, p.max_retries)),
+            retx: Some(Retx::new(mad, p.cm_path, now, timeout, p.max_retries)),
             response_timeout: timeout,
             max_cm_retries: p.max_retries,
             plt: self.config.packet_life_time,
@@ -720,7 +738,7 @@ impl CmAgent {
             scheduled: None,
         };
         self.insert(conn);
-        self.transmit.push_back((p.peer, mad));
+        self.transmit.push_back((p.cm_path, mad));
         Ok(h)
     }
 
@@ -750,7 +768,7 @@ impl CmAgent {
         };
         let mad = emit(c.tid, CmMessage::SidrRep(rep)).ok_or(CmError::InvalidParam("sidr_rep"))?;
         c.reset_to_idle();
-        let to = c.peer;
+        let to = c.path;
         self.transmit.push_back((to, mad));
         self.sync_timers();
         Ok(())

@@ -9,7 +9,7 @@ use rdma_wire::mad::MAD_LEN;
 use rdma_wire::time::IbaTime;
 
 use super::timers::Retx;
-use super::{CmError, CmState, ConnHandle, Nanos, PeerAddr};
+use super::{CmError, CmPath, CmState, ConnHandle, Nanos};
 
 /// A 256-byte MAD.
 pub(crate) type MadBuf = [u8; MAD_LEN];
@@ -25,7 +25,7 @@ pub(crate) struct Conn {
     pub(crate) remote_id: u32,
     pub(crate) remote_ca_guid: u64,
     /// The peer; every message for this connection must come from its GID.
-    pub(crate) peer: PeerAddr,
+    pub(crate) path: CmPath,
     pub(crate) service_id: u64,
     /// The listener a passive connection came through.
     pub(crate) listener: Option<u64>,

@@ -3,7 +3,7 @@
 use rdma_wire::cm::{MessageRef, RejectReason, RepRepr, ReqRepr, SidrStatus};
 use rdma_wire::time::IbaTime;
 
-use super::{ConnHandle, PeerAddr};
+use super::{CmPath, ConnHandle};
 
 /// A REQ for a service we listen on: a new passive connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct ReqReceived {
     /// The service id of the listener it matched.
     pub listener: u64,
     /// Where it came from (the runtime's source address; answers go there).
-    pub peer: PeerAddr,
+    pub path: CmPath,
     /// Every field of the REQ, private data (92 bytes, zero padded) included.
     pub req: Box<ReqRepr>,
 }
@@ -51,7 +51,7 @@ pub struct SidrReqReceived {
     /// The service id of the listener.
     pub listener: u64,
     /// Where it came from.
-    pub peer: PeerAddr,
+    pub path: CmPath,
     /// The requester's request id.
     pub request_id: u32,
     /// The partition key.

@@ -20,30 +20,31 @@
 //! ```
 //! use rdma_proto::cm::*;
 //!
-//! let a_addr = PeerAddr::new("::ffff:192.0.2.2".parse().unwrap(), 4791, 2);
-//! let b_addr = PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 2);
+//! let (ga, gb) = ("::ffff:192.0.2.2".parse().unwrap(), "::ffff:192.0.2.3".parse().unwrap());
+//! // Each side's path to the other (tag 2: the runtime's name for the netdev).
+//! let a_to_b = CmPath::new(ga, gb, 2);
+//! let b_to_a = CmPath::new(gb, ga, 2);
 //! let mut a = CmAgent::new(AgentConfig { ca_guid: 0xa, seed: 1, ..AgentConfig::default() });
 //! let mut b = CmAgent::new(AgentConfig { ca_guid: 0xb, seed: 2, ..AgentConfig::default() });
 //! let sid = 0x0000_0000_0106_1b58;
 //! b.listen(sid).unwrap();
 //!
-//! let mut params = ReqParams::new(sid, b_addr, 0x11, a.random_psn());
-//! params.path.local_gid = a_addr.gid;
-//! params.path.remote_gid = b_addr.gid;
+//! let params = ReqParams::new(sid, a_to_b, 0x11, a.random_psn());
 //! let conn = a.send_req(0, params).unwrap();
-//! let (to, mad) = a.poll_transmit().unwrap();
-//! assert_eq!(to, b_addr);
-//! b.handle_mad(0, a_addr, &mad);
+//! let CmTransmit { path, mad } = a.poll_transmit().unwrap();
+//! assert_eq!(path, a_to_b);
+//! b.handle_mad(0, b_to_a, &mad); // it arrived on B's path to A
 //! let Some(CmEvent::ReqReceived(req)) = b.poll_event() else { panic!() };
 //! let psn = b.random_psn();
 //! b.send_rep(0, req.conn, RepParams::new(0x12, psn)).unwrap();
-//! let (_, rep) = b.poll_transmit().unwrap();
-//! a.handle_mad(1, b_addr, &rep);
+//! let rep = b.poll_transmit().unwrap();
+//! assert_eq!(rep.path, b_to_a); // answered on the arrival path
+//! a.handle_mad(1, a_to_b, &rep.mad);
 //! assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(r)) if r.conn == conn));
 //! a.send_rtu(1, conn).unwrap();
 //! assert_eq!(a.poll_event(), Some(CmEvent::Established { conn }));
-//! let (_, rtu) = a.poll_transmit().unwrap();
-//! b.handle_mad(2, a_addr, &rtu);
+//! let rtu = a.poll_transmit().unwrap().mad;
+//! b.handle_mad(2, b_to_a, &rtu);
 //! assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: req.conn }));
 //! assert_eq!(a.state(conn), Some(CmState::Established));
 //! ```
@@ -66,7 +67,7 @@ pub use agent::{CmAgent, CmStats};
 pub use error::CmError;
 pub use event::{CmEvent, RejReceived, RepReceived, ReqReceived, SidrRepReceived, SidrReqReceived};
 pub use params::{
-    AgentConfig, ConnHandle, OverloadPolicy, PathParams, PeerAddr, RepParams, ReqParams,
+    AgentConfig, CmPath, CmTransmit, ConnHandle, OverloadPolicy, PathParams, RepParams, ReqParams,
     SidrRepParams, SidrReqParams,
 };
 pub use state::CmState;

@@ -5,41 +5,64 @@ use std::net::Ipv6Addr;
 use rdma_wire::cm::SidrStatus;
 use rdma_wire::time::IbaTime;
 
-/// Where a MAD came from or goes to, as the runtime sees it.
+/// The path a MAD travels, in the CM's own terms: the two GIDs, an opaque `tag` the runtime
+/// uses to name the netdev it arrived on or leaves through, and the traffic class its IP
+/// header carries. Each connection keeps the path it was made on; answers to a MAD that
+/// matches no connection go back along its arrival path.
 ///
-/// The agent treats it as opaque except for [`PeerAddr::gid`]: every received message must come
-/// from the GID of the connection it names. Answers to a received MAD go back to its source
-/// (Linux always answers to UDP port 4791, whatever our source port was).
+/// The agent reads only [`CmPath::remote_gid`] (every message of a connection must come from
+/// its peer's GID) and sets the traffic class of a passive connection from its REQ.
 ///
 /// ```
-/// use rdma_proto::cm::PeerAddr;
-/// let p = PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 2);
-/// assert!(p.same_node(&PeerAddr { udp_port: 40000, ..p }));
+/// use rdma_proto::cm::CmPath;
+/// let p = CmPath::new("::ffff:192.0.2.1".parse().unwrap(), "::ffff:192.0.2.3".parse().unwrap(), 2);
+/// assert!(p.same_node(&CmPath { tag: 7, ..p }));
+/// assert_eq!(p.with_traffic_class(0x48).traffic_class, 0x48);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerAddr {
-    /// The peer's GID: its IP address, IPv4 as IPv4-mapped IPv6.
-    pub gid: Ipv6Addr,
-    /// The UDP port (source port of a received MAD, 4791 for a destination).
-    pub udp_port: u16,
-    /// The index of the netdev the MAD arrived on or leaves through.
-    pub ifindex: u32,
+pub struct CmPath {
+    /// Our GID on this path (IPv4 as IPv4-mapped IPv6).
+    pub local_gid: Ipv6Addr,
+    /// The peer's GID.
+    pub remote_gid: Ipv6Addr,
+    /// The runtime's name for the netdev (opaque to the CM).
+    pub tag: u32,
+    /// The IPv4 TOS / IPv6 traffic class of the MADs sent on this path.
+    pub traffic_class: u8,
 }
 
-impl PeerAddr {
-    /// A peer address.
-    pub const fn new(gid: Ipv6Addr, udp_port: u16, ifindex: u32) -> Self {
-        PeerAddr {
-            gid,
-            udp_port,
-            ifindex,
+impl CmPath {
+    /// A path with traffic class 0.
+    pub const fn new(local_gid: Ipv6Addr, remote_gid: Ipv6Addr, tag: u32) -> Self {
+        CmPath {
+            local_gid,
+            remote_gid,
+            tag,
+            traffic_class: 0,
         }
     }
 
-    /// True if both name the same CM peer (same GID; ports and netdevs may differ).
-    pub fn same_node(&self, other: &PeerAddr) -> bool {
-        self.gid == other.gid
+    /// The same path with another traffic class.
+    pub const fn with_traffic_class(self, traffic_class: u8) -> Self {
+        CmPath {
+            traffic_class,
+            ..self
+        }
     }
+
+    /// True if both lead to the same CM peer (same remote GID).
+    pub fn same_node(&self, other: &CmPath) -> bool {
+        self.remote_gid == other.remote_gid
+    }
+}
+
+/// A MAD to send (to QP1 of the peer) and the path it takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmTransmit {
+    /// Where it goes.
+    pub path: CmPath,
+    /// The 256-byte MAD.
+    pub mad: [u8; rdma_wire::mad::MAD_LEN],
 }
 
 /// A connection (or SIDR exchange) of a [`super::CmAgent`]. Never reused by an agent.
@@ -160,8 +183,8 @@ impl Default for PathParams {
 pub struct ReqParams {
     /// Service id (for `rdma_cm`, port space and port: see `rdma_wire::ip_cm::ServiceId`).
     pub service_id: u64,
-    /// Where to send the REQ.
-    pub peer: PeerAddr,
+    /// The path to send the REQ on (and every later MAD of the connection).
+    pub cm_path: CmPath,
     /// Our QPN (24 bits).
     pub local_qpn: u32,
     /// The PSN we expect to receive first (24 bits).
@@ -196,14 +219,15 @@ pub struct ReqParams {
 
 impl ReqParams {
     /// Parameters with `rdma_cm`'s defaults; fill in `path` GIDs and private data.
-    pub fn new(service_id: u64, peer: PeerAddr, local_qpn: u32, starting_psn: u32) -> Self {
+    pub fn new(service_id: u64, cm_path: CmPath, local_qpn: u32, starting_psn: u32) -> Self {
         ReqParams {
             service_id,
-            peer,
+            cm_path,
             local_qpn,
             starting_psn,
             path: PathParams {
-                remote_gid: peer.gid,
+                local_gid: cm_path.local_gid,
+                remote_gid: cm_path.remote_gid,
                 ..PathParams::default()
             },
             responder_resources: 1,
@@ -270,8 +294,8 @@ impl RepParams {
 pub struct SidrReqParams {
     /// Service id.
     pub service_id: u64,
-    /// Where to send it.
-    pub peer: PeerAddr,
+    /// The path to send it on.
+    pub cm_path: CmPath,
     /// Partition key.
     pub partition_key: u16,
     /// Wait per attempt (rdma_cm: 20, i.e. `1 << (20 - 8)` ms).
@@ -284,10 +308,10 @@ pub struct SidrReqParams {
 
 impl SidrReqParams {
     /// Parameters with `rdma_cm`'s defaults.
-    pub fn new(service_id: u64, peer: PeerAddr) -> Self {
+    pub fn new(service_id: u64, cm_path: CmPath) -> Self {
         SidrReqParams {
             service_id,
-            peer,
+            cm_path,
             partition_key: 0xffff,
             timeout: IbaTime::from_bits_truncate(20),
             max_retries: 15,

@@ -15,14 +15,14 @@ use rdma_wire::mad::method;
 use super::conn::{emit, issue_rej, Conn};
 use super::event::{RejReceived, RepReceived, ReqReceived};
 use super::timers::{cm_ns, mra_timeout};
-use super::{CmAgent, CmEvent, CmState, ConnHandle, Nanos, OverloadPolicy, PeerAddr};
+use super::{CmAgent, CmEvent, CmPath, CmState, ConnHandle, Nanos, OverloadPolicy};
 
 impl CmAgent {
     /// Processes one received CM MAD (the 256 bytes after the DETH of a UD SEND to QP1).
     ///
     /// Never panics: malformed MADs (wrong length, class, version, method, unknown attribute)
     /// and messages that match nothing are dropped and counted in [`CmAgent::stats`].
-    pub fn handle_mad(&mut self, now: Nanos, source: PeerAddr, mad: &[u8]) {
+    pub fn handle_mad(&mut self, now: Nanos, source: CmPath, mad: &[u8]) {
         let Ok(m) = CmMadRepr::parse(mad) else {
             self.stats.malformed += 1;
             return;
@@ -52,15 +52,10 @@ impl CmAgent {
 
     /// The live connection whose local id is `local`, whose remote id is `remote` (if given)
     /// and whose peer is `src`.
-    pub(crate) fn find(
-        &self,
-        local: u32,
-        remote: Option<u32>,
-        src: &PeerAddr,
-    ) -> Option<ConnHandle> {
+    pub(crate) fn find(&self, local: u32, remote: Option<u32>, src: &CmPath) -> Option<ConnHandle> {
         let h = *self.by_local_id.get(&local)?;
         let c = self.live(h)?;
-        if !c.peer.same_node(src) || remote.is_some_and(|r| r != c.remote_id) {
+        if !c.path.same_node(src) || remote.is_some_and(|r| r != c.remote_id) {
             return None;
         }
         Some(h)
@@ -69,7 +64,7 @@ impl CmAgent {
     /// A connection (live or lingering) that holds this remote (node, CA GUID, comm id).
     /// The first in handle order, as a scan of `conns` finds it; only the connections indexed
     /// under `remote_id` are looked at.
-    fn find_remote_id(&self, src: &PeerAddr, ca_guid: u64, remote_id: u32) -> Option<ConnHandle> {
+    fn find_remote_id(&self, src: &CmPath, ca_guid: u64, remote_id: u32) -> Option<ConnHandle> {
         self.by_remote_id
             .get(&remote_id)?
             .iter()
@@ -78,7 +73,7 @@ impl CmAgent {
                 c.state.holds_remote()
                     && c.remote_id == remote_id
                     && c.remote_ca_guid == ca_guid
-                    && c.peer.same_node(src)
+                    && c.path.same_node(src)
             })
             .map(|c| c.handle)
             .min()
@@ -86,7 +81,7 @@ impl CmAgent {
 
     /// A connection (live or lingering) that holds this remote QP.
     /// The first in handle order, among the connections indexed under `qpn`.
-    fn find_remote_qpn(&self, src: &PeerAddr, ca_guid: u64, qpn: u32) -> Option<&Conn> {
+    fn find_remote_qpn(&self, src: &CmPath, ca_guid: u64, qpn: u32) -> Option<&Conn> {
         self.by_remote_qpn
             .get(&qpn)?
             .iter()
@@ -95,12 +90,12 @@ impl CmAgent {
                 c.state.holds_remote()
                     && c.remote_qpn == qpn
                     && c.remote_ca_guid == ca_guid
-                    && c.peer.same_node(src)
+                    && c.path.same_node(src)
             })
             .min_by_key(|c| c.handle)
     }
 
-    fn on_req(&mut self, now: Nanos, src: PeerAddr, tid: u64, r: ReqRepr) {
+    fn on_req(&mut self, now: Nanos, src: CmPath, tid: u64, r: ReqRepr) {
         // A duplicate of a REQ we already hold.
         if let Some(h) = self.find_remote_id(&src, r.local_ca_guid, r.local_comm_id) {
             self.stats.duplicates += 1;
@@ -121,7 +116,7 @@ impl CmAgent {
                 CmState::Timewait => c.format_rej(RejectReason::StaleConn, &[], &[]),
                 _ => None,
             };
-            let to = c.peer;
+            let to = c.path;
             if let Some(m) = answer {
                 self.transmit.push_back((to, m));
             }
@@ -170,7 +165,9 @@ impl CmAgent {
             local_id,
             remote_id: r.local_comm_id,
             remote_ca_guid: r.local_ca_guid,
-            peer: src,
+            // Answers leave on the arrival path with the traffic class the REQ's path names
+            // (as Linux's CM takes its av from the REQ).
+            path: src.with_traffic_class(r.primary_path.traffic_class),
             service_id: r.service_id,
             listener: Some(r.service_id),
             local_qpn: 0,
@@ -190,13 +187,13 @@ impl CmAgent {
         self.emit_event(CmEvent::ReqReceived(ReqReceived {
             conn: h,
             listener: r.service_id,
-            peer: src,
+            path: src,
             req: Box::new(r),
         }));
     }
 
     /// True if one more passive connection from `src` on `service_id` exceeds a limit.
-    fn over_limits(&self, src: &PeerAddr, service_id: u64) -> bool {
+    fn over_limits(&self, src: &CmPath, service_id: u64) -> bool {
         if self.conns.len() >= self.config.max_conns {
             return true;
         }
@@ -207,7 +204,7 @@ impl CmAgent {
                 if c.listener == Some(service_id) {
                     per_listener += 1;
                 }
-                if c.peer.same_node(src) {
+                if c.path.same_node(src) {
                     per_peer += 1;
                 }
             }
@@ -218,7 +215,7 @@ impl CmAgent {
     /// Linux's `cm_issue_rej`: a REJ to a message that made no connection.
     pub(crate) fn reject_unmatched(
         &mut self,
-        to: PeerAddr,
+        to: CmPath,
         tid: u64,
         local: u32,
         remote: u32,
@@ -237,7 +234,7 @@ impl CmAgent {
     fn reject_if_stale(
         &mut self,
         now: Nanos,
-        src: PeerAddr,
+        src: CmPath,
         tid: u64,
         ca_guid: u64,
         qpn: u32,
@@ -255,7 +252,7 @@ impl CmAgent {
         true
     }
 
-    fn on_mra(&mut self, now: Nanos, src: PeerAddr, x: MraRepr) {
+    fn on_mra(&mut self, now: Nanos, src: CmPath, x: MraRepr) {
         let (h, from, to) = match x.message_mraed {
             MessageRef::Req => (
                 self.find(x.remote_comm_id, Some(0), &src),
@@ -296,7 +293,7 @@ impl CmAgent {
         });
     }
 
-    fn on_rej(&mut self, now: Nanos, src: PeerAddr, x: RejRepr) {
+    fn on_rej(&mut self, now: Nanos, src: CmPath, x: RejRepr) {
         let h = if x.reason == RejectReason::Timeout && x.remote_comm_id == 0 {
             // The requester gave up (destroyed in REQ_SENT): it names us by its own comm id and
             // its CA GUID in the ARI, as it never learned our comm id.
@@ -360,7 +357,7 @@ impl CmAgent {
         }));
     }
 
-    fn on_rep(&mut self, now: Nanos, src: PeerAddr, tid: u64, x: RepRepr) {
+    fn on_rep(&mut self, now: Nanos, src: CmPath, tid: u64, x: RepRepr) {
         let Some(h) = self.find(x.remote_comm_id, Some(0), &src).filter(|h| {
             self.conns
                 .get(h)
@@ -400,7 +397,7 @@ impl CmAgent {
     }
 
     /// A REP for a connection past REQ_SENT: answer again (RTU, or the prepared MRA).
-    fn dup_rep(&mut self, src: PeerAddr, x: RepRepr) {
+    fn dup_rep(&mut self, src: CmPath, x: RepRepr) {
         let Some(c) = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
             .and_then(|h| self.conns.get(&h))
@@ -417,13 +414,13 @@ impl CmAgent {
             },
             _ => None,
         };
-        let to = c.peer;
+        let to = c.path;
         if let Some(m) = answer {
             self.transmit.push_back((to, m));
         }
     }
 
-    fn on_rtu(&mut self, src: PeerAddr, x: RtuRepr) {
+    fn on_rtu(&mut self, src: CmPath, x: RtuRepr) {
         let Some(c) = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
             .and_then(|h| {
@@ -444,7 +441,7 @@ impl CmAgent {
         self.emit_event(CmEvent::Established { conn });
     }
 
-    fn on_dreq(&mut self, now: Nanos, src: PeerAddr, tid: u64, x: DreqRepr) {
+    fn on_dreq(&mut self, now: Nanos, src: CmPath, tid: u64, x: DreqRepr) {
         let found = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
             .and_then(|h| {
@@ -486,7 +483,7 @@ impl CmAgent {
                         emit(tid, CmMessage::Drep(drep))
                     }
                 };
-                let to = c.peer;
+                let to = c.path;
                 if let Some(m) = answer {
                     self.transmit.push_back((to, m));
                 }
@@ -514,7 +511,7 @@ impl CmAgent {
         });
     }
 
-    fn on_drep(&mut self, now: Nanos, src: PeerAddr, x: DrepRepr) {
+    fn on_drep(&mut self, now: Nanos, src: CmPath, x: DrepRepr) {
         let Some(c) = self
             .find(x.remote_comm_id, Some(x.local_comm_id), &src)
             .and_then(|h| {

@@ -8,13 +8,13 @@ use rdma_wire::cm::{
 
 use super::conn::{emit, Conn};
 use super::event::{SidrRepReceived, SidrReqReceived};
-use super::{CmAgent, CmEvent, CmState, OverloadPolicy, PeerAddr};
+use super::{CmAgent, CmEvent, CmPath, CmState, OverloadPolicy};
 
 impl CmAgent {
-    pub(crate) fn on_sidr_req(&mut self, src: PeerAddr, tid: u64, x: SidrReqRepr) {
+    pub(crate) fn on_sidr_req(&mut self, src: CmPath, tid: u64, x: SidrReqRepr) {
         // A retransmission while the application has not answered: drop it.
         if self.conns.values().any(|c| {
-            c.state == CmState::SidrReqRcvd && c.remote_id == x.request_id && c.peer.same_node(&src)
+            c.state == CmState::SidrReqRcvd && c.remote_id == x.request_id && c.path.same_node(&src)
         }) {
             self.stats.duplicates += 1;
             return;
@@ -54,7 +54,7 @@ impl CmAgent {
             local_id,
             remote_id: x.request_id,
             remote_ca_guid: 0,
-            peer: src,
+            path: src,
             service_id: x.service_id,
             listener: Some(x.service_id),
             local_qpn: 0,
@@ -73,14 +73,14 @@ impl CmAgent {
         self.emit_event(CmEvent::SidrReqReceived(SidrReqReceived {
             conn: h,
             listener: x.service_id,
-            peer: src,
+            path: src,
             request_id: x.request_id,
             partition_key: x.partition_key,
             private_data: x.private_data.to_vec(),
         }));
     }
 
-    pub(crate) fn on_sidr_rep(&mut self, src: PeerAddr, x: SidrRepRepr) {
+    pub(crate) fn on_sidr_rep(&mut self, src: CmPath, x: SidrRepRepr) {
         let Some(c) = self
             .find(x.request_id, None, &src)
             .and_then(|h| {

@@ -8,14 +8,26 @@ use super::*;
 const SID: u64 = 0x0000_0000_0106_1b58;
 const MS: u64 = 1_000_000;
 
-fn addr_a() -> PeerAddr {
-    PeerAddr::new("::ffff:192.0.2.2".parse().unwrap(), 4791, 2)
+fn addr_a() -> CmPath {
+    CmPath::new(
+        std::net::Ipv6Addr::UNSPECIFIED,
+        "::ffff:192.0.2.2".parse().unwrap(),
+        2,
+    )
 }
-fn addr_b() -> PeerAddr {
-    PeerAddr::new("::ffff:192.0.2.3".parse().unwrap(), 4791, 2)
+fn addr_b() -> CmPath {
+    CmPath::new(
+        std::net::Ipv6Addr::UNSPECIFIED,
+        "::ffff:192.0.2.3".parse().unwrap(),
+        2,
+    )
 }
-fn addr_evil() -> PeerAddr {
-    PeerAddr::new("::ffff:192.0.2.66".parse().unwrap(), 4791, 2)
+fn addr_evil() -> CmPath {
+    CmPath::new(
+        std::net::Ipv6Addr::UNSPECIFIED,
+        "::ffff:192.0.2.66".parse().unwrap(),
+        2,
+    )
 }
 
 fn agent(guid: u64, seed: u64, delayed: bool) -> CmAgent {
@@ -29,7 +41,7 @@ fn agent(guid: u64, seed: u64, delayed: bool) -> CmAgent {
 
 fn req_params(qpn: u32) -> ReqParams {
     let mut p = ReqParams::new(SID, addr_b(), qpn, 0x1234);
-    p.path.local_gid = addr_a().gid;
+    p.path.local_gid = addr_a().remote_gid;
     p.private_data = b"hello".to_vec();
     p
 }
@@ -40,7 +52,7 @@ fn parse(m: &[u8; MAD_LEN]) -> CmMadRepr {
 
 /// Drains `from`'s transmit queue into a Vec.
 fn sent(from: &mut CmAgent) -> Vec<[u8; MAD_LEN]> {
-    std::iter::from_fn(|| from.poll_transmit().map(|(_, m)| m)).collect()
+    std::iter::from_fn(|| from.poll_transmit().map(|t| t.mad)).collect()
 }
 
 fn events(a: &mut CmAgent) -> Vec<CmEvent> {
@@ -710,8 +722,8 @@ fn forged_messages_change_nothing() {
     // does; it goes to the forger, not to A, and the connection is untouched
     let out: Vec<_> = std::iter::from_fn(|| b.poll_transmit()).collect();
     assert_eq!(out.len(), 1, "one DREP to the wrong host");
-    assert_eq!(out[0].0, addr_evil());
-    assert!(matches!(parse(&out[0].1).message, CmMessage::Drep(_)));
+    assert_eq!(out[0].path, addr_evil());
+    assert!(matches!(parse(&out[0].mad).message, CmMessage::Drep(_)));
     unchanged(
         &mut b,
         r.conn,

@@ -4,7 +4,7 @@
 use rdma_wire::mad::MAD_LEN;
 use rdma_wire::time::IbaTime;
 
-use super::{Nanos, PeerAddr};
+use super::{CmPath, Nanos};
 
 const NS_PER_MS: u64 = 1_000_000;
 
@@ -29,7 +29,7 @@ pub(crate) struct Retx {
     /// The MAD exactly as first sent (same transaction id on every retransmission).
     pub(crate) mad: Box<[u8; MAD_LEN]>,
     /// Where it goes.
-    pub(crate) to: PeerAddr,
+    pub(crate) to: CmPath,
     /// When to resend or give up.
     pub(crate) deadline: Nanos,
     /// Wait per attempt.
@@ -41,7 +41,7 @@ pub(crate) struct Retx {
 impl Retx {
     pub(crate) fn new(
         mad: [u8; MAD_LEN],
-        to: PeerAddr,
+        to: CmPath,
         now: Nanos,
         timeout: Nanos,
         retries: u8,
