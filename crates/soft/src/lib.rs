@@ -22,8 +22,10 @@
 pub mod engine;
 mod error;
 pub mod gsi;
+pub mod inspect;
 pub mod io;
 mod progress;
+mod ratelimit;
 mod runtime;
 pub mod verbs;
 

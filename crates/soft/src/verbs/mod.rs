@@ -29,3 +29,4 @@ pub use rdma_proto::verbs::{
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use ud::AddressHandle;
+pub(crate) use device::DeviceShared;
