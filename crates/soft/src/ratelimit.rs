@@ -37,7 +37,12 @@ impl Limiter {
         if now < next
             || self
                 .next
-                .compare_exchange(next, now + GAP.as_nanos() as u64, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(
+                    next,
+                    now + GAP.as_nanos() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
                 .is_err()
         {
             self.suppressed.fetch_add(1, Ordering::Relaxed);

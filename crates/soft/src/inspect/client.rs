@@ -82,7 +82,10 @@ fn sockets(dir: &Path) -> Vec<(u32, PathBuf)> {
 
 /// Whether connecting failed because nobody listens there any more (a dead process).
 fn is_stale(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
+    )
 }
 
 /// Removes the sockets of processes that are gone.

@@ -73,7 +73,9 @@ fn qp(c: &QpCtx) -> Value {
 
 fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
     let mut v = rc_counters(total);
-    let f = |s: &crate::io::FaultStats| s.dropped + s.duplicated + s.corrupted + s.reordered + s.delayed;
+    let f = |s: &crate::io::FaultStats| {
+        s.dropped + s.duplicated + s.corrupted + s.reordered + s.delayed
+    };
     if let Value::Object(m) = &mut v {
         let more = json!({
             "sent_pkts": w.sent,
@@ -105,17 +107,17 @@ fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
 pub(crate) fn snapshot(d: &DeviceShared) -> Value {
     let gids: Vec<Value> = d
         .cfg()
-            .gids
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                json!({
-                    "index": i,
-                    "gid": std::net::Ipv6Addr::from(g.gid()).to_string(),
-                    "addr": g.to_string(),
-                })
+        .gids
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({
+                "index": i,
+                "gid": std::net::Ipv6Addr::from(g.gid()).to_string(),
+                "addr": g.to_string(),
             })
-            .collect();
+        })
+        .collect();
     let port = d.port();
     let attr = d.attr();
     let rt = d.runtime();

@@ -96,12 +96,12 @@ impl FaultSpec {
             Ok(s) => {
                 tracing::debug!(spec = %s, "fault injection from {FAULTS_ENV}");
                 s.parse().map(Some).map_err(|e| match e {
-                Error::FaultSpec { spec, reason } => Error::FaultSpec {
-                    spec: format!("{FAULTS_ENV}={spec}"),
-                    reason,
-                },
-                other => other,
-            })
+                    Error::FaultSpec { spec, reason } => Error::FaultSpec {
+                        spec: format!("{FAULTS_ENV}={spec}"),
+                        reason,
+                    },
+                    other => other,
+                })
             }
             Err(std::env::VarError::NotPresent) => Ok(None),
             Err(std::env::VarError::NotUnicode(_)) => Err(Error::FaultSpec {

@@ -422,7 +422,10 @@ impl DatagramWire for UdpWire {
                 let Some(d) = self.inbox.get(k) else { break };
                 let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
                     self.stats.malformed += 1;
-                    crate::ratelimit::warn_limited!(truncated = d.truncated, "malformed datagram dropped");
+                    crate::ratelimit::warn_limited!(
+                        truncated = d.truncated,
+                        "malformed datagram dropped"
+                    );
                     continue;
                 };
                 let local_addr = match d.anc.dst {

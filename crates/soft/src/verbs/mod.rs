@@ -17,6 +17,7 @@ mod srq;
 mod ud;
 
 pub use cq::{CompletionChannel, CompletionQueue};
+pub(crate) use device::DeviceShared;
 pub use device::{
     active_mtu, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, ROCE_MAX_HEADERS,
 };
@@ -29,4 +30,3 @@ pub use rdma_proto::verbs::{
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use ud::AddressHandle;
-pub(crate) use device::DeviceShared;
