@@ -47,7 +47,9 @@ pub fn processes(tool: &str) -> Vec<Proc> {
 }
 
 fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
-    v.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    v.get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 fn s<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -123,7 +125,11 @@ fn gid_long(gid: &str) -> String {
 pub fn ibv_devinfo_list(procs: &[Proc]) -> String {
     let mut names: Vec<&str> = devices(procs).map(|(_, d)| s(d, "name")).collect();
     names.dedup();
-    let mut out = format!("{} HCA{} found:\n", names.len(), if names.len() == 1 { "" } else { "s" });
+    let mut out = format!(
+        "{} HCA{} found:\n",
+        names.len(),
+        if names.len() == 1 { "" } else { "s" }
+    );
     for n in names {
         let _ = writeln!(out, "\t{n}");
     }
@@ -139,7 +145,11 @@ pub fn ibv_devinfo(procs: &[Proc], dev: Option<&str>, verbose: bool) -> String {
         let _ = writeln!(out, "\ttransport:\t\t\tInfiniBand (0)");
         let _ = writeln!(out, "\tfw_ver:\t\t\t\t{}", s(d, "fw_ver"));
         let _ = writeln!(out, "\tnode_guid:\t\t\t{}", guid(s(d, "node_guid")));
-        let _ = writeln!(out, "\tsys_image_guid:\t\t\t{}", guid(s(d, "sys_image_guid")));
+        let _ = writeln!(
+            out,
+            "\tsys_image_guid:\t\t\t{}",
+            guid(s(d, "sys_image_guid"))
+        );
         let _ = writeln!(out, "\tvendor_id:\t\t\t0x{:04x}", n(d, "vendor_id"));
         let _ = writeln!(out, "\tvendor_part_id:\t\t\t{}", n(d, "vendor_part_id"));
         let _ = writeln!(out, "\thw_ver:\t\t\t\t0x0");
@@ -207,7 +217,11 @@ fn pairs(v: &Value) -> String {
     let mut out = String::new();
     if let Some(m) = v.as_object() {
         for (k, v) in m {
-            let _ = write!(out, " {k} {}", v.as_u64().map_or_else(|| v.to_string(), |n| n.to_string()));
+            let _ = write!(
+                out,
+                " {k} {}",
+                v.as_u64().map_or_else(|| v.to_string(), |n| n.to_string())
+            );
         }
     }
     out
@@ -342,7 +356,11 @@ mod tests {
                 "counters": { "retransmitted": 3, "ack_timeouts": 1 } }],
             "counters": { "icrc_errors": 2 } }],
             "cm_ids": [{ "state": "CONNECT", "ps": "TCP" }] });
-        vec![Proc { pid: 9, comm: "t".into(), snap }]
+        vec![Proc {
+            pid: 9,
+            comm: "t".into(),
+            snap,
+        }]
     }
 
     #[test]
@@ -350,8 +368,14 @@ mod tests {
         let p = one();
         let info = ibv_devinfo(&p, None, true);
         assert!(info.starts_with("hca_id:\tlo\n"), "{info}");
-        assert!(info.contains("\tnode_guid:\t\t\t0011:2233:4455:6677\n"), "{info}");
-        assert!(info.contains("\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n"), "{info}");
+        assert!(
+            info.contains("\tnode_guid:\t\t\t0011:2233:4455:6677\n"),
+            "{info}"
+        );
+        assert!(
+            info.contains("\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n"),
+            "{info}"
+        );
         assert!(info.contains("\t\t\tactive_mtu:\t\t1024 (3)\n"), "{info}");
         assert!(
             info.contains("GID[  0]:\t\t0000:0000:0000:0000:0000:ffff:7f00:0001, RoCE v2"),

@@ -38,7 +38,10 @@ fn child_with_a_connected_pair() {
     }
     let (da, db) = (dev(A), dev(B));
     let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
-    let (ca, cb) = (da.create_cq(256, None).unwrap(), db.create_cq(256, None).unwrap());
+    let (ca, cb) = (
+        da.create_cq(256, None).unwrap(),
+        db.create_cq(256, None).unwrap(),
+    );
     let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca)).unwrap();
     let mut init = QpInitAttr::rc(&cb, &cb);
     init.cap.max_recv_wr = 256;
@@ -46,8 +49,12 @@ fn child_with_a_connected_pair() {
     let gid = |ip: &str| ip.parse::<WireAddr>().unwrap().gid();
     qa.connect(qb.qpn(), 0x200, 0x100, gid(B)).unwrap();
     qb.connect(qa.qpn(), 0x100, 0x200, gid(A)).unwrap();
-    let ma = pa.register(vec![7u8; 4096], AccessFlags::LOCAL_WRITE).unwrap();
-    let mb = pb.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE).unwrap();
+    let ma = pa
+        .register(vec![7u8; 4096], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let mb = pb
+        .register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+        .unwrap();
     const N: u64 = 64;
     for i in 0..N {
         qb.post_recv(&RecvWr::new(i).with_sge(mb.sge(0, 4096).unwrap()))
@@ -61,7 +68,10 @@ fn child_with_a_connected_pair() {
             .signaled();
         qa.post_send(&wr).unwrap();
         while sent <= i || (i + 1 == N && got < N) {
-            assert!(Instant::now() < end, "hang guard: {sent} sent, {got} received");
+            assert!(
+                Instant::now() < end,
+                "hang guard: {sent} sent, {got} received"
+            );
             if let Some(c) = ca.poll_one() {
                 assert_eq!(c.status, WcStatus::Success, "{c:?}");
                 sent += 1;
@@ -105,7 +115,12 @@ fn inspection_tools_show_a_live_process() {
     assert!(stale.exists());
 
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_with_a_connected_pair", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "child_with_a_connected_pair",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, "1")
         .env(rdma_soft::inspect::DIR_ENV, &dir)
         .env("RDMA_SOFT_FAULTS", "loss=0.1,seed=5")
@@ -150,7 +165,10 @@ fn inspection_tools_show_a_live_process() {
         let retrans = qa["counters"]["retransmitted"].as_u64().unwrap();
         assert!(retrans > 0, "loss made a's QP retransmit: {qa}");
         let dev_a = devs.iter().find(|d| d["qps"][0]["qpn"] == q[0]).unwrap();
-        assert!(dev_a["counters"]["faults_dropped"].as_u64().unwrap() > 0, "{dev_a}");
+        assert!(
+            dev_a["counters"]["faults_dropped"].as_u64().unwrap() > 0,
+            "{dev_a}"
+        );
         assert!(dev_a["counters"]["retransmitted"].as_u64().unwrap() >= retrans);
 
         let res = tool("rdma-soft", &dir, &["resource", "show", "qp"]);
@@ -158,20 +176,36 @@ fn inspection_tools_show_a_live_process() {
             .lines()
             .find(|l| l.contains(&format!("lqpn {} ", q[0])))
             .ok_or(format!("QP a in {res}"))?;
-        assert!(line.contains(&format!("rqpn {} type RC state RTS", q[1])), "{line}");
-        assert!(line.contains(&format!("src {A} dst {B} pid {pid}")), "{line}");
+        assert!(
+            line.contains(&format!("rqpn {} type RC state RTS", q[1])),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("src {A} dst {B} pid {pid}")),
+            "{line}"
+        );
         let stat = tool("rdma-soft", &dir, &["statistic", "qp", "show"]);
         let line = stat
             .lines()
             .find(|l| l.contains(&format!("lqpn {} ", q[0])))
             .ok_or(format!("QP a in {stat}"))?;
-        assert!(line.contains(&format!(" retransmitted {retrans}")), "{line}");
+        assert!(
+            line.contains(&format!(" retransmitted {retrans}")),
+            "{line}"
+        );
         let info = tool("ibv_devinfo", &dir, &["-v"]);
         assert_eq!(info.matches("hca_id:\tlo\n").count(), 2, "{info}");
         assert!(info.contains("PORT_ACTIVE (4)"), "{info}");
-        assert!(info.contains("0000:0000:0000:0000:0000:ffff:7f00:9601, RoCE v2"), "{info}");
+        assert!(
+            info.contains("0000:0000:0000:0000:0000:ffff:7f00:9601, RoCE v2"),
+            "{info}"
+        );
         let list = tool("ibv_devices", &dir, &[]);
-        assert_eq!(list.lines().filter(|l| l.starts_with("    lo ")).count(), 1, "{list}");
+        assert_eq!(
+            list.lines().filter(|l| l.starts_with("    lo ")).count(),
+            1,
+            "{list}"
+        );
         Ok(())
     };
     let r = check();
@@ -185,8 +219,7 @@ fn inspection_tools_show_a_live_process() {
         !dir.join(format!("{pid}.sock")).exists(),
         "the child removed its socket on drop"
     );
-    let after: serde_json::Value =
-        serde_json::from_str(&tool("rdma-soft", &dir, &["-j"])).unwrap();
+    let after: serde_json::Value = serde_json::from_str(&tool("rdma-soft", &dir, &["-j"])).unwrap();
     assert_eq!(after, serde_json::json!([]));
     let _ = std::fs::remove_dir_all(&dir);
 }

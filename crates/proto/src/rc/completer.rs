@@ -72,7 +72,11 @@ impl RcQp {
         }
         if count {
             if self.retry_left == 0 {
-                tracing::debug!(qpn = self.cfg.qpn, psn, "retry count exceeded (sequence NAKs)");
+                tracing::debug!(
+                    qpn = self.cfg.qpn,
+                    psn,
+                    "retry count exceeded (sequence NAKs)"
+                );
                 self.enter_error(Some(WcStatus::RetryExcErr));
                 return;
             }

@@ -172,7 +172,12 @@ impl RcQp {
         let until = self.current_req_psn();
         let resent = psn_diff(until, psn).max(0) as u64;
         self.stats.retransmitted += resent;
-        tracing::debug!(qpn = self.cfg.qpn, psn, packets = resent, "retransmitting (go-back-N)");
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            packets = resent,
+            "retransmitting (go-back-N)"
+        );
         self.req_idx = 0;
         self.req_off = d as u32;
         // ignore further evidence of the same gap until everything in flight was resent

@@ -164,7 +164,12 @@ impl RcQp {
     /// Err.
     fn resp_fatal(&mut self, psn: u32, code: NakCode, recv_status: Option<WcStatus>) {
         self.stats.naks_sent += 1;
-        tracing::debug!(qpn = self.cfg.qpn, psn, ?code, "fatal request error: NAK sent");
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            ?code,
+            "fatal request error: NAK sent"
+        );
         let qpn = self.cfg.qpn;
         if let Some(st) = recv_status {
             if let Some(r) = self.resp.rq.pop_front() {

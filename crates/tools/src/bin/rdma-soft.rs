@@ -36,18 +36,24 @@ fn main() {
             "-p" | "-pretty" | "--pretty" => pretty = true,
             "-d" | "-debug" | "--debug" => debug = debug.saturating_add(1),
             "-h" | "-help" | "--help" => TOOL.usage(),
-            s if s.starts_with('-') => TOOL.fail(format_args!("invalid option \"{s}\" (try 'rdma-soft -h')")),
+            s if s.starts_with('-') => {
+                TOOL.fail(format_args!("invalid option \"{s}\" (try 'rdma-soft -h')"))
+            }
             s => words.push(s),
         }
     }
     rdma_tools::log::init(debug);
     let view: fn(&[Proc]) -> String = match words.as_slice() {
         ["link"] | ["link", "show"] | ["dev"] | ["dev", "show"] => inspect::link,
-        ["resource"] | ["resource", "show"] | ["res"] | ["res", "show"] => inspect::resource_summary,
+        ["resource"] | ["resource", "show"] | ["res"] | ["res", "show"] => {
+            inspect::resource_summary
+        }
         ["resource" | "res", "show", "qp"] => inspect::resource_qp,
         ["resource" | "res", "show", "cm_id"] => inspect::resource_cm_id,
         ["statistic" | "stat"] | ["statistic" | "stat", "show"] => inspect::statistic,
-        ["statistic" | "stat", "qp"] | ["statistic" | "stat", "qp", "show"] => inspect::statistic_qp,
+        ["statistic" | "stat", "qp"] | ["statistic" | "stat", "qp", "show"] => {
+            inspect::statistic_qp
+        }
         [] if json => inspect::resource_summary,
         [] => TOOL.usage(),
         other => TOOL.fail(format_args!(
