@@ -67,11 +67,11 @@ fn devices(procs: &[Proc]) -> impl Iterator<Item = (&Proc, &Value)> {
         .flat_map(|p| list(&p.snap, "devices").iter().map(move |d| (p, d)))
 }
 
-/// `ibv_devices`: one line per device name (a soft device of that name in several
-/// processes is one device of the host).
+/// `ibv_devices`: one line per device (name and node GUID; a device answered by several
+/// queries of the same process is listed once).
 pub fn ibv_devices(procs: &[Proc]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "    {:<16}\t{:>16}", "device", "node GUID");
+    let _ = writeln!(out, "    {:<16}\t   node GUID", "device");
     let _ = writeln!(out, "    {:<16}\t{:>16}", "------", "----------------");
     let mut seen: Vec<(&str, &str)> = Vec::new();
     for (_, d) in devices(procs) {
@@ -123,8 +123,12 @@ fn gid_long(gid: &str) -> String {
 
 /// `ibv_devinfo -l`: the device names.
 pub fn ibv_devinfo_list(procs: &[Proc]) -> String {
-    let mut names: Vec<&str> = devices(procs).map(|(_, d)| s(d, "name")).collect();
-    names.dedup();
+    let mut names: Vec<&str> = Vec::new();
+    for (_, d) in devices(procs) {
+        if !names.contains(&s(d, "name")) {
+            names.push(s(d, "name"));
+        }
+    }
     let mut out = format!(
         "{} HCA{} found:\n",
         names.len(),
@@ -254,6 +258,11 @@ pub fn resource_qp(procs: &[Proc]) -> String {
     out
 }
 
+/// The fields of `rdma resource show cm_id`, in its order.
+const CM_ID_ORDER: [&str; 9] = [
+    "link", "cm-idn", "lqpn", "rqpn", "qp-type", "state", "ps", "src-addr", "dst-addr",
+];
+
 /// `rdma-soft resource show cm_id`: one line per CM id a process's connection manager
 /// registered (its fields as `key value`, in the order it gave them).
 pub fn resource_cm_id(procs: &[Proc]) -> String {
@@ -262,7 +271,10 @@ pub fn resource_cm_id(procs: &[Proc]) -> String {
         for id in list(&p.snap, "cm_ids") {
             let mut line = String::new();
             if let Some(m) = id.as_object() {
-                for (k, v) in m {
+                // iproute2's order first, then whatever else the provider gave
+                let known = CM_ID_ORDER.iter().filter_map(|k| m.get_key_value(*k));
+                let rest = m.iter().filter(|(k, _)| !CM_ID_ORDER.contains(&k.as_str()));
+                for (k, v) in known.chain(rest).filter(|(_, v)| !v.is_null()) {
                     let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
                     let _ = write!(line, "{}{k} {v}", if line.is_empty() { "" } else { " " });
                 }
@@ -355,7 +367,7 @@ mod tests {
                 "sq_psn": 6, "unacked_psn": 6, "local": "127.0.0.1", "peer": "127.0.0.2",
                 "counters": { "retransmitted": 3, "ack_timeouts": 1 } }],
             "counters": { "icrc_errors": 2 } }],
-            "cm_ids": [{ "state": "CONNECT", "ps": "TCP" }] });
+            "cm_ids": [{ "state": "CONNECT", "ps": "TCP", "link": "lo/1", "lqpn": null }] });
         vec![Proc {
             pid: 9,
             comm: "t".into(),
@@ -391,7 +403,10 @@ mod tests {
             "link lo/1 lqpn 17 state RTS pid 9 comm t ack_timeouts 1 retransmitted 3\n"
         );
         assert_eq!(statistic(&p), "link lo/1 pid 9 comm t icrc_errors 2\n");
-        assert_eq!(resource_cm_id(&p), "state CONNECT ps TCP pid 9 comm t\n");
+        assert_eq!(
+            resource_cm_id(&p),
+            "link lo/1 state CONNECT ps TCP pid 9 comm t\n"
+        );
         assert_eq!(resource_summary(&p), "0: lo: qp 1 cm_id 1 pid 9 comm t\n");
         assert_eq!(ibv_devinfo_list(&p), "1 HCA found:\n\tlo\n");
         assert!(link(&p).starts_with("link lo/1 state ACTIVE physical_state LINK_UP netdev lo"));

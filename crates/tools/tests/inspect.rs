@@ -109,11 +109,6 @@ fn inspection_tools_show_a_live_process() {
     let dir = std::env::temp_dir().join(format!("rdma-inspect-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    // a socket of a dead process: bound, then its listener gone (connections refused)
-    let stale = dir.join("4194305.sock");
-    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
-    assert!(stale.exists());
-
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -138,6 +133,16 @@ fn inspection_tools_show_a_live_process() {
             break;
         }
     }
+    // stale sockets, made once the child serves: one of a pid that cannot exist, one of
+    // this (live) process, which serves none: bound, then the listener gone (refused)
+    let stale = [
+        dir.join("4194305.sock"),
+        dir.join(format!("{}.sock", std::process::id())),
+    ];
+    for s in &stale {
+        drop(std::os::unix::net::UnixListener::bind(s).unwrap());
+        assert!(s.exists());
+    }
     let check = || -> Result<(), String> {
         let q: Vec<u32> = ready
             .split_whitespace()
@@ -151,6 +156,9 @@ fn inspection_tools_show_a_live_process() {
             serde_json::from_str(&tool("rdma-soft", &dir, &["-j"])).map_err(|e| e.to_string())?;
         let procs = json.as_array().ok_or("not an array")?;
         assert_eq!(procs.len(), 1, "only the child answers: {json}");
+        for s in &stale {
+            assert!(!s.exists(), "{s:?} (stale) was removed by the query");
+        }
         assert_eq!(procs[0]["pid"], pid);
         let devs = procs[0]["devices"].as_array().unwrap();
         assert_eq!(devs.len(), 2, "{json}");
@@ -214,7 +222,6 @@ fn inspection_tools_show_a_live_process() {
     let status = child.wait().unwrap();
     r.unwrap();
     assert!(status.success(), "child: {status}");
-    assert!(!stale.exists(), "the dead process's socket was removed");
     assert!(
         !dir.join(format!("{pid}.sock")).exists(),
         "the child removed its socket on drop"

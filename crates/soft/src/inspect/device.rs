@@ -5,7 +5,7 @@ use rdma_proto::verbs::QpState;
 use serde_json::{json, Value};
 
 use crate::io::WireStats;
-use crate::runtime::{QpCtx, RuntimeStats};
+use crate::runtime::{QpCtx, RuntimeStats, UdCtx};
 use crate::verbs::{DeviceShared, PortState};
 
 /// Adds `b`'s transport counters to `a` (the totals of destroyed QPs).
@@ -71,6 +71,23 @@ fn qp(c: &QpCtx) -> Value {
     })
 }
 
+fn ud_qp(c: &UdCtx) -> Value {
+    let s = c.ud.stats();
+    let local: Vec<String> = c.listening.iter().map(|a| a.to_string()).collect();
+    json!({
+        "qpn": c.qpn,
+        "type": "UD",
+        "state": state_name(c.ud.state()),
+        "local": if local.is_empty() { Value::Null } else { Value::from(local.join(",")) },
+        "qkey": c.ud.qkey(),
+        "counters": {
+            "qkey_mismatch": s.qkey_mismatch,
+            "no_receive": s.no_receive,
+            "dropped": s.dropped,
+        },
+    })
+}
+
 fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
     let mut v = rc_counters(total);
     let f = |s: &crate::io::FaultStats| {
@@ -127,7 +144,13 @@ pub(crate) fn snapshot(d: &DeviceShared) -> Value {
         add_rc(&mut total, &c.rc.stats());
         qps.push(qp(c));
     }
-    let counters = device_counters(&total, &rt.stats(), &rt.wire_stats());
+    let mut qkey_mismatch = 0;
+    for c in rt.ud_qps() {
+        qkey_mismatch += c.ud.stats().qkey_mismatch;
+        qps.push(ud_qp(c));
+    }
+    let mut counters = device_counters(&total, &rt.stats(), &rt.wire_stats());
+    counters["qkey_mismatch"] = Value::from(qkey_mismatch);
     drop(rt);
     let state = port.state;
     json!({

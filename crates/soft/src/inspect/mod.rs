@@ -108,12 +108,16 @@ pub fn register(kind: &'static str, f: Box<dyn Fn() -> Value + Send + Sync>) -> 
 }
 
 /// Registers a provider that reads `owner` by reference, without keeping it alive: the
-/// inspection thread never ends up owning (and dropping) it.
+/// inspection thread never ends up owning (and dropping) it, so `T` is always torn down in
+/// its owner's thread.
 ///
-/// Contract: the returned provider is stored in `T` and `T`'s `Drop` drops it before
-/// anything else (as the engine's registrations are): `f` is only called while the
-/// provider is registered, which then means `T`'s fields are intact.
-pub(crate) fn register_owned<T: Send + Sync + 'static>(
+/// # Safety
+///
+/// The returned provider must be stored in `T`, and `T`'s `Drop` must drop it before
+/// anything else (as the progress engine's registrations are): `f` is only called while the
+/// provider is registered, and its drop waits for a call in progress, so `T`'s fields are
+/// intact whenever `f` runs.
+pub unsafe fn register_borrowed<T: Send + Sync + 'static>(
     kind: &'static str,
     owner: Weak<T>,
     f: fn(&T) -> Value,

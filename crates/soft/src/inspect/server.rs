@@ -1,7 +1,6 @@
 //! The process's inspection socket: one thread that sleeps in `poll` on a listening unix
 //! socket and answers each connection with the snapshot.
 
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -60,6 +59,7 @@ impl Server {
             let _ = std::fs::remove_file(&path);
             return Err(e);
         }
+        at_exit(Some(path.clone()));
         Ok(Server {
             path,
             stop: Some(stop),
@@ -71,8 +71,30 @@ impl Server {
     }
 }
 
+/// The socket to remove when the process exits with its server still up (a provider in a
+/// static, such as the global CM context, is never dropped).
+static AT_EXIT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+extern "C" fn remove_at_exit() {
+    if let Ok(mut p) = AT_EXIT.try_lock() {
+        if let Some(p) = p.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn at_exit(path: Option<PathBuf>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function; failure only leaves a stale socket behind.
+        unsafe { libc::atexit(remove_at_exit) };
+    });
+    *AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()) = path;
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
+        at_exit(None);
         let _ = std::fs::remove_file(&self.path);
         if let Some(stop) = self.stop.take() {
             let one = 1u64;
@@ -111,16 +133,39 @@ fn serve(listener: UnixListener, stop: std::sync::Arc<OwnedFd>) {
         if fds[0].revents == 0 {
             continue;
         }
-        let Ok((mut conn, _)) = listener.accept() else {
+        let Ok((conn, _)) = listener.accept() else {
             continue;
         };
         let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
-        let body = super::snapshot().to_string();
-        if let Err(e) = conn
-            .write_all(body.as_bytes())
-            .and_then(|()| conn.write_all(b"\n"))
-        {
+        let mut body = super::snapshot().to_string();
+        body.push('\n');
+        if let Err(e) = send_all(&conn, body.as_bytes()) {
             tracing::debug!(error = %e, "inspection client went away");
         }
     }
+}
+
+/// Writes all of `buf` with `MSG_NOSIGNAL`: a client that hangs up must not raise SIGPIPE in
+/// an application that does not ignore it.
+fn send_all(conn: &std::os::unix::net::UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: sends from a live slice on our connected socket.
+        let n = unsafe {
+            libc::send(
+                conn.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = buf.get(n as usize..).unwrap_or(&[]);
+    }
+    Ok(())
 }

@@ -167,7 +167,7 @@ pub(crate) struct DeviceShared {
     cfg: RwLock<DeviceConfig>,
     pub(crate) name: String,
     pub(crate) netdev: String,
-    /// The device's inspection provider (dropped first: see `inspect::register_owned`).
+    /// The device's inspection provider (dropped first: see `inspect::register_borrowed`).
     inspect: OnceLock<crate::inspect::Provider>,
     attr: DeviceAttr,
     port: PortAttr,
@@ -454,11 +454,11 @@ impl Device {
         // Cannot be set already: the Arc is ours alone.
         let _ = shared.reg.set(reg);
         let weak = Arc::downgrade(&shared);
-        let _ = shared.inspect.set(crate::inspect::register_owned(
-            "devices",
-            weak,
-            crate::inspect::device::snapshot,
-        ));
+        // SAFETY: stored in `shared.inspect`, which `DeviceShared::drop` drops first.
+        let p = unsafe {
+            crate::inspect::register_borrowed("devices", weak, crate::inspect::device::snapshot)
+        };
+        let _ = shared.inspect.set(p);
         tracing::debug!(device = %shared.name, netdev = %shared.netdev, "device open");
         Ok(Device { shared })
     }
