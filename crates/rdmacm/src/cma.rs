@@ -327,6 +327,8 @@ pub(crate) struct Inner {
     netns: Option<crate::netns::NetNs>,
     /// Tests only ([`Cma::pause_progress`]): the engine leaves the CM alone.
     paused: std::sync::atomic::AtomicBool,
+    /// The ids' inspection provider (`crate::inspect`; dropped first).
+    inspect: OnceLock<rdma_soft::inspect::Provider>,
 }
 
 /// What the progress engine drives: the context's CM (held weakly: a dropped context stops).
@@ -442,6 +444,7 @@ impl Cma {
             engine: OnceLock::new(),
             netns: crate::netns::NetNs::current().ok(),
             paused: std::sync::atomic::AtomicBool::new(false),
+            inspect: OnceLock::new(),
         });
         let src = Arc::new(CmSource(Arc::downgrade(&inner)));
         let weak: Weak<dyn Source> = Arc::downgrade(&src) as Weak<dyn Source>;
@@ -449,6 +452,7 @@ impl Cma {
         reg.add_fd(inner.wake.raw())?;
         // Cannot be set already: the Arc is ours alone.
         let _ = inner.engine.set((src, reg));
+        let _ = inner.inspect.set(crate::inspect::register(&inner));
         start_watcher(&inner);
         Ok(Cma { inner })
     }
@@ -562,6 +566,7 @@ impl Drop for PauseGuard {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        drop(self.inspect.take());
         // Leave the engine first (waiting for a CM run in progress), then tear down.
         if let Some((src, reg)) = self.engine.take() {
             drop(reg);

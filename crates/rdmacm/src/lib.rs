@@ -139,6 +139,7 @@ mod error;
 mod event;
 mod fd;
 mod id;
+mod inspect;
 mod listen;
 mod netns;
 mod ports;
