@@ -349,6 +349,7 @@ impl<M: Copy> FaultInjector<M> {
         }
         if let Some((p, max)) = self.spec.delay {
             if r_delay < p {
+                tracing::trace!("fault injected: delay");
                 return Verdict::Hold {
                     wait: max.mul_f64(r_wait),
                     overtake: false,

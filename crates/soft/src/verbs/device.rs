@@ -522,6 +522,7 @@ impl Device {
                     });
                 }
                 cfg.gids.push(gid);
+                tracing::debug!(device = %self.shared.name, %gid, index = cfg.gids.len() - 1, "GID added");
                 cfg.gids.len() - 1
             }
         };
@@ -536,7 +537,11 @@ impl Device {
         let mut cfg = self.shared.cfg.write().unwrap_or_else(|e| e.into_inner());
         let before = cfg.gids.len();
         cfg.gids.retain(|g| g.ip() != ip);
-        cfg.gids.len() != before
+        let removed = cfg.gids.len() != before;
+        if removed {
+            tracing::debug!(device = %self.shared.name, %ip, "GID removed");
+        }
+        removed
     }
 
     /// `ibv_query_device`.

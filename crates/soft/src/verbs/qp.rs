@@ -391,6 +391,9 @@ impl QueuePair {
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
+        if mask.contains(QpAttrMask::STATE) {
+            tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+        }
         let mut mem = dev.mrs.view();
         let r = rt.after_post(self.qpn, &mut mem);
         dev.posted(&rt, self.qpn);
