@@ -490,6 +490,11 @@ fn connect_tests(cma: &Cma, s: &Settled, dst: SocketAddr, hook: Hook<'_>) -> Res
             EventType::Rejected if tries[i] < TRIES => {
                 drop(ev);
                 tries[i] += 1;
+                tracing::debug!(
+                    qp = i,
+                    attempt = tries[i],
+                    "test QP rejected (server not listening yet): retrying on a fresh id"
+                );
                 qps[i] = None;
                 std::thread::sleep(Duration::from_millis(100));
                 ids[i] = fresh()?;
