@@ -423,6 +423,11 @@ impl UdQp {
         }
         if deth.qkey != self.qkey {
             self.stats.qkey_mismatch += 1;
+            tracing::debug!(
+                qpn = self.cfg.qpn,
+                src_qpn = deth.src_qp,
+                "UD datagram with a wrong Q_Key dropped"
+            );
             return;
         }
         let Some(r) = self.rq.pop_front() else {

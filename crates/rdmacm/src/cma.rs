@@ -109,6 +109,7 @@ impl Cma {
             engine: OnceLock::new(),
             netns: crate::netns::NetNs::current().ok(),
             paused: std::sync::atomic::AtomicBool::new(false),
+            inspect: OnceLock::new(),
         });
         let src = Arc::new(CmSource(Arc::downgrade(&inner)));
         let weak: Weak<dyn Source> = Arc::downgrade(&src) as Weak<dyn Source>;
@@ -116,6 +117,7 @@ impl Cma {
         reg.add_fd(inner.wake.raw())?;
         // Cannot be set already: the Arc is ours alone.
         let _ = inner.engine.set((src, reg));
+        let _ = inner.inspect.set(crate::inspect::register(&inner));
         start_watcher(&inner);
         Ok(Cma { inner })
     }

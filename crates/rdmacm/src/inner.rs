@@ -40,10 +40,13 @@ pub(crate) struct Inner {
     pub(crate) netns: Option<crate::netns::NetNs>,
     /// Tests only ([`Cma::pause_progress`]): the engine leaves the CM alone.
     pub(crate) paused: std::sync::atomic::AtomicBool,
+    /// The ids' inspection provider (`crate::inspect`; dropped first).
+    pub(crate) inspect: OnceLock<rdma_soft::inspect::Provider>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        drop(self.inspect.take());
         // Leave the engine first (waiting for a CM run in progress), then tear down.
         if let Some((src, reg)) = self.engine.take() {
             drop(reg);

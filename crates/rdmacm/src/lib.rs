@@ -143,6 +143,7 @@ mod error;
 mod event;
 mod id;
 mod inner;
+mod inspect;
 mod listen;
 mod netns;
 mod params;

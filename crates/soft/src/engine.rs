@@ -171,6 +171,7 @@ fn start() -> std::result::Result<&'static Engine, i32> {
         .name("rdma-progress".into())
         .spawn(move || engine.run_loop())
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    tracing::debug!("progress engine started");
     Ok(engine)
 }
 

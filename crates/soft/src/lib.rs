@@ -23,8 +23,10 @@ pub mod engine;
 mod error;
 pub mod fd;
 pub mod gsi;
+pub mod inspect;
 pub mod io;
 mod progress;
+mod ratelimit;
 mod runtime;
 pub mod verbs;
 

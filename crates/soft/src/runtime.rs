@@ -67,6 +67,7 @@ pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::{Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
+use crate::ratelimit::warn_limited;
 use crate::verbs::{CompletionQueue, SharedReceiveQueue};
 use crate::{Error, Result};
 
@@ -121,6 +122,9 @@ pub(crate) struct QpCtx {
     pub tclass: u8,
     /// Receives moved from the SRQ into the transport and not yet completed.
     srq_held: u32,
+    /// The QP's span (device, QPN, peer), entered while the runtime drives it; a disabled
+    /// span costs one branch.
+    pub span: tracing::Span,
 }
 
 impl QpCtx {
@@ -139,6 +143,7 @@ impl QpCtx {
             path: None,
             tclass: 0,
             srq_held: 0,
+            span: tracing::Span::none(),
         }
     }
 
@@ -159,10 +164,18 @@ impl QpCtx {
             Some((local, remote)) if local == arr.local && remote == arr.remote => {}
             _ => {
                 stats.wrong_path += 1;
+                warn_limited!(
+                    qpn = self.qpn,
+                    from = %arr.remote,
+                    to = %arr.local,
+                    "packet from an address other than the QP's peer dropped"
+                );
                 return;
             }
         }
+        let _span = self.span.enter();
         let op = pkt.header.opcode;
+        tracing::trace!(?op, psn = pkt.header.psn, len = pkt.payload.len(), "rx");
         if !op.is_response() && Self::consumes_receive(op) && self.srq_held == 0 {
             if let Some(wr) = self.srq.as_ref().and_then(|s| s.take()) {
                 if self.rc.post_recv(&wr).is_ok() {
@@ -216,6 +229,8 @@ pub(crate) struct Runtime {
     /// Set by a `progress` that received something or ran timers: the earliest deadline
     /// may have moved (see [`Runtime::take_timers_touched`]).
     timers_touched: bool,
+    /// Transport counters of the QPs destroyed so far (device totals for inspection).
+    retired: rdma_proto::rc::RcStats,
 }
 
 impl Runtime {
@@ -237,6 +252,7 @@ impl Runtime {
             gsi: Gsi::new()?,
             ud: ud::UdState::default(),
             timers_touched: false,
+            retired: Default::default(),
         })
     }
 
@@ -361,6 +377,7 @@ impl Runtime {
         let ctx = self.slots.get_mut(idx)?.take_if(|c| c.qpn == qpn)?;
         self.live.retain(|&i| i as usize != idx);
         self.free.push(idx as u16);
+        crate::inspect::device::add_rc(&mut self.retired, &ctx.rc.stats());
         if let Some((local, _)) = ctx.path {
             self.close_if_unused(local);
         }
@@ -379,6 +396,15 @@ impl Runtime {
         if !used {
             self.wire.close(local);
         }
+    }
+
+    /// The live RC QPs and the counters of those destroyed, for inspection.
+    pub fn qps(&self) -> (impl Iterator<Item = &QpCtx> + '_, rdma_proto::rc::RcStats) {
+        let live = self.live.iter();
+        (
+            live.filter_map(|&i| self.slots.get(i as usize)?.as_deref()),
+            self.retired,
+        )
     }
 
     pub fn get(&mut self, qpn: u32) -> Option<&mut QpCtx> {
@@ -402,6 +428,7 @@ impl Runtime {
         let old = match self.get(qpn) {
             Some(ctx) => {
                 ctx.tclass = tclass;
+                ctx.span.record("peer", tracing::field::display(remote));
                 ctx.path.replace((local, remote))
             }
             None => return Err(Error::InvalidArgument("no such QP")),
@@ -428,6 +455,7 @@ impl Runtime {
         let Some(ctx) = slots.get_mut(idx).and_then(|s| s.as_deref_mut()) else {
             return false;
         };
+        let span = ctx.span.enter();
         let mut budget = TX_BUDGET;
         let mut more = false;
         loop {
@@ -439,6 +467,7 @@ impl Runtime {
                 break;
             };
             budget -= 1;
+            tracing::trace!(op = ?t.header.opcode, psn = t.header.psn, len = t.payload_len, "tx");
             let Some((local, remote)) = ctx.path else {
                 stats.send_errors += 1;
                 continue;
@@ -456,6 +485,7 @@ impl Runtime {
         if !more && ctx.rc.send_window_full() {
             stats.window_stalls += 1;
         }
+        drop(span);
         ctx.drain_completions(stats);
         more
     }
@@ -481,6 +511,7 @@ impl Runtime {
         wire.recv(&mut |arr, bytes| {
             let Ok(pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
                 stats.unparsable += 1;
+                warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
                 return;
             };
             let qpn = pkt.header.dest_qp;
@@ -497,6 +528,7 @@ impl Runtime {
                 None => {
                     if !ud.deliver(now, mem, arr, &pkt, stats) {
                         stats.no_such_qp += 1;
+                        warn_limited!(qpn, from = %arr.remote, "packet for an unknown QPN dropped");
                     }
                 }
             }
@@ -518,6 +550,7 @@ impl Runtime {
                 if round == 0 {
                     if let Some(ctx) = self.slots[idx].as_deref_mut() {
                         if ctx.rc.poll_timeout().is_some_and(|t| t <= now) {
+                            let _span = ctx.span.enter();
                             ctx.rc.handle_timeout(now);
                             self.timers_touched = true;
                         }

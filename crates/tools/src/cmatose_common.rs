@@ -27,6 +27,8 @@ pub struct Options {
     pub tos: Option<u8>,
     /// `-v`: print every CM event.
     pub verbose: bool,
+    /// `-d` given this many times: debug logs on stderr (see [`crate::log`]).
+    pub debug: u8,
 }
 
 /// Which side a run takes, with its addresses.
@@ -59,8 +61,9 @@ impl Options {
             size: 100,
             tos: None,
             verbose: false,
+            debug: 0,
         };
-        for opt in tool.parse_args("s:b:c:C:S:t:p:vh") {
+        for opt in tool.parse_args("s:b:c:C:S:t:p:vdh") {
             let v = opt.value.as_deref().unwrap_or("");
             match opt.name {
                 's' => o.dst = Some(v.to_string()),
@@ -71,9 +74,11 @@ impl Options {
                 't' => o.tos = Some(tool.num('t', v)),
                 'p' => o.port = tool.num('p', v),
                 'v' => o.verbose = true,
+                'd' => o.debug = o.debug.saturating_add(1),
                 _ => tool.usage(),
             }
         }
+        crate::log::init(o.debug);
         if o.size == 0 {
             o.count = 0;
         }

@@ -369,6 +369,11 @@ fn resolve_addrs(
             }
             EventType::AddrError if tries.get(c).is_some_and(|&r| r < opts.retries) => {
                 tries[c] += 1;
+                tracing::debug!(
+                    connection = c,
+                    attempt = tries[c],
+                    "address error: resolving again"
+                );
                 let id = &ids[c];
                 drop(ev);
                 id.resolve_addr(opts.src, opts.dst, opts.timeout)

@@ -12,6 +12,8 @@
 //! | [`perf`] | perftest's tests over CM-made connections |
 //! | [`demo`] | the connection manager and the software device in one short run |
 //! | [`progress`] | progress of long steps: a bar on a terminal, plain lines otherwise |
+//! | [`log`] | `-d` / `RUST_LOG` onto a `tracing` subscriber writing to stderr |
+//! | [`inspect`] | `ibv_devices`, `ibv_devinfo` and `rdma-soft` views of every process's soft devices |
 //!
 //! Every tool fails with one line on stderr and exit status 1:
 //!
@@ -28,5 +30,7 @@ pub mod cmtime;
 pub mod demo;
 pub mod endpoint;
 pub mod events;
+pub mod inspect;
+pub mod log;
 pub mod perf;
 pub mod progress;

@@ -25,10 +25,12 @@ impl CmAgent {
     pub fn handle_mad(&mut self, now: Nanos, source: CmPath, mad: &[u8]) {
         let Ok(m) = CmMadRepr::parse(mad) else {
             self.stats.malformed += 1;
+            tracing::debug!(from = ?source, len = mad.len(), "malformed CM MAD dropped");
             return;
         };
         if m.method != method::SEND || m.r_bit {
             self.stats.malformed += 1;
+            tracing::debug!(from = ?source, method = m.method, "CM MAD with a wrong method dropped");
             return;
         }
         let tid = m.transaction_id;
@@ -125,9 +127,11 @@ impl CmAgent {
         // A new REQ from a QP that still has a connection here: stale.
         let rej = (0, r.local_comm_id, MessageRef::Req);
         if self.reject_if_stale(now, src, tid, r.local_ca_guid, r.local_qpn, rej) {
+            tracing::debug!(from = ?src, qpn = r.local_qpn, "REQ from a QP with a connection here: REJ stale connection");
             return;
         }
         if !self.listeners.contains_key(&r.service_id) {
+            tracing::debug!(from = ?src, service_id = r.service_id, "REQ for no listener: REJ invalid service id");
             self.reject_unmatched(
                 src,
                 tid,
@@ -140,6 +144,7 @@ impl CmAgent {
         }
         if self.over_limits(&src, r.service_id) {
             self.stats.overload += 1;
+            tracing::debug!(from = ?src, policy = ?self.config.overload, "REQ over the limits");
             if self.config.overload == OverloadPolicy::Reject {
                 self.reject_unmatched(
                     src,

@@ -72,6 +72,11 @@ impl RcQp {
         }
         if count {
             if self.retry_left == 0 {
+                tracing::debug!(
+                    qpn = self.cfg.qpn,
+                    psn,
+                    "retry count exceeded (sequence NAKs)"
+                );
                 self.enter_error(Some(WcStatus::RetryExcErr));
                 return;
             }
@@ -126,8 +131,16 @@ impl RcQp {
                             self.on_progress(now);
                         }
                         self.stats.rnr_naks_received += 1;
+                        tracing::debug!(
+                            qpn = self.cfg.qpn,
+                            psn = p,
+                            timer_ns = rnr_timer_ns(code),
+                            rnr_left = self.rnr_left,
+                            "RNR NAK received"
+                        );
                         if self.attr.rnr_retry != 7 {
                             if self.rnr_left == 0 {
+                                tracing::debug!(qpn = self.cfg.qpn, "RNR retry count exceeded");
                                 self.fail_front(WcStatus::RnrRetryExcErr);
                                 return;
                             }
@@ -145,6 +158,7 @@ impl RcQp {
                             self.on_progress(now);
                         }
                         self.stats.seq_naks_received += 1;
+                        tracing::debug!(qpn = self.cfg.qpn, psn = p, "sequence error NAK received");
                         // a NAK beyond an unanswered READ/atomic is also an implicit NAK for it;
                         // only a NAK for our oldest PSN without progress costs a retry
                         let target = if blocked { self.comp_psn } else { p };
@@ -158,6 +172,7 @@ impl RcQp {
                             NakCode::RemoteAccess => WcStatus::RemAccessErr,
                             _ => WcStatus::RemOpErr,
                         };
+                        tracing::debug!(qpn = self.cfg.qpn, psn = p, ?code, "NAK received");
                         self.fail_front(status);
                     }
                     AethKind::Reserved(_) => self.stats.dropped += 1,

@@ -320,6 +320,14 @@ impl RcQp {
     /// Moves the QP to Err: the send queue and receive queue are flushed (after `first`, an
     /// error completion for the oldest send WR, if given).
     pub(crate) fn enter_error(&mut self, first: Option<WcStatus>) {
+        if self.state != QpState::Err {
+            tracing::debug!(
+                qpn = self.cfg.qpn,
+                from = ?self.state,
+                status = ?first.or_else(|| self.sq.front().and_then(|w| w.error)),
+                "QP to error"
+            );
+        }
         self.state = QpState::Err;
         self.retrans_deadline = None;
         self.rnr_until = None;

@@ -170,7 +170,14 @@ impl RcQp {
         }
         // count what is resent: everything from psn to the last PSN sent
         let until = self.current_req_psn();
-        self.stats.retransmitted += psn_diff(until, psn).max(0) as u64;
+        let resent = psn_diff(until, psn).max(0) as u64;
+        self.stats.retransmitted += resent;
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            packets = resent,
+            "retransmitting (go-back-N)"
+        );
         self.req_idx = 0;
         self.req_off = d as u32;
         // ignore further evidence of the same gap until everything in flight was resent
@@ -198,7 +205,14 @@ impl RcQp {
             return;
         }
         self.stats.timeouts += 1;
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn = self.comp_psn,
+            retry_left = self.retry_left,
+            "local ACK timeout"
+        );
         if self.retry_left == 0 {
+            tracing::debug!(qpn = self.cfg.qpn, "retry count exceeded (ACK timeouts)");
             self.enter_error(Some(WcStatus::RetryExcErr));
             return;
         }

@@ -164,6 +164,12 @@ impl RcQp {
     /// Err.
     fn resp_fatal(&mut self, psn: u32, code: NakCode, recv_status: Option<WcStatus>) {
         self.stats.naks_sent += 1;
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            ?code,
+            "fatal request error: NAK sent"
+        );
         let qpn = self.cfg.qpn;
         if let Some(st) = recv_status {
             if let Some(r) = self.resp.rq.pop_front() {
@@ -179,6 +185,7 @@ impl RcQp {
 
     fn rnr_nak(&mut self, psn: u32) {
         self.stats.naks_sent += 1;
+        tracing::debug!(qpn = self.cfg.qpn, psn, "no receive posted: RNR NAK sent");
         let aeth = Aeth::rnr(self.attr.min_rnr_timer, self.resp.msn);
         // replace a trailing RNR NAK for the same PSN rather than queueing another
         if let Some(Out::Ack { psn: p, aeth: a }) = self.resp.out.back() {
@@ -201,6 +208,12 @@ impl RcQp {
             if !self.resp.nak_seq_sent {
                 self.resp.nak_seq_sent = true;
                 self.stats.naks_sent += 1;
+                tracing::debug!(
+                    qpn = self.cfg.qpn,
+                    psn = h.psn,
+                    expected = self.resp.epsn,
+                    "sequence error: NAK sent"
+                );
                 let aeth = Aeth::nak(NakCode::PsnSeqErr, self.resp.msn);
                 let e = self.resp.epsn;
                 self.resp.push_nak(e, aeth);

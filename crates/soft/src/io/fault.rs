@@ -93,13 +93,16 @@ impl FaultSpec {
     pub fn from_env() -> Result<Option<FaultSpec>> {
         match std::env::var(FAULTS_ENV) {
             Ok(s) if s.trim().is_empty() => Ok(None),
-            Ok(s) => s.parse().map(Some).map_err(|e| match e {
-                Error::FaultSpec { spec, reason } => Error::FaultSpec {
-                    spec: format!("{FAULTS_ENV}={spec}"),
-                    reason,
-                },
-                other => other,
-            }),
+            Ok(s) => {
+                tracing::debug!(spec = %s, "fault injection from {FAULTS_ENV}");
+                s.parse().map(Some).map_err(|e| match e {
+                    Error::FaultSpec { spec, reason } => Error::FaultSpec {
+                        spec: format!("{FAULTS_ENV}={spec}"),
+                        reason,
+                    },
+                    other => other,
+                })
+            }
             Err(std::env::VarError::NotPresent) => Ok(None),
             Err(std::env::VarError::NotUnicode(_)) => Err(Error::FaultSpec {
                 spec: FAULTS_ENV.into(),
@@ -323,18 +326,22 @@ impl<M: Copy> FaultInjector<M> {
         let r_wait = self.rng.next_f64();
         if r_loss < self.spec.loss {
             self.stats.dropped += 1;
+            tracing::trace!(len = data.len(), "fault injected: drop");
             return Verdict::Drop;
         }
         if r_corrupt < self.spec.corrupt && !data.is_empty() {
             let bit = (r_bit % (data.len() as u64 * 8)) as usize;
             data[bit / 8] ^= 1 << (bit % 8);
             self.stats.corrupted += 1;
+            tracing::trace!(bit, "fault injected: corrupt");
         }
         if r_dup < self.spec.dup {
             self.stats.duplicated += 1;
+            tracing::trace!("fault injected: duplicate");
             return Verdict::Duplicate;
         }
         if r_reorder < self.spec.reorder {
+            tracing::trace!("fault injected: reorder");
             return Verdict::Hold {
                 wait: self.spec.reorder_window,
                 overtake: true,
@@ -342,6 +349,7 @@ impl<M: Copy> FaultInjector<M> {
         }
         if let Some((p, max)) = self.spec.delay {
             if r_delay < p {
+                tracing::trace!("fault injected: delay");
                 return Verdict::Hold {
                     wait: max.mul_f64(r_wait),
                     overtake: false,

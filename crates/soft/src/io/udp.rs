@@ -279,6 +279,7 @@ fn accept(
         }
         None => {
             stats.icrc_errors += 1;
+            crate::ratelimit::warn_limited!(from = %arrival.remote, "datagram with a bad ICRC dropped");
             false
         }
     }
@@ -421,6 +422,10 @@ impl DatagramWire for UdpWire {
                 let Some(d) = self.inbox.get(k) else { break };
                 let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
                     self.stats.malformed += 1;
+                    crate::ratelimit::warn_limited!(
+                        truncated = d.truncated,
+                        "malformed datagram dropped"
+                    );
                     continue;
                 };
                 let local_addr = match d.anc.dst {

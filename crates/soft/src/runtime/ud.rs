@@ -150,6 +150,12 @@ fn drain(ctx: &mut UdCtx, stats: &mut RuntimeStats) {
 }
 
 impl Runtime {
+    /// The live UD QPs, for inspection.
+    pub fn ud_qps(&self) -> impl Iterator<Item = &UdCtx> + '_ {
+        let live = self.ud.live.iter();
+        live.filter_map(|&i| self.ud.slots.get(i as usize)?.as_deref())
+    }
+
     /// Inserts a UD QP (its QPN from [`Runtime::alloc_qpn`]).
     pub fn ud_insert(&mut self, ctx: UdCtx) {
         let idx = (ctx.qpn & 0xFFFF) as usize;

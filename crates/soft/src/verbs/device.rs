@@ -165,8 +165,10 @@ pub(crate) struct DeviceShared {
     /// [`Device::remove_gid`]): read when a QP gets its address vector or an AH is made,
     /// never per packet.
     cfg: RwLock<DeviceConfig>,
-    name: String,
-    netdev: String,
+    pub(crate) name: String,
+    pub(crate) netdev: String,
+    /// The device's inspection provider (dropped first: see `inspect::register_borrowed`).
+    inspect: OnceLock<crate::inspect::Provider>,
     attr: DeviceAttr,
     port: PortAttr,
     pub(crate) mrs: Arc<MrTable>,
@@ -275,8 +277,9 @@ impl DeviceShared {
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
-        // Leave the engine first (waiting for a run in progress), so the fields it uses
-        // outlive it; the wire's sockets then close in this thread, at once.
+        // Leave inspection and the engine first (waiting for a run in progress), so the
+        // fields they use outlive them; the wire's sockets then close in this thread, at once.
+        drop(self.inspect.take());
         drop(self.reg.take());
     }
 }
@@ -436,6 +439,7 @@ impl Device {
             next_pd: AtomicU32::new(1),
             next_cq: AtomicU32::new(1),
             reg: OnceLock::new(),
+            inspect: OnceLock::new(),
             inline_at: AtomicU64::new(0),
             created: Instant::now(),
             rt: Mutex::new(rt),
@@ -449,6 +453,13 @@ impl Device {
         }
         // Cannot be set already: the Arc is ours alone.
         let _ = shared.reg.set(reg);
+        let weak = Arc::downgrade(&shared);
+        // SAFETY: stored in `shared.inspect`, which `DeviceShared::drop` drops first.
+        let p = unsafe {
+            crate::inspect::register_borrowed("devices", weak, crate::inspect::device::snapshot)
+        };
+        let _ = shared.inspect.set(p);
+        tracing::debug!(device = %shared.name, netdev = %shared.netdev, "device open");
         Ok(Device { shared })
     }
 
@@ -511,6 +522,7 @@ impl Device {
                     });
                 }
                 cfg.gids.push(gid);
+                tracing::debug!(device = %self.shared.name, %gid, index = cfg.gids.len() - 1, "GID added");
                 cfg.gids.len() - 1
             }
         };
@@ -525,7 +537,11 @@ impl Device {
         let mut cfg = self.shared.cfg.write().unwrap_or_else(|e| e.into_inner());
         let before = cfg.gids.len();
         cfg.gids.retain(|g| g.ip() != ip);
-        cfg.gids.len() != before
+        let removed = cfg.gids.len() != before;
+        if removed {
+            tracing::debug!(device = %self.shared.name, %ip, "GID removed");
+        }
+        removed
     }
 
     /// `ibv_query_device`.

@@ -17,6 +17,7 @@ mod srq;
 mod ud;
 
 pub use cq::{CompletionChannel, CompletionQueue};
+pub(crate) use device::DeviceShared;
 pub use device::{
     active_mtu, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, ROCE_MAX_HEADERS,
 };

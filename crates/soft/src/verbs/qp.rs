@@ -290,12 +290,20 @@ impl QueuePair {
         cfg.max_inline_data = c.max_inline_data;
         cfg.sq_sig_all = init.sq_sig_all;
         cfg.max_outstanding_psns = crate::SEND_WINDOW;
-        rt.insert(QpCtx::new(
+        let mut ctx = QpCtx::new(
             RcQp::new(cfg),
             init.send_cq.clone(),
             init.recv_cq.clone(),
             init.srq.cloned(),
-        ));
+        );
+        ctx.span = tracing::debug_span!(
+            "qp",
+            device = %pd.device().name,
+            qpn = ctx.qpn,
+            peer = tracing::field::Empty
+        );
+        tracing::debug!(parent: &ctx.span, "RC QP created");
+        rt.insert(ctx);
     }
 
     pub(crate) fn device(&self) -> &Arc<DeviceShared> {
@@ -383,6 +391,9 @@ impl QueuePair {
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
+        if mask.contains(QpAttrMask::STATE) {
+            tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+        }
         let mut mem = dev.mrs.view();
         let r = rt.after_post(self.qpn, &mut mem);
         dev.posted(&rt, self.qpn);

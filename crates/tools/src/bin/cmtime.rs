@@ -17,15 +17,17 @@ options:
    -p port_number (default 7471)
    -r retries (default 2)
    -t timeout_ms (default 2000)
+   -d debug logs on stderr (-dd: per packet; RUST_LOG wins)
    -h this help
 server mode when no -s is given
 ",
 };
 
 fn main() {
-    let opts = TOOL.parse_args("s:b:c:p:r:t:h");
+    let opts = TOOL.parse_args("s:b:c:p:r:t:dh");
     let (mut server, mut bind) = (None, None);
     let (mut conns, mut port, mut retries, mut timeout) = (100usize, 7471u16, 2u8, 2000u64);
+    let mut debug = 0u8;
     for o in &opts {
         let v = o.value.as_deref().unwrap_or("");
         match o.name {
@@ -35,9 +37,11 @@ fn main() {
             'p' => port = TOOL.num('p', v),
             'r' => retries = TOOL.num('r', v),
             't' => timeout = TOOL.num('t', v),
+            'd' => debug = debug.saturating_add(1),
             _ => {}
         }
     }
+    rdma_tools::log::init(debug);
     if conns == 0 {
         TOOL.fail("invalid value '0' for -c");
     }

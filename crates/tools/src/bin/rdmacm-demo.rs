@@ -24,6 +24,7 @@ fn fail(msg: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
+    rdma_tools::log::init(0);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut role, mut addr, mut bind) = (Role::Both, None, None);
     let (mut port, mut mib, mut pings) = (7472u16, 256usize, 10_000u64);

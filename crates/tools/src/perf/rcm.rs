@@ -490,6 +490,11 @@ fn connect_tests(cma: &Cma, s: &Settled, dst: SocketAddr, hook: Hook<'_>) -> Res
             EventType::Rejected if tries[i] < TRIES => {
                 drop(ev);
                 tries[i] += 1;
+                tracing::debug!(
+                    qp = i,
+                    attempt = tries[i],
+                    "test QP rejected (server not listening yet): retrying on a fresh id"
+                );
                 // The CM moved the refused QP to error (as rdma_cm does): its posted
                 // receives were flushed into the shared CQ. They go with the QP, or the
                 // test would take them for its own (WrFlushErr on the first poll).

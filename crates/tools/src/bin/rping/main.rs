@@ -30,7 +30,7 @@ rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
 \t-s\t\tserver side.  To bind to any address with IPv6 use -a ::0
 \t-v\t\tdisplay ping data to stdout
 \t-V\t\tvalidate ping data
-\t-d\t\tdebug printfs
+\t-d\t\tdebug printfs and debug logs on stderr (-dd: per packet; RUST_LOG wins)
 \t-S size \tping data size
 \t-C count\tping count times
 \t-a addr\t\taddress
@@ -55,6 +55,7 @@ fn main() {
         validate: false,
         debug: false,
     };
+    let mut debug = 0u8;
     for opt in TOOL.parse_args("a:I:Pp:C:S:scvVdh") {
         let v = opt.value.as_deref().unwrap_or("");
         match opt.name {
@@ -78,10 +79,14 @@ fn main() {
             'C' => o.count = TOOL.num('C', v),
             'v' => o.verbose = true,
             'V' => o.validate = true,
-            'd' => o.debug = true,
+            'd' => {
+                o.debug = true;
+                debug = debug.saturating_add(1);
+            }
             _ => TOOL.usage(),
         }
     }
+    rdma_tools::log::init(debug);
     let Some(server) = server else {
         TOOL.fail("one of -s (server) or -c (client) is required (try 'rping -h')");
     };

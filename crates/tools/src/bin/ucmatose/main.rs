@@ -37,6 +37,7 @@ const TOOL: Tool = Tool {
 \t[-t type_of_service]
 \t[-p port_number]
 \t[-v] print CM events
+\t[-d] debug logs on stderr (-dd: per packet; RUST_LOG wins)
 \t[-h] this help
 ",
 };

@@ -1,0 +1,180 @@
+//! A device's inspection view: its port, GID table, QPs and counters as JSON.
+
+use rdma_proto::rc::RcStats;
+use rdma_proto::verbs::QpState;
+use serde_json::{json, Value};
+
+use crate::io::WireStats;
+use crate::runtime::{QpCtx, RuntimeStats, UdCtx};
+use crate::verbs::{DeviceShared, PortState};
+
+/// Adds `b`'s transport counters to `a` (the totals of destroyed QPs).
+pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
+    a.req_packets_sent += b.req_packets_sent;
+    a.retransmitted += b.retransmitted;
+    a.timeouts += b.timeouts;
+    a.rnr_naks_received += b.rnr_naks_received;
+    a.seq_naks_received += b.seq_naks_received;
+    a.responses_sent += b.responses_sent;
+    a.duplicates += b.duplicates;
+    a.dropped += b.dropped;
+    a.naks_sent += b.naks_sent;
+}
+
+/// The name `rdma resource` prints for a QP state.
+pub(crate) fn state_name(s: QpState) -> &'static str {
+    match s {
+        QpState::Reset => "RESET",
+        QpState::Init => "INIT",
+        QpState::Rtr => "RTR",
+        QpState::Rts => "RTS",
+        QpState::Sqd => "SQD",
+        QpState::Sqe => "SQE",
+        QpState::Err => "ERR",
+    }
+}
+
+fn rc_counters(s: &RcStats) -> Value {
+    json!({
+        "req_packets_sent": s.req_packets_sent,
+        "retransmitted": s.retransmitted,
+        "ack_timeouts": s.timeouts,
+        "rnr_naks_rcvd": s.rnr_naks_received,
+        "seq_naks_rcvd": s.seq_naks_received,
+        "naks_sent": s.naks_sent,
+        "responses_sent": s.responses_sent,
+        "duplicate_requests": s.duplicates,
+        "dropped": s.dropped,
+    })
+}
+
+fn qp(c: &QpCtx) -> Value {
+    let a = c.rc.attr();
+    let (local, peer) = match c.path {
+        Some((l, r)) => (Value::from(l.to_string()), Value::from(r.to_string())),
+        None => (Value::Null, Value::Null),
+    };
+    json!({
+        "qpn": c.qpn,
+        "type": "RC",
+        "state": state_name(c.rc.state()),
+        "local": local,
+        "peer": peer,
+        "dest_qpn": a.dest_qp_num,
+        "sq_psn": a.sq_psn,
+        "rq_psn": a.rq_psn,
+        "unacked_psn": c.rc.oldest_unacked_psn(),
+        "outstanding": c.rc.outstanding_psns(),
+        "send_queue": c.rc.send_queue_len(),
+        "path_mtu": a.path_mtu.bytes(),
+        "counters": rc_counters(&c.rc.stats()),
+    })
+}
+
+fn ud_qp(c: &UdCtx) -> Value {
+    let s = c.ud.stats();
+    let local: Vec<String> = c.listening.iter().map(|a| a.to_string()).collect();
+    json!({
+        "qpn": c.qpn,
+        "type": "UD",
+        "state": state_name(c.ud.state()),
+        "local": if local.is_empty() { Value::Null } else { Value::from(local.join(",")) },
+        "qkey": c.ud.qkey(),
+        "counters": {
+            "qkey_mismatch": s.qkey_mismatch,
+            "no_receive": s.no_receive,
+            "dropped": s.dropped,
+        },
+    })
+}
+
+fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
+    let mut v = rc_counters(total);
+    let f = |s: &crate::io::FaultStats| {
+        s.dropped + s.duplicated + s.corrupted + s.reordered + s.delayed
+    };
+    if let Value::Object(m) = &mut v {
+        let more = json!({
+            "sent_pkts": w.sent,
+            "rcvd_pkts": w.received,
+            "send_errors": w.send_errors,
+            "icrc_errors": w.icrc_errors,
+            "icrc_recovered_id": w.icrc_recovered_id,
+            "malformed": w.malformed,
+            "unparsable": rt.unparsable,
+            "no_such_qp": rt.no_such_qp,
+            "wrong_path": rt.wrong_path,
+            "cq_overflows": rt.cq_overflows,
+            "window_stalls": rt.window_stalls,
+            "faults_injected": f(&w.faults_send) + f(&w.faults_recv),
+            "faults_dropped": w.faults_send.dropped + w.faults_recv.dropped,
+            "faults_duplicated": w.faults_send.duplicated + w.faults_recv.duplicated,
+            "faults_corrupted": w.faults_send.corrupted + w.faults_recv.corrupted,
+            "faults_reordered": w.faults_send.reordered + w.faults_recv.reordered,
+            "faults_delayed": w.faults_send.delayed + w.faults_recv.delayed,
+        });
+        if let Value::Object(more) = more {
+            m.extend(more);
+        }
+    }
+    v
+}
+
+/// The device's view (the `"devices"` provider of every open device).
+pub(crate) fn snapshot(d: &DeviceShared) -> Value {
+    let gids: Vec<Value> = d
+        .cfg()
+        .gids
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({
+                "index": i,
+                "gid": std::net::Ipv6Addr::from(g.gid()).to_string(),
+                "addr": g.to_string(),
+            })
+        })
+        .collect();
+    let port = d.port();
+    let attr = d.attr();
+    let rt = d.runtime();
+    let (live, mut total) = rt.qps();
+    let mut qps = Vec::new();
+    for c in live {
+        add_rc(&mut total, &c.rc.stats());
+        qps.push(qp(c));
+    }
+    let mut qkey_mismatch = 0;
+    for c in rt.ud_qps() {
+        qkey_mismatch += c.ud.stats().qkey_mismatch;
+        qps.push(ud_qp(c));
+    }
+    let mut counters = device_counters(&total, &rt.stats(), &rt.wire_stats());
+    counters["qkey_mismatch"] = Value::from(qkey_mismatch);
+    drop(rt);
+    let state = port.state;
+    json!({
+        "name": d.name,
+        "netdev": d.netdev,
+        "node_guid": format!("{:016x}", attr.node_guid),
+        "sys_image_guid": format!("{:016x}", attr.sys_image_guid),
+        "fw_ver": attr.fw_ver,
+        "vendor_id": attr.vendor_id,
+        "vendor_part_id": attr.vendor_part_id,
+        "phys_port_cnt": attr.phys_port_cnt,
+        "ports": [{
+            "port": 1,
+            "state": match state { PortState::Active => "PORT_ACTIVE", PortState::Down => "PORT_DOWN" },
+            "state_num": state as u32,
+            "max_mtu": port.max_mtu.bytes(),
+            "active_mtu": port.active_mtu.bytes(),
+            "netdev_mtu": port.netdev_mtu,
+            "gid_tbl_len": gids.len(),
+            "pkey_tbl_len": port.pkey_tbl_len,
+            "link_layer": if port.link_layer_ethernet { "Ethernet" } else { "InfiniBand" },
+            "gids": gids,
+        }],
+        "qps": qps,
+        "counters": counters,
+    })
+}
