@@ -147,8 +147,9 @@ mod route;
 mod watch;
 
 pub use async_api::{
-    ConnectOptions, Connection, Listener, RemoteBuf, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
-    MAX_RDMA_OPS, WINDOW,
+    AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Incoming, Listener,
+    RdmaStream, RemoteBuf, Resolved, Setup, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
+    MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 #[doc(hidden)]
@@ -169,7 +170,7 @@ pub use id::{CmId, CmOption, IdState, QpKind};
 pub use rdma_soft::verbs;
 pub use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Device, MemoryRegion,
-    ProtectionDomain, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    ProtectionDomain, QpCap, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 
 pub use addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
