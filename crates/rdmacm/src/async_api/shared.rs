@@ -288,12 +288,15 @@ pub(super) async fn run(
                     | EventType::Rejected) => Some(CloseReason::Event(k)),
                     _ => None,
                 };
+                let disconnected = ev.kind() == EventType::Disconnected;
+                // Handed over (acknowledged when the application drops it, or at once if
+                // the connection is gone) before this task may hold the last reference to
+                // the id: destroying an id waits for its events to be acknowledged.
+                drop(events.send(ev));
                 if let Some(why) = why {
                     {
                         let mut st = sh.lock();
-                        if ev.kind() == EventType::Disconnected {
-                            st.disconnected = true;
-                        }
+                        st.disconnected |= disconnected;
                         sh.close(&mut st, why);
                     }
                     if let Some(id) = id.upgrade() {
@@ -302,9 +305,6 @@ pub(super) async fn run(
                     let mut st = sh.lock();
                     sh.wake(&mut st);
                 }
-                // Acknowledged when the application drops it (or at once if the
-                // connection is gone).
-                drop(events.send(ev));
             }
             g = sh.afd.readable() => {
                 let Ok(mut g) = g else { return };
