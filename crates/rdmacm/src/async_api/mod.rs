@@ -119,3 +119,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?
 }
+
+/// docs/ASYNC.md's code blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../../docs/ASYNC.md")]
+struct AsyncDocDoctests;

@@ -12,7 +12,23 @@ use super::MAX_MESSAGE;
 use crate::error::{CloseReason, Error};
 
 fn io_error(e: Error) -> io::Error {
-    io::Error::new(io::Error::from_raw_os_error(e.errno()).kind(), e)
+    e.into()
+}
+
+/// An [`Error`] as an I/O error of its errno's kind, with its text (so `?` works in
+/// functions returning `std::io::Result`, as `AsyncRead` / `AsyncWrite` code does).
+///
+/// ```
+/// let e: std::io::Error = rdmacm::Error::NotConnected.into();
+/// assert_eq!(e.kind(), std::io::ErrorKind::NotConnected);
+/// ```
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        match e {
+            Error::Io(e) => e,
+            e => io::Error::new(io::Error::from_raw_os_error(e.errno()).kind(), e),
+        }
+    }
 }
 
 /// A [`Connection`] as a byte stream, for `tokio::io::copy`, codecs and anything else
