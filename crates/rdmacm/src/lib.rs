@@ -18,8 +18,13 @@
 //!   [`CmId::resolve_route`], [`CmId::listen`], [`CmId::create_qp`], [`CmId::connect`],
 //!   [`CmId::accept`], [`CmId::reject`], [`CmId::disconnect`], [`CmId::establish`],
 //!   [`CmId::migrate`], [`CmId::set_option`], address / device getters.
-//! * Async: [`Listener`], [`Connection`] (messages: [`Connection::send`],
-//!   [`Connection::recv`]; teardown: [`Connection::closed`], [`Connection::disconnect`]).
+//! * Async (tokio; `docs/ASYNC.md` walks through it with runnable examples): [`Listener`],
+//!   [`Connection`] (messages: [`Connection::send`], [`Connection::recv`]; a byte stream:
+//!   [`RdmaStream`]; no-copy [`Buf`]s: [`Connection::send_buf`], [`Connection::write_buf`],
+//!   [`Connection::read_buf`]; one-sided with a [`RemoteBuf`]; memory registered before
+//!   the connection: [`Incoming`], [`Resolved`], [`Setup`]; teardown:
+//!   [`Connection::closed`], [`Connection::disconnect`]), [`CompletionStream`] for your own
+//!   work requests. Waiting is on the CQ's completion channel through tokio, never a spin.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -123,6 +128,7 @@
 //! | sticky connections: changes are hints, a vanished peer times out | [`EventType::AddrChange`], [`EventType::DeviceRemoval`] | `peer_vanishes_gives_unreachable_or_disconnected_never_a_hang` |
 //! | scale, backlog, timewait, async | [`Listener`], [`Connection`] | `cm_many.rs`, `two_hosts_many_connections` (`RDMA_CM_CONNS`) |
 //! | async data path: messages with credits, one-sided WRITE/READ, TCP-like teardown, error text | [`Connection::send`], [`Connection::recv`], [`Connection::write`], [`Connection::read`], [`RemoteBuf`], [`Connection::closed`], [`Connection::disconnect`], [`CloseReason`] | `async_data.rs`, README's async echo (a doctest) |
+//! | async byte stream, owned buffers, setup hooks, completion stream, connect errors | [`RdmaStream`], [`Buf`], [`BufPool`], [`Incoming`], [`Resolved`], [`Setup`], [`CompletionStream`], [`ConnectOptions::connect_timeout`] | `async_stream.rs`, `async_owned.rs`, `async_setup.rs`, `async_completions.rs`, `async_errors.rs`, docs/ASYNC.md (doctests) |
 //! | SIDR, hostile MADs | [`CmId::connect`] (UDP port space) | `udp_port_space_resolves_peer_qpn_and_qkey_with_sidr`, `hostile_mads_change_no_connection` |
 //!
 //! Namespace tests need root and print `SKIPPED` otherwise.
@@ -157,8 +163,9 @@ mod state;
 mod watch;
 
 pub use async_api::{
-    ConnectOptions, Connection, Listener, RemoteBuf, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
-    MAX_RDMA_OPS, WINDOW,
+    AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Incoming, Listener,
+    RdmaStream, RemoteBuf, Resolved, Setup, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
+    MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;
@@ -181,7 +188,7 @@ pub use params::{ConnEventParam, ConnParam, EventType, UdParam};
 pub use rdma_soft::verbs;
 pub use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, Device, MemoryRegion,
-    ProtectionDomain, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    ProtectionDomain, QpCap, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 pub use slot::{IdState, QpKind};
 

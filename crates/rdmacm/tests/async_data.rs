@@ -365,3 +365,23 @@ async fn write_with_a_bad_rkey_fails_with_remote_access_error() {
     );
     assert_eq!(s.qp().state(), QpState::Err);
 }
+
+/// `disconnect` right after a window of sends that were only posted: it lets them land
+/// before the DREQ (the QP would otherwise go to Err and flush them), so the peer reads
+/// every message, then the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_lets_the_sends_in_flight_land() {
+    let (c, s) = pair("127.0.60.12").await;
+    for i in 0..WINDOW {
+        c.send(&pattern(i, MAX_MESSAGE)).await.unwrap();
+    }
+    within("disconnect", c.disconnect()).await.unwrap();
+    for i in 0..WINDOW {
+        let m = within("recv", s.recv()).await.unwrap();
+        assert!(m == pattern(i, MAX_MESSAGE), "message {i}");
+    }
+    assert!(matches!(
+        s.recv().await,
+        Err(Error::Closed(CloseReason::PeerDisconnected))
+    ));
+}

@@ -1,0 +1,484 @@
+//! [`Connection`]: connect (in one step or two, [`Resolved`]), accessors, teardown.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdma_soft::verbs::{CompletionQueue, Device, ProtectionDomain, QueuePair};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::setup::{Parts, Setup};
+use super::shared::{run, Shared, State};
+use super::{blocking, event_error, DISCONNECT_WAIT};
+use crate::channel::EventChannel;
+use crate::cma::Cma;
+use crate::error::{CloseReason, Error, Result};
+use crate::event::Event;
+use crate::id::CmId;
+use crate::params::{ConnParam, EventType};
+use crate::ports::PortSpace;
+
+/// How [`Connection::connect`] connects.
+///
+/// ```
+/// let o = rdmacm::ConnectOptions { private_data: b"hello".to_vec(), ..Default::default() };
+/// assert_eq!(o.timeout, std::time::Duration::from_secs(2));
+/// assert_eq!(o.connect_timeout, None);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Private data for the REQ (at most [`super::MAX_REQ_PRIVATE_DATA`], 56 bytes; more is
+    /// `EINVAL`).
+    pub private_data: Vec<u8>,
+    /// Address and route resolution timeout (each step).
+    pub timeout: Duration,
+    /// A bound on the whole connect, resolution to ESTABLISHED (`ETIMEDOUT` after it;
+    /// `None`: the CM's own retries bound the REQ, with the default CM timeouts about 74 s
+    /// for a peer that never answers).
+    pub connect_timeout: Option<Duration>,
+    /// Source address to bind first (`None`: chosen by the route).
+    pub src: Option<SocketAddr>,
+    /// Everything else of the REQ (its `private_data` is replaced by the field above).
+    pub conn_param: ConnParam,
+    /// PD, CQ and QP sizes.
+    pub setup: Setup,
+    /// The context (`None`: [`Cma::global`]).
+    pub cma: Option<Cma>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            private_data: Vec::new(),
+            timeout: Duration::from_secs(2),
+            connect_timeout: None,
+            src: None,
+            conn_param: ConnParam::default(),
+            setup: Setup::default(),
+            cma: None,
+        }
+    }
+}
+
+async fn until<T>(
+    deadline: Option<Instant>,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, f)
+            .await
+            .map_err(|_| Error::TimedOut)?,
+        None => f.await,
+    }
+}
+
+/// An active-side id with its address and route resolved and nothing created yet
+/// ([`Connection::resolve`]): create a PD on [`Resolved::device`], register memory, then
+/// [`Resolved::connect`].
+///
+/// ```no_run
+/// # async fn f() -> rdmacm::Result<()> {
+/// use rdmacm::{AccessFlags, ConnectOptions, Connection, RemoteBuf, Setup};
+/// let opts = ConnectOptions { src: Some("127.0.0.2:0".parse().unwrap()), ..Default::default() };
+/// let mut r = Connection::resolve("127.0.0.1:7471".parse().unwrap(), opts).await?;
+/// let pd = r.device().alloc_pd()?;
+/// let mr = pd.register(vec![0u8; 1 << 20], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// r.options_mut().setup.pd = Some(pd);
+/// r.options_mut().private_data = RemoteBuf::of(&mr).to_bytes().to_vec();
+/// let c = r.connect().await?; // the server may WRITE into `mr` at once
+/// # Ok(()) }
+/// ```
+pub struct Resolved {
+    ch: Arc<EventChannel>,
+    id: CmId,
+    dev: Device,
+    opts: ConnectOptions,
+    deadline: Option<Instant>,
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved").field("id", &self.id).finish()
+    }
+}
+
+impl Resolved {
+    /// The device the connection will use (allocate a [`Setup::pd`] on it).
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The options [`Resolved::connect`] uses (private data, setup, REQ parameters);
+    /// `src`, `timeout` and `cma` were used already.
+    pub fn options_mut(&mut self) -> &mut ConnectOptions {
+        &mut self.opts
+    }
+
+    /// The local address chosen.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    /// Creates the QP and the message buffers, sends the REQ and waits for ESTABLISHED
+    /// (within what is left of [`ConnectOptions::connect_timeout`]).
+    pub async fn connect(self) -> Result<Connection> {
+        let Resolved {
+            ch,
+            id,
+            opts,
+            deadline,
+            ..
+        } = self;
+        let mut param = opts.conn_param;
+        param.private_data = opts.private_data;
+        let setup = opts.setup;
+        until(deadline, async move {
+            let (id, parts) = blocking(move || {
+                let parts = Parts::create(&id, &setup)?;
+                id.connect(&param)?;
+                Ok((id, parts))
+            })
+            .await?;
+            let ev = wait_established(&ch).await?;
+            let peer_private_data = ev.private_data().to_vec();
+            drop(ev);
+            Connection::start(ch, id, parts, peer_private_data)
+        })
+        .await
+    }
+}
+
+pub(super) async fn wait_established(ch: &EventChannel) -> Result<Event> {
+    loop {
+        let ev = ch.next_event().await?;
+        match ev.kind() {
+            EventType::Established => return Ok(ev),
+            EventType::AddrChange | EventType::TimewaitExit => continue,
+            _ => return Err(event_error(&ev)),
+        }
+    }
+}
+
+/// A connected RC id with its QP (on the id's device), a CQ with a completion channel,
+/// message buffers, and a task that turns completions and CM events into woken futures.
+///
+/// Messages: [`Connection::send`] and [`Connection::recv`] (credit-aware, see the module
+/// docs), [`Connection::send_buf`] (zero copy), a byte stream ([`Connection::into_stream`]).
+/// One-sided: [`Connection::write`], [`Connection::read`] and their owned-buffer forms.
+/// Teardown: when the peer disconnects, the QP goes to Err at once, pending futures fail
+/// with [`Error::Closed`], later sends with [`Error::NotConnected`];
+/// [`Connection::closed`] waits for that; [`Connection::disconnect`] lets the sends in
+/// flight land, closes and waits for the peer's answer. Dropping it disconnects (DREQ) and
+/// destroys the id.
+///
+/// The QP belongs to the message layer: posting receives on [`Connection::qp`] yourself
+/// takes messages away from [`Connection::recv`].
+///
+/// ```no_run
+/// # async fn f() -> rdmacm::Result<()> {
+/// let opts = rdmacm::ConnectOptions {
+///     private_data: b"hi".to_vec(),
+///     src: Some("127.0.0.2:0".parse().unwrap()), // one process per address: bind another
+///     ..Default::default()
+/// };
+/// let c = rdmacm::Connection::connect("127.0.0.1:7471".parse().unwrap(), opts).await?;
+/// c.send(b"ping").await?;
+/// let reply = c.recv().await?;
+/// println!("{:?} from {:?}", reply, c.peer_addr());
+/// c.disconnect().await?;
+/// # Ok(()) }
+/// ```
+pub struct Connection {
+    // Outlives the id (dropped after it, in `Drop`).
+    _ch: Arc<EventChannel>,
+    pub(super) id: Option<Arc<CmId>>,
+    pub(super) sh: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+    events: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+    peer_private_data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("id", &self.id)
+            .field("qpn", &self.sh.parts.qp.qpn())
+            .finish()
+    }
+}
+
+impl Connection {
+    /// Resolves `addr`, creates the QP and the message buffers, connects, and waits for
+    /// ESTABLISHED. A rejection is `ECONNREFUSED` ([`Error::ConnectionRefused`] with the
+    /// reason, named), no answer (UNREACHABLE) or [`ConnectOptions::connect_timeout`]
+    /// passed `ETIMEDOUT`.
+    pub async fn connect(addr: SocketAddr, options: ConnectOptions) -> Result<Connection> {
+        Connection::resolve(addr, options).await?.connect().await
+    }
+
+    /// The first half of [`Connection::connect`]: binds (if [`ConnectOptions::src`]),
+    /// resolves the address and the route, and stops before anything is created on the
+    /// device ([`Resolved`]).
+    pub async fn resolve(addr: SocketAddr, options: ConnectOptions) -> Result<Resolved> {
+        let deadline = options.connect_timeout.map(|t| Instant::now() + t);
+        let (src, timeout, cma) = (options.src, options.timeout, options.cma.clone());
+        let (ch, id) = until(deadline, async move {
+            let (ch, id) = blocking(move || {
+                let cma = match cma {
+                    Some(c) => c,
+                    None => Cma::global()?,
+                };
+                let ch = EventChannel::with_cma(&cma)?;
+                let id = CmId::new(&ch, PortSpace::Tcp)?;
+                if let Some(s) = src {
+                    id.bind_addr(s)?;
+                }
+                id.resolve_addr(None, addr, timeout)?;
+                Ok((ch, id))
+            })
+            .await?;
+            let ch = Arc::new(ch);
+            let ev = ch.next_event().await?;
+            if ev.kind() != EventType::AddrResolved {
+                return Err(event_error(&ev));
+            }
+            drop(ev);
+            let id = blocking(move || {
+                id.resolve_route(timeout)?;
+                Ok(id)
+            })
+            .await?;
+            let ev = ch.next_event().await?;
+            if ev.kind() != EventType::RouteResolved {
+                return Err(event_error(&ev));
+            }
+            drop(ev);
+            Ok((ch, id))
+        })
+        .await?;
+        let dev = id
+            .device()
+            .ok_or_else(|| Error::InvalidArgument("resolved id has no device".into()))?;
+        Ok(Resolved {
+            ch,
+            id,
+            dev,
+            opts: options,
+            deadline,
+        })
+    }
+
+    pub(super) fn start(
+        ch: Arc<EventChannel>,
+        id: CmId,
+        parts: Parts,
+        peer_private_data: Vec<u8>,
+    ) -> Result<Connection> {
+        // SAFETY: the AsyncFd owns a clone of the channel, which owns the eventfd, so the fd
+        // stays open as long as it is registered.
+        let afd = unsafe {
+            AsyncFd::register_with_interest(parts.cc.clone(), tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| Error::Io(std::io::Error::from(e)))?;
+        let sh = Arc::new(Shared {
+            parts,
+            afd,
+            st: Mutex::new(State::new()),
+            changed: Notify::new(),
+        });
+        let id = Arc::new(id);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(run(sh.clone(), ch.clone(), Arc::downgrade(&id), tx));
+        Ok(Connection {
+            _ch: ch,
+            id: Some(id),
+            sh,
+            task,
+            events: tokio::sync::Mutex::new(rx),
+            peer_private_data,
+        })
+    }
+
+    /// The QP (in RTS). Its receive queue is the message layer's.
+    pub fn qp(&self) -> &Arc<QueuePair> {
+        &self.sh.parts.qp
+    }
+
+    /// The CQ of both send and receive completions (with a completion channel; the
+    /// connection's task takes its completions).
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.sh.parts.cq
+    }
+
+    /// The PD of the QP (the one given in [`Setup::pd`], if any).
+    pub fn pd(&self) -> &ProtectionDomain {
+        self.sh.parts.qp.pd()
+    }
+
+    /// The device.
+    pub fn device(&self) -> Option<Device> {
+        self.id.as_ref().and_then(|i| i.device())
+    }
+
+    /// The underlying id.
+    pub fn id(&self) -> Option<&CmId> {
+        self.id.as_deref()
+    }
+
+    /// The private data the peer sent (REQ on the passive side, REP on the active side),
+    /// zero padded as on the wire.
+    pub fn peer_private_data(&self) -> &[u8] {
+        &self.peer_private_data
+    }
+
+    /// Local address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(|i| i.local_addr())
+    }
+
+    /// Peer address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(|i| i.peer_addr())
+    }
+
+    /// The next event of this connection other than TIMEWAIT_EXIT (e.g. DISCONNECTED when
+    /// the peer disconnects, ADDR_CHANGE). The connection acts on DISCONNECTED itself (see
+    /// [`Connection::closed`]); the event is still reported here.
+    pub async fn next_event(&self) -> Result<Event> {
+        self.events.lock().await.recv().await.ok_or(Error::Shutdown)
+    }
+
+    /// Why the connection is closed, if it is.
+    ///
+    /// ```no_run
+    /// # fn f(c: &rdmacm::Connection) {
+    /// if let Some(why) = c.close_reason() {
+    ///     eprintln!("closed: {why}");
+    /// }
+    /// # }
+    /// ```
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.sh.lock().closed.clone()
+    }
+
+    /// Waits until the connection is closed (the peer disconnected, a local
+    /// [`Connection::disconnect`], a failed completion, UNREACHABLE, DEVICE_REMOVAL) and
+    /// says why. Cancel safe.
+    ///
+    /// ```no_run
+    /// # async fn f(c: rdmacm::Connection) {
+    /// let why = c.closed().await;
+    /// println!("connection closed: {why}");
+    /// # }
+    /// ```
+    pub async fn closed(&self) -> CloseReason {
+        loop {
+            let n = self.sh.changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if let Some(why) = self.sh.lock().closed.clone() {
+                return why;
+            }
+            n.await;
+        }
+    }
+
+    /// Waits for a change of the shared state, or for the completion channel itself: the
+    /// waiting task then takes the completions (no hop through the connection's task).
+    pub(super) async fn wait(&self, n: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) {
+        let sh = &self.sh;
+        tokio::select! {
+            _ = n => {}
+            g = sh.afd.readable() => {
+                if let Ok(mut g) = g {
+                    g.clear_ready();
+                    sh.on_readable(self.id.as_deref());
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_open(&self) -> Result<()> {
+        match self.sh.lock().closed {
+            Some(_) => Err(Error::NotConnected),
+            None => Ok(()),
+        }
+    }
+
+    /// Disconnects gracefully: waits until the SENDs and operations in flight completed
+    /// (the peer's device has the bytes), then `rdma_disconnect` (the QP goes to Err,
+    /// pending futures fail, the DREQ leaves, or the DREP when the peer disconnected
+    /// first), and waits for the CM to report DISCONNECTED (the peer's DREP, or the DREQ's
+    /// retries running out), at most [`DISCONNECT_WAIT`] in all (then `ETIMEDOUT`, the
+    /// connection closed anyway). Calling it again returns at once.
+    ///
+    /// ```no_run
+    /// # async fn f(c: rdmacm::Connection) -> rdmacm::Result<()> {
+    /// c.send(b"bye").await?;
+    /// c.disconnect().await?; // "bye" has landed in the peer's receive buffer
+    /// assert!(c.close_reason().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub async fn disconnect(&self) -> Result<()> {
+        let deadline = Instant::now() + DISCONNECT_WAIT;
+        let _ = tokio::time::timeout_at(deadline, self.flush()).await;
+        {
+            let mut st = self.sh.lock();
+            self.sh.close(&mut st, CloseReason::LocalDisconnect);
+        }
+        let id = self.id.as_ref().ok_or(Error::NotConnected)?;
+        self.sh.disconnect_id(id);
+        let wait = async {
+            loop {
+                let n = self.sh.changed.notified();
+                tokio::pin!(n);
+                n.as_mut().enable();
+                if self.sh.lock().disconnected {
+                    return;
+                }
+                n.await;
+            }
+        };
+        tokio::time::timeout_at(deadline, wait)
+            .await
+            .map_err(|_| Error::TimedOut)
+    }
+
+    /// Waits until every SEND and operation posted so far completed (or the connection
+    /// closed).
+    pub async fn flush(&self) {
+        loop {
+            let n = self.sh.changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            {
+                let st = self.sh.lock();
+                if st.closed.is_some() || st.sends_idle() {
+                    return;
+                }
+            }
+            self.wait(n).await;
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.task.abort();
+        {
+            let mut st = self.sh.lock();
+            self.sh.close(&mut st, CloseReason::Dropped);
+        }
+        // Events still queued for the application are acknowledged now, so that destroying
+        // the id does not wait for them.
+        let rx = self.events.get_mut();
+        rx.close();
+        while rx.try_recv().is_ok() {}
+        if let Some(id) = self.id.take() {
+            self.sh.disconnect_id(&id);
+            drop(id);
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! [`Listener`]: bind, take requests ([`Incoming`]), accept with setup hooks.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use rdma_soft::verbs::Device;
+
+use super::connection::{wait_established, Connection};
+use super::setup::{Parts, Setup};
+use super::{blocking, MAX_REP_PRIVATE_DATA};
+use crate::channel::EventChannel;
+use crate::cma::Cma;
+use crate::error::{Error, Result};
+use crate::id::CmId;
+use crate::params::{ConnParam, EventType};
+use crate::ports::PortSpace;
+
+/// How [`Incoming::accept`] and [`Listener::accept_with`] accept.
+///
+/// ```
+/// let o = rdmacm::AcceptOptions { private_data: vec![1; 196], ..Default::default() };
+/// assert_eq!(o.private_data.len(), rdmacm::MAX_REP_PRIVATE_DATA);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct AcceptOptions {
+    /// Private data of the REP (at most [`MAX_REP_PRIVATE_DATA`], 196 bytes; more is
+    /// `EINVAL`, and the request is rejected so the peer does not wait).
+    pub private_data: Vec<u8>,
+    /// Everything else of the REP (its `private_data` is replaced by the field above).
+    pub conn_param: ConnParam,
+    /// PD, CQ and QP sizes.
+    pub setup: Setup,
+}
+
+/// A listening id with its own channel.
+///
+/// ```no_run
+/// # async fn f() -> rdmacm::Result<()> {
+/// let l = rdmacm::Listener::bind("127.0.0.1:7471".parse().unwrap()).await?;
+/// let c = l.accept().await?;
+/// println!("from {:?}, said {:?}", c.peer_addr(), c.peer_private_data());
+/// # Ok(()) }
+/// ```
+pub struct Listener {
+    ch: Arc<EventChannel>,
+    id: Option<CmId>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("id", &self.id).finish()
+    }
+}
+
+/// A connection request not yet answered ([`Listener::incoming`]): nothing is created for
+/// it until [`Incoming::accept`]. Dropping it rejects it.
+///
+/// ```no_run
+/// # async fn f(l: &rdmacm::Listener) -> rdmacm::Result<()> {
+/// use rdmacm::{AcceptOptions, AccessFlags, RemoteBuf, Setup};
+/// let req = l.incoming().await?;
+/// let pd = req.device().alloc_pd()?;
+/// let mr = pd.register(vec![0u8; 1 << 20], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// let opts = AcceptOptions {
+///     private_data: RemoteBuf::of(&mr).to_bytes().to_vec(),
+///     setup: Setup { pd: Some(pd), ..Default::default() },
+///     ..Default::default()
+/// };
+/// let c = req.accept(opts).await?; // the client may WRITE into `mr` now
+/// # Ok(()) }
+/// ```
+pub struct Incoming {
+    id: Option<CmId>,
+    dev: Device,
+    cma: Cma,
+    private_data: Vec<u8>,
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming").field("id", &self.id).finish()
+    }
+}
+
+impl Incoming {
+    /// The device the request arrived on (allocate a [`Setup::pd`] on it).
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// The REQ's private data (after the IP CM header, 56 bytes zero padded).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// The requester's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(|i| i.peer_addr())
+    }
+
+    /// Creates the QP (in `opts.setup`'s PD, if given) and the message buffers, sends the
+    /// REP and waits for ESTABLISHED. A local failure (private data over 196 bytes:
+    /// `EINVAL`, a PD of another device, resources) rejects the request and is returned;
+    /// so is the peer's failure before ESTABLISHED (its REJ, no RTU).
+    pub async fn accept(mut self, opts: AcceptOptions) -> Result<Connection> {
+        let id = self.id.take().ok_or(Error::NotConnected)?;
+        let peer_pd = std::mem::take(&mut self.private_data);
+        let cma = self.cma.clone();
+        let AcceptOptions {
+            private_data,
+            mut conn_param,
+            setup,
+        } = opts;
+        if private_data.len() > MAX_REP_PRIVATE_DATA {
+            // Refuse before anything is made; the peer gets a REJ, not a silence.
+            let _ = id.reject(&[]);
+            return Err(Error::InvalidArgument(format!(
+                "private data of {} bytes: a REP carries at most {MAX_REP_PRIVATE_DATA}",
+                private_data.len()
+            )));
+        }
+        conn_param.private_data = private_data;
+        let (ch, id, parts) = blocking(move || {
+            let ch = EventChannel::with_cma(&cma)?;
+            id.migrate(&ch)?;
+            let made = Parts::create(&id, &setup).and_then(|p| {
+                id.accept(&conn_param)?;
+                Ok(p)
+            });
+            match made {
+                Ok(parts) => Ok((ch, id, parts)),
+                Err(e) => {
+                    let _ = id.reject(&[]);
+                    Err(e)
+                }
+            }
+        })
+        .await?;
+        let ch = Arc::new(ch);
+        wait_established(&ch).await?;
+        Connection::start(ch, id, parts, peer_pd)
+    }
+
+    /// Rejects the request (REJ reason 28, consumer defined, with up to 148 bytes of
+    /// private data); the peer's connect fails with `ECONNREFUSED`.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        match self.id.take() {
+            Some(id) => id.reject(private_data),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = id.reject(&[]);
+        }
+    }
+}
+
+impl Listener {
+    /// Binds and listens on `addr` (backlog 1024) on the global context. `EADDRINUSE`
+    /// when another listener holds it.
+    pub async fn bind(addr: SocketAddr) -> Result<Listener> {
+        Listener::bind_with(addr, None).await
+    }
+
+    /// Binds and listens on `addr` on `cma` (`None`: the global context).
+    pub async fn bind_with(addr: SocketAddr, cma: Option<Cma>) -> Result<Listener> {
+        let (ch, id) = blocking(move || {
+            let cma = match cma {
+                Some(c) => c,
+                None => Cma::global()?,
+            };
+            let ch = EventChannel::with_cma(&cma)?;
+            let id = CmId::new(&ch, PortSpace::Tcp)?;
+            id.bind_addr(addr)?;
+            id.listen(0)?;
+            Ok((ch, id))
+        })
+        .await?;
+        Ok(Listener {
+            ch: Arc::new(ch),
+            id: Some(id),
+        })
+    }
+
+    /// The bound address (with the chosen port).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.as_ref().and_then(|i| i.local_addr())
+    }
+
+    /// The device of a listener on a specific address (`None` for a wildcard one: use
+    /// [`Incoming::device`]).
+    pub fn device(&self) -> Option<Device> {
+        self.id.as_ref().and_then(|i| i.device())
+    }
+
+    /// The next connection request, before anything is created for it.
+    pub async fn incoming(&self) -> Result<Incoming> {
+        loop {
+            let mut ev = self.ch.next_event().await?;
+            if ev.kind() != EventType::ConnectRequest {
+                continue;
+            }
+            let Some(id) = ev.take_id() else { continue };
+            let private_data = ev.private_data().to_vec();
+            drop(ev);
+            let Some(dev) = id.device() else {
+                let _ = id.reject(&[]);
+                continue;
+            };
+            return Ok(Incoming {
+                id: Some(id),
+                dev,
+                cma: self.ch.cma(),
+                private_data,
+            });
+        }
+    }
+
+    /// The next connection: takes a request, creates a PD, a CQ with a completion channel,
+    /// the QP and the message buffers on the device it arrived on (receives posted),
+    /// accepts with no private data, and waits for ESTABLISHED. Errors as
+    /// [`Incoming::accept`]: a server loop logs them and accepts again, as with TCP.
+    pub async fn accept(&self) -> Result<Connection> {
+        self.accept_with(AcceptOptions::default()).await
+    }
+
+    /// Like [`Listener::accept`] with the REP's private data, parameters and setup.
+    pub async fn accept_with(&self, opts: AcceptOptions) -> Result<Connection> {
+        self.incoming().await?.accept(opts).await
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        drop(self.id.take());
+    }
+}

@@ -1,0 +1,111 @@
+//! What a connection's verbs objects are made of ([`Setup`]) and their creation.
+
+use std::sync::Arc;
+
+use rdma_soft::verbs::{
+    AccessFlags, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain, QpCap,
+    QpInitAttr, QueuePair, RecvWr,
+};
+
+use super::{tag, CONTROL_WINDOW, MAX_MESSAGE, MAX_RDMA_OPS, TAG_RECV, WINDOW};
+use crate::error::{Error, Result};
+use crate::id::CmId;
+
+/// How a [`crate::Connection`]'s PD, CQ and QP are made: bring your own PD (with memory
+/// registered in it before the connection exists), or size the queues.
+///
+/// The message layer needs [`WINDOW`] + [`CONTROL_WINDOW`] receives and as many sends,
+/// plus [`MAX_RDMA_OPS`] one-sided operations; smaller sizes are raised to that.
+///
+/// ```no_run
+/// # async fn f(l: &rdmacm::Listener) -> rdmacm::Result<()> {
+/// let req = l.incoming().await?;
+/// let pd = req.device().alloc_pd()?;
+/// let setup = rdmacm::Setup { pd: Some(pd), cq_size: 1024, ..Default::default() };
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// The PD of the QP (of the id's device; `None`: a new one).
+    pub pd: Option<ProtectionDomain>,
+    /// Entries of the CQ shared by sends and receives (0: 256).
+    pub cq_size: usize,
+    /// The QP's capacities (`Default`: the device's defaults).
+    pub cap: QpCap,
+}
+
+impl Setup {
+    fn cap(&self) -> QpCap {
+        let msgs = WINDOW + CONTROL_WINDOW;
+        QpCap {
+            max_send_wr: self.cap.max_send_wr.max(msgs + MAX_RDMA_OPS as u32),
+            max_recv_wr: self.cap.max_recv_wr.max(msgs),
+            max_send_sge: self.cap.max_send_sge.max(1),
+            max_recv_sge: self.cap.max_recv_sge.max(1),
+            ..self.cap
+        }
+    }
+}
+
+/// The verbs objects of a connection, made before the REQ or REP leaves.
+pub(super) struct Parts {
+    pub qp: Arc<QueuePair>,
+    pub cq: CompletionQueue,
+    pub cc: CompletionChannel,
+    pub send_mr: MemoryRegion,
+    pub recv_mr: MemoryRegion,
+}
+
+impl Parts {
+    /// Creates the PD (unless given), the CQ with its channel, the QP and the message
+    /// buffers on the id's device, and posts every receive.
+    pub fn create(id: &CmId, setup: &Setup) -> Result<Parts> {
+        let dev = id
+            .device()
+            .ok_or_else(|| Error::InvalidArgument("id has no device yet".into()))?;
+        let pd = match &setup.pd {
+            Some(pd) => pd.clone(),
+            None => dev.alloc_pd()?,
+        };
+        let cap = setup.cap();
+        let cq_size = setup
+            .cq_size
+            .max(256)
+            .max((cap.max_send_wr + cap.max_recv_wr) as usize);
+        let cc = dev.create_comp_channel()?;
+        let cq = dev.create_cq(cq_size, Some(&cc))?;
+        let init = QpInitAttr {
+            cap,
+            ..QpInitAttr::rc(&cq, &cq)
+        };
+        let qp = id.create_qp(&pd, &init)?;
+        let send_mr = pd.register(
+            vec![0u8; WINDOW as usize * MAX_MESSAGE],
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let recv_mr = pd.register(
+            vec![0u8; (WINDOW + CONTROL_WINDOW) as usize * MAX_MESSAGE],
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let parts = Parts {
+            qp,
+            cq,
+            cc,
+            send_mr,
+            recv_mr,
+        };
+        for slot in 0..WINDOW + CONTROL_WINDOW {
+            parts.post_recv(slot)?;
+        }
+        Ok(parts)
+    }
+
+    pub fn post_recv(&self, slot: u32) -> Result<()> {
+        let sge = self
+            .recv_mr
+            .sge(slot as usize * MAX_MESSAGE, MAX_MESSAGE as u32)?;
+        self.qp
+            .post_recv(&RecvWr::new(tag(TAG_RECV, slot)).with_sge(sge))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,317 @@
+//! The state a connection's task and its futures share, and the task itself.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+
+use rdma_soft::verbs::{
+    Completion, CompletionChannel, MemoryRegion, SendOp, SendWr, WcOpcode, WcStatus,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+
+use super::setup::Parts;
+use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT, WINDOW};
+use crate::channel::EventChannel;
+use crate::error::CloseReason;
+use crate::event::Event;
+use crate::id::CmId;
+use crate::params::EventType;
+
+/// The shared state, behind one mutex.
+pub(super) struct State {
+    pub closed: Option<CloseReason>,
+    /// The CM reported DISCONNECTED (the peer answered or sent its DREQ).
+    pub disconnected: bool,
+    /// `rdma_disconnect` was called (DREQ or DREP sent, QP in Err).
+    pub dreq_sent: bool,
+    pub data_credits: u32,
+    pub ctrl_credits: u32,
+    pub free_send: Vec<u32>,
+    /// Received messages (slot, length) not yet taken.
+    pub received: VecDeque<(u32, u32)>,
+    /// Bytes of the front message already taken by a byte stream read.
+    pub read_off: usize,
+    /// Data receives reposted and not yet announced to the peer.
+    pub ret_data: u32,
+    /// Control receives reposted and not yet announced.
+    pub ret_ctrl: u32,
+    /// Data credits announced to the peer in total, and data messages received: the
+    /// peer holds at most `WINDOW + returned - received_data` credits.
+    pub returned: u64,
+    pub received_data: u64,
+    /// Outstanding operations (one-sided, owned sends): `None` until their completion's
+    /// status arrives.
+    pub ops: HashMap<u64, Option<WcStatus>>,
+    /// Regions of operations whose future was dropped before the completion: kept
+    /// registered until it comes, so the device never meets a vanished buffer.
+    pub orphans: HashMap<u64, MemoryRegion>,
+    pub next_op: u64,
+    /// Tasks polling (the byte stream), woken with every change.
+    pub wakers: Vec<Waker>,
+}
+
+impl State {
+    pub fn new() -> State {
+        State {
+            closed: None,
+            disconnected: false,
+            dreq_sent: false,
+            data_credits: WINDOW,
+            ctrl_credits: super::CONTROL_WINDOW,
+            free_send: (0..WINDOW).rev().collect(),
+            received: VecDeque::new(),
+            read_off: 0,
+            ret_data: 0,
+            ret_ctrl: 0,
+            returned: 0,
+            received_data: 0,
+            ops: HashMap::new(),
+            orphans: HashMap::new(),
+            next_op: 0,
+            wakers: Vec::new(),
+        }
+    }
+
+    fn peer_credits_at_most(&self) -> u64 {
+        (WINDOW as u64 + self.returned).saturating_sub(self.received_data)
+    }
+
+    /// The immediate of the next SEND (the credits it returns), counted as returned.
+    pub fn take_returns(&mut self) -> u32 {
+        let imm = self.ret_data | (self.ret_ctrl << 16);
+        self.returned += self.ret_data as u64;
+        self.ret_data = 0;
+        self.ret_ctrl = 0;
+        imm
+    }
+
+    /// A new operation number (the wr_id of tag [`TAG_OP`]).
+    pub fn new_op(&mut self) -> u64 {
+        let id = self.next_op;
+        self.next_op = (self.next_op + 1) & ((1 << TAG_SHIFT) - 1);
+        self.ops.insert(id, None);
+        tag(TAG_OP, 0) | id
+    }
+
+    /// Adds `w` to the tasks woken at the next change (once).
+    pub fn register(&mut self, w: &Waker) {
+        if !self.wakers.iter().any(|x| x.will_wake(w)) {
+            self.wakers.push(w.clone());
+        }
+    }
+
+    /// Sends nothing is outstanding for (every send buffer back, no operation pending).
+    pub fn sends_idle(&self) -> bool {
+        self.free_send.len() == WINDOW as usize && self.ops.is_empty()
+    }
+}
+
+pub(super) struct Shared {
+    pub parts: Parts,
+    pub afd: AsyncFd<CompletionChannel>,
+    pub st: Mutex<State>,
+    pub changed: Notify,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes every waiting future and polling task.
+    pub fn wake(&self, st: &mut State) {
+        for w in st.wakers.drain(..) {
+            w.wake();
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Marks the connection closed (the first reason wins) and wakes every future.
+    pub fn close(&self, st: &mut State, why: CloseReason) {
+        if st.closed.is_none() {
+            st.closed = Some(why);
+        }
+        self.wake(st);
+    }
+
+    /// Sends a control message when the peer may be short of credits we owe it.
+    pub fn maybe_return_credits(&self, st: &mut State) {
+        if st.closed.is_some() || st.ret_data == 0 || st.ctrl_credits == 0 {
+            return;
+        }
+        if st.ret_data < WINDOW / 2 && st.peer_credits_at_most() > 0 {
+            return;
+        }
+        let imm = IMM_CTRL | st.take_returns();
+        let wr = SendWr::new(tag(TAG_CTRL, 0), SendOp::SendWithImm { imm }).signaled();
+        match self.parts.qp.post_send(&wr) {
+            Ok(()) => st.ctrl_credits -= 1,
+            Err(e) => self.close(st, CloseReason::PostFailed(e.to_string())),
+        }
+    }
+
+    fn on_completion(&self, st: &mut State, c: &Completion) -> Option<WcStatus> {
+        let kind = c.wr_id >> TAG_SHIFT;
+        let slot = (c.wr_id & ((1 << TAG_SHIFT) - 1)) as u32;
+        if kind == TAG_OP {
+            let id = c.wr_id & ((1 << TAG_SHIFT) - 1);
+            if let Some(op) = st.ops.get_mut(&id) {
+                *op = Some(c.status);
+            }
+            if st.orphans.remove(&id).is_some() {
+                st.ops.remove(&id);
+            }
+        }
+        if !c.status.is_success() {
+            // Flushes after a close are expected; anything else closes the connection.
+            if st.closed.is_none() {
+                self.close(st, CloseReason::Failed(c.status));
+                if kind == TAG_SEND {
+                    st.free_send.push(slot);
+                }
+                return Some(c.status);
+            }
+            if kind == TAG_SEND {
+                st.free_send.push(slot);
+            }
+            return None;
+        }
+        match kind {
+            TAG_SEND => st.free_send.push(slot),
+            TAG_RECV => {
+                let imm = c.imm().unwrap_or(0);
+                st.data_credits += imm & 0xffff;
+                st.ctrl_credits += (imm >> 16) & 0xff;
+                if c.opcode == WcOpcode::Recv && imm & IMM_CTRL != 0 {
+                    st.ret_ctrl += 1;
+                    if let Err(e) = self.parts.post_recv(slot) {
+                        self.close(st, CloseReason::PostFailed(e.to_string()));
+                    }
+                } else {
+                    st.received.push_back((slot, c.byte_len));
+                    st.received_data += 1;
+                }
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// Takes every queued completion; returns the first failure status, if any. The CQ is
+    /// popped under the state lock, so that completions are processed in their order
+    /// whichever task drains.
+    pub fn drain(&self, buf: &mut Vec<Completion>) -> Option<WcStatus> {
+        let mut failed = None;
+        loop {
+            let mut st = self.lock();
+            buf.clear();
+            if self.parts.cq.poll(buf, 64) == 0 {
+                // About to sleep: arm, then look once more (a completion may have come in
+                // between).
+                if self.parts.cq.req_notify(false).is_err()
+                    || self.parts.cq.poll_queued(buf, 64) == 0
+                {
+                    return failed;
+                }
+            }
+            for c in buf.iter() {
+                failed = failed.or(self.on_completion(&mut st, c));
+            }
+            self.maybe_return_credits(&mut st);
+            self.wake(&mut st);
+        }
+    }
+
+    /// Takes the channel's events and the CQ's completions after the fd was readable.
+    pub fn on_readable(&self, id: Option<&CmId>) {
+        while let Ok(Some(_)) = self.parts.cc.get_event() {}
+        if self.drain(&mut Vec::with_capacity(64)).is_some() {
+            if let Some(id) = id {
+                self.disconnect_id(id);
+            }
+        }
+    }
+
+    /// For a poll-based caller that found nothing to do and registered its waker (under
+    /// the lock): watches the completion channel too. `Ready` means "look again".
+    pub fn poll_completions(&self, cx: &mut Context<'_>, id: Option<&CmId>) -> Poll<()> {
+        match self.afd.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut g)) => {
+                g.clear_ready();
+                self.on_readable(id);
+                Poll::Ready(())
+            }
+            // The reactor is gone: the connection's task notices too; wait for its close.
+            Poll::Ready(Err(_)) => Poll::Pending,
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// `rdma_disconnect` once (DREQ, or DREP when the peer disconnected first; the QP goes
+    /// to Err and every outstanding work request is flushed).
+    pub fn disconnect_id(&self, id: &CmId) {
+        let first = {
+            let mut st = self.lock();
+            !std::mem::replace(&mut st.dreq_sent, true)
+        };
+        if first {
+            // Fails only when the CM already tore the connection down; then the QP is
+            // already in Err.
+            let _ = id.disconnect();
+        }
+    }
+}
+
+/// The connection's task: sleeps on the completion channel and the event channel.
+pub(super) async fn run(
+    sh: Arc<Shared>,
+    ch: Arc<EventChannel>,
+    id: Weak<CmId>,
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+) {
+    let mut buf = Vec::with_capacity(64);
+    loop {
+        if sh.drain(&mut buf).is_some() {
+            if let Some(id) = id.upgrade() {
+                sh.disconnect_id(&id);
+            }
+        }
+        tokio::select! {
+            ev = ch.next_event() => {
+                let Ok(ev) = ev else { return };
+                let why = match ev.kind() {
+                    EventType::TimewaitExit => continue,
+                    EventType::Disconnected => Some(CloseReason::PeerDisconnected),
+                    k @ (EventType::Unreachable
+                    | EventType::ConnectError
+                    | EventType::DeviceRemoval
+                    | EventType::Rejected) => Some(CloseReason::Event(k)),
+                    _ => None,
+                };
+                let disconnected = ev.kind() == EventType::Disconnected;
+                // Handed over (acknowledged when the application drops it, or at once if
+                // the connection is gone) before this task may hold the last reference to
+                // the id: destroying an id waits for its events to be acknowledged.
+                drop(events.send(ev));
+                if let Some(why) = why {
+                    {
+                        let mut st = sh.lock();
+                        st.disconnected |= disconnected;
+                        sh.close(&mut st, why);
+                    }
+                    if let Some(id) = id.upgrade() {
+                        sh.disconnect_id(&id);
+                    }
+                    let mut st = sh.lock();
+                    sh.wake(&mut st);
+                }
+            }
+            g = sh.afd.readable() => {
+                let Ok(mut g) = g else { return };
+                while let Ok(Some(_)) = sh.parts.cc.get_event() {}
+                g.clear_ready();
+            }
+        }
+    }
+}
