@@ -834,6 +834,9 @@ impl Inner {
         // addresses included: they are local through lo's /8).
         d.ensure_gid(ip)?;
         d.dev.gsi_open(w)?;
+        if let Some(slot) = d.dev.share_slot()? {
+            d.agent.set_comm_id_slot(slot); // steering across processes (rdma_soft::io::steer)
+        }
         d.open.insert(w);
         Ok(())
     }

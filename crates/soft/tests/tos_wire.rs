@@ -65,9 +65,11 @@ fn exchange(
 fn mixed_batch(la: &str, lb: &str, port: u16, faults: Option<FaultSpec>) {
     let (la, lb) = (addr(la), addr(lb));
     let held = faults.is_some();
+    // Raw packets to made-up QPNs: wires that do not share (a sharing one drops them).
     let cfg = UdpConfig {
         port,
         faults,
+        share: false,
         ..UdpConfig::default()
     };
     let mut a = UdpWire::new(cfg.clone()).unwrap();
