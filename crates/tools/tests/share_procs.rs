@@ -3,7 +3,8 @@
 //! SIGKILLed server, port conflicts across processes, and an all-to-all of
 //! `RDMA_SHARE_PROCS` processes (default 4; the full run uses 16).
 //!
-//! Addresses: 127.0.111.0/24 and 127.0.0.1; ports 7400-7599.
+//! Addresses: 127.0.111.0/24 and 127.0.0.1; ports 7400-7599; and two namespace hosts
+//! (192.0.2.1 and 192.0.2.2, as root).
 
 mod procs;
 
@@ -12,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use procs::{lines_with, spawn, Proc};
+use rdma_testhosts::{require_root, topologies};
 
 const RPING: &str = env!("CARGO_BIN_EXE_rping");
 /// A stop for a run that would otherwise hang, not a speed target.
@@ -25,6 +27,11 @@ fn rping(args: &[&str]) -> Command {
 
 /// Waits until `n` sockets are bound on UDP `ip:4791` (one per process sharing it).
 fn wait_members(ip: &str, n: usize) {
+    wait_members_in(ip, n, None)
+}
+
+/// [`wait_members`] in network namespace `netns`.
+fn wait_members_in(ip: &str, n: usize, netns: Option<&str>) {
     let ip: IpAddr = ip.parse().unwrap();
     let IpAddr::V4(v4) = ip else {
         panic!("IPv4 only here");
@@ -32,7 +39,14 @@ fn wait_members(ip: &str, n: usize) {
     let key = format!("{:08X}:12B7", u32::from_le_bytes(v4.octets()));
     let end = Instant::now() + HANG;
     while Instant::now() < end {
-        let text = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        let text = match netns {
+            None => std::fs::read_to_string("/proc/net/udp").unwrap_or_default(),
+            Some(ns) => Command::new("ip")
+                .args(["netns", "exec", ns, "cat", "/proc/net/udp"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default(),
+        };
         let have = text
             .lines()
             .filter(|l| l.split_whitespace().nth(1) == Some(key.as_str()))
@@ -191,5 +205,49 @@ fn all_to_all_through_one_address() {
         let out = s.kill();
         let served = lines_with(&out.stdout, "server ping data: ").len();
         assert_eq!(served, 10 * usize::from(n - 1), "{out:#?}");
+    }
+}
+
+/// Between two namespace hosts: three server processes on b's one address, three client
+/// processes on a's one address, all at once, every ping validated.
+#[test]
+fn netns_three_servers_and_three_clients_on_one_address_each() {
+    if !require_root("netns_three_servers_and_three_clients_on_one_address_each") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let ports = ["7441", "7442", "7443"];
+    let servers: Vec<Proc> = ports
+        .iter()
+        .map(|p| {
+            let mut c = b.command(RPING);
+            c.args(["-s", "-a", "192.0.2.2", "-p", p, "-C", "20", "-v", "-V"]);
+            spawn(c, "server")
+        })
+        .collect();
+    wait_members_in("192.0.2.2", 3, Some(b.netns()));
+    let clients: Vec<Proc> = ports
+        .iter()
+        .map(|p| {
+            let mut c = a.command(RPING);
+            c.args(["-c", "-a", "192.0.2.2", "-p", p, "-I", "192.0.2.1"]);
+            c.args(["-C", "20", "-v", "-V"]);
+            spawn(c, "client")
+        })
+        .collect();
+    for c in clients {
+        let out = c.wait(HANG);
+        out.ok("client");
+        assert_eq!(lines_with(&out.stdout, "ping data: ").len(), 20, "{out:#?}");
+    }
+    for s in servers {
+        let out = s.wait(HANG);
+        out.ok("server");
+        assert_eq!(
+            lines_with(&out.stdout, "server ping data: ").len(),
+            20,
+            "{out:#?}"
+        );
     }
 }
