@@ -172,3 +172,47 @@ fn a_sigkilled_member_leaves_nothing_behind() {
         .sum();
     assert_eq!(got, 0);
 }
+
+/// The table's guess at the kernel's order can be wrong (two members dying at once): the
+/// misdelivered datagrams themselves repair it, and steering is exact again.
+#[test]
+fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
+    use std::os::unix::fs::MetadataExt;
+    let port = 47942;
+    let (shared, src) = (addr("127.0.110.9"), addr("127.0.110.10"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    // Swap the two entries behind the kernel's back; the next join builds on that guess.
+    let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let tab = dir.join(format!("grp-{ns}-{shared}-{port}.tab"));
+    let text = std::fs::read_to_string(&tab).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    std::fs::write(&tab, format!("{}\n{}\n", lines[1], lines[0])).unwrap();
+    let mut c = wire(port);
+    c.open(shared).unwrap();
+    let (sa, sb, sc) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+        c.share_slot().unwrap().unwrap(),
+    );
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    // Evidence counts only once the table has settled.
+    std::thread::sleep(Duration::from_millis(300));
+    // a's datagrams go to b (and b's to a): dropped there, never delivered.
+    send_to(&mut s, src, shared, &[sa], 10);
+    let (ga, gb) = (tags(&mut a, 0), tags(&mut b, 0));
+    assert!(ga.is_empty() && gb.is_empty(), "{ga:?} {gb:?}");
+    assert_eq!(b.stats().misdelivered, 10);
+    // b took them as evidence and swapped the entries back: exact again.
+    send_to(&mut s, src, shared, &[sa, sb, sc], 10);
+    assert_eq!(tags(&mut a, 10), expect(sa, 10));
+    assert_eq!(tags(&mut b, 10), expect(sb, 10));
+    assert_eq!(tags(&mut c, 10), expect(sc, 10));
+    assert_eq!(a.stats().misdelivered + c.stats().misdelivered, 0);
+    assert_eq!(b.stats().misdelivered, 10);
+}

@@ -224,6 +224,9 @@ fn prune(dir: &Path, t: &mut Vec<Entry>) {
     }
 }
 
+/// How old the table must be before a misdelivered datagram counts as evidence.
+pub(crate) const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// This process's member socket in a group, for rebuilding the program.
 #[derive(Debug)]
 pub(crate) struct Member {
@@ -332,6 +335,38 @@ impl Member {
         let _ = write_table(&g.tab, &t);
     }
 
+    /// Repairs the table from evidence: this member received a datagram the program sent to
+    /// the index of `seen` (another live or dead slot), so the kernel has this socket at
+    /// that index (after deaths the table's guess at the kernel's order can be wrong: see
+    /// `docs/SHARING.md`). Ignored while the table is younger than [`SETTLE`] (the datagram
+    /// may have been steered by the program before the last change).
+    pub(crate) fn evidence(&self, seen: u8) -> Result<()> {
+        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fd) = sock.as_ref() else {
+            return Ok(());
+        };
+        let g = GroupLock::take(&self.key)?;
+        let young = std::fs::metadata(&g.tab)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < SETTLE);
+        if young {
+            return Ok(());
+        }
+        let mut t = read_table(&g.tab);
+        let (Some(k), Some(j)) = (t.iter().position(|e| e.slot == seen), self.my_index(&t)) else {
+            return Ok(());
+        };
+        if k == j {
+            return Ok(());
+        }
+        t.swap(k, j);
+        prune(&g.dir, &mut t);
+        steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t)).map_err(os("attach"))?;
+        write_table(&g.tab, &t)
+    }
+
     /// Attaches a program rebuilt from the table and the claims (after a listen).
     fn rebuild(&self) -> Result<()> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
@@ -354,18 +389,11 @@ pub(crate) fn refresh(ns: u64, addr: std::net::IpAddr) -> Result<()> {
         all.iter().filter_map(Weak::upgrade).collect()
     };
     for m in live {
-        let ip = m.key.ip_for_claims();
-        if m.key.ns == ns && (addr.is_unspecified() || ip == addr) {
+        if m.key.ns == ns && (addr.is_unspecified() || m.key.addr.ip() == addr) {
             m.rebuild()?;
         }
     }
     Ok(())
-}
-
-impl GroupKey {
-    fn ip_for_claims(&self) -> std::net::IpAddr {
-        self.addr.ip()
-    }
 }
 
 #[cfg(test)]

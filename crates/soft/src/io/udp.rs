@@ -126,6 +126,9 @@ pub struct UdpWire {
     drained: bool,
     /// The slot, when sharing (claimed on first use).
     slot: Option<Slot>,
+    /// When a misdelivered datagram last repaired a group's table (at most one per
+    /// [`share::SETTLE`]).
+    last_evidence: Option<Instant>,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -177,6 +180,7 @@ impl UdpWire {
             checker: IcrcChecker::new(),
             drained: false,
             slot: None,
+            last_evidence: None,
         })
     }
 
@@ -199,6 +203,23 @@ impl UdpWire {
             self.slot = Some(Slot::claim()?);
         }
         Ok(self.slot.as_ref().map(Slot::get))
+    }
+
+    /// A datagram for slot `seen` reached local `i`: let its group repair its table (off
+    /// the fast path: only after a misdelivery, at most once per [`share::SETTLE`]).
+    fn evidence(&mut self, i: usize, seen: u8) {
+        let now = Instant::now();
+        if self
+            .last_evidence
+            .is_some_and(|t| now.duration_since(t) < share::SETTLE)
+        {
+            return;
+        }
+        self.last_evidence = Some(now);
+        if let Some(m) = &self.locals[i].member {
+            // A failure leaves the table as it was: the next misdelivery tries again.
+            let _ = m.evidence(seen);
+        }
     }
 
     fn local_index(&self, addr: WireAddr) -> Option<usize> {
@@ -471,6 +492,7 @@ impl DatagramWire for UdpWire {
             self.stats.recv_calls += 1;
             let bound = local.addr;
             let mine = self.slot.as_ref().map(Slot::get);
+            let mut evidence = None;
             for k in 0..n {
                 let Some(d) = self.inbox.get(k) else { break };
                 let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
@@ -480,6 +502,7 @@ impl DatagramWire for UdpWire {
                 if let (Some(mine), Dest::Slot(s)) = (mine, steer::dest(d.data)) {
                     if s != mine {
                         self.stats.misdelivered += 1;
+                        evidence = Some(s);
                         continue;
                     }
                 }
@@ -532,6 +555,9 @@ impl DatagramWire for UdpWire {
                     deliver(&arrival, data);
                     delivered += 1;
                 }
+            }
+            if let Some(seen) = evidence {
+                self.evidence(i, seen);
             }
         }
         if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
