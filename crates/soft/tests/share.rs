@@ -216,3 +216,84 @@ fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
     assert_eq!(a.stats().misdelivered + c.stats().misdelivered, 0);
     assert_eq!(b.stats().misdelivered, 10);
 }
+
+/// A CM DREQ on QP1 naming our comm id's slot (at "remote comm id"), tagged like [`packet`].
+fn dreq(slot: u8, tag: u32) -> Vec<u8> {
+    let mut p = vec![0u8; 12 + 8 + 256 + 4];
+    p[0] = 0x64; // UD SEND_ONLY
+    p[7] = 1;
+    p[12..16].copy_from_slice(&tag.to_be_bytes());
+    p[20..24].copy_from_slice(&[1, 7, 2, 3]); // CM class
+    p[36..38].copy_from_slice(&0x0015u16.to_be_bytes());
+    p[48] = slot;
+    p
+}
+
+#[test]
+fn cm_messages_go_to_their_comm_ids_owner_and_unknown_ones_to_someone() {
+    let port = 47943;
+    let (shared, src) = (addr("127.0.110.13"), addr("127.0.110.14"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let (sa, sb) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+    );
+    for k in 0..10 {
+        s.send(src, shared, &dreq(sa, k)).unwrap();
+        s.send(src, shared, &dreq(sb, 100 + k)).unwrap();
+    }
+    s.flush().unwrap();
+    assert_eq!(tags(&mut a, 10), (0..10).collect::<Vec<_>>());
+    assert_eq!(tags(&mut b, 10), (100..110).collect::<Vec<_>>());
+    // A slot no member holds: kept by whoever the hash picks (its CM answers as Linux does
+    // for an unknown comm id), exactly once.
+    let nobody = (1..=255u8).find(|x| ![sa, sb].contains(x)).unwrap();
+    for k in 0..10 {
+        s.send(src, shared, &dreq(nobody, 200 + k)).unwrap();
+    }
+    s.flush().unwrap();
+    let end = Instant::now() + HANG;
+    let mut got = Vec::new();
+    while got.len() < 10 && Instant::now() < end {
+        got.extend(tags(&mut a, 0));
+        got.extend(tags(&mut b, 0));
+    }
+    got.sort_unstable();
+    assert_eq!(got, (200..210).collect::<Vec<_>>());
+    assert_eq!(a.stats().misdelivered + b.stats().misdelivered, 0);
+}
+
+/// Equal-size packets to two processes' QPs on one address in one flush: a GSO message is
+/// steered as a whole on loopback and veth, so each QP's run must be a message of its own.
+#[test]
+fn one_batch_to_two_members_reaches_both() {
+    let port = 47944;
+    let (shared, src) = (addr("127.0.110.17"), addr("127.0.110.18"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let (sa, sb) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+    );
+    for k in 0..8 {
+        for slot in [sa, sa, sb] {
+            let tag = (u32::from(slot) << 16) | k;
+            let qpn = (u32::from(slot) << 16) | 5;
+            s.send(src, shared, &packet(qpn, tag)).unwrap();
+        }
+    }
+    s.flush().unwrap();
+    let (ga, gb) = (tags(&mut a, 16), tags(&mut b, 8));
+    assert_eq!(ga.len(), 16, "{ga:?}");
+    assert_eq!(gb, expect(sb, 8));
+    assert_eq!(a.stats().misdelivered + b.stats().misdelivered, 0);
+}

@@ -141,6 +141,7 @@ fn default_send_is_class_zero_and_one_message_per_gso_run() {
     let (la, lb) = (addr("127.0.3.5"), addr("127.0.3.6"));
     let cfg = UdpConfig {
         port: 47945,
+        share: false, // made-up QPNs
         ..UdpConfig::default()
     };
     let mut a = UdpWire::new(cfg.clone()).unwrap();

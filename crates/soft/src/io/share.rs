@@ -335,6 +335,16 @@ impl Member {
         let _ = write_table(&g.tab, &t);
     }
 
+    /// Whether `slot` is a live member of this group (its table, read without the lock: it
+    /// is replaced whole). Off the fast path: only for a CM message naming another slot.
+    pub(crate) fn has_member(&self, slot: u8) -> bool {
+        let Ok(dir) = runtime_dir() else {
+            return true;
+        };
+        let t = read_table(&dir.join(format!("{}.tab", self.key.stem())));
+        t.iter().any(|e| e.slot == slot) && slot_alive(&dir, slot)
+    }
+
     /// Repairs the table from evidence: this member received a datagram the program sent to
     /// the index of `seen` (another live or dead slot), so the kernel has this socket at
     /// that index (after deaths the table's guess at the kernel's order can be wrong: see

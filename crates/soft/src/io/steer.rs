@@ -12,7 +12,10 @@
 //! Anything else returns an index past the group, so the kernel falls back to its hash.
 //! The program is a routing hint only: the receiving wire checks [`dest`] again and drops a
 //! datagram that is not its own ([`super::WireStats::misdelivered`]), so no packet ever
-//! reaches another process's QP, whatever the group's order.
+//! reaches another process's QP, whatever the group's order. A CM message naming a slot
+//! that no member of the group holds (a dead process's, a made-up one) is kept by whoever
+//! the kernel's hash picks: its CM answers as Linux's does for an unknown comm id (a DREP
+//! to a DREQ, a REJ to a stale REP), so the dead process's peers learn of it.
 
 use std::os::fd::RawFd;
 
@@ -41,8 +44,11 @@ const NONE: u32 = u32::MAX;
 /// Who a datagram is for, as [`dest`] reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dest {
-    /// The member with this slot (QPN or comm id top byte).
+    /// The member with this slot (a QPN's top byte).
     Slot(u8),
+    /// A CM message for the comm id whose top byte is this slot. When no member of the
+    /// group holds that slot, whoever gets it answers as Linux would for an unknown id.
+    Comm(u8),
     /// The listener of this service id (REQ, SIDR_REQ).
     Service(u64),
     /// Anyone (a MAD of another class, a malformed packet): the receiver decides.
@@ -76,8 +82,8 @@ pub fn dest(pkt: &[u8]) -> Dest {
             b.copy_from_slice(&pkt[SERVICE_ID as usize..MIN_MAD as usize]);
             Dest::Service(u64::from_be_bytes(b))
         }
-        ATTR_SIDR_REP => Dest::Slot(at(CM_DATA)),
-        _ => Dest::Slot(at(CM_DATA + 4)),
+        ATTR_SIDR_REP => Dest::Comm(at(CM_DATA)),
+        _ => Dest::Comm(at(CM_DATA + 4)),
     }
 }
 
@@ -286,7 +292,7 @@ mod tests {
         // REP/RTU/DREQ...: remote comm id top byte at CM data + 4
         let rep = mad(0x0013, |p| p[48] = 200);
         assert_eq!(run(&prog, &rep), 2);
-        assert_eq!(dest(&rep), Dest::Slot(200));
+        assert_eq!(dest(&rep), Dest::Comm(200));
         let rep_local = mad(0x0013, |p| p[44] = 200);
         assert_eq!(
             run(&prog, &rep_local),
@@ -295,7 +301,7 @@ mod tests {
         );
         let sidr_rep = mad(ATTR_SIDR_REP, |p| p[44] = 3);
         assert_eq!(run(&prog, &sidr_rep), 1);
-        assert_eq!(dest(&sidr_rep), Dest::Slot(3));
+        assert_eq!(dest(&sidr_rep), Dest::Comm(3));
         // another class, or a MAD cut short: hash
         let other = mad(ATTR_REQ, |p| p[MGMT_CLASS as usize] = 0x01);
         assert_eq!(run(&prog, &other), NONE);

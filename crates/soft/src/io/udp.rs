@@ -499,12 +499,19 @@ impl DatagramWire for UdpWire {
                     self.stats.malformed += 1;
                     continue;
                 };
-                if let (Some(mine), Dest::Slot(s)) = (mine, steer::dest(d.data)) {
-                    if s != mine {
-                        self.stats.misdelivered += 1;
-                        evidence = Some(s);
-                        continue;
-                    }
+                let other = match (mine, steer::dest(d.data)) {
+                    (Some(mine), Dest::Slot(s)) if s != mine => Some(s),
+                    (Some(mine), Dest::Comm(s)) if s != mine => self.locals[i]
+                        .member
+                        .as_ref()
+                        .is_none_or(|m| m.has_member(s))
+                        .then_some(s),
+                    _ => None,
+                };
+                if let Some(s) = other {
+                    self.stats.misdelivered += 1;
+                    evidence = Some(s);
+                    continue;
                 }
                 let local_addr = match d.anc.dst {
                     Some(ip) => WireAddr::new(ip, d.anc.ifindex),
