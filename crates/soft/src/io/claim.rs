@@ -10,10 +10,10 @@
 use std::fs::File;
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::share::{self, current_netns, held, lock, open_rw, runtime_dir};
+use super::share::{self, current_netns, held, lock, lock_path, open_rw, runtime_dir};
 use crate::{Error, Result};
 
 /// A port held across processes; released on drop (or when the process dies).
@@ -36,6 +36,9 @@ pub struct PortClaim {
     _file: File,
     ns: u64,
     addr: IpAddr,
+    serial: PathBuf,
+    ps: u16,
+    port: u16,
 }
 
 struct ClaimInfo {
@@ -83,7 +86,13 @@ fn live_claims(ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
             let path = e.path();
             let content = std::fs::read_to_string(&path).ok()?;
             let info = parse(ns, &name, &content)?;
-            held(&path).then_some((path, info))
+            if held(&path) {
+                return Some((path, info));
+            }
+            // A dead process's claim: free, and its name is never taken again (pid and
+            // sequence), so it can go.
+            let _ = std::fs::remove_file(&path);
+            None
         })
         .collect()
 }
@@ -111,16 +120,9 @@ impl PortClaim {
     pub fn acquire(ps: u16, addr: IpAddr, port: u16, afonly: bool) -> Result<PortClaim> {
         let dir = runtime_dir()?;
         let ns = current_netns();
-        let serial =
-            open_rw(&dir.join(format!("port-{ns}-{ps:04x}-{port}.lock"))).map_err(|source| {
-                Error::Os {
-                    op: "port lock",
-                    addr: None,
-                    source,
-                }
-            })?;
-        lock(&serial, true, true).map_err(|source| Error::Os {
-            op: "flock port",
+        let serial_path = dir.join(format!("port-{ns}-{ps:04x}-{port}.lock"));
+        let serial = lock_path(&serial_path).map_err(|source| Error::Os {
+            op: "port lock",
             addr: None,
             source,
         })?;
@@ -151,6 +153,9 @@ impl PortClaim {
             _file: f,
             ns,
             addr,
+            serial: serial_path,
+            ps,
+            port,
         };
         share::refresh(ns, addr)?;
         Ok(claim)
@@ -160,6 +165,20 @@ impl PortClaim {
 impl Drop for PortClaim {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        // The port's lock file goes with its last claim (waiters re-check, `lock_path`).
+        if let Ok(serial) = lock_path(&self.serial) {
+            let prefix = format!("claim-{}-{:04x}-{}-", self.ns, self.ps, self.port);
+            let others = std::fs::read_dir(self.serial.parent().unwrap_or(Path::new(".")))
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok())
+                        .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                })
+                .unwrap_or(true);
+            if !others {
+                let _ = std::fs::remove_file(&self.serial);
+            }
+            drop(serial);
+        }
         let _ = share::refresh(self.ns, self.addr);
     }
 }

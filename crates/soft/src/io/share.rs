@@ -98,6 +98,23 @@ pub(crate) fn open_rw(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Opens and `flock`s (exclusive, blocking) the lock file `path`, making it if needed. A
+/// holder may unlink the file when what it guards is gone ([`Member::leave`]), so the lock
+/// counts only if `path` still names the locked file; else this tries again.
+pub(crate) fn lock_path(path: &Path) -> std::io::Result<File> {
+    loop {
+        let f = open_rw(path)?;
+        lock(&f, true, true)?;
+        let same = match (f.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if same {
+            return Ok(f);
+        }
+    }
+}
+
 /// Whether someone holds the `flock` of `path` (a missing file: nobody).
 pub(crate) fn held(path: &Path) -> bool {
     let Ok(f) = OpenOptions::new()
@@ -246,17 +263,19 @@ struct GroupLock {
     _file: File,
     dir: PathBuf,
     tab: PathBuf,
+    path: PathBuf,
 }
 
 impl GroupLock {
     fn take(key: &GroupKey) -> Result<GroupLock> {
         let dir = runtime_dir()?;
         let stem = key.stem();
-        let f = open_rw(&dir.join(format!("{stem}.lock"))).map_err(os("group lock"))?;
-        lock(&f, true, true).map_err(os("flock group"))?;
+        let path = dir.join(format!("{stem}.lock"));
+        let f = lock_path(&path).map_err(os("group lock"))?;
         Ok(GroupLock {
             _file: f,
             tab: dir.join(format!("{stem}.tab")),
+            path,
             dir,
         })
     }
@@ -332,7 +351,13 @@ impl Member {
         }
         drop(fd);
         sock.take();
-        let _ = write_table(&g.tab, &t);
+        if t.is_empty() {
+            // The group is gone: its files go too (waiters re-check the path, `lock_path`).
+            let _ = std::fs::remove_file(&g.tab);
+            let _ = std::fs::remove_file(&g.path);
+        } else {
+            let _ = write_table(&g.tab, &t);
+        }
     }
 
     /// Whether `slot` is a live member of this group (its table, read without the lock: it
