@@ -385,7 +385,7 @@ impl Member {
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_none_or(|age| age < SETTLE);
+            .map_or(true, |age| age < SETTLE);
         if young {
             return Ok(());
         }

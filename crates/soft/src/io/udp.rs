@@ -504,7 +504,7 @@ impl DatagramWire for UdpWire {
                     (Some(mine), Dest::Comm(s)) if s != mine => self.locals[i]
                         .member
                         .as_ref()
-                        .is_none_or(|m| m.has_member(s))
+                        .map_or(true, |m| m.has_member(s))
                         .then_some(s),
                     _ => None,
                 };
