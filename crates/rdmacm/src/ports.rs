@@ -170,7 +170,7 @@ struct Owner {
 }
 
 /// The bind tables of every port space (one per network namespace in Linux; one per
-/// process here).
+/// process here, plus a listener's claim across processes: `rdma_soft::io::PortClaim`).
 ///
 /// Conflict rules for an explicit port, against each id already on the port (section
 /// (a).6): skipped if both set REUSEADDR (a listening id counts as not reusing), or both
