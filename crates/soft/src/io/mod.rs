@@ -121,7 +121,7 @@ pub struct WireStats {
 ///
 /// ```
 /// use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
-/// let cfg = UdpConfig { port: 47911, faults: None, ..UdpConfig::default() };
+/// let cfg = UdpConfig { port: 47911, faults: None, share: false, ..UdpConfig::default() }; // made-up QPN below: no sharing
 /// let mut a = UdpWire::new(cfg.clone()).unwrap();
 /// let mut b = UdpWire::new(cfg).unwrap();
 /// let (la, lb): (WireAddr, WireAddr) = ("127.0.0.51".parse().unwrap(), "127.0.0.52".parse().unwrap());
