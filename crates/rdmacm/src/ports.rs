@@ -170,7 +170,7 @@ struct Owner {
 }
 
 /// The bind tables of every port space (one per network namespace in Linux; one per
-/// process here).
+/// process here, plus a listener's claim across processes: `rdma_soft::io::PortClaim`).
 ///
 /// Conflict rules for an explicit port, against each id already on the port (section
 /// (a).6): skipped if both set REUSEADDR (a listening id counts as not reusing), or both
@@ -197,6 +197,8 @@ pub struct PortTables {
     next_handle: u64,
     last_used: u16,
     rng: u64,
+    /// Listeners' claims across processes (`rdma_soft::io::PortClaim`), by handle.
+    claims: HashMap<u64, rdma_soft::io::PortClaim>,
 }
 
 impl PortTables {
@@ -211,6 +213,7 @@ impl PortTables {
             next_handle: 1,
             last_used: 0,
             rng: h.finish() | 1,
+            claims: HashMap::new(),
         }
     }
 
@@ -282,6 +285,9 @@ impl PortTables {
             peer: None,
         };
         check_port(owners, &req, false, Some(h.0))?;
+        // Other processes' listeners: the same rules, across the host (EADDRINUSE ...).
+        let claim = rdma_soft::io::PortClaim::acquire(key.0.value(), me.addr, key.1, me.afonly)?;
+        self.claims.insert(h.0, claim);
         if let Some(o) = owners.iter_mut().find(|o| o.handle == h.0) {
             o.listening = true;
         }
@@ -293,6 +299,7 @@ impl PortTables {
         let Some(key) = self.handles.remove(&h.0) else {
             return false;
         };
+        self.claims.remove(&h.0);
         if let Some(owners) = self.ports.get_mut(&key) {
             owners.retain(|o| o.handle != h.0);
             if owners.is_empty() {

@@ -115,6 +115,10 @@ impl Inner {
         // addresses included: they are local through lo's /8).
         d.ensure_gid(ip)?;
         d.dev.gsi_open(w)?;
+        if let Some(slot) = d.dev.share_slot()? {
+            // steering across processes (rdma_soft::io::steer)
+            d.agent.set_comm_id_slot(slot);
+        }
         d.open.insert(w);
         Ok(())
     }

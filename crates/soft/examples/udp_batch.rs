@@ -12,6 +12,7 @@ use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
 fn run(batch: usize, packets: usize, size: usize, tag: u8) {
     let cfg = UdpConfig {
         batch,
+        share: false, // raw packets to made-up QPNs
         ..UdpConfig::default()
     };
     let la: WireAddr = format!("127.0.2.{}", 2 * tag).parse().unwrap();

@@ -10,13 +10,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Another process (or the kernel's `rdma_rxe`, which binds the wildcard address) holds UDP
-    /// port 4791 on this address.
+    /// Another user's process, a process that does not share (`UdpConfig::share` off), or
+    /// the kernel's `rdma_rxe` (which binds the wildcard address) holds UDP port 4791 on
+    /// this address.
     #[error("UDP {port} on {addr} is held by another process")]
     AddrInUse {
         /// The local address asked for.
         addr: WireAddr,
         /// The UDP port (4791 unless configured otherwise).
+        port: u16,
+    },
+    /// Another live process (or id) listens on this address and port of the port space.
+    #[error("port {port} on {addr} is in use by another process")]
+    PortInUse {
+        /// The address asked for.
+        addr: std::net::IpAddr,
+        /// The port.
+        port: u16,
+    },
+    /// A wildcard and a specific address on one port, in two processes.
+    #[error("port {port} is held with a wildcard address by another process")]
+    PortWildcard {
+        /// The port.
         port: u16,
     },
     /// The address is not one of this host's (in this network namespace).
@@ -97,7 +112,8 @@ impl Error {
     /// The errno the equivalent libibverbs / socket call would set.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::AddrInUse { .. } => libc::EADDRINUSE,
+            Error::AddrInUse { .. } | Error::PortInUse { .. } => libc::EADDRINUSE,
+            Error::PortWildcard { .. } => libc::EADDRNOTAVAIL,
             Error::AddrNotAvailable { .. } => libc::EADDRNOTAVAIL,
             Error::ScopeRequired { .. }
             | Error::NotOpen { .. }

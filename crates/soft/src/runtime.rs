@@ -315,12 +315,17 @@ impl Runtime {
         self.stats
     }
 
+    pub fn share_slot(&mut self) -> Result<Option<u8>> {
+        self.wire.share_slot()
+    }
+
     pub fn wire_stats(&self) -> WireStats {
         self.wire.stats()
     }
 
     /// Allocates a QP number: slot index in the low 16 bits (never 0 or 1), a generation
-    /// that changes on reuse in the high 8 bits. Slots are handed out cyclically, as Linux
+    /// that changes on reuse in the high 8 bits (a sharing wire's slot instead: see
+    /// `io::steer`). Slots are handed out cyclically, as Linux
     /// allocates QPNs: the next free slot after the last one handed out (a fresh one while
     /// the table has room), wrapping to the lowest free slot at the end. A QPN therefore
     /// comes back only after every other slot was used (or 256 reuses of a slot when few are
@@ -361,7 +366,12 @@ impl Runtime {
             self.generation.resize(idx + 1, 0);
         }
         self.generation[idx] = self.generation[idx].wrapping_add(1);
-        Ok((u32::from(self.generation[idx]) << 16) | idx as u32)
+        // A sharing wire's slot takes the generation's place: the steering reads it there.
+        let high = match self.wire.share_slot()? {
+            Some(slot) => slot,
+            None => self.generation[idx],
+        };
+        Ok((u32::from(high) << 16) | idx as u32)
     }
 
     pub fn insert(&mut self, ctx: QpCtx) {

@@ -120,7 +120,10 @@ fn fast_path_allocates_nothing_after_warm_up() {
     let (la, lb): (WireAddr, WireAddr) = (ia.parse().unwrap(), ib.parse().unwrap());
     da.gsi_open(la).unwrap();
     db.gsi_open(lb).unwrap();
-    let mad = [7u8; 256];
+    let mut mad = [7u8; 256];
+    // Not a CM MAD (class 7): a sharing wire steers those by comm id, and this made-up one
+    // names slot 7.
+    mad[1] = 0x01;
 
     let send_small = SendWr::new(1, SendOp::Send)
         .with_sge(ma.sge(0, 64).unwrap())

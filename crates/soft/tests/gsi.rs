@@ -9,8 +9,11 @@ use rdma_soft::gsi::{GsiLimits, GsiMad, GSI_QKEY, MAD_LEN};
 use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
 use rdma_soft::verbs::{Device, DeviceConfig};
 
+/// Devices and wires that do not share their addresses: these tests send made-up CM MADs,
+/// which a sharing wire steers (and drops) by the comm id they happen to hold.
 fn device(port: u16) -> Device {
     let wire = UdpWire::new(UdpConfig {
+        share: false,
         port,
         faults: None,
         ..UdpConfig::default()
@@ -125,6 +128,7 @@ fn send_needs_open_and_close_is_counted() {
     assert!(a.gsi_send(&la, &lb, &mad(0)).is_err());
     // the address was released: another wire can take it
     let mut w = UdpWire::new(UdpConfig {
+        share: false,
         port: 47943,
         ..UdpConfig::default()
     })
@@ -154,6 +158,7 @@ fn bad_qkey_length_opcode_pkey_are_dropped_and_counted() {
     let (la, lb) = (addr("127.0.44.1"), addr("127.0.44.2"));
     b.gsi_open(lb).unwrap();
     let mut w = UdpWire::new(UdpConfig {
+        share: false,
         port: 47944,
         ..UdpConfig::default()
     })
@@ -280,6 +285,7 @@ fn captured_linux_req_resent_over_loopback_arrives_intact() {
     b.gsi_open(lb).unwrap();
     // re-sent byte for byte (the wire recomputes the ICRC for the new IP header)
     let mut w = UdpWire::new(UdpConfig {
+        share: false,
         port: 47946,
         ..UdpConfig::default()
     })
@@ -296,6 +302,7 @@ fn captured_linux_req_resent_over_loopback_arrives_intact() {
     let lc = addr("127.0.46.3");
     a.gsi_open(lc).unwrap();
     let mut sniff = UdpWire::new(UdpConfig {
+        share: false,
         port: 47946,
         ..UdpConfig::default()
     })

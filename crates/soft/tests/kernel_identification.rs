@@ -87,8 +87,10 @@ fn kernel_sends_identification_zero() {
         ("127.0.1.30".parse().unwrap(), "127.0.1.31".parse().unwrap());
     // one datagram per packet (without GSO: `gso_segments_carry_their_identification`
     // covers that)
+    // Raw packets to made-up QPNs: a wire that does not share (a sharing one drops them).
     let cfg = UdpConfig {
         gso: false,
+        share: false,
         ..UdpConfig::default()
     };
     let mut a = UdpWire::new(cfg.clone()).unwrap();
@@ -139,6 +141,7 @@ fn ipv6_icrc_over_the_real_header() {
     let l6: WireAddr = "::1".parse().unwrap();
     let mut w = UdpWire::new(UdpConfig {
         port: 47913,
+        share: false,
         ..UdpConfig::default()
     })
     .unwrap();
@@ -264,8 +267,12 @@ fn gso_segments_carry_their_identification() {
         let cap = capture_lo(libc::ETH_P_IP as u16);
         let (la, lb): (WireAddr, WireAddr) =
             ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
-        let mut a = UdpWire::new(UdpConfig::default()).unwrap();
-        let mut b = UdpWire::new(UdpConfig::default()).unwrap();
+        let alone = UdpConfig {
+            share: false,
+            ..UdpConfig::default()
+        };
+        let mut a = UdpWire::new(alone.clone()).unwrap();
+        let mut b = UdpWire::new(alone).unwrap();
         a.open(la).unwrap();
         b.open(lb).unwrap();
         // three of one size and a shorter last: one GSO message of four segments

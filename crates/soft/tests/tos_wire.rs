@@ -65,9 +65,11 @@ fn exchange(
 fn mixed_batch(la: &str, lb: &str, port: u16, faults: Option<FaultSpec>) {
     let (la, lb) = (addr(la), addr(lb));
     let held = faults.is_some();
+    // Raw packets to made-up QPNs: wires that do not share (a sharing one drops them).
     let cfg = UdpConfig {
         port,
         faults,
+        share: false,
         ..UdpConfig::default()
     };
     let mut a = UdpWire::new(cfg.clone()).unwrap();
@@ -139,6 +141,7 @@ fn default_send_is_class_zero_and_one_message_per_gso_run() {
     let (la, lb) = (addr("127.0.3.5"), addr("127.0.3.6"));
     let cfg = UdpConfig {
         port: 47945,
+        share: false, // made-up QPNs
         ..UdpConfig::default()
     };
     let mut a = UdpWire::new(cfg.clone()).unwrap();

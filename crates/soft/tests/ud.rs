@@ -189,10 +189,12 @@ fn wrong_qkey_is_dropped_and_counted() {
         "a dropped datagram wrote b's buffer"
     );
     assert!(a.mr.to_vec() == a_before, "a's region changed");
-    // a datagram to a QP that does not exist is counted by the runtime
+    // a datagram to a QP that does not exist is counted by the runtime (a QPN of b's
+    // device: its top byte is the device's slot, else b's wire drops it as another
+    // process's)
     let wr = SendWr::new(1, SendOp::Send)
         .with_sge(a.mr.sge(0, 1).unwrap())
-        .with_ud(ah.dest(0x7777, 6));
+        .with_ud(ah.dest((b.qp.qpn() & 0xff_0000) | 0x7777, 6));
     a.qp.post_send(&wr).unwrap();
     let end = Instant::now() + Duration::from_secs(5);
     while db.runtime_stats().no_such_qp == 0 && Instant::now() < end {

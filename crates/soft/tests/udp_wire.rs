@@ -10,9 +10,12 @@ fn addr(s: &str) -> WireAddr {
     s.parse().unwrap()
 }
 
+/// A wire that does not share its addresses: these tests send packets to made-up QPNs,
+/// which a sharing wire drops as another process's (tests/share.rs).
 fn wire(faults: Option<&str>) -> UdpWire {
     UdpWire::new(UdpConfig {
         faults: faults.map(|f| f.parse::<FaultSpec>().unwrap()),
+        share: false,
         ..UdpConfig::default()
     })
     .unwrap()
@@ -101,7 +104,12 @@ fn address_errors_are_typed() {
     let mut a = wire(None);
     a.open(la).unwrap();
     a.open(la).unwrap(); // idempotent
-    let mut b = wire(None);
+                         // A wire that does not share cannot join the address (sharing ones can: tests/share.rs).
+    let mut b = UdpWire::new(UdpConfig {
+        share: false,
+        ..UdpConfig::default()
+    })
+    .unwrap();
     let e = b.open(la).unwrap_err();
     assert_eq!(e.errno(), libc::EADDRINUSE);
     assert_eq!(

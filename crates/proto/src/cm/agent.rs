@@ -79,6 +79,8 @@ pub struct CmAgent {
     pub(crate) tid_high: u32,
     pub(crate) tid_counter: u32,
     pub(crate) stats: CmStats,
+    /// Top byte of every local comm id minted, when set ([`CmAgent::set_comm_id_slot`]).
+    pub(crate) id_slot: Option<u8>,
 }
 
 impl CmAgent {
@@ -102,7 +104,15 @@ impl CmAgent {
             tid_high,
             tid_counter: 0,
             stats: CmStats::default(),
+            id_slot: None,
         }
+    }
+
+    /// Mints every later local comm id with `slot` in its top byte: the soft device's slot
+    /// among the processes sharing an address, by which their steering finds the owner of
+    /// a CM message (it carries our comm id).
+    pub fn set_comm_id_slot(&mut self, slot: u8) {
+        self.id_slot = Some(slot);
     }
 
     /// The configuration.
@@ -797,7 +807,10 @@ impl CmAgent {
     /// A random, non-zero communication id not in use.
     pub(crate) fn alloc_local_id(&mut self) -> u32 {
         loop {
-            let id = self.rng.next_u32();
+            let mut id = self.rng.next_u32();
+            if let Some(s) = self.id_slot {
+                id = (u32::from(s) << 24) | (id & 0x00ff_ffff);
+            }
             if id != 0 && !self.by_local_id.contains_key(&id) {
                 return id;
             }

@@ -153,6 +153,10 @@ pub(crate) struct SendBatch {
     dsts: Box<[Option<WireAddr>]>,
     /// IPv4 TOS / IPv6 traffic class of each queued datagram (a GSO message has one).
     tclasses: Box<[u8]>,
+    /// BTH destination QPN of each queued datagram (a GSO message has one: on loopback and
+    /// veth the receiver picks one socket for the whole message, so a message to two QPs
+    /// of an address shared by processes would reach only one of them).
+    qpns: Box<[u32]>,
     /// Segment index of each queued datagram in its GSO group (0: starts a message).
     segs: Box<[u16]>,
     /// The open group: its segment size and bytes, or `None` when the next datagram starts
@@ -210,6 +214,7 @@ impl SendBatch {
             gso: false,
             dsts: vec![None; count].into_boxed_slice(),
             tclasses: vec![0; count].into_boxed_slice(),
+            qpns: vec![0; count].into_boxed_slice(),
             segs: vec![0; count].into_boxed_slice(),
             group: None,
             per_msg: vec![0; count * 2].into_boxed_slice(),
@@ -230,12 +235,12 @@ impl SendBatch {
     }
 
     /// The segment index the next datagram of `len` bytes to `dst` with traffic class
-    /// `tclass` gets: its position in the GSO message it joins, 0 when it starts one (a
-    /// message has one destination and one traffic class). With IPv4 the kernel gives the
+    /// `tclass` and BTH destination QPN `qpn` gets: its position in the GSO message it
+    /// joins, 0 when it starts one (a message has one destination, traffic class and QPN). With IPv4 the kernel gives the
     /// segments of a message Identifications counting up from the first's (0 from an
     /// unconnected socket with DF), and the ICRC covers the Identification: the caller seals
     /// with this index.
-    pub fn next_segment(&self, dst: WireAddr, len: usize, tclass: u8) -> u16 {
+    pub fn next_segment(&self, dst: WireAddr, len: usize, tclass: u8, qpn: u32) -> u16 {
         let i = self.queued;
         match self.group {
             Some((size, bytes))
@@ -243,6 +248,8 @@ impl SendBatch {
                     && i > 0
                     && self.dsts[i - 1] == Some(dst)
                     && self.tclasses[i - 1] == tclass
+                    && self.qpns[i - 1] == qpn
+                    && qpn != 1 // MADs: each its own (the steering reads each one's CM fields)
                     && len <= size
                     && (self.segs[i - 1] as usize) + 1 < GSO_MAX_SEGS
                     && bytes + len <= GSO_MAX_BYTES =>
@@ -271,10 +278,14 @@ impl SendBatch {
         self.bufs[i * self.slot..i * self.slot + data.len()].copy_from_slice(data);
         self.lens[i] = data.len();
         self.names[i] = sys::to_sockaddr(dst, port);
-        let seg = self.next_segment(dst, data.len(), tclass);
+        let qpn = data
+            .get(5..8)
+            .map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
+        let seg = self.next_segment(dst, data.len(), tclass, qpn);
         self.segs[i] = seg;
         self.dsts[i] = Some(dst);
         self.tclasses[i] = tclass;
+        self.qpns[i] = qpn;
         self.group = match (seg, self.group) {
             // a shorter datagram ends its group
             (0, _) => Some((data.len(), data.len())),

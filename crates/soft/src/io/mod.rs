@@ -25,8 +25,11 @@
 
 mod addr;
 mod batch;
+mod claim;
 pub mod fault;
 mod icrc;
+pub mod share;
+pub mod steer;
 mod sys;
 mod udp;
 
@@ -34,6 +37,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 pub use addr::{ParseWireAddrError, WireAddr};
+pub use claim::PortClaim;
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub(crate) use sys::netdev_mtu;
 pub use udp::{UdpConfig, UdpWire, ROCE_PORT};
@@ -83,6 +87,10 @@ pub struct WireStats {
     /// Datagrams dropped on receipt: larger than the receive buffers or from an unusable
     /// address.
     pub malformed: u64,
+    /// Datagrams dropped on receipt because they belong to another process sharing the
+    /// address (their QPN or comm id names another slot): the kernel's hash fallback or a
+    /// group being changed sent them here.
+    pub misdelivered: u64,
     /// Datagrams dropped on receipt because no IP header makes their ICRC valid.
     pub icrc_errors: u64,
     /// Datagrams accepted after recovering their IPv4 Identification (senders that do not
@@ -113,7 +121,7 @@ pub struct WireStats {
 ///
 /// ```
 /// use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
-/// let cfg = UdpConfig { port: 47911, faults: None, ..UdpConfig::default() };
+/// let cfg = UdpConfig { port: 47911, faults: None, share: false, ..UdpConfig::default() }; // made-up QPN below: no sharing
 /// let mut a = UdpWire::new(cfg.clone()).unwrap();
 /// let mut b = UdpWire::new(cfg).unwrap();
 /// let (la, lb): (WireAddr, WireAddr) = ("127.0.0.51".parse().unwrap(), "127.0.0.52".parse().unwrap());
@@ -179,6 +187,13 @@ pub trait DatagramWire: Send {
     /// nothing. The default, `false`, makes callers that stop on it call `recv` again.
     fn recv_drained(&self) -> bool {
         false
+    }
+
+    /// The wire's slot among the processes sharing its addresses (claimed on first use), or
+    /// `None` when it does not share: every QPN and CM comm id of its device must then
+    /// carry it in the top byte (see [`steer`]).
+    fn share_slot(&mut self) -> Result<Option<u8>> {
+        Ok(None)
     }
 
     /// An fd that polls readable when [`DatagramWire::recv`] may deliver something.

@@ -61,7 +61,15 @@ pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> std::io::Resul
 /// Opens a non-blocking UDP socket bound to `local:port` that never fragments (DF set,
 /// `IP_PMTUDISC_DO`, so the kernel writes IPv4 Identification 0 on `sendto`) and reports the
 /// destination address, arrival interface, traffic class and hop limit of each datagram.
-pub(crate) fn open_udp(local: WireAddr, port: u16, buf_bytes: i32) -> Result<OwnedFd> {
+///
+/// With `reuseport`, `SO_REUSEPORT` is set first, so that other processes of this user
+/// join the socket's group (see [`super::share`]).
+pub(crate) fn open_udp(
+    local: WireAddr,
+    port: u16,
+    buf_bytes: i32,
+    reuseport: bool,
+) -> Result<OwnedFd> {
     if local.is_link_local() && local.scope_id() == 0 {
         return Err(Error::ScopeRequired { addr: local });
     }
@@ -123,6 +131,9 @@ pub(crate) fn open_udp(local: WireAddr, port: u16, buf_bytes: i32) -> Result<Own
         opt("IP_PKTINFO", libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
         opt("IP_RECVTOS", libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
         opt("IP_RECVTTL", libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+    }
+    if reuseport {
+        opt("SO_REUSEPORT", libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     }
     // Larger buffers absorb bursts; the kernel caps them at rmem_max / wmem_max, which is fine.
     let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, buf_bytes);
@@ -378,10 +389,10 @@ mod tests {
 
     #[test]
     fn sockets_never_fragment() {
-        let fd = open_udp("127.0.1.40".parse().unwrap(), 0, 1 << 20).unwrap();
+        let fd = open_udp("127.0.1.40".parse().unwrap(), 0, 1 << 20, false).unwrap();
         let v = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MTU_DISCOVER).unwrap();
         assert_eq!(v, libc::IP_PMTUDISC_DO);
-        let fd = open_udp("::1".parse().unwrap(), 0, 1 << 20).unwrap();
+        let fd = open_udp("::1".parse().unwrap(), 0, 1 << 20, false).unwrap();
         let v = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER);
         assert_eq!(v.unwrap(), libc::IPV6_PMTUDISC_DO);
         let v6only = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY);

@@ -1,11 +1,14 @@
 //! [`UdpWire`]: RoCEv2 over UDP port 4791, one socket per local address in use.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::{RecvBatch, SendBatch, SendOutcome};
 use super::fault::{FaultInjector, FaultSpec, Verdict};
 use super::icrc::{self, IcrcChecker, IcrcOk};
+use super::share::{self, GroupKey, Member, Slot};
+use super::steer::{self, Dest};
 use super::{sys, Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::{Error, Result};
 
@@ -40,6 +43,10 @@ pub struct UdpConfig {
     /// sealed with the ICRC of the IPv4 Identification it gets. Used where the kernel has it
     /// and no send faults are injected; off after the kernel refuses a GSO message.
     pub gso: bool,
+    /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
+    /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
+    /// on its addresses alone, and a second wire gets [`Error::AddrInUse`].
+    pub share: bool,
 }
 
 impl Default for UdpConfig {
@@ -51,6 +58,7 @@ impl Default for UdpConfig {
             socket_buffer: 4 << 20,
             faults: None,
             gso: true,
+            share: true,
         }
     }
 }
@@ -70,6 +78,8 @@ struct Local {
     addr: WireAddr,
     fd: OwnedFd,
     out: SendBatch,
+    /// Membership of the address's group, when sharing.
+    member: Option<Arc<Member>>,
 }
 
 /// Where a held sent datagram goes (from, to) and its traffic class.
@@ -92,9 +102,12 @@ type SendMeta = (WireAddr, WireAddr, u8);
 /// let mut w = UdpWire::new(UdpConfig { port: 47912, ..UdpConfig::default() }).unwrap();
 /// let a: WireAddr = "127.0.0.53".parse().unwrap();
 /// w.open(a).unwrap();
-/// // a second process (here: a second wire) cannot take the same address
+/// // a second process (here: a second wire) shares the address...
 /// let mut other = UdpWire::new(UdpConfig { port: 47912, ..UdpConfig::default() }).unwrap();
-/// let err = other.open(a).unwrap_err();
+/// other.open(a).unwrap();
+/// // ...unless one of them does not share
+/// let alone = UdpConfig { port: 47912, share: false, ..UdpConfig::default() };
+/// let err = UdpWire::new(alone).unwrap().open(a).unwrap_err();
 /// assert_eq!(err.to_string(), "UDP 47912 on 127.0.0.53 is held by another process");
 /// assert_eq!(err.errno(), libc::EADDRINUSE);
 /// ```
@@ -111,6 +124,11 @@ pub struct UdpWire {
     checker: IcrcChecker,
     /// Every `recvmmsg` of the last `recv` returned less than a full batch.
     drained: bool,
+    /// The slot, when sharing (claimed on first use).
+    slot: Option<Slot>,
+    /// When a misdelivered datagram last repaired a group's table (at most one per
+    /// [`share::SETTLE`]).
+    last_evidence: Option<Instant>,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -161,6 +179,8 @@ impl UdpWire {
             recv_faults,
             checker: IcrcChecker::new(),
             drained: false,
+            slot: None,
+            last_evidence: None,
         })
     }
 
@@ -172,6 +192,34 @@ impl UdpWire {
     /// The open local addresses.
     pub fn locals(&self) -> impl Iterator<Item = WireAddr> + '_ {
         self.locals.iter().map(|l| l.addr)
+    }
+
+    /// The slot, claimed now if sharing and not yet claimed.
+    fn claim_slot(&mut self) -> Result<Option<u8>> {
+        if !self.cfg.share {
+            return Ok(None);
+        }
+        if self.slot.is_none() {
+            self.slot = Some(Slot::claim()?);
+        }
+        Ok(self.slot.as_ref().map(Slot::get))
+    }
+
+    /// A datagram for slot `seen` reached local `i`: let its group repair its table (off
+    /// the fast path: only after a misdelivery, at most once per [`share::SETTLE`]).
+    fn evidence(&mut self, i: usize, seen: u8) {
+        let now = Instant::now();
+        if self
+            .last_evidence
+            .is_some_and(|t| now.duration_since(t) < share::SETTLE)
+        {
+            return;
+        }
+        self.last_evidence = Some(now);
+        if let Some(m) = &self.locals[i].member {
+            // A failure leaves the table as it was: the next misdelivery tries again.
+            let _ = m.evidence(seen);
+        }
     }
 
     fn local_index(&self, addr: WireAddr) -> Option<usize> {
@@ -294,6 +342,16 @@ fn with_scope(to: WireAddr, from: WireAddr) -> WireAddr {
     }
 }
 
+impl Drop for UdpWire {
+    fn drop(&mut self) {
+        // Each socket leaves its group under the group's lock (the others' order stays
+        // known), after its queue is sent.
+        while let Some(a) = self.locals.last().map(|l| l.addr) {
+            self.close(a);
+        }
+    }
+}
+
 impl DatagramWire for UdpWire {
     fn max_packet(&self) -> usize {
         self.cfg.max_packet
@@ -304,7 +362,19 @@ impl DatagramWire for UdpWire {
             return Ok(());
         }
         let buf = i32::try_from(self.cfg.socket_buffer).unwrap_or(i32::MAX);
-        let fd = sys::open_udp(local, self.cfg.port, buf)?;
+        let port = self.cfg.port;
+        let (fd, member) = match self.claim_slot()? {
+            None => (sys::open_udp(local, port, buf, false)?, None),
+            Some(slot) => {
+                let key = GroupKey {
+                    ns: share::current_netns(),
+                    addr: local,
+                    port,
+                };
+                let (fd, m) = share::join(key, slot, || sys::open_udp(local, port, buf, true))?;
+                (fd, Some(m))
+            }
+        };
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
             u64: fd.as_raw_fd() as u64,
@@ -327,6 +397,7 @@ impl DatagramWire for UdpWire {
             addr: local,
             fd,
             out,
+            member,
         });
         Ok(())
     }
@@ -337,7 +408,10 @@ impl DatagramWire for UdpWire {
         };
         self.flush_local(i, None);
         // Closing the socket removes it from the epoll set.
-        self.locals.swap_remove(i);
+        let l = self.locals.swap_remove(i);
+        if let Some(m) = l.member {
+            m.leave(l.fd);
+        }
         true
     }
 
@@ -418,6 +492,8 @@ impl DatagramWire for UdpWire {
             }
             self.stats.recv_calls += 1;
             let bound = local.addr;
+            let mine = self.slot.as_ref().map(Slot::get);
+            let mut evidence = None;
             for k in 0..n {
                 let Some(d) = self.inbox.get(k) else { break };
                 let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
@@ -428,6 +504,20 @@ impl DatagramWire for UdpWire {
                     );
                     continue;
                 };
+                let other = match (mine, steer::dest(d.data)) {
+                    (Some(mine), Dest::Slot(s)) if s != mine => Some(s),
+                    (Some(mine), Dest::Comm(s)) if s != mine => self.locals[i]
+                        .member
+                        .as_ref()
+                        .map_or(true, |m| m.has_member(s))
+                        .then_some(s),
+                    _ => None,
+                };
+                if let Some(s) = other {
+                    self.stats.misdelivered += 1;
+                    evidence = Some(s);
+                    continue;
+                }
                 let local_addr = match d.anc.dst {
                     Some(ip) => WireAddr::new(ip, d.anc.ifindex),
                     None => bound,
@@ -478,6 +568,9 @@ impl DatagramWire for UdpWire {
                     delivered += 1;
                 }
             }
+            if let Some(seen) = evidence {
+                self.evidence(i, seen);
+            }
         }
         if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
             let (checker, stats) = (&mut self.checker, &mut self.stats);
@@ -498,6 +591,10 @@ impl DatagramWire for UdpWire {
 
     fn recv_drained(&self) -> bool {
         self.drained
+    }
+
+    fn share_slot(&mut self) -> Result<Option<u8>> {
+        self.claim_slot()
     }
 
     fn wait_fd(&self) -> Option<BorrowedFd<'_>> {

@@ -642,6 +642,13 @@ impl Device {
         self.shared.runtime().wire_stats()
     }
 
+    /// The device's slot among the processes sharing its addresses (claimed now if not
+    /// yet), `None` when its wire does not share. A connection manager puts it in the top
+    /// byte of its comm ids, as the device does in its QPNs.
+    pub fn share_slot(&self) -> Result<Option<u8>> {
+        self.shared.runtime().share_slot()
+    }
+
     /// Counters of the device's runtime.
     pub fn runtime_stats(&self) -> RuntimeStats {
         self.shared.runtime().stats()

@@ -2,8 +2,8 @@
 //! the software RoCEv2 device on loopback, with no configuration and no root.
 //!
 //! * `rdmacm-demo`: server and client in one process (127.0.0.1 and 127.0.0.2).
-//! * `rdmacm-demo --server 127.0.0.1` and `rdmacm-demo --client 127.0.0.1 --bind 127.0.0.2`:
-//!   the same over two terminals.
+//! * `rdmacm-demo --server 127.0.0.1` and `rdmacm-demo --client 127.0.0.1`: the same over
+//!   two terminals (processes share addresses; `--bind` picks the client's if wanted).
 
 use rdma_tools::demo::{run, DemoOpts, Role};
 
@@ -11,7 +11,8 @@ const USAGE: &str = "usage: rdmacm-demo [--server ADDR | --client ADDR [--bind A
    (no role)        server on 127.0.0.1 and client from 127.0.0.2 in one process
    --server ADDR    run the server part on ADDR
    --client ADDR    run the client part against the server at ADDR
-   --bind ADDR      the client's local address (default 127.0.0.2)
+   --bind ADDR      the client's local address (default: 127.0.0.2 with no role, else
+                    the route's; any process may use any address)
    -p, --port PORT  CM port (default 7472)
    --mib N          MiB to RDMA WRITE (default 256)
    --pings N        SEND ping-pong round trips (default 10000)

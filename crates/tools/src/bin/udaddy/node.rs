@@ -80,8 +80,8 @@ impl Node {
             ..QpCap::default()
         };
         let ep = Endpoint::new(&self.id, QpType::Ud, depth * 2, cap)?;
-        // Receive only on the id's own address: a process owns UDP 4791 on the addresses it
-        // uses, and other processes may hold the device's other addresses (e.g. on `lo`).
+        // Receive only on the id's own address: the device's other addresses (e.g. on `lo`)
+        // are not this id's (other processes share them; their datagrams are steered away).
         let dev = self.id.device().ok_or("the id has no device")?;
         let local = self.id.local_addr().ok_or("the id has no local address")?;
         let sgid = dev

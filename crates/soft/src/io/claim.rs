@@ -1,0 +1,228 @@
+//! Port claims across processes: rdma_cm's port space, shared by every process of the host
+//! (one per network namespace, as the kernel's).
+//!
+//! A claim is a file `claim-NS-PS-PORT-PID-SEQ` in the [runtime directory](super::share::runtime_dir)
+//! holding the address, `flock`ed by its owner: a dead process's claims are free at once.
+//! Checks and new claims of one (namespace, port space, port) are serialized by the `flock` of
+//! `port-NS-PS-PORT.lock`. The steering program reads the live claims to send a REQ to the
+//! process that listens on its service id.
+
+use std::fs::File;
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::share::{self, current_netns, held, lock, lock_path, open_rw, runtime_dir};
+use crate::{Error, Result};
+
+/// A port held across processes; released on drop (or when the process dies).
+///
+/// ```
+/// use rdma_soft::io::PortClaim;
+/// let a = PortClaim::acquire(0x0106, "127.0.9.1".parse().unwrap(), 47990, true).unwrap();
+/// let again = PortClaim::acquire(0x0106, "127.0.9.1".parse().unwrap(), 47990, true);
+/// assert_eq!(again.unwrap_err().errno(), libc::EADDRINUSE);
+/// // another address on the same port is fine; a wildcard is not
+/// let b = PortClaim::acquire(0x0106, "127.0.9.2".parse().unwrap(), 47990, true).unwrap();
+/// let any = PortClaim::acquire(0x0106, "0.0.0.0".parse().unwrap(), 47990, true);
+/// assert_eq!(any.unwrap_err().errno(), libc::EADDRNOTAVAIL);
+/// drop((a, b));
+/// assert!(PortClaim::acquire(0x0106, "0.0.0.0".parse().unwrap(), 47990, true).is_ok());
+/// ```
+#[derive(Debug)]
+pub struct PortClaim {
+    path: PathBuf,
+    _file: File,
+    ns: u64,
+    addr: IpAddr,
+    serial: PathBuf,
+    ps: u16,
+    port: u16,
+}
+
+struct ClaimInfo {
+    ps: u16,
+    port: u16,
+    pid: u32,
+    addr: IpAddr,
+    afonly: bool,
+}
+
+/// Parses `claim-NS-PS-PORT-PID-SEQ` (of namespace `ns`) and its content `ADDR AFONLY`.
+fn parse(ns: u64, name: &str, content: &str) -> Option<ClaimInfo> {
+    let rest = name.strip_prefix(&format!("claim-{ns}-"))?;
+    let mut it = rest.split('-');
+    let ps = u16::from_str_radix(it.next()?, 16).ok()?;
+    let port = it.next()?.parse().ok()?;
+    let pid = it.next()?.parse().ok()?;
+    let mut c = content.split_whitespace();
+    let addr = c.next()?.parse().ok()?;
+    let afonly = c.next()? == "1";
+    Some(ClaimInfo {
+        ps,
+        port,
+        pid,
+        addr,
+        afonly,
+    })
+}
+
+/// The live claims of namespace `ns`, with their file names.
+fn live_claims(ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
+    let Ok(dir) = runtime_dir() else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let prefix = format!("claim-{ns}-");
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            if !name.starts_with(&prefix) {
+                return None;
+            }
+            let path = e.path();
+            let content = std::fs::read_to_string(&path).ok()?;
+            let info = parse(ns, &name, &content)?;
+            if held(&path) {
+                return Some((path, info));
+            }
+            // A dead process's claim: free, and its name is never taken again (pid and
+            // sequence), so it can go.
+            let _ = std::fs::remove_file(&path);
+            None
+        })
+        .collect()
+}
+
+/// rdma_cm's `cma_check_port` between two listeners of one port.
+fn conflict(a: IpAddr, a_afonly: bool, b: IpAddr, b_afonly: bool, port: u16) -> Result<()> {
+    if a_afonly && b_afonly && a.is_ipv4() != b.is_ipv4() {
+        return Ok(());
+    }
+    if a.is_unspecified() || b.is_unspecified() {
+        return Err(Error::PortWildcard { port });
+    }
+    if a == b {
+        return Err(Error::PortInUse { addr: a, port });
+    }
+    Ok(())
+}
+
+impl PortClaim {
+    /// Claims `port` of port space `ps` (rdma_cm's `RDMA_PS_*` value) on `addr` (a
+    /// wildcard claims it on every address) for this process. Another live claim on the
+    /// same address: `EADDRINUSE`; a wildcard against any address of its family:
+    /// `EADDRNOTAVAIL` (rdma_cm's rules; `afonly` as `RDMA_OPTION_ID_AFONLY`). The
+    /// steering programs of this process's groups on `addr` learn the new listener.
+    pub fn acquire(ps: u16, addr: IpAddr, port: u16, afonly: bool) -> Result<PortClaim> {
+        let dir = runtime_dir()?;
+        let ns = current_netns();
+        let serial_path = dir.join(format!("port-{ns}-{ps:04x}-{port}.lock"));
+        let serial = lock_path(&serial_path).map_err(|source| Error::Os {
+            op: "port lock",
+            addr: None,
+            source,
+        })?;
+        for (_, c) in live_claims(ns) {
+            if c.ps == ps && c.port == port {
+                conflict(addr, afonly, c.addr, c.afonly, port)?;
+            }
+        }
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let path = dir.join(format!("claim-{ns}-{ps:04x}-{port}-{pid}-{seq}"));
+        let io = |source| Error::Os {
+            op: "port claim",
+            addr: None,
+            source,
+        };
+        // A leftover of a dead process with our pid and sequence is free: replace it.
+        let mut f = open_rw(&path).map_err(io)?;
+        if !lock(&f, true, false).map_err(io)? {
+            return Err(Error::PortInUse { addr, port });
+        }
+        f.set_len(0).map_err(io)?;
+        writeln!(f, "{addr} {}", u8::from(afonly)).map_err(io)?;
+        drop(serial);
+        let claim = PortClaim {
+            path,
+            _file: f,
+            ns,
+            addr,
+            serial: serial_path,
+            ps,
+            port,
+        };
+        share::refresh(ns, addr)?;
+        Ok(claim)
+    }
+}
+
+impl Drop for PortClaim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        // The port's lock file goes with its last claim (waiters re-check, `lock_path`).
+        if let Ok(serial) = lock_path(&self.serial) {
+            let prefix = format!("claim-{}-{:04x}-{}-", self.ns, self.ps, self.port);
+            let others = std::fs::read_dir(self.serial.parent().unwrap_or(Path::new(".")))
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok())
+                        .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                })
+                .unwrap_or(true);
+            if !others {
+                let _ = std::fs::remove_file(&self.serial);
+            }
+            drop(serial);
+        }
+        let _ = share::refresh(self.ns, self.addr);
+    }
+}
+
+/// The service ids listened on at `addr` (or on a wildcard covering it) in namespace `ns`,
+/// with the listener's pid: `(port space << 16) | port`, as rdma_cm's.
+pub(crate) fn services(ns: u64, addr: IpAddr) -> Vec<(u64, u32)> {
+    live_claims(ns)
+        .into_iter()
+        .filter(|(_, c)| {
+            c.addr == addr
+                || (c.addr.is_unspecified()
+                    && (c.addr.is_ipv4() == addr.is_ipv4() || (!c.afonly && c.addr.is_ipv6())))
+        })
+        .map(|(_, c)| ((u64::from(c.ps) << 16) | u64::from(c.port), c.pid))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_garbage_does_not() {
+        let c = parse(7, "claim-7-0106-7471-99-0", "127.0.0.1 1\n").unwrap();
+        assert_eq!((c.ps, c.port, c.pid), (0x0106, 7471, 99));
+        assert!(c.afonly);
+        assert!(parse(8, "claim-7-0106-7471-99-0", "127.0.0.1 1").is_none());
+        assert!(parse(7, "claim-7-zz-7471-99-0", "127.0.0.1 1").is_none());
+        assert!(parse(7, "claim-7-0106-7471-99-0", "nonsense 1").is_none());
+        assert!(parse(7, "claim-7-0106-7471-99-0", "").is_none());
+    }
+
+    #[test]
+    fn listeners_become_services() {
+        let a: IpAddr = "127.0.9.11".parse().unwrap();
+        let c = PortClaim::acquire(0x0106, a, 47991, true).unwrap();
+        let ns = current_netns();
+        let me = std::process::id();
+        assert!(services(ns, a).contains(&(0x0106_0000 | 47991, me)));
+        assert!(!services(ns, "127.0.9.12".parse().unwrap())
+            .iter()
+            .any(|s| s.0 == 0x0106_0000 | 47991));
+        drop(c);
+        assert!(!services(ns, a).iter().any(|s| s.0 == 0x0106_0000 | 47991));
+    }
+}

@@ -1,0 +1,471 @@
+//! Many processes on one address: slots, the reuseport group's membership, its program.
+//!
+//! - A **slot** (1..=255) names one sharing wire on the host, for one user: it is an
+//!   `flock`ed file `slot-N` in the [runtime directory](runtime_dir), held for the wire's
+//!   life, so the kernel frees it when the process dies (SIGKILL included). The wire's
+//!   device puts the slot in the top byte of every QPN, its CM agent in the top byte of
+//!   every comm id: that is what the [steering program](super::steer) reads.
+//! - A **group** is every socket on one `ADDR:port` of one network namespace
+//!   (`SO_REUSEPORT`). The kernel numbers them in join order and fills a leaving socket's
+//!   hole with the last one, so the table `grp-NS-ADDR-PORT.tab` mirrors that order, and
+//!   every change happens under the `flock` of `grp-NS-ADDR-PORT.lock`: join (bind, append,
+//!   attach), leave (remove as the kernel does, attach, close), and on either, entries whose
+//!   slot is free (a dead process: its socket is already gone) are removed the same way.
+//!   Each change attaches a new program built from the table and the listeners' claims.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use super::steer::{self, Table};
+use super::WireAddr;
+use crate::{Error, Result};
+
+/// Environment variable naming the runtime directory (tests; default below).
+pub const RUNDIR_ENV: &str = "RDMA_SOFT_RUNDIR";
+
+/// The per-user directory of slots, groups and port claims: `$RDMA_SOFT_RUNDIR`, else
+/// `$XDG_RUNTIME_DIR/rdma-soft`, else `/tmp/rdma-soft-$UID`; made 0700, and refused when
+/// another user owns it or others may write to it.
+pub fn runtime_dir() -> Result<PathBuf> {
+    static DIR: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let r = DIR.get_or_init(|| {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let dir = match (
+            std::env::var_os(RUNDIR_ENV),
+            std::env::var_os("XDG_RUNTIME_DIR"),
+        ) {
+            (Some(d), _) => PathBuf::from(d),
+            (None, Some(x)) if Path::new(&x).is_dir() => Path::new(&x).join("rdma-soft"),
+            _ => PathBuf::from(format!("/tmp/rdma-soft-{uid}")),
+        };
+        let made = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        if let Err(e) = made {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(format!("{}: {e}", dir.display()));
+            }
+        }
+        let md = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !md.is_dir() || md.uid() != uid || md.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{} is not a private directory of uid {uid}",
+                dir.display()
+            ));
+        }
+        Ok(dir)
+    });
+    r.clone().map_err(|reason| Error::Os {
+        op: "rdma-soft runtime directory",
+        addr: None,
+        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, reason),
+    })
+}
+
+/// `flock` without blocking (`LOCK_NB`) or blocking; false when another holds it.
+pub(crate) fn lock(f: &File, exclusive: bool, block: bool) -> std::io::Result<bool> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    let op = if block { op } else { op | libc::LOCK_NB };
+    loop {
+        // SAFETY: plain flock on an open descriptor.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
+pub(crate) fn open_rw(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Opens and `flock`s (exclusive, blocking) the lock file `path`, making it if needed. A
+/// holder may unlink the file when what it guards is gone ([`Member::leave`]), so the lock
+/// counts only if `path` still names the locked file; else this tries again.
+pub(crate) fn lock_path(path: &Path) -> std::io::Result<File> {
+    loop {
+        let f = open_rw(path)?;
+        lock(&f, true, true)?;
+        let same = match (f.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if same {
+            return Ok(f);
+        }
+    }
+}
+
+/// Whether someone holds the `flock` of `path` (a missing file: nobody).
+pub(crate) fn held(path: &Path) -> bool {
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+    else {
+        return false;
+    };
+    // Taking it for an instant is the test; the file closes (and unlocks) on return.
+    !matches!(lock(&f, true, false), Ok(true))
+}
+
+fn os(op: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Os {
+        op,
+        addr: None,
+        source,
+    }
+}
+
+/// The inode of the calling thread's network namespace.
+pub(crate) fn current_netns() -> u64 {
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+/// A slot held for a wire's life.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    n: u8,
+    _file: File,
+}
+
+impl Slot {
+    /// Takes a free slot, searching from a start that depends on the pid (so that a slot
+    /// just freed by a dead process is seldom the next one taken).
+    pub(crate) fn claim() -> Result<Slot> {
+        let dir = runtime_dir()?;
+        let start = (std::process::id() as usize).wrapping_mul(37) % 255;
+        for k in 0..255 {
+            let n = ((start + k) % 255 + 1) as u8;
+            let f = open_rw(&dir.join(format!("slot-{n}"))).map_err(os("slot file"))?;
+            if lock(&f, true, false).map_err(os("flock slot"))? {
+                return Ok(Slot { n, _file: f });
+            }
+        }
+        Err(Error::Exhausted {
+            what: "rdma-soft slots (sharing wires on this host)",
+            max: 255,
+        })
+    }
+
+    pub(crate) fn get(&self) -> u8 {
+        self.n
+    }
+}
+
+fn slot_alive(dir: &Path, n: u8) -> bool {
+    held(&dir.join(format!("slot-{n}")))
+}
+
+/// A reuseport group: one `ADDR:port` in one network namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GroupKey {
+    pub ns: u64,
+    pub addr: WireAddr,
+    pub port: u16,
+}
+
+impl GroupKey {
+    fn stem(&self) -> String {
+        format!("grp-{}-{}-{}", self.ns, self.addr, self.port)
+    }
+}
+
+/// One entry of a group's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    slot: u8,
+    pid: u32,
+}
+
+fn read_table(path: &Path) -> Vec<Entry> {
+    let Ok(s) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    s.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let slot = it.next()?.parse().ok()?;
+            let pid = it.next()?.parse().ok()?;
+            Some(Entry { slot, pid })
+        })
+        .collect()
+}
+
+fn write_table(path: &Path, t: &[Entry]) -> Result<()> {
+    let mut s = String::with_capacity(t.len() * 12);
+    for e in t {
+        s.push_str(&format!("{} {}\n", e.slot, e.pid));
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(os("group table"))?;
+    f.write_all(s.as_bytes()).map_err(os("group table"))?;
+    std::fs::rename(&tmp, path).map_err(os("group table"))
+}
+
+/// Removes entry `i` as the kernel removes a socket: the last one takes its place.
+fn remove_at(t: &mut Vec<Entry>, i: usize) {
+    t.swap_remove(i);
+}
+
+/// Removes the entries of dead slots (their sockets are gone already).
+fn prune(dir: &Path, t: &mut Vec<Entry>) {
+    let mut i = 0;
+    while i < t.len() {
+        if slot_alive(dir, t[i].slot) {
+            i += 1;
+        } else {
+            remove_at(t, i);
+        }
+    }
+}
+
+/// How old the table must be before a misdelivered datagram counts as evidence.
+pub(crate) const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// This process's member socket in a group, for rebuilding the program.
+#[derive(Debug)]
+pub(crate) struct Member {
+    key: GroupKey,
+    slot: u8,
+    /// A duplicate of the wire's socket, to attach programs with (`None` once left).
+    sock: Mutex<Option<OwnedFd>>,
+}
+
+fn members() -> &'static Mutex<Vec<Weak<Member>>> {
+    static M: OnceLock<Mutex<Vec<Weak<Member>>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The group's lock, taken (blocking) until the guard drops.
+struct GroupLock {
+    _file: File,
+    dir: PathBuf,
+    tab: PathBuf,
+    path: PathBuf,
+}
+
+impl GroupLock {
+    fn take(key: &GroupKey) -> Result<GroupLock> {
+        let dir = runtime_dir()?;
+        let stem = key.stem();
+        let path = dir.join(format!("{stem}.lock"));
+        let f = lock_path(&path).map_err(os("group lock"))?;
+        Ok(GroupLock {
+            _file: f,
+            tab: dir.join(format!("{stem}.tab")),
+            path,
+            dir,
+        })
+    }
+}
+
+/// The program's table for a group: its members and the listeners on its address.
+fn table_of(key: &GroupKey, t: &[Entry]) -> Table {
+    let slots: Vec<u8> = t.iter().map(|e| e.slot).collect();
+    let services = super::claim::services(key.ns, key.addr.ip())
+        .into_iter()
+        .filter_map(|(sid, pid)| {
+            let idx = t.iter().position(|e| e.pid == pid)?;
+            Some((sid, idx as u32))
+        })
+        .collect();
+    Table { slots, services }
+}
+
+/// Binds a socket into the group of `key` (`open` binds it with `SO_REUSEPORT`) under the
+/// group's lock, records it and attaches the new program.
+pub(crate) fn join(
+    key: GroupKey,
+    slot: u8,
+    open: impl FnOnce() -> Result<OwnedFd>,
+) -> Result<(OwnedFd, Arc<Member>)> {
+    let g = GroupLock::take(&key)?;
+    let mut t = read_table(&g.tab);
+    prune(&g.dir, &mut t);
+    let fd = open()?;
+    t.push(Entry {
+        slot,
+        pid: std::process::id(),
+    });
+    steer::attach(fd.as_raw_fd(), &table_of(&key, &t)).map_err(|source| Error::Os {
+        op: "SO_ATTACH_REUSEPORT_CBPF",
+        addr: Some(key.addr),
+        source,
+    })?;
+    write_table(&g.tab, &t)?;
+    let dup = fd.try_clone().map_err(os("dup"))?;
+    let m = Arc::new(Member {
+        key,
+        slot,
+        sock: Mutex::new(Some(dup)),
+    });
+    let mut all = members().lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0);
+    all.push(Arc::downgrade(&m));
+    Ok((fd, m))
+}
+
+impl Member {
+    fn my_index(&self, t: &[Entry]) -> Option<usize> {
+        let pid = std::process::id();
+        t.iter().position(|e| e.slot == self.slot && e.pid == pid)
+    }
+
+    /// Leaves the group: removes this entry as the kernel will, attaches the program for
+    /// the rest, then closes `fd` (the wire's socket) and the duplicate, all under the lock.
+    pub(crate) fn leave(&self, fd: OwnedFd) {
+        let mut sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(g) = GroupLock::take(&self.key) else {
+            return; // the sockets close on return: the others see a dead-free table later
+        };
+        let mut t = read_table(&g.tab);
+        if let Some(i) = self.my_index(&t) {
+            remove_at(&mut t, i);
+        }
+        prune(&g.dir, &mut t);
+        if !t.is_empty() {
+            // Still a member until `fd` closes: the program is the group's, it stays.
+            let _ = steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t));
+        }
+        drop(fd);
+        sock.take();
+        if t.is_empty() {
+            // The group is gone: its files go too (waiters re-check the path, `lock_path`).
+            let _ = std::fs::remove_file(&g.tab);
+            let _ = std::fs::remove_file(&g.path);
+        } else {
+            let _ = write_table(&g.tab, &t);
+        }
+    }
+
+    /// Whether `slot` is a live member of this group (its table, read without the lock: it
+    /// is replaced whole). Off the fast path: only for a CM message naming another slot.
+    pub(crate) fn has_member(&self, slot: u8) -> bool {
+        let Ok(dir) = runtime_dir() else {
+            return true;
+        };
+        let t = read_table(&dir.join(format!("{}.tab", self.key.stem())));
+        t.iter().any(|e| e.slot == slot) && slot_alive(&dir, slot)
+    }
+
+    /// Repairs the table from evidence: this member received a datagram the program sent to
+    /// the index of `seen` (another live or dead slot), so the kernel has this socket at
+    /// that index (after deaths the table's guess at the kernel's order can be wrong: see
+    /// `docs/SHARING.md`). Ignored while the table is younger than [`SETTLE`] (the datagram
+    /// may have been steered by the program before the last change).
+    pub(crate) fn evidence(&self, seen: u8) -> Result<()> {
+        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fd) = sock.as_ref() else {
+            return Ok(());
+        };
+        let g = GroupLock::take(&self.key)?;
+        let young = std::fs::metadata(&g.tab)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .map_or(true, |age| age < SETTLE);
+        if young {
+            return Ok(());
+        }
+        let mut t = read_table(&g.tab);
+        let (Some(k), Some(j)) = (t.iter().position(|e| e.slot == seen), self.my_index(&t)) else {
+            return Ok(());
+        };
+        if k == j {
+            return Ok(());
+        }
+        t.swap(k, j);
+        prune(&g.dir, &mut t);
+        steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t)).map_err(os("attach"))?;
+        write_table(&g.tab, &t)
+    }
+
+    /// Attaches a program rebuilt from the table and the claims (after a listen).
+    fn rebuild(&self) -> Result<()> {
+        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fd) = sock.as_ref() else {
+            return Ok(());
+        };
+        let g = GroupLock::take(&self.key)?;
+        let mut t = read_table(&g.tab);
+        prune(&g.dir, &mut t);
+        steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t)).map_err(os("attach"))?;
+        write_table(&g.tab, &t)
+    }
+}
+
+/// Rebuilds the program of this process's groups on `addr` (every address for a wildcard)
+/// in namespace `ns`: a listener came or went.
+pub(crate) fn refresh(ns: u64, addr: std::net::IpAddr) -> Result<()> {
+    let live: Vec<Arc<Member>> = {
+        let all = members().lock().unwrap_or_else(|e| e.into_inner());
+        all.iter().filter_map(Weak::upgrade).collect()
+    };
+    for m in live {
+        if m.key.ns == ns && (addr.is_unspecified() || m.key.addr.ip() == addr) {
+            m.rebuild()?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_follows_the_kernel() {
+        let e = |slot| Entry { slot, pid: 1 };
+        let mut t = vec![e(1), e(2), e(3), e(4)];
+        remove_at(&mut t, 1);
+        assert_eq!(t, vec![e(1), e(4), e(3)]);
+        remove_at(&mut t, 2);
+        assert_eq!(t, vec![e(1), e(4)]);
+    }
+
+    #[test]
+    fn table_round_trips_and_skips_garbage() {
+        let dir = runtime_dir().unwrap();
+        let p = dir.join(format!("test-tab-{}", std::process::id()));
+        let t = vec![Entry { slot: 3, pid: 10 }, Entry { slot: 255, pid: 4 }];
+        write_table(&p, &t).unwrap();
+        assert_eq!(read_table(&p), t);
+        std::fs::write(&p, "3 10\nbogus\n300 1\n7 8\n").unwrap();
+        assert_eq!(read_table(&p), vec![t[0], Entry { slot: 7, pid: 8 }]);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn slots_are_exclusive_and_freed_on_drop() {
+        let a = Slot::claim().unwrap();
+        let b = Slot::claim().unwrap();
+        assert_ne!(a.get(), b.get());
+        let dir = runtime_dir().unwrap();
+        assert!(slot_alive(&dir, a.get()));
+        let n = a.get();
+        drop(a);
+        assert!(!slot_alive(&dir, n));
+    }
+}

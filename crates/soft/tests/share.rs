@@ -1,0 +1,299 @@
+//! Sharing one address between wires and processes: the kernel steers each datagram to the
+//! member its QPN names (SO_REUSEPORT + the classic-BPF program), the membership survives a
+//! SIGKILLed member, and a datagram for nobody is dropped, never delivered.
+//!
+//! Addresses: 127.0.110.0/24, ports 47940-47949.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
+
+/// A stop for a test that would otherwise hang, not a speed target.
+const HANG: Duration = Duration::from_secs(120);
+
+fn addr(s: &str) -> WireAddr {
+    s.parse().unwrap()
+}
+
+fn wire(port: u16) -> UdpWire {
+    UdpWire::new(UdpConfig {
+        port,
+        ..UdpConfig::default()
+    })
+    .unwrap()
+}
+
+/// An RC SEND_ONLY to `qpn` carrying `tag`, with room for the ICRC.
+fn packet(qpn: u32, tag: u32) -> [u8; 24] {
+    let mut p = [0u8; 24];
+    p[0] = 0x04;
+    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    p[12..16].copy_from_slice(&tag.to_be_bytes());
+    p
+}
+
+fn tags(w: &mut UdpWire, want: usize) -> Vec<u32> {
+    let end = Instant::now() + HANG;
+    let mut got = Vec::new();
+    // Until `want` arrived, then a little longer to catch strays (they would be errors).
+    let mut quiet = 0;
+    while Instant::now() < end && (got.len() < want || quiet < 50) {
+        let n = w
+            .recv(&mut |_, p| got.push(u32::from_be_bytes([p[12], p[13], p[14], p[15]])))
+            .unwrap();
+        if n == 0 {
+            quiet += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    got.sort_unstable();
+    got
+}
+
+/// Sends `n` packets to each slot's QP 5, tagged `slot << 16 | k`.
+fn send_to(s: &mut UdpWire, from: WireAddr, to: WireAddr, slots: &[u8], n: u32) {
+    for &slot in slots {
+        for k in 0..n {
+            let qpn = (u32::from(slot) << 16) | 5;
+            s.send(from, to, &packet(qpn, (u32::from(slot) << 16) | k))
+                .unwrap();
+        }
+        s.flush().unwrap();
+    }
+}
+
+fn expect(slot: u8, n: u32) -> Vec<u32> {
+    (0..n).map(|k| (u32::from(slot) << 16) | k).collect()
+}
+
+#[test]
+fn each_datagram_reaches_the_wire_its_qpn_names() {
+    let port = 47940;
+    let (shared, src) = (addr("127.0.110.1"), addr("127.0.110.2"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let (sa, sb) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+    );
+    assert_ne!(sa, sb);
+    send_to(&mut s, src, shared, &[sa, sb], 20);
+    assert_eq!(tags(&mut a, 20), expect(sa, 20));
+    assert_eq!(tags(&mut b, 20), expect(sb, 20));
+
+    // The first member leaves, a third joins: the order is kept and steering follows.
+    drop(a);
+    let mut c = wire(port);
+    c.open(shared).unwrap();
+    let sc = c.share_slot().unwrap().unwrap();
+    send_to(&mut s, src, shared, &[sb, sc], 20);
+    assert_eq!(tags(&mut b, 20), expect(sb, 20));
+    assert_eq!(tags(&mut c, 20), expect(sc, 20));
+    assert_eq!(b.stats().misdelivered + c.stats().misdelivered, 0);
+
+    // A slot nobody holds: the kernel hashes it to someone, who drops it.
+    let nobody = (1..=255u8).find(|x| ![sa, sb, sc].contains(x)).unwrap();
+    send_to(&mut s, src, shared, &[nobody], 10);
+    let (gb, gc) = (tags(&mut b, 0), tags(&mut c, 0));
+    assert!(gb.is_empty() && gc.is_empty(), "{gb:?} {gc:?}");
+    assert_eq!(b.stats().misdelivered + c.stats().misdelivered, 10);
+}
+
+/// Child mode of the test below: joins the address, says its slot, waits to be killed.
+#[test]
+fn share_child_member() {
+    let Ok(a) = std::env::var("SHARE_CHILD_ADDR") else {
+        return;
+    };
+    let mut w = wire(47941);
+    w.open(addr(&a)).unwrap();
+    println!("slot {}", w.share_slot().unwrap().unwrap());
+    let end = Instant::now() + HANG;
+    while Instant::now() < end {
+        let _ = w.recv(&mut |_, _| {});
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_sigkilled_member_leaves_nothing_behind() {
+    let port = 47941;
+    let (shared, src) = (addr("127.0.110.5"), addr("127.0.110.6"));
+    let mut a = wire(port);
+    a.open(shared).unwrap();
+    // The second member is another process, in the middle of the group's order.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "share_child_member", "--nocapture"])
+        .env("SHARE_CHILD_ADDR", shared.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let child_slot: u8 = loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+        if let Some(s) = line.trim().strip_prefix("slot ") {
+            break s.parse().unwrap();
+        }
+    };
+    let mut d = wire(port);
+    d.open(shared).unwrap();
+    // SIGKILL, by pid: no goodbye, the kernel moves the last member into its place.
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    child.wait().unwrap();
+    // The next process joins at once; the table is repaired on its join.
+    let mut c = wire(port);
+    c.open(shared).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let slots = [
+        a.share_slot().unwrap().unwrap(),
+        d.share_slot().unwrap().unwrap(),
+        c.share_slot().unwrap().unwrap(),
+    ];
+    send_to(&mut s, src, shared, &slots, 20);
+    for (w, slot) in [&mut a, &mut d, &mut c].into_iter().zip(slots) {
+        assert_eq!(tags(w, 20), expect(slot, 20));
+        assert_eq!(w.stats().misdelivered, 0);
+    }
+    // The dead member's slot: dropped by whoever gets it.
+    send_to(&mut s, src, shared, &[child_slot], 5);
+    let got: usize = [&mut a, &mut d, &mut c]
+        .into_iter()
+        .map(|w| tags(w, 0).len())
+        .sum();
+    assert_eq!(got, 0);
+}
+
+/// The table's guess at the kernel's order can be wrong (two members dying at once): the
+/// misdelivered datagrams themselves repair it, and steering is exact again.
+#[test]
+fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
+    use std::os::unix::fs::MetadataExt;
+    let port = 47942;
+    let (shared, src) = (addr("127.0.110.9"), addr("127.0.110.10"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    // Swap the two entries behind the kernel's back; the next join builds on that guess.
+    let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let tab = dir.join(format!("grp-{ns}-{shared}-{port}.tab"));
+    let text = std::fs::read_to_string(&tab).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    std::fs::write(&tab, format!("{}\n{}\n", lines[1], lines[0])).unwrap();
+    let mut c = wire(port);
+    c.open(shared).unwrap();
+    let (sa, sb, sc) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+        c.share_slot().unwrap().unwrap(),
+    );
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    // Evidence counts only once the table has settled.
+    std::thread::sleep(Duration::from_millis(300));
+    // a's datagrams go to b (and b's to a): dropped there, never delivered.
+    send_to(&mut s, src, shared, &[sa], 10);
+    let (ga, gb) = (tags(&mut a, 0), tags(&mut b, 0));
+    assert!(ga.is_empty() && gb.is_empty(), "{ga:?} {gb:?}");
+    assert_eq!(b.stats().misdelivered, 10);
+    // b took them as evidence and swapped the entries back: exact again.
+    send_to(&mut s, src, shared, &[sa, sb, sc], 10);
+    assert_eq!(tags(&mut a, 10), expect(sa, 10));
+    assert_eq!(tags(&mut b, 10), expect(sb, 10));
+    assert_eq!(tags(&mut c, 10), expect(sc, 10));
+    assert_eq!(a.stats().misdelivered + c.stats().misdelivered, 0);
+    assert_eq!(b.stats().misdelivered, 10);
+}
+
+/// A CM DREQ on QP1 naming our comm id's slot (at "remote comm id"), tagged like [`packet`].
+fn dreq(slot: u8, tag: u32) -> Vec<u8> {
+    let mut p = vec![0u8; 12 + 8 + 256 + 4];
+    p[0] = 0x64; // UD SEND_ONLY
+    p[7] = 1;
+    p[12..16].copy_from_slice(&tag.to_be_bytes());
+    p[20..24].copy_from_slice(&[1, 7, 2, 3]); // CM class
+    p[36..38].copy_from_slice(&0x0015u16.to_be_bytes());
+    p[48] = slot;
+    p
+}
+
+#[test]
+fn cm_messages_go_to_their_comm_ids_owner_and_unknown_ones_to_someone() {
+    let port = 47943;
+    let (shared, src) = (addr("127.0.110.13"), addr("127.0.110.14"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let (sa, sb) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+    );
+    for k in 0..10 {
+        s.send(src, shared, &dreq(sa, k)).unwrap();
+        s.send(src, shared, &dreq(sb, 100 + k)).unwrap();
+    }
+    s.flush().unwrap();
+    assert_eq!(tags(&mut a, 10), (0..10).collect::<Vec<_>>());
+    assert_eq!(tags(&mut b, 10), (100..110).collect::<Vec<_>>());
+    // A slot no member holds: kept by whoever the hash picks (its CM answers as Linux does
+    // for an unknown comm id), exactly once.
+    let nobody = (1..=255u8).find(|x| ![sa, sb].contains(x)).unwrap();
+    for k in 0..10 {
+        s.send(src, shared, &dreq(nobody, 200 + k)).unwrap();
+    }
+    s.flush().unwrap();
+    let end = Instant::now() + HANG;
+    let mut got = Vec::new();
+    while got.len() < 10 && Instant::now() < end {
+        got.extend(tags(&mut a, 0));
+        got.extend(tags(&mut b, 0));
+    }
+    got.sort_unstable();
+    assert_eq!(got, (200..210).collect::<Vec<_>>());
+    assert_eq!(a.stats().misdelivered + b.stats().misdelivered, 0);
+}
+
+/// Equal-size packets to two processes' QPs on one address in one flush: a GSO message is
+/// steered as a whole on loopback and veth, so each QP's run must be a message of its own.
+#[test]
+fn one_batch_to_two_members_reaches_both() {
+    let port = 47944;
+    let (shared, src) = (addr("127.0.110.17"), addr("127.0.110.18"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let (sa, sb) = (
+        a.share_slot().unwrap().unwrap(),
+        b.share_slot().unwrap().unwrap(),
+    );
+    for k in 0..8 {
+        for slot in [sa, sa, sb] {
+            let tag = (u32::from(slot) << 16) | k;
+            let qpn = (u32::from(slot) << 16) | 5;
+            s.send(src, shared, &packet(qpn, tag)).unwrap();
+        }
+    }
+    s.flush().unwrap();
+    let (ga, gb) = (tags(&mut a, 16), tags(&mut b, 8));
+    assert_eq!(ga.len(), 16, "{ga:?}");
+    assert_eq!(gb, expect(sb, 8));
+    assert_eq!(a.stats().misdelivered + b.stats().misdelivered, 0);
+}
