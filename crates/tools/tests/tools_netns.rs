@@ -412,3 +412,39 @@ fn netns_rping_goes_on_through_addr_change() {
         "the client saw the change: {c:#?}"
     );
 }
+
+/// "Why was my connect rejected?" is answered on the server: an IPv6 request to an IPv4
+/// wildcard listener gets REJ 28 on the wire (as Linux), and the server, run with
+/// `RUST_LOG=rdmacm=info`, logs the refusal with its cause.
+#[test]
+fn netns_rping_server_logs_why_it_rejected() {
+    if !require_root("netns_rping_server_logs_why_it_rejected") {
+        return;
+    }
+    let topo = topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (topo.host("a"), topo.host("b"));
+    let mut s = b.command(RPING);
+    s.env("RUST_LOG", "rdmacm=info")
+        .args(["-s", "-p", "7799", "-C", "1"]);
+    let srv = spawn(s, "rping server");
+    wait_udp_4791("2001:db8:1::2".parse().unwrap(), Some(b.netns()));
+    let mut c = a.command(RPING);
+    c.args(["-c", "-a", "2001:db8:1::2", "-p", "7799", "-C", "1"]);
+    let c = spawn(c, "rping client").wait(T);
+    assert_ne!(c.code, Some(0), "the client was refused: {c:#?}");
+    assert!(
+        c.stdout.contains("REJECTED") || c.stderr.contains("REJECTED"),
+        "{c:#?}"
+    );
+    let s = srv.kill();
+    let line = lines_with(&s.stderr, "")
+        .into_iter()
+        .find(|l| l.contains("connection request refused"))
+        .unwrap_or_else(|| panic!("no refusal logged: {s:#?}"));
+    assert!(
+        line.contains("a listener holds the port but none takes this address or family")
+            && line.contains("2001:db8:1::1")
+            && line.contains("wire=Some(28)"),
+        "{line}"
+    );
+}
