@@ -24,13 +24,13 @@ use rdma_soft::fd::EventFd;
 /// first use), their IB CM agents, the port tables, the resolver and watcher, every id and
 /// every event channel.
 ///
-/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`]; tests
+/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`](crate::EventChannel::new); tests
 /// and embedders may make their own with [`Cma::new`] (created in the network namespace it
 /// should see).
 ///
 /// The process's progress engine (one thread, asleep in `epoll` while nothing happens)
 /// drives the CM whatever the application does: it answers MADs, runs the CM's timers and
-/// host changes and queues events, so [`EventChannel::get_event`] and the channel's fd only
+/// host changes and queues events, so [`EventChannel::get_event`](crate::EventChannel::get_event) and the channel's fd only
 /// wait.
 ///
 /// ```no_run

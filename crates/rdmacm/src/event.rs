@@ -48,19 +48,19 @@ impl Event {
         self.ev.status
     }
 
-    /// The number of the id the event is about ([`CmId::num`]); for CONNECT_REQUEST the
+    /// The number of the id the event is about ([`CmId::num`](crate::CmId::num)); for CONNECT_REQUEST the
     /// new id's.
     pub fn id_num(&self) -> u64 {
         self.ev.id
     }
 
-    /// The context set with [`CmId::set_context`] on the id (for CONNECT_REQUEST: the
+    /// The context set with [`CmId::set_context`](crate::CmId::set_context) on the id (for CONNECT_REQUEST: the
     /// listener's).
     pub fn context(&self) -> u64 {
         self.context
     }
 
-    /// The listener of a CONNECT_REQUEST (its [`CmId::num`]).
+    /// The listener of a CONNECT_REQUEST (its [`CmId::num`](crate::CmId::num)).
     pub fn listen_id(&self) -> Option<u64> {
         self.ev.listen_id
     }

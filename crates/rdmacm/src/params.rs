@@ -22,11 +22,11 @@ pub enum EventType {
     /// Route resolution failed (status `-errno`).
     RouteError,
     /// A connection request arrived on a listener: the event carries a new id
-    /// ([`Event::take_id`]) and the listener ([`Event::listen_id`]).
+    /// ([`Event::take_id`](crate::Event::take_id)) and the listener ([`Event::listen_id`](crate::Event::listen_id)).
     ConnectRequest,
     /// A REP arrived for an id without a QP of ours (a user QP given by
-    /// [`ConnParam::qp_num`]): set the QP up from [`Event::param`], then
-    /// [`CmId::establish`].
+    /// [`ConnParam::qp_num`]): set the QP up from [`Event::param`](crate::Event::param), then
+    /// [`CmId::establish`](crate::CmId::establish).
     ConnectResponse,
     /// Setting up the QP after the REP failed (status `-errno`).
     ConnectError,
@@ -107,7 +107,7 @@ pub struct ConnParam {
     pub rnr_retry_count: u8,
     /// The QP uses an SRQ.
     pub srq: bool,
-    /// A QP the application manages itself (no [`CmId::create_qp`]): its number goes in
+    /// A QP the application manages itself (no [`CmId::create_qp`](crate::CmId::create_qp)): its number goes in
     /// the REQ/REP, and the active side gets CONNECT_RESPONSE instead of ESTABLISHED.
     pub qp_num: Option<u32>,
 }
