@@ -10,14 +10,8 @@ use futures::StreamExt;
 use rdmacm::verbs::{AccessFlags, QpInitAttr, RecvWr, SendOp, SendWr, WcOpcode};
 use rdmacm::{CmId, Cma, CompletionStream, ConnParam, EventChannel, EventType, PortSpace};
 
-/// Hang guard: a stop, not a speed target.
-const HANG: Duration = Duration::from_secs(120);
-
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
+mod aio;
+use aio::*;
 
 async fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::Event {
     let ev = within("event", ch.next_event()).await.unwrap();

@@ -7,14 +7,8 @@ use std::time::Duration;
 
 use rdmacm::{Cma, ConnectOptions, Connection, Error, Listener};
 
-/// Hang guard: a stop, not a speed target.
-const HANG: Duration = Duration::from_secs(120);
-
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
+mod aio;
+use aio::*;
 
 fn opts(cma: &Cma, src: &str) -> ConnectOptions {
     ConnectOptions {

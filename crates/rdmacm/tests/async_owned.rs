@@ -4,39 +4,12 @@
 //!
 //! Each test on its own 127.0.61.x address (20-29).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use rdmacm::{Buf, BufPool, Cma, ConnectOptions, Connection, Listener, RemoteBuf, MAX_MESSAGE};
+use rdmacm::{Buf, BufPool, RemoteBuf, MAX_MESSAGE};
 
-/// Hang guard: a stop, not a speed target.
-const HANG: Duration = Duration::from_secs(120);
-
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
-
-async fn pair(ip: &str) -> (Connection, Connection) {
-    let cma = Cma::new().unwrap();
-    let l = Listener::bind_with(format!("{ip}:0").parse().unwrap(), Some(cma.clone()))
-        .await
-        .unwrap();
-    let addr = l.local_addr().unwrap();
-    let server = tokio::spawn(async move { l.accept().await });
-    let opts = ConnectOptions {
-        src: Some(SocketAddr::new(addr.ip(), 0)),
-        cma: Some(cma),
-        ..Default::default()
-    };
-    let c = within("connect", Connection::connect(addr, opts))
-        .await
-        .unwrap();
-    let s = within("accept", server).await.unwrap().unwrap();
-    (c, s)
-}
+mod aio;
+use aio::*;
 
 /// Messages from a pool arrive byte exact; each `send_buf` hands back the very
 /// allocation it was given (the device read the application's bytes in place), and the

@@ -5,21 +5,14 @@
 //! Each test on its own 127.0.61.x address (10-19).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use rdmacm::{
     AcceptOptions, AccessFlags, Buf, Cma, ConnectOptions, Connection, Error, Listener, QpCap,
     RemoteBuf, Setup, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA,
 };
 
-/// Hang guard: a stop, not a speed target.
-const HANG: Duration = Duration::from_secs(120);
-
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
+mod aio;
+use aio::*;
 
 async fn listener(ip: &str) -> (Cma, Listener, ConnectOptions) {
     let cma = Cma::new().unwrap();
