@@ -251,11 +251,14 @@ impl Shared {
     /// `rdma_disconnect` once (DREQ, or DREP when the peer disconnected first; the QP goes
     /// to Err and every outstanding work request is flushed).
     pub fn disconnect_id(&self, id: &CmId) {
-        let first = {
-            let mut st = self.lock();
-            !std::mem::replace(&mut st.dreq_sent, true)
-        };
-        if first {
+        let mut st = self.lock();
+        Self::disconnect_locked(&mut st, id);
+    }
+
+    /// [`Shared::disconnect_id`] under the state lock, so that a future that sees the
+    /// close also sees the QP in Err.
+    fn disconnect_locked(st: &mut State, id: &CmId) {
+        if !std::mem::replace(&mut st.dreq_sent, true) {
             // Fails only when the CM already tore the connection down; then the QP is
             // already in Err.
             let _ = id.disconnect();
@@ -295,15 +298,15 @@ pub(super) async fn run(
                 // the id: destroying an id waits for its events to be acknowledged.
                 drop(events.send(ev));
                 if let Some(why) = why {
-                    {
-                        let mut st = sh.lock();
-                        st.disconnected |= disconnected;
-                        sh.close(&mut st, why);
-                    }
-                    if let Some(id) = id.upgrade() {
-                        sh.disconnect_id(&id);
-                    }
+                    // Closed, QP in Err, then woken: under one lock, so no future returns
+                    // the close while the QP is still RTS.
+                    let id = id.upgrade();
                     let mut st = sh.lock();
+                    st.disconnected |= disconnected;
+                    st.closed.get_or_insert(why);
+                    if let Some(id) = &id {
+                        Shared::disconnect_locked(&mut st, id);
+                    }
                     sh.wake(&mut st);
                 }
             }
