@@ -562,7 +562,14 @@ fn host_a(mix: &'static str, seeds: &[u64], link: Link) -> Counts {
             .filter(|&i| plan.signaled[i as usize])
             .collect();
         let ids: Vec<u64> = reqs.iter().map(|c| c.wr_id).collect();
-        assert_eq!(ids, want_ids, "{ctx}: requester completions");
+        assert_eq!(
+            ids,
+            want_ids,
+            "{ctx}: requester completions (QP {:?}; transport {:?}; wire {:?}); got {reqs:?}",
+            me.qp.state(),
+            me.qp.transport_stats(),
+            me.dev.wire_stats()
+        );
         for c in &reqs {
             assert_eq!(c.status, WcStatus::Success, "{ctx}: {c:?}");
             let want = match plan.ops[c.wr_id as usize] {
