@@ -103,9 +103,15 @@ impl SharedBytes {
             let n = (8 - lo).min(src.len() - i);
             let word = self.word(w);
             if n == 8 {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&src[i..i + 8]);
-                word.store(u64::from_ne_bytes(b), Relaxed);
+                // Every whole word from here in one tight loop.
+                let words = ((self.mid_end - at) / 8).min((src.len() - i) / 8);
+                let run = &src[i..i + words * 8];
+                for (k, c) in run.chunks_exact(8).enumerate() {
+                    let v = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+                    self.word(at + k * 8).store(v, Relaxed);
+                }
+                i += words * 8;
+                continue;
             } else {
                 let mut mask = [0u8; 8];
                 let mut val = [0u8; 8];
@@ -135,6 +141,16 @@ impl SharedBytes {
             let w = self.mid_start + (at - self.mid_start) / 8 * 8;
             let lo = at - w;
             let n = (8 - lo).min(dst.len() - i);
+            if n == 8 {
+                // Every whole word from here in one tight loop.
+                let words = ((self.mid_end - at) / 8).min((dst.len() - i) / 8);
+                let run = &mut dst[i..i + words * 8];
+                for (k, c) in run.chunks_exact_mut(8).enumerate() {
+                    c.copy_from_slice(&self.word(at + k * 8).load(Relaxed).to_ne_bytes());
+                }
+                i += words * 8;
+                continue;
+            }
             let b = self.word(w).load(Relaxed).to_ne_bytes();
             dst[i..i + n].copy_from_slice(&b[lo..lo + n]);
             i += n;
