@@ -282,8 +282,10 @@ impl Connection {
             AsyncFd::register_with_interest(parts.cc.clone(), tokio::io::Interest::READABLE)
         }
         .map_err(|e| Error::Io(std::io::Error::from(e)))?;
+        let driver = id.device().and_then(|d| super::driver::for_device(&d));
         let sh = Arc::new(Shared {
             parts,
+            _driver: driver,
             afd,
             st: Mutex::new(State::new()),
             changed: Notify::new(),

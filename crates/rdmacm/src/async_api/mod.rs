@@ -52,6 +52,7 @@
 
 mod completions;
 mod connection;
+mod driver;
 mod listener;
 mod messages;
 mod owned;

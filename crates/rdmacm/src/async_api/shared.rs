@@ -109,6 +109,8 @@ impl State {
 
 pub(super) struct Shared {
     pub parts: Parts,
+    /// The device's tokio driver (kept alive while the connection is).
+    pub _driver: Option<Arc<super::driver::WireDriver>>,
     pub afd: AsyncFd<CompletionChannel>,
     pub st: Mutex<State>,
     pub changed: Notify,

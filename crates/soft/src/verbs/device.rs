@@ -13,6 +13,7 @@ use super::cq::{CompletionChannel, CompletionQueue};
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
+use super::watch::WatchState;
 use crate::engine::{self, Registration, Run, Source};
 use crate::io::{DatagramWire, UdpConfig, UdpWire, WireAddr, WireStats};
 use crate::runtime::{Runtime, RuntimeStats};
@@ -180,6 +181,8 @@ pub(crate) struct DeviceShared {
     /// When a thread last drove the device inline (polling an empty CQ), in nanoseconds
     /// since `created` (0: never): the engine leaves the device to it meanwhile.
     inline_at: AtomicU64,
+    /// Event loops that drive the device themselves (`verbs/watch.rs`).
+    watch: WatchState,
     created: Instant,
     rt: Mutex<Runtime>,
     /// The wire's wait fd (lives as long as the wire, which lives as long as this).
@@ -195,6 +198,26 @@ impl DeviceShared {
 
     pub(crate) fn cfg(&self) -> RwLockReadGuard<'_, DeviceConfig> {
         self.cfg.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn watch(&self) -> &WatchState {
+        &self.watch
+    }
+
+    pub(crate) fn rt_try_lock(&self) -> std::sync::TryLockResult<MutexGuard<'_, Runtime>> {
+        self.rt.try_lock()
+    }
+
+    /// Nanoseconds since the device was created.
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.created.elapsed().as_nanos() as u64
+    }
+
+    /// Sets the engine's wake time for this device.
+    pub(crate) fn set_engine_wake(&self, at: Option<Instant>) {
+        if let Some(r) = self.reg.get() {
+            r.set_wake(at);
+        }
     }
 
     pub(crate) fn port(&self) -> &PortAttr {
@@ -300,6 +323,10 @@ impl Source for DeviceShared {
             if now.saturating_duration_since(at) < ACTIVE {
                 return Run::Deferred(now + HANDOFF);
             }
+        }
+        let now_ns = self.created.elapsed().as_nanos() as u64;
+        if let Some(r) = self.watch.engine_run(self, now, now_ns) {
+            return r;
         }
         let mut rt = self.runtime();
         let mut mem = self.mrs.view();
@@ -441,6 +468,7 @@ impl Device {
             reg: OnceLock::new(),
             inspect: OnceLock::new(),
             inline_at: AtomicU64::new(0),
+            watch: WatchState::default(),
             created: Instant::now(),
             rt: Mutex::new(rt),
             wait_fd,
@@ -465,6 +493,10 @@ impl Device {
 
     pub(crate) fn shared(&self) -> &DeviceShared {
         &self.shared
+    }
+
+    pub(crate) fn shared_arc(&self) -> Arc<DeviceShared> {
+        self.shared.clone()
     }
 
     /// The device's name.

@@ -15,6 +15,7 @@ mod ring;
 mod shared_mem;
 mod srq;
 mod ud;
+mod watch;
 
 pub use cq::{CompletionChannel, CompletionQueue};
 pub(crate) use device::DeviceShared;
@@ -30,3 +31,4 @@ pub use rdma_proto::verbs::{
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use ud::AddressHandle;
+pub use watch::{WatchStats, WireWatch, GRACE};
