@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::inner::IdRef;
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, ConnParam, EventType, UdParam};
-use crate::slot::wire_ps;
 use crate::slot::{IdNum, IdSlot, Remote};
 use crate::slot::{IdState, QpKind};
 use crate::state::State;
@@ -54,7 +53,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         dst: peer.ip(),
         src_port: local.port(),
     };
-    let sid = ServiceId::new(wire_ps(s.ps), peer.port()).0;
+    let sid = ServiceId::new(s.ps, peer.port()).0;
     let ps_ud = s.qp_kind == QpKind::Ud;
     let qpn = match (&s.qp, param.qp_num) {
         (Some(q), _) => q.qpn(),

@@ -18,7 +18,7 @@ use crate::params::{ConnEventParam, ConnParam, EventType};
 use crate::ports::{BindRequest, PortSpace};
 use crate::resolve::Binding;
 use crate::route::{RocePath, RouteParams};
-use crate::slot::{wire_ps, IdNum, IdSlot, IdState, ListenState, QpKind};
+use crate::slot::{IdNum, IdSlot, IdState, ListenState, QpKind};
 
 /// Options of [`CmId::set_option`] (`rdma_set_option`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -553,7 +553,7 @@ impl CmId {
         for (i, _) in &targets {
             self.inner.ensure_device(*i)?;
         }
-        let sid = rdma_wire::ip_cm::ServiceId::new(wire_ps(ps), port).0;
+        let sid = rdma_wire::ip_cm::ServiceId::new(ps, port).0;
         let mut st = self.inner.lock();
         let st = &mut *st;
         let mut regs = Vec::new();

@@ -378,7 +378,7 @@ pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
         })
         .map(|(n, s)| {
             let port = s.local.map(|l| l.port()).unwrap_or(0);
-            let sid = ServiceId::new(crate::slot::wire_ps(s.ps), port).0;
+            let sid = ServiceId::new(s.ps, port).0;
             (*n, sid)
         })
         .collect();

@@ -7,30 +7,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::error::{Error, Result};
 
-/// An rdma_cm port space (`enum rdma_ucm_port_space`); each has its own bind table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PortSpace {
-    /// `RDMA_PS_TCP`: reliable connected.
-    Tcp,
-    /// `RDMA_PS_UDP`: unreliable datagram.
-    Udp,
-    /// `RDMA_PS_IB`: any QP type.
-    Ib,
-    /// `RDMA_PS_IPOIB`.
-    IpoIb,
-}
-
-impl PortSpace {
-    /// The value rdma_cm uses in service ids (`RDMA_PS_*`).
-    pub fn value(self) -> u16 {
-        match self {
-            PortSpace::IpoIb => 0x0002,
-            PortSpace::Ib => 0x013F,
-            PortSpace::Tcp => 0x0106,
-            PortSpace::Udp => 0x0111,
-        }
-    }
-}
+/// An rdma_cm port space (`enum rdma_ucm_port_space`); each has its own bind table. The
+/// one type of the workspace, defined next to the service ids that encode it.
+pub use rdma_wire::ip_cm::PortSpace;
 
 /// Where ports come from and who may take low ones.
 ///

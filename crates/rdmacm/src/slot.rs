@@ -207,13 +207,3 @@ pub enum QpKind {
     /// Unreliable datagram (UDP port space: SIDR).
     Ud,
 }
-
-/// rdma_cm's port space as the IP CM service id encodes it.
-pub(crate) fn wire_ps(ps: PortSpace) -> rdma_wire::ip_cm::PortSpace {
-    match ps {
-        PortSpace::Tcp => rdma_wire::ip_cm::PortSpace::Tcp,
-        PortSpace::Udp => rdma_wire::ip_cm::PortSpace::Udp,
-        PortSpace::Ib => rdma_wire::ip_cm::PortSpace::Ib,
-        PortSpace::IpoIb => rdma_wire::ip_cm::PortSpace::IpoIb,
-    }
-}
