@@ -64,8 +64,13 @@ impl Inner {
         let now = self.now();
         let idx: Vec<u32> = st.devices.keys().copied().collect();
         for i in idx {
-            // Receive.
-            while let Some(d) = st.devices.get_mut(&i).filter(|d| !d.open.is_empty()) {
+            // A request held by an API call's drain, then receive: while another run
+            // looks a request of this device up, that run receives after it.
+            st = self.settle_held(st, i);
+            while !st.held.contains_key(&i) {
+                let Some(d) = st.devices.get_mut(&i).filter(|d| !d.open.is_empty()) else {
+                    break;
+                };
                 let m = match d.dev.gsi_recv() {
                     Ok(Some(m)) => m,
                     _ => break,
@@ -78,6 +83,7 @@ impl Inner {
                 );
                 d.agent.handle_mad(now, path, &m.mad);
                 self.drain_agent(&mut st, i);
+                st = self.settle_held(st, i);
             }
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {
@@ -86,6 +92,7 @@ impl Inner {
                 }
             }
             self.drain_agent(&mut st, i);
+            st = self.settle_held(st, i);
         }
         // Host changes.
         let notes: Vec<Notification> = self
@@ -190,10 +197,44 @@ impl Inner {
         st
     }
 
+    /// The request of device `i` held for its path (`crate::held`), if no other run has
+    /// it: its route lookup without the lock, then, locked again, the listener checked once
+    /// more and the request finished, and the device's events that waited behind it.
+    fn settle_held<'a>(
+        self: &'a Arc<Self>,
+        mut st: MutexGuard<'a, State>,
+        i: u32,
+    ) -> MutexGuard<'a, State> {
+        loop {
+            let Some(h) = st.held.get_mut(&i).filter(|h| !h.in_flight) else {
+                return st;
+            };
+            h.in_flight = true;
+            let (arrival, local, peer) = (h.arrival(), h.hdr.dst, h.hdr.src);
+            drop(st);
+            let hold = self
+                .lookup_hold
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(hold) = hold {
+                hold.enter();
+            }
+            let r = self.block(move |r| async move { r.accept_path(arrival, local, peer).await });
+            st = self.lock();
+            if let Some(h) = st.held.remove(&i) {
+                crate::listen::finish_held(self, &mut st, i, h, r);
+            }
+            self.drain_agent(&mut st, i);
+        }
+    }
+
     /// Sends what the agent of device `i` wants to send and turns its events into ours,
-    /// until it has nothing left.
+    /// until it has nothing left. While a request of the device is held for its path, only
+    /// sends: the events after it wait for it.
     pub(crate) fn drain_agent(self: &Arc<Self>, st: &mut State, i: u32) {
         loop {
+            let held = st.held.contains_key(&i);
             let Some(d) = st.devices.get_mut(&i) else {
                 return;
             };
@@ -209,6 +250,9 @@ impl Inner {
                     tclass: t.path.traffic_class,
                 };
                 let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
+            }
+            if held {
+                return;
             }
             let ev = d.agent.poll_event();
             match ev {

@@ -135,6 +135,7 @@
 
 #![warn(missing_docs)]
 
+mod accept;
 mod addr;
 mod async_api;
 mod blocking;
@@ -147,6 +148,7 @@ mod connect;
 mod devices;
 mod error;
 mod event;
+mod held;
 mod id;
 mod inner;
 mod inspect;
@@ -174,6 +176,8 @@ pub use cma::PauseGuard;
 pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use event::Event;
+#[doc(hidden)]
+pub use held::LookupHold;
 pub use id::{CmId, CmOption};
 pub use params::{ConnEventParam, ConnParam, EventType, UdParam};
 /// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand

@@ -1,21 +1,23 @@
-//! The passive side: matching a REQ / SIDR_REQ to a listener, the child id, accept and
-//! reject.
+//! The passive side's requests: matching a REQ / SIDR_REQ to a listener, holding it for
+//! its path lookup (made without the lock), the child id, refusals; wildcard listeners on
+//! new devices. Accept and reject are in `accept`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use rdma_proto::cm::{RepParams, ReqReceived, SidrRepParams, SidrReqReceived};
+use rdma_proto::cm::{ReqReceived, SidrRepParams, SidrReqReceived};
 use rdma_wire::cm::{RejectReason, SidrStatus};
 use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
-use crate::connect::{qp_to_rts, Conn, RDMA_UDP_QKEY};
+use crate::connect::Conn;
 use crate::error::{Error, RejectCause, Result};
-use crate::inner::IdRef;
+use crate::held::{HeldMad, HeldReq};
 use crate::inner::Inner;
-use crate::params::{ConnEventParam, ConnParam, EventType, PendingEvent};
+use crate::params::{ConnEventParam, EventType, PendingEvent};
+use crate::resolve::ResolvedAddr;
 use crate::route::{RocePath, RouteParams};
+use crate::slot::IdState;
 use crate::slot::{IdNum, IdSlot, Remote};
-use crate::slot::{IdState, QpKind};
 use crate::state::State;
 
 /// The listener (if any) that gets a request for `local` arriving on netdev `arrival`.
@@ -74,17 +76,16 @@ fn refuse(
     }
 }
 
-/// The common part of a new passive id: listener checks, path, child slot.
-fn child(
-    inner: &Arc<Inner>,
-    st: &mut State,
+/// The listener checks of a request, made when it arrives and again after its path was
+/// looked up without the lock (the listener may have gone or filled up meanwhile).
+fn admit(
+    st: &State,
     dev: u32,
     sid: u64,
     arrival: u32,
-    hdr: &IpCmHeaderRepr,
-    tclass: Option<u8>,
-) -> std::result::Result<(IdNum, IdNum), RejectCause> {
-    let Some(l) = find_listener(st, dev, sid, arrival, hdr.dst) else {
+    local: IpAddr,
+) -> std::result::Result<IdNum, RejectCause> {
+    let Some(l) = find_listener(st, dev, sid, arrival, local) else {
         // A listener on the port but not for this address (or none matching): REJ 28 as
         // Linux (the agent itself answers REJ 8 when nobody listens on the service id).
         return Err(RejectCause::NoListenerForAddress);
@@ -93,11 +94,55 @@ fn child(
     if ls.is_some_and(|ls| ls.queued >= ls.backlog) {
         return Err(RejectCause::BacklogFull);
     }
+    Ok(l)
+}
+
+/// Holds a request that passed the listener checks for its path lookup, which the CM
+/// engine makes without the lock (`crate::held`).
+fn hold(inner: &Inner, st: &mut State, dev: u32, mad: HeldMad, hdr: IpCmHeaderRepr) {
+    st.held.insert(
+        dev,
+        HeldReq {
+            mad,
+            hdr,
+            in_flight: false,
+        },
+    );
+    // Held by an API call's drain: the engine settles it.
+    inner.wake.signal();
+}
+
+/// A held request with its path (or the lookup's refusal): the child id and its event.
+pub(crate) fn finish_held(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    h: HeldReq,
+    addr: Result<ResolvedAddr>,
+) {
+    match h.mad {
+        HeldMad::Req(r) => req_with_path(inner, st, dev, r, &h.hdr, addr),
+        HeldMad::Sidr(r) => sidr_with_path(inner, st, dev, r, &h.hdr, addr),
+    }
+}
+
+/// The common part of a new passive id: listener checks again, path, child slot.
+#[allow(clippy::too_many_arguments)]
+fn child(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    sid: u64,
+    arrival: u32,
+    hdr: &IpCmHeaderRepr,
+    tclass: Option<u8>,
+    addr: Result<ResolvedAddr>,
+) -> std::result::Result<(IdNum, IdNum), RejectCause> {
+    let l = admit(st, dev, sid, arrival, hdr.dst)?;
     let (local, peer) = (hdr.dst, hdr.src);
     // The path from where the request arrived (no neighbour entry needed); refused when the
     // arrival netdev is down or not on the reverse route (REJ 28).
-    let r = inner.block(move |r| async move { r.accept_path(arrival, local, peer).await });
-    let addr = match r {
+    let addr = match addr {
         Ok(a) => a,
         Err(Error::Rejected(cause)) => return Err(cause),
         Err(_) => return Err(RejectCause::NotOnReverseRoute),
@@ -142,7 +187,6 @@ fn child(
 
 pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceived) {
     let conn = r.conn;
-    let arrival = r.path.tag;
     let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.req.private_data) else {
         refuse(inner, st, dev, conn, RejectCause::BadIpCmHeader, from);
@@ -152,8 +196,24 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
         refuse(inner, st, dev, conn, RejectCause::InvalidServiceId, from);
         return;
     }
+    match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
+        Ok(_) => hold(inner, st, dev, HeldMad::Req(r), hdr),
+        Err(cause) => refuse(inner, st, dev, conn, cause, Some(hdr.src)),
+    }
+}
+
+/// A REQ with its path: the child id and CONNECT_REQUEST, or the refusal.
+fn req_with_path(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    r: ReqReceived,
+    hdr: &IpCmHeaderRepr,
+    addr: Result<ResolvedAddr>,
+) {
+    let conn = r.conn;
     let tclass = Some(r.req.primary_path.traffic_class);
-    let (num, l) = match child(inner, st, dev, r.listener, arrival, &hdr, tclass) {
+    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, tclass, addr) {
         Ok(x) => x,
         Err(cause) => {
             refuse(inner, st, dev, conn, cause, Some(hdr.src));
@@ -201,26 +261,43 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
     );
 }
 
+/// A refused SIDR request: logged, counted, answered with a SIDR_REP "reject".
+fn refuse_sidr(st: &mut State, dev: u32, conn: Conn, cause: RejectCause, peer: Option<IpAddr>) {
+    *st.rejects.entry(cause).or_default() += 1;
+    tracing::info!(target: "rdmacm", device = dev, peer = ?peer, "SIDR request refused: {cause}");
+    if let Some(d) = st.devices.get_mut(&dev) {
+        let mut p = SidrRepParams::success(0, 0);
+        p.status = SidrStatus::Reject;
+        let _ = d.agent.send_sidr_rep(conn, p);
+    }
+}
+
 pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrReqReceived) {
-    let conn = r.conn;
-    let refuse = |st: &mut State, cause: RejectCause, peer: Option<IpAddr>| {
-        *st.rejects.entry(cause).or_default() += 1;
-        tracing::info!(target: "rdmacm", device = dev, peer = ?peer, "SIDR request refused: {cause}");
-        if let Some(d) = st.devices.get_mut(&dev) {
-            let mut p = SidrRepParams::success(0, 0);
-            p.status = SidrStatus::Reject;
-            let _ = d.agent.send_sidr_rep(conn, p);
-        }
-    };
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.private_data) else {
         let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
-        refuse(st, RejectCause::BadIpCmHeader, from);
+        refuse_sidr(st, dev, r.conn, RejectCause::BadIpCmHeader, from);
         return;
     };
-    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, &hdr, None) {
+    match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
+        Ok(_) => hold(inner, st, dev, HeldMad::Sidr(r), hdr),
+        Err(cause) => refuse_sidr(st, dev, r.conn, cause, Some(hdr.src)),
+    }
+}
+
+/// A SIDR_REQ with its path: the child id and CONNECT_REQUEST, or the refusal.
+fn sidr_with_path(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    r: SidrReqReceived,
+    hdr: &IpCmHeaderRepr,
+    addr: Result<ResolvedAddr>,
+) {
+    let conn = r.conn;
+    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, None, addr) {
         Ok(x) => x,
         Err(cause) => {
-            refuse(st, cause, Some(hdr.src));
+            refuse_sidr(st, dev, conn, cause, Some(hdr.src));
             return;
         }
     };
@@ -255,113 +332,6 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
             listen_id: Some(l),
         },
     );
-}
-
-fn passive<'a>(
-    st: &'a mut State,
-    id: IdRef<'_>,
-    op: &'static str,
-) -> Result<(u32, Conn, &'a mut IdSlot)> {
-    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
-    match (s.state, s.parent, s.dev, s.conn, s.accepted) {
-        (IdState::Connect, Some(_), Some(d), Some(c), false) => Ok((d, c, s)),
-        _ => Err(Error::InvalidState {
-            op,
-            state: s.state.name(),
-        }),
-    }
-}
-
-pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
-    let inner = id.inner;
-    let mut st = inner.lock();
-    let st = &mut *st;
-    let (dev, conn, s) = passive(st, id, "accept")?;
-    let now = inner.now();
-    if s.qp_kind == QpKind::Ud {
-        let qpn = param
-            .qp_num
-            .ok_or_else(|| Error::InvalidArgument("UD accept needs ConnParam::qp_num".into()))?;
-        let mut p = SidrRepParams::success(qpn, RDMA_UDP_QKEY);
-        p.private_data = param.private_data.clone();
-        s.accepted = true;
-        let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-        if let Err(e) = d.agent.send_sidr_rep(conn, p) {
-            if let Some(s) = st.ids.get_mut(&id.num) {
-                s.accepted = false;
-            }
-            return Err(e.into());
-        }
-        inner.drain_agent(st, dev);
-        return Ok(());
-    }
-    if param.private_data.len() > rdma_wire::ip_cm::REP_USER_PRIVATE_DATA_MAX {
-        return Err(Error::InvalidArgument(format!(
-            "REP private data: {} bytes, at most {}",
-            param.private_data.len(),
-            rdma_wire::ip_cm::REP_USER_PRIVATE_DATA_MAX
-        )));
-    }
-    let qpn = match (&s.qp, param.qp_num) {
-        (Some(q), _) => q.qpn(),
-        (None, Some(n)) => n,
-        (None, None) => {
-            return Err(Error::InvalidArgument(
-                "accept needs a QP (create_qp) or ConnParam::qp_num".into(),
-            ))
-        }
-    };
-    let Some(d) = st.devices.get_mut(&dev) else {
-        return Err(Error::Shutdown);
-    };
-    let rq_psn = d.agent.random_psn();
-    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
-    s.rq_psn = rq_psn;
-    if let Some(r) = s.remote.as_mut() {
-        r.retry = param.retry_count.min(r.retry);
-        r.rnr_retry = param.rnr_retry_count;
-    }
-    let s = &st.ids[&id.num];
-    qp_to_rts(st, s)?;
-    let mut p = RepParams::new(qpn, rq_psn);
-    p.responder_resources = param.responder_resources;
-    p.initiator_depth = param.initiator_depth;
-    p.rnr_retry_count = param.rnr_retry_count.min(7);
-    p.flow_control = param.flow_control;
-    p.srq = param.srq;
-    p.private_data = param.private_data.clone();
-    let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-    d.agent.send_rep(now, conn, p)?;
-    if let Some(s) = st.ids.get_mut(&id.num) {
-        s.accepted = true;
-        s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
-    }
-    inner.drain_agent(st, dev);
-    Ok(())
-}
-
-pub(crate) fn reject(id: IdRef<'_>, private_data: &[u8]) -> Result<()> {
-    let inner = id.inner;
-    let mut st = inner.lock();
-    let st = &mut *st;
-    let (dev, conn, s) = passive(st, id, "reject")?;
-    let ud = s.qp_kind == QpKind::Ud;
-    let now = inner.now();
-    let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-    if ud {
-        let mut p = SidrRepParams::success(0, 0);
-        p.status = SidrStatus::Reject;
-        p.private_data = private_data.to_vec();
-        d.agent.send_sidr_rep(conn, p)?;
-    } else {
-        d.agent
-            .send_rej(now, conn, RejectReason::ConsumerDefined, &[], private_data)?;
-    }
-    if let Some(s) = st.ids.get_mut(&id.num) {
-        s.accepted = true;
-    }
-    inner.drain_agent(st, dev);
-    Ok(())
 }
 
 /// A wildcard listener gets requests from every device on every address

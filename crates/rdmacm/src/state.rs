@@ -4,6 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::devices::DevEntry;
+use crate::held::HeldReq;
 use crate::params::PendingEvent;
 use crate::ports::PortTables;
 use crate::resolve::ResolvedAddr;
@@ -31,6 +32,9 @@ pub(crate) struct State {
     pub max_cm_retries: u8,
     /// Requests the passive side refused, by cause.
     pub rejects: std::collections::BTreeMap<crate::error::RejectCause, u64>,
+    /// Per device, the request whose path is being looked up without the lock: the
+    /// device's later CM events wait behind it (`crate::held`).
+    pub held: HashMap<u32, HeldReq>,
 }
 
 /// A request to the watcher task.

@@ -105,12 +105,12 @@ impl CmId {
     /// or sends the SIDR_REP (UD, with `param.qp_num`). Private data over 196 bytes (136
     /// for UD) is `EINVAL`. ESTABLISHED follows when the RTU arrives.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
-        crate::listen::accept(self.r(), param)
+        crate::accept::accept(self.r(), param)
     }
 
     /// `rdma_reject` on a passive id: REJ reason 28 (consumer defined) with up to 148
     /// bytes of private data (SIDR_REP "reject" for UD).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
-        crate::listen::reject(self.r(), private_data)
+        crate::accept::reject(self.r(), private_data)
     }
 }
