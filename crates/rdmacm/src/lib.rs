@@ -146,6 +146,7 @@ mod cma;
 mod config;
 mod connect;
 mod devices;
+mod dispatch;
 mod error;
 mod event;
 mod held;
