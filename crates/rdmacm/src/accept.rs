@@ -46,6 +46,9 @@ pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
             }
             return Err(e.into());
         }
+        if let Some(s) = st.ids.get_mut(&id.num) {
+            s.counters.reps_sent += 1;
+        }
         inner.drain_agent(st, dev);
         return Ok(());
     }
@@ -88,6 +91,7 @@ pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
     d.agent.send_rep(now, conn, p)?;
     if let Some(s) = st.ids.get_mut(&id.num) {
         s.accepted = true;
+        s.counters.reps_sent += 1;
         s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
     }
     inner.drain_agent(st, dev);
@@ -113,6 +117,7 @@ pub(crate) fn reject(id: IdRef<'_>, private_data: &[u8]) -> Result<()> {
     }
     if let Some(s) = st.ids.get_mut(&id.num) {
         s.accepted = true;
+        s.counters.rejs_sent += 1;
     }
     inner.drain_agent(st, dev);
     Ok(())

@@ -5,12 +5,12 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdma_proto::cm::{CmEvent, CmPath, ConnHandle};
+use rdma_proto::cm::{CmEvent, CmPath, CmTransmit, ConnHandle};
 use rdma_soft::engine::{Run, Source};
 
 use crate::addr::Gid;
 use crate::bridge::run_on;
-use crate::devices::gid_of;
+use crate::devices::{gid_of, DevEntry};
 use crate::inner::{CmSource, Inner};
 use crate::slot::{IdNum, IdState};
 use crate::state::State;
@@ -89,6 +89,7 @@ impl Inner {
             if let Some(d) = st.devices.get_mut(&i) {
                 if d.agent.poll_timeout().is_some_and(|t| t <= now) {
                     d.agent.handle_timeout(now);
+                    count_retransmits(&mut st, i);
                 }
             }
             self.drain_agent(&mut st, i);
@@ -241,15 +242,7 @@ impl Inner {
             let mut did = false;
             while let Some(t) = d.agent.poll_transmit() {
                 did = true;
-                // The path names both ends; the tag is the netdev (the scope of link-local
-                // addresses). A send error (e.g. the address went away) is a lost MAD: the
-                // CM's retries and timeouts handle it.
-                let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
-                let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
-                let meta = rdma_soft::io::TxMeta {
-                    tclass: t.path.traffic_class,
-                };
-                let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
+                send(d, &t);
             }
             if held {
                 return;
@@ -269,6 +262,51 @@ impl Inner {
                 None => {}
             }
         }
+    }
+}
+
+/// Sends one MAD of an agent. The path names both ends; the tag is the netdev (the scope
+/// of link-local addresses). A send error (e.g. the address went away) is a lost MAD: the
+/// CM's retries and timeouts handle it.
+fn send(d: &DevEntry, t: &CmTransmit) {
+    let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
+    let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
+    let meta = rdma_soft::io::TxMeta {
+        tclass: t.path.traffic_class,
+    };
+    let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
+}
+
+/// Sends what the agent of device `i` queued in its timers: retransmissions only (MADs and
+/// API calls are drained at once, so nothing else waits), each counted for the id whose
+/// REQ, REP or DREQ it is.
+fn count_retransmits(st: &mut State, i: u32) {
+    let Some(d) = st.devices.get_mut(&i) else {
+        return;
+    };
+    let mut ids = Vec::new();
+    while let Some(t) = d.agent.poll_transmit() {
+        send(d, &t);
+        let conn = sender_comm_id(&t.mad).and_then(|c| d.agent.conn_by_local_comm_id(c));
+        ids.extend(conn.and_then(|c| d.conns.get(&c).copied()));
+    }
+    for id in ids {
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.counters.retransmits += 1;
+        }
+    }
+}
+
+/// Our communication id in a REQ, REP or DREQ we send (through rdma-wire's CM views).
+fn sender_comm_id(mad: &[u8]) -> Option<u32> {
+    use rdma_wire::cm::{CmAttributeId as A, Dreq, Rep, Req};
+    let m = rdma_wire::mad::Mad::new_cm_checked(mad).ok()?;
+    let data = m.data();
+    match A(m.attribute_id()) {
+        A::REQ => Req::new_checked(data).ok().map(|v| v.local_comm_id()),
+        A::REP => Rep::new_checked(data).ok().map(|v| v.local_comm_id()),
+        A::DREQ => Dreq::new_checked(data).ok().map(|v| v.local_comm_id()),
+        _ => None,
     }
 }
 

@@ -96,7 +96,7 @@ impl Cma {
                 seed,
                 cm_response_timeout: 20,
                 max_cm_retries: 15,
-                rejects: Default::default(),
+                counters: Default::default(),
                 held: HashMap::new(),
             }),
             acked: Condvar::new(),
@@ -223,7 +223,16 @@ impl Cma {
     /// ```
     pub fn reject_counts(&self) -> Vec<(crate::error::RejectCause, u64)> {
         let st = self.inner.lock();
-        st.rejects.iter().map(|(c, n)| (*c, *n)).collect()
+        st.counters.rejects.iter().map(|(c, n)| (*c, *n)).collect()
+    }
+
+    /// The context's connection-manager statistics: requests its listeners took and
+    /// refused (by cause, as [`Cma::reject_counts`]) and its CM agents' MAD counters
+    /// (malformed, unmatched, duplicates, retransmissions). The same numbers, with every
+    /// id's own counters, are in the inspection view (`rdma-soft statistic`,
+    /// `rdma-soft resource show cm_id`).
+    pub fn statistics(&self) -> crate::counters::CmStatistics {
+        crate::inspect::statistics(&self.inner.lock())
     }
 
     /// Sets the CM response timeout (IBA time code: 4.096 µs · 2^t, rdma_cm's

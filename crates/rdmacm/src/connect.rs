@@ -3,7 +3,9 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use rdma_proto::cm::{CmPath, ConnHandle, RepReceived, ReqParams, SidrRepReceived, SidrReqParams};
+use rdma_proto::cm::{
+    CmPath, CmState, ConnHandle, RepReceived, ReqParams, SidrRepReceived, SidrReqParams,
+};
 use rdma_proto::verbs::{PathAttr, RtrParams, RtsParams};
 use rdma_soft::verbs::{Mtu, QpAttr, QpAttrMask, QpState};
 use rdma_wire::cm::SidrStatus;
@@ -116,6 +118,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         c
     };
     d.conns.insert(conn, id.num);
+    s.counters.reqs_sent += 1;
     s.conn = Some(conn);
     s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
     s.conn_param = Some(param.clone());
@@ -168,7 +171,11 @@ pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
     }
     let now = inner.now();
     let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
+    let dreq = d.agent.state(conn) == Some(CmState::Established);
     d.agent.disconnect(now, conn)?;
+    if let Some(s) = st.ids.get_mut(&id.num).filter(|_| dreq) {
+        s.counters.dreqs_sent += 1;
+    }
     inner.drain_agent(st, dev);
     Ok(())
 }
@@ -283,14 +290,12 @@ pub(crate) fn on_rep(
         Err(e) => {
             qp_to_err(s);
             let now = inner.now();
-            if let Some(d) = st.devices.get_mut(&dev) {
-                let _ = d.agent.send_rej(
-                    now,
-                    conn,
-                    rdma_wire::cm::RejectReason::ConsumerDefined,
-                    &[],
-                    &[],
-                );
+            let sent = st.devices.get_mut(&dev).is_some_and(|d| {
+                let r = rdma_wire::cm::RejectReason::ConsumerDefined;
+                d.agent.send_rej(now, conn, r, &[], &[]).is_ok()
+            });
+            if let Some(s) = st.ids.get_mut(&id).filter(|_| sent) {
+                s.counters.rejs_sent += 1;
             }
             Inner::event(
                 st,

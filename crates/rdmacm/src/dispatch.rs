@@ -84,6 +84,8 @@ impl Inner {
             }
             CmEvent::RejReceived(r) => {
                 let status = i32::from(u16::from(r.reason));
+                s.counters.rejs_received += 1;
+                s.counters.rej_reason = Some(u16::from(r.reason));
                 failed(st, id, EventType::Rejected, status, r.private_data, true);
             }
             CmEvent::ReqTimeout { .. } | CmEvent::RepTimeout { .. } => {
@@ -92,8 +94,12 @@ impl Inner {
             CmEvent::SidrReqTimeout { .. } => {
                 failed(st, id, EventType::Unreachable, timed_out, Vec::new(), false);
             }
-            CmEvent::DreqReceived { private_data, .. }
-            | CmEvent::DrepReceived { private_data, .. } => {
+            CmEvent::DreqReceived { private_data, .. } => {
+                s.counters.dreqs_received += 1;
+                disconnected(st, id, 0, private_data);
+            }
+            CmEvent::DrepReceived { private_data, .. } => {
+                s.counters.dreps_received += 1;
                 disconnected(st, id, 0, private_data);
             }
             CmEvent::DreqTimeout { .. } => disconnected(st, id, timed_out, Vec::new()),

@@ -42,8 +42,9 @@ pub(crate) struct Inner {
     pub(crate) paused: std::sync::atomic::AtomicBool,
     /// Tests only ([`crate::Cma::hold_passive_lookups`]): passive route lookups wait here.
     pub(crate) lookup_hold: Mutex<Option<Arc<crate::held::HoldShared>>>,
-    /// The ids' inspection provider (`crate::inspect`; dropped first).
-    pub(crate) inspect: OnceLock<rdma_soft::inspect::Provider>,
+    /// The inspection providers of the ids and the statistics (`crate::inspect`; dropped
+    /// first).
+    pub(crate) inspect: OnceLock<[rdma_soft::inspect::Provider; 2]>,
 }
 
 impl Drop for Inner {

@@ -145,6 +145,7 @@ mod cm_engine;
 mod cma;
 mod config;
 mod connect;
+mod counters;
 mod devices;
 mod dispatch;
 mod error;
@@ -176,6 +177,7 @@ pub use cma::Cma;
 pub use cma::PauseGuard;
 pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
+pub use counters::CmStatistics;
 pub use event::Event;
 #[doc(hidden)]
 pub use held::LookupHold;

@@ -33,6 +33,17 @@ fn find_listener(st: &State, dev: u32, sid: u64, arrival: u32, local: IpAddr) ->
     })
 }
 
+/// Why a request was refused, and the listener it matched if it got that far.
+type Refused = (RejectCause, Option<IdNum>);
+
+/// Counts a refusal for the context and for the listener it matched.
+fn count_refusal(st: &mut State, (cause, listener): Refused) {
+    *st.counters.rejects.entry(cause).or_default() += 1;
+    if let Some(s) = listener.and_then(|l| st.ids.get_mut(&l)) {
+        s.counters.refused += 1;
+    }
+}
+
 /// A refused request: logged with its cause, counted, answered as Linux answers it (REJ
 /// 28 or 8, or nothing when the backlog is full).
 fn refuse(
@@ -40,11 +51,12 @@ fn refuse(
     st: &mut State,
     dev: u32,
     conn: Conn,
-    cause: RejectCause,
+    refused: Refused,
     peer: Option<IpAddr>,
 ) {
     let now = inner.now();
-    *st.rejects.entry(cause).or_default() += 1;
+    let cause = refused.0;
+    count_refusal(st, refused);
     tracing::info!(
         target: "rdmacm",
         device = dev,
@@ -84,15 +96,15 @@ fn admit(
     sid: u64,
     arrival: u32,
     local: IpAddr,
-) -> std::result::Result<IdNum, RejectCause> {
+) -> std::result::Result<IdNum, Refused> {
     let Some(l) = find_listener(st, dev, sid, arrival, local) else {
         // A listener on the port but not for this address (or none matching): REJ 28 as
         // Linux (the agent itself answers REJ 8 when nobody listens on the service id).
-        return Err(RejectCause::NoListenerForAddress);
+        return Err((RejectCause::NoListenerForAddress, None));
     };
     let ls = st.ids.get(&l).and_then(|s| s.listen.as_ref());
     if ls.is_some_and(|ls| ls.queued >= ls.backlog) {
-        return Err(RejectCause::BacklogFull);
+        return Err((RejectCause::BacklogFull, Some(l)));
     }
     Ok(l)
 }
@@ -137,18 +149,18 @@ fn child(
     hdr: &IpCmHeaderRepr,
     tclass: Option<u8>,
     addr: Result<ResolvedAddr>,
-) -> std::result::Result<(IdNum, IdNum), RejectCause> {
+) -> std::result::Result<(IdNum, IdNum), Refused> {
     let l = admit(st, dev, sid, arrival, hdr.dst)?;
     let (local, peer) = (hdr.dst, hdr.src);
     // The path from where the request arrived (no neighbour entry needed); refused when the
     // arrival netdev is down or not on the reverse route (REJ 28).
     let addr = match addr {
         Ok(a) => a,
-        Err(Error::Rejected(cause)) => return Err(cause),
-        Err(_) => return Err(RejectCause::NotOnReverseRoute),
+        Err(Error::Rejected(cause)) => return Err((cause, Some(l))),
+        Err(_) => return Err((RejectCause::NotOnReverseRoute, Some(l))),
     };
     let Some(lslot) = st.ids.get(&l) else {
-        return Err(RejectCause::NoListenerForAddress);
+        return Err((RejectCause::NoListenerForAddress, None));
     };
     let port = ServiceId(sid).port();
     let params = RouteParams {
@@ -161,7 +173,7 @@ fn child(
         ack_timeout: lslot.opts.ack_timeout,
     };
     let Ok(path) = RocePath::compute(&addr, &addr.netdev, &params) else {
-        return Err(RejectCause::PathUnusable);
+        return Err((RejectCause::PathUnusable, Some(l)));
     };
     let mut s = IdSlot::new(lslot.channel, lslot.ps, lslot.qp_kind);
     s.opts = lslot.opts;
@@ -182,6 +194,10 @@ fn child(
     st.next_id += 1;
     st.ids.insert(num, s);
     inner.watch(st, num, &watched);
+    st.counters.requests_accepted += 1;
+    if let Some(ls) = st.ids.get_mut(&l) {
+        ls.counters.requests += 1;
+    }
     Ok((num, l))
 }
 
@@ -189,16 +205,30 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
     let conn = r.conn;
     let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.req.private_data) else {
-        refuse(inner, st, dev, conn, RejectCause::BadIpCmHeader, from);
+        refuse(
+            inner,
+            st,
+            dev,
+            conn,
+            (RejectCause::BadIpCmHeader, None),
+            from,
+        );
         return;
     };
     if ServiceId(r.listener).split().is_err() {
-        refuse(inner, st, dev, conn, RejectCause::InvalidServiceId, from);
+        refuse(
+            inner,
+            st,
+            dev,
+            conn,
+            (RejectCause::InvalidServiceId, None),
+            from,
+        );
         return;
     }
     match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
         Ok(_) => hold(inner, st, dev, HeldMad::Req(r), hdr),
-        Err(cause) => refuse(inner, st, dev, conn, cause, Some(hdr.src)),
+        Err(why) => refuse(inner, st, dev, conn, why, Some(hdr.src)),
     }
 }
 
@@ -215,8 +245,8 @@ fn req_with_path(
     let tclass = Some(r.req.primary_path.traffic_class);
     let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, tclass, addr) {
         Ok(x) => x,
-        Err(cause) => {
-            refuse(inner, st, dev, conn, cause, Some(hdr.src));
+        Err(why) => {
+            refuse(inner, st, dev, conn, why, Some(hdr.src));
             return;
         }
     };
@@ -262,8 +292,9 @@ fn req_with_path(
 }
 
 /// A refused SIDR request: logged, counted, answered with a SIDR_REP "reject".
-fn refuse_sidr(st: &mut State, dev: u32, conn: Conn, cause: RejectCause, peer: Option<IpAddr>) {
-    *st.rejects.entry(cause).or_default() += 1;
+fn refuse_sidr(st: &mut State, dev: u32, conn: Conn, refused: Refused, peer: Option<IpAddr>) {
+    let cause = refused.0;
+    count_refusal(st, refused);
     tracing::info!(target: "rdmacm", device = dev, peer = ?peer, "SIDR request refused: {cause}");
     if let Some(d) = st.devices.get_mut(&dev) {
         let mut p = SidrRepParams::success(0, 0);
@@ -275,12 +306,12 @@ fn refuse_sidr(st: &mut State, dev: u32, conn: Conn, cause: RejectCause, peer: O
 pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrReqReceived) {
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.private_data) else {
         let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
-        refuse_sidr(st, dev, r.conn, RejectCause::BadIpCmHeader, from);
+        refuse_sidr(st, dev, r.conn, (RejectCause::BadIpCmHeader, None), from);
         return;
     };
     match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
         Ok(_) => hold(inner, st, dev, HeldMad::Sidr(r), hdr),
-        Err(cause) => refuse_sidr(st, dev, r.conn, cause, Some(hdr.src)),
+        Err(why) => refuse_sidr(st, dev, r.conn, why, Some(hdr.src)),
     }
 }
 
@@ -296,8 +327,8 @@ fn sidr_with_path(
     let conn = r.conn;
     let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, None, addr) {
         Ok(x) => x,
-        Err(cause) => {
-            refuse_sidr(st, dev, conn, cause, Some(hdr.src));
+        Err(why) => {
+            refuse_sidr(st, dev, conn, why, Some(hdr.src));
             return;
         }
     };
