@@ -35,7 +35,7 @@ pub(crate) struct IdCounters {
 impl IdCounters {
     /// The counters as the inspection view lists them (`unacked`: events queued or handed
     /// out and not yet dropped).
-    pub(crate) fn to_json(&self, unacked: u64, listener: bool) -> Value {
+    pub(crate) fn to_json(self, unacked: u64, listener: bool) -> Value {
         let mut v = json!({
             "reqs-sent": self.reqs_sent,
             "reps-sent": self.reps_sent,
