@@ -49,7 +49,8 @@ pub(crate) fn scoped(sa: &SocketAddr) -> ScopedIp {
 ///
 /// Active side:
 /// ```no_run
-/// /// use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+/// use std::time::Duration;
+/// use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 /// # fn f() -> rdmacm::Result<()> {
 /// let ch = EventChannel::new()?;
 /// let id = CmId::new(&ch, PortSpace::Tcp)?;
