@@ -11,6 +11,9 @@
 //! * [`Cma`]: the process-wide context (devices, CM agents, ports, ids), driven by the
 //!   process's progress engine (one thread asleep in `epoll`; no application call is
 //!   needed for the CM to answer its peers).
+//!   Its counters: [`Cma::statistics`] ([`CmStatistics`]: requests taken, refused by
+//!   [`RejectCause`], MADs dropped), and per id in the inspection view
+//!   (`rdma-soft resource show cm_id`; `docs/INSPECT.md`).
 //! * [`EventChannel`]: blocking [`EventChannel::get_event`], its fd, async
 //!   [`EventChannel::next_event`]. [`Event`]: [`EventType`] (Display = `rdma_event_str`),
 //!   status, private data; dropping it acknowledges it.
