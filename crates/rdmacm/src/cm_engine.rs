@@ -5,12 +5,12 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdma_proto::cm::{CmEvent, CmPath, ConnHandle};
+use rdma_proto::cm::{CmEvent, CmPath, CmTransmit, ConnHandle};
 use rdma_soft::engine::{Run, Source};
 
 use crate::addr::Gid;
 use crate::bridge::run_on;
-use crate::devices::gid_of;
+use crate::devices::{gid_of, DevEntry};
 use crate::inner::{CmSource, Inner};
 use crate::slot::{IdNum, IdState};
 use crate::state::State;
@@ -64,8 +64,13 @@ impl Inner {
         let now = self.now();
         let idx: Vec<u32> = st.devices.keys().copied().collect();
         for i in idx {
-            // Receive.
-            while let Some(d) = st.devices.get_mut(&i).filter(|d| !d.open.is_empty()) {
+            // A request held by an API call's drain, then receive: while another run
+            // looks a request of this device up, that run receives after it.
+            st = self.settle_held(st, i);
+            while !st.held.contains_key(&i) {
+                let Some(d) = st.devices.get_mut(&i).filter(|d| !d.open.is_empty()) else {
+                    break;
+                };
                 let m = match d.dev.gsi_recv() {
                     Ok(Some(m)) => m,
                     _ => break,
@@ -78,14 +83,17 @@ impl Inner {
                 );
                 d.agent.handle_mad(now, path, &m.mad);
                 self.drain_agent(&mut st, i);
+                st = self.settle_held(st, i);
             }
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {
                 if d.agent.poll_timeout().is_some_and(|t| t <= now) {
                     d.agent.handle_timeout(now);
+                    count_retransmits(&mut st, i);
                 }
             }
             self.drain_agent(&mut st, i);
+            st = self.settle_held(st, i);
         }
         // Host changes.
         let notes: Vec<Notification> = self
@@ -190,25 +198,54 @@ impl Inner {
         st
     }
 
+    /// The request of device `i` held for its path (`crate::held`), if no other run has
+    /// it: its route lookup without the lock, then, locked again, the listener checked once
+    /// more and the request finished, and the device's events that waited behind it.
+    fn settle_held<'a>(
+        self: &'a Arc<Self>,
+        mut st: MutexGuard<'a, State>,
+        i: u32,
+    ) -> MutexGuard<'a, State> {
+        loop {
+            let Some(h) = st.held.get_mut(&i).filter(|h| !h.in_flight) else {
+                return st;
+            };
+            h.in_flight = true;
+            let (arrival, local, peer) = (h.arrival(), h.hdr.dst, h.hdr.src);
+            drop(st);
+            let hold = self
+                .lookup_hold
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(hold) = hold {
+                hold.enter();
+            }
+            let r = self.block(move |r| async move { r.accept_path(arrival, local, peer).await });
+            st = self.lock();
+            if let Some(h) = st.held.remove(&i) {
+                crate::listen::finish_held(self, &mut st, i, h, r);
+            }
+            self.drain_agent(&mut st, i);
+        }
+    }
+
     /// Sends what the agent of device `i` wants to send and turns its events into ours,
-    /// until it has nothing left.
+    /// until it has nothing left. While a request of the device is held for its path, only
+    /// sends: the events after it wait for it.
     pub(crate) fn drain_agent(self: &Arc<Self>, st: &mut State, i: u32) {
         loop {
+            let held = st.held.contains_key(&i);
             let Some(d) = st.devices.get_mut(&i) else {
                 return;
             };
             let mut did = false;
             while let Some(t) = d.agent.poll_transmit() {
                 did = true;
-                // The path names both ends; the tag is the netdev (the scope of link-local
-                // addresses). A send error (e.g. the address went away) is a lost MAD: the
-                // CM's retries and timeouts handle it.
-                let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
-                let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
-                let meta = rdma_soft::io::TxMeta {
-                    tclass: t.path.traffic_class,
-                };
-                let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
+                send(d, &t);
+            }
+            if held {
+                return;
             }
             let ev = d.agent.poll_event();
             match ev {
@@ -225,6 +262,51 @@ impl Inner {
                 None => {}
             }
         }
+    }
+}
+
+/// Sends one MAD of an agent. The path names both ends; the tag is the netdev (the scope
+/// of link-local addresses). A send error (e.g. the address went away) is a lost MAD: the
+/// CM's retries and timeouts handle it.
+fn send(d: &DevEntry, t: &CmTransmit) {
+    let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
+    let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
+    let meta = rdma_soft::io::TxMeta {
+        tclass: t.path.traffic_class,
+    };
+    let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
+}
+
+/// Sends what the agent of device `i` queued in its timers: retransmissions only (MADs and
+/// API calls are drained at once, so nothing else waits), each counted for the id whose
+/// REQ, REP or DREQ it is.
+fn count_retransmits(st: &mut State, i: u32) {
+    let Some(d) = st.devices.get_mut(&i) else {
+        return;
+    };
+    let mut ids = Vec::new();
+    while let Some(t) = d.agent.poll_transmit() {
+        send(d, &t);
+        let conn = sender_comm_id(&t.mad).and_then(|c| d.agent.conn_by_local_comm_id(c));
+        ids.extend(conn.and_then(|c| d.conns.get(&c).copied()));
+    }
+    for id in ids {
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.counters.retransmits += 1;
+        }
+    }
+}
+
+/// Our communication id in a REQ, REP or DREQ we send (through rdma-wire's CM views).
+fn sender_comm_id(mad: &[u8]) -> Option<u32> {
+    use rdma_wire::cm::{CmAttributeId as A, Dreq, Rep, Req};
+    let m = rdma_wire::mad::Mad::new_cm_checked(mad).ok()?;
+    let data = m.data();
+    match A(m.attribute_id()) {
+        A::REQ => Req::new_checked(data).ok().map(|v| v.local_comm_id()),
+        A::REP => Rep::new_checked(data).ok().map(|v| v.local_comm_id()),
+        A::DREQ => Dreq::new_checked(data).ok().map(|v| v.local_comm_id()),
+        _ => None,
     }
 }
 

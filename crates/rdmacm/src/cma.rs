@@ -96,7 +96,8 @@ impl Cma {
                 seed,
                 cm_response_timeout: 20,
                 max_cm_retries: 15,
-                rejects: Default::default(),
+                counters: Default::default(),
+                held: HashMap::new(),
             }),
             acked: Condvar::new(),
             wake: EventFd::new()?,
@@ -107,6 +108,7 @@ impl Cma {
             epoch: Instant::now(),
             config,
             engine: OnceLock::new(),
+            lookup_hold: Mutex::new(None),
             netns: crate::netns::NetNs::current().ok(),
             paused: std::sync::atomic::AtomicBool::new(false),
             inspect: OnceLock::new(),
@@ -140,6 +142,28 @@ impl Cma {
             .paused
             .store(true, std::sync::atomic::Ordering::Release);
         PauseGuard(self.inner.clone())
+    }
+
+    /// For tests that need to see the passive side between a request's arrival and its
+    /// path: the next route lookups for requests wait, with the context's lock released,
+    /// until the hold is released or dropped. Not for applications.
+    #[doc(hidden)]
+    pub fn hold_passive_lookups(&self) -> crate::held::LookupHold {
+        let shared = Arc::new(crate::held::HoldShared::default());
+        *self
+            .inner
+            .lookup_hold
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(shared.clone());
+        let weak = Arc::downgrade(&self.inner);
+        crate::held::LookupHold {
+            shared,
+            clear: Box::new(move || {
+                if let Some(i) = weak.upgrade() {
+                    *i.lookup_hold.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                }
+            }),
+        }
     }
 
     /// Runs the CM once without blocking: receives MADs, runs timers, delivers events.
@@ -199,7 +223,16 @@ impl Cma {
     /// ```
     pub fn reject_counts(&self) -> Vec<(crate::error::RejectCause, u64)> {
         let st = self.inner.lock();
-        st.rejects.iter().map(|(c, n)| (*c, *n)).collect()
+        st.counters.rejects.iter().map(|(c, n)| (*c, *n)).collect()
+    }
+
+    /// The context's connection-manager statistics: requests its listeners took and
+    /// refused (by cause, as [`Cma::reject_counts`]) and its CM agents' MAD counters
+    /// (malformed, unmatched, duplicates, retransmissions). The same numbers, with every
+    /// id's own counters, are in the inspection view (`rdma-soft statistic`,
+    /// `rdma-soft resource show cm_id`).
+    pub fn statistics(&self) -> crate::counters::CmStatistics {
+        crate::inspect::statistics(&self.inner.lock())
     }
 
     /// Sets the CM response timeout (IBA time code: 4.096 µs · 2^t, rdma_cm's

@@ -1,10 +1,11 @@
-//! The active side (connect, REP handling, establish), disconnect, QP attributes, and the
-//! translation of CM agent events and host notifications into id events.
+//! The active side (connect, the REP and SIDR_REP, establish), disconnect and the QP
+//! attributes. The agent's events are dispatched in `dispatch`.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
 
-use rdma_proto::cm::{CmEvent, CmPath, ConnHandle, ReqParams, SidrReqParams};
+use rdma_proto::cm::{
+    CmPath, CmState, ConnHandle, RepReceived, ReqParams, SidrRepReceived, SidrReqParams,
+};
 use rdma_proto::verbs::{PathAttr, RtrParams, RtsParams};
 use rdma_soft::verbs::{Mtu, QpAttr, QpAttrMask, QpState};
 use rdma_wire::cm::SidrStatus;
@@ -16,11 +17,9 @@ use crate::error::{Error, Result};
 use crate::inner::IdRef;
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, ConnParam, EventType, UdParam};
-use crate::slot::wire_ps;
 use crate::slot::{IdNum, IdSlot, Remote};
 use crate::slot::{IdState, QpKind};
 use crate::state::State;
-use crate::watch::Notification;
 
 /// The default Q_Key of rdma_cm UD ids (`RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
@@ -54,7 +53,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         dst: peer.ip(),
         src_port: local.port(),
     };
-    let sid = ServiceId::new(wire_ps(s.ps), peer.port()).0;
+    let sid = ServiceId::new(s.ps, peer.port()).0;
     let ps_ud = s.qp_kind == QpKind::Ud;
     let qpn = match (&s.qp, param.qp_num) {
         (Some(q), _) => q.qpn(),
@@ -119,6 +118,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         c
     };
     d.conns.insert(conn, id.num);
+    s.counters.reqs_sent += 1;
     s.conn = Some(conn);
     s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
     s.conn_param = Some(param.clone());
@@ -171,7 +171,11 @@ pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
     }
     let now = inner.now();
     let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
+    let dreq = d.agent.state(conn) == Some(CmState::Established);
     d.agent.disconnect(now, conn)?;
+    if let Some(s) = st.ids.get_mut(&id.num).filter(|_| dreq) {
+        s.counters.dreqs_sent += 1;
+    }
     inner.drain_agent(st, dev);
     Ok(())
 }
@@ -237,13 +241,109 @@ pub(crate) fn qp_to_rts(st: &State, s: &IdSlot) -> Result<()> {
     Ok(())
 }
 
-/// DISCONNECTED is reported to connected ids, also after DEVICE_REMOVAL (we never tear a
-/// connection down ourselves, so its end is news).
-fn disconnectable(s: IdState) -> bool {
-    matches!(s, IdState::Connect | IdState::DeviceRemoval)
+/// A REP for our REQ (id `id`, connection `conn` of device `dev`): the QP to RTR and RTS
+/// and the RTU, ESTABLISHED following; CONNECT_RESPONSE for a user-managed QP; REJ and
+/// CONNECT_ERROR when the QP cannot move.
+pub(crate) fn on_rep(
+    inner: &Inner,
+    st: &mut State,
+    dev: u32,
+    id: IdNum,
+    conn: ConnHandle,
+    r: RepReceived,
+) {
+    let Some(s) = st.ids.get_mut(&id) else {
+        return;
+    };
+    let rep = r.rep;
+    s.remote = Some(Remote {
+        qpn: rep.local_qpn,
+        psn: rep.starting_psn,
+        responder_resources: rep.responder_resources,
+        initiator_depth: rep.initiator_depth,
+        rnr_retry: s.conn_param.as_ref().map_or(7, |p| p.rnr_retry_count),
+        retry: s.conn_param.as_ref().map_or(7, |p| p.retry_count),
+    });
+    let param = ConnEventParam {
+        private_data: rep.private_data.to_vec(),
+        responder_resources: rep.responder_resources,
+        initiator_depth: rep.initiator_depth,
+        flow_control: rep.end_to_end_flow_control,
+        rnr_retry_count: rep.rnr_retry_count,
+        srq: rep.srq,
+        qp_num: rep.local_qpn,
+        starting_psn: rep.starting_psn,
+    };
+    s.est_param = param.clone();
+    if s.qp.is_none() {
+        Inner::event(st, id, EventType::ConnectResponse, 0, param);
+        return;
+    }
+    let s = &st.ids[&id];
+    match qp_to_rts(st, s) {
+        Ok(()) => {
+            let now = inner.now();
+            if let Some(d) = st.devices.get_mut(&dev) {
+                let _ = d.agent.send_rtu(now, conn);
+            }
+        }
+        Err(e) => {
+            qp_to_err(s);
+            let now = inner.now();
+            let sent = st.devices.get_mut(&dev).is_some_and(|d| {
+                let r = rdma_wire::cm::RejectReason::ConsumerDefined;
+                d.agent.send_rej(now, conn, r, &[], &[]).is_ok()
+            });
+            if let Some(s) = st.ids.get_mut(&id).filter(|_| sent) {
+                s.counters.rejs_sent += 1;
+            }
+            Inner::event(
+                st,
+                id,
+                EventType::ConnectError,
+                -e.errno(),
+                ConnEventParam::default(),
+            );
+        }
+    }
 }
 
-fn qp_to_err(s: &IdSlot) {
+/// A SIDR_REP for our SIDR_REQ: ESTABLISHED with the peer's QPN and Q_Key, or UNREACHABLE
+/// with its status.
+pub(crate) fn on_sidr_rep(st: &mut State, id: IdNum, r: SidrRepReceived) {
+    let Some(s) = st.ids.get(&id) else {
+        return;
+    };
+    let peer = s.peer;
+    if r.status == SidrStatus::Success {
+        let ud = UdParam {
+            qp_num: r.qpn,
+            qkey: r.q_key,
+            peer: peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+        };
+        let param = ConnEventParam {
+            private_data: r.private_data,
+            qp_num: r.qpn,
+            ..ConnEventParam::default()
+        };
+        Inner::event_ud(st, id, ud, param);
+    } else {
+        let param = ConnEventParam {
+            private_data: r.private_data,
+            ..ConnEventParam::default()
+        };
+        Inner::event(
+            st,
+            id,
+            EventType::Unreachable,
+            i32::from(u8::from(r.status)),
+            param,
+        );
+    }
+}
+
+/// Moves a connection's QP to ERR (its peer is gone or refused).
+pub(crate) fn qp_to_err(s: &IdSlot) {
     if let Some(qp) = &s.qp {
         let _ = qp.modify(
             &QpAttr {
@@ -252,231 +352,6 @@ fn qp_to_err(s: &IdSlot) {
             },
             QpAttrMask::STATE,
         );
-    }
-}
-
-impl Inner {
-    /// One CM agent event of device `dev` for an existing connection (requests go to
-    /// the passive side, `listen`).
-    pub(crate) fn on_cm_event(self: &Arc<Self>, st: &mut State, dev: u32, ev: CmEvent) {
-        let conn = ev.conn();
-        let Some(&id) = st.devices.get(&dev).and_then(|d| d.conns.get(&conn)) else {
-            return;
-        };
-        let Some(s) = st.ids.get_mut(&id) else {
-            return;
-        };
-        if s.state == IdState::Destroying {
-            return;
-        }
-        match ev {
-            CmEvent::RepReceived(r) => {
-                let rep = r.rep;
-                s.remote = Some(Remote {
-                    qpn: rep.local_qpn,
-                    psn: rep.starting_psn,
-                    responder_resources: rep.responder_resources,
-                    initiator_depth: rep.initiator_depth,
-                    rnr_retry: s.conn_param.as_ref().map_or(7, |p| p.rnr_retry_count),
-                    retry: s.conn_param.as_ref().map_or(7, |p| p.retry_count),
-                });
-                let param = ConnEventParam {
-                    private_data: rep.private_data.to_vec(),
-                    responder_resources: rep.responder_resources,
-                    initiator_depth: rep.initiator_depth,
-                    flow_control: rep.end_to_end_flow_control,
-                    rnr_retry_count: rep.rnr_retry_count,
-                    srq: rep.srq,
-                    qp_num: rep.local_qpn,
-                    starting_psn: rep.starting_psn,
-                };
-                s.est_param = param.clone();
-                if s.qp.is_none() {
-                    Inner::event(st, id, EventType::ConnectResponse, 0, param);
-                    return;
-                }
-                let s = &st.ids[&id];
-                match qp_to_rts(st, s) {
-                    Ok(()) => {
-                        let now = self.now();
-                        if let Some(d) = st.devices.get_mut(&dev) {
-                            let _ = d.agent.send_rtu(now, conn);
-                        }
-                    }
-                    Err(e) => {
-                        qp_to_err(s);
-                        let now = self.now();
-                        if let Some(d) = st.devices.get_mut(&dev) {
-                            let _ = d.agent.send_rej(
-                                now,
-                                conn,
-                                rdma_wire::cm::RejectReason::ConsumerDefined,
-                                &[],
-                                &[],
-                            );
-                        }
-                        Inner::event(
-                            st,
-                            id,
-                            EventType::ConnectError,
-                            -e.errno(),
-                            ConnEventParam::default(),
-                        );
-                    }
-                }
-            }
-            CmEvent::Established { .. } => {
-                if s.suppress_est {
-                    return;
-                }
-                let param = std::mem::take(&mut s.est_param);
-                Inner::event(st, id, EventType::Established, 0, param);
-            }
-            CmEvent::RejReceived(r) => {
-                qp_to_err(s);
-                let param = ConnEventParam {
-                    private_data: r.private_data.clone(),
-                    ..ConnEventParam::default()
-                };
-                Inner::event(
-                    st,
-                    id,
-                    EventType::Rejected,
-                    i32::from(u16::from(r.reason)),
-                    param,
-                );
-            }
-            CmEvent::ReqTimeout { .. } | CmEvent::RepTimeout { .. } => {
-                qp_to_err(s);
-                Inner::event(
-                    st,
-                    id,
-                    EventType::Unreachable,
-                    -libc::ETIMEDOUT,
-                    ConnEventParam::default(),
-                );
-            }
-            CmEvent::SidrReqTimeout { .. } => {
-                Inner::event(
-                    st,
-                    id,
-                    EventType::Unreachable,
-                    -libc::ETIMEDOUT,
-                    ConnEventParam::default(),
-                );
-            }
-            CmEvent::DreqReceived { private_data, .. } => {
-                if disconnectable(s.state) {
-                    if s.state == IdState::Connect {
-                        s.state = IdState::Disconnect;
-                    }
-                    let param = ConnEventParam {
-                        private_data,
-                        ..ConnEventParam::default()
-                    };
-                    Inner::event(st, id, EventType::Disconnected, 0, param);
-                }
-            }
-            CmEvent::DrepReceived { private_data, .. } => {
-                if disconnectable(s.state) {
-                    if s.state == IdState::Connect {
-                        s.state = IdState::Disconnect;
-                    }
-                    let param = ConnEventParam {
-                        private_data,
-                        ..ConnEventParam::default()
-                    };
-                    Inner::event(st, id, EventType::Disconnected, 0, param);
-                }
-            }
-            CmEvent::DreqTimeout { .. } => {
-                if disconnectable(s.state) {
-                    if s.state == IdState::Connect {
-                        s.state = IdState::Disconnect;
-                    }
-                    Inner::event(
-                        st,
-                        id,
-                        EventType::Disconnected,
-                        -libc::ETIMEDOUT,
-                        ConnEventParam::default(),
-                    );
-                }
-            }
-            CmEvent::TimewaitExit { .. } => {
-                Inner::event(
-                    st,
-                    id,
-                    EventType::TimewaitExit,
-                    0,
-                    ConnEventParam::default(),
-                );
-            }
-            CmEvent::SidrRepReceived(r) => {
-                let peer = s.peer;
-                if r.status == SidrStatus::Success {
-                    let ud = UdParam {
-                        qp_num: r.qpn,
-                        qkey: r.q_key,
-                        peer: peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
-                    };
-                    let param = ConnEventParam {
-                        private_data: r.private_data,
-                        qp_num: r.qpn,
-                        ..ConnEventParam::default()
-                    };
-                    Inner::event_ud(st, id, ud, param);
-                } else {
-                    let param = ConnEventParam {
-                        private_data: r.private_data,
-                        ..ConnEventParam::default()
-                    };
-                    Inner::event(
-                        st,
-                        id,
-                        EventType::Unreachable,
-                        i32::from(u8::from(r.status)),
-                        param,
-                    );
-                }
-            }
-            CmEvent::MraReceived { .. } | CmEvent::ReqReceived(_) | CmEvent::SidrReqReceived(_) => {
-            }
-        }
-    }
-
-    /// A host change for an id: ADDR_CHANGE or DEVICE_REMOVAL (never a teardown).
-    pub(crate) fn on_notification(self: &Arc<Self>, st: &mut State, n: Notification) {
-        let id: IdNum = n.id();
-        let Some(s) = st.ids.get_mut(&id) else { return };
-        if matches!(s.state, IdState::Destroying | IdState::DeviceRemoval) {
-            return;
-        }
-        match n {
-            Notification::DeviceRemoval { .. } => {
-                s.state = IdState::DeviceRemoval;
-                Inner::event(
-                    st,
-                    id,
-                    EventType::DeviceRemoval,
-                    0,
-                    ConnEventParam::default(),
-                );
-            }
-            _ => {
-                // One host change often yields several notifications (an address removal
-                // also removes its prefix route): one ADDR_CHANGE while one is queued.
-                let ch = s.channel;
-                let queued = st.channels.get(&ch).is_some_and(|c| {
-                    c.queue
-                        .iter()
-                        .any(|e| e.id == id && e.kind == EventType::AddrChange)
-                });
-                if !queued {
-                    Inner::event(st, id, EventType::AddrChange, 0, ConnEventParam::default());
-                }
-            }
-        }
     }
 }
 

@@ -54,6 +54,25 @@ impl RejectCause {
         }
     }
 
+    /// A short name for counters: `no_listener_for_address` etc.
+    ///
+    /// ```
+    /// assert_eq!(rdmacm::RejectCause::BacklogFull.name(), "backlog_full");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectCause::ArrivalNetdevDown => "arrival_netdev_down",
+            RejectCause::ArrivalNetdevGone => "arrival_netdev_gone",
+            RejectCause::NotOnReverseRoute => "not_on_reverse_route",
+            RejectCause::NotOurAddress => "not_our_address",
+            RejectCause::NoListenerForAddress => "no_listener_for_address",
+            RejectCause::BacklogFull => "backlog_full",
+            RejectCause::BadIpCmHeader => "bad_ip_cm_header",
+            RejectCause::InvalidServiceId => "invalid_service_id",
+            RejectCause::PathUnusable => "path_unusable",
+        }
+    }
+
     /// Every cause, for counters and tables.
     pub const ALL: [RejectCause; 9] = [
         RejectCause::ArrivalNetdevDown,

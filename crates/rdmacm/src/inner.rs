@@ -40,8 +40,11 @@ pub(crate) struct Inner {
     pub(crate) netns: Option<crate::netns::NetNs>,
     /// Tests only ([`Cma::pause_progress`]): the engine leaves the CM alone.
     pub(crate) paused: std::sync::atomic::AtomicBool,
-    /// The ids' inspection provider (`crate::inspect`; dropped first).
-    pub(crate) inspect: OnceLock<rdma_soft::inspect::Provider>,
+    /// Tests only ([`crate::Cma::hold_passive_lookups`]): passive route lookups wait here.
+    pub(crate) lookup_hold: Mutex<Option<Arc<crate::held::HoldShared>>>,
+    /// The inspection providers of the ids and the statistics (`crate::inspect`; dropped
+    /// first).
+    pub(crate) inspect: OnceLock<[rdma_soft::inspect::Provider; 2]>,
 }
 
 impl Drop for Inner {

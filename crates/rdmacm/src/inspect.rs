@@ -1,26 +1,61 @@
-//! The connection manager's inspection view: every id of a context, for
-//! `rdma-soft resource show cm_id` (see `rdma_soft::inspect`). Field names follow iproute2's
-//! `rdma resource show cm_id`.
+//! The connection manager's inspection view (see `rdma_soft::inspect`): every id of a
+//! context with its counters, for `rdma-soft resource show cm_id` (field names follow
+//! iproute2's `rdma resource show cm_id`), and the context's CM statistics, for
+//! `rdma-soft statistic`.
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::counters::CmStatistics;
 use crate::inner::Inner;
 use crate::slot::QpKind;
 use crate::state::State;
 use crate::PortSpace;
 
-/// Registers the context's ids under `"cm_ids"`. Store the provider in `inner` and drop it
-/// first in `Inner`'s drop.
-pub(crate) fn register(inner: &Arc<Inner>) -> rdma_soft::inspect::Provider {
-    // SAFETY: the caller stores the provider in `inner`, and `Inner::drop` drops it before
-    // anything else (the contract of `register_borrowed`).
-    unsafe { rdma_soft::inspect::register_borrowed("cm_ids", Arc::downgrade(inner), snapshot) }
+/// Registers the context's ids under `"cm_ids"` and its statistics under `"cm"`. Store the
+/// providers in `inner` and drop them first in `Inner`'s drop.
+pub(crate) fn register(inner: &Arc<Inner>) -> [rdma_soft::inspect::Provider; 2] {
+    let w = || Arc::downgrade(inner);
+    // SAFETY: the caller stores the providers in `inner`, and `Inner::drop` drops them
+    // before anything else (the contract of `register_borrowed`).
+    unsafe {
+        [
+            rdma_soft::inspect::register_borrowed("cm_ids", w(), |i: &Inner| cm_ids(&i.lock())),
+            rdma_soft::inspect::register_borrowed("cm", w(), |i: &Inner| cm(&i.lock())),
+        ]
+    }
 }
 
-fn snapshot(inner: &Inner) -> Value {
-    cm_ids(&inner.lock())
+/// The context's entry of `"cm"`: its listeners' addresses and its statistics.
+fn cm(st: &State) -> Value {
+    let mut ls: Vec<_> = st
+        .ids
+        .iter()
+        .filter(|(_, s)| s.listen.is_some())
+        .filter_map(|(n, s)| Some((*n, s.local?.to_string())))
+        .collect();
+    ls.sort();
+    let ls: Vec<String> = ls.into_iter().map(|(_, a)| a).collect();
+    json!({ "listeners": ls, "counters": statistics(st).to_json() })
+}
+
+/// The context's statistics: its own counters and its devices' CM agents'.
+pub(crate) fn statistics(st: &State) -> CmStatistics {
+    let mut s = CmStatistics {
+        requests_accepted: st.counters.requests_accepted,
+        refused: st.counters.rejects.iter().map(|(c, n)| (*c, *n)).collect(),
+        ..CmStatistics::default()
+    };
+    for d in st.devices.values() {
+        let a = d.agent.stats();
+        s.mads_malformed += a.malformed;
+        s.mads_unmatched += a.unmatched;
+        s.mads_duplicate += a.duplicates;
+        s.overload += a.overload;
+        s.retransmits += a.retransmits;
+    }
+    s
 }
 
 fn ps_name(ps: PortSpace) -> &'static str {
@@ -52,7 +87,19 @@ pub(crate) fn cm_ids(st: &State) -> Value {
             "src-addr": id.local.map(|a| a.to_string()),
             "dst-addr": id.peer.map(|a| a.to_string()),
             "parent": id.parent,
+            "counters": id.counters.to_json(unacked(st, *num, id), id.listen.is_some()),
         })
     });
     Value::Array(list.collect())
+}
+
+/// Events of id `num` queued (a CONNECT_REQUEST on its listener's channel) or handed out
+/// and not yet dropped.
+fn unacked(st: &State, num: u64, id: &crate::slot::IdSlot) -> u64 {
+    let queued: usize = st
+        .channels
+        .values()
+        .map(|c| c.queue.iter().filter(|e| e.id == num).count())
+        .sum();
+    (queued + id.outstanding) as u64
 }

@@ -11,6 +11,9 @@
 //! * [`Cma`]: the process-wide context (devices, CM agents, ports, ids), driven by the
 //!   process's progress engine (one thread asleep in `epoll`; no application call is
 //!   needed for the CM to answer its peers).
+//!   Its counters: [`Cma::statistics`] ([`CmStatistics`]: requests taken, refused by
+//!   [`RejectCause`], MADs dropped), and per id in the inspection view
+//!   (`rdma-soft resource show cm_id`; `docs/INSPECT.md`).
 //! * [`EventChannel`]: blocking [`EventChannel::get_event`], its fd, async
 //!   [`EventChannel::next_event`]. [`Event`]: [`EventType`] (Display = `rdma_event_str`),
 //!   status, private data; dropping it acknowledges it.
@@ -135,6 +138,7 @@
 
 #![warn(missing_docs)]
 
+mod accept;
 mod addr;
 mod async_api;
 mod blocking;
@@ -144,9 +148,12 @@ mod cm_engine;
 mod cma;
 mod config;
 mod connect;
+mod counters;
 mod devices;
+mod dispatch;
 mod error;
 mod event;
+mod held;
 mod id;
 mod inner;
 mod inspect;
@@ -173,7 +180,10 @@ pub use cma::Cma;
 pub use cma::PauseGuard;
 pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
+pub use counters::CmStatistics;
 pub use event::Event;
+#[doc(hidden)]
+pub use held::LookupHold;
 pub use id::{CmId, CmOption};
 pub use params::{ConnEventParam, ConnParam, EventType, UdParam};
 /// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand

@@ -1,21 +1,23 @@
-//! The passive side: matching a REQ / SIDR_REQ to a listener, the child id, accept and
-//! reject.
+//! The passive side's requests: matching a REQ / SIDR_REQ to a listener, holding it for
+//! its path lookup (made without the lock), the child id, refusals; wildcard listeners on
+//! new devices. Accept and reject are in `accept`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use rdma_proto::cm::{RepParams, ReqReceived, SidrRepParams, SidrReqReceived};
+use rdma_proto::cm::{ReqReceived, SidrRepParams, SidrReqReceived};
 use rdma_wire::cm::{RejectReason, SidrStatus};
 use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
-use crate::connect::{qp_to_rts, Conn, RDMA_UDP_QKEY};
+use crate::connect::Conn;
 use crate::error::{Error, RejectCause, Result};
-use crate::inner::IdRef;
+use crate::held::{HeldMad, HeldReq};
 use crate::inner::Inner;
-use crate::params::{ConnEventParam, ConnParam, EventType, PendingEvent};
+use crate::params::{ConnEventParam, EventType, PendingEvent};
+use crate::resolve::ResolvedAddr;
 use crate::route::{RocePath, RouteParams};
+use crate::slot::IdState;
 use crate::slot::{IdNum, IdSlot, Remote};
-use crate::slot::{IdState, QpKind};
 use crate::state::State;
 
 /// The listener (if any) that gets a request for `local` arriving on netdev `arrival`.
@@ -31,6 +33,17 @@ fn find_listener(st: &State, dev: u32, sid: u64, arrival: u32, local: IpAddr) ->
     })
 }
 
+/// Why a request was refused, and the listener it matched if it got that far.
+type Refused = (RejectCause, Option<IdNum>);
+
+/// Counts a refusal for the context and for the listener it matched.
+fn count_refusal(st: &mut State, (cause, listener): Refused) {
+    *st.counters.rejects.entry(cause).or_default() += 1;
+    if let Some(s) = listener.and_then(|l| st.ids.get_mut(&l)) {
+        s.counters.refused += 1;
+    }
+}
+
 /// A refused request: logged with its cause, counted, answered as Linux answers it (REJ
 /// 28 or 8, or nothing when the backlog is full).
 fn refuse(
@@ -38,11 +51,12 @@ fn refuse(
     st: &mut State,
     dev: u32,
     conn: Conn,
-    cause: RejectCause,
+    refused: Refused,
     peer: Option<IpAddr>,
 ) {
     let now = inner.now();
-    *st.rejects.entry(cause).or_default() += 1;
+    let cause = refused.0;
+    count_refusal(st, refused);
     tracing::info!(
         target: "rdmacm",
         device = dev,
@@ -74,7 +88,58 @@ fn refuse(
     }
 }
 
-/// The common part of a new passive id: listener checks, path, child slot.
+/// The listener checks of a request, made when it arrives and again after its path was
+/// looked up without the lock (the listener may have gone or filled up meanwhile).
+fn admit(
+    st: &State,
+    dev: u32,
+    sid: u64,
+    arrival: u32,
+    local: IpAddr,
+) -> std::result::Result<IdNum, Refused> {
+    let Some(l) = find_listener(st, dev, sid, arrival, local) else {
+        // A listener on the port but not for this address (or none matching): REJ 28 as
+        // Linux (the agent itself answers REJ 8 when nobody listens on the service id).
+        return Err((RejectCause::NoListenerForAddress, None));
+    };
+    let ls = st.ids.get(&l).and_then(|s| s.listen.as_ref());
+    if ls.is_some_and(|ls| ls.queued >= ls.backlog) {
+        return Err((RejectCause::BacklogFull, Some(l)));
+    }
+    Ok(l)
+}
+
+/// Holds a request that passed the listener checks for its path lookup, which the CM
+/// engine makes without the lock (`crate::held`).
+fn hold(inner: &Inner, st: &mut State, dev: u32, mad: HeldMad, hdr: IpCmHeaderRepr) {
+    st.held.insert(
+        dev,
+        HeldReq {
+            mad,
+            hdr,
+            in_flight: false,
+        },
+    );
+    // Held by an API call's drain: the engine settles it.
+    inner.wake.signal();
+}
+
+/// A held request with its path (or the lookup's refusal): the child id and its event.
+pub(crate) fn finish_held(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    h: HeldReq,
+    addr: Result<ResolvedAddr>,
+) {
+    match h.mad {
+        HeldMad::Req(r) => req_with_path(inner, st, dev, r, &h.hdr, addr),
+        HeldMad::Sidr(r) => sidr_with_path(inner, st, dev, r, &h.hdr, addr),
+    }
+}
+
+/// The common part of a new passive id: listener checks again, path, child slot.
+#[allow(clippy::too_many_arguments)]
 fn child(
     inner: &Arc<Inner>,
     st: &mut State,
@@ -83,27 +148,19 @@ fn child(
     arrival: u32,
     hdr: &IpCmHeaderRepr,
     tclass: Option<u8>,
-) -> std::result::Result<(IdNum, IdNum), RejectCause> {
-    let Some(l) = find_listener(st, dev, sid, arrival, hdr.dst) else {
-        // A listener on the port but not for this address (or none matching): REJ 28 as
-        // Linux (the agent itself answers REJ 8 when nobody listens on the service id).
-        return Err(RejectCause::NoListenerForAddress);
-    };
-    let ls = st.ids.get(&l).and_then(|s| s.listen.as_ref());
-    if ls.is_some_and(|ls| ls.queued >= ls.backlog) {
-        return Err(RejectCause::BacklogFull);
-    }
+    addr: Result<ResolvedAddr>,
+) -> std::result::Result<(IdNum, IdNum), Refused> {
+    let l = admit(st, dev, sid, arrival, hdr.dst)?;
     let (local, peer) = (hdr.dst, hdr.src);
     // The path from where the request arrived (no neighbour entry needed); refused when the
     // arrival netdev is down or not on the reverse route (REJ 28).
-    let r = inner.block(move |r| async move { r.accept_path(arrival, local, peer).await });
-    let addr = match r {
+    let addr = match addr {
         Ok(a) => a,
-        Err(Error::Rejected(cause)) => return Err(cause),
-        Err(_) => return Err(RejectCause::NotOnReverseRoute),
+        Err(Error::Rejected(cause)) => return Err((cause, Some(l))),
+        Err(_) => return Err((RejectCause::NotOnReverseRoute, Some(l))),
     };
     let Some(lslot) = st.ids.get(&l) else {
-        return Err(RejectCause::NoListenerForAddress);
+        return Err((RejectCause::NoListenerForAddress, None));
     };
     let port = ServiceId(sid).port();
     let params = RouteParams {
@@ -116,7 +173,7 @@ fn child(
         ack_timeout: lslot.opts.ack_timeout,
     };
     let Ok(path) = RocePath::compute(&addr, &addr.netdev, &params) else {
-        return Err(RejectCause::PathUnusable);
+        return Err((RejectCause::PathUnusable, Some(l)));
     };
     let mut s = IdSlot::new(lslot.channel, lslot.ps, lslot.qp_kind);
     s.opts = lslot.opts;
@@ -137,26 +194,59 @@ fn child(
     st.next_id += 1;
     st.ids.insert(num, s);
     inner.watch(st, num, &watched);
+    st.counters.requests_accepted += 1;
+    if let Some(ls) = st.ids.get_mut(&l) {
+        ls.counters.requests += 1;
+    }
     Ok((num, l))
 }
 
 pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceived) {
     let conn = r.conn;
-    let arrival = r.path.tag;
     let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.req.private_data) else {
-        refuse(inner, st, dev, conn, RejectCause::BadIpCmHeader, from);
+        refuse(
+            inner,
+            st,
+            dev,
+            conn,
+            (RejectCause::BadIpCmHeader, None),
+            from,
+        );
         return;
     };
     if ServiceId(r.listener).split().is_err() {
-        refuse(inner, st, dev, conn, RejectCause::InvalidServiceId, from);
+        refuse(
+            inner,
+            st,
+            dev,
+            conn,
+            (RejectCause::InvalidServiceId, None),
+            from,
+        );
         return;
     }
+    match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
+        Ok(_) => hold(inner, st, dev, HeldMad::Req(r), hdr),
+        Err(why) => refuse(inner, st, dev, conn, why, Some(hdr.src)),
+    }
+}
+
+/// A REQ with its path: the child id and CONNECT_REQUEST, or the refusal.
+fn req_with_path(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    r: ReqReceived,
+    hdr: &IpCmHeaderRepr,
+    addr: Result<ResolvedAddr>,
+) {
+    let conn = r.conn;
     let tclass = Some(r.req.primary_path.traffic_class);
-    let (num, l) = match child(inner, st, dev, r.listener, arrival, &hdr, tclass) {
+    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, tclass, addr) {
         Ok(x) => x,
-        Err(cause) => {
-            refuse(inner, st, dev, conn, cause, Some(hdr.src));
+        Err(why) => {
+            refuse(inner, st, dev, conn, why, Some(hdr.src));
             return;
         }
     };
@@ -201,26 +291,44 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
     );
 }
 
+/// A refused SIDR request: logged, counted, answered with a SIDR_REP "reject".
+fn refuse_sidr(st: &mut State, dev: u32, conn: Conn, refused: Refused, peer: Option<IpAddr>) {
+    let cause = refused.0;
+    count_refusal(st, refused);
+    tracing::info!(target: "rdmacm", device = dev, peer = ?peer, "SIDR request refused: {cause}");
+    if let Some(d) = st.devices.get_mut(&dev) {
+        let mut p = SidrRepParams::success(0, 0);
+        p.status = SidrStatus::Reject;
+        let _ = d.agent.send_sidr_rep(conn, p);
+    }
+}
+
 pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrReqReceived) {
-    let conn = r.conn;
-    let refuse = |st: &mut State, cause: RejectCause, peer: Option<IpAddr>| {
-        *st.rejects.entry(cause).or_default() += 1;
-        tracing::info!(target: "rdmacm", device = dev, peer = ?peer, "SIDR request refused: {cause}");
-        if let Some(d) = st.devices.get_mut(&dev) {
-            let mut p = SidrRepParams::success(0, 0);
-            p.status = SidrStatus::Reject;
-            let _ = d.agent.send_sidr_rep(conn, p);
-        }
-    };
     let Ok(hdr) = IpCmHeaderRepr::parse(&r.private_data) else {
         let from = Some(crate::addr::Gid(r.path.remote_gid.octets()).to_ip());
-        refuse(st, RejectCause::BadIpCmHeader, from);
+        refuse_sidr(st, dev, r.conn, (RejectCause::BadIpCmHeader, None), from);
         return;
     };
-    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, &hdr, None) {
+    match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
+        Ok(_) => hold(inner, st, dev, HeldMad::Sidr(r), hdr),
+        Err(why) => refuse_sidr(st, dev, r.conn, why, Some(hdr.src)),
+    }
+}
+
+/// A SIDR_REQ with its path: the child id and CONNECT_REQUEST, or the refusal.
+fn sidr_with_path(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    dev: u32,
+    r: SidrReqReceived,
+    hdr: &IpCmHeaderRepr,
+    addr: Result<ResolvedAddr>,
+) {
+    let conn = r.conn;
+    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, None, addr) {
         Ok(x) => x,
-        Err(cause) => {
-            refuse(st, cause, Some(hdr.src));
+        Err(why) => {
+            refuse_sidr(st, dev, conn, why, Some(hdr.src));
             return;
         }
     };
@@ -257,113 +365,6 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
     );
 }
 
-fn passive<'a>(
-    st: &'a mut State,
-    id: IdRef<'_>,
-    op: &'static str,
-) -> Result<(u32, Conn, &'a mut IdSlot)> {
-    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
-    match (s.state, s.parent, s.dev, s.conn, s.accepted) {
-        (IdState::Connect, Some(_), Some(d), Some(c), false) => Ok((d, c, s)),
-        _ => Err(Error::InvalidState {
-            op,
-            state: s.state.name(),
-        }),
-    }
-}
-
-pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
-    let inner = id.inner;
-    let mut st = inner.lock();
-    let st = &mut *st;
-    let (dev, conn, s) = passive(st, id, "accept")?;
-    let now = inner.now();
-    if s.qp_kind == QpKind::Ud {
-        let qpn = param
-            .qp_num
-            .ok_or_else(|| Error::InvalidArgument("UD accept needs ConnParam::qp_num".into()))?;
-        let mut p = SidrRepParams::success(qpn, RDMA_UDP_QKEY);
-        p.private_data = param.private_data.clone();
-        s.accepted = true;
-        let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-        if let Err(e) = d.agent.send_sidr_rep(conn, p) {
-            if let Some(s) = st.ids.get_mut(&id.num) {
-                s.accepted = false;
-            }
-            return Err(e.into());
-        }
-        inner.drain_agent(st, dev);
-        return Ok(());
-    }
-    if param.private_data.len() > rdma_wire::ip_cm::REP_USER_PRIVATE_DATA_MAX {
-        return Err(Error::InvalidArgument(format!(
-            "REP private data: {} bytes, at most {}",
-            param.private_data.len(),
-            rdma_wire::ip_cm::REP_USER_PRIVATE_DATA_MAX
-        )));
-    }
-    let qpn = match (&s.qp, param.qp_num) {
-        (Some(q), _) => q.qpn(),
-        (None, Some(n)) => n,
-        (None, None) => {
-            return Err(Error::InvalidArgument(
-                "accept needs a QP (create_qp) or ConnParam::qp_num".into(),
-            ))
-        }
-    };
-    let Some(d) = st.devices.get_mut(&dev) else {
-        return Err(Error::Shutdown);
-    };
-    let rq_psn = d.agent.random_psn();
-    let s = st.ids.get_mut(&id.num).ok_or(Error::Shutdown)?;
-    s.rq_psn = rq_psn;
-    if let Some(r) = s.remote.as_mut() {
-        r.retry = param.retry_count.min(r.retry);
-        r.rnr_retry = param.rnr_retry_count;
-    }
-    let s = &st.ids[&id.num];
-    qp_to_rts(st, s)?;
-    let mut p = RepParams::new(qpn, rq_psn);
-    p.responder_resources = param.responder_resources;
-    p.initiator_depth = param.initiator_depth;
-    p.rnr_retry_count = param.rnr_retry_count.min(7);
-    p.flow_control = param.flow_control;
-    p.srq = param.srq;
-    p.private_data = param.private_data.clone();
-    let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-    d.agent.send_rep(now, conn, p)?;
-    if let Some(s) = st.ids.get_mut(&id.num) {
-        s.accepted = true;
-        s.user_qpn = if s.qp.is_none() { Some(qpn) } else { None };
-    }
-    inner.drain_agent(st, dev);
-    Ok(())
-}
-
-pub(crate) fn reject(id: IdRef<'_>, private_data: &[u8]) -> Result<()> {
-    let inner = id.inner;
-    let mut st = inner.lock();
-    let st = &mut *st;
-    let (dev, conn, s) = passive(st, id, "reject")?;
-    let ud = s.qp_kind == QpKind::Ud;
-    let now = inner.now();
-    let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-    if ud {
-        let mut p = SidrRepParams::success(0, 0);
-        p.status = SidrStatus::Reject;
-        p.private_data = private_data.to_vec();
-        d.agent.send_sidr_rep(conn, p)?;
-    } else {
-        d.agent
-            .send_rej(now, conn, RejectReason::ConsumerDefined, &[], private_data)?;
-    }
-    if let Some(s) = st.ids.get_mut(&id.num) {
-        s.accepted = true;
-    }
-    inner.drain_agent(st, dev);
-    Ok(())
-}
-
 /// A wildcard listener gets requests from every device on every address
 /// (Linux: `cma_listen_on_all`, and `cma_add_one` for devices that appear later). Called
 /// when address `addr` appears on netdev `dev` (whose device is open): registers every
@@ -378,7 +379,7 @@ pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
         })
         .map(|(n, s)| {
             let port = s.local.map(|l| l.port()).unwrap_or(0);
-            let sid = ServiceId::new(crate::slot::wire_ps(s.ps), port).0;
+            let sid = ServiceId::new(s.ps, port).0;
             (*n, sid)
         })
         .collect();

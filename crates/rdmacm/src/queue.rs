@@ -10,12 +10,14 @@ use crate::state::State;
 impl Inner {
     /// Queues an event for an id's channel.
     pub(crate) fn push_event(st: &mut State, ev: PendingEvent) {
-        let Some(slot) = st.ids.get(&ev.id) else {
+        let Some(slot) = st.ids.get_mut(&ev.id) else {
             return;
         };
+        slot.counters.events += 1;
+        let own = slot.channel;
         let ch = match ev.listen_id.and_then(|l| st.ids.get(&l)) {
             Some(l) if ev.kind == EventType::ConnectRequest => l.channel,
-            _ => slot.channel,
+            _ => own,
         };
         if let Some(c) = st.channels.get_mut(&ch) {
             if c.queue.is_empty() {

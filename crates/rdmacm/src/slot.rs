@@ -8,6 +8,7 @@ use std::sync::Arc;
 use rdma_proto::cm::ConnHandle;
 use rdma_soft::verbs::QueuePair;
 
+use crate::counters::IdCounters;
 use crate::params::ConnEventParam;
 use crate::ports::{BindHandle, PortSpace};
 use crate::resolve::{Binding, ResolvedAddr};
@@ -80,6 +81,8 @@ pub(crate) struct IdSlot {
     pub suppress_est: bool,
     /// A passive id was accepted or rejected.
     pub accepted: bool,
+    /// What the CM did for it (`rdma-soft resource show cm_id`).
+    pub counters: IdCounters,
 }
 
 impl IdSlot {
@@ -111,6 +114,7 @@ impl IdSlot {
             est_param: ConnEventParam::default(),
             suppress_est: false,
             accepted: false,
+            counters: IdCounters::default(),
         }
     }
 
@@ -206,14 +210,4 @@ pub enum QpKind {
     Rc,
     /// Unreliable datagram (UDP port space: SIDR).
     Ud,
-}
-
-/// rdma_cm's port space as the IP CM service id encodes it.
-pub(crate) fn wire_ps(ps: PortSpace) -> rdma_wire::ip_cm::PortSpace {
-    match ps {
-        PortSpace::Tcp => rdma_wire::ip_cm::PortSpace::Tcp,
-        PortSpace::Udp => rdma_wire::ip_cm::PortSpace::Udp,
-        PortSpace::Ib => rdma_wire::ip_cm::PortSpace::Ib,
-        PortSpace::IpoIb => rdma_wire::ip_cm::PortSpace::IpoIb,
-    }
 }

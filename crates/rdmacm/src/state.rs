@@ -3,7 +3,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use crate::counters::CmCounters;
 use crate::devices::DevEntry;
+use crate::held::HeldReq;
 use crate::params::PendingEvent;
 use crate::ports::PortTables;
 use crate::resolve::ResolvedAddr;
@@ -29,8 +31,11 @@ pub(crate) struct State {
     pub cm_response_timeout: u8,
     /// REQ / SIDR_REQ retries (rdma_cm: 15).
     pub max_cm_retries: u8,
-    /// Requests the passive side refused, by cause.
-    pub rejects: std::collections::BTreeMap<crate::error::RejectCause, u64>,
+    /// The context's CM counters (requests taken and refused, by cause).
+    pub counters: CmCounters,
+    /// Per device, the request whose path is being looked up without the lock: the
+    /// device's later CM events wait behind it (`crate::held`).
+    pub held: HashMap<u32, HeldReq>,
 }
 
 /// A request to the watcher task.

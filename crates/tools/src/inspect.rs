@@ -264,7 +264,9 @@ const CM_ID_ORDER: [&str; 9] = [
 ];
 
 /// `rdma-soft resource show cm_id`: one line per CM id a process's connection manager
-/// registered (its fields as `key value`, in the order it gave them).
+/// registered (its fields as `key value`, in the order it gave them), then its counters
+/// (REQs / REPs sent, retransmissions, REJs sent and received with the last reason, DREQs,
+/// events queued and not yet acknowledged; for a listener its requests taken and refused).
 pub fn resource_cm_id(procs: &[Proc]) -> String {
     let mut out = String::new();
     for p in procs {
@@ -274,12 +276,16 @@ pub fn resource_cm_id(procs: &[Proc]) -> String {
                 // iproute2's order first, then whatever else the provider gave
                 let known = CM_ID_ORDER.iter().filter_map(|k| m.get_key_value(*k));
                 let rest = m.iter().filter(|(k, _)| !CM_ID_ORDER.contains(&k.as_str()));
-                for (k, v) in known.chain(rest).filter(|(_, v)| !v.is_null()) {
+                let plain = known
+                    .chain(rest)
+                    .filter(|(_, v)| !v.is_null() && !v.is_object());
+                for (k, v) in plain {
                     let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
                     let _ = write!(line, "{}{k} {v}", if line.is_empty() { "" } else { " " });
                 }
             }
-            let _ = writeln!(out, "{line} pid {} comm {}", p.pid, p.comm);
+            let counters = id.get("counters").map(pairs).unwrap_or_default();
+            let _ = writeln!(out, "{line}{counters} pid {} comm {}", p.pid, p.comm);
         }
     }
     out
@@ -303,7 +309,9 @@ pub fn resource_summary(procs: &[Proc]) -> String {
 }
 
 /// `rdma-soft statistic`: `rdma statistic show`'s line per device: its counters (the wire's,
-/// the runtime's, and the transports' of all its QPs, destroyed ones included).
+/// the runtime's, and the transports' of all its QPs, destroyed ones included); then a `cm`
+/// line per connection-manager context: its listeners and its CM counters (requests taken,
+/// refused in all and by cause, MADs malformed / unmatched / duplicate, retransmissions).
 pub fn statistic(procs: &[Proc]) -> String {
     let mut out = String::new();
     for (p, d) in devices(procs) {
@@ -315,6 +323,26 @@ pub fn statistic(procs: &[Proc]) -> String {
             p.comm,
             pairs(&d["counters"])
         );
+    }
+    for p in procs {
+        for c in list(&p.snap, "cm") {
+            let ls: Vec<&str> = list(c, "listeners")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let ls = if ls.is_empty() {
+                "-".into()
+            } else {
+                ls.join(",")
+            };
+            let _ = writeln!(
+                out,
+                "cm listeners {ls} pid {} comm {}{}",
+                p.pid,
+                p.comm,
+                pairs(&c["counters"])
+            );
+        }
     }
     out
 }
@@ -373,6 +401,28 @@ mod tests {
             comm: "t".into(),
             snap,
         }]
+    }
+
+    #[test]
+    fn cm_counters_are_shown() {
+        let snap = json!({ "pid": 9, "comm": "t", "devices": [],
+            "cm_ids": [{ "cm-idn": 3, "state": "LISTEN", "ps": "TCP", "src-addr": "127.0.0.1:7",
+                "counters": { "requests": 2, "refused": 1, "unacked": 0 } }],
+            "cm": [{ "listeners": ["127.0.0.1:7"],
+                "counters": { "requests-accepted": 2, "refused-no_listener_for_address": 1 } }] });
+        let p = vec![Proc {
+            pid: 9,
+            comm: "t".into(),
+            snap,
+        }];
+        assert_eq!(
+            resource_cm_id(&p),
+            "cm-idn 3 state LISTEN ps TCP src-addr 127.0.0.1:7 refused 1 requests 2 unacked 0 pid 9 comm t\n"
+        );
+        assert_eq!(
+            statistic(&p),
+            "cm listeners 127.0.0.1:7 pid 9 comm t refused-no_listener_for_address 1 requests-accepted 2\n"
+        );
     }
 
     #[test]

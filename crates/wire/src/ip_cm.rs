@@ -235,14 +235,15 @@ fn private_data_with_header<const N: usize>(
     Ok(out)
 }
 
-/// An rdma_cm port space: the upper bits of an IP-based service id.
+/// An rdma_cm port space: the upper bits of an IP-based service id (also `rdmacm::PortSpace`,
+/// which keys its bind tables by it).
 ///
 /// ```
 /// use rdma_wire::ip_cm::PortSpace;
 /// assert_eq!(PortSpace::Tcp.value(), 0x0106);
 /// assert_eq!(PortSpace::from_value(0x0111), Some(PortSpace::Udp));
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PortSpace {
     /// RDMA_PS_TCP, 0x0106: reliable connections.
     Tcp,

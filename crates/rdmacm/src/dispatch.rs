@@ -1,0 +1,153 @@
+//! The CM agent's connection events and the host's notifications turned into id events,
+//! for both sides (requests go to `listen`, the active side's REP and SIDR_REP to
+//! `connect`).
+
+use std::sync::Arc;
+
+use rdma_proto::cm::CmEvent;
+
+use crate::connect::{on_rep, on_sidr_rep, qp_to_err};
+use crate::inner::Inner;
+use crate::params::{ConnEventParam, EventType};
+use crate::slot::{IdNum, IdState};
+use crate::state::State;
+use crate::watch::Notification;
+
+/// DISCONNECTED is reported to connected ids, also after DEVICE_REMOVAL (we never tear a
+/// connection down ourselves, so its end is news).
+fn disconnectable(s: IdState) -> bool {
+    matches!(s, IdState::Connect | IdState::DeviceRemoval)
+}
+
+/// The end of a connection, from the peer's DREQ or DREP or our DREQ's timeout (`status`):
+/// DISCONNECTED once, while the id is connected.
+fn disconnected(st: &mut State, id: IdNum, status: i32, private_data: Vec<u8>) {
+    let Some(s) = st.ids.get_mut(&id).filter(|s| disconnectable(s.state)) else {
+        return;
+    };
+    if s.state == IdState::Connect {
+        s.state = IdState::Disconnect;
+    }
+    let param = ConnEventParam {
+        private_data,
+        ..ConnEventParam::default()
+    };
+    Inner::event(st, id, EventType::Disconnected, status, param);
+}
+
+/// An event that ends a connection attempt with `kind` and `status` (the peer's REJ, a
+/// REQ / REP / SIDR_REQ timeout); `qp_err`: the id's QP goes to ERR first.
+fn failed(
+    st: &mut State,
+    id: IdNum,
+    kind: EventType,
+    status: i32,
+    private_data: Vec<u8>,
+    qp_err: bool,
+) {
+    if qp_err {
+        if let Some(s) = st.ids.get(&id) {
+            qp_to_err(s);
+        }
+    }
+    let param = ConnEventParam {
+        private_data,
+        ..ConnEventParam::default()
+    };
+    Inner::event(st, id, kind, status, param);
+}
+
+impl Inner {
+    /// One CM agent event of device `dev` for an existing connection (requests go to
+    /// the passive side, `listen`).
+    pub(crate) fn on_cm_event(self: &Arc<Self>, st: &mut State, dev: u32, ev: CmEvent) {
+        let conn = ev.conn();
+        let Some(&id) = st.devices.get(&dev).and_then(|d| d.conns.get(&conn)) else {
+            return;
+        };
+        let Some(s) = st.ids.get_mut(&id) else {
+            return;
+        };
+        if s.state == IdState::Destroying {
+            return;
+        }
+        let timed_out = -libc::ETIMEDOUT;
+        match ev {
+            CmEvent::RepReceived(r) => on_rep(self, st, dev, id, conn, r),
+            CmEvent::SidrRepReceived(r) => on_sidr_rep(st, id, r),
+            CmEvent::Established { .. } => {
+                if s.suppress_est {
+                    return;
+                }
+                let param = std::mem::take(&mut s.est_param);
+                Inner::event(st, id, EventType::Established, 0, param);
+            }
+            CmEvent::RejReceived(r) => {
+                let status = i32::from(u16::from(r.reason));
+                s.counters.rejs_received += 1;
+                s.counters.rej_reason = Some(u16::from(r.reason));
+                failed(st, id, EventType::Rejected, status, r.private_data, true);
+            }
+            CmEvent::ReqTimeout { .. } | CmEvent::RepTimeout { .. } => {
+                failed(st, id, EventType::Unreachable, timed_out, Vec::new(), true);
+            }
+            CmEvent::SidrReqTimeout { .. } => {
+                failed(st, id, EventType::Unreachable, timed_out, Vec::new(), false);
+            }
+            CmEvent::DreqReceived { private_data, .. } => {
+                s.counters.dreqs_received += 1;
+                disconnected(st, id, 0, private_data);
+            }
+            CmEvent::DrepReceived { private_data, .. } => {
+                s.counters.dreps_received += 1;
+                disconnected(st, id, 0, private_data);
+            }
+            CmEvent::DreqTimeout { .. } => disconnected(st, id, timed_out, Vec::new()),
+            CmEvent::TimewaitExit { .. } => {
+                Inner::event(
+                    st,
+                    id,
+                    EventType::TimewaitExit,
+                    0,
+                    ConnEventParam::default(),
+                );
+            }
+            CmEvent::MraReceived { .. } | CmEvent::ReqReceived(_) | CmEvent::SidrReqReceived(_) => {
+            }
+        }
+    }
+
+    /// A host change for an id: ADDR_CHANGE or DEVICE_REMOVAL (never a teardown).
+    pub(crate) fn on_notification(self: &Arc<Self>, st: &mut State, n: Notification) {
+        let id: IdNum = n.id();
+        let Some(s) = st.ids.get_mut(&id) else { return };
+        if matches!(s.state, IdState::Destroying | IdState::DeviceRemoval) {
+            return;
+        }
+        match n {
+            Notification::DeviceRemoval { .. } => {
+                s.state = IdState::DeviceRemoval;
+                Inner::event(
+                    st,
+                    id,
+                    EventType::DeviceRemoval,
+                    0,
+                    ConnEventParam::default(),
+                );
+            }
+            _ => {
+                // One host change often yields several notifications (an address removal
+                // also removes its prefix route): one ADDR_CHANGE while one is queued.
+                let ch = s.channel;
+                let queued = st.channels.get(&ch).is_some_and(|c| {
+                    c.queue
+                        .iter()
+                        .any(|e| e.id == id && e.kind == EventType::AddrChange)
+                });
+                if !queued {
+                    Inner::event(st, id, EventType::AddrChange, 0, ConnEventParam::default());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! `CmId`: the rdma_cm id and its state machine: creation, options, getters and the QP
+//! here; binding, resolution and the connect side in `active`; listen, accept and reject
+//! in `passive`.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use rdma_soft::verbs::{Device, ProtectionDomain, QpAttr, QpInitAttr, QueuePair};
+
+use crate::addr::ScopedIp;
+use crate::channel::EventChannel;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::inner::{IdRef, Inner};
+use crate::ports::PortSpace;
+use crate::route::RocePath;
+use crate::slot::{IdNum, IdSlot, IdState, QpKind};
+
+mod active;
+mod passive;
+
+/// Options of [`CmId::set_option`] (`rdma_set_option`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmOption {
+    /// `RDMA_OPTION_ID_TOS`: IP type of service / traffic class of the path.
+    Tos(u8),
+    /// `RDMA_OPTION_ID_REUSEADDR`: share the port with other REUSEADDR ids (before bind).
+    ReuseAddr(bool),
+    /// `RDMA_OPTION_ID_AFONLY`: an IPv6 id gets IPv6 requests only (before bind).
+    AfOnly(bool),
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout (IBA time code, 0-31).
+    AckTimeout(u8),
+}
+
+/// Converts an rdma_cm socket address into the resolver's scoped address.
+pub(crate) fn scoped(sa: &SocketAddr) -> ScopedIp {
+    match sa {
+        SocketAddr::V6(v6) if v6.scope_id() != 0 => {
+            ScopedIp::with_index(IpAddr::V6(*v6.ip()), v6.scope_id())
+        }
+        _ => ScopedIp::new(sa.ip()),
+    }
+}
+
+/// An rdma_cm id (`struct rdma_cm_id`): bound to an address, a device once known, a port
+/// space; connects, listens, accepts. Dropping it destroys it (`rdma_destroy_id`), which
+/// waits until every event handed out for it has been dropped.
+///
+/// Active side:
+/// ```no_run
+/// use std::time::Duration;
+/// use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+/// # fn f() -> rdmacm::Result<()> {
+/// let ch = EventChannel::new()?;
+/// let id = CmId::new(&ch, PortSpace::Tcp)?;
+/// id.resolve_addr(None, "127.0.0.1:7471".parse().unwrap(), Duration::from_secs(2))?;
+/// assert_eq!(ch.get_event()?.kind(), EventType::AddrResolved);
+/// id.resolve_route(Duration::from_secs(2))?;
+/// assert_eq!(ch.get_event()?.kind(), EventType::RouteResolved);
+/// id.create_qp_default()?;
+/// id.connect(&ConnParam { private_data: b"hi".to_vec(), ..Default::default() })?;
+/// let ev = ch.get_event()?;
+/// assert_eq!(ev.kind(), EventType::Established);
+/// # Ok(()) }
+/// ```
+///
+/// Passive side:
+/// ```no_run
+/// use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+/// # fn f() -> rdmacm::Result<()> {
+/// let ch = EventChannel::new()?;
+/// let listener = CmId::new(&ch, PortSpace::Tcp)?;
+/// listener.bind_addr("127.0.0.1:7471".parse().unwrap())?;
+/// listener.listen(16)?;
+/// let mut ev = ch.get_event()?;
+/// assert_eq!(ev.kind(), EventType::ConnectRequest);
+/// let id = ev.take_id().unwrap();
+/// println!("request from {:?}: {:?}", id.peer_addr(), ev.private_data());
+/// drop(ev);
+/// id.create_qp_default()?;
+/// id.accept(&ConnParam::default())?;
+/// # Ok(()) }
+/// ```
+pub struct CmId {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) num: IdNum,
+}
+
+impl fmt::Debug for CmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId").field("num", &self.num).finish()
+    }
+}
+
+fn bad_state(op: &'static str, s: IdState) -> Error {
+    Error::InvalidState {
+        op,
+        state: s.name(),
+    }
+}
+
+impl CmId {
+    pub(crate) fn from_num(inner: Arc<Inner>, num: IdNum) -> CmId {
+        CmId { inner, num }
+    }
+
+    /// `rdma_create_id`: a new id on `channel` in port space `ps`. TCP and IB port spaces
+    /// give RC ids, UDP gives UD ids (SIDR); IPoIB is refused (`EINVAL`).
+    pub fn new(channel: &EventChannel, ps: PortSpace) -> Result<CmId> {
+        let kind = match ps {
+            PortSpace::Tcp | PortSpace::Ib => QpKind::Rc,
+            PortSpace::Udp => QpKind::Ud,
+            PortSpace::IpoIb => {
+                return Err(Error::InvalidArgument(
+                    "the IPoIB port space is not supported".into(),
+                ))
+            }
+        };
+        let inner = channel.inner.clone();
+        let mut st = inner.lock();
+        let num = st.next_id;
+        st.next_id += 1;
+        st.ids.insert(num, IdSlot::new(channel.num, ps, kind));
+        drop(st);
+        Ok(CmId { inner, num })
+    }
+
+    /// The id's number (what [`crate::Event::id_num`] refers to).
+    pub fn num(&self) -> u64 {
+        self.num
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut IdSlot) -> T) -> Result<T> {
+        let mut st = self.inner.lock();
+        let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+        Ok(f(s))
+    }
+
+    /// The current state.
+    pub fn state(&self) -> IdState {
+        self.with(|s| s.state).unwrap_or(IdState::Destroying)
+    }
+
+    /// The user context reported with this id's events ([`crate::Event::context`]).
+    pub fn set_context(&self, ctx: u64) {
+        let _ = self.with(|s| s.context = ctx);
+    }
+
+    /// The user context.
+    pub fn context(&self) -> u64 {
+        self.with(|s| s.context).unwrap_or(0)
+    }
+
+    /// The port space.
+    pub fn port_space(&self) -> PortSpace {
+        self.with(|s| s.ps).unwrap_or(PortSpace::Tcp)
+    }
+
+    /// `rdma_set_option`. REUSEADDR and AFONLY only before the id is bound (`EINVAL`
+    /// after); ACK timeout above 31 is `EINVAL`.
+    pub fn set_option(&self, opt: CmOption) -> Result<()> {
+        let mut st = self.inner.lock();
+        let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+        match opt {
+            CmOption::Tos(t) => s.opts.tos = Some(t),
+            CmOption::ReuseAddr(v) | CmOption::AfOnly(v) if s.state != IdState::Idle => {
+                let _ = v;
+                return Err(bad_state("set_option", s.state));
+            }
+            CmOption::ReuseAddr(v) => s.opts.reuseaddr = v,
+            CmOption::AfOnly(v) => s.opts.afonly = Some(v),
+            CmOption::AckTimeout(t) if t > 31 => {
+                return Err(Error::InvalidArgument("ACK timeout above 31".into()))
+            }
+            CmOption::AckTimeout(t) => s.opts.ack_timeout = Some(t),
+        }
+        Ok(())
+    }
+
+    /// The device the id is bound to (after a specific bind, address resolution, or on a
+    /// passive id): make PDs, CQs and MRs on it.
+    pub fn device(&self) -> Option<Device> {
+        let st = self.inner.lock();
+        let i = st.ids.get(&self.num)?.dev?;
+        st.devices.get(&i).map(|d| d.dev.clone())
+    }
+
+    /// The netdev (name, ifindex) of the id's device.
+    pub fn netdev(&self) -> Option<(String, u32)> {
+        let st = self.inner.lock();
+        let i = st.ids.get(&self.num)?.dev?;
+        st.devices
+            .get(&i)
+            .map(|d| (d.netdev.name.clone(), d.netdev.index))
+    }
+
+    /// The port number on the device (always 1), once a device is bound.
+    pub fn port_num(&self) -> Option<u8> {
+        self.with(|s| s.dev.map(|_| 1)).ok().flatten()
+    }
+
+    /// The local address and port (`rdma_get_local_addr`, `rdma_get_src_port`).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.with(|s| s.local).ok().flatten()
+    }
+
+    /// The peer's address and port (`rdma_get_peer_addr`, `rdma_get_dst_port`).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.with(|s| s.peer).ok().flatten()
+    }
+
+    /// The resolved RoCE path (after ROUTE_RESOLVED, or on a passive id).
+    pub fn path(&self) -> Option<RocePath> {
+        self.with(|s| s.path.clone()).ok().flatten()
+    }
+
+    /// The QP made by [`CmId::create_qp`].
+    pub fn qp(&self) -> Option<Arc<QueuePair>> {
+        self.with(|s| s.qp.clone()).ok().flatten()
+    }
+
+    /// `rdma_create_qp`: creates an RC QP on the id's device with `pd` and `init` (both of
+    /// that device) and moves it to INIT; connect/accept then take it to RTR and RTS.
+    /// `EINVAL` without a device or on a UD id (UD QPs: give `qp_num` in [`crate::ConnParam`]).
+    pub fn create_qp(
+        &self,
+        pd: &ProtectionDomain,
+        init: &QpInitAttr<'_>,
+    ) -> Result<Arc<QueuePair>> {
+        {
+            let st = self.inner.lock();
+            let s = st.ids.get(&self.num).ok_or(Error::Shutdown)?;
+            if s.dev.is_none() || s.qp.is_some() || s.qp_kind != QpKind::Rc {
+                return Err(Error::InvalidArgument(
+                    "create_qp needs an RC id with a device and no QP yet".into(),
+                ));
+            }
+        }
+        let qp = pd.create_qp(init)?;
+        let (a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        qp.modify(&a, m)?;
+        let qp = Arc::new(qp);
+        self.with(|s| s.qp = Some(qp.clone()))?;
+        Ok(qp)
+    }
+
+    /// Creates a PD, one CQ of 256 entries for both directions and an RC QP with default
+    /// capacities on the id's device ([`CmId::create_qp`]); returns the QP (its CQs and PD
+    /// are reachable from it).
+    pub fn create_qp_default(&self) -> Result<Arc<QueuePair>> {
+        let dev = self
+            .device()
+            .ok_or_else(|| Error::InvalidArgument("id has no device yet".into()))?;
+        let pd = dev.alloc_pd()?;
+        let cq = dev.create_cq(256, None)?;
+        self.create_qp(&pd, &QpInitAttr::rc(&cq, &cq))
+    }
+
+    /// `rdma_migrate_id`: moves the id, and its queued events, to another channel of the
+    /// same context (`EINVAL` otherwise).
+    pub fn migrate(&self, channel: &EventChannel) -> Result<()> {
+        if !Arc::ptr_eq(&self.inner, &channel.inner) {
+            return Err(Error::InvalidArgument("channel of another context".into()));
+        }
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+        let old = s.channel;
+        s.channel = channel.num;
+        if old == channel.num {
+            return Ok(());
+        }
+        let moved: Vec<_> = match st.channels.get_mut(&old) {
+            Some(c) => {
+                let (m, keep): (Vec<_>, Vec<_>) = c.queue.drain(..).partition(|e| e.id == self.num);
+                c.queue = keep.into();
+                if c.queue.is_empty() {
+                    c.efd.clear();
+                }
+                m
+            }
+            None => Vec::new(),
+        };
+        if let Some(c) = st.channels.get_mut(&channel.num) {
+            if !moved.is_empty() && c.queue.is_empty() {
+                c.efd.signal();
+            }
+            c.queue.extend(moved);
+        }
+        Ok(())
+    }
+}
+
+impl CmId {
+    fn r(&self) -> IdRef<'_> {
+        IdRef {
+            inner: &self.inner,
+            num: self.num,
+        }
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        crate::cm_engine::destroy(&self.inner, self.num);
+    }
+}
+
+impl Event {
+    /// Takes the new id of a CONNECT_REQUEST (`event->id`, the id to accept or reject on);
+    /// `None` for other events or when already taken. Taking it acknowledges the event, so
+    /// that dropping the new id while the event is still alive does not wait forever — a
+    /// difference from `rdma_destroy_id`, whose wait for the CONNECT_REQUEST's ack would
+    /// otherwise be a trap of Rust's drop order.
+    pub fn take_id(&mut self) -> Option<CmId> {
+        let num = self.new_id.take()?;
+        self.ack_once();
+        Some(CmId::from_num(self.inner.clone(), num))
+    }
+}

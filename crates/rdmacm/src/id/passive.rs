@@ -1,0 +1,116 @@
+//! The passive side of an id: listen, accept, reject.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{bad_state, CmId};
+use crate::error::{Error, Result};
+use crate::inner::Inner;
+use crate::params::ConnParam;
+use crate::slot::{IdState, ListenState};
+
+impl CmId {
+    /// `rdma_listen`: listens for requests (binding to 0.0.0.0 first if IDLE). A specific
+    /// address listens on its device and only gets requests for that address; a wildcard
+    /// listens on every device. `backlog` bounds the CONNECT_REQUEST events queued and not
+    /// yet taken (0: 1024); requests beyond it are dropped without an answer, as Linux does
+    /// (no REJ: the requester's CM retries its REQ after its timeout, and the retry is a new
+    /// request once the application has taken queued ones).
+    pub fn listen(&self, backlog: usize) -> Result<()> {
+        if self.state() == IdState::Idle {
+            let any = self.with(|s| match s.local {
+                Some(SocketAddr::V6(_)) => "[::]:0",
+                _ => "0.0.0.0:0",
+            })?;
+            self.do_bind(
+                any.parse()
+                    .map_err(|_| Error::InvalidArgument("any".into()))?,
+            )?;
+        }
+        let (binding, ps, port) = {
+            let mut st = self.inner.lock();
+            let st = &mut *st;
+            let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+            if s.state != IdState::AddrBound {
+                return Err(bad_state("listen", s.state));
+            }
+            if let Some(h) = s.bind {
+                st.ports.listen(h)?;
+            }
+            (
+                s.binding.clone(),
+                s.ps,
+                s.local.map(|l| l.port()).unwrap_or(0),
+            )
+        };
+        let binding = binding.ok_or_else(|| bad_state("listen", IdState::Idle))?;
+        // Devices to listen on, with the local addresses to open on each.
+        let mut targets: Vec<(u32, Vec<IpAddr>)> = Vec::new();
+        match &binding.netdev {
+            Some(nd) => targets.push((nd.index, vec![binding.addr])),
+            // A wildcard opens every address of both families, as the kernel hears on all
+            // of them: a request the listener does not take (the other family, AFONLY) is
+            // then refused with REJ 28 as Linux does, not left unanswered.
+            None => {
+                let addrs = self
+                    .inner
+                    .block(|r| async move { r.view().addresses().await })
+                    .map_err(Error::from)?;
+                let mut by: std::collections::BTreeMap<u32, Vec<IpAddr>> = Default::default();
+                for a in addrs {
+                    by.entry(a.link).or_default().push(a.addr);
+                }
+                targets.extend(by);
+            }
+        }
+        for (i, _) in &targets {
+            self.inner.ensure_device(*i)?;
+        }
+        let sid = rdma_wire::ip_cm::ServiceId::new(ps, port).0;
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        let mut regs = Vec::new();
+        let specific = binding.netdev.is_some();
+        for (i, addrs) in targets {
+            for a in addrs {
+                match Inner::open_gsi(st, i, a) {
+                    Ok(()) => {}
+                    // A specific listener has only this address: not being able to open it
+                    // (e.g. another process holds UDP 4791 there) fails the listen.
+                    Err(e) if specific => return Err(e),
+                    // A wildcard listener skips such an address and works on the others.
+                    Err(_) => {}
+                }
+            }
+            let Some(d) = st.devices.get_mut(&i) else {
+                continue;
+            };
+            let l = d.listeners.entry(sid).or_default();
+            if l.is_empty() {
+                d.agent.listen(sid)?;
+            }
+            l.push(self.num);
+            regs.push((i, sid));
+        }
+        let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+        s.listen = Some(ListenState {
+            backlog: if backlog == 0 { 1024 } else { backlog },
+            queued: 0,
+            regs,
+        });
+        s.state = IdState::Listen;
+        Ok(())
+    }
+
+    /// `rdma_accept` on a passive id: moves the QP to RTR and RTS and sends the REP (RC),
+    /// or sends the SIDR_REP (UD, with `param.qp_num`). Private data over 196 bytes (136
+    /// for UD) is `EINVAL`. ESTABLISHED follows when the RTU arrives.
+    pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        crate::accept::accept(self.r(), param)
+    }
+
+    /// `rdma_reject` on a passive id: REJ reason 28 (consumer defined) with up to 148
+    /// bytes of private data (SIDR_REP "reject" for UD).
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        crate::accept::reject(self.r(), private_data)
+    }
+}
