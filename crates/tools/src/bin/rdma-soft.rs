@@ -18,8 +18,8 @@ where  OBJECT := { link | resource | statistic }
   link [show]                      ports, their state and netdev
   resource [show]                  QP and CM id counts per device
   resource show qp                 QPs: state, QPN, peer QPN and address, PSNs
-  resource show cm_id              the connection managers' ids
-  statistic [show]                 per-device counters
+  resource show cm_id              the connection managers' ids and their counters
+  statistic [show]                 per-device counters and each context's CM counters
   statistic qp [show]              per-QP counters
 Every live process of this user that has a soft device answers
 (sockets in $RDMA_SOFT_INSPECT_DIR, $XDG_RUNTIME_DIR/rdma-soft or /tmp/rdma-soft-$UID).
