@@ -25,9 +25,16 @@ impl Drop for WireDriver {
 /// alive, is open).
 static DRIVERS: Mutex<Vec<(RawFd, Weak<WireDriver>)>> = Mutex::new(Vec::new());
 
+/// `RDMACM_ASYNC_DRIVER=0` leaves every device to the progress engine (for comparison).
+pub const DRIVER_ENV: &str = "RDMACM_ASYNC_DRIVER";
+
 /// The driver of `dev`, started on the current runtime if it has none. `None` when the
-/// device has no wire fd or the fd cannot join the reactor: the engine drives it alone.
+/// device has no wire fd or the fd cannot join the reactor, or [`DRIVER_ENV`] is `0`: the
+/// engine drives it alone.
 pub(super) fn for_device(dev: &Device) -> Option<Arc<WireDriver>> {
+    if std::env::var_os(DRIVER_ENV).is_some_and(|v| v == "0") {
+        return None;
+    }
     let fd = dev.wire_fd()?;
     let raw = fd.as_raw_fd();
     let mut all = DRIVERS.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,20 @@
+//! `RDMACM_ASYNC_DRIVER=0`: no runtime driver, the engine drives the device alone and the
+//! data still flows. Its own test binary: the variable is process-wide. Address 127.0.63.5.
+
+mod aio;
+
+use aio::{pair, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_runtime_driver_the_engine_drives_alone() {
+    // SAFETY: the only test of this binary, set before any thread reads the environment.
+    unsafe { std::env::set_var("RDMACM_ASYNC_DRIVER", "0") };
+    let (c, s) = pair("127.0.63.5").await;
+    for i in 0..50u32 {
+        let msg = i.to_le_bytes().repeat(300);
+        c.send(&msg).await.unwrap();
+        assert_eq!(within("recv", s.recv()).await.unwrap(), msg);
+    }
+    let w = c.device().unwrap().watch_stats();
+    assert_eq!((w.drives, w.left), (0, 0), "{w:?}");
+}
