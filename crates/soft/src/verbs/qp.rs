@@ -14,6 +14,7 @@ use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
+use crate::io::flow;
 use crate::runtime::{peer_addr, QpCtx, UdCtx};
 use crate::{Error, Result};
 
@@ -255,6 +256,7 @@ impl QueuePair {
                 recv_cq: init.recv_cq.clone(),
                 listening: Vec::new(),
                 source: None,
+                sport: crate::io::flow::qpn_udp_sport(qpn),
             });
         } else {
             Self::insert_rc(&mut rt, qpn, pd, init);
@@ -391,6 +393,11 @@ impl QueuePair {
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
+        if path.is_some() {
+            // as rxe: the AV's flow label, else one from both QPNs (the same at both ends)
+            let rqpn = ctx.rc.attr().dest_qp_num;
+            ctx.sport = flow::connected_udp_sport(attr.path.flow_label, self.qpn, rqpn);
+        }
         if mask.contains(QpAttrMask::STATE) {
             tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
         }
