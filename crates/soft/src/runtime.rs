@@ -269,6 +269,7 @@ impl Runtime {
     /// Opens `local` for the GSI (one more user).
     pub fn gsi_open(&mut self, local: WireAddr) -> Result<()> {
         self.wire.open(local)?;
+        self.wire.prepare_port(local, GSI_UDP_SPORT);
         self.gsi.add_open(local);
         Ok(())
     }
@@ -428,6 +429,12 @@ impl Runtime {
             .get_mut((qpn & 0xFFFF) as usize)?
             .as_deref_mut()
             .filter(|c| c.qpn == qpn)
+    }
+
+    /// Opens now, in the caller's network namespace, the socket datagrams from `local` with
+    /// UDP source port `sport` leave from (see [`DatagramWire::prepare_port`]).
+    pub fn prepare_port(&mut self, local: WireAddr, sport: u16) {
+        self.wire.prepare_port(local, sport);
     }
 
     /// Sets the path of a QP moving to RTR (`tclass`: its traffic class, sent in every

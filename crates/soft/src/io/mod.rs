@@ -202,6 +202,13 @@ pub trait DatagramWire: Send {
         self.send_with(from, to, meta, packet)
     }
 
+    /// Opens now, in the calling thread's network namespace (as [`DatagramWire::open`]
+    /// does), what datagrams from open address `local` with source port `sport` leave from,
+    /// so that sending opens nothing. The runtime calls it when a QP's port becomes known
+    /// (RTR, QP1 and UD addresses opened). What cannot be opened falls back when sent. The
+    /// default does nothing.
+    fn prepare_port(&mut self, _local: WireAddr, _sport: u16) {}
+
     /// Sends everything queued.
     fn flush(&mut self) -> Result<()>;
 

@@ -127,6 +127,22 @@ impl SportSockets {
         self.refused = Some(now);
     }
 
+    /// Remembers `sport` as failed at `now` (when there is room), so that its datagrams fall
+    /// back for [`RETRY`] without another attempt.
+    pub fn mark_failed(&mut self, sport: u16, now: Instant) {
+        let room = self.entries.len() < SPORT_CAP;
+        match self.entries.iter_mut().find(|e| e.sport == sport) {
+            Some(e) if e.fd.is_none() => e.used = now,
+            Some(_) => {}
+            None if room => self.entries.push(Entry {
+                sport,
+                fd: None,
+                used: now,
+            }),
+            None => self.refused = Some(now),
+        }
+    }
+
     /// Opens the socket of `sport` on `local` (the table has room: see
     /// [`SportSockets::is_full`]); a port that fails is remembered as failed. Existing
     /// sockets keep their numbers.

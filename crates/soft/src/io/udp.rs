@@ -28,6 +28,9 @@ pub(super) struct Local {
     pub member: Option<Arc<Member>>,
     /// Send-only sockets on `addr:sport` (sockets 1.. of `out`).
     pub ports: SportSockets,
+    /// The network namespace `fd` was opened in (its inode): source-port sockets are only
+    /// opened from a thread in the same one.
+    pub netns: u64,
 }
 
 /// Where a held sent datagram goes (from, to), its traffic class and the source port it was
@@ -249,6 +252,7 @@ impl DatagramWire for UdpWire {
             out,
             member,
             ports: SportSockets::new(),
+            netns: share::current_netns(),
         });
         Ok(())
     }
@@ -322,6 +326,22 @@ impl DatagramWire for UdpWire {
         // Cannot fail: the length is within bounds and the families match.
         icrc::seal(&encap, out.data_mut(k));
         Ok(())
+    }
+
+    fn prepare_port(&mut self, local: WireAddr, sport: u16) {
+        let Some(i) = self.local_index(local) else {
+            return;
+        };
+        if sport == 0 || sport == self.cfg.port {
+            return;
+        }
+        self.clock = Instant::now();
+        if !matches!(
+            self.locals[i].ports.lookup(sport, self.clock),
+            super::ports::Lookup::Open(_)
+        ) {
+            self.open_sport(i, sport);
+        }
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::fault::Verdict;
 use super::ports::Lookup;
 use super::send_batch::SendOutcome;
+use super::share;
 use super::sys;
 use super::udp::UdpWire;
 
@@ -22,46 +23,56 @@ impl UdpWire {
         }
         match self.locals[i].ports.lookup(sport, self.clock) {
             Lookup::Open(n) => (n, sport),
-            Lookup::Failed => self.fallback(i, sport, "its socket could not be bound"),
-            Lookup::Absent => self.open_sport(i, sport),
+            Lookup::Failed => self.fallback(i, sport),
+            Lookup::Absent => match self.open_sport(i, sport) {
+                Some(n) => (n, sport),
+                None => self.fallback(i, sport),
+            },
         }
     }
 
     /// Opens the socket of `sport` on local `i`, first making room by closing the least
-    /// recently used idle one (after sending what is queued: socket numbers change).
+    /// recently used idle one (after sending what is queued: socket numbers change); `None`
+    /// when it cannot be had now (remembered for [`super::ports::RETRY`]). Only from a thread
+    /// in the namespace the address was opened in: elsewhere the same address may name
+    /// another host's.
     #[cold]
-    fn open_sport(&mut self, i: usize, sport: u16) -> (u8, u16) {
+    pub(super) fn open_sport(&mut self, i: usize, sport: u16) -> Option<u8> {
         let now = self.clock;
+        let addr = self.locals[i].addr;
+        if share::current_netns() != self.locals[i].netns {
+            tracing::debug!(local = %addr, sport, "source-port socket not opened: another network namespace");
+            self.locals[i].ports.mark_failed(sport, now);
+            return None;
+        }
         let ports = &self.locals[i].ports;
         if ports.is_full(sport) {
             if !ports.can_evict(now) {
                 self.locals[i].ports.refuse(now);
-                return self.fallback(i, sport, "the address has no room for another port");
+                return None;
             }
             self.flush_local(i, None);
             self.locals[i].ports.evict(now);
         }
-        let addr = self.locals[i].addr;
         match self.locals[i].ports.open(addr, sport, now) {
             Ok(n) => {
                 tracing::debug!(local = %addr, sport, "source-port socket opened");
-                (n, sport)
+                Some(n)
             }
             Err(e) => {
                 tracing::debug!(local = %addr, sport, error = %e, "source-port socket refused");
-                self.fallback(i, sport, "its socket could not be bound")
+                None
             }
         }
     }
 
     /// Sends from the wire's own socket instead, counting it.
-    fn fallback(&mut self, i: usize, sport: u16, why: &'static str) -> (u8, u16) {
+    fn fallback(&mut self, i: usize, sport: u16) -> (u8, u16) {
         self.stats.sport_fallback += 1;
         crate::ratelimit::debug_limited!(
             local = %self.locals[i].addr,
             sport,
-            why,
-            "datagram sent from the wire's port instead of its source port"
+            "datagram sent from the wire's port: its source port's socket cannot be had"
         );
         (0, self.cfg.port)
     }

@@ -248,6 +248,12 @@ impl Runtime {
             return Err(first_err.unwrap_or(Error::InvalidArgument("no address to receive on")));
         }
         if let Some(c) = self.ud.get(qpn) {
+            let sport = c.sport;
+            for &a in &opened {
+                self.wire.prepare_port(a, sport);
+            }
+        }
+        if let Some(c) = self.ud.get(qpn) {
             c.listening = opened;
         }
         Ok(())

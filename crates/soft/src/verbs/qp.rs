@@ -393,13 +393,18 @@ impl QueuePair {
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
-        if path.is_some() {
-            // as rxe: the AV's flow label, else one from both QPNs (the same at both ends)
+        if let Some((local, _)) = path {
+            // as rxe: the AV's flow label, else one from both QPNs (the same at both ends);
+            // its socket is opened here, in the caller's namespace, not on the data path
             let rqpn = ctx.rc.attr().dest_qp_num;
-            ctx.sport = flow::connected_udp_sport(attr.path.flow_label, self.qpn, rqpn);
+            let sport = flow::connected_udp_sport(attr.path.flow_label, self.qpn, rqpn);
+            ctx.sport = sport;
+            rt.prepare_port(local, sport);
         }
         if mask.contains(QpAttrMask::STATE) {
-            tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+            if let Some(ctx) = rt.get(self.qpn) {
+                tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+            }
         }
         let mut mem = dev.mrs.view();
         let r = rt.after_post(self.qpn, &mut mem);
