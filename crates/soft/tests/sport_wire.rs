@@ -387,3 +387,70 @@ fn recv_mad(dev: &Device) -> GsiMad {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// An RC SEND_ONLY packet to QP 0x11 of `len` bytes (ICRC room included) carrying `tag`.
+fn raw_packet(tag: u8, len: usize) -> Vec<u8> {
+    let mut p = vec![tag; len];
+    p[..12].copy_from_slice(&[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, tag]);
+    p
+}
+
+#[test]
+fn one_batch_leaves_from_each_datagrams_port_on_loopback() {
+    use rdma_soft::io::{DatagramWire, TxMeta, UdpConfig, UdpWire, WireAddr};
+    let port = 47961;
+    let (la, lb): (WireAddr, WireAddr) = ("127.0.88.11".parse().unwrap(), "127.0.88.12".parse().unwrap());
+    // made-up QPNs: wires that do not share
+    let cfg = UdpConfig {
+        port,
+        share: false,
+        ..UdpConfig::default()
+    };
+    let mut a = UdpWire::new(cfg.clone()).unwrap();
+    a.open(la).unwrap();
+    // interleaved ports in one batch: runs of equal size (GSO groups) per port
+    let plan: Vec<(u16, u8)> = [0xC123, 0xC123, 0, 0xC123, 0xE001, 0xE001, 0, 0xE001]
+        .iter()
+        .enumerate()
+        .map(|(k, &p)| (p, k as u8))
+        .collect();
+    let send_all = |a: &mut UdpWire| {
+        for &(sport, tag) in &plan {
+            let p = raw_packet(tag, 1040);
+            a.send_from_port(la, lb, sport, TxMeta::default(), &p).unwrap();
+        }
+        a.flush().unwrap();
+    };
+    // 1. a plain socket on lb sees each datagram's source port (0: the wire's own)
+    let rx = UdpSocket::bind(("127.0.88.12", port)).unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    send_all(&mut a);
+    let mut seen = std::collections::HashMap::new();
+    let mut buf = [0u8; 2048];
+    for _ in 0..plan.len() {
+        let (n, from) = rx.recv_from(&mut buf).expect("datagram");
+        assert_eq!(n, 1040);
+        seen.insert(buf[11], from.port());
+    }
+    for &(sport, tag) in &plan {
+        let want = if sport == 0 { port } else { sport };
+        assert_eq!(seen[&tag], want, "datagram {tag}: source port");
+    }
+    let s = a.stats();
+    assert_eq!((s.sent, s.send_errors, s.sport_fallback), (8, 0, 0));
+    assert_eq!(s.send_calls, 3, "one sendmmsg per socket of the batch");
+    drop(rx);
+    // 2. a wire on lb accepts them: each ICRC was sealed for its datagram's real port
+    let mut b = UdpWire::new(cfg).unwrap();
+    b.open(lb).unwrap();
+    send_all(&mut a);
+    let mut got = Vec::new();
+    let end = Instant::now() + GUARD;
+    while got.len() < plan.len() {
+        assert!(Instant::now() < end, "{} of {} datagrams", got.len(), plan.len());
+        b.recv(&mut |_, pkt| got.push(pkt[11])).unwrap();
+    }
+    got.sort_unstable();
+    assert_eq!(got, (0..8).collect::<Vec<u8>>());
+    assert_eq!(b.stats().icrc_errors, 0);
+}
