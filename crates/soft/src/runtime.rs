@@ -297,8 +297,13 @@ impl Runtime {
         let h = self.gsi.next_header();
         let n = rdma_proto::wire::emit(&h, mad, &mut self.tx.packet, None)
             .map_err(|_| Error::InvalidArgument("MAD header does not encode"))?;
-        self.wire
-            .send_from_port(local, remote, GSI_UDP_SPORT, TxMeta { tclass }, &self.tx.packet[..n])?;
+        self.wire.send_from_port(
+            local,
+            remote,
+            GSI_UDP_SPORT,
+            TxMeta { tclass },
+            &self.tx.packet[..n],
+        )?;
         self.wire.flush()?;
         self.gsi.on_sent();
         Ok(())
@@ -498,7 +503,8 @@ impl Runtime {
             let meta = TxMeta { tclass: ctx.tclass };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send_from_port(local, remote, ctx.sport, meta, &tx.packet[..n]) {
+                Ok(n) => match wire.send_from_port(local, remote, ctx.sport, meta, &tx.packet[..n])
+                {
                     Ok(()) => stats.transmitted += 1,
                     Err(_) => stats.send_errors += 1,
                 },

@@ -297,7 +297,10 @@ fn rc_ud_and_mads_leave_from_linux_source_ports() {
         (IP_B, a1, 0x06..=0x0A),
     ] {
         let seen = ops(src, dest);
-        assert!(seen.contains(&ACK), "{src} -> QP {dest:#x}: no ACK in {seen:x?}");
+        assert!(
+            seen.contains(&ACK),
+            "{src} -> QP {dest:#x}: no ACK in {seen:x?}"
+        );
         assert!(
             seen.iter().any(|o| req.contains(o)),
             "{src} -> QP {dest:#x}: no request in {seen:x?}"
@@ -305,7 +308,11 @@ fn rc_ud_and_mads_leave_from_linux_source_ports() {
     }
     for e in [&a, &b] {
         let s = e.dev.wire_stats();
-        assert_eq!((s.icrc_errors, s.sport_fallback, s.send_errors), (0, 0, 0), "{s:?}");
+        assert_eq!(
+            (s.icrc_errors, s.sport_fallback, s.send_errors),
+            (0, 0, 0),
+            "{s:?}"
+        );
     }
 }
 
@@ -346,7 +353,9 @@ fn ud_end(e: &End) -> UdEnd {
     let cq = e.dev.create_cq(16, None).unwrap();
     let qp = e.pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
     qp.ud_ready(0x77).unwrap();
-    let mr = e.pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE).unwrap();
+    let mr =
+        e.pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
+            .unwrap();
     UdEnd { qp, mr, cq }
 }
 
@@ -399,7 +408,10 @@ fn raw_packet(tag: u8, len: usize) -> Vec<u8> {
 fn one_batch_leaves_from_each_datagrams_port_on_loopback() {
     use rdma_soft::io::{DatagramWire, TxMeta, UdpConfig, UdpWire, WireAddr};
     let port = 47961;
-    let (la, lb): (WireAddr, WireAddr) = ("127.0.88.11".parse().unwrap(), "127.0.88.12".parse().unwrap());
+    let (la, lb): (WireAddr, WireAddr) = (
+        "127.0.88.11".parse().unwrap(),
+        "127.0.88.12".parse().unwrap(),
+    );
     // made-up QPNs: wires that do not share
     let cfg = UdpConfig {
         port,
@@ -417,7 +429,8 @@ fn one_batch_leaves_from_each_datagrams_port_on_loopback() {
     let send_all = |a: &mut UdpWire| {
         for &(sport, tag) in &plan {
             let p = raw_packet(tag, 1040);
-            a.send_from_port(la, lb, sport, TxMeta::default(), &p).unwrap();
+            a.send_from_port(la, lb, sport, TxMeta::default(), &p)
+                .unwrap();
         }
         a.flush().unwrap();
     };
@@ -447,7 +460,12 @@ fn one_batch_leaves_from_each_datagrams_port_on_loopback() {
     let mut got = Vec::new();
     let end = Instant::now() + GUARD;
     while got.len() < plan.len() {
-        assert!(Instant::now() < end, "{} of {} datagrams", got.len(), plan.len());
+        assert!(
+            Instant::now() < end,
+            "{} of {} datagrams",
+            got.len(),
+            plan.len()
+        );
         b.recv(&mut |_, pkt| got.push(pkt[11])).unwrap();
     }
     got.sort_unstable();

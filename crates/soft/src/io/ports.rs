@@ -98,7 +98,11 @@ impl SportSockets {
 
     /// The least recently used entry, if it is idle for [`IDLE`] at `now`.
     fn lru_idle(&self, now: Instant) -> Option<usize> {
-        let (i, e) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.used)?;
+        let (i, e) = self
+            .entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| e.used)?;
         (now.saturating_duration_since(e.used) >= IDLE).then_some(i)
     }
 

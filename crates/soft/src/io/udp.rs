@@ -183,7 +183,6 @@ impl UdpWire {
     pub(super) fn local_index(&self, addr: WireAddr) -> Option<usize> {
         self.locals.iter().position(|l| l.addr == addr)
     }
-
 }
 
 /// The scope a link-local destination is reached through: its own, else the source's.

@@ -17,10 +17,7 @@ impl UdpWire {
     /// [`DatagramWire::recv`]: one `recvmmsg` per open address, round robin; drops what
     /// another process's slot owns or fails the ICRC (checked with the datagram's real
     /// source port: peers may send from any).
-    pub(super) fn recv_all(
-        &mut self,
-        deliver: &mut dyn FnMut(&Arrival, &[u8]),
-    ) -> Result<usize> {
+    pub(super) fn recv_all(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
         let mut delivered = 0;
         let count = self.locals.len();
         let now = self.recv_faults.as_ref().map(|_| Instant::now());

@@ -351,7 +351,10 @@ impl QueuePair {
     /// allowed attributes per transition, value ranges; EINVAL otherwise). With
     /// [`QpAttrMask::AV`] (Init → RTR) the source GID (`path.sgid_index` into the device's GID
     /// table) is opened on the wire: UDP 4791 is bound on that address, and only on it
-    /// (EADDRINUSE when another process holds it). The path MTU may not exceed the port's
+    /// (EADDRINUSE when another process holds it); the QP's datagrams leave from the UDP
+    /// source port of `path.flow_label`, or of a label from both QPNs when it is 0, as
+    /// Linux rxe's ([`crate::io::flow::connected_udp_sport`]), whose send-only socket is
+    /// opened here (from 4791 when it cannot be). The path MTU may not exceed the port's
     /// active MTU. Entering Err completes every outstanding WR flushed.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         if self.ud {
