@@ -328,7 +328,8 @@ impl Device {
     }
 
     /// Sends `mad` from QP1 on `local` (opened with [`Device::gsi_open`], else
-    /// [`Error::NotOpen`]) to QP1 at `remote`, UDP port 4791: BTH (UD SEND_ONLY, P_Key
+    /// [`Error::NotOpen`]) to QP1 at `remote`, UDP port 4791, from source port
+    /// [`crate::io::flow::GSI_UDP_SPORT`] as rxe's QP1: BTH (UD SEND_ONLY, P_Key
     /// 0xFFFF, destination QP 1, AckReq, PSN from a per-device counter), DETH (Q_Key
     /// [`GSI_QKEY`], source QP 1), the MAD, ICRC. Flushed at once. A datagram the network
     /// refuses is an error here (the CM's retries cover loss in the network). IPv4 TOS /

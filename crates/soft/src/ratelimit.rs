@@ -66,6 +66,20 @@ macro_rules! warn_limited {
 }
 pub(crate) use warn_limited;
 
+/// `debug!` at most once per second for this call site (for events a busy data path may
+/// repeat, such as a source-port fallback).
+macro_rules! debug_limited {
+    ($($arg:tt)+) => {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            static LIMIT: $crate::ratelimit::Limiter = $crate::ratelimit::Limiter::new();
+            if let Some(suppressed) = LIMIT.allow() {
+                tracing::debug!(suppressed, $($arg)+);
+            }
+        }
+    };
+}
+pub(crate) use debug_limited;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,6 +66,7 @@ mod ud;
 pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
+use crate::io::flow::GSI_UDP_SPORT;
 use crate::io::{Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::ratelimit::warn_limited;
 use crate::verbs::{CompletionQueue, SharedReceiveQueue};
@@ -120,6 +121,9 @@ pub(crate) struct QpCtx {
     /// The path's traffic class (`QpAttr.path.traffic_class`, set with the address vector):
     /// the IPv4 TOS / IPv6 traffic class of every packet the QP sends, as in rxe.
     pub tclass: u8,
+    /// The UDP source port of its datagrams: rxe's per-QPN port until the address vector
+    /// is set, then the flow port of the path ([`crate::io::flow`]).
+    pub sport: u16,
     /// Receives moved from the SRQ into the transport and not yet completed.
     srq_held: u32,
     /// The QP's span (device, QPN, peer), entered while the runtime drives it; a disabled
@@ -134,14 +138,16 @@ impl QpCtx {
         recv_cq: CompletionQueue,
         srq: Option<SharedReceiveQueue>,
     ) -> QpCtx {
+        let qpn = rc.qpn();
         QpCtx {
-            qpn: rc.qpn(),
+            qpn,
             rc,
             send_cq,
             recv_cq,
             srq,
             path: None,
             tclass: 0,
+            sport: crate::io::flow::qpn_udp_sport(qpn),
             srq_held: 0,
             span: tracing::Span::none(),
         }
@@ -263,6 +269,7 @@ impl Runtime {
     /// Opens `local` for the GSI (one more user).
     pub fn gsi_open(&mut self, local: WireAddr) -> Result<()> {
         self.wire.open(local)?;
+        self.wire.prepare_port(local, GSI_UDP_SPORT);
         self.gsi.add_open(local);
         Ok(())
     }
@@ -290,8 +297,13 @@ impl Runtime {
         let h = self.gsi.next_header();
         let n = rdma_proto::wire::emit(&h, mad, &mut self.tx.packet, None)
             .map_err(|_| Error::InvalidArgument("MAD header does not encode"))?;
-        self.wire
-            .send_with(local, remote, TxMeta { tclass }, &self.tx.packet[..n])?;
+        self.wire.send_from_port(
+            local,
+            remote,
+            GSI_UDP_SPORT,
+            TxMeta { tclass },
+            &self.tx.packet[..n],
+        )?;
         self.wire.flush()?;
         self.gsi.on_sent();
         Ok(())
@@ -424,6 +436,12 @@ impl Runtime {
             .filter(|c| c.qpn == qpn)
     }
 
+    /// Opens now, in the caller's network namespace, the socket datagrams from `local` with
+    /// UDP source port `sport` leave from (see [`DatagramWire::prepare_port`]).
+    pub fn prepare_port(&mut self, local: WireAddr, sport: u16) {
+        self.wire.prepare_port(local, sport);
+    }
+
     /// Sets the path of a QP moving to RTR (`tclass`: its traffic class, sent in every
     /// packet): opens `local` on the wire (UDP 4791 on that address: the only time the device
     /// opens a socket) and, if the QP had another local address, closes that one when unused.
@@ -485,7 +503,8 @@ impl Runtime {
             let meta = TxMeta { tclass: ctx.tclass };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send_with(local, remote, meta, &tx.packet[..n]) {
+                Ok(n) => match wire.send_from_port(local, remote, ctx.sport, meta, &tx.packet[..n])
+                {
                     Ok(()) => stats.transmitted += 1,
                     Err(_) => stats.send_errors += 1,
                 },

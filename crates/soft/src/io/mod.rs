@@ -3,7 +3,8 @@
 //! The RC and UD transports see a [`DatagramWire`]: it carries RoCEv2 packets (BTH through
 //! ICRC) between local and remote [`WireAddr`]s, in batches, and tells when it has something to
 //! receive (an fd to wait on) or to do (a deadline). Nothing above this trait knows it is UDP:
-//! [`UdpWire`] implements it today (UDP port 4791, one socket per local address in use); a
+//! [`UdpWire`] implements it today (UDP port 4791, one socket per local address in use, and
+//! send-only sockets on the source ports of the QPs' flows, [`ports`]); a
 //! host-local wire for connections whose route is local implements it next.
 //!
 //! The fault injector ([`fault`]) sits inside the wire, between the transport and the sockets:
@@ -27,11 +28,17 @@ mod addr;
 mod batch;
 mod claim;
 pub mod fault;
+pub mod flow;
 mod icrc;
+pub mod ports;
+mod send_batch;
 pub mod share;
 pub mod steer;
 mod sys;
 mod udp;
+mod udp_config;
+mod udp_rx;
+mod udp_tx;
 
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
@@ -40,7 +47,8 @@ pub use addr::{ParseWireAddrError, WireAddr};
 pub use claim::PortClaim;
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub(crate) use sys::netdev_mtu;
-pub use udp::{UdpConfig, UdpWire, ROCE_PORT};
+pub use udp::UdpWire;
+pub use udp_config::{UdpConfig, ROCE_PORT};
 
 use crate::Result;
 
@@ -98,6 +106,10 @@ pub struct WireStats {
     pub icrc_recovered_id: u64,
     /// System calls that sent datagrams.
     pub send_calls: u64,
+    /// Datagrams sent from the wire's own port instead of their QP's source port: the
+    /// port's socket could not be bound (another program holds it) or the address already
+    /// has [`ports::SPORT_CAP`] busy source-port sockets.
+    pub sport_fallback: u64,
     /// Times the kernel refused a UDP GSO message, after which the socket sent without GSO.
     pub gso_refused: u64,
     /// System calls that returned received datagrams.
@@ -174,6 +186,28 @@ pub trait DatagramWire: Send {
         meta: TxMeta,
         packet: &[u8],
     ) -> Result<()>;
+
+    /// [`DatagramWire::send_with`] from UDP source port `sport` (a QP's flow port, see
+    /// [`flow`]; 0: the wire's own port). The default ignores `sport`: wires without ports,
+    /// or that send from one, need nothing else. [`UdpWire`] sends from a socket bound to
+    /// that port ([`ports`]), falling back to its own port when it cannot have one.
+    fn send_from_port(
+        &mut self,
+        from: WireAddr,
+        to: WireAddr,
+        _sport: u16,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> Result<()> {
+        self.send_with(from, to, meta, packet)
+    }
+
+    /// Opens now, in the calling thread's network namespace (as [`DatagramWire::open`]
+    /// does), what datagrams from open address `local` with source port `sport` leave from,
+    /// so that sending opens nothing. The runtime calls it when a QP's port becomes known
+    /// (RTR, QP1 and UD addresses opened). What cannot be opened falls back when sent. The
+    /// default does nothing.
+    fn prepare_port(&mut self, _local: WireAddr, _sport: u16) {}
 
     /// Sends everything queued.
     fn flush(&mut self) -> Result<()>;

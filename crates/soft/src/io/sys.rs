@@ -36,8 +36,8 @@ pub(crate) fn has_udp_gso(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;
     setsockopt_int(
         fd.as_raw_fd(),
-        super::batch::SOL_UDP,
-        super::batch::UDP_SEGMENT,
+        super::send_batch::SOL_UDP,
+        super::send_batch::UDP_SEGMENT,
         0,
     )
     .is_ok()
@@ -70,6 +70,13 @@ pub(crate) fn open_udp(
     buf_bytes: i32,
     reuseport: bool,
 ) -> Result<OwnedFd> {
+    let fd = new_udp(local, buf_bytes, reuseport)?;
+    bind_udp(&fd, local, port)?;
+    Ok(fd)
+}
+
+/// The socket of [`open_udp`], options set, not yet bound.
+pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Result<OwnedFd> {
     if local.is_link_local() && local.scope_id() == 0 {
         return Err(Error::ScopeRequired { addr: local });
     }
@@ -138,7 +145,11 @@ pub(crate) fn open_udp(
     // Larger buffers absorb bursts; the kernel caps them at rmem_max / wmem_max, which is fine.
     let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, buf_bytes);
     let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, buf_bytes);
+    Ok(fd)
+}
 
+/// Binds `fd` to `local:port` (EADDRINUSE and EADDRNOTAVAIL as their typed errors).
+pub(crate) fn bind_udp(fd: &OwnedFd, local: WireAddr, port: u16) -> Result<()> {
     let (sa, len) = to_sockaddr(local, port);
     // SAFETY: `sa` is a valid socket address of `len` bytes.
     let rc = unsafe {
@@ -160,7 +171,7 @@ pub(crate) fn open_udp(
             },
         });
     }
-    Ok(fd)
+    Ok(())
 }
 
 /// Level and type of the control message that sets a datagram's IPv4 TOS (`IP_TOS`) or

@@ -1,89 +1,41 @@
-//! [`UdpWire`]: RoCEv2 over UDP port 4791, one socket per local address in use.
+//! [`UdpWire`]: RoCEv2 over UDP port 4791, one socket per local address in use (and
+//! send-only ones per source port: [`super::ports`]). The receive path is in `udp_rx.rs`,
+//! flushing in `udp_tx.rs`.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::batch::{RecvBatch, SendBatch, SendOutcome};
-use super::fault::{FaultInjector, FaultSpec, Verdict};
-use super::icrc::{self, IcrcChecker, IcrcOk};
+use super::batch::RecvBatch;
+use super::fault::FaultInjector;
+use super::icrc::{self, IcrcChecker};
+use super::ports::SportSockets;
+use super::send_batch::SendBatch;
 use super::share::{self, GroupKey, Member, Slot};
-use super::steer::{self, Dest};
+use super::udp_config::UdpConfig;
 use super::{sys, Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::{Error, Result};
-
-/// The IANA port of RoCEv2.
-pub const ROCE_PORT: u16 = 4791;
 
 /// A BTH (12 bytes) and an ICRC (4 bytes).
 const MIN_PACKET: usize = 16;
 
-/// Settings of a [`UdpWire`].
-///
-/// ```
-/// let cfg = rdma_soft::io::UdpConfig::default();
-/// assert_eq!(cfg.port, 4791);
-/// assert!(cfg.faults.is_none());
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct UdpConfig {
-    /// UDP port to bind and to send to (4791; tests may pick another to run beside a real
-    /// RoCEv2 stack).
-    pub port: u16,
-    /// Datagrams per `sendmmsg`/`recvmmsg`.
-    pub batch: usize,
-    /// Largest datagram: a 4096-byte payload with every transport header and the ICRC fits.
-    pub max_packet: usize,
-    /// Requested `SO_RCVBUF`/`SO_SNDBUF` (the kernel caps it at `rmem_max`/`wmem_max`).
-    pub socket_buffer: usize,
-    /// Fault injection, off when `None`.
-    pub faults: Option<FaultSpec>,
-    /// UDP GSO on send (`UDP_SEGMENT`): consecutive packets to one peer that have the same
-    /// size (the last may be shorter) go as one message the kernel segments, each segment
-    /// sealed with the ICRC of the IPv4 Identification it gets. Used where the kernel has it
-    /// and no send faults are injected; off after the kernel refuses a GSO message.
-    pub gso: bool,
-    /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
-    /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
-    /// on its addresses alone, and a second wire gets [`Error::AddrInUse`].
-    pub share: bool,
-}
-
-impl Default for UdpConfig {
-    fn default() -> UdpConfig {
-        UdpConfig {
-            port: ROCE_PORT,
-            batch: 32,
-            max_packet: 4096 + 128,
-            socket_buffer: 4 << 20,
-            faults: None,
-            gso: true,
-            share: true,
-        }
-    }
-}
-
-impl UdpConfig {
-    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS` (an error names the variable
-    /// when its value does not parse).
-    pub fn from_env() -> Result<UdpConfig> {
-        Ok(UdpConfig {
-            faults: FaultSpec::from_env()?,
-            ..UdpConfig::default()
-        })
-    }
-}
-
-struct Local {
-    addr: WireAddr,
-    fd: OwnedFd,
-    out: SendBatch,
+pub(super) struct Local {
+    pub addr: WireAddr,
+    /// The socket on `addr:port` (socket 0 of `out`).
+    pub fd: OwnedFd,
+    pub out: SendBatch,
     /// Membership of the address's group, when sharing.
-    member: Option<Arc<Member>>,
+    pub member: Option<Arc<Member>>,
+    /// Send-only sockets on `addr:sport` (sockets 1.. of `out`).
+    pub ports: SportSockets,
+    /// The network namespace `fd` was opened in (its inode): source-port sockets are only
+    /// opened from a thread in the same one.
+    pub netns: u64,
 }
 
-/// Where a held sent datagram goes (from, to) and its traffic class.
-type SendMeta = (WireAddr, WireAddr, u8);
+/// Where a held sent datagram goes (from, to), its traffic class and the source port it was
+/// sealed for.
+pub(super) type SendMeta = (WireAddr, WireAddr, u8, u16);
 
 /// RoCEv2 over UDP: a [`DatagramWire`] that opens UDP port 4791 on each local address in use.
 ///
@@ -92,7 +44,9 @@ type SendMeta = (WireAddr, WireAddr, u8);
 /// (`IP_PKTINFO` / `IPV6_RECVPKTINFO`), TOS / traffic class and TTL / hop limit. Sending from an
 /// unconnected socket with DF makes Linux write IPv4 Identification 0, which the ICRC on send
 /// relies on (see the `kernel_sends_identification_zero` test). Datagrams are sent from port
-/// 4791 (RoCEv2 allows any source port; peers do not check it).
+/// 4791, or from the source port [`DatagramWire::send_from_port`] names (a QP's flow port, as
+/// Linux sends: see [`super::flow`]) through a send-only socket on that port
+/// ([`super::ports`]); peers do not check the source port, and neither does this wire.
 ///
 /// Receiving round-robins over the open addresses, one `recvmmsg` each per call; the
 /// [`DatagramWire::wait_fd`] is an epoll set over all of them.
@@ -112,23 +66,26 @@ type SendMeta = (WireAddr, WireAddr, u8);
 /// assert_eq!(err.errno(), libc::EADDRINUSE);
 /// ```
 pub struct UdpWire {
-    cfg: UdpConfig,
-    locals: Vec<Local>,
-    inbox: RecvBatch,
+    pub(super) cfg: UdpConfig,
+    pub(super) locals: Vec<Local>,
+    pub(super) inbox: RecvBatch,
     epoll: OwnedFd,
-    stats: WireStats,
-    next_recv: usize,
-    send_faults: Option<Box<FaultInjector<SendMeta>>>,
-    recv_faults: Option<Box<FaultInjector<(Arrival, u16)>>>,
-    order: Vec<u16>,
-    checker: IcrcChecker,
+    pub(super) stats: WireStats,
+    pub(super) next_recv: usize,
+    pub(super) send_faults: Option<Box<FaultInjector<SendMeta>>>,
+    pub(super) recv_faults: Option<Box<FaultInjector<(Arrival, u16)>>>,
+    pub(super) order: Vec<u16>,
+    pub(super) checker: IcrcChecker,
     /// Every `recvmmsg` of the last `recv` returned less than a full batch.
-    drained: bool,
+    pub(super) drained: bool,
     /// The slot, when sharing (claimed on first use).
-    slot: Option<Slot>,
+    pub(super) slot: Option<Slot>,
     /// When a misdelivered datagram last repaired a group's table (at most one per
     /// [`share::SETTLE`]).
     last_evidence: Option<Instant>,
+    /// A coarse clock for the source-port sockets' use times: read at each flush, not per
+    /// datagram.
+    pub(super) clock: Instant,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -181,6 +138,7 @@ impl UdpWire {
             drained: false,
             slot: None,
             last_evidence: None,
+            clock: Instant::now(),
         })
     }
 
@@ -207,7 +165,7 @@ impl UdpWire {
 
     /// A datagram for slot `seen` reached local `i`: let its group repair its table (off
     /// the fast path: only after a misdelivery, at most once per [`share::SETTLE`]).
-    fn evidence(&mut self, i: usize, seen: u8) {
+    pub(super) fn evidence(&mut self, i: usize, seen: u8) {
         let now = Instant::now();
         if self
             .last_evidence
@@ -222,114 +180,8 @@ impl UdpWire {
         }
     }
 
-    fn local_index(&self, addr: WireAddr) -> Option<usize> {
+    pub(super) fn local_index(&self, addr: WireAddr) -> Option<usize> {
         self.locals.iter().position(|l| l.addr == addr)
-    }
-
-    fn flush_local(&mut self, i: usize, now: Option<Instant>) {
-        let local = &mut self.locals[i];
-        if local.out.len() == 0 {
-            return;
-        }
-        let fd = local.fd.as_raw_fd();
-        let outcome = match self.send_faults.as_deref_mut() {
-            None => local.out.send(fd, None),
-            Some(inj) => {
-                let now = now.unwrap_or_else(Instant::now);
-                self.order.clear();
-                for k in 0..local.out.len() {
-                    let verdict = inj.judge(local.out.data_mut(k));
-                    match verdict {
-                        Verdict::Pass => self.order.push(k as u16),
-                        Verdict::Duplicate => self.order.extend([k as u16, k as u16]),
-                        Verdict::Drop => continue,
-                        Verdict::Hold { .. } => {
-                            let to = local.out.dst(k).map(|(a, _)| a);
-                            let tclass = local.out.tclass(k);
-                            let held = match to {
-                                Some(to) => inj.hold(
-                                    now,
-                                    local.out.data_mut(k),
-                                    (local.addr, to, tclass),
-                                    verdict,
-                                ),
-                                None => false,
-                            };
-                            if held {
-                                continue;
-                            }
-                            self.order.push(k as u16);
-                        }
-                    }
-                    inj.passed();
-                }
-                local.out.send(fd, Some(&self.order))
-            }
-        };
-        self.account(i, outcome);
-    }
-
-    fn account(&mut self, i: usize, o: SendOutcome) {
-        if o.gso_refused {
-            // the path cannot segment: the refused packets are lost (the transport resends
-            // them, sealed for Identification 0), and the socket sends one by one from now on
-            self.locals[i].out.set_gso(false);
-            self.stats.gso_refused += 1;
-        }
-        self.stats.sent += o.sent as u64;
-        self.stats.send_errors += o.failed as u64;
-        self.stats.send_calls += 1;
-        if o.last_error.is_some() {
-            self.stats.last_send_errno = o.last_error;
-        }
-    }
-
-    /// Sends the held (delayed or reordered) datagrams that are due, one `sendmsg` each (with
-    /// their traffic class): only with fault injection, so not on the fast path.
-    fn release_sends(&mut self, now: Instant) {
-        let Some(inj) = self.send_faults.as_deref_mut() else {
-            return;
-        };
-        let locals = &self.locals;
-        let port = self.cfg.port;
-        let stats = &mut self.stats;
-        inj.release(now, &mut |(from, to, tclass), data| {
-            let Some(local) = locals.iter().find(|l| l.addr == from) else {
-                return;
-            };
-            match sys::send_one(local.fd.as_raw_fd(), to, port, tclass, data) {
-                Err(e) => {
-                    stats.send_errors += 1;
-                    stats.last_send_errno = e.raw_os_error();
-                }
-                Ok(()) => stats.sent += 1,
-            }
-        });
-    }
-}
-
-/// Checks the ICRC of a received datagram, counting what it finds.
-fn accept(
-    checker: &mut IcrcChecker,
-    stats: &mut WireStats,
-    port: u16,
-    arrival: &Arrival,
-    src_port: u16,
-    data: &[u8],
-) -> bool {
-    let verdict = icrc::encap(arrival.remote, arrival.local, src_port, port)
-        .and_then(|encap| checker.check(&encap, data));
-    match verdict {
-        Some(IcrcOk::Exact) => true,
-        Some(IcrcOk::RecoveredId(_)) => {
-            stats.icrc_recovered_id += 1;
-            true
-        }
-        None => {
-            stats.icrc_errors += 1;
-            crate::ratelimit::warn_limited!(from = %arrival.remote, "datagram with a bad ICRC dropped");
-            false
-        }
     }
 }
 
@@ -398,6 +250,8 @@ impl DatagramWire for UdpWire {
             fd,
             out,
             member,
+            ports: SportSockets::new(),
+            netns: share::current_netns(),
         });
         Ok(())
     }
@@ -426,6 +280,17 @@ impl DatagramWire for UdpWire {
         meta: TxMeta,
         packet: &[u8],
     ) -> Result<()> {
+        self.send_from_port(from, to, 0, meta, packet)
+    }
+
+    fn send_from_port(
+        &mut self,
+        from: WireAddr,
+        to: WireAddr,
+        sport: u16,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> Result<()> {
         if packet.len() > self.cfg.max_packet {
             return Err(Error::TooLong {
                 len: packet.len(),
@@ -441,23 +306,46 @@ impl DatagramWire for UdpWire {
             .local_index(from)
             .ok_or(Error::NotOpen { addr: from })?;
         let port = self.cfg.port;
-        let encap = icrc::encap(from, to, port, port).ok_or(Error::InvalidArgument(
-            "source and destination of different IP families",
-        ))?;
+        if from.ip().is_ipv4() != to.ip().is_ipv4() {
+            return Err(Error::InvalidArgument(
+                "source and destination of different IP families",
+            ));
+        }
+        let (sock, sport) = self.socket_for(i, sport);
         if self.locals[i].out.is_full() {
             self.flush_local(i, None);
         }
+        let encap = icrc::encap(from, to, sport, port).ok_or(Error::InvalidArgument(
+            "source and destination of different IP families",
+        ))?;
         let to = with_scope(to, from);
         let out = &mut self.locals[i].out;
-        let k = out.push(to, port, meta.tclass, packet);
+        let k = out.push(to, port, meta.tclass, sock, packet);
         let encap = icrc::with_identification(encap, out.segment(k));
         // Cannot fail: the length is within bounds and the families match.
         icrc::seal(&encap, out.data_mut(k));
         Ok(())
     }
 
+    fn prepare_port(&mut self, local: WireAddr, sport: u16) {
+        let Some(i) = self.local_index(local) else {
+            return;
+        };
+        if sport == 0 || sport == self.cfg.port {
+            return;
+        }
+        self.clock = Instant::now();
+        if !matches!(
+            self.locals[i].ports.lookup(sport, self.clock),
+            super::ports::Lookup::Open(_)
+        ) {
+            self.open_sport(i, sport);
+        }
+    }
+
     fn flush(&mut self) -> Result<()> {
-        let now = self.send_faults.as_ref().map(|_| Instant::now());
+        self.clock = Instant::now();
+        let now = self.send_faults.as_ref().map(|_| self.clock);
         for i in 0..self.locals.len() {
             self.flush_local(i, now);
         }
@@ -468,125 +356,7 @@ impl DatagramWire for UdpWire {
     }
 
     fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
-        let mut delivered = 0;
-        let count = self.locals.len();
-        let now = self.recv_faults.as_ref().map(|_| Instant::now());
-        let port = self.cfg.port;
-        let mut drained = true;
-        for step in 0..count {
-            let i = (self.next_recv + step) % count;
-            let local = &self.locals[i];
-            let n = self
-                .inbox
-                .recv(local.fd.as_raw_fd(), self.cfg.batch)
-                .map_err(|source| Error::Os {
-                    op: "recvmmsg",
-                    addr: Some(local.addr),
-                    source,
-                })?;
-            if n == 0 {
-                continue;
-            }
-            if n >= self.cfg.batch.min(self.inbox.capacity()) {
-                drained = false;
-            }
-            self.stats.recv_calls += 1;
-            let bound = local.addr;
-            let mine = self.slot.as_ref().map(Slot::get);
-            let mut evidence = None;
-            for k in 0..n {
-                let Some(d) = self.inbox.get(k) else { break };
-                let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
-                    self.stats.malformed += 1;
-                    crate::ratelimit::warn_limited!(
-                        truncated = d.truncated,
-                        "malformed datagram dropped"
-                    );
-                    continue;
-                };
-                let other = match (mine, steer::dest(d.data)) {
-                    (Some(mine), Dest::Slot(s)) if s != mine => Some(s),
-                    (Some(mine), Dest::Comm(s)) if s != mine => self.locals[i]
-                        .member
-                        .as_ref()
-                        .map_or(true, |m| m.has_member(s))
-                        .then_some(s),
-                    _ => None,
-                };
-                if let Some(s) = other {
-                    self.stats.misdelivered += 1;
-                    evidence = Some(s);
-                    continue;
-                }
-                let local_addr = match d.anc.dst {
-                    Some(ip) => WireAddr::new(ip, d.anc.ifindex),
-                    None => bound,
-                };
-                let arrival = Arrival {
-                    local: local_addr,
-                    remote,
-                    ifindex: d.anc.ifindex,
-                    tclass: d.anc.tclass,
-                    hop_limit: d.anc.hop_limit,
-                };
-                let data = d.data;
-                let times = match (self.recv_faults.as_deref_mut(), now) {
-                    (Some(inj), Some(now)) => {
-                        let verdict = inj.judge(data);
-                        match verdict {
-                            Verdict::Pass => 1,
-                            Verdict::Duplicate => 2,
-                            Verdict::Drop => 0,
-                            Verdict::Hold { .. } => {
-                                if inj.hold(now, data, (arrival, src_port), verdict) {
-                                    0
-                                } else {
-                                    1
-                                }
-                            }
-                        }
-                    }
-                    _ => 1,
-                };
-                if times > 0 {
-                    if let Some(inj) = self.recv_faults.as_deref_mut() {
-                        inj.passed();
-                    }
-                    if !accept(
-                        &mut self.checker,
-                        &mut self.stats,
-                        port,
-                        &arrival,
-                        src_port,
-                        data,
-                    ) {
-                        continue;
-                    }
-                }
-                for _ in 0..times {
-                    deliver(&arrival, data);
-                    delivered += 1;
-                }
-            }
-            if let Some(seen) = evidence {
-                self.evidence(i, seen);
-            }
-        }
-        if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
-            let (checker, stats) = (&mut self.checker, &mut self.stats);
-            inj.release(now, &mut |(arrival, src_port), data| {
-                if accept(checker, stats, port, &arrival, src_port, data) {
-                    deliver(&arrival, data);
-                    delivered += 1;
-                }
-            });
-        }
-        if count > 0 {
-            self.next_recv = (self.next_recv + 1) % count;
-        }
-        self.stats.received += delivered as u64;
-        self.drained = drained;
-        Ok(delivered)
+        self.recv_all(deliver)
     }
 
     fn recv_drained(&self) -> bool {

@@ -27,6 +27,8 @@ pub(crate) struct UdCtx {
     /// The GID index it receives on from RTR (`QueuePair::set_ud_source`); `None`: every
     /// usable address of the GID table.
     pub source: Option<u8>,
+    /// The UDP source port of its datagrams (rxe's per-QPN port; UD QPs keep it).
+    pub sport: u16,
 }
 
 /// An address handle: source and destination of datagrams, and their traffic class.
@@ -246,6 +248,12 @@ impl Runtime {
             return Err(first_err.unwrap_or(Error::InvalidArgument("no address to receive on")));
         }
         if let Some(c) = self.ud.get(qpn) {
+            let sport = c.sport;
+            for &a in &opened {
+                self.wire.prepare_port(a, sport);
+            }
+        }
+        if let Some(c) = self.ud.get(qpn) {
             c.listening = opened;
         }
         Ok(())
@@ -334,7 +342,13 @@ impl Runtime {
             };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send_with(local, remote, TxMeta { tclass }, &tx.packet[..n]) {
+                Ok(n) => match wire.send_from_port(
+                    local,
+                    remote,
+                    ctx.sport,
+                    TxMeta { tclass },
+                    &tx.packet[..n],
+                ) {
                     Ok(()) => stats.transmitted += 1,
                     Err(_) => stats.send_errors += 1,
                 },

@@ -14,6 +14,7 @@ use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
+use crate::io::flow;
 use crate::runtime::{peer_addr, QpCtx, UdCtx};
 use crate::{Error, Result};
 
@@ -255,6 +256,7 @@ impl QueuePair {
                 recv_cq: init.recv_cq.clone(),
                 listening: Vec::new(),
                 source: None,
+                sport: crate::io::flow::qpn_udp_sport(qpn),
             });
         } else {
             Self::insert_rc(&mut rt, qpn, pd, init);
@@ -349,7 +351,10 @@ impl QueuePair {
     /// allowed attributes per transition, value ranges; EINVAL otherwise). With
     /// [`QpAttrMask::AV`] (Init → RTR) the source GID (`path.sgid_index` into the device's GID
     /// table) is opened on the wire: UDP 4791 is bound on that address, and only on it
-    /// (EADDRINUSE when another process holds it). The path MTU may not exceed the port's
+    /// (EADDRINUSE when another process holds it); the QP's datagrams leave from the UDP
+    /// source port of `path.flow_label`, or of a label from both QPNs when it is 0, as
+    /// Linux rxe's ([`crate::io::flow::connected_udp_sport`]), whose send-only socket is
+    /// opened here (from 4791 when it cannot be). The path MTU may not exceed the port's
     /// active MTU. Entering Err completes every outstanding WR flushed.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         if self.ud {
@@ -391,8 +396,18 @@ impl QueuePair {
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
         ctx.rc.modify(attr, mask)?;
+        if let Some((local, _)) = path {
+            // as rxe: the AV's flow label, else one from both QPNs (the same at both ends);
+            // its socket is opened here, in the caller's namespace, not on the data path
+            let rqpn = ctx.rc.attr().dest_qp_num;
+            let sport = flow::connected_udp_sport(attr.path.flow_label, self.qpn, rqpn);
+            ctx.sport = sport;
+            rt.prepare_port(local, sport);
+        }
         if mask.contains(QpAttrMask::STATE) {
-            tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+            if let Some(ctx) = rt.get(self.qpn) {
+                tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+            }
         }
         let mut mem = dev.mrs.view();
         let r = rt.after_post(self.qpn, &mut mem);

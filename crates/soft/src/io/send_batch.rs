@@ -1,0 +1,398 @@
+//! Preallocated batches for `sendmmsg`, over the sockets of one local address.
+//!
+//! All buffers, socket addresses, control-message space and `mmsghdr`s are allocated once; the
+//! raw pointers the kernel needs are written into the headers right before each system call.
+//! Each queued datagram names the socket it leaves from (0: the address's 4791 socket; others:
+//! its source-port sockets); a flush makes one `sendmmsg` run per socket present.
+
+use std::mem::zeroed;
+use std::os::fd::RawFd;
+
+use super::sys;
+use super::WireAddr;
+
+/// Outgoing datagrams queued for the sockets of one address, sent with one `sendmmsg` per
+/// socket.
+pub(crate) struct SendBatch {
+    slot: usize,
+    bufs: Box<[u8]>,
+    lens: Box<[usize]>,
+    names: Box<[(libc::sockaddr_storage, libc::socklen_t)]>,
+    iovs: Box<[libc::iovec]>,
+    hdrs: Box<[libc::mmsghdr]>,
+    queued: usize,
+    /// UDP GSO: consecutive datagrams to the same destination, all of one size but the last
+    /// (which may be shorter), go as one message with `UDP_SEGMENT`.
+    gso: bool,
+    /// Destination of each queued datagram (to group them).
+    dsts: Box<[Option<WireAddr>]>,
+    /// IPv4 TOS / IPv6 traffic class of each queued datagram (a GSO message has one).
+    tclasses: Box<[u8]>,
+    /// BTH destination QPN of each queued datagram (a GSO message has one: on loopback and
+    /// veth the receiver picks one socket for the whole message, so a message to two QPs
+    /// of an address shared by processes would reach only one of them).
+    qpns: Box<[u32]>,
+    /// Segment index of each queued datagram in its GSO group (0: starts a message).
+    segs: Box<[u16]>,
+    /// The socket each queued datagram leaves from (a GSO message has one).
+    socks: Box<[u8]>,
+    /// Bit `s` set: some queued datagram leaves from socket `s`.
+    present: u128,
+    /// The open group: its segment size and bytes, or `None` when the next datagram starts
+    /// a new one.
+    group: Option<(usize, usize)>,
+    /// Datagrams of each message built by `send`.
+    per_msg: Box<[u16]>,
+    /// The first queued datagram of each message built by `send`.
+    msg_first: Box<[u16]>,
+    /// Control messages (`UDP_SEGMENT`, `IP_TOS` / `IPV6_TCLASS`), one buffer per message.
+    ctrl: Box<[[u64; SEND_CTRL_WORDS]]>,
+}
+
+/// Space for a `UDP_SEGMENT` control message (header and a u16, 24 bytes) and an `IP_TOS` /
+/// `IPV6_TCLASS` one (header and an int, 24 bytes), in u64 words.
+const SEND_CTRL_WORDS: usize = 6;
+/// Most segments in one GSO message (the kernel's `UDP_MAX_SEGMENTS` is 64 or more).
+pub(crate) const GSO_MAX_SEGS: usize = 64;
+/// Most bytes in one GSO message (a UDP datagram's length field; the kernel refuses more).
+const GSO_MAX_BYTES: usize = 65_000;
+/// `SOL_UDP` and `UDP_SEGMENT` (linux/udp.h).
+pub(crate) const SOL_UDP: i32 = 17;
+pub(crate) const UDP_SEGMENT: i32 = 103;
+
+// SAFETY: as for `RecvBatch`, the raw pointers point into boxes owned by the same value.
+unsafe impl Send for SendBatch {}
+
+/// Outcome of [`SendBatch::send`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SendOutcome {
+    /// Datagrams the kernel accepted.
+    pub sent: usize,
+    /// Datagrams the kernel refused (their errno is in `last_error`).
+    pub failed: usize,
+    /// The last errno of a refused datagram.
+    pub last_error: Option<i32>,
+    /// Sockets sent on (one `sendmmsg` run each).
+    pub runs: usize,
+    /// A GSO message was refused with an errno that says the path cannot segment (EIO:
+    /// no checksum offload on the device; EINVAL, ENOPROTOOPT): send without GSO from now on.
+    pub gso_refused: bool,
+}
+
+impl SendBatch {
+    /// Room for `count` datagrams of up to `slot` bytes.
+    pub fn new(count: usize, slot: usize) -> SendBatch {
+        let count = count.max(1);
+        SendBatch {
+            slot,
+            bufs: vec![0u8; count * slot].into_boxed_slice(),
+            lens: vec![0; count].into_boxed_slice(),
+            // SAFETY: all-zero is valid for these plain C structs.
+            names: (0..count).map(|_| (unsafe { zeroed() }, 0)).collect(),
+            iovs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
+            hdrs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
+            queued: 0,
+            gso: false,
+            dsts: vec![None; count].into_boxed_slice(),
+            tclasses: vec![0; count].into_boxed_slice(),
+            qpns: vec![0; count].into_boxed_slice(),
+            segs: vec![0; count].into_boxed_slice(),
+            socks: vec![0; count].into_boxed_slice(),
+            present: 0,
+            group: None,
+            per_msg: vec![0; count * 2].into_boxed_slice(),
+            msg_first: vec![0; count * 2].into_boxed_slice(),
+            ctrl: vec![[0u64; SEND_CTRL_WORDS]; count * 2].into_boxed_slice(),
+        }
+    }
+
+    /// The segment index of queued datagram `i` (see [`SendBatch::next_segment`]).
+    pub fn segment(&self, i: usize) -> u16 {
+        self.segs.get(i).copied().unwrap_or(0)
+    }
+
+    /// Turns grouping into GSO messages on or off (takes effect from the next datagram).
+    pub fn set_gso(&mut self, on: bool) {
+        self.gso = on;
+        self.group = None;
+    }
+
+    /// The segment index the next datagram of `len` bytes to `dst` with traffic class
+    /// `tclass` and BTH destination QPN `qpn`, from socket `sock`, gets: its position in the
+    /// GSO message it joins, 0 when it starts one (a message has one destination, traffic
+    /// class, QPN and socket). With IPv4 the kernel gives the
+    /// segments of a message Identifications counting up from the first's (0 from an
+    /// unconnected socket with DF), and the ICRC covers the Identification: the caller seals
+    /// with this index.
+    pub fn next_segment(&self, dst: WireAddr, len: usize, tclass: u8, qpn: u32, sock: u8) -> u16 {
+        let i = self.queued;
+        match self.group {
+            Some((size, bytes))
+                if self.gso
+                    && i > 0
+                    && self.dsts[i - 1] == Some(dst)
+                    && self.tclasses[i - 1] == tclass
+                    && self.qpns[i - 1] == qpn
+                    && self.socks[i - 1] == sock
+                    && qpn != 1 // MADs: each its own (the steering reads each one's CM fields)
+                    && len <= size
+                    && (self.segs[i - 1] as usize) + 1 < GSO_MAX_SEGS
+                    && bytes + len <= GSO_MAX_BYTES =>
+            {
+                self.segs[i - 1] + 1
+            }
+            _ => 0,
+        }
+    }
+
+    /// Datagrams queued.
+    pub fn len(&self) -> usize {
+        self.queued
+    }
+
+    /// Whether another datagram fits.
+    pub fn is_full(&self) -> bool {
+        self.queued == self.lens.len()
+    }
+
+    /// Queues a copy of `data` to `dst:port` from socket `sock` (below 128), to go with IPv4
+    /// TOS / IPv6 traffic class `tclass`. The caller checks [`SendBatch::is_full`] and the
+    /// length first.
+    pub fn push(&mut self, dst: WireAddr, port: u16, tclass: u8, sock: u8, data: &[u8]) -> usize {
+        let i = self.queued;
+        debug_assert!(i < self.lens.len() && data.len() <= self.slot);
+        self.bufs[i * self.slot..i * self.slot + data.len()].copy_from_slice(data);
+        self.lens[i] = data.len();
+        self.names[i] = sys::to_sockaddr(dst, port);
+        let qpn = data
+            .get(5..8)
+            .map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
+        let seg = self.next_segment(dst, data.len(), tclass, qpn, sock);
+        self.segs[i] = seg;
+        self.socks[i] = sock;
+        self.present |= 1u128 << (sock & 127);
+        self.dsts[i] = Some(dst);
+        self.tclasses[i] = tclass;
+        self.qpns[i] = qpn;
+        self.group = match (seg, self.group) {
+            // a shorter datagram ends its group
+            (0, _) => Some((data.len(), data.len())),
+            (_, Some((size, bytes))) if data.len() == size => Some((size, bytes + data.len())),
+            _ => None,
+        };
+        self.queued += 1;
+        i
+    }
+
+    /// The bytes of queued datagram `i`, for in-place changes (ICRC, fault injection).
+    pub fn data_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.bufs[i * self.slot..i * self.slot + self.lens[i]]
+    }
+
+    /// Destination of queued datagram `i`.
+    pub fn dst(&self, i: usize) -> Option<(WireAddr, u16)> {
+        sys::from_sockaddr(&self.names[i].0)
+    }
+
+    /// Traffic class of queued datagram `i`.
+    pub fn tclass(&self, i: usize) -> u8 {
+        self.tclasses[i]
+    }
+
+    /// The socket queued datagram `i` leaves from.
+    pub fn sock(&self, i: usize) -> u8 {
+        self.socks[i]
+    }
+
+    /// Sends queued datagrams in the order `order` gives (indices may repeat or be left out:
+    /// that is how the fault injector duplicates and drops), or all in queue order when `order`
+    /// is `None`, then empties the queue: one `sendmmsg` run per socket present, on the
+    /// descriptor `fd_of` gives for it (`None`: the socket is gone, its datagrams are counted
+    /// as refused). Datagrams the kernel refuses are counted, not retried; a full socket buffer
+    /// is waited out briefly.
+    pub fn send(
+        &mut self,
+        fd_of: impl Fn(u8) -> Option<RawFd>,
+        order: Option<&[u16]>,
+    ) -> SendOutcome {
+        let mut out = SendOutcome::default();
+        let mut present = self.present;
+        while present != 0 {
+            let sock = present.trailing_zeros() as u8;
+            present &= present - 1;
+            let n = self.build(sock, order);
+            if n == 0 {
+                continue;
+            }
+            let o = match fd_of(sock) {
+                Some(fd) => send_all(fd, &mut self.hdrs[..n], &self.per_msg[..n]),
+                None => SendOutcome {
+                    failed: self.per_msg[..n].iter().map(|&d| usize::from(d)).sum(),
+                    last_error: Some(libc::EBADF),
+                    ..SendOutcome::default()
+                },
+            };
+            out.runs += 1;
+            out.sent += o.sent;
+            out.failed += o.failed;
+            out.gso_refused |= o.gso_refused;
+            if o.last_error.is_some() {
+                out.last_error = o.last_error;
+            }
+        }
+        self.queued = 0;
+        self.group = None;
+        self.present = 0;
+        out
+    }
+
+    /// Builds the messages of the datagrams from socket `sock` (in `order`, or queue order
+    /// grouped by segment) into the headers; returns how many.
+    fn build(&mut self, sock: u8, order: Option<&[u16]>) -> usize {
+        let mut n = 0;
+        let mut k = 0;
+        // Datagram `i` as the next iovec; with `new_msg` it starts the next message.
+        let mut add = |me: &mut SendBatch, i: usize, new_msg: bool| {
+            if k >= me.iovs.len() || (new_msg && n >= me.hdrs.len()) || (!new_msg && n == 0) {
+                return;
+            }
+            me.iovs[k] = libc::iovec {
+                iov_base: me.bufs[i * me.slot..].as_mut_ptr().cast(),
+                iov_len: me.lens[i],
+            };
+            if new_msg {
+                // SAFETY: all-zero is a valid msghdr.
+                let mut h: libc::msghdr = unsafe { zeroed() };
+                h.msg_name = (&mut me.names[i].0 as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = me.names[i].1;
+                h.msg_iov = &mut me.iovs[k];
+                h.msg_iovlen = 1;
+                me.hdrs[n] = libc::mmsghdr {
+                    msg_hdr: h,
+                    msg_len: 0,
+                };
+                me.per_msg[n] = 1;
+                me.msg_first[n] = i as u16;
+                n += 1;
+            } else {
+                me.hdrs[n - 1].msg_hdr.msg_iovlen += 1;
+                me.per_msg[n - 1] += 1;
+            }
+            k += 1;
+        };
+        match order {
+            Some(order) => {
+                for &i in order {
+                    if (i as usize) < self.queued && self.socks[i as usize] == sock {
+                        add(self, i as usize, true);
+                    }
+                }
+            }
+            None => {
+                for i in 0..self.queued {
+                    if self.socks[i] == sock {
+                        let first = self.segs[i] == 0;
+                        add(self, i, first);
+                    }
+                }
+            }
+        }
+        // Control messages: UDP_SEGMENT with the first datagram's size for a message of more
+        // than one; IP_TOS / IPV6_TCLASS for a non-zero traffic class (0 is the socket's
+        // default, which the sockets never change, so it needs none).
+        for m in 0..n {
+            let first = self.msg_first[m] as usize;
+            let tclass = self.tclasses[first];
+            let gso = self.per_msg[m] >= 2;
+            if !gso && tclass == 0 {
+                continue;
+            }
+            let v6 = i32::from(self.names[first].0.ss_family) == libc::AF_INET6;
+            // SAFETY: msg_iov points at an initialised iovec of this batch.
+            let size = unsafe { (*self.hdrs[m].msg_hdr.msg_iov).iov_len } as u16;
+            let c = &mut self.ctrl[m];
+            *c = [0; SEND_CTRL_WORDS];
+            let h = &mut self.hdrs[m].msg_hdr;
+            h.msg_control = c.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE(2) + CMSG_SPACE(4) (48 bytes) fit in `c`; msg_controllen
+            // covers exactly the control messages written, each inside `c`.
+            unsafe {
+                let mut len = 0;
+                if gso {
+                    len += libc::CMSG_SPACE(2);
+                }
+                if tclass != 0 {
+                    len += libc::CMSG_SPACE(4);
+                }
+                h.msg_controllen = len as _;
+                let base = c.as_mut_ptr().cast::<u8>();
+                if gso {
+                    let cm = base.cast::<libc::cmsghdr>();
+                    (*cm).cmsg_level = SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), size);
+                }
+                if tclass != 0 {
+                    // after the UDP_SEGMENT one (CMSG_SPACE keeps it aligned)
+                    let at = if gso { libc::CMSG_SPACE(2) as usize } else { 0 };
+                    let cm = base.add(at).cast::<libc::cmsghdr>();
+                    let (level, kind) = sys::tclass_cmsg(v6);
+                    (*cm).cmsg_level = level;
+                    (*cm).cmsg_type = kind;
+                    (*cm).cmsg_len = libc::CMSG_LEN(4) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<i32>(), i32::from(tclass));
+                }
+            }
+        }
+        n
+    }
+}
+
+/// Hands every header to the kernel, skipping (and counting) the ones it refuses.
+fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutcome {
+    let mut out = SendOutcome::default();
+    let mut at = 0;
+    let mut waits = 0;
+    while at < hdrs.len() {
+        let rest = &mut hdrs[at..];
+        // SAFETY: every header points at live buffers owned by the caller's batch.
+        let rc = unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as _, 0) };
+        if rc > 0 {
+            let done = rc as usize;
+            out.sent += per_msg[at..at + done]
+                .iter()
+                .map(|&d| d as usize)
+                .sum::<usize>();
+            at += done;
+            continue;
+        }
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        match errno {
+            libc::EINTR => {}
+            libc::EAGAIN | libc::ENOBUFS if waits < 100 => {
+                waits += 1;
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 10) };
+            }
+            _ => {
+                // This message is refused (unreachable, too big, ...): lost packets.
+                let dgrams = per_msg[at] as usize;
+                if dgrams > 1 && matches!(errno, libc::EIO | libc::EINVAL | libc::ENOPROTOOPT) {
+                    out.gso_refused = true;
+                }
+                out.failed += dgrams;
+                out.last_error = Some(errno);
+                at += 1;
+            }
+        }
+    }
+    out
+}

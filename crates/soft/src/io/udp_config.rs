@@ -1,0 +1,63 @@
+//! [`UdpConfig`]: the settings of a [`super::UdpWire`].
+
+use super::fault::FaultSpec;
+use crate::Result;
+
+/// The IANA port of RoCEv2.
+pub const ROCE_PORT: u16 = 4791;
+
+/// Settings of a [`super::UdpWire`].
+///
+/// ```
+/// let cfg = rdma_soft::io::UdpConfig::default();
+/// assert_eq!(cfg.port, 4791);
+/// assert!(cfg.faults.is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct UdpConfig {
+    /// UDP port to bind and to send to (4791; tests may pick another to run beside a real
+    /// RoCEv2 stack).
+    pub port: u16,
+    /// Datagrams per `sendmmsg`/`recvmmsg`.
+    pub batch: usize,
+    /// Largest datagram: a 4096-byte payload with every transport header and the ICRC fits.
+    pub max_packet: usize,
+    /// Requested `SO_RCVBUF`/`SO_SNDBUF` (the kernel caps it at `rmem_max`/`wmem_max`).
+    pub socket_buffer: usize,
+    /// Fault injection, off when `None`.
+    pub faults: Option<FaultSpec>,
+    /// UDP GSO on send (`UDP_SEGMENT`): consecutive packets to one peer that have the same
+    /// size (the last may be shorter) go as one message the kernel segments, each segment
+    /// sealed with the ICRC of the IPv4 Identification it gets. Used where the kernel has it
+    /// and no send faults are injected; off after the kernel refuses a GSO message.
+    pub gso: bool,
+    /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
+    /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
+    /// on its addresses alone, and a second wire gets [`crate::Error::AddrInUse`].
+    pub share: bool,
+}
+
+impl Default for UdpConfig {
+    fn default() -> UdpConfig {
+        UdpConfig {
+            port: ROCE_PORT,
+            batch: 32,
+            max_packet: 4096 + 128,
+            socket_buffer: 4 << 20,
+            faults: None,
+            gso: true,
+            share: true,
+        }
+    }
+}
+
+impl UdpConfig {
+    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS` (an error names the variable
+    /// when its value does not parse).
+    pub fn from_env() -> Result<UdpConfig> {
+        Ok(UdpConfig {
+            faults: FaultSpec::from_env()?,
+            ..UdpConfig::default()
+        })
+    }
+}

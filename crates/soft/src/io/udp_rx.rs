@@ -1,0 +1,166 @@
+//! The receive path of [`UdpWire`].
+
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+use super::fault::Verdict;
+use super::icrc::{self, IcrcChecker, IcrcOk};
+use super::share::Slot;
+use super::steer::{self, Dest};
+use super::udp::UdpWire;
+#[cfg(doc)]
+use super::DatagramWire;
+use super::{Arrival, WireAddr, WireStats};
+use crate::{Error, Result};
+
+impl UdpWire {
+    /// [`DatagramWire::recv`]: one `recvmmsg` per open address, round robin; drops what
+    /// another process's slot owns or fails the ICRC (checked with the datagram's real
+    /// source port: peers may send from any).
+    pub(super) fn recv_all(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
+        let mut delivered = 0;
+        let count = self.locals.len();
+        let now = self.recv_faults.as_ref().map(|_| Instant::now());
+        let port = self.cfg.port;
+        let mut drained = true;
+        for step in 0..count {
+            let i = (self.next_recv + step) % count;
+            let local = &self.locals[i];
+            let n = self
+                .inbox
+                .recv(local.fd.as_raw_fd(), self.cfg.batch)
+                .map_err(|source| Error::Os {
+                    op: "recvmmsg",
+                    addr: Some(local.addr),
+                    source,
+                })?;
+            if n == 0 {
+                continue;
+            }
+            if n >= self.cfg.batch.min(self.inbox.capacity()) {
+                drained = false;
+            }
+            self.stats.recv_calls += 1;
+            let bound = local.addr;
+            let mine = self.slot.as_ref().map(Slot::get);
+            let mut evidence = None;
+            for k in 0..n {
+                let Some(d) = self.inbox.get(k) else { break };
+                let Some((remote, src_port)) = d.src.filter(|_| !d.truncated) else {
+                    self.stats.malformed += 1;
+                    crate::ratelimit::warn_limited!(
+                        truncated = d.truncated,
+                        "malformed datagram dropped"
+                    );
+                    continue;
+                };
+                let other = match (mine, steer::dest(d.data)) {
+                    (Some(mine), Dest::Slot(s)) if s != mine => Some(s),
+                    (Some(mine), Dest::Comm(s)) if s != mine => self.locals[i]
+                        .member
+                        .as_ref()
+                        .map_or(true, |m| m.has_member(s))
+                        .then_some(s),
+                    _ => None,
+                };
+                if let Some(s) = other {
+                    self.stats.misdelivered += 1;
+                    evidence = Some(s);
+                    continue;
+                }
+                let local_addr = match d.anc.dst {
+                    Some(ip) => WireAddr::new(ip, d.anc.ifindex),
+                    None => bound,
+                };
+                let arrival = Arrival {
+                    local: local_addr,
+                    remote,
+                    ifindex: d.anc.ifindex,
+                    tclass: d.anc.tclass,
+                    hop_limit: d.anc.hop_limit,
+                };
+                let data = d.data;
+                let times = match (self.recv_faults.as_deref_mut(), now) {
+                    (Some(inj), Some(now)) => {
+                        let verdict = inj.judge(data);
+                        match verdict {
+                            Verdict::Pass => 1,
+                            Verdict::Duplicate => 2,
+                            Verdict::Drop => 0,
+                            Verdict::Hold { .. } => {
+                                if inj.hold(now, data, (arrival, src_port), verdict) {
+                                    0
+                                } else {
+                                    1
+                                }
+                            }
+                        }
+                    }
+                    _ => 1,
+                };
+                if times > 0 {
+                    if let Some(inj) = self.recv_faults.as_deref_mut() {
+                        inj.passed();
+                    }
+                    if !accept(
+                        &mut self.checker,
+                        &mut self.stats,
+                        port,
+                        &arrival,
+                        src_port,
+                        data,
+                    ) {
+                        continue;
+                    }
+                }
+                for _ in 0..times {
+                    deliver(&arrival, data);
+                    delivered += 1;
+                }
+            }
+            if let Some(seen) = evidence {
+                self.evidence(i, seen);
+            }
+        }
+        if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
+            let (checker, stats) = (&mut self.checker, &mut self.stats);
+            inj.release(now, &mut |(arrival, src_port), data| {
+                if accept(checker, stats, port, &arrival, src_port, data) {
+                    deliver(&arrival, data);
+                    delivered += 1;
+                }
+            });
+        }
+        if count > 0 {
+            self.next_recv = (self.next_recv + 1) % count;
+        }
+        self.stats.received += delivered as u64;
+        self.drained = drained;
+        Ok(delivered)
+    }
+}
+
+/// Checks the ICRC of a received datagram, counting what it finds.
+fn accept(
+    checker: &mut IcrcChecker,
+    stats: &mut WireStats,
+    port: u16,
+    arrival: &Arrival,
+    src_port: u16,
+    data: &[u8],
+) -> bool {
+    let verdict = icrc::encap(arrival.remote, arrival.local, src_port, port)
+        .and_then(|encap| checker.check(&encap, data));
+    match verdict {
+        Some(IcrcOk::Exact) => true,
+        Some(IcrcOk::RecoveredId(_)) => {
+            stats.icrc_recovered_id += 1;
+            true
+        }
+        None => {
+            stats.icrc_errors += 1;
+            crate::ratelimit::warn_limited!(from = %arrival.remote, "datagram with a bad ICRC dropped");
+            false
+        }
+    }
+}
