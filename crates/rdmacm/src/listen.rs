@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use rdma_proto::cm::{ReqReceived, SidrRepParams, SidrReqReceived};
-use rdma_wire::cm::{RejectReason, SidrStatus};
+use rdma_wire::cm::{CmPathRepr, RejectReason, SidrStatus};
 use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
 use crate::connect::Conn;
@@ -15,7 +15,7 @@ use crate::held::{HeldMad, HeldReq};
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, EventType, PendingEvent};
 use crate::resolve::ResolvedAddr;
-use crate::route::{RocePath, RouteParams};
+use crate::route::{flow_label_to_udp_sport, RocePath, RouteParams};
 use crate::slot::IdState;
 use crate::slot::{IdNum, IdSlot, Remote};
 use crate::state::State;
@@ -147,9 +147,10 @@ fn child(
     sid: u64,
     arrival: u32,
     hdr: &IpCmHeaderRepr,
-    tclass: Option<u8>,
+    req_path: Option<&CmPathRepr>,
     addr: Result<ResolvedAddr>,
 ) -> std::result::Result<(IdNum, IdNum), Refused> {
+    let tclass = req_path.map(|p| p.traffic_class);
     let l = admit(st, dev, sid, arrival, hdr.dst)?;
     let (local, peer) = (hdr.dst, hdr.src);
     // The path from where the request arrived (no neighbour entry needed); refused when the
@@ -172,9 +173,15 @@ fn child(
         ipv6_flow_label: None,
         ack_timeout: lslot.opts.ack_timeout,
     };
-    let Ok(path) = RocePath::compute(&addr, &addr.netdev, &params) else {
+    let Ok(mut path) = RocePath::compute(&addr, &addr.netdev, &params) else {
         return Err((RejectCause::PathUnusable, Some(l)));
     };
+    if let Some(p) = req_path {
+        // As Linux: the flow label (so the UDP source port) is the one the REQ's path
+        // carries, the same on both ends.
+        path.flow_label = p.flow_label;
+        path.udp_sport = flow_label_to_udp_sport(p.flow_label);
+    }
     let mut s = IdSlot::new(lslot.channel, lslot.ps, lslot.qp_kind);
     s.opts = lslot.opts;
     s.context = lslot.context;
@@ -242,8 +249,17 @@ fn req_with_path(
     addr: Result<ResolvedAddr>,
 ) {
     let conn = r.conn;
-    let tclass = Some(r.req.primary_path.traffic_class);
-    let (num, l) = match child(inner, st, dev, r.listener, r.path.tag, hdr, tclass, addr) {
+    let req_path = r.req.primary_path;
+    let (num, l) = match child(
+        inner,
+        st,
+        dev,
+        r.listener,
+        r.path.tag,
+        hdr,
+        Some(&req_path),
+        addr,
+    ) {
         Ok(x) => x,
         Err(why) => {
             refuse(inner, st, dev, conn, why, Some(hdr.src));

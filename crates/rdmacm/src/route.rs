@@ -15,7 +15,7 @@ pub const ROCE_HEADROOM: u32 = 80;
 pub const DEFAULT_PACKET_LIFETIME: u8 = 16;
 
 /// Lowest UDP source port RoCE v2 uses for flow entropy (`IB_ROCE_UDP_ENCAP_VALID_PORT_MIN`).
-pub const ROCE_UDP_SPORT_MIN: u16 = 0xC000;
+pub const ROCE_UDP_SPORT_MIN: u16 = rdma_soft::io::flow::ROCE_SPORT_MIN;
 
 /// An InfiniBand path MTU.
 ///
@@ -104,10 +104,8 @@ pub fn flow_label(src_port: u16, dst_port: u16, ipv6_flow_label: Option<u32>) ->
 /// assert_eq!(rdmacm::flow_label_to_udp_sport(0x3FFF), 0xFFFF);
 /// ```
 pub fn flow_label_to_udp_sport(fl: u32) -> u16 {
-    let low = fl & 0x3FFF;
-    let high = (fl & 0xF_C000) >> 14;
-    // Masked to 14 bits: the cast cannot truncate.
-    ROCE_UDP_SPORT_MIN | ((low ^ high) & 0x3FFF) as u16
+    // The device's rule, the one that reaches the wire.
+    rdma_soft::io::flow::flow_label_to_udp_sport(fl)
 }
 
 /// Per-id inputs of route resolution (rdma_cm options and ports).

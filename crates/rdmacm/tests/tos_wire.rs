@@ -256,6 +256,15 @@ fn run_case(client_ip: &str, server_sa: &str, tos: u8, server_tos: Option<u8>) {
             "{kind}: IP traffic class on the wire (want {tos:#04x})"
         );
     }
+    // The data path leaves from the flow label's UDP source port (as rxe picks it), the
+    // same on both ends: never 4791 (a socket that could not be had).
+    let sports: std::collections::BTreeSet<u16> = pkts
+        .iter()
+        .filter(|p| p.dest_qp != 1)
+        .map(|p| p.udp_sport)
+        .collect();
+    assert_eq!(sports.len(), 1, "data path source ports {sports:?}");
+    assert!(sports.iter().all(|&p| p >= 0xC000), "{sports:?}");
     // The ICRC of each single datagram (a GSO message the capture sees before segmentation
     // is longer than the veth's MTU) is valid over the header the kernel wrote.
     let mut checked = 0;
