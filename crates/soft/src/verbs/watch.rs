@@ -107,7 +107,9 @@ pub struct WireWatch {
 impl Drop for WireWatch {
     fn drop(&mut self) {
         self.shared.watch().watchers.fetch_sub(1, Relaxed);
-        // The engine may be waiting for this watcher: let it look now.
+        // The engine may be waiting for this watcher: let it look now (under the runtime
+        // lock, as wake times are set).
+        let _rt = self.shared.runtime();
         self.shared.wake_by(Instant::now());
     }
 }
