@@ -33,6 +33,7 @@ fn end(ip: &str) -> End {
     let cq = dev.create_cq(1024, Some(&ch)).unwrap();
     let mut init = QpInitAttr::rc(&cq, &cq);
     init.cap.max_recv_wr = 512;
+    init.cap.max_send_wr = 512;
     let qp = pd.create_qp(&init).unwrap();
     let mr = pd
         .register(vec![0u8; 1 << 20], AccessFlags::LOCAL_WRITE)
