@@ -195,3 +195,34 @@ pub(crate) fn snapshot(d: &DeviceShared) -> Value {
         "counters": counters,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::verbs::{Device, DeviceConfig, PortConfig};
+
+    #[test]
+    fn every_port_is_listed() {
+        let mut cfg = DeviceConfig::for_netdev("lo").unwrap();
+        cfg.gids = vec!["127.0.171.31".parse().unwrap()];
+        cfg.more_ports = vec![PortConfig {
+            netdev: "lo".into(),
+            netdev_mtu: 1500,
+            up: true,
+            gids: vec!["127.0.171.32".parse().unwrap(), "::1".parse().unwrap()],
+        }];
+        let dev = Device::open(cfg).unwrap();
+        dev.set_port_state(2, false).unwrap();
+        let v = super::snapshot(dev.shared());
+        assert_eq!(v["phys_port_cnt"], 2);
+        let ports = v["ports"].as_array().unwrap();
+        assert_eq!(ports.len(), 2);
+        let (p1, p2) = (&ports[0], &ports[1]);
+        assert_eq!((p1["port"].as_u64(), p2["port"].as_u64()), (Some(1), Some(2)));
+        assert_eq!((&p1["netdev"], &p2["netdev"]), (&"lo".into(), &"lo".into()));
+        assert_eq!((&p1["state"], &p2["state"]), (&"PORT_ACTIVE".into(), &"PORT_DOWN".into()));
+        assert_eq!((p1["active_mtu"].as_u64(), p2["active_mtu"].as_u64()), (Some(4096), Some(1024)));
+        assert_eq!((p1["gid_tbl_len"].as_u64(), p2["gid_tbl_len"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(p2["gids"][0]["addr"], "127.0.171.32");
+        assert_eq!(p2["gids"][1]["gid"], "::1");
+    }
+}
