@@ -55,7 +55,9 @@ fn port_api_and_errors() {
         assert_eq!(dev.query_port(bad).unwrap_err().errno(), libc::EINVAL);
         assert_eq!(dev.gids_on(bad).unwrap_err().errno(), libc::EINVAL);
         assert_eq!(
-            dev.add_gid_on(bad, addr("127.0.171.9")).unwrap_err().errno(),
+            dev.add_gid_on(bad, addr("127.0.171.9"))
+                .unwrap_err()
+                .errno(),
             libc::EINVAL
         );
         assert_eq!(
@@ -256,13 +258,19 @@ fn exchange(h: &End, b: &End, k: usize) {
     .signaled();
     let mut got = vec![0u8; LEN];
     h.mr.read(slot(k) + LEN, &mut got).unwrap();
-    assert!(got == pb, "QP {k}: the WRITE into the shared region arrived changed");
+    assert!(
+        got == pb,
+        "QP {k}: the WRITE into the shared region arrived changed"
+    );
     b.mr.read(slot(k) + LEN, &mut got).unwrap();
     assert!(got == ph, "QP {k}: h's WRITE arrived changed");
     b.qps[k].post_send(&read).unwrap();
     completions(&b.cq, 1);
     b.mr.read(slot(k) + LEN, &mut got).unwrap();
-    assert!(got == pb, "QP {k}: the READ of the shared region came back changed");
+    assert!(
+        got == pb,
+        "QP {k}: the READ of the shared region came back changed"
+    );
 }
 
 #[test]
@@ -276,11 +284,18 @@ fn one_region_serves_qps_on_both_ports() {
         Device::open(two_port_lo(&["127.0.172.9"], &["127.0.172.10"])).unwrap(),
         2,
     );
-    let pairs = [(1, "127.0.172.1", "127.0.172.9"), (2, "127.0.172.2", "127.0.172.10")];
+    let pairs = [
+        (1, "127.0.172.1", "127.0.172.9"),
+        (2, "127.0.172.2", "127.0.172.10"),
+    ];
     for (k, (port, hip, bip)) in pairs.into_iter().enumerate() {
         let (hq, bq) = (h.qps[k].qpn(), b.qps[k].qpn());
-        h.qps[k].connect_on(port, bq, 0x20, 0x10, addr(bip).gid()).unwrap();
-        b.qps[k].connect_on(port, hq, 0x10, 0x20, addr(hip).gid()).unwrap();
+        h.qps[k]
+            .connect_on(port, bq, 0x20, 0x10, addr(bip).gid())
+            .unwrap();
+        b.qps[k]
+            .connect_on(port, hq, 0x10, 0x20, addr(hip).gid())
+            .unwrap();
         assert_eq!(h.qps[k].query().unwrap().port_num, port);
     }
     exchange(&h, &b, 0);
@@ -357,7 +372,9 @@ fn group_qps_send_on_their_own_port() {
     let (h2, b2) = (h.qps[1].qpn(), b.qps[1].qpn());
     let seen = |src: &str, qp: u32| {
         let src: std::net::IpAddr = src.parse().unwrap();
-        pkts.iter().filter(|r| r.src == src && r.dest_qp == qp).count()
+        pkts.iter()
+            .filter(|r| r.src == src && r.dest_qp == qp)
+            .count()
     };
     assert!(seen(H[1], b2) > 0, "no port 2 traffic of h on h1");
     assert!(seen(B[1], h2) > 0, "no port 2 traffic of b on h1");
@@ -376,4 +393,72 @@ fn group_qps_send_on_their_own_port() {
     h.dev.set_port_state(2, false).unwrap();
     assert_eq!(h.dev.query_port(2).unwrap().state, PortState::Down);
     assert_eq!(h.dev.query_port(1).unwrap().state, PortState::Active);
+}
+
+#[test]
+fn a_ud_qp_on_port_2_sends_and_receives_on_port_2s_address() {
+    let a = Device::open(two_port_lo(&["127.0.171.41"], &["127.0.171.42"])).unwrap();
+    let mut cfg = DeviceConfig::for_netdev("lo").unwrap();
+    cfg.gids = vec![addr("127.0.171.49")];
+    let b = Device::open(cfg).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (cqa, cqb) = (
+        a.create_cq(16, None).unwrap(),
+        b.create_cq(16, None).unwrap(),
+    );
+    let qa = pa.create_qp(&QpInitAttr::ud(&cqa, &cqa)).unwrap();
+    let qb = pb.create_qp(&QpInitAttr::ud(&cqb, &cqb)).unwrap();
+    qa.ud_ready_port(2, 0x77).unwrap();
+    qb.ud_ready(0x77).unwrap();
+    let (ma, mb) = (
+        pa.register(vec![0u8; 1024], AccessFlags::LOCAL_WRITE)
+            .unwrap(),
+        pb.register(vec![0u8; 1024], AccessFlags::LOCAL_WRITE)
+            .unwrap(),
+    );
+    let to_b = pa
+        .create_ah_on(
+            2,
+            &PathAttr {
+                dgid: addr("127.0.171.49").gid(),
+                ..PathAttr::default()
+            },
+        )
+        .unwrap();
+    ma.write(0, b"from port 2").unwrap();
+    qb.post_recv(&RecvWr::new(1).with_sge(mb.sge(0, 1024).unwrap()))
+        .unwrap();
+    let wr = SendWr::new(2, SendOp::Send)
+        .with_sge(ma.sge(0, 11).unwrap())
+        .with_ud(to_b.dest(qb.qpn(), 0x77));
+    qa.post_send(&wr).unwrap();
+    completions(&cqb, 1);
+    let mut got = [0u8; 51];
+    mb.read(0, &mut got).unwrap();
+    assert_eq!(
+        &got[32..36],
+        &[127, 0, 171, 42],
+        "GRH source: port 2's address"
+    );
+    assert_eq!(&got[40..], b"from port 2");
+    // and back: b's datagram to port 2's address reaches the QP on port 2
+    let to_a = pb
+        .create_ah(&PathAttr {
+            dgid: addr("127.0.171.42").gid(),
+            ..PathAttr::default()
+        })
+        .unwrap();
+    qa.post_recv(&RecvWr::new(3).with_sge(ma.sge(0, 1024).unwrap()))
+        .unwrap();
+    mb.write(0, b"to port 2").unwrap();
+    let wr = SendWr::new(4, SendOp::Send)
+        .with_sge(mb.sge(0, 9).unwrap())
+        .with_ud(to_a.dest(qa.qpn(), 0x77));
+    qb.post_send(&wr).unwrap();
+    // a's CQ holds the receive (sends are unsignaled)
+    completions(&cqa, 1);
+    let mut back = [0u8; 49];
+    ma.read(0, &mut back).unwrap();
+    assert_eq!(&back[40..], b"to port 2");
+    assert_eq!(a.rx_by_port()[2], 1, "{:?}", a.rx_by_port());
 }

@@ -213,7 +213,9 @@ pub fn link(procs: &[Proc]) -> String {
                 if active { "ACTIVE" } else { "DOWN" },
                 if active { "LINK_UP" } else { "DISABLED" },
                 // a device group's ports have a netdev each; older snapshots only the device's
-                port.get("netdev").and_then(Value::as_str).unwrap_or(s(d, "netdev")),
+                port.get("netdev")
+                    .and_then(Value::as_str)
+                    .unwrap_or(s(d, "netdev")),
                 p.pid,
                 p.comm
             );
@@ -464,13 +466,20 @@ mod tests {
         );
         assert!(one < two, "{info}");
         assert!(info[two..].contains("PORT_DOWN (1)"), "{info}");
-        assert!(info[two..].contains("0000:0000:0000:0000:0000:ffff:c633:6401"), "{info}");
+        assert!(
+            info[two..].contains("0000:0000:0000:0000:0000:ffff:c633:6401"),
+            "{info}"
+        );
         assert_eq!(
             link(&p),
             "link ha0/1 state ACTIVE physical_state LINK_UP netdev h0 pid 9 comm t\n\
              link ha0/2 state DOWN physical_state DISABLED netdev h1 pid 9 comm t\n"
         );
-        assert!(resource_qp(&p).starts_with("link ha0/2 lqpn 17 "), "{}", resource_qp(&p));
+        assert!(
+            resource_qp(&p).starts_with("link ha0/2 lqpn 17 "),
+            "{}",
+            resource_qp(&p)
+        );
         assert!(statistic_qp(&p).starts_with("link ha0/2 lqpn 17 "));
     }
 

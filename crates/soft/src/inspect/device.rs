@@ -217,11 +217,23 @@ mod tests {
         let ports = v["ports"].as_array().unwrap();
         assert_eq!(ports.len(), 2);
         let (p1, p2) = (&ports[0], &ports[1]);
-        assert_eq!((p1["port"].as_u64(), p2["port"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(
+            (p1["port"].as_u64(), p2["port"].as_u64()),
+            (Some(1), Some(2))
+        );
         assert_eq!((&p1["netdev"], &p2["netdev"]), (&"lo".into(), &"lo".into()));
-        assert_eq!((&p1["state"], &p2["state"]), (&"PORT_ACTIVE".into(), &"PORT_DOWN".into()));
-        assert_eq!((p1["active_mtu"].as_u64(), p2["active_mtu"].as_u64()), (Some(4096), Some(1024)));
-        assert_eq!((p1["gid_tbl_len"].as_u64(), p2["gid_tbl_len"].as_u64()), (Some(1), Some(2)));
+        assert_eq!(
+            (&p1["state"], &p2["state"]),
+            (&"PORT_ACTIVE".into(), &"PORT_DOWN".into())
+        );
+        assert_eq!(
+            (p1["active_mtu"].as_u64(), p2["active_mtu"].as_u64()),
+            (Some(4096), Some(1024))
+        );
+        assert_eq!(
+            (p1["gid_tbl_len"].as_u64(), p2["gid_tbl_len"].as_u64()),
+            (Some(1), Some(2))
+        );
         assert_eq!(p2["gids"][0]["addr"], "127.0.171.32");
         assert_eq!(p2["gids"][1]["gid"], "::1");
     }

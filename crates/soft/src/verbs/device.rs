@@ -12,8 +12,8 @@ use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 use super::cq::{CompletionChannel, CompletionQueue};
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
-use super::srq::SharedReceiveQueue;
 use super::port::{PortAttr, PortConfig, PortState};
+use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
 use crate::engine::{self, Registration, Run, Source};
 use crate::io::{DatagramWire, UdpConfig, UdpWire, WireAddr, WireStats};
@@ -206,7 +206,9 @@ impl DeviceShared {
         (n as usize)
             .checked_sub(1)
             .and_then(|i| self.ports.get(i))
-            .ok_or(Error::InvalidArgument("port number beyond the device's ports"))
+            .ok_or(Error::InvalidArgument(
+                "port number beyond the device's ports",
+            ))
     }
 
     pub(crate) fn cfg_mut(&self) -> std::sync::RwLockWriteGuard<'_, DeviceConfig> {

@@ -86,7 +86,9 @@ impl DeviceConfig {
             .split_first()
             .ok_or(Error::InvalidArgument("a device group needs a netdev"))?;
         if netdevs.len() > MAX_PORTS {
-            return Err(Error::InvalidArgument("more netdevs than a device has ports"));
+            return Err(Error::InvalidArgument(
+                "more netdevs than a device has ports",
+            ));
         }
         if netdevs
             .iter()
