@@ -136,7 +136,7 @@ fn qps_and_ahs_check_their_port() {
     qp.modify(&a, m).unwrap();
     assert_eq!(qp.query().unwrap().port_num, 2);
     // RTR on port 2: its table has one entry and its MTU is 1024
-    let mut r = a.clone();
+    let mut r = a;
     r.qp_state = QpState::Rtr;
     r.path.dgid = addr("127.0.171.19").gid();
     r.path.sgid_index = 1;
