@@ -141,8 +141,20 @@ pub fn ibv_devinfo_list(procs: &[Proc]) -> String {
 }
 
 /// `ibv_devinfo [-d dev] [-v]`: one `hca_id` block per device of each process (a soft
-/// device is per process; the `pid:` line says whose). `-v` adds the GID table.
+/// device is per process; the `pid:` line says whose), with a `port:` section per port (a
+/// device group has several, each naming its netdev). `-v` adds the GID tables.
 pub fn ibv_devinfo(procs: &[Proc], dev: Option<&str>, verbose: bool) -> String {
+    ibv_devinfo_port(procs, dev, None, verbose)
+}
+
+/// `ibv_devinfo -i port`: [`ibv_devinfo`] with only port `port` of each device (`None`:
+/// every port).
+pub fn ibv_devinfo_port(
+    procs: &[Proc],
+    dev: Option<&str>,
+    only: Option<u64>,
+    verbose: bool,
+) -> String {
     let mut out = String::new();
     for (p, d) in devices(procs).filter(|(_, d)| dev.is_none_or(|n| s(d, "name") == n)) {
         let _ = writeln!(out, "hca_id:\t{}", s(d, "name"));
@@ -160,8 +172,12 @@ pub fn ibv_devinfo(procs: &[Proc], dev: Option<&str>, verbose: bool) -> String {
         let _ = writeln!(out, "\tphys_port_cnt:\t\t\t{}", n(d, "phys_port_cnt"));
         let _ = writeln!(out, "\tnetdev:\t\t\t\t{}", s(d, "netdev"));
         let _ = writeln!(out, "\tpid:\t\t\t\t{} ({})", p.pid, p.comm);
-        for port in list(d, "ports") {
+        let ports = list(d, "ports").iter();
+        for port in ports.filter(|p| only.is_none_or(|o| n(p, "port") == o)) {
             let _ = writeln!(out, "\t\tport:\t{}", n(port, "port"));
+            if let Some(nd) = port.get("netdev").and_then(Value::as_str) {
+                let _ = writeln!(out, "\t\t\tnetdev:\t\t\t{nd}");
+            }
             let _ = writeln!(
                 out,
                 "\t\t\tstate:\t\t\t{} ({})",
@@ -466,6 +482,12 @@ mod tests {
         );
         assert!(one < two, "{info}");
         assert!(info[two..].contains("PORT_DOWN (1)"), "{info}");
+        assert!(info[two..].contains("\t\t\tnetdev:\t\t\th1\n"), "{info}");
+        let only = ibv_devinfo_port(&p, None, Some(2), false);
+        assert!(
+            !only.contains("\t\tport:\t1\n") && only.contains("\t\tport:\t2\n"),
+            "{only}"
+        );
         assert!(
             info[two..].contains("0000:0000:0000:0000:0000:ffff:c633:6401"),
             "{info}"
