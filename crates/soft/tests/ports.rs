@@ -297,6 +297,7 @@ fn one_region_serves_qps_on_both_ports() {
             .connect_on(port, hq, 0x10, 0x20, addr(hip).gid())
             .unwrap();
         assert_eq!(h.qps[k].query().unwrap().port_num, port);
+        assert_eq!(h.qps[k].last_rx_port(), None);
     }
     exchange(&h, &b, 0);
     exchange(&h, &b, 1);
@@ -305,6 +306,10 @@ fn one_region_serves_qps_on_both_ports() {
     assert_eq!(b.dev.runtime_stats().wrong_path, 0);
     assert_eq!(h.dev.runtime_stats().wrong_path, 0);
     for e in [&h, &b] {
+        // each QP's packets arrived on its own port
+        for (k, qp) in e.qps.iter().enumerate() {
+            assert_eq!(qp.last_rx_port(), Some(k as u8 + 1));
+        }
         let rx = e.dev.rx_by_port();
         assert_eq!(rx[0], 0, "{rx:?}");
         assert!(rx[1] > 0 && rx[2] > 0, "{rx:?}");
@@ -386,6 +391,8 @@ fn group_qps_send_on_their_own_port() {
     for e in [&h, &b] {
         let rx = e.dev.rx_by_port();
         assert!(rx[1] > 0 && rx[2] > 0 && rx[0] == 0, "{rx:?}");
+        let ports: Vec<_> = e.qps.iter().map(|q| q.last_rx_port()).collect();
+        assert_eq!(ports, [Some(1), Some(2)]);
         assert_eq!(e.dev.runtime_stats().wrong_path, 0);
         assert_eq!(e.dev.mr_count(), 1);
     }

@@ -58,6 +58,7 @@ fn qp(c: &QpCtx) -> Value {
         "qpn": c.qpn,
         "type": "RC",
         "port": a.port_num.max(1),
+        "rx_port": c.rx_port,
         "state": state_name(c.rc.state()),
         "local": local,
         "peer": peer,

@@ -344,6 +344,16 @@ impl QueuePair {
         &self.recv_cq
     }
 
+    /// The device port the last packet for this RC QP arrived on (the port whose GID table
+    /// holds the address it arrived at); `None` before any, for a UD QP or a destroyed one.
+    pub fn last_rx_port(&self) -> Option<u8> {
+        if self.ud {
+            return None;
+        }
+        let mut rt = self.dev.runtime();
+        rt.get(self.qpn).map(|c| c.rx_port).filter(|&p| p != 0)
+    }
+
     /// Its SRQ, if any.
     pub fn srq(&self) -> Option<&SharedReceiveQueue> {
         self.srq.as_ref()
