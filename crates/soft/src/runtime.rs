@@ -69,7 +69,7 @@ use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
 use crate::io::{Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::ratelimit::warn_limited;
-use crate::verbs::{CompletionQueue, SharedReceiveQueue};
+use crate::verbs::{CompletionQueue, SharedReceiveQueue, MAX_PORTS};
 use crate::{Error, Result};
 
 /// Unacknowledged request PSNs an RC QP may have in flight: the transport's send window
@@ -107,6 +107,8 @@ pub struct RuntimeStats {
     pub cq_overflows: u64,
     /// Times a QP stopped transmitting because its send window was full.
     pub window_stalls: u64,
+    /// Datagrams received per port of the address they arrived on (0: no port's address).
+    pub rx_by_port: [u64; MAX_PORTS + 1],
 }
 
 /// The runtime's state for one QP.
@@ -126,6 +128,9 @@ pub(crate) struct QpCtx {
     pub sport: u16,
     /// Receives moved from the SRQ into the transport and not yet completed.
     srq_held: u32,
+    /// The device port the last packet for this QP arrived on (0: none yet), for path
+    /// migration to tell the primary path from the alternate.
+    pub rx_port: u8,
     /// The QP's span (device, QPN, peer), entered while the runtime drives it; a disabled
     /// span costs one branch.
     pub span: tracing::Span,
@@ -149,6 +154,7 @@ impl QpCtx {
             tclass: 0,
             sport: crate::io::flow::qpn_udp_sport(qpn),
             srq_held: 0,
+            rx_port: 0,
             span: tracing::Span::none(),
         }
     }
@@ -163,6 +169,7 @@ impl QpCtx {
         now: u64,
         mem: &mut M,
         arr: &Arrival,
+        port: u8,
         pkt: &Packet<'_>,
         stats: &mut RuntimeStats,
     ) {
@@ -179,6 +186,7 @@ impl QpCtx {
                 return;
             }
         }
+        self.rx_port = port;
         let _span = self.span.enter();
         let op = pkt.header.opcode;
         tracing::trace!(?op, psn = pkt.header.psn, len = pkt.payload.len(), "rx");
@@ -237,6 +245,9 @@ pub(crate) struct Runtime {
     timers_touched: bool,
     /// Transport counters of the QPs destroyed so far (device totals for inspection).
     retired: rdma_proto::rc::RcStats,
+    /// Every GID of the device's ports, sorted, with its port: which port a datagram
+    /// arrived on (replaced when a GID table changes, read per packet without allocating).
+    port_map: Vec<(WireAddr, u8)>,
 }
 
 impl Runtime {
@@ -258,6 +269,7 @@ impl Runtime {
             gsi: Gsi::new()?,
             ud: ud::UdState::default(),
             timers_touched: false,
+            port_map: Vec::new(),
             retired: Default::default(),
         })
     }
@@ -527,6 +539,11 @@ impl Runtime {
         self.wire.flush()
     }
 
+    /// Replaces the table of which port each local address belongs to.
+    pub fn set_port_map(&mut self, map: Vec<(WireAddr, u8)>) {
+        self.port_map = map;
+    }
+
     /// One receive round: delivers what the wire has; returns how many datagrams.
     fn receive<M: MemoryTable + ?Sized>(&mut self, now: u64, mem: &mut M) -> Result<usize> {
         let Runtime {
@@ -535,9 +552,12 @@ impl Runtime {
             stats,
             gsi,
             ud,
+            port_map,
             ..
         } = self;
         wire.recv(&mut |arr, bytes| {
+            let port = port_in(port_map, arr.local);
+            stats.rx_by_port[port as usize] += 1;
             let Ok(pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
                 stats.unparsable += 1;
                 warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
@@ -553,7 +573,7 @@ impl Runtime {
                 .and_then(|s| s.as_deref_mut())
                 .filter(|c| c.qpn == qpn);
             match ctx {
-                Some(ctx) => ctx.deliver(now, mem, arr, &pkt, stats),
+                Some(ctx) => ctx.deliver(now, mem, arr, port, &pkt, stats),
                 None => {
                     if !ud.deliver(now, mem, arr, &pkt, stats) {
                         stats.no_such_qp += 1;
@@ -646,6 +666,14 @@ impl Runtime {
 }
 
 /// The remote address of a path's destination GID (IPv4-mapped GIDs become IPv4).
+/// The port of `local` in a sorted port table (0: none).
+fn port_in(map: &[(WireAddr, u8)], local: WireAddr) -> u8 {
+    match map.binary_search_by_key(&local, |e| e.0) {
+        Ok(i) => map[i].1,
+        Err(_) => 0,
+    }
+}
+
 pub(crate) fn gid_addr(gid: [u8; 16]) -> WireAddr {
     WireAddr::from(IpAddr::V6(Ipv6Addr::from(gid)))
 }

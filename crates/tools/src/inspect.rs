@@ -141,8 +141,20 @@ pub fn ibv_devinfo_list(procs: &[Proc]) -> String {
 }
 
 /// `ibv_devinfo [-d dev] [-v]`: one `hca_id` block per device of each process (a soft
-/// device is per process; the `pid:` line says whose). `-v` adds the GID table.
+/// device is per process; the `pid:` line says whose), with a `port:` section per port (a
+/// device group has several, each naming its netdev). `-v` adds the GID tables.
 pub fn ibv_devinfo(procs: &[Proc], dev: Option<&str>, verbose: bool) -> String {
+    ibv_devinfo_port(procs, dev, None, verbose)
+}
+
+/// `ibv_devinfo -i port`: [`ibv_devinfo`] with only port `port` of each device (`None`:
+/// every port).
+pub fn ibv_devinfo_port(
+    procs: &[Proc],
+    dev: Option<&str>,
+    only: Option<u64>,
+    verbose: bool,
+) -> String {
     let mut out = String::new();
     for (p, d) in devices(procs).filter(|(_, d)| dev.is_none_or(|n| s(d, "name") == n)) {
         let _ = writeln!(out, "hca_id:\t{}", s(d, "name"));
@@ -160,8 +172,12 @@ pub fn ibv_devinfo(procs: &[Proc], dev: Option<&str>, verbose: bool) -> String {
         let _ = writeln!(out, "\tphys_port_cnt:\t\t\t{}", n(d, "phys_port_cnt"));
         let _ = writeln!(out, "\tnetdev:\t\t\t\t{}", s(d, "netdev"));
         let _ = writeln!(out, "\tpid:\t\t\t\t{} ({})", p.pid, p.comm);
-        for port in list(d, "ports") {
+        let ports = list(d, "ports").iter();
+        for port in ports.filter(|p| only.is_none_or(|o| n(p, "port") == o)) {
             let _ = writeln!(out, "\t\tport:\t{}", n(port, "port"));
+            if let Some(nd) = port.get("netdev").and_then(Value::as_str) {
+                let _ = writeln!(out, "\t\t\tnetdev:\t\t\t{nd}");
+            }
             let _ = writeln!(
                 out,
                 "\t\t\tstate:\t\t\t{} ({})",
@@ -194,6 +210,11 @@ pub fn ibv_devinfo(procs: &[Proc], dev: Option<&str>, verbose: bool) -> String {
     out
 }
 
+/// A QP's port (1 when the snapshot does not say).
+fn port_num(q: &Value) -> u64 {
+    q.get("port").and_then(Value::as_u64).unwrap_or(1)
+}
+
 /// `rdma-soft link`: `rdma link show`'s line per device (and process).
 pub fn link(procs: &[Proc]) -> String {
     let mut out = String::new();
@@ -207,7 +228,10 @@ pub fn link(procs: &[Proc]) -> String {
                 n(port, "port"),
                 if active { "ACTIVE" } else { "DOWN" },
                 if active { "LINK_UP" } else { "DISABLED" },
-                s(d, "netdev"),
+                // a device group's ports have a netdev each; older snapshots only the device's
+                port.get("netdev")
+                    .and_then(Value::as_str)
+                    .unwrap_or(s(d, "netdev")),
                 p.pid,
                 p.comm
             );
@@ -239,8 +263,9 @@ pub fn resource_qp(procs: &[Proc]) -> String {
         for q in list(d, "qps") {
             let _ = writeln!(
                 out,
-                "link {}/1 lqpn {} rqpn {} type {} state {} rq-psn {} sq-psn {} unacked-psn {} src {} dst {} pid {} comm {}",
+                "link {}/{} lqpn {} rqpn {} type {} state {} rq-psn {} sq-psn {} unacked-psn {} src {} dst {} pid {} comm {}",
                 s(d, "name"),
+                port_num(q),
                 n(q, "qpn"),
                 n(q, "dest_qpn"),
                 s(q, "type"),
@@ -354,8 +379,9 @@ pub fn statistic_qp(procs: &[Proc]) -> String {
         for q in list(d, "qps") {
             let _ = writeln!(
                 out,
-                "link {}/1 lqpn {} state {} pid {} comm {}{}",
+                "link {}/{} lqpn {} state {} pid {} comm {}{}",
                 s(d, "name"),
+                port_num(q),
                 n(q, "qpn"),
                 s(q, "state"),
                 p.pid,
@@ -423,6 +449,60 @@ mod tests {
             statistic(&p),
             "cm listeners 127.0.0.1:7 pid 9 comm t refused-no_listener_for_address 1 requests-accepted 2\n"
         );
+    }
+
+    #[test]
+    fn every_port_of_a_group_is_shown() {
+        let port = |n: u64, netdev: &str, state: &str, num: u64, ip: &str| {
+            json!({ "port": n, "netdev": netdev, "state": state, "state_num": num,
+                "max_mtu": 4096, "active_mtu": 1024, "link_layer": "Ethernet",
+                "gid_tbl_len": 1, "pkey_tbl_len": 1,
+                "gids": [{ "index": 0, "gid": format!("::ffff:{ip}") }] })
+        };
+        let snap = json!({ "pid": 9, "comm": "t", "devices": [{
+            "name": "ha0", "netdev": "h0", "node_guid": "0011223344556677",
+            "sys_image_guid": "0011223344556677", "fw_ver": "rdma-soft 0.1.0",
+            "vendor_id": 0, "vendor_part_id": 0, "phys_port_cnt": 2,
+            "ports": [port(1, "h0", "PORT_ACTIVE", 4, "192.0.2.1"),
+                port(2, "h1", "PORT_DOWN", 1, "198.51.100.1")],
+            "qps": [{ "qpn": 17, "port": 2, "dest_qpn": 18, "type": "RC", "state": "RTS",
+                "rq_psn": 5, "sq_psn": 6, "unacked_psn": 6, "local": "198.51.100.1",
+                "peer": "198.51.100.2", "counters": {} }],
+            "counters": {} }], "cm_ids": [] });
+        let p = vec![Proc {
+            pid: 9,
+            comm: "t".into(),
+            snap,
+        }];
+        let info = ibv_devinfo(&p, None, true);
+        assert!(info.contains("\tphys_port_cnt:\t\t\t2\n"), "{info}");
+        let (one, two) = (
+            info.find("\t\tport:\t1\n").expect("port 1"),
+            info.find("\t\tport:\t2\n").expect("port 2"),
+        );
+        assert!(one < two, "{info}");
+        assert!(info[two..].contains("PORT_DOWN (1)"), "{info}");
+        assert!(info[two..].contains("\t\t\tnetdev:\t\t\th1\n"), "{info}");
+        let only = ibv_devinfo_port(&p, None, Some(2), false);
+        assert!(
+            !only.contains("\t\tport:\t1\n") && only.contains("\t\tport:\t2\n"),
+            "{only}"
+        );
+        assert!(
+            info[two..].contains("0000:0000:0000:0000:0000:ffff:c633:6401"),
+            "{info}"
+        );
+        assert_eq!(
+            link(&p),
+            "link ha0/1 state ACTIVE physical_state LINK_UP netdev h0 pid 9 comm t\n\
+             link ha0/2 state DOWN physical_state DISABLED netdev h1 pid 9 comm t\n"
+        );
+        assert!(
+            resource_qp(&p).starts_with("link ha0/2 lqpn 17 "),
+            "{}",
+            resource_qp(&p)
+        );
+        assert!(statistic_qp(&p).starts_with("link ha0/2 lqpn 17 "));
     }
 
     #[test]

@@ -208,6 +208,11 @@ fn inspection_tools_show_a_live_process() {
             info.contains("0000:0000:0000:0000:0000:ffff:7f00:9601, RoCE v2"),
             "{info}"
         );
+        let one = tool("ibv_devinfo", &dir, &["-i", "1"]);
+        assert_eq!(one.matches("\t\tport:\t1\n").count(), 2, "{one}");
+        assert!(one.contains("\t\t\tnetdev:\t\t\tlo\n"), "{one}");
+        let none = tool("ibv_devinfo", &dir, &["-i", "2"]);
+        assert!(!none.contains("\t\tport:\t"), "{none}");
         let list = tool("ibv_devices", &dir, &[]);
         assert_eq!(
             list.lines().filter(|l| l.starts_with("    lo ")).count(),

@@ -57,6 +57,8 @@ fn qp(c: &QpCtx) -> Value {
     json!({
         "qpn": c.qpn,
         "type": "RC",
+        "port": a.port_num.max(1),
+        "rx_port": c.rx_port,
         "state": state_name(c.rc.state()),
         "local": local,
         "peer": peer,
@@ -77,6 +79,7 @@ fn ud_qp(c: &UdCtx) -> Value {
     json!({
         "qpn": c.qpn,
         "type": "UD",
+        "port": c.port,
         "state": state_name(c.ud.state()),
         "local": if local.is_empty() { Value::Null } else { Value::from(local.join(",")) },
         "qkey": c.ud.qkey(),
@@ -120,11 +123,12 @@ fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
     v
 }
 
-/// The device's view (the `"devices"` provider of every open device).
-pub(crate) fn snapshot(d: &DeviceShared) -> Value {
-    let gids: Vec<Value> = d
-        .cfg()
-        .gids
+/// One port: its netdev, state, MTUs and GID table.
+fn port_view(d: &DeviceShared, n: u8, rx: u64) -> Option<Value> {
+    let port = d.port_attr(n).ok()?;
+    let cfg = d.cfg();
+    let (netdev, _, up, gids) = cfg.port_parts(n).ok()?;
+    let gids: Vec<Value> = gids
         .iter()
         .enumerate()
         .map(|(i, g)| {
@@ -135,7 +139,29 @@ pub(crate) fn snapshot(d: &DeviceShared) -> Value {
             })
         })
         .collect();
-    let port = d.port();
+    let state = if up {
+        PortState::Active
+    } else {
+        PortState::Down
+    };
+    Some(json!({
+        "port": n,
+        "netdev": netdev,
+        "state": match state { PortState::Active => "PORT_ACTIVE", PortState::Down => "PORT_DOWN" },
+        "state_num": state as u32,
+        "max_mtu": port.max_mtu.bytes(),
+        "active_mtu": port.active_mtu.bytes(),
+        "netdev_mtu": port.netdev_mtu,
+        "gid_tbl_len": gids.len(),
+        "pkey_tbl_len": port.pkey_tbl_len,
+        "link_layer": if port.link_layer_ethernet { "Ethernet" } else { "InfiniBand" },
+        "gids": gids,
+        "rx_datagrams": rx,
+    }))
+}
+
+/// The device's view (the `"devices"` provider of every open device).
+pub(crate) fn snapshot(d: &DeviceShared) -> Value {
     let attr = d.attr();
     let rt = d.runtime();
     let (live, mut total) = rt.qps();
@@ -149,10 +175,13 @@ pub(crate) fn snapshot(d: &DeviceShared) -> Value {
         qkey_mismatch += c.ud.stats().qkey_mismatch;
         qps.push(ud_qp(c));
     }
-    let mut counters = device_counters(&total, &rt.stats(), &rt.wire_stats());
+    let stats = rt.stats();
+    let mut counters = device_counters(&total, &stats, &rt.wire_stats());
     counters["qkey_mismatch"] = Value::from(qkey_mismatch);
     drop(rt);
-    let state = port.state;
+    let ports: Vec<Value> = (1..=attr.phys_port_cnt)
+        .filter_map(|n| port_view(d, n, stats.rx_by_port.get(n as usize).copied().unwrap_or(0)))
+        .collect();
     json!({
         "name": d.name,
         "netdev": d.netdev,
@@ -162,19 +191,51 @@ pub(crate) fn snapshot(d: &DeviceShared) -> Value {
         "vendor_id": attr.vendor_id,
         "vendor_part_id": attr.vendor_part_id,
         "phys_port_cnt": attr.phys_port_cnt,
-        "ports": [{
-            "port": 1,
-            "state": match state { PortState::Active => "PORT_ACTIVE", PortState::Down => "PORT_DOWN" },
-            "state_num": state as u32,
-            "max_mtu": port.max_mtu.bytes(),
-            "active_mtu": port.active_mtu.bytes(),
-            "netdev_mtu": port.netdev_mtu,
-            "gid_tbl_len": gids.len(),
-            "pkey_tbl_len": port.pkey_tbl_len,
-            "link_layer": if port.link_layer_ethernet { "Ethernet" } else { "InfiniBand" },
-            "gids": gids,
-        }],
+        "ports": ports,
         "qps": qps,
         "counters": counters,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::verbs::{Device, DeviceConfig, PortConfig};
+
+    #[test]
+    fn every_port_is_listed() {
+        let mut cfg = DeviceConfig::for_netdev("lo").unwrap();
+        cfg.gids = vec!["127.0.171.31".parse().unwrap()];
+        cfg.more_ports = vec![PortConfig {
+            netdev: "lo".into(),
+            netdev_mtu: 1500,
+            up: true,
+            gids: vec!["127.0.171.32".parse().unwrap(), "::1".parse().unwrap()],
+        }];
+        let dev = Device::open(cfg).unwrap();
+        dev.set_port_state(2, false).unwrap();
+        let v = super::snapshot(dev.shared());
+        assert_eq!(v["phys_port_cnt"], 2);
+        let ports = v["ports"].as_array().unwrap();
+        assert_eq!(ports.len(), 2);
+        let (p1, p2) = (&ports[0], &ports[1]);
+        assert_eq!(
+            (p1["port"].as_u64(), p2["port"].as_u64()),
+            (Some(1), Some(2))
+        );
+        assert_eq!((&p1["netdev"], &p2["netdev"]), (&"lo".into(), &"lo".into()));
+        assert_eq!(
+            (&p1["state"], &p2["state"]),
+            (&"PORT_ACTIVE".into(), &"PORT_DOWN".into())
+        );
+        assert_eq!(
+            (p1["active_mtu"].as_u64(), p2["active_mtu"].as_u64()),
+            (Some(4096), Some(1024))
+        );
+        assert_eq!(
+            (p1["gid_tbl_len"].as_u64(), p2["gid_tbl_len"].as_u64()),
+            (Some(1), Some(2))
+        );
+        assert_eq!(p2["gids"][0]["addr"], "127.0.171.32");
+        assert_eq!(p2["gids"][1]["gid"], "::1");
+    }
 }

@@ -29,6 +29,9 @@ pub(crate) struct UdCtx {
     pub source: Option<u8>,
     /// The UDP source port of its datagrams (rxe's per-QPN port; UD QPs keep it).
     pub sport: u16,
+    /// The device port it is on (set at Reset -> Init; its GID table is the one it
+    /// receives on).
+    pub port: u8,
 }
 
 /// An address handle: source and destination of datagrams, and their traffic class.

@@ -12,6 +12,7 @@ use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 use super::cq::{CompletionChannel, CompletionQueue};
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
+use super::port::{PortAttr, PortConfig, PortState};
 use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
 use crate::engine::{self, Registration, Run, Source};
@@ -95,36 +96,6 @@ pub struct DeviceAttr {
     pub max_msg_sz: u32,
 }
 
-/// Port state (`ibv_port_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PortState {
-    /// The netdev is down.
-    Down = 1,
-    /// The netdev is up.
-    Active = 4,
-}
-
-/// Port attributes (`ibv_port_attr`, the fields a RoCEv2 port fills).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PortAttr {
-    /// State.
-    pub state: PortState,
-    /// Largest MTU the port supports.
-    pub max_mtu: Mtu,
-    /// MTU in use, from the netdev MTU ([`active_mtu`]).
-    pub active_mtu: Mtu,
-    /// The netdev's MTU it was derived from.
-    pub netdev_mtu: u32,
-    /// GID table entries.
-    pub gid_tbl_len: u32,
-    /// Largest message.
-    pub max_msg_sz: u32,
-    /// P_Key table entries.
-    pub pkey_tbl_len: u16,
-    /// Link layer: always Ethernet for RoCE.
-    pub link_layer_ethernet: bool,
-}
-
 /// How to open a [`Device`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -140,6 +111,9 @@ pub struct DeviceConfig {
     pub gids: Vec<WireAddr>,
     /// Node GUID.
     pub node_guid: u64,
+    /// Ports 2, 3, ...: a device group ([`DeviceConfig::group`]); empty for a one-port
+    /// device. The fields above are port 1.
+    pub more_ports: Vec<PortConfig>,
 }
 
 impl DeviceConfig {
@@ -154,6 +128,7 @@ impl DeviceConfig {
             up: true,
             gids: Vec::new(),
             node_guid: 0,
+            more_ports: Vec::new(),
         })
     }
 }
@@ -171,7 +146,8 @@ pub(crate) struct DeviceShared {
     /// The device's inspection provider (dropped first: see `inspect::register_borrowed`).
     inspect: OnceLock<crate::inspect::Provider>,
     attr: DeviceAttr,
-    port: PortAttr,
+    /// Port n at `ports[n - 1]`; its state and GID table live in `cfg`.
+    ports: Vec<PortAttr>,
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
     next_cq: AtomicU32,
@@ -220,8 +196,23 @@ impl DeviceShared {
         }
     }
 
+    /// Port 1's attributes (state and GID table length as at open).
     pub(crate) fn port(&self) -> &PortAttr {
-        &self.port
+        &self.ports[0]
+    }
+
+    /// Port `n`'s attributes (state and GID table length as at open; EINVAL beyond).
+    pub(crate) fn port_attr(&self, n: u8) -> Result<&PortAttr> {
+        (n as usize)
+            .checked_sub(1)
+            .and_then(|i| self.ports.get(i))
+            .ok_or(Error::InvalidArgument(
+                "port number beyond the device's ports",
+            ))
+    }
+
+    pub(crate) fn cfg_mut(&self) -> std::sync::RwLockWriteGuard<'_, DeviceConfig> {
+        self.cfg.write().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn attr(&self) -> &DeviceAttr {
@@ -347,7 +338,8 @@ impl Source for DeviceShared {
     }
 }
 
-/// A software RoCEv2 device attached to one netdev.
+/// A software RoCEv2 device: one port per netdev it is attached to (usually one; a device
+/// group has several, [`DeviceConfig::group`]), one key space for all.
 ///
 /// ```
 /// use rdma_soft::verbs::{Device, DeviceConfig, Mtu};
@@ -403,15 +395,7 @@ impl Device {
     /// assert_eq!(dev.wire_stats().sent, 0);
     /// ```
     pub fn open_with_wire(cfg: DeviceConfig, wire: Box<dyn DatagramWire>) -> Result<Device> {
-        if cfg.gids.len() > MAX_GIDS {
-            return Err(Error::Exhausted {
-                what: "GID table entries",
-                max: MAX_GIDS,
-            });
-        }
-        let active = active_mtu(cfg.netdev_mtu).ok_or(Error::InvalidArgument(
-            "netdev MTU too small for RoCEv2 (needs 256 bytes of payload plus headers)",
-        ))?;
+        let mtus = cfg.check_ports()?;
         let attr = DeviceAttr {
             fw_ver: concat!("rdma-soft ", env!("CARGO_PKG_VERSION")).to_owned(),
             node_guid: cfg.node_guid,
@@ -434,25 +418,33 @@ impl Device {
             max_srq_wr: MAX_QP_WR,
             max_srq_sge: MAX_SGE as u32,
             max_pkeys: 1,
-            phys_port_cnt: 1,
+            phys_port_cnt: cfg.port_count(),
             atomic_hca: true,
             max_inline_data: MAX_INLINE,
             max_msg_sz: MAX_MSG,
         };
-        let port = PortAttr {
-            state: if cfg.up {
-                PortState::Active
-            } else {
-                PortState::Down
-            },
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: active,
-            netdev_mtu: cfg.netdev_mtu,
-            gid_tbl_len: cfg.gids.len() as u32,
-            max_msg_sz: MAX_MSG,
-            pkey_tbl_len: 1,
-            link_layer_ethernet: true,
-        };
+        let ports = mtus
+            .iter()
+            .enumerate()
+            .map(|(i, &active)| {
+                // port numbers fit: check_ports allows MAX_PORTS
+                let (_, netdev_mtu, up, gids) = cfg.port_parts(i as u8 + 1)?;
+                Ok(PortAttr {
+                    state: if up {
+                        PortState::Active
+                    } else {
+                        PortState::Down
+                    },
+                    max_mtu: Mtu::Mtu4096,
+                    active_mtu: active,
+                    netdev_mtu,
+                    gid_tbl_len: gids.len() as u32,
+                    max_msg_sz: MAX_MSG,
+                    pkey_tbl_len: 1,
+                    link_layer_ethernet: true,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let rt = Runtime::new(wire)?;
         let wait_fd = rt.wait_fd();
         let gsi_event = rt.gsi_event_fd();
@@ -462,7 +454,7 @@ impl Device {
             netdev: cfg.netdev.clone(),
             cfg: RwLock::new(cfg),
             attr,
-            port,
+            ports,
             next_pd: AtomicU32::new(1),
             next_cq: AtomicU32::new(1),
             reg: OnceLock::new(),
@@ -487,6 +479,7 @@ impl Device {
             crate::inspect::register_borrowed("devices", weak, crate::inspect::device::snapshot)
         };
         let _ = shared.inspect.set(p);
+        shared.update_port_map();
         tracing::debug!(device = %shared.name, netdev = %shared.netdev, "device open");
         Ok(Device { shared })
     }
@@ -509,27 +502,24 @@ impl Device {
         &self.shared.netdev
     }
 
-    /// Its GID table as it is now (index = `sgid_index`). The table follows the netdev's
-    /// addresses through [`Device::add_gid`] and [`Device::remove_gid`].
+    /// Port 1's GID table as it is now (index = `sgid_index`). The table follows the
+    /// netdev's addresses through [`Device::add_gid`] and [`Device::remove_gid`]; other
+    /// ports': [`Device::gids_on`].
     pub fn gids(&self) -> Vec<WireAddr> {
         self.shared.cfg().gids.clone()
     }
 
-    /// The GID-table index of `ip`, if the table holds it.
+    /// The index of `ip` in port 1's GID table, if it holds it ([`Device::gid_index_on`]).
     pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
-        self.shared
-            .cfg()
-            .gids
-            .iter()
-            .position(|g| g.ip() == ip)
-            .and_then(|i| u8::try_from(i).ok())
+        self.gid_index_on(1, ip)
     }
 
-    /// Adds `gid` to the GID table of the open device (an address added to its netdev) and
-    /// returns its index; a GID already present keeps its index. QPs and AHs made later may
-    /// use it (existing UD QPs keep receiving on the addresses they started with). It takes
-    /// the table's lock for the call only; the data path never reads the table.
-    /// [`Error::Exhausted`] (`ENOMEM`) when the table has `MAX_GIDS` (256) entries.
+    /// Adds `gid` to port 1's GID table of the open device (an address added to its netdev)
+    /// and returns its index; a GID already present keeps its index. QPs and AHs made later
+    /// may use it (existing UD QPs keep receiving on the addresses they started with). It
+    /// takes the table's lock for the call only; the data path never reads the table.
+    /// [`Error::Exhausted`] (`ENOMEM`) when the table has `MAX_GIDS` (256) entries. Other
+    /// ports: [`Device::add_gid_on`].
     ///
     /// ```
     /// use rdma_soft::verbs::{Device, DeviceConfig};
@@ -543,54 +533,20 @@ impl Device {
     /// assert_eq!(dev.gid_index(a.ip()), None);
     /// ```
     pub fn add_gid(&self, gid: WireAddr) -> Result<u8> {
-        let mut cfg = self.shared.cfg.write().unwrap_or_else(|e| e.into_inner());
-        let i = match cfg.gids.iter().position(|g| *g == gid) {
-            Some(i) => i,
-            None => {
-                if cfg.gids.len() >= MAX_GIDS {
-                    return Err(Error::Exhausted {
-                        what: "GID table entries",
-                        max: MAX_GIDS,
-                    });
-                }
-                cfg.gids.push(gid);
-                tracing::debug!(device = %self.shared.name, %gid, index = cfg.gids.len() - 1, "GID added");
-                cfg.gids.len() - 1
-            }
-        };
-        u8::try_from(i).map_err(|_| Error::InvalidArgument("GID index beyond 255"))
+        self.add_gid_on(1, gid)
     }
 
-    /// Removes the GID of `ip` (an address removed from the netdev); false if absent.
-    /// Later entries move down one index (Linux leaves an empty entry instead): QPs already
-    /// past INIT → RTR keep their address, only later `sgid_index` lookups see the change.
-    /// Nothing is torn down.
+    /// Removes the GID of `ip` from port 1's table (an address removed from the netdev);
+    /// false if absent. Later entries move down one index (Linux leaves an empty entry
+    /// instead): QPs already past INIT → RTR keep their address, only later `sgid_index`
+    /// lookups see the change. Nothing is torn down.
     pub fn remove_gid(&self, ip: IpAddr) -> bool {
-        let mut cfg = self.shared.cfg.write().unwrap_or_else(|e| e.into_inner());
-        let before = cfg.gids.len();
-        cfg.gids.retain(|g| g.ip() != ip);
-        let removed = cfg.gids.len() != before;
-        if removed {
-            tracing::debug!(device = %self.shared.name, %ip, "GID removed");
-        }
-        removed
+        self.remove_gid_on(1, ip)
     }
 
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
         self.shared.attr.clone()
-    }
-
-    /// `ibv_query_port`: port 1 only (EINVAL otherwise).
-    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        if port != 1 {
-            return Err(Error::InvalidArgument(
-                "port number (this device has port 1)",
-            ));
-        }
-        let mut p = self.shared.port.clone();
-        p.gid_tbl_len = self.shared.cfg().gids.len() as u32;
-        Ok(p)
     }
 
     fn next_id(counter: &AtomicU32, max: u32, what: &'static str) -> Result<u32> {

@@ -10,6 +10,7 @@ mod cq;
 mod device;
 mod mr;
 mod pd;
+mod port;
 mod qp;
 mod ring;
 mod shared_mem;
@@ -19,11 +20,10 @@ mod watch;
 
 pub use cq::{CompletionChannel, CompletionQueue};
 pub(crate) use device::DeviceShared;
-pub use device::{
-    active_mtu, Device, DeviceAttr, DeviceConfig, PortAttr, PortState, ROCE_MAX_HEADERS,
-};
+pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};
 pub use mr::{DeregisterError, MemoryRegion, MrTableView};
 pub use pd::ProtectionDomain;
+pub use port::{PortAttr, PortConfig, PortState, MAX_PORTS};
 pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use rdma_proto::verbs::{
     AccessFlags, Completion, Mtu, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr,

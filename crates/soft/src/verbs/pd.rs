@@ -71,7 +71,17 @@ impl ProtectionDomain {
     /// class of every datagram; `hop_limit` and `flow_label` are not applied yet (the
     /// kernel's defaults are sent). See [`super::AddressHandle`].
     pub fn create_ah(&self, attr: &rdma_proto::verbs::PathAttr) -> Result<super::AddressHandle> {
-        super::ud::AddressHandle::create(self, attr)
+        super::ud::AddressHandle::create(self, 1, attr)
+    }
+
+    /// [`ProtectionDomain::create_ah`] from the GID table of port `port` (`ah_attr.port_num`;
+    /// EINVAL for a port the device lacks).
+    pub fn create_ah_on(
+        &self,
+        port: u8,
+        attr: &rdma_proto::verbs::PathAttr,
+    ) -> Result<super::AddressHandle> {
+        super::ud::AddressHandle::create(self, port, attr)
     }
 
     pub(crate) fn device(&self) -> &Arc<DeviceShared> {

@@ -248,7 +248,8 @@ impl QueuePair {
             cfg.max_send_wr = c.max_send_wr;
             cfg.max_recv_wr = c.max_recv_wr.max(1);
             cfg.sq_sig_all = init.sq_sig_all;
-            cfg.mtu = dev.port().active_mtu;
+            // the smallest of the ports' MTUs: a UD QP may move to any port at Init
+            cfg.mtu = dev.min_active_mtu();
             rt.ud_insert(UdCtx {
                 qpn,
                 ud: UdQp::new(cfg),
@@ -257,6 +258,7 @@ impl QueuePair {
                 listening: Vec::new(),
                 source: None,
                 sport: crate::io::flow::qpn_udp_sport(qpn),
+                port: 1,
             });
         } else {
             Self::insert_rc(&mut rt, qpn, pd, init);
@@ -342,6 +344,16 @@ impl QueuePair {
         &self.recv_cq
     }
 
+    /// The device port the last packet for this RC QP arrived on (the port whose GID table
+    /// holds the address it arrived at); `None` before any, for a UD QP or a destroyed one.
+    pub fn last_rx_port(&self) -> Option<u8> {
+        if self.ud {
+            return None;
+        }
+        let mut rt = self.dev.runtime();
+        rt.get(self.qpn).map(|c| c.rx_port).filter(|&p| p != 0)
+    }
+
     /// Its SRQ, if any.
     pub fn srq(&self) -> Option<&SharedReceiveQueue> {
         self.srq.as_ref()
@@ -349,8 +361,9 @@ impl QueuePair {
 
     /// `ibv_modify_qp`: the verbs state machine (rdma-proto's transition table: required and
     /// allowed attributes per transition, value ranges; EINVAL otherwise). With
-    /// [`QpAttrMask::AV`] (Init → RTR) the source GID (`path.sgid_index` into the device's GID
-    /// table) is opened on the wire: UDP 4791 is bound on that address, and only on it
+    /// [`QpAttrMask::AV`] (Init → RTR) the source GID (`path.sgid_index` into the GID table
+    /// of the QP's port, `port_num` as set at Reset → Init, port 1 by default; EINVAL for a
+    /// port the device lacks) is opened on the wire: UDP 4791 is bound on that address, and only on it
     /// (EADDRINUSE when another process holds it); the QP's datagrams leave from the UDP
     /// source port of `path.flow_label`, or of a label from both QPNs when it is 0, as
     /// Linux rxe's ([`crate::io::flow::connected_udp_sport`]), whose send-only socket is
@@ -361,19 +374,24 @@ impl QueuePair {
             return super::ud::modify(&self.dev, self.qpn, attr, mask);
         }
         let dev = &self.dev;
-        if mask.contains(QpAttrMask::PATH_MTU)
-            && attr.path_mtu.bytes() > dev.port().active_mtu.bytes()
-        {
+        let mut rt = dev.runtime();
+        let ctx = rt
+            .get(self.qpn)
+            .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        // the QP's port: set at Reset -> Init (port 1 until then)
+        let port = if mask.contains(QpAttrMask::PORT) {
+            attr.port_num
+        } else {
+            ctx.rc.attr().port_num.max(1)
+        };
+        let port_mtu = dev.active_mtu_on(port)?;
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu.bytes() > port_mtu.bytes() {
             return Err(Error::InvalidArgument(
                 "path MTU above the port's active MTU",
             ));
         }
         let path = if mask.contains(QpAttrMask::AV) {
-            let local = *dev
-                .cfg()
-                .gids
-                .get(attr.path.sgid_index as usize)
-                .ok_or(Error::InvalidArgument("sgid_index beyond the GID table"))?;
+            let local = dev.gid_on(port, attr.path.sgid_index)?;
             let remote = peer_addr(local, attr.path.dgid);
             if local.ip().is_ipv4() != remote.ip().is_ipv4() {
                 return Err(Error::InvalidArgument(
@@ -384,7 +402,6 @@ impl QueuePair {
         } else {
             None
         };
-        let mut rt = dev.runtime();
         let ctx = rt
             .get(self.qpn)
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
@@ -424,7 +441,22 @@ impl QueuePair {
     /// loss but failed transfers on a loaded 2-core machine), 7 retries, infinite RNR
     /// retries, RNR timer 12 (0.64 ms).
     pub fn connect(&self, dest_qpn: u32, rq_psn: u32, sq_psn: u32, dgid: [u8; 16]) -> Result<()> {
-        let (a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        self.connect_on(1, dest_qpn, rq_psn, sq_psn, dgid)
+    }
+
+    /// [`QueuePair::connect`] on port `port` of the device: source GID index 0 of that
+    /// port's table, its active MTU (EINVAL for a port the device lacks).
+    pub fn connect_on(
+        &self,
+        port: u8,
+        dest_qpn: u32,
+        rq_psn: u32,
+        sq_psn: u32,
+        dgid: [u8; 16],
+    ) -> Result<()> {
+        let path_mtu = self.dev.active_mtu_on(port)?;
+        let (mut a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        a.port_num = port;
         self.modify(&a, m)?;
         let (a, m) = a.rtr(&RtrParams {
             path: PathAttr {
@@ -432,7 +464,7 @@ impl QueuePair {
                 hop_limit: 64,
                 ..PathAttr::default()
             },
-            path_mtu: self.dev.port().active_mtu,
+            path_mtu,
             dest_qp_num: dest_qpn,
             rq_psn,
             max_dest_rd_atomic: 16,

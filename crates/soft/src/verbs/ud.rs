@@ -77,13 +77,13 @@ impl std::fmt::Debug for AddressHandle {
 }
 
 impl AddressHandle {
-    pub(crate) fn create(pd: &ProtectionDomain, attr: &PathAttr) -> Result<AddressHandle> {
+    pub(crate) fn create(
+        pd: &ProtectionDomain,
+        port: u8,
+        attr: &PathAttr,
+    ) -> Result<AddressHandle> {
         let dev = pd.device().clone();
-        let local = *dev
-            .cfg()
-            .gids
-            .get(attr.sgid_index as usize)
-            .ok_or(Error::InvalidArgument("sgid_index beyond the GID table"))?;
+        let local = dev.gid_on(port, attr.sgid_index)?;
         let remote = peer_addr(local, attr.dgid);
         if local.ip().is_ipv4() != remote.ip().is_ipv4() {
             return Err(Error::InvalidArgument(
@@ -140,6 +140,14 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
         .ud_get(qpn)
         .ok_or(Error::InvalidArgument("QP destroyed"))?;
     let before = ctx.ud.state();
+    if mask.contains(QpAttrMask::PORT) {
+        dev.port_attr(attr.port_num)?;
+    }
+    let port = if mask.contains(QpAttrMask::PORT) {
+        attr.port_num
+    } else {
+        ctx.port
+    };
     let to = if mask.contains(QpAttrMask::STATE) {
         attr.qp_state
     } else {
@@ -152,7 +160,7 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
     if receives && before == QpState::Init {
         // validate first, then open the addresses, then change state
         rdma_proto::verbs::check_modify(rdma_proto::verbs::QpType::Ud, before, attr, mask)?;
-        let mut gids = dev.cfg().gids.clone();
+        let mut gids = dev.gids_of(port)?;
         if gids.is_empty() {
             return Err(Error::InvalidArgument(
                 "the device has no GID to receive on",
@@ -175,6 +183,7 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
         }
         return Err(e.into());
     }
+    ctx.port = port;
     if matches!(to, QpState::Reset) {
         rt.ud_listen(qpn, &[])?;
     }
@@ -192,8 +201,8 @@ pub(crate) fn query(dev: &DeviceShared, qpn: u32) -> Result<QpAttr> {
         qp_state: ctx.ud.state(),
         cur_qp_state: ctx.ud.state(),
         qkey: ctx.ud.qkey(),
-        port_num: 1,
-        path_mtu: dev.port().active_mtu,
+        port_num: ctx.port,
+        path_mtu: dev.active_mtu_on(ctx.port)?,
         ..QpAttr::default()
     })
 }
@@ -202,6 +211,12 @@ impl QueuePair {
     /// Moves a fresh UD QP to RTS: Init with P_Key index 0, port 1 and `qkey`, then RTR, then
     /// RTS with send PSN 0 (what `ibv_ud_pingpong` does). EINVAL for an RC QP.
     pub fn ud_ready(&self, qkey: u32) -> Result<()> {
+        self.ud_ready_port(1, qkey)
+    }
+
+    /// [`QueuePair::ud_ready`] on port `port` of the device (EINVAL for a port it lacks):
+    /// the QP receives on that port's GID table.
+    pub fn ud_ready_port(&self, port: u8, qkey: u32) -> Result<()> {
         if !self.is_ud() {
             return Err(Error::InvalidArgument("ud_ready on a QP that is not UD"));
         }
@@ -209,7 +224,7 @@ impl QueuePair {
         let mut a = QpAttr {
             qp_state: QpState::Init,
             qkey,
-            port_num: 1,
+            port_num: port,
             ..QpAttr::default()
         };
         self.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
@@ -231,15 +246,15 @@ impl QueuePair {
             ));
         }
         let dev = self.device();
-        if dev.cfg().gids.len() <= sgid_index as usize {
-            return Err(Error::InvalidArgument(
-                "source GID index beyond the GID table",
-            ));
-        }
         let mut rt = dev.runtime();
         let ctx = rt
             .ud_get(self.qpn())
             .ok_or(Error::InvalidArgument("QP destroyed"))?;
+        if dev.gids_of(ctx.port)?.len() <= sgid_index as usize {
+            return Err(Error::InvalidArgument(
+                "source GID index beyond the GID table",
+            ));
+        }
         if !matches!(ctx.ud.state(), QpState::Reset | QpState::Init) {
             return Err(Error::InvalidArgument(
                 "set_ud_source after the QP moved to RTR",

@@ -9,6 +9,7 @@ const TOOL: Tool = Tool {
     usage: "Usage: ibv_devinfo             print the soft RoCEv2 devices of every live process
   Options:
     -d <dev>         use IB device <dev> (default all devices found)
+    -i <port>        use port <port> of IB device (default all ports)
     -l               print only the IB devices names
     -v               print all the attributes of the IB device(s) (GID table)
     -D               debug logs on stderr (RUST_LOG wins)
@@ -18,9 +19,14 @@ const TOOL: Tool = Tool {
 
 fn main() {
     let (mut dev, mut names, mut verbose, mut debug) = (None, false, false, 0u8);
-    for o in TOOL.parse_args("d:lvDh") {
+    let mut port = None;
+    for o in TOOL.parse_args("d:i:lvDh") {
         match o.name {
             'd' => dev = o.value,
+            'i' => match o.value.as_deref().map(str::parse::<u64>) {
+                Some(Ok(p)) if p >= 1 => port = Some(p),
+                _ => TOOL.fail(format_args!("Invalid port")),
+            },
             'l' => names = true,
             'v' => verbose = true,
             'D' => debug = debug.saturating_add(1),
@@ -33,7 +39,7 @@ fn main() {
         print!("{}", inspect::ibv_devinfo_list(&procs));
         return;
     }
-    let out = inspect::ibv_devinfo(&procs, dev.as_deref(), verbose);
+    let out = inspect::ibv_devinfo_port(&procs, dev.as_deref(), port, verbose);
     if out.is_empty() {
         match dev {
             Some(d) => TOOL.fail(format_args!("IB device {d} wasn't found")),
