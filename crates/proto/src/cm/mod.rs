@@ -53,6 +53,7 @@ mod agent;
 mod conn;
 mod error;
 mod event;
+mod lap;
 mod params;
 mod recv;
 mod rng;
@@ -66,6 +67,7 @@ mod tests;
 pub use agent::{CmAgent, CmStats};
 pub use error::CmError;
 pub use event::{CmEvent, RejReceived, RepReceived, ReqReceived, SidrRepReceived, SidrReqReceived};
+pub use lap::{ApEvent, LapState};
 pub use params::{
     AgentConfig, CmPath, CmTransmit, ConnHandle, OverloadPolicy, PathParams, RepParams, ReqParams,
     SidrRepParams, SidrReqParams,
