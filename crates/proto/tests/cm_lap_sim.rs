@@ -393,3 +393,51 @@ fn duplicate_lap_gets_the_same_apr_and_unknown_lap_gets_apr_1() {
     assert!(stranger.poll_ap_event().is_none());
     assert_eq!(stranger.stats().unmatched, 1);
 }
+
+#[test]
+fn rep_rejecting_failover_drops_the_alternate_on_both_sides() {
+    let mut a = CmAgent::new(AgentConfig {
+        ca_guid: 0xa,
+        seed: 3,
+        ..AgentConfig::default()
+    });
+    let mut b = CmAgent::new(AgentConfig {
+        ca_guid: 0xb,
+        seed: 4,
+        ..AgentConfig::default()
+    });
+    b.listen(SID).unwrap();
+    let mut p = ReqParams::new(SID, path_to(0), 0x11, 5);
+    p.alternate_path = Some(path_params("::ffff:198.51.100.2", "::ffff:198.51.100.3"));
+    let ca = a.send_req(0, p).unwrap();
+    assert!(a.alternate_path(ca).is_some());
+    let req = a.poll_transmit().unwrap().mad;
+    b.handle_mad(1, path_to(1), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!("no REQ")
+    };
+    assert_eq!(
+        r.req.alternate_path.remote_port_gid,
+        gid("::ffff:198.51.100.3")
+    );
+    assert!(b.alternate_path(r.conn).is_some());
+    let mut rep = RepParams::new(0x22, 9);
+    rep.failover_accepted = 1;
+    b.send_rep(1, r.conn, rep).unwrap();
+    assert!(b.alternate_path(r.conn).is_none());
+    let rep = b.poll_transmit().unwrap().mad;
+    a.handle_mad(2, path_to(0), &rep);
+    assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(_))));
+    assert!(a.alternate_path(ca).is_none());
+    // a REQ without an alternate path carries zeros there, and nothing is recorded
+    let q = ReqParams::new(SID, path_to(0), 0x12, 6);
+    let c2 = a.send_req(3, q).unwrap();
+    assert!(a.alternate_path(c2).is_none());
+    let req = a.poll_transmit().unwrap().mad;
+    b.handle_mad(4, path_to(1), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!("no REQ")
+    };
+    assert_eq!(r.req.alternate_path, CmPathRepr::default());
+    assert!(b.alternate_path(r.conn).is_none());
+}
