@@ -17,6 +17,10 @@
 //! Every received message must match a connection by its communication ids, its state and the
 //! peer's GID; anything else changes nothing.
 //!
+//! Alternate paths for automatic path migration (a REQ's alternate path, LAP, APR and MRA for
+//! a LAP) are described in [`ApEvent`]'s module: [`CmAgent::send_lap`],
+//! [`CmAgent::send_apr`], [`CmAgent::poll_ap_event`] (see also `docs/HA.md`).
+//!
 //! ```
 //! use rdma_proto::cm::*;
 //!

@@ -14,7 +14,9 @@
 //! assert!(qp.poll_timeout().is_none());
 //! ```
 //!
-//! See `tests/` and [`crate::sim`] for full exchanges between two QPs.
+//! See `tests/` and [`crate::sim`] for full exchanges between two QPs. A QP may have an
+//! alternate path and migrate to it (IBA automatic path migration): see [`QpEvent`],
+//! [`RcQp::migrate`] and [`RcQp::handle_packet_on`].
 
 mod apm;
 mod completer;
