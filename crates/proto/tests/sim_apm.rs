@@ -164,7 +164,8 @@ fn setup(seed: u64, n: usize) -> Run {
         ..ConnParams::default()
     };
     let mut s = RcPair::with_alt_path(seed, lossy_dup(0.05, 0.05), &params);
-    s.alt_faults = Some(lossy_dup(0.05, 0.05));
+    // the alternate: as lossy as the primary, or worse
+    s.alt_faults = Some([lossy_dup(0.05, 0.05), lossy_dup(0.15, 0.1)][rng.below(2) as usize]);
     let (a0, b0) = (s.a.buf_addr, s.b.buf_addr);
     // A: sources [0,128K), READ destinations [128K,448K)
     // B: receive slots [0,256K) (6K each), WRITE area [256K,448K), READ source [448K,512K)
