@@ -454,8 +454,8 @@ fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
         check(r.s.a.qp.migrate().is_err(), || {
             "migrate allowed in Rearm".into()
         })?;
-        let k3 = (r.a_comps.len() + 3).min(n);
-        r.run_until_completions(k3);
+        // A arms when the first packet B sent after its own Rearm arrives (MigReq clear)
+        r.run_until(|r| r.s.a.qp.path_mig_state() == MigState::Armed || r.a_comps.len() == n);
         if r.a_comps.len() < n {
             check(r.s.a.qp.path_mig_state() == MigState::Armed, || {
                 format!("A not re-armed: {:?}", r.s.a.qp.path_mig_state())
