@@ -199,3 +199,28 @@ fn forced_migration_resends_from_the_oldest_unacked_psn_on_the_alternate() {
     // migrating again needs a new alternate path
     assert!(qp.migrate().is_err());
 }
+
+#[test]
+fn rearm_follows_a_peer_that_migrated_onto_our_alternate() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    // stale (MigReq clear) on the alternate: dropped, still Rearm
+    let dropped = qp.stats().dropped;
+    deliver(&mut qp, &mut mem, write_req(500, false), ALT_PORT);
+    assert_eq!(qp.stats().dropped, dropped + 1);
+    assert_eq!(qp.path_mig_state(), MigState::Rearm);
+    // the peer armed on our packets and migrated: we follow
+    deliver(&mut qp, &mut mem, write_req(500, true), ALT_PORT);
+    assert!(matches!(
+        qp.poll_event(),
+        Some(QpEvent::PathMigrated {
+            cause: MigrationCause::Peer,
+            ..
+        })
+    ));
+    assert_eq!(qp.attr().port_num, ALT_PORT);
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 500, true, ALT_PORT)]
+    );
+}

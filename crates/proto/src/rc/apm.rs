@@ -12,7 +12,8 @@
 //!   port, and on the port just migrated from until the peer is heard on the new one (the
 //!   peer migrates only when our first packet reaches it there).
 //! - Rearm: MigReq clear; a packet with MigReq clear on the primary port means the peer is
-//!   armed too: Armed.
+//!   armed too: Armed. A packet on the alternate port is treated as in Armed (the peer may
+//!   have armed on our packets and migrated before its own MigReq-clear packet reached us).
 //! - Armed: MigReq clear. A packet on the alternate port with MigReq set is the peer's
 //!   migration: we migrate too, then process it; one with MigReq clear there is dropped.
 //!   The owner may force the migration ([`RcQp::migrate`]); when the local ACK timer runs out
@@ -244,7 +245,10 @@ impl RcQp {
             }
             return true;
         }
-        if self.apm.state == MigState::Armed && port == self.attr.alt_port_num {
+        // Rearm follows too: MigReq set on our alternate port can only come from a peer that
+        // migrated onto it (QPs send it clear until they first migrate), and a peer that
+        // armed on our packets may migrate before ours arrived to arm us.
+        if self.apm.state != MigState::Migrated && port == self.attr.alt_port_num {
             if !mig_req {
                 return false;
             }
