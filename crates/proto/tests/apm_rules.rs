@@ -6,7 +6,8 @@ use rdma_proto::packet::{Aeth, Opcode, Packet, PacketHeader};
 use rdma_proto::rc::{MigrationCause, QpEvent, RcConfig, RcQp};
 use rdma_proto::sim::{connect, load_alt_path, ConnParams, ALT_PORT};
 use rdma_proto::verbs::{
-    MigState, ModifyError, PdId, QpAttr, QpAttrMask as M, QpState, RecvWr, SendOp, SendWr,
+    MigState, ModifyError, PdId, QpAttr, QpAttrMask as M, QpState, RecvWr, SendFlags, SendOp,
+    SendWr,
 };
 
 fn qp() -> (RcQp, InMemoryTable) {
@@ -223,4 +224,43 @@ fn rearm_follows_a_peer_that_migrated_onto_our_alternate() {
         sent(&mut qp, &mut mem),
         vec![(Opcode::RcAcknowledge, 500, true, ALT_PORT)]
     );
+}
+
+#[test]
+fn a_peer_migration_also_resends_our_own_outstanding_requests() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
+    sent(&mut qp, &mut mem);
+    for i in 0..2 {
+        let wr = SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        )
+        .with_flags(SendFlags::SIGNALED);
+        qp.post_send(&mem, &wr).unwrap();
+    }
+    assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101 on port 1, unacknowledged
+    deliver(&mut qp, &mut mem, write_req(501, true), ALT_PORT);
+    let out = sent(&mut qp, &mut mem);
+    // the ACK for the peer's request and our two requests again, all on the new path
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(out.contains(&(Opcode::RcAcknowledge, 501, true, ALT_PORT)));
+    assert!(out.contains(&(Opcode::RcWriteOnly, 100, true, ALT_PORT)));
+    assert!(out.contains(&(Opcode::RcWriteOnly, 101, true, ALT_PORT)));
+    // acknowledged on the new path: both complete once
+    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 101);
+    ack.aeth = Some(Aeth::ack(2));
+    ack.mig_req = true;
+    deliver(&mut qp, &mut mem, ack, ALT_PORT);
+    deliver(&mut qp, &mut mem, ack, ALT_PORT);
+    assert_eq!(qp.send_queue_len(), 0);
+    assert_eq!(qp.oldest_unacked_psn(), 102);
+    let ids: Vec<u64> = std::iter::from_fn(|| qp.poll_send_completion())
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(ids, vec![0, 1]);
 }
