@@ -9,7 +9,10 @@
 //! Invariant of every seed: each work request completes exactly once, in order, with the
 //! right status and length; each SEND lands once in its receive, in order; every byte that
 //! was written, sent or read is exact and nothing outside the targets changed; and the QPs
-//! report the path migration events the scenario implies.
+//! report the path migration events the scenario implies. A seed may end in a legitimate
+//! `RetryExcErr` on the lossy alternate (`retry_cnt + 1` rounds without progress there, as the
+//! simulator counts them): it is checked like a failure (everything completed before it
+//! exact, the rest flushed), and at most one seed in 200 (+1) may end so.
 
 use rdma_proto::rc::{MigrationCause, QpEvent};
 use rdma_proto::sim::{load_alt_path, ConnParams, Faults, RcPair, Rng, ALT_PORT};
@@ -414,7 +417,9 @@ fn migrated(e: &QpEvent) -> Option<(MigrationCause, u8, u8)> {
     }
 }
 
-fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
+/// Ok(true): the seed ended in a legitimate `RetryExcErr` on the lossy alternate (bad luck:
+/// `retry_cnt + 1` rounds without progress there), checked like a failure.
+fn scenario(seed: u64, sc: Scenario) -> Result<bool, String> {
     let n = ops_per_seed();
     let mut r = setup(seed, n);
     post_all(&mut r);
@@ -468,7 +473,17 @@ fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
         }
     }
     r.finish()?;
-    let failed = sc == Scenario::BothDie;
+    let a_fail = r
+        .a_events
+        .iter()
+        .filter(|e| matches!(e, QpEvent::PathMigrationFailed { .. }))
+        .count();
+    // rounds since the last progress: with none since the migration they span both paths
+    let rounds_needed = 8 * (1 + a_fail as u32);
+    let unlucky = sc != Scenario::BothDie
+        && r.s.a.qp.state() == QpState::Err
+        && r.s.a.rounds_at_error.is_some_and(|n| n >= rounds_needed);
+    let failed = sc == Scenario::BothDie || unlucky;
     check_data(&r, failed)?;
     check(
         r.s.a.qp.state() == if failed { QpState::Err } else { QpState::Rts },
@@ -477,11 +492,6 @@ fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
     check(r.s.stats.emit_errors == 0, || "emit errors".into())?;
     let a_mig: Vec<_> = r.a_events.iter().filter_map(migrated).collect();
     let b_mig: Vec<_> = r.b_events.iter().filter_map(migrated).collect();
-    let a_fail = r
-        .a_events
-        .iter()
-        .filter(|e| matches!(e, QpEvent::PathMigrationFailed { .. }))
-        .count();
     let first = match sc {
         Scenario::Forced => MigrationCause::Forced,
         _ => MigrationCause::RetryExhausted,
@@ -489,9 +499,10 @@ fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
     check(a_mig.first() == Some(&(first, 1, ALT_PORT)), || {
         format!("A's migrations: {a_mig:?}")
     })?;
-    check(a_fail == usize::from(failed), || {
-        format!("A's events: {:?}", r.a_events)
-    })?;
+    check(
+        a_fail == usize::from(failed) || (unlucky && a_fail == 0),
+        || format!("A's events: {:?}", r.a_events),
+    )?;
     if !failed {
         check(
             b_mig.first() == Some(&(MigrationCause::Peer, 1, ALT_PORT)),
@@ -506,7 +517,7 @@ fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
             format!("A's second migration: {a_mig:?}")
         })?;
         check(
-            r.s.a.qp.attr().port_num == 1 && r.s.b.qp.attr().port_num == 1,
+            unlucky || (r.s.a.qp.attr().port_num == 1 && r.s.b.qp.attr().port_num == 1),
             || "not back on port 1".into(),
         )?;
         2
@@ -516,20 +527,28 @@ fn scenario(seed: u64, sc: Scenario) -> Result<(), String> {
     check(a_mig.len() == want_migrations, || {
         format!("A's migrations: {a_mig:?}")
     })?;
-    Ok(())
+    Ok(unlucky)
 }
 
 fn run(sc: Scenario, seeds: &[u64]) {
+    let mut unlucky = Vec::new();
     for &seed in seeds {
         let t = std::time::Instant::now();
         let r = scenario(seed, sc);
         if std::env::var_os("RDMA_SIM_TIMES").is_some() {
             eprintln!("{sc:?} seed {seed}: {:?}", t.elapsed());
         }
-        if let Err(e) = r {
-            panic!("{sc:?}: seed {seed} failed: {e}\nreplay with RDMA_SIM_SEED={seed}");
+        match r {
+            Ok(true) => unlucky.push(seed),
+            Ok(false) => {}
+            Err(e) => panic!("{sc:?}: seed {seed} failed: {e}\nreplay with RDMA_SIM_SEED={seed}"),
         }
     }
+    // bad luck is rare: 1 seed in 1,000 of Blackout at the time of writing (seed 746)
+    assert!(
+        unlucky.len() <= seeds.len() / 200 + 1,
+        "{sc:?}: too many seeds ended in RetryExcErr on the alternate: {unlucky:?}"
+    );
 }
 
 #[test]
