@@ -320,6 +320,10 @@ pub struct PacketHeader {
     pub dest_qp: u32,
     /// Acknowledge request bit.
     pub ack_req: bool,
+    /// Migration request bit (BTH MigReq): set by an RC QP in the Migrated state once it
+    /// has used path migration; clear otherwise (and always for QPs without an alternate
+    /// path, as rxe sends).
+    pub mig_req: bool,
     /// PSN (24 bits).
     pub psn: u32,
     /// DETH (UD).
@@ -347,6 +351,7 @@ impl PacketHeader {
             pkey: 0xFFFF,
             dest_qp,
             ack_req: false,
+            mig_req: false,
             psn,
             deth: None,
             reth: None,
@@ -401,6 +406,9 @@ pub struct Transmit {
     pub header: PacketHeader,
     /// Payload bytes written at the start of the caller's buffer.
     pub payload_len: usize,
+    /// The port (path) to send it from: the QP's current primary port
+    /// ([`crate::verbs::QpAttr::port_num`], which path migration changes).
+    pub port: u8,
 }
 
 #[cfg(test)]

@@ -19,7 +19,9 @@ use core::ops::{BitAnd, BitOr, BitOrAssign};
 mod qp_recipe;
 mod qp_state;
 pub use qp_recipe::{RtrParams, RtsParams};
-pub use qp_state::{check_modify, ModifyError, Mtu, PathAttr, QpAttr, QpAttrMask, QpState, QpType};
+pub use qp_state::{
+    check_modify, MigState, ModifyError, Mtu, PathAttr, QpAttr, QpAttrMask, QpState, QpType,
+};
 
 /// A protection domain handle, as the device numbers them.
 ///

@@ -35,7 +35,7 @@ pub fn to_repr(h: &PacketHeader, payload_len: usize) -> Result<PacketRepr, rdma_
     let mut r = PacketRepr::new(BthRepr {
         opcode,
         se: h.solicited,
-        mig_req: false,
+        mig_req: h.mig_req,
         pad_cnt: PacketRepr::pad_for(payload_len),
         p_key: h.pkey,
         fecn: false,
@@ -83,6 +83,7 @@ pub fn from_repr(r: &PacketRepr) -> Option<PacketHeader> {
     h.solicited = r.bth.se;
     h.pkey = r.bth.p_key;
     h.ack_req = r.bth.ack_req;
+    h.mig_req = r.bth.mig_req;
     h.deth = r.deth.map(|d| Deth {
         qkey: d.q_key,
         src_qp: d.src_qp,

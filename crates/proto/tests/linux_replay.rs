@@ -1027,6 +1027,7 @@ fn replay_requester(d: &Dir<'_>) -> RequesterRun {
             while let Some(Transmit {
                 header,
                 payload_len,
+                ..
             }) = qp.poll_transmit(now, mem, buf)
             {
                 let payload = &buf[..payload_len];

@@ -75,6 +75,8 @@ pub struct CmAgent {
     pub(crate) listeners: BTreeMap<u64, ()>,
     pub(crate) transmit: VecDeque<(CmPath, MadBuf)>,
     pub(crate) events: VecDeque<CmEvent>,
+    /// Alternate path events ([`CmAgent::poll_ap_event`]).
+    pub(crate) ap_events: VecDeque<super::ApEvent>,
     pub(crate) next_handle: u64,
     pub(crate) tid_high: u32,
     pub(crate) tid_counter: u32,
@@ -100,6 +102,7 @@ impl CmAgent {
             listeners: BTreeMap::new(),
             transmit: VecDeque::new(),
             events: VecDeque::new(),
+            ap_events: VecDeque::new(),
             next_handle: 1,
             tid_high,
             tid_counter: 0,
@@ -236,6 +239,7 @@ impl CmAgent {
     }
 
     fn conn_timeout(&mut self, now: Nanos, h: ConnHandle) {
+        let mut lap_timeout = false;
         let Some(c) = self.conn_mut(h) else {
             return;
         };
@@ -264,6 +268,11 @@ impl CmAgent {
                         c.reset_to_idle();
                         Some(CmEvent::SidrReqTimeout { conn: h })
                     }
+                    CmState::Established => {
+                        c.retx = None;
+                        lap_timeout = true;
+                        None
+                    }
                     _ => {
                         c.retx = None;
                         None
@@ -273,6 +282,9 @@ impl CmAgent {
                     self.emit_event(e);
                 }
             }
+        }
+        if lap_timeout {
+            self.lap_timed_out(h);
         }
         let Some(c) = self.conn_mut(h) else {
             return;
@@ -303,6 +315,7 @@ impl CmAgent {
         if p.max_cm_retries > 15 {
             return Err(CmError::InvalidParam("max_cm_retries"));
         }
+        let alt = p.alternate_path.as_ref().map(super::lap::path_repr);
         let local_id = self.alloc_local_id();
         let tid = self.new_tid();
         let path = CmPathRepr {
@@ -342,12 +355,16 @@ impl CmAgent {
             srq: p.srq,
             extended_transport_type: 0,
             primary_path: path,
-            alternate_path: CmPathRepr::default(),
+            alternate_path: alt.unwrap_or_default(),
             sap_supported: false,
             private_data,
         };
         let mad = emit(tid, CmMessage::Req(req)).ok_or(CmError::InvalidParam("req field"))?;
         let timeout = request_timeout(p.path.packet_life_time, p.remote_cm_response_timeout);
+        let ap = super::lap::Ap {
+            alt,
+            ..Default::default()
+        };
         let h = self.alloc_handle();
         let conn = Conn {
             handle: h,
@@ -370,6 +387,7 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            ap,
         };
         self.insert(conn);
         self.transmit.push_back((p.cm_path, mad));
@@ -406,6 +424,9 @@ impl CmAgent {
         };
         let mad = emit(c.tid, CmMessage::Rep(rep)).ok_or(CmError::InvalidParam("rep field"))?;
         c.local_qpn = p.local_qpn;
+        if p.failover_accepted != 0 {
+            c.ap.alt = None;
+        }
         c.state = CmState::RepSent;
         c.last_response = None;
         c.retx = Some(Retx::new(
@@ -553,6 +574,9 @@ impl CmAgent {
         }
         let old_tid = c.tid;
         c.tid = tid;
+        // a LAP in progress is abandoned: the DREQ takes its retransmission slot
+        c.ap.state = super::LapState::Idle;
+        c.ap.pending = None;
         let mad = match c.format_dreq(private_data) {
             Ok(m) => m,
             Err(e) => {
@@ -746,6 +770,7 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            ap: Default::default(),
         };
         self.insert(conn);
         self.transmit.push_back((p.cm_path, mad));

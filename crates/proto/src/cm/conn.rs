@@ -9,6 +9,7 @@ use rdma_wire::mad::MAD_LEN;
 use rdma_wire::time::IbaTime;
 
 use super::timers::Retx;
+
 use super::{CmError, CmPath, CmState, ConnHandle, Nanos};
 
 /// A 256-byte MAD.
@@ -50,6 +51,8 @@ pub(crate) struct Conn {
     pub(crate) destroyed: bool,
     /// The deadline this connection has in the agent's timer index.
     pub(crate) scheduled: Option<Nanos>,
+    /// Alternate path and LAP state.
+    pub(crate) ap: super::lap::Ap,
 }
 
 impl Conn {

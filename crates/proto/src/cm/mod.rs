@@ -17,6 +17,10 @@
 //! Every received message must match a connection by its communication ids, its state and the
 //! peer's GID; anything else changes nothing.
 //!
+//! Alternate paths for automatic path migration (a REQ's alternate path, LAP, APR and MRA for
+//! a LAP) are described in [`ApEvent`]'s module: [`CmAgent::send_lap`],
+//! [`CmAgent::send_apr`], [`CmAgent::poll_ap_event`] (see also `docs/HA.md`).
+//!
 //! ```
 //! use rdma_proto::cm::*;
 //!
@@ -53,6 +57,7 @@ mod agent;
 mod conn;
 mod error;
 mod event;
+mod lap;
 mod params;
 mod recv;
 mod rng;
@@ -66,6 +71,7 @@ mod tests;
 pub use agent::{CmAgent, CmStats};
 pub use error::CmError;
 pub use event::{CmEvent, RejReceived, RepReceived, ReqReceived, SidrRepReceived, SidrReqReceived};
+pub use lap::{ApEvent, LapState};
 pub use params::{
     AgentConfig, CmPath, CmTransmit, ConnHandle, OverloadPolicy, PathParams, RepParams, ReqParams,
     SidrRepParams, SidrReqParams,

@@ -215,6 +215,9 @@ pub struct ReqParams {
     pub transport_service_type: u8,
     /// Private data, at most 92 bytes (including the 36-byte IP CM header for rdma_cm).
     pub private_data: Vec<u8>,
+    /// An alternate path for automatic path migration (the REQ's alternate path fields);
+    /// `None` (rdma_cm's choice) leaves them zero.
+    pub alternate_path: Option<PathParams>,
 }
 
 impl ReqParams {
@@ -242,6 +245,7 @@ impl ReqParams {
             partition_key: 0xffff,
             transport_service_type: 0,
             private_data: Vec::new(),
+            alternate_path: None,
         }
     }
 }

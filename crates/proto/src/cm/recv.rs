@@ -44,10 +44,10 @@ impl CmAgent {
             CmMessage::Drep(x) => self.on_drep(now, source, x),
             CmMessage::SidrReq(x) => self.on_sidr_req(source, tid, x),
             CmMessage::SidrRep(x) => self.on_sidr_rep(source, x),
-            // ClassPortInfo, LAP, APR: rdma_cm uses none of them.
-            CmMessage::ClassPortInfo(_) | CmMessage::Lap(_) | CmMessage::Apr(_) => {
-                self.stats.unmatched += 1
-            }
+            CmMessage::Lap(x) => self.on_lap(source, tid, x),
+            CmMessage::Apr(x) => self.on_apr(source, x),
+            // rdma_cm does not use ClassPortInfo
+            CmMessage::ClassPortInfo(_) => self.stats.unmatched += 1,
         }
         self.sync_timers();
     }
@@ -187,6 +187,10 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            ap: super::lap::Ap {
+                alt: super::lap::has_path(&r.alternate_path).then_some(r.alternate_path),
+                ..Default::default()
+            },
         };
         self.insert(conn);
         self.emit_event(CmEvent::ReqReceived(ReqReceived {
@@ -269,7 +273,18 @@ impl CmAgent {
                 CmState::RepSent,
                 CmState::MraRepRcvd,
             ),
-            _ => (None, CmState::Idle, CmState::Idle),
+            _ => {
+                if !self.on_mra_lap(
+                    now,
+                    src,
+                    x.remote_comm_id,
+                    x.local_comm_id,
+                    x.service_timeout,
+                ) {
+                    self.stats.unmatched += 1;
+                }
+                return;
+            }
         };
         let Some(c) = h.and_then(|h| {
             self.touched.push(h);
@@ -390,6 +405,9 @@ impl CmAgent {
         };
         c.remote_ca_guid = x.local_ca_guid;
         c.retx = None;
+        if x.failover_accepted != 0 {
+            c.ap.alt = None;
+        }
         c.state = if delayed {
             CmState::MraRepSent
         } else {

@@ -69,6 +69,7 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            ap: Default::default(),
         });
         self.emit_event(CmEvent::SidrReqReceived(SidrReqReceived {
             conn: h,

@@ -14,11 +14,16 @@
 //! assert!(qp.poll_timeout().is_none());
 //! ```
 //!
-//! See `tests/` and [`crate::sim`] for full exchanges between two QPs.
+//! See `tests/` and [`crate::sim`] for full exchanges between two QPs. A QP may have an
+//! alternate path and migrate to it (IBA automatic path migration): see [`QpEvent`],
+//! [`RcQp::migrate`] and [`RcQp::handle_packet_on`].
 
+mod apm;
 mod completer;
 mod requester;
 mod responder;
+
+pub use apm::{MigrationCause, QpEvent};
 
 use crate::memory::MemoryTable;
 use crate::packet::{Packet, Transmit};
@@ -157,6 +162,7 @@ pub struct RcQp {
     recv_cq: VecDeque<Completion>,
     turn: bool,
     stats: RcStats,
+    apm: apm::Apm,
 }
 
 impl RcQp {
@@ -187,6 +193,7 @@ impl RcQp {
             recv_cq: VecDeque::with_capacity(rq_cap),
             turn: false,
             stats: RcStats::default(),
+            apm: apm::Apm::default(),
         }
     }
 
@@ -205,6 +212,7 @@ impl RcQp {
         a.cur_qp_state = self.state;
         a.sq_psn = self.next_psn;
         a.rq_psn = self.resp.epsn;
+        a.path_mig_state = self.apm.state;
         a
     }
     /// Counters.
@@ -252,6 +260,12 @@ impl RcQp {
     pub fn modify(&mut self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
         use QpAttrMask as M;
         check_modify(QpType::Rc, self.state, attr, mask)?;
+        let to = if mask.contains(M::STATE) {
+            attr.qp_state
+        } else {
+            self.state
+        };
+        self.check_apm(attr, mask, to)?;
         let a = &mut self.attr;
         if mask.contains(M::ACCESS_FLAGS) {
             a.qp_access_flags = attr.qp_access_flags;
@@ -299,11 +313,9 @@ impl RcQp {
         if mask.contains(M::MAX_QP_RD_ATOMIC) {
             a.max_rd_atomic = attr.max_rd_atomic;
         }
-        let to = if mask.contains(M::STATE) {
-            attr.qp_state
-        } else {
-            self.state
-        };
+        if mask.intersects(M::ALT_PATH | M::PATH_MIG_STATE) {
+            self.apply_apm(attr, mask);
+        }
         match to {
             QpState::Err => self.enter_error(None),
             QpState::Reset => self.reset(),
@@ -380,13 +392,28 @@ impl RcQp {
         self.resp.post(wr, self.cfg.max_recv_wr.max(1) as usize)
     }
 
-    /// Processes one received packet addressed to this QP. Never panics; malformed or
-    /// unexpected packets are dropped or answered as the IBA requires.
+    /// Processes one received packet addressed to this QP, as arrived on its current
+    /// primary port. Never panics; malformed or unexpected packets are dropped or answered
+    /// as the IBA requires.
     pub fn handle_packet<M: MemoryTable + ?Sized>(
         &mut self,
         now: u64,
         mem: &mut M,
         pkt: &Packet<'_>,
+    ) {
+        let port = self.attr.port_num;
+        self.handle_packet_on(now, mem, pkt, port);
+    }
+
+    /// [`handle_packet`](Self::handle_packet) for a packet that arrived on `port`: with an
+    /// alternate path, the path migration rules decide whether it is accepted and whether
+    /// it arms or migrates the QP (see [`QpEvent`]).
+    pub fn handle_packet_on<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        pkt: &Packet<'_>,
+        port: u8,
     ) {
         let h = &pkt.header;
         if !h.is_consistent()
@@ -394,6 +421,10 @@ impl RcQp {
             || h.dest_qp != self.cfg.qpn
             || h.psn > crate::psn::PSN_MASK
         {
+            self.stats.dropped += 1;
+            return;
+        }
+        if self.apm.used && !self.apm_admit(port, h.mig_req) {
             self.stats.dropped += 1;
             return;
         }
@@ -423,17 +454,20 @@ impl RcQp {
             return None;
         }
         self.turn = !self.turn;
-        if self.turn {
-            if let Some(t) = self.next_response(mem, buf) {
-                return Some(t);
+        let mut t = if self.turn {
+            match self.next_response(mem, buf) {
+                Some(t) => Some(t),
+                None => self.next_request(now, mem, buf),
             }
-            self.next_request(now, mem, buf)
         } else {
-            if let Some(t) = self.next_request(now, mem, buf) {
-                return Some(t);
+            match self.next_request(now, mem, buf) {
+                Some(t) => Some(t),
+                None => self.next_response(mem, buf),
             }
-            self.next_response(mem, buf)
-        }
+        }?;
+        t.header.mig_req = self.apm.mig_req();
+        t.port = self.attr.port_num;
+        Some(t)
     }
 
     /// The next instant at which [`handle_timeout`](Self::handle_timeout) must be called.

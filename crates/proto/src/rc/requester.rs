@@ -212,6 +212,9 @@ impl RcQp {
             "local ACK timeout"
         );
         if self.retry_left == 0 {
+            if self.retries_exhausted() {
+                return;
+            }
             tracing::debug!(qpn = self.cfg.qpn, "retry count exceeded (ACK timeouts)");
             self.enter_error(Some(WcStatus::RetryExcErr));
             return;
@@ -408,6 +411,7 @@ impl RcQp {
         Some(Transmit {
             header: h,
             payload_len,
+            port: self.attr.port_num,
         })
     }
 }

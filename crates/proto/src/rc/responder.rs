@@ -619,6 +619,7 @@ impl RcQp {
         Some(Transmit {
             header: h,
             payload_len,
+            port: self.attr.port_num,
         })
     }
 }

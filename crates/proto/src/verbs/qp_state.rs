@@ -101,6 +101,30 @@ impl Mtu {
     }
 }
 
+/// Automatic path migration state of an RC QP (`ibv_mig_state`; IBA 17.2.8).
+///
+/// `Migrated` (the initial state) has no usable alternate path; `Rearm` has one loaded and
+/// waits until the peer is armed too (a packet with the BTH MigReq bit clear arrives);
+/// `Armed` may migrate to the alternate path, forced by the owner or when retries run out
+/// on the current path.
+///
+/// ```
+/// use rdma_proto::verbs::MigState;
+/// assert_eq!(MigState::default(), MigState::Migrated);
+/// assert_eq!(MigState::Armed as u32, 2); // IBV_MIG_ARMED
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum MigState {
+    /// `IBV_MIG_MIGRATED`: on the primary path, no alternate armed.
+    #[default]
+    Migrated = 0,
+    /// `IBV_MIG_REARM`: an alternate path is loaded; arms when the peer is armed.
+    Rearm = 1,
+    /// `IBV_MIG_ARMED`: ready to migrate to the alternate path.
+    Armed = 2,
+}
+
 /// The primary path of a connected QP (the part of `ibv_ah_attr` a RoCEv2 device uses), or
 /// of a UD address handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -215,6 +239,16 @@ pub struct QpAttr {
     pub max_rd_atomic: u8,
     /// READs/atomics this responder keeps resources for (responder resources).
     pub max_dest_rd_atomic: u8,
+    /// Alternate path (set with [`QpAttrMask::ALT_PATH`], RC only).
+    pub alt_path: PathAttr,
+    /// Port of the alternate path; must differ from `port_num` (ports tell the paths apart).
+    pub alt_port_num: u8,
+    /// P_Key index on the alternate path.
+    pub alt_pkey_index: u16,
+    /// Local ACK timeout exponent on the alternate path (0: keep `timeout`).
+    pub alt_timeout: u8,
+    /// Path migration state ([`QpAttrMask::PATH_MIG_STATE`]).
+    pub path_mig_state: MigState,
 }
 
 /// Why an `ibv_modify_qp` call is refused (`EINVAL`).

@@ -20,6 +20,9 @@
 //! assert_eq!(s.b.mem.bytes(dst, 5).unwrap(), b"hello");
 //! ```
 
+mod paths;
+pub use paths::{load_alt_path, ALT_PORT};
+
 use crate::memory::{InMemoryTable, MrKeys};
 use crate::rc::{RcConfig, RcQp};
 use crate::verbs::{AccessFlags, Mtu, PathAttr, PdId, QpAttr, QpAttrMask as M, QpState};
@@ -144,6 +147,8 @@ pub struct Node {
     oldest: u32,
     timeouts: u64,
     encap: Encap,
+    /// Encapsulation on port 2 (the alternate path's addresses).
+    alt_encap: Encap,
 }
 
 impl Node {
@@ -171,6 +176,8 @@ struct InFlight {
     at: u64,
     seq: u64,
     to_b: bool,
+    /// The port it left from and arrives on (1: primary, 2: alternate in [`paths`]).
+    port: u8,
     bytes: Vec<u8>,
     /// How the network corrupted it.
     corruption: Corruption,
@@ -216,6 +223,10 @@ pub struct NetStats {
     /// Packets a QP gave to transmit that `rdma-wire` could not emit (a transport that
     /// builds an impossible header): always 0 unless something is broken.
     pub emit_errors: u64,
+    /// Of [`sent`](Self::sent), datagrams sent from port 2 (the alternate path).
+    pub sent_alt: u64,
+    /// Of [`lost`](Self::lost), datagrams lost on port 1 (the primary path).
+    pub lost_primary: u64,
 }
 
 impl NetStats {
@@ -231,6 +242,8 @@ impl NetStats {
         self.rejected += o.rejected;
         self.delivered += o.delivered;
         self.emit_errors += o.emit_errors;
+        self.sent_alt += o.sent_alt;
+        self.lost_primary += o.lost_primary;
     }
 }
 
@@ -250,8 +263,11 @@ pub struct RcPair {
     pub b: Node,
     /// Virtual time in ns.
     pub now: u64,
-    /// Network fault mix (may be changed between steps).
+    /// Network fault mix (may be changed between steps); on port 2 too unless
+    /// [`alt_faults`](Self::alt_faults) is set.
     pub faults: Faults,
+    /// Fault mix of port 2, the alternate path (None: [`faults`](Self::faults)).
+    pub alt_faults: Option<Faults>,
     /// The network's random source.
     pub rng: Rng,
     /// Counters.
@@ -364,6 +380,12 @@ fn node(qpn: u32, base: u64, ip: [u8; 4], peer: [u8; 4], p: &ConnParams) -> Node
         49152 + (qpn as u16),
         4791,
     );
+    let alt = |a: [u8; 4]| [198, 51, 100, a[3]];
+    let alt_encap = Encap::new(
+        IpInfo::V4(Ipv4Info::new(alt(ip), alt(peer))),
+        49152 + (qpn as u16),
+        4791,
+    );
     Node {
         qp: RcQp::new(cfg),
         mem,
@@ -377,6 +399,7 @@ fn node(qpn: u32, base: u64, ip: [u8; 4], peer: [u8; 4], p: &ConnParams) -> Node
         oldest: 0,
         timeouts: 0,
         encap,
+        alt_encap,
     }
 }
 
@@ -410,6 +433,7 @@ impl RcPair {
             b,
             now: 0,
             faults,
+            alt_faults: None,
             rng,
             stats: NetStats::default(),
             flight: Vec::new(),
@@ -426,25 +450,41 @@ impl RcPair {
             let Some(t) = n.qp.poll_transmit(self.now, &mut n.mem, &mut self.buf) else {
                 break;
             };
+            let port = t.port;
+            let encap = if port == 2 { n.alt_encap } else { n.encap };
             let Ok(len) = wire::emit(
                 &t.header,
                 &self.buf[..t.payload_len],
                 &mut self.dgram,
-                Some(&n.encap),
+                Some(&encap),
             ) else {
                 // counted (tests assert 0): a silently dropped packet would look like loss
                 self.stats.emit_errors += 1;
+                if self.trace {
+                    eprintln!("{:>12} emit error: {:?}", self.now, t.header);
+                }
                 continue;
             };
             self.stats.sent += 1;
-            let f = self.faults;
+            let f = match self.alt_faults {
+                Some(alt) if port == 2 => alt,
+                _ => self.faults,
+            };
+            if port == 2 {
+                self.stats.sent_alt += 1;
+            }
             let lost = self.rng.chance(f.loss);
             if self.trace {
                 let h = &t.header;
                 eprintln!(
-                    "{:>12} {} {:?} psn {:#x} len {} reth {:?} aeth {:?}{}",
+                    "{:>12} {}{} {:?} psn {:#x} len {} reth {:?} aeth {:?}{}",
                     self.now,
                     if from_a { "A->B" } else { "B->A" },
+                    if h.mig_req {
+                        format!(" p{port} M")
+                    } else {
+                        format!(" p{port}")
+                    },
                     h.opcode,
                     h.psn,
                     t.payload_len,
@@ -455,6 +495,9 @@ impl RcPair {
             }
             if lost {
                 self.stats.lost += 1;
+                if port != 2 {
+                    self.stats.lost_primary += 1;
+                }
                 continue;
             }
             let copies = if self.rng.chance(f.dup) { 2 } else { 1 };
@@ -483,6 +526,7 @@ impl RcPair {
                     at,
                     seq: self.seq,
                     to_b: from_a,
+                    port,
                     bytes,
                     corruption,
                 });
@@ -529,10 +573,15 @@ impl RcPair {
     }
 
     fn deliver(&mut self, f: InFlight) {
-        let (dst, src_encap) = if f.to_b {
-            (&mut self.b, self.a.encap)
+        let (dst, src) = if f.to_b {
+            (&mut self.b, &self.a)
         } else {
-            (&mut self.a, self.b.encap)
+            (&mut self.a, &self.b)
+        };
+        let src_encap = if f.port == 2 {
+            src.alt_encap
+        } else {
+            src.encap
         };
         match wire::parse(&f.bytes, IcrcCheck::Exact(&src_encap)) {
             Ok(pkt) => {
@@ -547,7 +596,8 @@ impl RcPair {
                     && h.aeth.is_some_and(|a| {
                         a.kind() == crate::packet::AethKind::Nak(crate::packet::NakCode::PsnSeqErr)
                     });
-                dst.qp.handle_packet(self.now, &mut dst.mem, &pkt);
+                dst.qp
+                    .handle_packet_on(self.now, &mut dst.mem, &pkt, f.port);
                 dst.observe(nak_for_oldest);
             }
             Err(_) => self.stats.rejected += 1,
@@ -561,6 +611,7 @@ impl RcPair {
             at: self.now,
             seq: self.seq,
             to_b,
+            port: 1,
             bytes,
             corruption: Corruption::None,
         });

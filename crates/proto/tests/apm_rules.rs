@@ -1,0 +1,266 @@
+//! Path migration rules of one RC QP, packet by packet: which modify calls are legal, the
+//! MigReq bit it sends, which packets it accepts on which port, and when it arms or migrates.
+
+use rdma_proto::memory::InMemoryTable;
+use rdma_proto::packet::{Aeth, Opcode, Packet, PacketHeader};
+use rdma_proto::rc::{MigrationCause, QpEvent, RcConfig, RcQp};
+use rdma_proto::sim::{connect, load_alt_path, ConnParams, ALT_PORT};
+use rdma_proto::verbs::{
+    MigState, ModifyError, PdId, QpAttr, QpAttrMask as M, QpState, RecvWr, SendFlags, SendOp,
+    SendWr,
+};
+
+fn qp() -> (RcQp, InMemoryTable) {
+    let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
+    connect(&mut qp, 0x22, 100, 500, &ConnParams::default());
+    (qp, InMemoryTable::new(0, 4096))
+}
+
+fn write_req(psn: u32, mig_req: bool) -> PacketHeader {
+    let mut h = PacketHeader::new(Opcode::RcWriteOnly, 0x11, psn);
+    h.reth = Some(rdma_proto::packet::Reth {
+        va: 0,
+        rkey: 0,
+        len: 0,
+    });
+    h.ack_req = true;
+    h.mig_req = mig_req;
+    h
+}
+
+fn deliver(qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketHeader, port: u8) {
+    qp.handle_packet_on(
+        0,
+        mem,
+        &Packet {
+            header: h,
+            payload: &[],
+        },
+        port,
+    );
+}
+
+/// Everything the QP sends now: (opcode, psn, MigReq, port).
+fn sent(qp: &mut RcQp, mem: &mut InMemoryTable) -> Vec<(Opcode, u32, bool, u8)> {
+    let mut buf = [0u8; 4096];
+    let mut v = Vec::new();
+    while let Some(t) = qp.poll_transmit(0, mem, &mut buf) {
+        v.push((t.header.opcode, t.header.psn, t.header.mig_req, t.port));
+    }
+    v
+}
+
+#[test]
+fn without_an_alternate_nothing_changes() {
+    let (mut qp, mut mem) = qp();
+    assert_eq!(qp.path_mig_state(), MigState::Migrated);
+    assert_eq!(
+        qp.migrate(),
+        Err(ModifyError::BadValue("path_mig_state transition"))
+    );
+    // MigReq stays clear, every packet leaves from port 1, a packet on another port is
+    // processed as before (no APM rules without an alternate path)
+    deliver(&mut qp, &mut mem, write_req(500, true), 7);
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 500, false, 1)]
+    );
+    assert!(qp.poll_event().is_none());
+}
+
+#[test]
+fn modify_checks_the_alternate_path_and_the_state_machine() {
+    let (mut qp, _) = qp();
+    let same_port = QpAttr {
+        alt_port_num: 1,
+        path_mig_state: MigState::Rearm,
+        ..QpAttr::default()
+    };
+    assert!(qp
+        .modify(&same_port, M::ALT_PATH | M::PATH_MIG_STATE)
+        .is_err());
+    let rearm = QpAttr {
+        path_mig_state: MigState::Rearm,
+        ..QpAttr::default()
+    };
+    // Rearm needs an alternate path
+    assert!(qp.modify(&rearm, M::PATH_MIG_STATE).is_err());
+    assert_eq!(qp.path_mig_state(), MigState::Migrated);
+    load_alt_path(&mut qp, MigState::Rearm, 12).unwrap();
+    assert_eq!(qp.attr().path_mig_state, MigState::Rearm);
+    assert_eq!(qp.attr().alt_port_num, ALT_PORT);
+    // software cannot arm, nor migrate from Rearm
+    let armed = QpAttr {
+        path_mig_state: MigState::Armed,
+        ..QpAttr::default()
+    };
+    assert!(qp.modify(&armed, M::PATH_MIG_STATE).is_err());
+    assert!(qp.migrate().is_err());
+    assert_eq!(qp.path_mig_state(), MigState::Rearm);
+}
+
+#[test]
+fn rearm_arms_on_mig_req_clear_then_peer_migration_is_followed() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 12).unwrap();
+    // a peer still in Migrated (MigReq set) does not arm us
+    deliver(&mut qp, &mut mem, write_req(500, true), 1);
+    assert_eq!(qp.path_mig_state(), MigState::Rearm);
+    // Rearm and Armed send MigReq clear
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 500, false, 1)]
+    );
+    deliver(&mut qp, &mut mem, write_req(501, false), 1);
+    assert_eq!(qp.path_mig_state(), MigState::Armed);
+    sent(&mut qp, &mut mem);
+    // Armed: a packet on the alternate port with MigReq clear is dropped (a stale one)
+    let dropped = qp.stats().dropped;
+    deliver(&mut qp, &mut mem, write_req(502, false), ALT_PORT);
+    assert_eq!(qp.stats().dropped, dropped + 1);
+    assert!(sent(&mut qp, &mut mem).is_empty());
+    // with MigReq set it is the peer's migration: we follow, then process the packet
+    deliver(&mut qp, &mut mem, write_req(502, true), ALT_PORT);
+    assert_eq!(
+        qp.poll_event(),
+        Some(QpEvent::PathMigrated {
+            cause: MigrationCause::Peer,
+            from_port: 1,
+            to_port: ALT_PORT
+        })
+    );
+    assert_eq!(qp.path_mig_state(), MigState::Migrated);
+    assert_eq!(qp.attr().port_num, ALT_PORT);
+    assert_eq!(qp.attr().timeout, 12);
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 502, true, ALT_PORT)]
+    );
+    // the peer is on the new path already: the old one is no longer heard
+    let dropped = qp.stats().dropped;
+    deliver(&mut qp, &mut mem, write_req(503, false), 1);
+    assert_eq!(qp.stats().dropped, dropped + 1);
+    assert_eq!(qp.attr().rq_psn, 503);
+}
+
+#[test]
+fn forced_migration_resends_from_the_oldest_unacked_psn_on_the_alternate() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    qp.post_recv(&RecvWr::new(9)).unwrap();
+    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
+    sent(&mut qp, &mut mem);
+    for i in 0..3 {
+        let wr = SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        );
+        qp.post_send(&mem, &wr).unwrap();
+    }
+    let first = sent(&mut qp, &mut mem);
+    assert_eq!(
+        first.iter().map(|p| (p.1, p.2, p.3)).collect::<Vec<_>>(),
+        vec![(100, false, 1), (101, false, 1), (102, false, 1)]
+    );
+    // 100 acknowledged, then the link goes down
+    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 100);
+    ack.aeth = Some(Aeth::ack(1));
+    deliver(&mut qp, &mut mem, ack, 1);
+    qp.migrate().unwrap();
+    assert!(matches!(
+        qp.poll_event(),
+        Some(QpEvent::PathMigrated {
+            cause: MigrationCause::Forced,
+            ..
+        })
+    ));
+    assert_eq!(qp.state(), QpState::Rts);
+    let again = sent(&mut qp, &mut mem);
+    assert_eq!(
+        again.iter().map(|p| (p.1, p.2, p.3)).collect::<Vec<_>>(),
+        vec![(101, true, ALT_PORT), (102, true, ALT_PORT)]
+    );
+    assert!(qp.poll_timeout().is_some());
+    // the peer has not migrated yet: its requests on the old port are still accepted, and
+    // answered on the new path with MigReq set...
+    deliver(&mut qp, &mut mem, write_req(501, false), 1);
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 501, true, ALT_PORT)]
+    );
+    // ...until it is heard on the new one
+    deliver(&mut qp, &mut mem, write_req(502, true), ALT_PORT);
+    sent(&mut qp, &mut mem);
+    let dropped = qp.stats().dropped;
+    deliver(&mut qp, &mut mem, write_req(503, false), 1);
+    assert_eq!(qp.stats().dropped, dropped + 1);
+    // migrating again needs a new alternate path
+    assert!(qp.migrate().is_err());
+}
+
+#[test]
+fn rearm_follows_a_peer_that_migrated_onto_our_alternate() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    // stale (MigReq clear) on the alternate: dropped, still Rearm
+    let dropped = qp.stats().dropped;
+    deliver(&mut qp, &mut mem, write_req(500, false), ALT_PORT);
+    assert_eq!(qp.stats().dropped, dropped + 1);
+    assert_eq!(qp.path_mig_state(), MigState::Rearm);
+    // the peer armed on our packets and migrated: we follow
+    deliver(&mut qp, &mut mem, write_req(500, true), ALT_PORT);
+    assert!(matches!(
+        qp.poll_event(),
+        Some(QpEvent::PathMigrated {
+            cause: MigrationCause::Peer,
+            ..
+        })
+    ));
+    assert_eq!(qp.attr().port_num, ALT_PORT);
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 500, true, ALT_PORT)]
+    );
+}
+
+#[test]
+fn a_peer_migration_also_resends_our_own_outstanding_requests() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
+    sent(&mut qp, &mut mem);
+    for i in 0..2 {
+        let wr = SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        )
+        .with_flags(SendFlags::SIGNALED);
+        qp.post_send(&mem, &wr).unwrap();
+    }
+    assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101 on port 1, unacknowledged
+    deliver(&mut qp, &mut mem, write_req(501, true), ALT_PORT);
+    let out = sent(&mut qp, &mut mem);
+    // the ACK for the peer's request and our two requests again, all on the new path
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert!(out.contains(&(Opcode::RcAcknowledge, 501, true, ALT_PORT)));
+    assert!(out.contains(&(Opcode::RcWriteOnly, 100, true, ALT_PORT)));
+    assert!(out.contains(&(Opcode::RcWriteOnly, 101, true, ALT_PORT)));
+    // acknowledged on the new path: both complete once
+    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 101);
+    ack.aeth = Some(Aeth::ack(2));
+    ack.mig_req = true;
+    deliver(&mut qp, &mut mem, ack, ALT_PORT);
+    deliver(&mut qp, &mut mem, ack, ALT_PORT);
+    assert_eq!(qp.send_queue_len(), 0);
+    assert_eq!(qp.oldest_unacked_psn(), 102);
+    let ids: Vec<u64> = std::iter::from_fn(|| qp.poll_send_completion())
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(ids, vec![0, 1]);
+}
