@@ -47,7 +47,8 @@ fn failed(
     qp_err: bool,
 ) {
     if qp_err {
-        if let Some(s) = st.ids.get(&id) {
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.align_status = Some(status);
             qp_to_err(s);
         }
     }

@@ -90,6 +90,9 @@ pub(crate) struct IdSlot {
     /// Resolve onto this device whatever netdev the route takes (an async reconnect that
     /// keeps its PD, MRs and CQ).
     pub pin_dev: Option<u32>,
+    /// The DISCONNECTED status the align policy ended the connection with (set before
+    /// the QP goes to ERR, so that its flushes can be told apart).
+    pub align_status: Option<i32>,
     /// What the CM did for it (`rdma-soft resource show cm_id`).
     pub counters: IdCounters,
 }
@@ -126,6 +129,7 @@ impl IdSlot {
             counters: IdCounters::default(),
             path_netdev: None,
             pin_dev: None,
+            align_status: None,
         }
     }
 

@@ -8,35 +8,28 @@
 //! on loopback (127.0.211.0/24).
 
 mod common;
+mod ha;
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use common::*;
+use ha::{cma, topo, B_ADDR};
 use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{AccessFlags, MemoryRegion, QpState, QueuePair, RecvWr, SendOp, SendWr};
-use rdma_testhosts::{require_root, Host, Topology};
+use rdma_testhosts::{require_root, Host};
 use rdmacm::{
-    CmId, CmOption, Cma, CmaConfig, ConnParam, Event, EventChannel, EventType, HaPolicy,
+    CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, HaPolicy,
     IdState, PortSpace, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED,
 };
 
 const T: Duration = Duration::from_secs(10);
-const B_ADDR: &str = "192.0.2.2";
 
 fn conns() -> usize {
     std::env::var("RDMA_HA_CONNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4)
-}
-
-fn cma(ha: HaPolicy) -> Cma {
-    Cma::with_config(CmaConfig {
-        ha,
-        ..CmaConfig::default()
-    })
-    .unwrap()
 }
 
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
@@ -62,30 +55,6 @@ fn quiet(ch: &EventChannel, d: Duration) {
             assert_eq!(ev.kind(), EventType::TimewaitExit, "unexpected {}", ev.kind());
         }
     }
-}
-
-/// H and B with two links, B's address over h0 (metric 10) and h1 (metric 100).
-fn topo() -> Topology {
-    let t = Topology::builder("ha")
-        .host("h")
-        .host("b")
-        .link("h", "h0", "b", "b0")
-        .link("h", "h1", "b", "b1")
-        .addr("h", "h0", "192.0.2.1/24")
-        .addr("b", "b0", "192.0.2.2/24")
-        .addr("h", "h1", "198.51.100.1/24")
-        .addr("b", "b1", "198.51.100.2/24")
-        .route("h", "192.0.2.2/32 dev h0 metric 10")
-        .route("h", "192.0.2.2/32 via 198.51.100.2 dev h1 metric 100")
-        .build()
-        .unwrap();
-    for (h, ifs) in [(t.host("h"), ["h0", "h1"]), (t.host("b"), ["b0", "b1"])] {
-        with_resolver(h, |r| ifs.iter().for_each(|i| wait_running(r, i)));
-        for d in ["all", "default", ifs[0], ifs[1]] {
-            let _ = h.set_sysctl(&format!("net/ipv4/conf/{d}/rp_filter"), "0");
-        }
-    }
-    t
 }
 
 /// One side of a connection: its QP and a buffer for messages.
@@ -337,7 +306,7 @@ fn scenario_then(
 }
 
 fn route_to_h1(h: &Host, _b: &Host) {
-    sh(h, &["route", "replace", "192.0.2.2/32", "via", "198.51.100.2", "dev", "h1", "metric", "10"]);
+    ha::route_to_h1(h);
 }
 
 #[test]

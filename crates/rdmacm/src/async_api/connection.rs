@@ -317,14 +317,15 @@ impl Connection {
         }
         .map_err(|e| Error::Io(std::io::Error::from(e)))?;
         let driver = id.device().and_then(|d| super::driver::for_device(&d));
+        let id = Arc::new(id);
         let sh = Arc::new(Shared {
             parts,
             _driver: driver,
             afd,
             st: Mutex::new(State::new()),
             changed: Notify::new(),
+            id: Arc::downgrade(&id),
         });
-        let id = Arc::new(id);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(run(sh.clone(), ch.clone(), Arc::downgrade(&id), tx));
         Ok(Connection {

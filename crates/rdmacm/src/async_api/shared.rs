@@ -121,6 +121,8 @@ pub(super) struct Shared {
     pub afd: AsyncFd<CompletionChannel>,
     pub st: Mutex<State>,
     pub changed: Notify,
+    /// The connection's id: why its QP went to ERR, when the CM did it.
+    pub id: Weak<CmId>,
 }
 
 impl Shared {
@@ -178,7 +180,16 @@ impl Shared {
             }
             // Flushes after a close are expected; anything else closes the connection.
             if st.closed.is_none() {
-                self.close(st, CloseReason::Failed(c.status));
+                // Flushed because the align policy ended the connection (the CM moved the
+                // QP to ERR before its DISCONNECTED reached us): that is the reason.
+                let moved = (c.status == WcStatus::WrFlushErr)
+                    .then(|| self.id.upgrade().and_then(|id| id.align_status()))
+                    .flatten();
+                let why = match moved {
+                    Some(status) => CloseReason::PathMoved { status },
+                    None => CloseReason::Failed(c.status),
+                };
+                self.close(st, why);
                 if kind == TAG_SEND {
                     st.free_send.push(slot);
                 }

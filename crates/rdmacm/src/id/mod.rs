@@ -207,6 +207,11 @@ impl CmId {
         let _ = self.with(|s| s.pin_dev = Some(index));
     }
 
+    /// The status the align policy ended the id's connection with, if it did.
+    pub(crate) fn align_status(&self) -> Option<i32> {
+        self.with(|s| s.align_status).ok().flatten()
+    }
+
     /// The id's HA policy.
     pub fn ha_policy(&self) -> HaPolicy {
         self.with(|s| s.opts.ha).unwrap_or_default()
