@@ -47,8 +47,7 @@ fn failed(
     qp_err: bool,
 ) {
     if qp_err {
-        if let Some(s) = st.ids.get_mut(&id) {
-            s.align_status = Some(status);
+        if let Some(s) = st.ids.get(&id) {
             qp_to_err(s);
         }
     }
@@ -143,8 +142,14 @@ impl Inner {
         if d.agent.state(conn) != Some(CmState::Established) {
             return false;
         }
-        tracing::info!(id, ?reason, status, "align: the path moved, ending the connection");
-        if let Some(s) = st.ids.get(&id) {
+        tracing::info!(
+            id,
+            ?reason,
+            status,
+            "align: the path moved, ending the connection"
+        );
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.align_status = Some(status);
             qp_to_err(s);
         }
         let sent = d.agent.disconnect(now, conn).is_ok();
@@ -153,7 +158,13 @@ impl Inner {
             s.state = IdState::Disconnect;
         }
         self.drain_agent(st, dev);
-        Inner::event(st, id, EventType::Disconnected, status, ConnEventParam::default());
+        Inner::event(
+            st,
+            id,
+            EventType::Disconnected,
+            status,
+            ConnEventParam::default(),
+        );
         true
     }
 

@@ -172,8 +172,8 @@ mod watch;
 
 pub use async_api::{
     AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Incoming, Listener,
-    RdmaStream, Reconnected, RemoteBuf, Resolved, Setup, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
-    MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
+    RdmaStream, Reconnected, RemoteBuf, Resolved, Setup, CONTROL_WINDOW, DISCONNECT_WAIT,
+    MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;

@@ -19,8 +19,8 @@ use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{AccessFlags, MemoryRegion, QpState, QueuePair, RecvWr, SendOp, SendWr};
 use rdma_testhosts::{require_root, Host};
 use rdmacm::{
-    CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, HaPolicy,
-    IdState, PortSpace, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED,
+    CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, HaPolicy, IdState, PortSpace,
+    ALIGN_ADDR_GONE, ALIGN_PATH_MOVED,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -52,7 +52,12 @@ fn quiet(ch: &EventChannel, d: Duration) {
     let t0 = Instant::now();
     while let Some(left) = d.checked_sub(t0.elapsed()) {
         if let Some(ev) = ch.get_event_timeout(left).unwrap() {
-            assert_eq!(ev.kind(), EventType::TimewaitExit, "unexpected {}", ev.kind());
+            assert_eq!(
+                ev.kind(),
+                EventType::TimewaitExit,
+                "unexpected {}",
+                ev.kind()
+            );
         }
     }
 }
@@ -66,11 +71,12 @@ struct Side {
 impl Side {
     fn new(qp: Arc<QueuePair>) -> Side {
         let pd = qp.pd().clone();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd
+            .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+            .unwrap();
         let s = Side { qp, mr };
         for i in 0..4 {
-            s.qp
-                .post_recv(&RecvWr::new(i).with_sge(s.mr.sge(32, 32).unwrap()))
+            s.qp.post_recv(&RecvWr::new(i).with_sge(s.mr.sge(32, 32).unwrap()))
                 .unwrap();
         }
         s
@@ -137,7 +143,11 @@ fn check(ch: &EventChannel, ids: &[CmId], w: Want) {
                 assert_eq!(ev.status(), 0);
             }
             for id in ids {
-                assert_eq!(id.state(), IdState::Connect, "ADDR_CHANGE tears nothing down");
+                assert_eq!(
+                    id.state(),
+                    IdState::Connect,
+                    "ADDR_CHANGE tears nothing down"
+                );
                 assert_eq!(id.qp().unwrap().state(), QpState::Rts);
             }
         }
@@ -145,7 +155,11 @@ fn check(ch: &EventChannel, ids: &[CmId], w: Want) {
             let mut seen = Vec::new();
             for _ in ids {
                 let ev = expect(ch, EventType::Disconnected);
-                assert!(ev.status() == a || ev.status() == b, "status {}", ev.status());
+                assert!(
+                    ev.status() == a || ev.status() == b,
+                    "status {}",
+                    ev.status()
+                );
                 seen.push(ev.id_num());
             }
             for id in ids {
@@ -161,12 +175,19 @@ fn check(ch: &EventChannel, ids: &[CmId], w: Want) {
 }
 
 /// The server: `n` connections on B, then the steps it is sent.
-fn server(b: &Host, n: usize, ready: mpsc::Sender<()>, steps: mpsc::Receiver<Step>, done: mpsc::Sender<()>) {
+fn server(
+    b: &Host,
+    n: usize,
+    ready: mpsc::Sender<()>,
+    steps: mpsc::Receiver<Step>,
+    done: mpsc::Sender<()>,
+) {
     b.run(move || {
         let cma = cma(HaPolicy::Notify);
         let ch = EventChannel::with_cma(&cma).unwrap();
         let l = CmId::new(&ch, PortSpace::Tcp).unwrap();
-        l.bind_addr(format!("{B_ADDR}:7471").parse().unwrap()).unwrap();
+        l.bind_addr(format!("{B_ADDR}:7471").parse().unwrap())
+            .unwrap();
         l.listen(64).unwrap();
         ready.send(()).unwrap();
         let mut ids = Vec::new();
@@ -314,7 +335,13 @@ fn notify_route_replace_gives_addr_change_and_data_flows() {
     if !require_root("notify_route_replace_gives_addr_change_and_data_flows") {
         return;
     }
-    scenario(1, HaPolicy::Notify, route_to_h1, Want::AddrChange, Want::Nothing);
+    scenario(
+        1,
+        HaPolicy::Notify,
+        route_to_h1,
+        Want::AddrChange,
+        Want::Nothing,
+    );
 }
 
 #[test]
@@ -323,7 +350,13 @@ fn align_route_replace_disconnects_both_sides() {
         return;
     }
     let any = Want::Disconnected(ALIGN_PATH_MOVED, ALIGN_PATH_MOVED);
-    scenario(1, HaPolicy::Align, route_to_h1, any, Want::Disconnected(0, 0));
+    scenario(
+        1,
+        HaPolicy::Align,
+        route_to_h1,
+        any,
+        Want::Disconnected(0, 0),
+    );
 }
 
 #[test]
@@ -380,7 +413,20 @@ fn align_neighbour_mac_change_on_same_netdev_is_addr_change_only() {
     }
     let other = MacAddr([0x02, 0, 0, 0, 0, 0x77]).to_string();
     let neigh = |h: &Host, mac: &str| {
-        sh(h, &["neigh", "replace", B_ADDR, "lladdr", mac, "dev", "h0", "nud", "permanent"]);
+        sh(
+            h,
+            &[
+                "neigh",
+                "replace",
+                B_ADDR,
+                "lladdr",
+                mac,
+                "dev",
+                "h0",
+                "nud",
+                "permanent",
+            ],
+        );
     };
     scenario_then(
         1,
@@ -400,7 +446,13 @@ fn many_connections_align_at_once() {
     }
     let n = conns();
     let moved = Want::Disconnected(ALIGN_PATH_MOVED, ALIGN_PATH_MOVED);
-    scenario(n, HaPolicy::Align, route_to_h1, moved, Want::Disconnected(0, 0));
+    scenario(
+        n,
+        HaPolicy::Align,
+        route_to_h1,
+        moved,
+        Want::Disconnected(0, 0),
+    );
 }
 
 /// The option on loopback: set, read back, inherited by a listener's request ids.
@@ -427,11 +479,18 @@ fn policy_option_and_inheritance() {
     let mut ev = expect(&ch, EventType::ConnectRequest);
     let child = ev.take_id().unwrap();
     drop(ev);
-    assert_eq!(child.ha_policy(), HaPolicy::Align, "inherited from the listener");
+    assert_eq!(
+        child.ha_policy(),
+        HaPolicy::Align,
+        "inherited from the listener"
+    );
     // A context whose default is align gives it to every new id.
     let acma = cma_align();
     let ach = EventChannel::with_cma(&acma).unwrap();
-    assert_eq!(CmId::new(&ach, PortSpace::Tcp).unwrap().ha_policy(), HaPolicy::Align);
+    assert_eq!(
+        CmId::new(&ach, PortSpace::Tcp).unwrap().ha_policy(),
+        HaPolicy::Align
+    );
 }
 
 fn cma_align() -> Cma {

@@ -90,7 +90,9 @@ fn align_closes_and_reconnect_continues_over_h1() {
                     assert_eq!(&inc.private_data()[..8], TOKEN);
                     let rb = RemoteBuf::from_bytes(&inc.private_data()[8..24]).unwrap();
                     let c1 = inc.accept(AcceptOptions::default()).await.unwrap();
-                    within("write 1", c1.write(&rb, b"over path one")).await.unwrap();
+                    within("write 1", c1.write(&rb, b"over path one"))
+                        .await
+                        .unwrap();
                     let mut next = 0;
                     let why = take_stream(&c1, &mut next).await;
                     assert_eq!(why, Some(CloseReason::PeerDisconnected));
@@ -108,7 +110,9 @@ fn align_closes_and_reconnect_continues_over_h1() {
                     };
                     let c2 = inc.accept(opts).await.unwrap();
                     // The same rkey, valid on the new connection: nothing re-registered.
-                    within("write 2", c2.write(&rb, b"over path two")).await.unwrap();
+                    within("write 2", c2.write(&rb, b"over path two"))
+                        .await
+                        .unwrap();
                     assert_eq!(take_stream(&c2, &mut next).await, None);
                     next
                 })
@@ -161,7 +165,12 @@ fn align_closes_and_reconnect_continues_over_h1() {
                         }
                     }
                     let why = within("closed", c.closed()).await;
-                    assert_eq!(why, CloseReason::PathMoved { status: ALIGN_PATH_MOVED });
+                    assert_eq!(
+                        why,
+                        CloseReason::PathMoved {
+                            status: ALIGN_PATH_MOVED
+                        }
+                    );
                     let ev = within("event", async {
                         loop {
                             let ev = c.next_event().await.unwrap();
@@ -186,7 +195,12 @@ fn align_closes_and_reconnect_continues_over_h1() {
                         r.unfinished.iter().filter(|m| seq_of(m) >= next).collect();
                     let want: Vec<u32> = (next..seq).collect();
                     let got: Vec<u32> = resend.iter().map(|m| seq_of(m)).collect();
-                    assert_eq!(got, want, "unfinished {:?}", r.unfinished.iter().map(|m| seq_of(m)).collect::<Vec<_>>());
+                    assert_eq!(
+                        got,
+                        want,
+                        "unfinished {:?}",
+                        r.unfinished.iter().map(|m| seq_of(m)).collect::<Vec<_>>()
+                    );
                     for m in &resend {
                         assert_eq!(**m, message(seq_of(m)));
                         c2.send(m).await.unwrap();
@@ -211,7 +225,10 @@ fn align_closes_and_reconnect_continues_over_h1() {
                     })
                     .await;
                     let sent_h1 = tx_packets("h1") - tx0;
-                    assert!(sent_h1 >= 64, "the new connection's data left over h1 ({sent_h1})");
+                    assert!(
+                        sent_h1 >= 64,
+                        "the new connection's data left over h1 ({sent_h1})"
+                    );
                     c2.disconnect().await.unwrap();
                     (seq, r.unfinished.len())
                 })

@@ -186,9 +186,7 @@ type Taken = (Parts, Vec<Vec<u8>>, Vec<Vec<u8>>);
 /// The verbs objects of a closed connection's shared state, with the messages it did not
 /// send and those it did not deliver copied out of its buffers.
 fn take_parts(sh: Shared) -> Result<Taken> {
-    let Shared {
-        parts, afd, st, ..
-    } = sh;
+    let Shared { parts, afd, st, .. } = sh;
     // Leaves tokio's reactor: the new connection registers the same channel.
     drop(afd.into_inner());
     let st = st.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -203,7 +201,9 @@ fn take_parts(sh: Shared) -> Result<Taken> {
     for (i, &(slot, len)) in st.received.iter().enumerate() {
         let off = if i == 0 { st.read_off } else { 0 };
         let mut m = vec![0u8; len as usize - off];
-        parts.recv_mr.read(slot as usize * MAX_MESSAGE + off, &mut m)?;
+        parts
+            .recv_mr
+            .read(slot as usize * MAX_MESSAGE + off, &mut m)?;
         unread.push(m);
     }
     Ok((parts, unfinished, unread))

@@ -5,7 +5,7 @@
 use rdma_testhosts::{Host, Topology};
 use rdmacm::{Cma, CmaConfig, HaPolicy};
 
-use crate::common::{with_resolver, wait_running};
+use crate::common::{wait_running, with_resolver};
 
 /// B's address, reached over h0 first.
 pub const B_ADDR: &str = "192.0.2.2";

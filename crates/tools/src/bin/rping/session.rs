@@ -153,6 +153,20 @@ fn align_end(ev: &rdmacm::Event) -> Option<String> {
     ))
 }
 
+/// After the CM ended the connection itself (align), stays until its DREQ was answered
+/// (TIMEWAIT_EXIT follows the DREP) or 5 s passed: the CM lives in this process, and
+/// leaving at once would stop the DREQ before it reached the peer.
+fn linger(ep: &Endpoint, cm: &EventChannel, o: &Opts) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while let Ok(Some(step)) = ep.next(cm, &o.log(), Some(until)) {
+        if let Step::Cm(ev) = step {
+            if ev.kind() == EventType::TimewaitExit {
+                return;
+            }
+        }
+    }
+}
+
 /// Events rdma-core's rping does not handle: its event handler prints
 /// `unhandled event: NAME, ignoring` and goes on (ADDR_CHANGE is a hint: the connection
 /// stays), so ours does the same instead of failing.
@@ -223,6 +237,8 @@ fn wait_recv(
                 EventType::Disconnected => {
                     eprintln!("{who} DISCONNECT EVENT...");
                     if let Some(why) = align_end(&ev) {
+                        drop(ev);
+                        linger(ep, cm, o);
                         return Err(why);
                     }
                     return Ok(Got::Disconnected);
