@@ -9,6 +9,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::reconnect::Redial;
 use super::setup::{Parts, Setup};
 use super::shared::{run, Shared, State};
 use super::{blocking, event_error, DISCONNECT_WAIT};
@@ -165,17 +166,6 @@ impl Resolved {
         })
         .await
     }
-}
-
-/// What an active-side connection keeps to dial its peer again
-/// ([`Connection::reconnect`]).
-#[derive(Clone)]
-pub(super) struct Redial {
-    pub peer: Option<SocketAddr>,
-    pub timeout: Duration,
-    pub conn_param: ConnParam,
-    pub cap: rdma_soft::verbs::QpCap,
-    pub cma: Cma,
 }
 
 pub(super) async fn wait_established(ch: &EventChannel) -> Result<Event> {

@@ -1,7 +1,9 @@
 //! [`Connection::reconnect`]: after the align policy ended a connection, a new one to the
 //! same peer on the path the IP stack uses now, on the same PD, MRs and CQ.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rdma_soft::verbs::{Completion, QpInitAttr};
 
@@ -10,9 +12,10 @@ use super::setup::Parts;
 use super::shared::Shared;
 use super::{blocking, event_error, CONTROL_WINDOW, MAX_MESSAGE, MAX_REQ_PRIVATE_DATA, WINDOW};
 use crate::channel::EventChannel;
+use crate::cma::Cma;
 use crate::error::{Error, Result};
 use crate::id::CmId;
-use crate::params::EventType;
+use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// What [`Connection::reconnect`] gives back: the new connection and what the old one did
@@ -179,6 +182,17 @@ async fn expect(ch: &EventChannel, kind: EventType) -> Result<()> {
         return Err(event_error(&ev));
     }
     Ok(())
+}
+
+/// What an active-side connection keeps to dial its peer again
+/// ([`Connection::reconnect`]).
+#[derive(Clone)]
+pub(super) struct Redial {
+    pub peer: Option<SocketAddr>,
+    pub timeout: Duration,
+    pub conn_param: ConnParam,
+    pub cap: rdma_soft::verbs::QpCap,
+    pub cma: Cma,
 }
 
 type Taken = (Parts, Vec<Vec<u8>>, Vec<Vec<u8>>);
