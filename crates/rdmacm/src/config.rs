@@ -1,6 +1,7 @@
 //! Which netdevs get a software device (`RDMACM_DEVICES`, [`CmaConfig`]).
 
 use crate::error::{Error, Result};
+use crate::ha::{HaPolicy, HA_ENV};
 
 /// Which netdevs get a software device, and under which names: the `RDMACM_DEVICES`
 /// setting, or [`CmaConfig::devices`].
@@ -21,6 +22,9 @@ use crate::error::{Error, Result};
 pub struct CmaConfig {
     /// `None`: every netdev with an address, named after it. `Some`: only these.
     pub devices: Option<Vec<DeviceSpec>>,
+    /// The HA policy every new id of the context starts with (`RDMACM_HA`; default
+    /// [`HaPolicy::Notify`]); [`crate::CmId::set_ha_policy`] changes one id's.
+    pub ha: HaPolicy,
 }
 
 /// One entry of [`CmaConfig::devices`].
@@ -36,13 +40,40 @@ pub struct DeviceSpec {
 pub const DEVICES_ENV: &str = "RDMACM_DEVICES";
 
 impl CmaConfig {
-    /// The configuration from the environment (`RDMACM_DEVICES`; unset or empty: the
-    /// embedded default). `EINVAL` for a malformed value.
+    /// The configuration from the environment: `RDMACM_DEVICES` (unset or empty: the
+    /// embedded default) and `RDMACM_HA` (`notify` or `align`; unset or empty: `notify`).
+    /// A malformed value is `EINVAL`, `RDMACM_HA=migrate` `EOPNOTSUPP`, with a message
+    /// naming the variable.
     pub fn from_env() -> Result<CmaConfig> {
-        match std::env::var(DEVICES_ENV) {
-            Ok(v) => CmaConfig::parse_devices(&v),
-            Err(_) => Ok(CmaConfig::default()),
+        let mut c = match std::env::var(DEVICES_ENV) {
+            Ok(v) => CmaConfig::parse_devices(&v)?,
+            Err(_) => CmaConfig::default(),
+        };
+        if let Ok(v) = std::env::var(HA_ENV) {
+            c.ha = CmaConfig::parse_ha(&v)?;
         }
+        Ok(c)
+    }
+
+    /// Parses a `RDMACM_HA` value (empty: the default, `notify`); errors name the variable.
+    ///
+    /// ```
+    /// use rdmacm::{CmaConfig, HaPolicy};
+    /// assert_eq!(CmaConfig::parse_ha("align").unwrap(), HaPolicy::Align);
+    /// assert_eq!(CmaConfig::parse_ha("").unwrap(), HaPolicy::Notify);
+    /// let e = CmaConfig::parse_ha("aligned").unwrap_err();
+    /// assert_eq!(e.errno(), libc::EINVAL);
+    /// assert!(e.to_string().contains("RDMACM_HA"), "{e}");
+    /// ```
+    pub fn parse_ha(v: &str) -> Result<HaPolicy> {
+        if v.trim().is_empty() {
+            return Ok(HaPolicy::default());
+        }
+        HaPolicy::parse(v).map_err(|e| match e {
+            Error::NotSupported(m) => Error::NotSupported(format!("{HA_ENV}: {m}")),
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{HA_ENV}: {m}")),
+            e => e,
+        })
     }
 
     /// Parses a `RDMACM_DEVICES` value (`NETDEV[=NAME][,...]`; empty: the default).
@@ -67,7 +98,10 @@ impl CmaConfig {
                 name: name.map(str::to_owned),
             });
         }
-        Ok(CmaConfig { devices: Some(out) })
+        Ok(CmaConfig {
+            devices: Some(out),
+            ..CmaConfig::default()
+        })
     }
 
     /// The device name for `netdev`, or `None` when it gets no device.

@@ -9,9 +9,10 @@ use rdma_proto::cm::CmEvent;
 use crate::connect::{on_rep, on_sidr_rep, qp_to_err};
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, EventType};
-use crate::slot::{IdNum, IdState};
+use crate::slot::{IdNum, IdState, QpKind};
 use crate::state::State;
-use crate::watch::Notification;
+use crate::watch::{ChangeReason, Notification};
+use rdma_proto::cm::CmState;
 
 /// DISCONNECTED is reported to connected ids, also after DEVICE_REMOVAL (we never tear a
 /// connection down ourselves, so its end is news).
@@ -117,9 +118,65 @@ impl Inner {
         }
     }
 
-    /// A host change for an id: ADDR_CHANGE or DEVICE_REMOVAL (never a teardown).
+    /// Under [`crate::HaPolicy::Align`], ends a connected id's connection when `reason`
+    /// moved its path off its netdev: QP to ERR, DREQ (it leaves if any route still
+    /// carries it; its retries end in nothing more for the id), DISCONNECTED with the
+    /// policy's status. False (nothing done) otherwise.
+    fn align_close(self: &Arc<Self>, st: &mut State, id: IdNum, reason: &ChangeReason) -> bool {
+        let Some(s) = st.ids.get(&id) else {
+            return false;
+        };
+        let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
+            return false;
+        };
+        let Some(status) = s.opts.ha.ends(reason, s.path_netdev.unwrap_or(dev)) else {
+            return false;
+        };
+        if s.state != IdState::Connect || s.qp_kind != QpKind::Rc {
+            return false;
+        }
+        let now = self.now();
+        let Some(d) = st.devices.get_mut(&dev) else {
+            return false;
+        };
+        if d.agent.state(conn) != Some(CmState::Established) {
+            return false;
+        }
+        tracing::info!(
+            id,
+            ?reason,
+            status,
+            "align: the path moved, ending the connection"
+        );
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.align_status = Some(status);
+            qp_to_err(s);
+        }
+        let sent = d.agent.disconnect(now, conn).is_ok();
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.counters.dreqs_sent += u64::from(sent);
+            s.state = IdState::Disconnect;
+        }
+        self.drain_agent(st, dev);
+        Inner::event(
+            st,
+            id,
+            EventType::Disconnected,
+            status,
+            ConnEventParam::default(),
+        );
+        true
+    }
+
+    /// A host change for an id: ADDR_CHANGE or DEVICE_REMOVAL, or under the align policy
+    /// the end of its connection ([`Inner::align_close`]).
     pub(crate) fn on_notification(self: &Arc<Self>, st: &mut State, n: Notification) {
         let id: IdNum = n.id();
+        if let Notification::AddrChange { reason, .. } = &n {
+            if self.align_close(st, id, reason) {
+                return;
+            }
+        }
         let Some(s) = st.ids.get_mut(&id) else { return };
         if matches!(s.state, IdState::Destroying | IdState::DeviceRemoval) {
             return;

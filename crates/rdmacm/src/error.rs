@@ -121,6 +121,10 @@ pub enum Error {
     /// id, families that do not match, an MTU too small for RoCE.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Recognised but not supported here (`EOPNOTSUPP`): e.g. the `migrate` HA policy
+    /// without a device group.
+    #[error("not supported: {0}")]
+    NotSupported(String),
     /// The address family is not IPv4 or IPv6 (`EAFNOSUPPORT`).
     #[error("address family not supported")]
     AddressFamilyNotSupported,
@@ -215,6 +219,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::InvalidArgument(_) => libc::EINVAL,
+            Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::AddressFamilyNotSupported => libc::EAFNOSUPPORT,
             Error::AddressInUse => libc::EADDRINUSE,
             Error::AddressNotAvailable(_) => libc::EADDRNOTAVAIL,
@@ -299,6 +304,14 @@ pub enum CloseReason {
     Event(crate::EventType),
     /// The device refused a post (e.g. the QP was destroyed).
     PostFailed(String),
+    /// The CM ended the connection because its path moved off its netdev (HA policy
+    /// [`crate::HaPolicy::Align`]): `status` is the DISCONNECTED event's,
+    /// [`crate::ALIGN_PATH_MOVED`] or [`crate::ALIGN_ADDR_GONE`].
+    /// [`crate::Connection::reconnect`] makes a new connection on the new path.
+    PathMoved {
+        /// The DISCONNECTED status (a negative errno).
+        status: i32,
+    },
 }
 
 impl std::fmt::Display for CloseReason {
@@ -315,6 +328,12 @@ impl std::fmt::Display for CloseReason {
                 "the connection manager reported {k}: the peer or the path is gone"
             ),
             CloseReason::PostFailed(e) => write!(f, "the device refused a post: {e}"),
+            CloseReason::PathMoved { status } => write!(
+                f,
+                "the path moved off the connection's netdev (align policy, {}); reconnect \
+                 to follow it",
+                std::io::Error::from_raw_os_error(-status)
+            ),
         }
     }
 }

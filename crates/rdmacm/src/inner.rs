@@ -91,6 +91,7 @@ impl Inner {
             .push(WatchCmd::Watch(id, Box::new(a.clone())));
         if let Some(s) = st.ids.get_mut(&id) {
             s.watched = true;
+            s.path_netdev = Some(a.netdev.index);
         }
         self.watch_notify.notify_one();
     }

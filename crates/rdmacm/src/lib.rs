@@ -153,6 +153,7 @@ mod devices;
 mod dispatch;
 mod error;
 mod event;
+mod ha;
 mod held;
 mod id;
 mod inner;
@@ -171,8 +172,8 @@ mod watch;
 
 pub use async_api::{
     AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Incoming, Listener,
-    RdmaStream, RemoteBuf, Resolved, Setup, CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE,
-    MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
+    RdmaStream, Reconnected, RemoteBuf, Resolved, Setup, CONTROL_WINDOW, DISCONNECT_WAIT,
+    MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;
@@ -182,6 +183,7 @@ pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use counters::CmStatistics;
 pub use event::Event;
+pub use ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
 #[doc(hidden)]
 pub use held::LookupHold;
 pub use id::{CmId, CmOption};

@@ -35,6 +35,9 @@ pub(crate) struct IdOptions {
     pub reuseaddr: bool,
     pub afonly: Option<bool>,
     pub ack_timeout: Option<u8>,
+    /// What the CM does when the connection's path changes (inherited by a listener's
+    /// children with the other options).
+    pub ha: crate::ha::HaPolicy,
 }
 
 /// A listener's bookkeeping.
@@ -81,6 +84,15 @@ pub(crate) struct IdSlot {
     pub suppress_est: bool,
     /// A passive id was accepted or rejected.
     pub accepted: bool,
+    /// The netdev the id's path was resolved through (what the watcher judges route
+    /// changes against; differs from `dev` for a reconnect pinned to its PD's device).
+    pub path_netdev: Option<u32>,
+    /// Resolve onto this device whatever netdev the route takes (an async reconnect that
+    /// keeps its PD, MRs and CQ).
+    pub pin_dev: Option<u32>,
+    /// The DISCONNECTED status the align policy ended the connection with (set before
+    /// the QP goes to ERR, so that its flushes can be told apart).
+    pub align_status: Option<i32>,
     /// What the CM did for it (`rdma-soft resource show cm_id`).
     pub counters: IdCounters,
 }
@@ -115,6 +127,9 @@ impl IdSlot {
             suppress_est: false,
             accepted: false,
             counters: IdCounters::default(),
+            path_netdev: None,
+            pin_dev: None,
+            align_status: None,
         }
     }
 

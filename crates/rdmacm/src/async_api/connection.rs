@@ -9,6 +9,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::reconnect::Redial;
 use super::setup::{Parts, Setup};
 use super::shared::{run, Shared, State};
 use super::{blocking, event_error, DISCONNECT_WAIT};
@@ -16,6 +17,7 @@ use crate::channel::EventChannel;
 use crate::cma::Cma;
 use crate::error::{CloseReason, Error, Result};
 use crate::event::Event;
+use crate::ha::HaPolicy;
 use crate::id::CmId;
 use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
@@ -46,6 +48,10 @@ pub struct ConnectOptions {
     pub setup: Setup,
     /// The context (`None`: [`Cma::global`]).
     pub cma: Option<Cma>,
+    /// The id's HA policy (`None`: the context's, `RDMACM_HA`); with
+    /// [`crate::HaPolicy::Align`] the connection closes with [`CloseReason::PathMoved`]
+    /// when its path moves off its netdev, and [`Connection::reconnect`] follows it.
+    pub ha: Option<HaPolicy>,
 }
 
 impl Default for ConnectOptions {
@@ -58,6 +64,7 @@ impl Default for ConnectOptions {
             conn_param: ConnParam::default(),
             setup: Setup::default(),
             cma: None,
+            ha: None,
         }
     }
 }
@@ -131,6 +138,15 @@ impl Resolved {
             deadline,
             ..
         } = self;
+        let redial = Redial {
+            peer: id.peer_addr(),
+            timeout: opts.timeout,
+            conn_param: opts.conn_param.clone(),
+            cap: opts.setup.cap(),
+            cma: Cma {
+                inner: id.inner.clone(),
+            },
+        };
         let mut param = opts.conn_param;
         param.private_data = opts.private_data;
         let setup = opts.setup;
@@ -144,7 +160,9 @@ impl Resolved {
             let ev = wait_established(&ch).await?;
             let peer_private_data = ev.private_data().to_vec();
             drop(ev);
-            Connection::start(ch, id, parts, peer_private_data)
+            let mut c = Connection::start(ch, id, parts, peer_private_data)?;
+            c.redial = Some(redial);
+            Ok(c)
         })
         .await
     }
@@ -195,9 +213,11 @@ pub struct Connection {
     _ch: Arc<EventChannel>,
     pub(super) id: Option<Arc<CmId>>,
     pub(super) sh: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
-    events: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+    pub(super) task: tokio::task::JoinHandle<()>,
+    pub(super) events: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Event>>,
     peer_private_data: Vec<u8>,
+    /// Active side: how to dial the peer again.
+    pub(super) redial: Option<Redial>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -224,6 +244,7 @@ impl Connection {
     pub async fn resolve(addr: SocketAddr, options: ConnectOptions) -> Result<Resolved> {
         let deadline = options.connect_timeout.map(|t| Instant::now() + t);
         let (src, timeout, cma) = (options.src, options.timeout, options.cma.clone());
+        let ha = options.ha;
         let (ch, id) = until(deadline, async move {
             let (ch, id) = blocking(move || {
                 let cma = match cma {
@@ -232,6 +253,9 @@ impl Connection {
                 };
                 let ch = EventChannel::with_cma(&cma)?;
                 let id = CmId::new(&ch, PortSpace::Tcp)?;
+                if let Some(p) = ha {
+                    id.set_ha_policy(p)?;
+                }
                 if let Some(s) = src {
                     id.bind_addr(s)?;
                 }
@@ -283,14 +307,15 @@ impl Connection {
         }
         .map_err(|e| Error::Io(std::io::Error::from(e)))?;
         let driver = id.device().and_then(|d| super::driver::for_device(&d));
+        let id = Arc::new(id);
         let sh = Arc::new(Shared {
             parts,
             _driver: driver,
             afd,
             st: Mutex::new(State::new()),
             changed: Notify::new(),
+            id: Arc::downgrade(&id),
         });
-        let id = Arc::new(id);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(run(sh.clone(), ch.clone(), Arc::downgrade(&id), tx));
         Ok(Connection {
@@ -300,6 +325,7 @@ impl Connection {
             task,
             events: tokio::sync::Mutex::new(rx),
             peer_private_data,
+            redial: None,
         })
     }
 

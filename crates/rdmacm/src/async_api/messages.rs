@@ -35,6 +35,7 @@ impl Shared {
         });
         match r {
             Ok(()) => {
+                st.send_len[slot as usize] = msg.len() as u32;
                 st.take_returns();
                 st.data_credits -= 1;
                 Ok(())

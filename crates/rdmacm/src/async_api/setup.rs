@@ -35,7 +35,7 @@ pub struct Setup {
 }
 
 impl Setup {
-    fn cap(&self) -> QpCap {
+    pub(super) fn cap(&self) -> QpCap {
         let msgs = WINDOW + CONTROL_WINDOW;
         QpCap {
             max_send_wr: self.cap.max_send_wr.max(msgs + MAX_RDMA_OPS as u32),

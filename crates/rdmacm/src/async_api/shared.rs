@@ -49,6 +49,11 @@ pub(super) struct State {
     pub next_op: u64,
     /// Tasks polling (the byte stream), woken with every change.
     pub wakers: Vec<Waker>,
+    /// Length of the message last posted from each send buffer.
+    pub send_len: Vec<u32>,
+    /// Send buffers whose message completed in error (flushed by a close), in completion
+    /// order: what [`super::Connection::reconnect`] hands back.
+    pub flushed: Vec<u32>,
 }
 
 impl State {
@@ -70,6 +75,8 @@ impl State {
             orphans: HashMap::new(),
             next_op: 0,
             wakers: Vec::new(),
+            send_len: vec![0; WINDOW as usize],
+            flushed: Vec::new(),
         }
     }
 
@@ -114,6 +121,8 @@ pub(super) struct Shared {
     pub afd: AsyncFd<CompletionChannel>,
     pub st: Mutex<State>,
     pub changed: Notify,
+    /// The connection's id: why its QP went to ERR, when the CM did it.
+    pub id: Weak<CmId>,
 }
 
 impl Shared {
@@ -166,9 +175,21 @@ impl Shared {
             }
         }
         if !c.status.is_success() {
+            if kind == TAG_SEND {
+                st.flushed.push(slot);
+            }
             // Flushes after a close are expected; anything else closes the connection.
             if st.closed.is_none() {
-                self.close(st, CloseReason::Failed(c.status));
+                // Flushed because the align policy ended the connection (the CM moved the
+                // QP to ERR before its DISCONNECTED reached us): that is the reason.
+                let moved = (c.status == WcStatus::WrFlushErr)
+                    .then(|| self.id.upgrade().and_then(|id| id.align_status()))
+                    .flatten();
+                let why = match moved {
+                    Some(status) => CloseReason::PathMoved { status },
+                    None => CloseReason::Failed(c.status),
+                };
+                self.close(st, why);
                 if kind == TAG_SEND {
                     st.free_send.push(slot);
                 }
@@ -268,6 +289,11 @@ impl Shared {
     }
 }
 
+/// A DISCONNECTED status of the align policy (the CM ended the connection itself).
+fn is_align_status(status: i32) -> bool {
+    status == crate::ha::ALIGN_PATH_MOVED || status == crate::ha::ALIGN_ADDR_GONE
+}
+
 /// The connection's task: sleeps on the completion channel and the event channel.
 pub(super) async fn run(
     sh: Arc<Shared>,
@@ -287,6 +313,9 @@ pub(super) async fn run(
                 let Ok(ev) = ev else { return };
                 let why = match ev.kind() {
                     EventType::TimewaitExit => continue,
+                    EventType::Disconnected if is_align_status(ev.status()) => {
+                        Some(CloseReason::PathMoved { status: ev.status() })
+                    }
                     EventType::Disconnected => Some(CloseReason::PeerDisconnected),
                     k @ (EventType::Unreachable
                     | EventType::ConnectError
@@ -305,7 +334,14 @@ pub(super) async fn run(
                     let id = id.upgrade();
                     let mut st = sh.lock();
                     st.disconnected |= disconnected;
-                    st.closed.get_or_insert(why);
+                    // The CM put the QP in ERR before it queued the event: the flushes
+                    // may have closed the connection first, but the path moving is why.
+                    let flushed = st.closed == Some(CloseReason::Failed(WcStatus::WrFlushErr));
+                    if flushed && matches!(why, CloseReason::PathMoved { .. }) {
+                        st.closed = Some(why);
+                    } else {
+                        st.closed.get_or_insert(why);
+                    }
                     if let Some(id) = &id {
                         Shared::disconnect_locked(&mut st, id);
                     }

@@ -99,9 +99,10 @@ impl CmId {
             IdState::AddrBound | IdState::AddrResolved => {}
             s => return Err(bad_state("resolve_addr", s)),
         }
-        let (src_ip, bound, prev) = {
+        let (src_ip, bound, prev, pin) = {
             let mut st = self.inner.lock();
             let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+            let pin = s.pin_dev;
             if !matches!(s.state, IdState::AddrBound | IdState::AddrResolved) {
                 return Err(bad_state("resolve_addr", s.state));
             }
@@ -121,6 +122,7 @@ impl CmId {
                 src_ip,
                 b.and_then(|b| b.netdev.as_ref().map(|n| n.index)),
                 prev,
+                pin,
             )
         };
         let prev = if prev == IdState::AddrResolved {
@@ -133,7 +135,12 @@ impl CmId {
             r.resolve_addr(src_ip.as_ref(), &dsts, bound, timeout).await
         });
         let r = match r {
-            Ok(a) => self.inner.ensure_device(a.netdev.index).map(|_| a),
+            // A pinned id (async reconnect) stays on its PD's device: the path's netdev
+            // needs no device of its own.
+            Ok(a) => match pin {
+                Some(p) => self.inner.ensure_device(p).map(|_| a),
+                None => self.inner.ensure_device(a.netdev.index).map(|_| a),
+            },
             Err(e) => Err(e),
         };
         let mut st = self.inner.lock();
@@ -160,10 +167,10 @@ impl CmId {
                     None => SocketAddr::new(a.src, port),
                 });
                 s.peer = Some(dst);
-                s.dev = Some(a.netdev.index);
+                let dev = pin.unwrap_or(a.netdev.index);
+                s.dev = Some(dev);
                 s.state = IdState::AddrResolved;
                 let src = a.src;
-                let dev = a.netdev.index;
                 s.resolved = Some(a.clone());
                 if let Err(e) = Inner::open_gsi(st, dev, src) {
                     if let Some(s) = st.ids.get_mut(&self.num) {

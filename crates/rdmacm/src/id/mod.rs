@@ -12,6 +12,7 @@ use crate::addr::ScopedIp;
 use crate::channel::EventChannel;
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::ha::HaPolicy;
 use crate::inner::{IdRef, Inner};
 use crate::ports::PortSpace;
 use crate::route::RocePath;
@@ -31,6 +32,8 @@ pub enum CmOption {
     AfOnly(bool),
     /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout (IBA time code, 0-31).
     AckTimeout(u8),
+    /// The id's HA policy (no Linux equivalent; see [`CmId::set_ha_policy`]).
+    HaPolicy(HaPolicy),
 }
 
 /// Converts an rdma_cm socket address into the resolver's scoped address.
@@ -121,7 +124,9 @@ impl CmId {
         let mut st = inner.lock();
         let num = st.next_id;
         st.next_id += 1;
-        st.ids.insert(num, IdSlot::new(channel.num, ps, kind));
+        let mut slot = IdSlot::new(channel.num, ps, kind);
+        slot.opts.ha = inner.config.ha;
+        st.ids.insert(num, slot);
         drop(st);
         Ok(CmId { inner, num })
     }
@@ -174,8 +179,42 @@ impl CmId {
                 return Err(Error::InvalidArgument("ACK timeout above 31".into()))
             }
             CmOption::AckTimeout(t) => s.opts.ack_timeout = Some(t),
+            CmOption::HaPolicy(p) => s.opts.ha = p,
         }
         Ok(())
+    }
+
+    /// The id's HA policy: what the CM does when the path of its connection changes
+    /// ([`HaPolicy`]; default the context's, `RDMACM_HA`). May be set in any state and
+    /// applies to the next change; a listener's policy is inherited by the ids of its
+    /// requests. Same as `set_option(CmOption::HaPolicy(p))`.
+    ///
+    /// ```no_run
+    /// # fn f(ch: &rdmacm::EventChannel) -> rdmacm::Result<()> {
+    /// use rdmacm::{CmId, HaPolicy, PortSpace};
+    /// let id = CmId::new(ch, PortSpace::Tcp)?;
+    /// id.set_ha_policy(HaPolicy::Align)?;
+    /// assert_eq!(id.ha_policy(), HaPolicy::Align);
+    /// # Ok(()) }
+    /// ```
+    pub fn set_ha_policy(&self, p: HaPolicy) -> Result<()> {
+        self.set_option(CmOption::HaPolicy(p))
+    }
+
+    /// Resolves the id onto device `index` (the netdev's ifindex) whatever netdev its
+    /// route takes: an async reconnect keeping its PD, MRs and CQ.
+    pub(crate) fn pin_device(&self, index: u32) {
+        let _ = self.with(|s| s.pin_dev = Some(index));
+    }
+
+    /// The status the align policy ended the id's connection with, if it did.
+    pub(crate) fn align_status(&self) -> Option<i32> {
+        self.with(|s| s.align_status).ok().flatten()
+    }
+
+    /// The id's HA policy.
+    pub fn ha_policy(&self) -> HaPolicy {
+        self.with(|s| s.opts.ha).unwrap_or_default()
     }
 
     /// The device the id is bound to (after a specific bind, address resolution, or on a

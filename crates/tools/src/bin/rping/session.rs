@@ -135,6 +135,38 @@ fn check(c: &Completion) -> Result<(), String> {
     Ok(())
 }
 
+/// The reason to exit with when DISCONNECTED says our own CM ended the connection
+/// because its path moved (`RDMACM_HA=align`); `None` for a peer's disconnect.
+fn align_end(ev: &rdmacm::Event) -> Option<String> {
+    let s = ev.status();
+    if s != rdmacm::ALIGN_PATH_MOVED && s != rdmacm::ALIGN_ADDR_GONE {
+        return None;
+    }
+    let what = if s == rdmacm::ALIGN_ADDR_GONE {
+        "the connection's local address was removed"
+    } else {
+        "the route to the peer moved off the connection's netdev"
+    };
+    Some(format!(
+        "connection ended by RDMACM_HA=align: {what} ({}, error {s})",
+        std::io::Error::from_raw_os_error(-s)
+    ))
+}
+
+/// After the CM ended the connection itself (align), stays until its DREQ was answered
+/// (TIMEWAIT_EXIT follows the DREP) or 5 s passed: the CM lives in this process, and
+/// leaving at once would stop the DREQ before it reached the peer.
+fn linger(ep: &Endpoint, cm: &EventChannel, o: &Opts) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while let Ok(Some(step)) = ep.next(cm, &o.log(), Some(until)) {
+        if let Step::Cm(ev) = step {
+            if ev.kind() == EventType::TimewaitExit {
+                return;
+            }
+        }
+    }
+}
+
 /// Events rdma-core's rping does not handle: its event handler prints
 /// `unhandled event: NAME, ignoring` and goes on (ADDR_CHANGE is a hint: the connection
 /// stays), so ours does the same instead of failing.
@@ -204,6 +236,11 @@ fn wait_recv(
                 _ if ignored(&ev) => {}
                 EventType::Disconnected => {
                     eprintln!("{who} DISCONNECT EVENT...");
+                    if let Some(why) = align_end(&ev) {
+                        drop(ev);
+                        linger(ep, cm, o);
+                        return Err(why);
+                    }
                     return Ok(Got::Disconnected);
                 }
                 _ => return Err(format!("cma event {}", describe(&ev))),
@@ -233,7 +270,8 @@ fn wait_rdma(ep: &Endpoint, cm: &EventChannel, o: &Opts, want: WcOpcode) -> Resu
                 EventType::Established => {}
                 _ if ignored(&ev) => {}
                 EventType::Disconnected => {
-                    return Err("server DISCONNECT EVENT during RDMA".into());
+                    return Err(align_end(&ev)
+                        .unwrap_or_else(|| "server DISCONNECT EVENT during RDMA".into()));
                 }
                 _ => return Err(format!("cma event {}", describe(&ev))),
             },

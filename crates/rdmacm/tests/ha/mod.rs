@@ -1,0 +1,74 @@
+//! Shared by the HA tests: the two-link topology and contexts with a given policy.
+
+#![allow(dead_code)]
+
+use rdma_testhosts::{Host, Topology};
+use rdmacm::{Cma, CmaConfig, HaPolicy};
+
+use crate::common::{wait_running, with_resolver};
+
+/// B's address, reached over h0 first.
+pub const B_ADDR: &str = "192.0.2.2";
+
+/// A context whose ids start with `ha`.
+pub fn cma(ha: HaPolicy) -> Cma {
+    Cma::with_config(CmaConfig {
+        ha,
+        ..CmaConfig::default()
+    })
+    .unwrap()
+}
+
+/// H and B with two links, B's address over h0 (metric 10) and h1 (metric 100), reverse
+/// path filtering off (replies may come back on the other link).
+pub fn topo() -> Topology {
+    let t = Topology::builder("ha")
+        .host("h")
+        .host("b")
+        .link("h", "h0", "b", "b0")
+        .link("h", "h1", "b", "b1")
+        .addr("h", "h0", "192.0.2.1/24")
+        .addr("b", "b0", "192.0.2.2/24")
+        .addr("h", "h1", "198.51.100.1/24")
+        .addr("b", "b1", "198.51.100.2/24")
+        .route("h", "192.0.2.2/32 dev h0 metric 10")
+        .route("h", "192.0.2.2/32 via 198.51.100.2 dev h1 metric 100")
+        .build()
+        .unwrap();
+    for (h, ifs) in [(t.host("h"), ["h0", "h1"]), (t.host("b"), ["b0", "b1"])] {
+        with_resolver(h, |r| ifs.iter().for_each(|i| wait_running(r, i)));
+        for d in ["all", "default", ifs[0], ifs[1]] {
+            let _ = h.set_sysctl(&format!("net/ipv4/conf/{d}/rp_filter"), "0");
+        }
+    }
+    t
+}
+
+/// Moves H's route to B from h0 to h1 (no link change).
+pub fn route_to_h1(h: &Host) {
+    crate::common::sh(
+        h,
+        &[
+            "route",
+            "replace",
+            "192.0.2.2/32",
+            "via",
+            "198.51.100.2",
+            "dev",
+            "h1",
+            "metric",
+            "10",
+        ],
+    );
+}
+
+/// Packets `dev` sent, read in the calling thread's namespace.
+pub fn tx_packets(dev: &str) -> u64 {
+    let t = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+    let line = t
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{dev}:")))
+        .unwrap_or_else(|| panic!("{dev} not in /proc/net/dev"));
+    let f: Vec<&str> = line.split(':').nth(1).unwrap().split_whitespace().collect();
+    f[9].parse().unwrap()
+}

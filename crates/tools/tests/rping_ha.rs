@@ -1,0 +1,104 @@
+//! rping under `RDMACM_HA` (issue 11) between two namespace hosts with two links (root;
+//! SKIPPED otherwise): with `align`, moving the client host's route to the server from
+//! h0 to h1 ends the client with a message saying why; a malformed value is refused
+//! naming the variable.
+
+mod procs;
+
+use std::time::{Duration, Instant};
+
+use procs::{spawn, wait_udp_4791};
+use rdma_testhosts::{require_root, Host, Topology};
+
+const RPING: &str = env!("CARGO_BIN_EXE_rping");
+const T: Duration = Duration::from_secs(30);
+
+fn ip(h: &Host, args: &[&str]) -> String {
+    h.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"))
+}
+
+fn wait_up(h: &Host, dev: &str) {
+    let t0 = Instant::now();
+    while !ip(h, &["-o", "link", "show", dev]).contains("LOWER_UP") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{dev} never came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn rping_align_exits_saying_why_when_the_route_moves() {
+    if !require_root("rping_align_exits_saying_why_when_the_route_moves") {
+        return;
+    }
+    let t = Topology::builder("rpingha")
+        .host("h")
+        .host("b")
+        .link("h", "h0", "b", "b0")
+        .link("h", "h1", "b", "b1")
+        .addr("h", "h0", "192.0.2.1/24")
+        .addr("b", "b0", "192.0.2.2/24")
+        .addr("h", "h1", "198.51.100.1/24")
+        .addr("b", "b1", "198.51.100.2/24")
+        .route("h", "192.0.2.2/32 dev h0 metric 10")
+        .build()
+        .expect("topology");
+    let (h, b) = (t.host("h"), t.host("b"));
+    for (x, d) in [(h, "h0"), (h, "h1"), (b, "b0"), (b, "b1")] {
+        wait_up(x, d);
+    }
+    for d in ["all", "default", "b0", "b1"] {
+        let _ = b.set_sysctl(&format!("net/ipv4/conf/{d}/rp_filter"), "0");
+    }
+
+    // A malformed value: refused before anything happens, naming the variable.
+    let mut c = h.command(RPING);
+    c.env("RDMACM_HA", "sideways")
+        .args(["-c", "-a", "192.0.2.2", "-C", "1"]);
+    let out = spawn(c, "rping bad RDMACM_HA").wait(T);
+    assert_ne!(out.code, Some(0), "{out:#?}");
+    assert!(out.stderr.contains("RDMACM_HA"), "{out:#?}");
+
+    let mut s = b.command(RPING);
+    s.args(["-s", "-a", "192.0.2.2"]);
+    let srv = spawn(s, "rping server");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let mut c = h.command(RPING);
+    c.env("RDMACM_HA", "align")
+        .args(["-c", "-a", "192.0.2.2", "-C", "0", "-S", "64", "-V"]);
+    let cli = spawn(c, "rping client");
+    // Let it connect and ping over h0 (a wait, not a measurement; no -v: nobody reads
+    // the pipes until the end).
+    std::thread::sleep(Duration::from_secs(2));
+    ip(
+        h,
+        &[
+            "route",
+            "replace",
+            "192.0.2.2/32",
+            "via",
+            "198.51.100.2",
+            "dev",
+            "h1",
+        ],
+    );
+    let out = cli.wait(T);
+    // The server prints the DREQ's DISCONNECTED when it comes (it then waits for the next
+    // client): give it time before stopping it.
+    std::thread::sleep(Duration::from_secs(2));
+    let srv = srv.kill();
+    assert_ne!(out.code, Some(0), "{out:#?}");
+    assert!(
+        out.stderr.contains("connection ended by RDMACM_HA=align")
+            && out.stderr.contains("route to the peer moved"),
+        "{out:#?}"
+    );
+    assert!(
+        srv.stderr.contains("server DISCONNECT EVENT"),
+        "server: {:?} (code {:?})",
+        srv.stderr,
+        srv.code
+    );
+}
