@@ -1,6 +1,6 @@
 //! Ports of a device: one per netdev, each with its own MTU, state and GID table, as the
 //! ports of a multi-port HCA. A device with several ports is a *device group*: one PD, MR
-//! and key space spanning several netdevs (docs/HA-ports.md).
+//! and key space spanning several netdevs (docs/HA.md, "Device groups").
 
 use std::net::IpAddr;
 
