@@ -172,6 +172,9 @@ impl CompletionQueue {
         };
         // Arming for any completion widens an earlier solicited-only request, never narrows it.
         self.inner.armed.fetch_max(want, Ordering::AcqRel);
+        // Pairs with the fence in `push` (see there): the caller's poll after this sees a
+        // completion pushed before the device saw the arming.
+        std::sync::atomic::fence(Ordering::SeqCst);
         // The caller is about to sleep on the channel: no longer a busy poller, so the engine
         // takes the device back at once instead of after the hand-off time.
         if let Some(dev) = self.inner.dev.upgrade() {
@@ -192,6 +195,10 @@ impl CompletionQueue {
             self.inner.overflowed.store(true, Ordering::Release);
             return Err(Error::QueueFull("completion queue"));
         }
+        // Pairs with the fence in `req_notify`: the push is visible to a caller that armed
+        // and then polls, or its arming is visible here (a release store followed by a load
+        // may otherwise be reordered, and the completion would wake nobody).
+        std::sync::atomic::fence(Ordering::SeqCst);
         let armed = self.inner.armed.load(Ordering::Acquire);
         let fire = match armed {
             ARMED_ANY => true,
