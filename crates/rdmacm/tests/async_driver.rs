@@ -1,6 +1,6 @@
-//! The runtime drives a connection's device when its wire is readable (one tokio task per
-//! device), and a blocked runtime does not stall the device: the progress engine takes the
-//! datagrams back. Addresses 127.0.63.x.
+//! With `set_runtime_driver(true)` the runtime drives a connection's device when its wire is
+//! readable (one tokio task per device), and a blocked runtime does not stall the device:
+//! the progress engine takes the datagrams back. Addresses 127.0.63.x.
 
 mod aio;
 
@@ -16,6 +16,7 @@ use rdmacm::{Cma, ConnectOptions, Connection, Listener, RemoteBuf};
 /// left fresh datagrams to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runtime_drives_the_device_of_its_connections() {
+    rdmacm::set_runtime_driver(true);
     let (c, s) = pair("127.0.63.1").await;
     for i in 0..200u32 {
         let msg = i.to_le_bytes().repeat(100);
@@ -35,6 +36,7 @@ async fn the_runtime_drives_the_device_of_its_connections() {
 /// so the client's WRITE completes before the server's runtime runs again.
 #[test]
 fn a_blocked_runtime_does_not_stall_its_device() {
+    rdmacm::set_runtime_driver(true);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

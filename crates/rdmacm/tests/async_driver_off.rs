@@ -1,5 +1,6 @@
-//! `RDMACM_ASYNC_DRIVER=0`: no runtime driver, the engine drives the device alone and the
-//! data still flows. Its own test binary: the variable is process-wide. Address 127.0.63.5.
+//! The default: no runtime driver, the engine drives the device alone and wakes the
+//! connection through its completion channel. Its own test binary (the setting is
+//! process-wide). Address 127.0.63.5.
 
 mod aio;
 
@@ -7,8 +8,6 @@ use aio::{pair, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_runtime_driver_the_engine_drives_alone() {
-    // SAFETY: the only test of this binary, set before any thread reads the environment.
-    unsafe { std::env::set_var("RDMACM_ASYNC_DRIVER", "0") };
     let (c, s) = pair("127.0.63.5").await;
     // A ping-pong: every message waits for the engine's completion and the channel's
     // wake-up (a lost wake-up hangs here, caught by the guard). RDMA_ASYNC_PINGS sets the

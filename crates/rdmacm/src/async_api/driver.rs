@@ -1,10 +1,12 @@
-//! One tokio task per device that drives the device when its wire is readable, so that a
-//! datagram wakes the runtime directly instead of the progress engine first (see
+//! Opt-in ([`set_runtime_driver`], `RDMACM_ASYNC_DRIVER=1`): one tokio task per device that
+//! drives the device when its wire is readable, so that a datagram wakes the runtime
+//! directly instead of the progress engine first (see
 //! `rdma_soft::verbs::WireWatch`: the engine leaves fresh datagrams to this task and
 //! drives them itself only when the runtime does not get to them within
 //! `rdma_soft::verbs::GRACE`, say while a worker is blocked).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use rdma_soft::verbs::{Device, WireWatch};
@@ -25,14 +27,40 @@ impl Drop for WireDriver {
 /// alive, is open).
 static DRIVERS: Mutex<Vec<(RawFd, Weak<WireDriver>)>> = Mutex::new(Vec::new());
 
-/// `RDMACM_ASYNC_DRIVER=0` leaves every device to the progress engine (for comparison).
+/// `RDMACM_ASYNC_DRIVER=1` turns the runtime's driver on for a process (default: off).
 pub const DRIVER_ENV: &str = "RDMACM_ASYNC_DRIVER";
 
+/// 0: as [`DRIVER_ENV`] says; 1: on; 2: off.
+static SETTING: AtomicU8 = AtomicU8::new(0);
+
+/// Turns the runtime's device driver on or off for connections made from now on,
+/// whatever `RDMACM_ASYNC_DRIVER` says. Off (the default), the progress engine drives every
+/// device and wakes a connection through its completion channel; on, one tokio task per
+/// device drives it when its wire fd is readable and the engine leaves fresh datagrams to
+/// it (taking them back after 1 ms from a blocked runtime). On a quiet 2-core machine the
+/// engine alone is faster (docs/BENCHMARKS.md, "Async layer"); the driver helps when the
+/// cores are busy.
+///
+/// ```
+/// rdmacm::set_runtime_driver(false);
+/// ```
+pub fn set_runtime_driver(on: bool) {
+    SETTING.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+fn enabled() -> bool {
+    match SETTING.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => std::env::var_os(DRIVER_ENV).is_some_and(|v| v == "1"),
+    }
+}
+
 /// The driver of `dev`, started on the current runtime if it has none. `None` when the
-/// device has no wire fd or the fd cannot join the reactor, or [`DRIVER_ENV`] is `0`: the
-/// engine drives it alone.
+/// driver is off ([`set_runtime_driver`]), the device has no wire fd or the fd cannot join
+/// the reactor: the engine drives it alone.
 pub(super) fn for_device(dev: &Device) -> Option<Arc<WireDriver>> {
-    if std::env::var_os(DRIVER_ENV).is_some_and(|v| v == "0") {
+    if !enabled() {
         return None;
     }
     let fd = dev.wire_fd()?;

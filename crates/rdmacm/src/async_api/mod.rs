@@ -66,6 +66,7 @@ use std::time::Duration;
 
 pub use completions::CompletionStream;
 pub use connection::{ConnectOptions, Connection, Resolved};
+pub use driver::set_runtime_driver;
 pub use listener::{AcceptOptions, Incoming, Listener};
 pub use owned::{Buf, BufPool};
 pub use reconnect::Reconnected;
