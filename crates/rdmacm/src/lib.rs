@@ -29,6 +29,35 @@
 //!   [`Connection::closed`], [`Connection::disconnect`]), [`CompletionStream`] for your own
 //!   work requests. Waiting is on the CQ's completion channel through tokio, never a spin.
 //!
+//! The data path in a few lines (it runs as a doctest, on the software device over
+//! loopback): a message each way, then the server's memory written by the client.
+//!
+//! ```
+//! use rdmacm::{ConnectOptions, Connection, Listener, RemoteBuf};
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> rdmacm::Result<()> {
+//! let listener = Listener::bind("127.0.64.9:0".parse().unwrap()).await?;
+//! let addr = listener.local_addr().unwrap();
+//! let server = tokio::spawn(async move {
+//!     let conn = listener.accept().await?;
+//!     let mr = conn.register_remote(4096)?;            // the client may WRITE here
+//!     conn.send(&RemoteBuf::of(&mr).to_bytes()).await?; // tell it where
+//!     let hello = conn.recv().await?;
+//!     conn.closed().await;                              // the client is done
+//!     Ok::<_, rdmacm::Error>((hello, mr.to_vec()))
+//! });
+//! let opts = ConnectOptions { src: Some("127.0.64.9:0".parse().unwrap()), ..Default::default() };
+//! let conn = Connection::connect(addr, opts).await?;
+//! let remote = RemoteBuf::from_bytes(&conn.recv().await?).expect("16 bytes");
+//! conn.write(&remote, b"written by the client").await?;  // one-sided, completes when placed
+//! conn.send(b"hello").await?;
+//! conn.disconnect().await?;
+//! let (hello, mem) = server.await.unwrap()?;
+//! assert_eq!(hello, b"hello");
+//! assert_eq!(&mem[..21], b"written by the client");
+//! # Ok(()) }
+//! ```
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
