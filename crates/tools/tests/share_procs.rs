@@ -59,6 +59,34 @@ fn wait_members_in(ip: &str, n: usize, netns: Option<&str>) {
     panic!("fewer than {n} sockets on {ip}:4791 within {HANG:?}");
 }
 
+/// Until every `ip:port` has a listener in the inspection view (`rdma-soft resource show
+/// cm_id`, state LISTEN): a server's socket joins the group when it binds, its listener
+/// claim comes with `rdma_listen`, and a REQ in between is refused (REJ 8), as a TCP
+/// connect before `listen`.
+fn wait_listening(ip: &str, ports: impl IntoIterator<Item = u16>) {
+    let want: Vec<String> = ports.into_iter().map(|p| format!("{ip}:{p}")).collect();
+    let end = Instant::now() + HANG;
+    while Instant::now() < end {
+        let text = Command::new(env!("CARGO_BIN_EXE_rdma-soft"))
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let listening = |w: &String| {
+            text.lines().any(|l| {
+                let t: Vec<&str> = l.split_whitespace().collect();
+                t.windows(2).any(|p| p == ["state", "LISTEN"])
+                    && t.windows(2).any(|p| p[0] == "src-addr" && p[1] == w)
+            })
+        };
+        if want.iter().all(listening) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("not every one of {want:?} is listening within {HANG:?}");
+}
+
 fn server(addr: &str, port: u16, extra: &[&str]) -> Proc {
     let p = port.to_string();
     let mut args = vec!["-s", "-a", addr, "-p", &p, "-v", "-V"];
@@ -190,6 +218,7 @@ fn all_to_all_through_one_address() {
     let ip = "127.0.111.20";
     let servers: Vec<Proc> = (0..n).map(|i| server(ip, 7500 + i, &["-P"])).collect();
     wait_members(ip, usize::from(n));
+    wait_listening(ip, (0..n).map(|i| 7500 + i));
     // One wave per offset: every server gets one client at a time, n at once in all.
     for off in 1..n {
         let wave: Vec<Proc> = (0..n)

@@ -48,6 +48,17 @@ pub fn spawn(mut cmd: Command, what: &str) -> Proc {
     }
 }
 
+impl Drop for Proc {
+    /// A test that panics before waiting for its processes does not leave them running
+    /// (they would hold their addresses and ports for the next run): killed by their pid.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Proc {
     /// Waits up to `t`, then kills it (SIGKILL to its own pid); returns its output.
     pub fn wait(mut self, t: Duration) -> Out {
