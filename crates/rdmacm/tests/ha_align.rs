@@ -23,7 +23,10 @@ use rdmacm::{
     ALIGN_ADDR_GONE, ALIGN_PATH_MOVED,
 };
 
+/// Resolution timeout handed to the CM (a parameter of the calls under test).
 const T: Duration = Duration::from_secs(10);
+/// Hang guard of every wait (a stop, not a speed target).
+const HANG: Duration = Duration::from_secs(120);
 
 fn conns() -> usize {
     std::env::var("RDMA_HA_CONNS")
@@ -35,9 +38,9 @@ fn conns() -> usize {
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
     loop {
         let ev = ch
-            .get_event_timeout(T)
+            .get_event_timeout(HANG)
             .unwrap()
-            .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
+            .unwrap_or_else(|| panic!("hang guard: waiting for {kind}"));
         // veth carriers and timewait are not what these tests are about
         if ev.kind() == EventType::TimewaitExit && kind != EventType::TimewaitExit {
             continue;
@@ -91,7 +94,7 @@ impl Side {
         let mut wc = Vec::new();
         let t0 = Instant::now();
         while self.qp.send_cq().poll(&mut wc, 1) == 0 {
-            assert!(t0.elapsed() < T, "send did not complete");
+            assert!(t0.elapsed() < HANG, "hang guard: send did not complete");
         }
         assert!(wc[0].status.is_success(), "{:?}", wc[0].status);
     }
@@ -100,7 +103,7 @@ impl Side {
         let mut wc = Vec::new();
         let t0 = Instant::now();
         while self.qp.recv_cq().poll(&mut wc, 1) == 0 {
-            assert!(t0.elapsed() < T, "nothing received");
+            assert!(t0.elapsed() < HANG, "hang guard: nothing received");
         }
         assert!(wc[0].status.is_success(), "{:?}", wc[0].status);
         let mut got = vec![0u8; wc[0].byte_len as usize];
@@ -194,7 +197,7 @@ fn server(
         let mut sides = Vec::new();
         let mut established = 0;
         while established < n {
-            let mut ev = ch.get_event_timeout(T).unwrap().expect("requests");
+            let mut ev = ch.get_event_timeout(HANG).unwrap().expect("requests");
             match ev.kind() {
                 EventType::ConnectRequest => {
                     let id = ev.take_id().unwrap();
@@ -303,7 +306,7 @@ fn scenario_then(
         ready_rx.recv().unwrap();
         s.spawn(|| client(h, n, policy, cs_rx, cd_tx));
         let wait = |rx: &mpsc::Receiver<()>, what: &str| {
-            rx.recv_timeout(T * 4).unwrap_or_else(|_| panic!("{what}"))
+            rx.recv_timeout(HANG).unwrap_or_else(|_| panic!("{what}"))
         };
         wait(&cd_rx, "client connected");
         wait(&sd_rx, "server connected");
