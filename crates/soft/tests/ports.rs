@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdma_soft::io::WireAddr;
 use rdma_soft::verbs::*;
 use rdma_testhosts::capture::{Capture, Roce};
-use rdma_testhosts::{require_root, Host, Topology};
+use rdma_testhosts::{require_root, topologies, Host};
 
 /// Bytes each QP moves each way.
 const LEN: usize = 96 << 10;
@@ -317,14 +317,6 @@ fn one_region_serves_qps_on_both_ports() {
     }
 }
 
-fn wait_carrier(h: &Host, dev: &str) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !h.ip(&["link", "show", dev]).unwrap().contains("LOWER_UP") {
-        assert!(Instant::now() < end, "{dev} of {} never came up", h.name());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A two-port device on `h` (its `if0`, `if1` with `ip0`, `ip1`), `qps` RC QPs.
 fn group_end(h: &Host, ifs: [&str; 2], ips: [&str; 2], qps: usize) -> End {
     let dev = h.run(|| {
@@ -343,20 +335,10 @@ fn group_qps_send_on_their_own_port() {
     }
     const H: [&str; 2] = ["192.0.2.1", "198.51.100.1"];
     const B: [&str; 2] = ["192.0.2.2", "198.51.100.2"];
-    let topo = Topology::builder("ports")
-        .host("h")
-        .host("b")
-        .link("h", "h0", "b", "b0")
-        .link("h", "h1", "b", "b1")
-        .addr("h", "h0", "192.0.2.1/24")
-        .addr("b", "b0", "192.0.2.2/24")
-        .addr("h", "h1", "198.51.100.1/24")
-        .addr("b", "b1", "198.51.100.2/24")
-        .build()
-        .unwrap();
+    let topo = topologies::two_hosts_two_links().unwrap();
     let (hh, hb) = (topo.host("h").clone(), topo.host("b").clone());
     for (host, d) in [(&hh, "h0"), (&hh, "h1"), (&hb, "b0"), (&hb, "b1")] {
-        wait_carrier(host, d);
+        host.wait_carrier(d);
     }
     let h = group_end(&hh, ["h0", "h1"], H, 2);
     let b = group_end(&hb, ["b0", "b1"], B, 2);

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use common::{connect_with, device_on, wait_completions, ConnOpts};
 use rdma_soft::io::{FaultSpec, FaultStats, WireAddr, WireStats};
 use rdma_soft::verbs::*;
-use rdma_testhosts::{require_root, topologies, Host};
+use rdma_testhosts::{require_root, topologies};
 
 const KB: usize = 1024;
 /// Wall-clock limit of one wait (a seed pair takes milliseconds; this only bounds a hang).
@@ -661,19 +661,6 @@ fn host_b(mix: &'static str, seeds: &[u64], link: Link) -> Counts {
     counts
 }
 
-/// Waits until `eth0` of `h` has its carrier (a veth pair takes a moment).
-fn wait_carrier(h: &Host) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !h
-        .ip(&["link", "show", "eth0"])
-        .unwrap()
-        .contains("LOWER_UP")
-    {
-        assert!(Instant::now() < end, "eth0 of {} never came up", h.name());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn soak(name: &str, mix: &'static str) {
     if !require_root(name) {
         return;
@@ -685,8 +672,8 @@ fn soak(name: &str, mix: &'static str) {
         // jumbo frames: path MTUs up to 4096
         h.ip(&["link", "set", "eth0", "mtu", "9000"]).unwrap();
     }
-    wait_carrier(&a);
-    wait_carrier(&b);
+    a.wait_carrier("eth0");
+    b.wait_carrier("eth0");
     let t = Instant::now();
     let (la, lb) = pair();
     let (ca, cb) = std::thread::scope(|s| {

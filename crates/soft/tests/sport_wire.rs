@@ -51,23 +51,11 @@ fn pattern(len: usize, salt: u32) -> Vec<u8> {
         .collect()
 }
 
-fn wait_carrier(h: &Host) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !h
-        .ip(&["link", "show", "eth0"])
-        .unwrap()
-        .contains("LOWER_UP")
-    {
-        assert!(Instant::now() < end, "eth0 of {} never came up", h.name());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn hosts() -> (Topology, Host, Host) {
     let topo = topologies::two_hosts_one_link().unwrap();
     let (a, b) = (topo.host("a").clone(), topo.host("b").clone());
-    wait_carrier(&a);
-    wait_carrier(&b);
+    a.wait_carrier("eth0");
+    b.wait_carrier("eth0");
     (topo, a, b)
 }
 

@@ -64,6 +64,29 @@ impl Host {
         ns::ip(&v)
     }
 
+    /// Waits until `dev` has its carrier (`LOWER_UP`: a new veth pair takes a moment);
+    /// panics after 10 s (a setup guard, not a speed target).
+    ///
+    /// ```no_run
+    /// # let topo = rdma_testhosts::topologies::two_hosts_one_link().unwrap();
+    /// topo.host("a").wait_carrier("eth0");
+    /// ```
+    pub fn wait_carrier(&self, dev: &str) {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self
+            .ip(&["-o", "link", "show", dev])
+            .unwrap_or_else(|e| panic!("ip link show {dev} in {}: {e}", self.name))
+            .contains("LOWER_UP")
+        {
+            assert!(
+                std::time::Instant::now() < end,
+                "{dev} of {} never came up",
+                self.name
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Sets a sysctl under /proc/sys/net inside this host, e.g.
     /// `set_sysctl("net/ipv4/ip_forward", "1")`.
     pub fn set_sysctl(&self, path: &str, value: &str) -> io::Result<()> {

@@ -14,6 +14,7 @@ pub const NAMES: &[&str] = &[
     "link-local",
     "local-route",
     "router",
+    "two-links",
 ];
 
 /// Builds a topology by its name in [`NAMES`].
@@ -30,6 +31,7 @@ pub fn builder_by_name(name: &str) -> Result<TopologyBuilder, Error> {
         "link-local" => link_local_only_builder(),
         "local-route" => local_route_via_lo_builder(),
         "router" => router_between_subnets_builder(),
+        "two-links" => two_hosts_two_links_builder(),
         _ => return Err(Error(format!("unknown topology {name}; one of {NAMES:?}"))),
     })
 }
@@ -169,4 +171,24 @@ fn router_between_subnets_builder() -> TopologyBuilder {
         .route("a", "2001:db8:2::/64 via 2001:db8:1::fe")
         .route("b", "192.0.2.0/24 via 198.51.100.254")
         .route("b", "2001:db8:1::/64 via 2001:db8:2::fe")
+}
+
+/// 7. Two hosts joined by two links, one subnet each (the high-availability tests):
+///    `h:h0` (192.0.2.1) — `b:b0` (192.0.2.2) and `h:h1` (198.51.100.1) — `b:b1`
+///    (198.51.100.2), IPv4 only, no extra routes (tests add theirs to the builder).
+pub fn two_hosts_two_links() -> Result<Topology, Error> {
+    two_hosts_two_links_builder().build()
+}
+
+/// The description of [`two_hosts_two_links`], for a test to add routes to.
+pub fn two_hosts_two_links_builder() -> TopologyBuilder {
+    Topology::builder("two-links")
+        .host("h")
+        .host("b")
+        .link("h", "h0", "b", "b0")
+        .link("h", "h1", "b", "b1")
+        .addr("h", "h0", "192.0.2.1/24")
+        .addr("b", "b0", "192.0.2.2/24")
+        .addr("h", "h1", "198.51.100.1/24")
+        .addr("b", "b1", "198.51.100.2/24")
 }

@@ -5,10 +5,10 @@
 
 mod procs;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use procs::{spawn, wait_udp_4791};
-use rdma_testhosts::{require_root, Host, Topology};
+use rdma_testhosts::{require_root, topologies, Host};
 
 const RPING: &str = env!("CARGO_BIN_EXE_rping");
 const T: Duration = Duration::from_secs(30);
@@ -17,37 +17,18 @@ fn ip(h: &Host, args: &[&str]) -> String {
     h.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"))
 }
 
-fn wait_up(h: &Host, dev: &str) {
-    let t0 = Instant::now();
-    while !ip(h, &["-o", "link", "show", dev]).contains("LOWER_UP") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{dev} never came up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn rping_align_exits_saying_why_when_the_route_moves() {
     if !require_root("rping_align_exits_saying_why_when_the_route_moves") {
         return;
     }
-    let t = Topology::builder("rpingha")
-        .host("h")
-        .host("b")
-        .link("h", "h0", "b", "b0")
-        .link("h", "h1", "b", "b1")
-        .addr("h", "h0", "192.0.2.1/24")
-        .addr("b", "b0", "192.0.2.2/24")
-        .addr("h", "h1", "198.51.100.1/24")
-        .addr("b", "b1", "198.51.100.2/24")
+    let t = topologies::two_hosts_two_links_builder()
         .route("h", "192.0.2.2/32 dev h0 metric 10")
         .build()
         .expect("topology");
     let (h, b) = (t.host("h"), t.host("b"));
     for (x, d) in [(h, "h0"), (h, "h1"), (b, "b0"), (b, "b1")] {
-        wait_up(x, d);
+        x.wait_carrier(d);
     }
     for d in ["all", "default", "b0", "b1"] {
         let _ = b.set_sysctl(&format!("net/ipv4/conf/{d}/rp_filter"), "0");

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use rdma_testhosts::{Host, Topology};
+use rdma_testhosts::{topologies, Host, Topology};
 use rdmacm::{Cma, CmaConfig, HaPolicy};
 
 use crate::common::{wait_running, with_resolver};
@@ -22,15 +22,7 @@ pub fn cma(ha: HaPolicy) -> Cma {
 /// H and B with two links, B's address over h0 (metric 10) and h1 (metric 100), reverse
 /// path filtering off (replies may come back on the other link).
 pub fn topo() -> Topology {
-    let t = Topology::builder("ha")
-        .host("h")
-        .host("b")
-        .link("h", "h0", "b", "b0")
-        .link("h", "h1", "b", "b1")
-        .addr("h", "h0", "192.0.2.1/24")
-        .addr("b", "b0", "192.0.2.2/24")
-        .addr("h", "h1", "198.51.100.1/24")
-        .addr("b", "b1", "198.51.100.2/24")
+    let t = topologies::two_hosts_two_links_builder()
         .route("h", "192.0.2.2/32 dev h0 metric 10")
         .route("h", "192.0.2.2/32 via 198.51.100.2 dev h1 metric 100")
         .build()
