@@ -297,3 +297,58 @@ fn one_batch_to_two_members_reaches_both() {
     assert_eq!(gb, expect(sb, 8));
     assert_eq!(a.stats().misdelivered + b.stats().misdelivered, 0);
 }
+
+/// A CM REQ on QP1 for `service_id`, tagged like [`packet`].
+fn req(service_id: u64, tag: u32) -> Vec<u8> {
+    let mut p = dreq(0, tag);
+    p[36..38].copy_from_slice(&0x0010u16.to_be_bytes());
+    p[52..60].copy_from_slice(&service_id.to_be_bytes());
+    p
+}
+
+/// A REQ whose listener is another live process's never reaches this one's CM (it would
+/// answer REJ 8 and end a connection that has a listener): the wire drops it, as a stale
+/// program's misdelivery, and the sender's CM retransmits. A REQ for our own listener or
+/// for nobody's is delivered (nobody's is ours to refuse, as Linux does).
+#[test]
+fn a_req_for_another_processs_listener_is_dropped_not_refused() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let port = 47945;
+    let (shared, src) = (addr("127.0.110.21"), addr("127.0.110.22"));
+    let mut a = wire(port);
+    a.open(shared).unwrap();
+    a.share_slot().unwrap().unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    // Another process's listener on port 47001 of the TCP port space: a claim file named
+    // for pid 1, its flock held as its owner would hold it.
+    let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let path = dir.join(format!("claim-{ns}-0106-47001-1-0"));
+    let mut f = std::fs::File::create(&path).unwrap();
+    // SAFETY: flock on an fd we own.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) },
+        0
+    );
+    writeln!(f, "{} 1", shared.ip()).unwrap();
+    let ours = rdma_soft::io::PortClaim::acquire(0x0106, shared.ip(), 47002, true).unwrap();
+    let sid = |p: u64| (0x0106 << 16) | p;
+    for k in 0..5 {
+        s.send(src, shared, &req(sid(47001), k)).unwrap();
+        s.send(src, shared, &req(sid(47002), 100 + k)).unwrap();
+        s.send(src, shared, &req(sid(47003), 200 + k)).unwrap();
+    }
+    s.flush().unwrap();
+    let want: Vec<u32> = (100..105).chain(200..205).collect();
+    assert_eq!(tags(&mut a, want.len()), want);
+    assert_eq!(a.stats().misdelivered, 5);
+    // The other process is gone: its service is nobody's, and a REQ for it is delivered.
+    drop(f);
+    s.send(src, shared, &req(sid(47001), 300)).unwrap();
+    s.flush().unwrap();
+    assert_eq!(tags(&mut a, 1), vec![300]);
+    assert_eq!(a.stats().misdelivered, 5);
+    drop(ours);
+}

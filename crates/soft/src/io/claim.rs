@@ -12,6 +12,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use super::share::{self, current_netns, held, lock, lock_path, open_rw, runtime_dir};
 use crate::{Error, Result};
@@ -39,6 +40,19 @@ pub struct PortClaim {
     serial: PathBuf,
     ps: u16,
     port: u16,
+}
+
+/// This process's live claims, so that a REQ for one of them is known to be ours without
+/// reading the runtime directory.
+static OWN: Mutex<Vec<(u64, IpAddr, bool, u64)>> = Mutex::new(Vec::new());
+
+/// Whether a claim on `c` (with `afonly`) covers local address `addr`.
+fn covers(c: IpAddr, afonly: bool, addr: IpAddr) -> bool {
+    c == addr || (c.is_unspecified() && (c.is_ipv4() == addr.is_ipv4() || (!afonly && c.is_ipv6())))
+}
+
+fn service_id(ps: u16, port: u16) -> u64 {
+    (u64::from(ps) << 16) | u64::from(port)
 }
 
 struct ClaimInfo {
@@ -148,6 +162,12 @@ impl PortClaim {
         f.set_len(0).map_err(io)?;
         writeln!(f, "{addr} {}", u8::from(afonly)).map_err(io)?;
         drop(serial);
+        OWN.lock().unwrap_or_else(|e| e.into_inner()).push((
+            ns,
+            addr,
+            afonly,
+            service_id(ps, port),
+        ));
         let claim = PortClaim {
             path,
             _file: f,
@@ -164,6 +184,16 @@ impl PortClaim {
 
 impl Drop for PortClaim {
     fn drop(&mut self) {
+        {
+            let mut own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+            let me = (self.ns, self.addr, self.ps, self.port);
+            if let Some(i) = own
+                .iter()
+                .position(|&(ns, a, _, sid)| (ns, a, sid) == (me.0, me.1, service_id(me.2, me.3)))
+            {
+                own.swap_remove(i);
+            }
+        }
         let _ = std::fs::remove_file(&self.path);
         // The port's lock file goes with its last claim (waiters re-check, `lock_path`).
         if let Ok(serial) = lock_path(&self.serial) {
@@ -188,13 +218,28 @@ impl Drop for PortClaim {
 pub(crate) fn services(ns: u64, addr: IpAddr) -> Vec<(u64, u32)> {
     live_claims(ns)
         .into_iter()
-        .filter(|(_, c)| {
-            c.addr == addr
-                || (c.addr.is_unspecified()
-                    && (c.addr.is_ipv4() == addr.is_ipv4() || (!c.afonly && c.addr.is_ipv6())))
-        })
-        .map(|(_, c)| ((u64::from(c.ps) << 16) | u64::from(c.port), c.pid))
+        .filter(|(_, c)| covers(c.addr, c.afonly, addr))
+        .map(|(_, c)| (service_id(c.ps, c.port), c.pid))
         .collect()
+}
+
+/// Whether service `sid` on `addr` (namespace `ns`) is listened on by another live process
+/// and not by this one: a REQ for it that reached this process was misdelivered (its
+/// sender retransmits), and answering it REJ 8 would end a connection that has a listener.
+/// Reads the runtime directory only when this process has no claim covering it.
+pub(crate) fn listener_elsewhere(ns: u64, addr: IpAddr, sid: u64) -> bool {
+    let own = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    if own
+        .iter()
+        .any(|&(n, a, afonly, s)| n == ns && s == sid && covers(a, afonly, addr))
+    {
+        return false;
+    }
+    drop(own);
+    let pid = std::process::id();
+    services(ns, addr)
+        .into_iter()
+        .any(|(s, p)| s == sid && p != pid)
 }
 
 #[cfg(test)]
@@ -224,5 +269,35 @@ mod tests {
             .any(|s| s.0 == 0x0106_0000 | 47991));
         drop(c);
         assert!(!services(ns, a).iter().any(|s| s.0 == 0x0106_0000 | 47991));
+    }
+
+    #[test]
+    fn a_service_listened_on_elsewhere_is_told_from_ours_and_from_none() {
+        let a: IpAddr = "127.0.9.13".parse().unwrap();
+        let ns = current_netns();
+        let sid = |port: u16| service_id(0x0106, port);
+        // Nobody listens: a REQ for it is this process's to refuse.
+        assert!(!listener_elsewhere(ns, a, sid(47992)));
+        // Ours (a wildcard covers the address too).
+        let mine = PortClaim::acquire(0x0106, "0.0.0.0".parse().unwrap(), 47993, true).unwrap();
+        assert!(!listener_elsewhere(ns, a, sid(47993)));
+        drop(mine);
+        // Another live process's: a claim file named for pid 1, its flock held (as the
+        // owner would hold it).
+        let dir = runtime_dir().unwrap();
+        let path = dir.join(format!("claim-{ns}-0106-47994-1-0"));
+        let mut f = open_rw(&path).unwrap();
+        assert!(lock(&f, true, false).unwrap());
+        writeln!(f, "{a} 1").unwrap();
+        assert!(listener_elsewhere(ns, a, sid(47994)));
+        assert!(!listener_elsewhere(
+            ns,
+            "127.0.9.14".parse().unwrap(),
+            sid(47994)
+        ));
+        // Dead (its lock released): nobody's again.
+        drop(f);
+        assert!(!listener_elsewhere(ns, a, sid(47994)));
+        assert!(!path.exists(), "a dead claim is removed when found");
     }
 }

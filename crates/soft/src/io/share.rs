@@ -402,8 +402,15 @@ impl Member {
         write_table(&g.tab, &t)
     }
 
-    /// Attaches a program rebuilt from the table and the claims (after a listen).
-    fn rebuild(&self) -> Result<()> {
+    /// Whether another live process, and not this one, listens on service `sid` at this
+    /// group's address.
+    pub(crate) fn listener_elsewhere(&self, sid: u64) -> bool {
+        super::claim::listener_elsewhere(self.key.ns, self.key.addr.ip(), sid)
+    }
+
+    /// Attaches a program rebuilt from the table and the claims (after a listen, or a REQ
+    /// that reached the wrong member).
+    pub(crate) fn rebuild(&self) -> Result<()> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         let Some(fd) = sock.as_ref() else {
             return Ok(());

@@ -180,6 +180,24 @@ impl UdpWire {
         }
     }
 
+    /// A REQ for another process's listener reached local `i`: rebuild its group's program
+    /// from the table and the claims (at most once per [`share::SETTLE`], with
+    /// [`evidence`](Self::evidence)).
+    pub(super) fn repair(&mut self, i: usize) {
+        let now = Instant::now();
+        if self
+            .last_evidence
+            .is_some_and(|t| now.duration_since(t) < share::SETTLE)
+        {
+            return;
+        }
+        self.last_evidence = Some(now);
+        if let Some(m) = &self.locals[i].member {
+            // A failure leaves the program as it was: the REQ's retransmission tries again.
+            let _ = m.rebuild();
+        }
+    }
+
     pub(super) fn local_index(&self, addr: WireAddr) -> Option<usize> {
         self.locals.iter().position(|l| l.addr == addr)
     }

@@ -13,6 +13,15 @@ use super::DatagramWire;
 use super::{Arrival, WireAddr, WireStats};
 use crate::{Error, Result};
 
+/// Why a datagram that reached this wire is another process's.
+#[derive(Debug, Clone, Copy)]
+enum Misdelivered {
+    /// For this slot's QP or comm id.
+    Slot(u8),
+    /// A REQ or SIDR_REQ whose listener is another process's.
+    Service,
+}
+
 impl UdpWire {
     /// [`DatagramWire::recv`]: one `recvmmsg` per open address, round robin; drops what
     /// another process's slot owns or fails the ICRC (checked with the datagram's real
@@ -54,18 +63,23 @@ impl UdpWire {
                     );
                     continue;
                 };
+                let member = self.locals[i].member.as_ref();
                 let other = match (mine, steer::dest(d.data)) {
-                    (Some(mine), Dest::Slot(s)) if s != mine => Some(s),
-                    (Some(mine), Dest::Comm(s)) if s != mine => self.locals[i]
-                        .member
-                        .as_ref()
+                    (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
+                    (Some(mine), Dest::Comm(s)) if s != mine => member
                         .map_or(true, |m| m.has_member(s))
-                        .then_some(s),
+                        .then_some(Misdelivered::Slot(s)),
+                    // A REQ whose listener is another process's (the program was stale: a
+                    // member came or went): not ours to refuse with REJ 8.
+                    (Some(_), Dest::Service(sid)) => member
+                        .is_some_and(|m| m.listener_elsewhere(sid))
+                        .then_some(Misdelivered::Service),
                     _ => None,
                 };
-                if let Some(s) = other {
+                if let Some(m) = other {
                     self.stats.misdelivered += 1;
-                    evidence = Some(s);
+                    tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
+                    evidence = Some(m);
                     continue;
                 }
                 let local_addr = match d.anc.dst {
@@ -118,8 +132,10 @@ impl UdpWire {
                     delivered += 1;
                 }
             }
-            if let Some(seen) = evidence {
-                self.evidence(i, seen);
+            match evidence {
+                Some(Misdelivered::Slot(seen)) => self.evidence(i, seen),
+                Some(Misdelivered::Service) => self.repair(i),
+                None => {}
             }
         }
         if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
