@@ -135,18 +135,28 @@ impl Inner {
         for ev in host {
             match ev {
                 H::AddressAdded(a) => {
-                    if let Some(d) = st.devices.get(&a.link) {
-                        let _ = d.ensure_gid(a.addr);
-                        crate::listen::wildcard_listen_on(&mut st, a.link, a.addr);
+                    if let Some(d) = st.device_of(a.link) {
+                        let _ = d.ensure_gid_on(a.link, a.addr);
+                        let key = st.key_of(a.link);
+                        crate::listen::wildcard_listen_on(&mut st, key, a.addr);
                     } else if crate::listen::has_wildcard_listener(&st) {
                         new_dev.push((a.link, a.addr));
                     }
                 }
                 H::AddressRemoved(a) => {
-                    if let Some(d) = st.devices.get(&a.link) {
+                    if let Some(d) = st.device_of(a.link) {
                         // 127.0.0.0/8 stays usable through lo's /8 route.
                         if !(d.netdev.loopback && a.addr.is_loopback()) {
-                            d.dev.remove_gid(a.addr);
+                            d.remove_gid_on(a.link, a.addr);
+                        }
+                    }
+                }
+                // The port of the link follows it (`query_port`; on a device group the
+                // transport's path migration acts on a port going down).
+                H::LinkUp(l) | H::LinkDown(l) => {
+                    if let Some(d) = st.device_of(l.index) {
+                        if let Some(port) = d.port_of_link(l.index) {
+                            let _ = d.dev.set_port_state(port, l.is_usable());
                         }
                     }
                 }
@@ -157,19 +167,24 @@ impl Inner {
         if new_dev.is_empty() && !resync {
             return st;
         }
-        let known: Vec<u32> = st.devices.keys().copied().collect();
+        // Every netdev of every device (a group's members), with its device's key.
+        let known: Vec<(u32, u32)> = st
+            .devices
+            .iter()
+            .flat_map(|(&k, d)| d.links.iter().map(move |&l| (k, l)))
+            .collect();
         drop(st);
         for (link, _) in &new_dev {
             // ENODEV when the configuration leaves the netdev out: nothing to do.
             let _ = self.ensure_device(*link);
         }
-        let tables: Vec<(u32, Vec<IpAddr>)> = if resync {
+        let tables: Vec<(u32, u32, Vec<IpAddr>)> = if resync {
             known
                 .iter()
-                .filter_map(|&i| {
-                    self.block(move |r| async move { r.gid_table(i).await })
+                .filter_map(|&(k, l)| {
+                    self.block(move |r| async move { r.gid_table(l).await })
                         .ok()
-                        .map(|g| (i, g.iter().map(|e| e.ip).collect()))
+                        .map(|g| (k, l, g.iter().map(|e| e.ip).collect()))
                 })
                 .collect()
         } else {
@@ -177,22 +192,24 @@ impl Inner {
         };
         let mut st = self.lock();
         for (link, addr) in new_dev {
-            if st.devices.contains_key(&link) {
-                crate::listen::wildcard_listen_on(&mut st, link, addr);
+            let key = st.key_of(link);
+            if st.devices.contains_key(&key) {
+                crate::listen::wildcard_listen_on(&mut st, key, addr);
             }
         }
-        for (i, ips) in tables {
-            let Some(d) = st.devices.get(&i) else {
+        for (k, link, ips) in tables {
+            let Some(d) = st.devices.get(&k) else {
                 continue;
             };
-            for g in d.dev.gids() {
+            let port = d.port_of_link(link).unwrap_or(1);
+            for g in d.dev.gids_on(port).unwrap_or_default() {
                 let keep = ips.contains(&g.ip()) || (d.netdev.loopback && g.ip().is_loopback());
                 if !keep {
-                    d.dev.remove_gid(g.ip());
+                    d.remove_gid_on(link, g.ip());
                 }
             }
             for ip in &ips {
-                let _ = d.ensure_gid(*ip);
+                let _ = d.ensure_gid_on(link, *ip);
             }
         }
         st

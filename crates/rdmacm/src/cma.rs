@@ -90,6 +90,7 @@ impl Cma {
                 ids: HashMap::new(),
                 next_id: 1,
                 devices: HashMap::new(),
+                members: HashMap::new(),
                 channels: HashMap::new(),
                 next_channel: 1,
                 ports: PortTables::from_host(),
@@ -197,14 +198,20 @@ impl Cma {
             Ok::<_, Error>(idx)
         })?;
         let mut out = Vec::new();
+        let mut seen = Vec::new();
         for i in links {
-            match self.inner.ensure_device(i) {
-                Ok(()) => {}
+            let key = match self.inner.ensure_device(i) {
+                Ok(k) => k,
                 // Not selected by the configuration, or gone meanwhile.
                 Err(Error::NoDevice(_)) => continue,
                 Err(e) => return Err(e),
+            };
+            // A device group is listed once, for its first member that has an address.
+            if seen.contains(&key) {
+                continue;
             }
-            if let Some(d) = self.inner.lock().devices.get(&i) {
+            seen.push(key);
+            if let Some(d) = self.inner.lock().devices.get(&key) {
                 out.push(d.dev.clone());
             }
         }

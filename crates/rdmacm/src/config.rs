@@ -10,6 +10,20 @@ use crate::ha::{HaPolicy, HA_ENV};
 /// `lo` included, named after the netdev. `RDMACM_DEVICES` is a comma-separated list of
 /// `NETDEV` or `NETDEV=NAME` entries: only those netdevs get a device (an id whose
 /// address or route needs another netdev fails with `ENODEV`), named `NAME` when given.
+/// An entry naming several netdevs joined by `+` (`NAME=h0+h1`, also written `h0+h1=NAME`)
+/// is a **device group**: one device with a port per netdev, in order (port 1 on the first),
+/// one PD, MR and key space (docs/HA.md); an id on an address of any member gets it.
+///
+/// ```
+/// let c = rdmacm::CmaConfig::parse_devices("ha0=h0+h1, lo").unwrap();
+/// let d = c.devices.unwrap();
+/// assert_eq!((d[0].netdev.as_str(), d[0].name.as_deref()), ("h0", Some("ha0")));
+/// assert_eq!(d[0].more, ["h1"]);
+/// assert!(d[1].more.is_empty());
+/// // a netdev in two devices, or twice in one group
+/// assert!(rdmacm::CmaConfig::parse_devices("g=h0+h1,h1").is_err());
+/// assert!(rdmacm::CmaConfig::parse_devices("g=h0+h0").is_err());
+/// ```
 ///
 /// ```
 /// let c = rdmacm::CmaConfig::parse_devices("lo=soft_lo, eth0").unwrap();
@@ -30,11 +44,23 @@ pub struct CmaConfig {
 /// One entry of [`CmaConfig::devices`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
-    /// The netdev's name.
+    /// The netdev's name (a group's first member: port 1).
     pub netdev: String,
-    /// The device's name (default: the netdev's).
+    /// The device's name (default: the netdev's; a group's: its netdevs joined by `+`).
     pub name: Option<String>,
+    /// A device group's other members, ports 2, 3, ... (empty: a one-port device).
+    pub more: Vec<String>,
 }
+
+impl DeviceSpec {
+    /// Every netdev of the device, port 1 first.
+    pub fn netdevs(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.netdev.as_str()).chain(self.more.iter().map(String::as_str))
+    }
+}
+
+/// At most this many netdevs in a group (the soft device's port count).
+const MAX_GROUP: usize = 8;
 
 /// The environment variable read by [`CmaConfig::from_env`].
 pub const DEVICES_ENV: &str = "RDMACM_DEVICES";
@@ -81,21 +107,43 @@ impl CmaConfig {
         if v.trim().is_empty() {
             return Ok(CmaConfig::default());
         }
-        let mut out = Vec::new();
+        let mut out: Vec<DeviceSpec> = Vec::new();
         for e in v.split(',') {
             let e = e.trim();
+            let bad = |why: &str| {
+                Error::InvalidArgument(format!(
+                    "{DEVICES_ENV}: bad entry {e:?} ({why}; want NETDEV, NETDEV=NAME or NAME=NETDEV+NETDEV...)"
+                ))
+            };
             let (nd, name) = match e.split_once('=') {
+                // A group names its netdevs on the side with the `+`.
+                Some((a, b)) if b.contains('+') && !a.contains('+') => (b.trim(), Some(a.trim())),
                 Some((a, b)) => (a.trim(), Some(b.trim())),
                 None => (e, None),
             };
-            if nd.is_empty() || name.is_some_and(str::is_empty) {
-                return Err(Error::InvalidArgument(format!(
-                    "{DEVICES_ENV}: bad entry {e:?} (want NETDEV or NETDEV=NAME)"
-                )));
+            if name.is_some_and(|n| n.is_empty() || n.contains('+') || n.contains('=')) {
+                return Err(bad("empty or malformed name"));
             }
+            let members: Vec<String> = nd.split('+').map(|m| m.trim().to_owned()).collect();
+            if members.iter().any(String::is_empty) {
+                return Err(bad("empty netdev"));
+            }
+            if members.len() > MAX_GROUP {
+                return Err(bad("more than 8 netdevs in a group"));
+            }
+            for (i, m) in members.iter().enumerate() {
+                let twice =
+                    members[..i].contains(m) || out.iter().any(|d| d.netdevs().any(|n| n == m));
+                if twice {
+                    return Err(bad(&format!("netdev {m} named twice")));
+                }
+            }
+            let mut members = members.into_iter();
+            let first = members.next().unwrap_or_default();
             out.push(DeviceSpec {
-                netdev: nd.to_owned(),
+                netdev: first,
                 name: name.map(str::to_owned),
+                more: members.collect(),
             });
         }
         Ok(CmaConfig {
@@ -104,14 +152,19 @@ impl CmaConfig {
         })
     }
 
-    /// The device name for `netdev`, or `None` when it gets no device.
-    pub(crate) fn device_name(&self, netdev: &str) -> Option<String> {
+    /// The device of `netdev`: its name and every netdev it spans (port 1 first), or
+    /// `None` when the netdev gets no device.
+    pub(crate) fn device_of(&self, netdev: &str) -> Option<(String, Vec<String>)> {
         match &self.devices {
-            None => Some(netdev.to_owned()),
+            None => Some((netdev.to_owned(), vec![netdev.to_owned()])),
             Some(v) => v
                 .iter()
-                .find(|d| d.netdev == netdev)
-                .map(|d| d.name.clone().unwrap_or_else(|| netdev.to_owned())),
+                .find(|d| d.netdevs().any(|n| n == netdev))
+                .map(|d| {
+                    let all: Vec<String> = d.netdevs().map(str::to_owned).collect();
+                    let name = d.name.clone().unwrap_or_else(|| all.join("+"));
+                    (name, all)
+                }),
         }
     }
 }

@@ -180,9 +180,20 @@ pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The port of the id's device that its local address is on (a device group has one per
+/// member netdev; 1 before the id has a device and an address).
+pub(crate) fn id_port(st: &State, s: &IdSlot) -> u8 {
+    let dev = s.dev.and_then(|k| st.devices.get(&k));
+    match (dev, s.local) {
+        (Some(d), Some(l)) => d.sgid(l.ip()).map_or(1, |(p, _)| p),
+        _ => 1,
+    }
+}
+
 /// `rdma_init_qp_attr` for an RC QP.
 pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, QpAttrMask)> {
-    let (init, m) = QpAttr::init(QpAttr::RC_ACCESS);
+    let (mut init, m) = QpAttr::init(QpAttr::RC_ACCESS);
+    init.port_num = id_port(st, s);
     if to == QpState::Init {
         return Ok((init, m));
     }
@@ -194,12 +205,12 @@ pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, Qp
     };
     let d = st.devices.get(&dev).ok_or(Error::Shutdown)?;
     let local_ip = s.local.map(|l| l.ip()).ok_or(Error::Shutdown)?;
-    let sgid_index = d
-        .sgid_index(local_ip)
+    let (port, sgid_index) = d
+        .sgid(local_ip)
         .ok_or_else(|| Error::AddressNotAvailable(format!("{local_ip} not in GID table")))?;
     let port_mtu = d
         .dev
-        .query_port(1)
+        .query_port(port)
         .map(|p| p.active_mtu.bytes())
         .unwrap_or(1024);
     let (rtr, m) = init.rtr(&RtrParams {

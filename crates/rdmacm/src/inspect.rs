@@ -74,8 +74,8 @@ pub(crate) fn cm_ids(st: &State) -> Value {
     let list = ids.into_iter().map(|(num, id)| {
         let link = id
             .dev
-            .and_then(|ifx| st.devices.get(&ifx))
-            .map(|d| format!("{}/1", d.dev.name()));
+            .and_then(|k| st.devices.get(&k))
+            .map(|d| format!("{}/{}", d.dev.name(), crate::connect::id_port(st, id)));
         json!({
             "cm-idn": num,
             "link": link,

@@ -13,30 +13,62 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 impl Inner {
-    /// Opens (once) the software device of netdev `index`, with its CM agent. Its GID
-    /// table starts with the netdev's addresses and then follows the host's changes
-    /// (`apply_host_events`); `ENODEV` when the configuration gives the netdev no device.
-    pub(crate) fn ensure_device(&self, index: u32) -> Result<()> {
-        if self.lock().devices.contains_key(&index) {
-            return Ok(());
+    /// Opens (once) the software device of netdev `index`, with its CM agent, and returns
+    /// its key ([`State::key_of`]): a device group is opened whole, for any of its members,
+    /// with a port per member netdev. Its GID tables start with the netdevs' addresses and
+    /// then follow the host's changes (`apply_host_events`); `ENODEV` when the
+    /// configuration gives the netdev no device or a group member does not exist.
+    pub(crate) fn ensure_device(&self, index: u32) -> Result<u32> {
+        {
+            let st = self.lock();
+            let key = st.key_of(index);
+            if st.devices.contains_key(&key) {
+                return Ok(key);
+            }
         }
-        let (netdev, gids) = self.block(move |r| async move {
-            let nd = r.netdev(index).await?;
-            let gids = r.gid_table(index).await?;
-            Ok::<_, Error>((nd, gids))
-        })?;
-        let name = self.config.device_name(&netdev.name).ok_or_else(|| {
+        let netdev = self.block(move |r| async move { r.netdev(index).await })?;
+        let (name, members) = self.config.device_of(&netdev.name).ok_or_else(|| {
             Error::NoDevice(format!(
                 "netdev {} has no device ({DEVICES_ENV} does not list it)",
                 netdev.name
             ))
         })?;
-        let mut gids: Vec<WireAddr> = gids.iter().map(|g| gid_of(g.ip, index)).collect();
-        gids.truncate(256); // rdma_soft::verbs::device::MAX_GIDS
-        let mut cfg = DeviceConfig::for_netdev(&netdev.name)?;
+        // Every member, port 1 first, with its GID table.
+        let ports = self.block(move |r| async move {
+            let mut out = Vec::new();
+            for m in members {
+                let nd = r
+                    .scope_netdev(&crate::addr::ScopeId::Name(m.clone()))
+                    .await
+                    .map_err(|e| Error::NoDevice(format!("device group member {m}: {e}")))?;
+                let gids = r.gid_table(nd.index).await?;
+                out.push((nd, gids));
+            }
+            Ok::<_, Error>(out)
+        })?;
+        let Some((netdev, _)) = ports.first().cloned() else {
+            return Err(Error::NoDevice(format!("device {name} has no netdev")));
+        };
+        let table = |link: u32, g: &[crate::resolve::GidEntry]| -> Vec<WireAddr> {
+            let mut v: Vec<WireAddr> = g.iter().map(|g| gid_of(g.ip, link)).collect();
+            v.truncate(256); // rdma_soft::verbs::device::MAX_GIDS
+            v
+        };
+        let names: Vec<&str> = ports.iter().map(|(nd, _)| nd.name.as_str()).collect();
+        let mut cfg = if ports.len() == 1 {
+            DeviceConfig::for_netdev(&netdev.name)?
+        } else {
+            DeviceConfig::group(&name, &names)?
+        };
         cfg.name = name;
-        cfg.gids = gids;
+        cfg.gids = table(netdev.index, &ports[0].1);
         cfg.up = netdev.up;
+        for (p, (nd, g)) in cfg.more_ports.iter_mut().zip(ports.iter().skip(1)) {
+            p.gids = table(nd.index, g);
+            p.up = nd.up;
+        }
+        let links: Vec<u32> = ports.iter().map(|(nd, _)| nd.index).collect();
+        let index = netdev.index;
         let mac = netdev.mac.0;
         // The EUI-64 of the MAC, except that its 0xfffe middle is replaced by 16 bits of
         // this context's seed: every context (process) is a CA of its own, and several of
@@ -68,7 +100,7 @@ impl Inner {
         })?;
         let mut st = self.lock();
         if st.devices.contains_key(&index) {
-            return Ok(());
+            return Ok(index);
         }
         st.seed = st
             .seed
@@ -84,6 +116,7 @@ impl Inner {
             index,
             DevEntry {
                 netdev,
+                links: links.clone(),
                 dev,
                 agent,
                 open: HashSet::new(),
@@ -91,6 +124,9 @@ impl Inner {
                 listeners: HashMap::new(),
             },
         );
+        for &l in &links[1..] {
+            st.members.insert(l, index);
+        }
         let gsi_fd = st.devices.get(&index).map(|d| d.dev.gsi_wait_fds().event);
         drop(st);
         if let (Some(fd), Some((_, reg))) = (gsi_fd, self.engine.get()) {
@@ -98,7 +134,7 @@ impl Inner {
             reg.add_fd(fd)?;
         }
         self.wake.signal();
-        Ok(())
+        Ok(index)
     }
 
     /// Opens UDP 4791 / QP1 of device `index` on local address `ip`.

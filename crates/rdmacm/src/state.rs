@@ -22,7 +22,10 @@ pub(crate) struct ChanState {
 pub(crate) struct State {
     pub ids: HashMap<IdNum, IdSlot>,
     pub next_id: IdNum,
+    /// Devices by key: the ifindex of their first netdev (port 1).
     pub devices: HashMap<u32, DevEntry>,
+    /// A device group's other members' ifindexes → the group's key ([`State::key_of`]).
+    pub members: HashMap<u32, u32>,
     pub channels: HashMap<u64, ChanState>,
     pub next_channel: u64,
     pub ports: PortTables,
@@ -36,6 +39,19 @@ pub(crate) struct State {
     /// Per device, the request whose path is being looked up without the lock: the
     /// device's later CM events wait behind it (`crate::held`).
     pub held: HashMap<u32, HeldReq>,
+}
+
+impl State {
+    /// The device key of netdev `link`: the group's key for a member of a device group,
+    /// the netdev's own ifindex otherwise (opened or not).
+    pub fn key_of(&self, link: u32) -> u32 {
+        self.members.get(&link).copied().unwrap_or(link)
+    }
+
+    /// The device of netdev `link` (a group member's: the group's), if open.
+    pub fn device_of(&self, link: u32) -> Option<&DevEntry> {
+        self.devices.get(&self.key_of(link))
+    }
 }
 
 /// A request to the watcher task.

@@ -151,8 +151,9 @@ impl Watcher {
         })
     }
 
-    /// Also keep address and link events (added, removed) for [`Watcher::take_host_events`]:
-    /// the CM's device registry follows the host's addresses with them.
+    /// Also keep address and link events (added, removed, up, down) for
+    /// [`Watcher::take_host_events`]: the CM's device registry follows the host's addresses
+    /// and its ports the links' states with them.
     pub(crate) fn track_host(&mut self) {
         self.host.get_or_insert_with(VecDeque::new);
     }
@@ -266,6 +267,8 @@ impl Watcher {
                     | Event::AddressRemoved(_)
                     | Event::LinkAdded(_)
                     | Event::LinkRemoved(_)
+                    | Event::LinkUp(_)
+                    | Event::LinkDown(_)
                     | Event::Overrun
             ) {
                 h.push_back(ev.clone());

@@ -34,9 +34,10 @@ impl CmId {
         let binding: Binding = self
             .inner
             .block(move |r| async move { r.bind(&sa).await })?;
-        if let Some(nd) = &binding.netdev {
-            self.inner.ensure_device(nd.index)?;
-        }
+        let key = match &binding.netdev {
+            Some(nd) => Some(self.inner.ensure_device(nd.index)?),
+            None => None,
+        };
         let mut st = self.inner.lock();
         let st = &mut *st;
         let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
@@ -61,7 +62,7 @@ impl CmId {
         let mut local = addr;
         local.set_port(port);
         s.local = Some(local);
-        s.dev = binding.netdev.as_ref().map(|n| n.index);
+        s.dev = key;
         s.binding = Some(binding);
         s.state = IdState::AddrBound;
         Ok(())
@@ -137,10 +138,10 @@ impl CmId {
         let r = match r {
             // A pinned id (async reconnect) stays on its PD's device: the path's netdev
             // needs no device of its own.
-            Ok(a) => match pin {
-                Some(p) => self.inner.ensure_device(p).map(|_| a),
-                None => self.inner.ensure_device(a.netdev.index).map(|_| a),
-            },
+            Ok(a) => self
+                .inner
+                .ensure_device(pin.unwrap_or(a.netdev.index))
+                .map(|key| (a, key)),
             Err(e) => Err(e),
         };
         let mut st = self.inner.lock();
@@ -152,7 +153,7 @@ impl CmId {
             return Err(bad_state("resolve_addr", s.state));
         }
         match r {
-            Ok(a) => {
+            Ok((a, dev)) => {
                 let port = s.local.map(|l| l.port()).unwrap_or(0);
                 s.local = Some(match a.src_scope {
                     Some(sc) => SocketAddr::V6(std::net::SocketAddrV6::new(
@@ -167,7 +168,6 @@ impl CmId {
                     None => SocketAddr::new(a.src, port),
                 });
                 s.peer = Some(dst);
-                let dev = pin.unwrap_or(a.netdev.index);
                 s.dev = Some(dev);
                 s.state = IdState::AddrResolved;
                 let src = a.src;

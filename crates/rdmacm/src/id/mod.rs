@@ -234,9 +234,12 @@ impl CmId {
             .map(|d| (d.netdev.name.clone(), d.netdev.index))
     }
 
-    /// The port number on the device (always 1), once a device is bound.
+    /// The port number on the device, once a device is bound: 1, but on a device group
+    /// the port of the netdev the id's local address is on.
     pub fn port_num(&self) -> Option<u8> {
-        self.with(|s| s.dev.map(|_| 1)).ok().flatten()
+        let st = self.inner.lock();
+        let s = st.ids.get(&self.num)?;
+        s.dev.map(|_| crate::connect::id_port(&st, s))
     }
 
     /// The local address and port (`rdma_get_local_addr`, `rdma_get_src_port`).
@@ -267,7 +270,7 @@ impl CmId {
         pd: &ProtectionDomain,
         init: &QpInitAttr<'_>,
     ) -> Result<Arc<QueuePair>> {
-        {
+        let port = {
             let st = self.inner.lock();
             let s = st.ids.get(&self.num).ok_or(Error::Shutdown)?;
             if s.dev.is_none() || s.qp.is_some() || s.qp_kind != QpKind::Rc {
@@ -275,9 +278,11 @@ impl CmId {
                     "create_qp needs an RC id with a device and no QP yet".into(),
                 ));
             }
-        }
+            crate::connect::id_port(&st, s)
+        };
         let qp = pd.create_qp(init)?;
-        let (a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        let (mut a, m) = QpAttr::init(QpAttr::RC_ACCESS);
+        a.port_num = port;
         qp.modify(&a, m)?;
         let qp = Arc::new(qp);
         self.with(|s| s.qp = Some(qp.clone()))?;

@@ -62,9 +62,16 @@ impl CmId {
                 targets.extend(by);
             }
         }
-        for (i, _) in &targets {
-            self.inner.ensure_device(*i)?;
+        // By device (a device group's members share one).
+        let mut by_dev: Vec<(u32, Vec<IpAddr>)> = Vec::new();
+        for (link, addrs) in targets {
+            let key = self.inner.ensure_device(link)?;
+            match by_dev.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.extend(addrs),
+                None => by_dev.push((key, addrs)),
+            }
         }
+        let targets = by_dev;
         let sid = rdma_wire::ip_cm::ServiceId::new(ps, port).0;
         let mut st = self.inner.lock();
         let st = &mut *st;
