@@ -87,6 +87,9 @@ pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
     p.flow_control = param.flow_control;
     p.srq = param.srq;
     p.private_data = param.private_data.clone();
+    p.failover_accepted = st.ids.get(&id.num).map_or(0, |s| {
+        crate::migrate::failover_accepted(s.alt_offered, s.alt.as_ref())
+    });
     let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
     d.agent.send_rep(now, conn, p)?;
     if let Some(s) = st.ids.get_mut(&id.num) {

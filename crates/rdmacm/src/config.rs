@@ -67,9 +67,8 @@ pub const DEVICES_ENV: &str = "RDMACM_DEVICES";
 
 impl CmaConfig {
     /// The configuration from the environment: `RDMACM_DEVICES` (unset or empty: the
-    /// embedded default) and `RDMACM_HA` (`notify` or `align`; unset or empty: `notify`).
-    /// A malformed value is `EINVAL`, `RDMACM_HA=migrate` `EOPNOTSUPP`, with a message
-    /// naming the variable.
+    /// embedded default) and `RDMACM_HA` (`notify`, `align` or `migrate`; unset or empty:
+    /// `notify`). A malformed value is `EINVAL`, with a message naming the variable.
     pub fn from_env() -> Result<CmaConfig> {
         let mut c = match std::env::var(DEVICES_ENV) {
             Ok(v) => CmaConfig::parse_devices(&v)?,

@@ -113,6 +113,7 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         p.local_cm_response_timeout = IbaTime::from_bits_truncate(rto);
         p.max_cm_retries = retries;
         p.private_data = pd.to_vec();
+        p.alternate_path = s.alt.as_ref().map(|a| crate::migrate::req_path(a, &p.path));
         let c = d.agent.send_req(now, p)?;
         s.rq_psn = rq_psn;
         c
@@ -213,7 +214,7 @@ pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, Qp
         .query_port(port)
         .map(|p| p.active_mtu.bytes())
         .unwrap_or(1024);
-    let (rtr, m) = init.rtr(&RtrParams {
+    let (mut rtr, mut m) = init.rtr(&RtrParams {
         path: PathAttr {
             dgid: path.dgid.0,
             sgid_index,
@@ -227,14 +228,18 @@ pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, Qp
         max_dest_rd_atomic: remote.initiator_depth.max(1),
         min_rnr_timer: 12,
     });
+    let timeout = s
+        .opts
+        .ack_timeout
+        .unwrap_or(path.packet_lifetime.saturating_add(1).min(31));
+    if let Some(alt) = &s.alt {
+        crate::migrate::load(d, alt, path, timeout, &mut rtr, &mut m);
+    }
     if to == QpState::Rtr {
         return Ok((rtr, m));
     }
     Ok(rtr.rts(&RtsParams {
-        timeout: s
-            .opts
-            .ack_timeout
-            .unwrap_or(path.packet_lifetime.saturating_add(1).min(31)),
+        timeout,
         retry_cnt: remote.retry.min(7),
         rnr_retry: remote.rnr_retry.min(7),
         sq_psn: remote.psn,
@@ -267,6 +272,10 @@ pub(crate) fn on_rep(
         return;
     };
     let rep = r.rep;
+    if rep.failover_accepted != 0 {
+        // The peer did not take our alternate path: none on our QP either.
+        s.alt = None;
+    }
     s.remote = Some(Remote {
         qpn: rep.local_qpn,
         psn: rep.starting_psn,

@@ -21,14 +21,19 @@ pub const HA_ENV: &str = "RDMACM_HA";
 ///   as the status. Other changes (a new gateway or neighbour MAC on the same netdev, a
 ///   new local MAC) stay ADDR_CHANGE: the path's netdev did not move.
 ///
-/// `migrate` (device groups) is recognised by the parser and refused with `EOPNOTSUPP`
-/// ("migrate needs a device group") until device groups exist.
+/// - [`HaPolicy::Migrate`]: on a device group (`RDMACM_DEVICES=ha0=h0+h1`), the
+///   connection carries an alternate path on another port (the REQ's alternate path,
+///   accepted in the REP, loaded Armed into both QPs) and the transport moves to it by
+///   itself when the current path fails (its port goes down, its retries run out), with no
+///   byte lost and nothing re-registered; the id gets ADDR_CHANGE and the device
+///   `IBV_EVENT_PATH_MIG`. Without a device group, an up port with a route to the peer,
+///   or a peer that takes the alternate, it behaves as `notify`. See docs/HA.md.
 ///
 /// ```
 /// use rdmacm::HaPolicy;
 /// assert_eq!("align".parse::<HaPolicy>().unwrap(), HaPolicy::Align);
 /// assert_eq!(HaPolicy::parse(" Notify ").unwrap(), HaPolicy::Notify);
-/// assert_eq!(HaPolicy::parse("migrate").unwrap_err().errno(), libc::EOPNOTSUPP);
+/// assert_eq!(HaPolicy::parse("migrate").unwrap(), HaPolicy::Migrate);
 /// assert_eq!(HaPolicy::parse("sideways").unwrap_err().errno(), libc::EINVAL);
 /// assert_eq!(HaPolicy::default(), HaPolicy::Notify);
 /// ```
@@ -41,6 +46,9 @@ pub enum HaPolicy {
     /// End the connection when its path moves to another netdev (the RFC's
     /// RDMA_ALIGN_WITH_NETDEVICE mode).
     Align,
+    /// Move the connection to an alternate path on another port of its device group
+    /// (seed 002, option 2).
+    Migrate,
 }
 
 /// The DISCONNECTED status under [`HaPolicy::Align`] when the route to the peer moved to
@@ -51,17 +59,15 @@ pub const ALIGN_PATH_MOVED: i32 = -libc::ENETUNREACH;
 pub const ALIGN_ADDR_GONE: i32 = -libc::EADDRNOTAVAIL;
 
 impl HaPolicy {
-    /// Parses `notify` or `align` (case and surrounding blanks ignored). `migrate` is
-    /// `EOPNOTSUPP` ([`Error::NotSupported`]), anything else `EINVAL`.
+    /// Parses `notify`, `align` or `migrate` (case and surrounding blanks ignored);
+    /// anything else is `EINVAL`.
     pub fn parse(v: &str) -> Result<HaPolicy> {
         match v.trim().to_ascii_lowercase().as_str() {
             "notify" => Ok(HaPolicy::Notify),
             "align" => Ok(HaPolicy::Align),
-            "migrate" => Err(Error::NotSupported(
-                "HA policy migrate needs a device group, which this build does not have".into(),
-            )),
+            "migrate" => Ok(HaPolicy::Migrate),
             _ => Err(Error::InvalidArgument(format!(
-                "HA policy {v:?}: want notify or align"
+                "HA policy {v:?}: want notify, align or migrate"
             ))),
         }
     }
@@ -71,6 +77,7 @@ impl HaPolicy {
         match self {
             HaPolicy::Notify => "notify",
             HaPolicy::Align => "align",
+            HaPolicy::Migrate => "migrate",
         }
     }
 

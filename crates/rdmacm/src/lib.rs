@@ -188,6 +188,7 @@ mod id;
 mod inner;
 mod inspect;
 mod listen;
+mod migrate;
 mod netns;
 mod params;
 mod ports;

@@ -267,7 +267,16 @@ fn req_with_path(
         }
     };
     let req = &r.req;
+    let alt_req = &req.alternate_path;
+    let offered = !alt_req.local_port_gid.is_unspecified();
+    let alt = st.ids.get(&num).and_then(|s| {
+        let d = st.devices.get(&dev)?;
+        (s.opts.ha == crate::ha::HaPolicy::Migrate)
+            .then(|| crate::migrate::from_req(d, crate::connect::id_port(st, s), alt_req))?
+    });
     if let Some(s) = st.ids.get_mut(&num) {
+        s.alt_offered = offered;
+        s.alt = alt;
         s.conn = Some(conn);
         s.remote = Some(Remote {
             qpn: req.local_qpn,

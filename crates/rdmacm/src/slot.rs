@@ -66,6 +66,10 @@ pub(crate) struct IdSlot {
     pub dev: Option<u32>,
     pub resolved: Option<ResolvedAddr>,
     pub path: Option<RocePath>,
+    /// The alternate path (the migrate policy on a device group), once chosen or taken.
+    pub alt: Option<crate::migrate::AltPath>,
+    /// A passive id's REQ carried an alternate path (taken or not: `alt`).
+    pub alt_offered: bool,
     pub qp: Option<Arc<QueuePair>>,
     pub qp_kind: QpKind,
     pub conn: Option<ConnHandle>,
@@ -112,6 +116,8 @@ impl IdSlot {
             dev: None,
             resolved: None,
             path: None,
+            alt: None,
+            alt_offered: false,
             qp: None,
             qp_kind,
             conn: None,

@@ -213,7 +213,7 @@ impl CmId {
         if timeout.is_zero() {
             return Err(Error::InvalidArgument("route timeout 0".into()));
         }
-        let (addr, params) = {
+        let (addr, params, cands) = {
             let mut st = self.inner.lock();
             let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
             if s.state != IdState::AddrResolved {
@@ -233,11 +233,16 @@ impl CmId {
                 },
                 ack_timeout: s.opts.ack_timeout,
             };
-            (a, params)
+            let cands = crate::migrate::candidates(&st, &st.ids[&self.num]);
+            (a, params, cands)
         };
-        let r: Result<RocePath> = self
-            .inner
-            .block(move |r| async move { r.resolve_route(&addr, &params).await });
+        let peer = addr.dst;
+        let r: Result<(RocePath, Option<crate::migrate::AltPath>)> =
+            self.inner.block(move |r| async move {
+                let p = r.resolve_route(&addr, &params).await?;
+                let alt = r.alternate(peer, &cands).await;
+                Ok((p, alt))
+            });
         let mut st = self.inner.lock();
         let st = &mut *st;
         let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
@@ -245,8 +250,10 @@ impl CmId {
             return Err(bad_state("resolve_route", s.state));
         }
         match r {
-            Ok(p) => {
+            Ok((p, alt)) => {
                 s.path = Some(p);
+                let dev = s.dev.and_then(|k| st.devices.get(&k));
+                s.alt = dev.and_then(|d| crate::migrate::checked(d, alt));
                 s.state = IdState::RouteResolved;
                 Inner::event(
                     st,

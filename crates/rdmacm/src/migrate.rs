@@ -1,0 +1,142 @@
+//! The `migrate` policy's alternate path: chosen at route resolution (active side) or taken
+//! from the REQ (passive side) on a device group, carried in the REQ, accepted or refused in
+//! the REP, and loaded into the QP at RTR (Armed), so that the transport's automatic path
+//! migration can move the connection to another port without the CM. See docs/HA.md.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use rdma_proto::cm::PathParams;
+use rdma_proto::verbs::MigState;
+use rdma_soft::verbs::{PathAttr, PortState, QpAttr, QpAttrMask};
+use rdma_wire::cm::CmPathRepr;
+
+use crate::addr::Gid;
+use crate::devices::DevEntry;
+use crate::ha::HaPolicy;
+use crate::resolve::Resolver;
+use crate::route::RocePath;
+use crate::slot::IdSlot;
+use crate::state::State;
+
+/// An alternate path of a connection, from this side's point of view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AltPath {
+    /// The port of the id's device it leaves from (never the primary's).
+    pub port: u8,
+    /// Our address on that port.
+    pub local: IpAddr,
+    /// The peer's address on it.
+    pub remote: IpAddr,
+}
+
+/// The other ports of the id's device that are up, with their netdevs: where an
+/// alternate path may go (none unless the policy is migrate and the device a group).
+pub(crate) fn candidates(st: &State, s: &IdSlot) -> Vec<(u8, u32)> {
+    if s.opts.ha != HaPolicy::Migrate {
+        return Vec::new();
+    }
+    let Some(d) = s.dev.and_then(|k| st.devices.get(&k)) else {
+        return Vec::new();
+    };
+    let primary = crate::connect::id_port(st, s);
+    d.links
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &link)| Some((u8::try_from(i + 1).ok()?, link)))
+        .filter(|&(p, _)| p != primary)
+        .filter(|&(p, _)| {
+            d.dev
+                .query_port(p)
+                .is_ok_and(|a| a.state == PortState::Active)
+        })
+        .collect()
+}
+
+impl Resolver {
+    /// The first candidate port with a route to `peer` through its netdev: our address is
+    /// the route's preferred source, the peer's the route's gateway (on a second link
+    /// between two hosts: the peer's own address on it; the peer checks it is its own), or
+    /// `peer` itself when it is on that link.
+    pub(crate) async fn alternate(&self, peer: IpAddr, cands: &[(u8, u32)]) -> Option<AltPath> {
+        for &(port, link) in cands {
+            let Ok(r) = self.view().route_get_bound(peer, None, link).await else {
+                continue;
+            };
+            let Some(local) = r.prefsrc else { continue };
+            return Some(AltPath {
+                port,
+                local,
+                remote: r.gateway.unwrap_or(peer),
+            });
+        }
+        None
+    }
+}
+
+/// Keeps an alternate only if our address is in its port's GID table.
+pub(crate) fn checked(d: &DevEntry, alt: Option<AltPath>) -> Option<AltPath> {
+    alt.filter(|a| d.dev.gid_index_on(a.port, a.local).is_some())
+}
+
+fn gid(ip: IpAddr) -> Ipv6Addr {
+    Ipv6Addr::from(Gid::from_ip(ip).0)
+}
+
+/// The REQ's alternate path fields for `alt`, with the primary path's other parameters.
+pub(crate) fn req_path(alt: &AltPath, primary: &PathParams) -> PathParams {
+    PathParams {
+        local_gid: gid(alt.local),
+        remote_gid: gid(alt.remote),
+        ..*primary
+    }
+}
+
+/// The passive side's alternate from the REQ's alternate path: its "remote port GID" must
+/// be an address of this device on a port other than the primary's (`primary_port`).
+pub(crate) fn from_req(d: &DevEntry, primary_port: u8, alt: &CmPathRepr) -> Option<AltPath> {
+    if alt.local_port_gid.is_unspecified() || alt.remote_port_gid.is_unspecified() {
+        return None;
+    }
+    let local = Gid(alt.remote_port_gid.octets()).to_ip();
+    let remote = Gid(alt.local_port_gid.octets()).to_ip();
+    let (port, _) = d.sgid(local)?;
+    (port != primary_port).then_some(AltPath {
+        port,
+        local,
+        remote,
+    })
+}
+
+/// Adds the alternate path to an INIT → RTR transition (`attr` already holds the primary,
+/// `timeout` the ACK timeout it will have at RTS), Armed: both sides loaded it through the
+/// REQ / REP exchange.
+pub(crate) fn load(
+    d: &DevEntry,
+    alt: &AltPath,
+    primary: &RocePath,
+    timeout: u8,
+    attr: &mut QpAttr,
+    mask: &mut QpAttrMask,
+) {
+    let Some(sgid_index) = d.dev.gid_index_on(alt.port, alt.local) else {
+        return;
+    };
+    attr.alt_path = PathAttr {
+        dgid: Gid::from_ip(alt.remote).0,
+        sgid_index,
+        hop_limit: primary.hop_limit,
+        traffic_class: primary.traffic_class,
+        flow_label: primary.flow_label,
+    };
+    attr.alt_port_num = alt.port;
+    attr.alt_pkey_index = 0;
+    attr.alt_timeout = timeout;
+    attr.path_mig_state = MigState::Armed;
+    *mask |= QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE;
+}
+
+/// The REP's `failover_accepted`: 0 when we load the REQ's alternate, 1 (rejected) when
+/// it had one we do not take; 0 without one, as Linux sends.
+pub(crate) fn failover_accepted(req_had_alt: bool, alt: Option<&AltPath>) -> u8 {
+    u8::from(req_had_alt && alt.is_none())
+}
