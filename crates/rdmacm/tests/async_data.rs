@@ -3,42 +3,17 @@
 //! Client and server share one process and one context per test, each test on its own
 //! 127.0.60.x address.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdmacm::{
-    CloseReason, Cma, ConnectOptions, Connection, Error, EventType, Listener, QpState, RemoteBuf,
-    WcStatus, MAX_MESSAGE, WINDOW,
+    CloseReason, Cma, ConnectOptions, Connection, Error, EventType, QpState, RemoteBuf, WcStatus,
+    MAX_MESSAGE, WINDOW,
 };
 
-const T: Duration = Duration::from_secs(10);
+mod aio;
 
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(T, f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
-
-/// A connected (client, server) pair on `ip`.
-async fn pair(ip: &str) -> (Connection, Connection) {
-    let cma = Cma::new().unwrap();
-    let l = Listener::bind_with(format!("{ip}:0").parse().unwrap(), Some(cma.clone()))
-        .await
-        .unwrap();
-    let addr = l.local_addr().unwrap();
-    let server = tokio::spawn(async move { l.accept().await });
-    let opts = ConnectOptions {
-        src: Some(SocketAddr::new(addr.ip(), 0)),
-        cma: Some(cma),
-        ..Default::default()
-    };
-    let c = within("connect", Connection::connect(addr, opts))
-        .await
-        .unwrap();
-    let s = within("accept", server).await.unwrap().unwrap();
-    (c, s)
-}
+use aio::{pair, within};
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     let mut v: Vec<u8> = (0..len)
