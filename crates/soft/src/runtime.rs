@@ -493,11 +493,12 @@ impl Runtime {
             let meta = TxMeta { tclass: p.tclass };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send_from_port(p.local, p.remote, p.sport, meta, &tx.packet[..n])
-                {
-                    Ok(()) => stats.transmitted += 1,
-                    Err(_) => stats.send_errors += 1,
-                },
+                Ok(n) => {
+                    match wire.send_from_port(p.local, p.remote, p.sport, meta, &tx.packet[..n]) {
+                        Ok(()) => stats.transmitted += 1,
+                        Err(_) => stats.send_errors += 1,
+                    }
+                }
                 Err(_) => stats.send_errors += 1,
             }
         }

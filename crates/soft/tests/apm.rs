@@ -7,6 +7,7 @@
 mod apm_common;
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use apm_common::*;
@@ -42,16 +43,33 @@ fn pair(a_cfg: DeviceConfig, a_wire: Option<Blackhole>, b: [&str; 2], a: [&str; 
 
 #[test]
 fn port_down_moves_a_stream_to_the_alternate_port() {
-    let (a, b) = pair(two_port_lo(A), None, B, A);
-    let mut at_switch = None;
-    run_stream(&a, &b, stream(), || {
-        // armed QPs send on their primary only
-        assert_eq!(a.dev.rx_by_port()[2], 0);
-        assert_eq!(b.dev.rx_by_port()[2], 0);
-        at_switch = Some((a.dev.rx_by_port(), b.dev.rx_by_port()));
-        a.dev.set_port_state(1, false).unwrap();
+    // port 1 of `a` dies halfway (its datagrams lost both ways), and the device is told
+    // once datagrams went into the hole: what they carried must be resent on port 2
+    let (wire, hole) = Blackhole::new(addr(A[0]));
+    let (a, b) = pair(two_port_lo(A), Some(wire), B, A);
+    let (mut holed, mut at_switch) = (false, None);
+    let n = stream().n;
+    run_stream(&a, &b, stream(), |sent, _| match holed {
+        false if sent >= n / 2 => {
+            // armed QPs send on their primary only
+            assert_eq!(a.dev.rx_by_port()[2], 0);
+            assert_eq!(b.dev.rx_by_port()[2], 0);
+            hole.on.store(true, Relaxed);
+            holed = true;
+        }
+        true if hole.dropped.load(Relaxed) > 0 && at_switch.is_none() => {
+            at_switch = Some((a.dev.rx_by_port(), b.dev.rx_by_port()));
+            a.dev.set_port_state(1, false).unwrap();
+        }
+        _ => {}
     });
-    assert_eq!(a.dev.poll_async_event(), Some(AsyncEvent::PortError { port: 1 }));
+    assert!(hole.dropped.load(Relaxed) > 0);
+    let st = a.qp.transport_stats().unwrap();
+    assert!(st.retransmitted > 0, "nothing resent on port 2: {st:?}");
+    assert_eq!(
+        a.dev.poll_async_event(),
+        Some(AsyncEvent::PortError { port: 1 })
+    );
     assert_migrated(&a, &b, MigrationCause::Forced);
     let (ra, rb) = at_switch.unwrap();
     assert!(a.dev.rx_by_port()[2] > ra[2], "{:?}", a.dev.rx_by_port());
@@ -60,10 +78,24 @@ fn port_down_moves_a_stream_to_the_alternate_port() {
         assert_eq!(e.dev.runtime_stats().wrong_path, 0);
         assert_eq!(e.dev.rx_by_port()[0], 0);
     }
+    // from now on nothing travels on port 1, either way
+    let (ra, rb) = (a.dev.rx_by_port(), b.dev.rx_by_port());
+    write_once(&a, &b, 256 << 10);
+    write_once(&b, &a, 256 << 10);
+    let (na, nb) = (a.dev.rx_by_port(), b.dev.rx_by_port());
+    assert_eq!(
+        (na[1], nb[1]),
+        (ra[1], rb[1]),
+        "port 1 traffic after the migration"
+    );
+    assert!(na[2] > ra[2] && nb[2] > rb[2]);
     // the port coming back changes nothing: the QPs stay on port 2 (returning is the CM's
     // LAP and a forced migration)
     a.dev.set_port_state(1, true).unwrap();
-    assert_eq!(a.dev.poll_async_event(), Some(AsyncEvent::PortActive { port: 1 }));
+    assert_eq!(
+        a.dev.poll_async_event(),
+        Some(AsyncEvent::PortActive { port: 1 })
+    );
     assert_eq!(a.qp.query().unwrap().port_num, 2);
 }
 
@@ -71,11 +103,14 @@ fn port_down_moves_a_stream_to_the_alternate_port() {
 fn a_silent_path_failure_migrates_when_retries_run_out() {
     let (wire, hole) = Blackhole::new(addr(C[0]));
     let (a, b) = pair(two_port_lo(C), Some(wire), D, C);
-    run_stream(&a, &b, stream(), || {
-        assert_eq!(a.dev.rx_by_port()[2], 0);
-        hole.on.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = stream().n;
+    run_stream(&a, &b, stream(), |sent, _| {
+        if sent >= n / 2 && !hole.on.load(Relaxed) {
+            assert_eq!(a.dev.rx_by_port()[2], 0);
+            hole.on.store(true, Relaxed);
+        }
     });
-    assert!(hole.dropped.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert!(hole.dropped.load(Relaxed) > 0);
     // nobody told the device: no port event, the migration came from the ACK timer
     assert_migrated(&a, &b, MigrationCause::RetryExhausted);
     assert_eq!(a.dev.query_port(1).unwrap().state, PortState::Active);
@@ -110,7 +145,12 @@ fn init_qp(cq: &CompletionQueue, pd: &ProtectionDomain) -> (QueuePair, QpAttr) {
 
 fn rtr_mask() -> QpAttrMask {
     use QpAttrMask as M;
-    M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC
+    M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
         | M::MIN_RNR_TIMER
 }
 
@@ -146,11 +186,17 @@ fn alternate_path_modify_query_and_errors() {
     // PATH_MIG_STATE is not an attribute of Init -> RTR
     let mut a = rtr;
     a.path_mig_state = MigState::Armed;
-    assert_eq!(einval(&a, rtr_m | M::ALT_PATH | M::PATH_MIG_STATE), libc::EINVAL);
+    assert_eq!(
+        einval(&a, rtr_m | M::ALT_PATH | M::PATH_MIG_STATE),
+        libc::EINVAL
+    );
     assert_eq!(qp.query().unwrap(), before);
     qp.modify(&rtr, rtr_m | M::ALT_PATH).unwrap();
     let q = qp.query().unwrap();
-    assert_eq!((q.qp_state, q.port_num, q.alt_port_num), (QpState::Rtr, 1, 2));
+    assert_eq!(
+        (q.qp_state, q.port_num, q.alt_port_num),
+        (QpState::Rtr, 1, 2)
+    );
     assert_eq!(q.alt_path, rtr.alt_path);
     assert_eq!(q.path_mig_state, MigState::Migrated);
     // RTS in Rearm: migrating from anything but Armed is refused
@@ -176,10 +222,16 @@ fn alternate_path_modify_query_and_errors() {
     assert_eq!(dev.poll_async_event(), None);
     // a port going down moves only Armed QPs: this one is in Rearm
     dev.set_port_state(1, false).unwrap();
-    assert_eq!(dev.poll_async_event(), Some(AsyncEvent::PortError { port: 1 }));
+    assert_eq!(
+        dev.poll_async_event(),
+        Some(AsyncEvent::PortError { port: 1 })
+    );
     assert_eq!(qp.query().unwrap(), rearm);
     dev.set_port_state(1, true).unwrap();
-    assert_eq!(dev.poll_async_event(), Some(AsyncEvent::PortActive { port: 1 }));
+    assert_eq!(
+        dev.poll_async_event(),
+        Some(AsyncEvent::PortActive { port: 1 })
+    );
     // a UD QP has no path to migrate
     let ud = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
     assert_eq!(ud.migrate().unwrap_err().errno(), libc::EINVAL);
@@ -194,13 +246,33 @@ fn a_forced_migration_switches_the_path_and_queues_an_event() {
     let other = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
     let gid = |s: &str| addr(s).gid();
     for q in [&qp, &other] {
-        q.connect_with_alt((1, gid("127.0.182.19")), (2, gid("127.0.182.20")), 0x55, 0, 0)
-            .unwrap();
+        q.connect_with_alt(
+            (1, gid("127.0.182.19")),
+            (2, gid("127.0.182.20")),
+            0x55,
+            0,
+            0,
+        )
+        .unwrap();
     }
     let fresh = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
-    let one_port = fresh.connect_with_alt((1, gid("127.0.182.19")), (1, gid("127.0.182.20")), 0x55, 0, 0);
-    assert_eq!(one_port.unwrap_err().errno(), libc::EINVAL, "both paths on one port");
-    assert_eq!(fresh.query().unwrap().qp_state, QpState::Init, "refused at Init -> RTR");
+    let one_port = fresh.connect_with_alt(
+        (1, gid("127.0.182.19")),
+        (1, gid("127.0.182.20")),
+        0x55,
+        0,
+        0,
+    );
+    assert_eq!(
+        one_port.unwrap_err().errno(),
+        libc::EINVAL,
+        "both paths on one port"
+    );
+    assert_eq!(
+        fresh.query().unwrap().qp_state,
+        QpState::Init,
+        "refused at Init -> RTR"
+    );
     assert_eq!(fresh.query().unwrap().alt_port_num, 0);
     let fd = dev.async_event_fd().as_raw_fd();
     assert!(!wait_readable(&[fd], Some(Instant::now())).unwrap());
@@ -216,18 +288,35 @@ fn a_forced_migration_switches_the_path_and_queues_an_event() {
             to_port: 2
         }
     );
-    assert_eq!((ev.event_type(), ev.qpn(), ev.port()), (6, Some(qp.qpn()), Some(2)));
+    assert_eq!(
+        (ev.event_type(), ev.qpn(), ev.port()),
+        (6, Some(qp.qpn()), Some(2))
+    );
     assert!(!wait_readable(&[fd], Some(Instant::now())).unwrap());
     let q = qp.query().unwrap();
     assert_eq!((q.port_num, q.path_mig_state), (2, MigState::Migrated));
     assert_eq!(q.path.dgid, gid("127.0.182.20"));
-    assert_eq!(qp.migrate().unwrap_err().errno(), libc::EINVAL, "already migrated");
+    assert_eq!(
+        qp.migrate().unwrap_err().errno(),
+        libc::EINVAL,
+        "already migrated"
+    );
     // a port going down migrates the armed QPs in force on it, and only those
     dev.set_port_state(2, false).unwrap();
-    assert_eq!(dev.poll_async_event(), Some(AsyncEvent::PortError { port: 2 }));
-    assert_eq!(dev.poll_async_event(), None, "no QP in force on port 2 is armed");
+    assert_eq!(
+        dev.poll_async_event(),
+        Some(AsyncEvent::PortError { port: 2 })
+    );
+    assert_eq!(
+        dev.poll_async_event(),
+        None,
+        "no QP in force on port 2 is armed"
+    );
     dev.set_port_state(1, false).unwrap();
-    assert_eq!(dev.poll_async_event(), Some(AsyncEvent::PortError { port: 1 }));
+    assert_eq!(
+        dev.poll_async_event(),
+        Some(AsyncEvent::PortError { port: 1 })
+    );
     let want = AsyncEvent::PathMigrated {
         qpn: other.qpn(),
         cause: MigrationCause::Forced,

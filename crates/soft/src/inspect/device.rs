@@ -57,9 +57,10 @@ fn qp(c: &QpCtx) -> Value {
         ),
         None => (Value::Null, Value::Null),
     };
-    let alt = c.paths.alt.map_or(Value::Null, |p| {
-        json!({ "port": p.port, "local": p.local.to_string(), "peer": p.remote.to_string() })
-    });
+    let alt = c.paths.alt.map_or(
+        Value::Null,
+        |p| json!({ "port": p.port, "local": p.local.to_string(), "peer": p.remote.to_string() }),
+    );
     json!({
         "qpn": c.qpn,
         "type": "RC",

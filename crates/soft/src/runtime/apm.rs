@@ -108,7 +108,11 @@ impl QpCtx {
                         self.span.record("peer", tracing::field::display(p.remote));
                     }
                 } else {
-                    tracing::warn!(qpn = self.qpn, to_port, "migrated to a path the runtime does not know");
+                    tracing::warn!(
+                        qpn = self.qpn,
+                        to_port,
+                        "migrated to a path the runtime does not know"
+                    );
                 }
             }
             events.push(AsyncEvent::of_qp(self.qpn, e));
@@ -225,7 +229,10 @@ mod tests {
         assert!(ps.migrated(2));
         assert_eq!((ps.primary, ps.alt, ps.prev), (Some(p2), None, Some(p1)));
         assert_eq!(ps.for_port(2), Some(&p2));
-        assert!(ps.admits(p1.local, p1.remote), "the old path until the peer follows");
+        assert!(
+            ps.admits(p1.local, p1.remote),
+            "the old path until the peer follows"
+        );
         assert!(ps.uses(p1.local) && ps.uses(p2.local));
         assert_eq!(ps.locals().count(), 2);
         // a port with no path falls back to the primary

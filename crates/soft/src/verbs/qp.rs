@@ -6,8 +6,8 @@ use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::ud::{UdConfig, UdQp};
 use rdma_proto::verbs::{
-    AccessFlags, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
-    RtrParams, RtsParams, SendFlags, SendWr, SgList, Sge, MAX_SGE,
+    AccessFlags, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr, RtrParams, RtsParams,
+    SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
 use super::cq::CompletionQueue;

@@ -220,13 +220,14 @@ impl Stream {
 const MARKER: &[u8] = b"the end!";
 
 /// Runs the stream: message k goes from slot k of `a`'s region to slot k of `b`'s, as a
-/// SEND (k even) or a WRITE with immediate k (k odd); `mid` runs once when half of them have
-/// completed. A marker SEND follows. Checks every send completion once and in order, every
+/// SEND (k even) or a WRITE with immediate k (k odd). `tick(sent, posted)` runs after every
+/// round of posting (`sent`: send completions so far), for the test to break a path
+/// mid-stream. A marker SEND follows. Checks every send completion once and in order, every
 /// receive once and in order (opcode, length, immediate; one spare receive stays unused,
 /// so a message executed twice would show), `b`'s region byte for byte, and that the same
 /// region and keys served the whole stream. Returns the times of every completion, both
 /// sides.
-pub fn run_stream(a: &End, b: &End, s: Stream, mut mid: impl FnMut()) -> Vec<Instant> {
+pub fn run_stream(a: &End, b: &End, s: Stream, mut tick: impl FnMut(usize, usize)) -> Vec<Instant> {
     let data = pattern(s.n * s.size, 0x5a);
     a.mr.write(0, &data).unwrap();
     a.mr.write(s.n * s.size, MARKER).unwrap();
@@ -254,7 +255,6 @@ pub fn run_stream(a: &End, b: &End, s: Stream, mut mid: impl FnMut()) -> Vec<Ins
     let (mut posted, mut sent, mut rcvd) = (0usize, 0usize, 0usize);
     let mut times = Vec::with_capacity(2 * s.n + 2);
     let mut wc = Vec::new();
-    let mut mid_done = false;
     let check_send = |c: &Completion, sent: &mut usize| {
         assert_eq!(c.status, WcStatus::Success, "send {sent}: {c:?}");
         assert_eq!(c.wr_id, *sent as u64, "send completions in order, once");
@@ -264,9 +264,15 @@ pub fn run_stream(a: &End, b: &End, s: Stream, mut mid: impl FnMut()) -> Vec<Ins
         assert_eq!(c.status, WcStatus::Success, "receive {k}: {c:?}");
         assert_eq!(c.wr_id, k as u64, "receives in order, once");
         if k == s.n {
-            assert_eq!((c.opcode, c.byte_len), (WcOpcode::Recv, MARKER.len() as u32));
+            assert_eq!(
+                (c.opcode, c.byte_len),
+                (WcOpcode::Recv, MARKER.len() as u32)
+            );
         } else if k % 2 == 0 {
-            assert_eq!((c.opcode, c.byte_len, c.imm()), (WcOpcode::Recv, s.size as u32, None));
+            assert_eq!(
+                (c.opcode, c.byte_len, c.imm()),
+                (WcOpcode::Recv, s.size as u32, None)
+            );
         } else {
             let want = (WcOpcode::RecvRdmaWithImm, s.size as u32, Some(k as u32));
             assert_eq!((c.opcode, c.byte_len, c.imm()), want);
@@ -289,6 +295,7 @@ pub fn run_stream(a: &End, b: &End, s: Stream, mut mid: impl FnMut()) -> Vec<Ins
             a.qp.post_send(&m).unwrap();
             posted += 1;
         }
+        tick(sent, posted);
         // (both QPs may have the same number: they are on two devices)
         wc.clear();
         let ns = a.scq.poll(&mut wc, 64);
@@ -307,23 +314,52 @@ pub fn run_stream(a: &End, b: &End, s: Stream, mut mid: impl FnMut()) -> Vec<Ins
                 rcvd += 1;
             }
         }
-        if !mid_done && sent >= s.n / 2 {
-            mid_done = true;
-            mid();
-        }
     }
     // nothing more: the spare receive is unused, no send completed twice
     wc.clear();
     assert_eq!(b.rcq.poll(&mut wc, 8), 0, "an extra receive: {wc:?}");
-    assert_eq!(a.scq.poll(&mut wc, 8), 0, "an extra send completion: {wc:?}");
+    assert_eq!(
+        a.scq.poll(&mut wc, 8),
+        0,
+        "an extra send completion: {wc:?}"
+    );
     let mut got = vec![0u8; s.n * s.size];
     b.mr.read(0, &mut got).unwrap();
     if let Some(i) = got.iter().zip(&data).position(|(x, y)| x != y) {
         panic!("byte {i} (message {}) arrived changed", i / s.size);
     }
     assert_eq!((a.mr.lkey(), b.mr.rkey()), (lkey, rkey));
-    assert_eq!((a.dev.mr_count(), b.dev.mr_count()), (1, 1), "re-registered");
+    assert_eq!(
+        (a.dev.mr_count(), b.dev.mr_count()),
+        (1, 1),
+        "re-registered"
+    );
     times
+}
+
+/// One WRITE of `len` bytes from the start of `a`'s region to the start of `b`'s, waited
+/// for and checked byte for byte.
+pub fn write_once(a: &End, b: &End, len: usize) {
+    let data = pattern(len, 0xc3);
+    a.mr.write(0, &data).unwrap();
+    let op = SendOp::RdmaWrite {
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    let wr = SendWr::new(77, op)
+        .with_sge(a.mr.sge(0, len as u32).unwrap())
+        .signaled();
+    a.qp.post_send(&wr).unwrap();
+    let end = Instant::now() + HANG;
+    let mut wc = Vec::new();
+    while a.scq.poll(&mut wc, 1) == 0 {
+        assert!(Instant::now() < end, "HANG: the WRITE never completed");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (77, WcStatus::Success));
+    let mut got = vec![0u8; len];
+    b.mr.read(0, &mut got).unwrap();
+    assert!(got == data, "the WRITE arrived changed");
 }
 
 /// The longest time between two consecutive completions.
