@@ -18,6 +18,8 @@ const A: [&str; 2] = ["127.0.181.1", "127.0.181.2"];
 const B: [&str; 2] = ["127.0.181.9", "127.0.181.10"];
 const C: [&str; 2] = ["127.0.181.21", "127.0.181.22"];
 const D: [&str; 2] = ["127.0.181.29", "127.0.181.30"];
+const E: [&str; 2] = ["127.0.181.41", "127.0.181.42"];
+const F: [&str; 2] = ["127.0.181.49", "127.0.181.50"];
 
 fn stream() -> Stream {
     Stream {
@@ -45,7 +47,7 @@ fn pair(a_cfg: DeviceConfig, a_wire: Option<Blackhole>, b: [&str; 2], a: [&str; 
 fn port_down_moves_a_stream_to_the_alternate_port() {
     // port 1 of `a` dies halfway (its datagrams lost both ways), and the device is told
     // once datagrams went into the hole: what they carried must be resent on port 2
-    let (wire, hole) = Blackhole::new(addr(A[0]));
+    let (wire, hole) = Blackhole::new(&[addr(A[0])]);
     let (a, b) = pair(two_port_lo(A), Some(wire), B, A);
     let (mut holed, mut at_switch) = (false, None);
     let n = stream().n;
@@ -78,7 +80,8 @@ fn port_down_moves_a_stream_to_the_alternate_port() {
         assert_eq!(e.dev.runtime_stats().wrong_path, 0);
         assert_eq!(e.dev.rx_by_port()[0], 0);
     }
-    // from now on nothing travels on port 1, either way
+    // from now on nothing travels on port 1, either way, though it would carry it again
+    hole.on.store(false, Relaxed);
     let (ra, rb) = (a.dev.rx_by_port(), b.dev.rx_by_port());
     write_once(&a, &b, 256 << 10);
     write_once(&b, &a, 256 << 10);
@@ -89,19 +92,111 @@ fn port_down_moves_a_stream_to_the_alternate_port() {
         "port 1 traffic after the migration"
     );
     assert!(na[2] > ra[2] && nb[2] > rb[2]);
-    // the port coming back changes nothing: the QPs stay on port 2 (returning is the CM's
-    // LAP and a forced migration)
+    // the port coming back changes nothing by itself: the QPs stay on port 2
     a.dev.set_port_state(1, true).unwrap();
     assert_eq!(
         a.dev.poll_async_event(),
         Some(AsyncEvent::PortActive { port: 1 })
     );
     assert_eq!(a.qp.query().unwrap().port_num, 2);
+    // the return (what the CM does after LAP/APR): port 1 loaded as the alternate in Rearm
+    // on both sides, traffic arms them, a forced migration moves both back
+    rearm(&a, 1, addr(B[0]).gid());
+    rearm(&b, 1, addr(A[0]).gid());
+    write_once(&a, &b, 64 << 10);
+    write_once(&b, &a, 64 << 10);
+    for e in [&a, &b] {
+        assert_eq!(e.qp.query().unwrap().path_mig_state, MigState::Armed);
+    }
+    a.qp.migrate().unwrap();
+    write_once(&a, &b, 64 << 10);
+    let back = |qpn, cause| AsyncEvent::PathMigrated {
+        qpn,
+        cause,
+        from_port: 2,
+        to_port: 1,
+    };
+    assert_eq!(
+        next_qp_event(&a.dev),
+        back(a.qp.qpn(), MigrationCause::Forced)
+    );
+    assert_eq!(
+        next_qp_event(&b.dev),
+        back(b.qp.qpn(), MigrationCause::Peer)
+    );
+    let (ra, rb) = (a.dev.rx_by_port(), b.dev.rx_by_port());
+    write_once(&a, &b, 256 << 10);
+    write_once(&b, &a, 256 << 10);
+    let (na, nb) = (a.dev.rx_by_port(), b.dev.rx_by_port());
+    assert_eq!(
+        (na[2], nb[2]),
+        (ra[2], rb[2]),
+        "port 2 traffic after the return"
+    );
+    assert!(na[1] > ra[1] && nb[1] > rb[1]);
+    for e in [&a, &b] {
+        let q = e.qp.query().unwrap();
+        assert_eq!((q.port_num, q.path_mig_state), (1, MigState::Migrated));
+        assert_eq!(e.dev.mr_count(), 1);
+    }
+}
+
+#[test]
+fn both_paths_failing_reports_path_mig_err_and_fails_the_qp() {
+    let (wire, hole) = Blackhole::new(&[addr(E[0]), addr(E[1])]);
+    let (a, b) = pair(two_port_lo(E), Some(wire), F, E);
+    write_once(&a, &b, 64 << 10);
+    hole.on.store(true, Relaxed);
+    let wr = SendWr::new(
+        5,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+    )
+    .with_sge(a.mr.sge(0, 4096).unwrap())
+    .signaled();
+    a.qp.post_send(&wr).unwrap();
+    // retries run out on port 1: migration; then on port 2 with nothing acknowledged there
+    let e1 = next_qp_event(&a.dev);
+    assert_eq!(
+        e1,
+        AsyncEvent::PathMigrated {
+            qpn: a.qp.qpn(),
+            cause: MigrationCause::RetryExhausted,
+            from_port: 1,
+            to_port: 2
+        }
+    );
+    let e2 = next_qp_event(&a.dev);
+    assert_eq!(
+        e2,
+        AsyncEvent::PathMigrationFailed {
+            qpn: a.qp.qpn(),
+            port: 2
+        }
+    );
+    assert_eq!(e2.event_type(), 7);
+    let end = Instant::now() + HANG;
+    let mut wc = Vec::new();
+    while a.scq.poll(&mut wc, 1) == 0 {
+        assert!(
+            Instant::now() < end,
+            "HANG: no completion of the failed WRITE"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (5, WcStatus::RetryExcErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+    // the peer heard nothing of it: still armed on port 1
+    let q = b.qp.query().unwrap();
+    assert_eq!((q.port_num, q.path_mig_state), (1, MigState::Armed));
+    assert_eq!(b.dev.poll_async_event(), None);
 }
 
 #[test]
 fn a_silent_path_failure_migrates_when_retries_run_out() {
-    let (wire, hole) = Blackhole::new(addr(C[0]));
+    let (wire, hole) = Blackhole::new(&[addr(C[0])]);
     let (a, b) = pair(two_port_lo(C), Some(wire), D, C);
     let n = stream().n;
     run_stream(&a, &b, stream(), |sent, _| {

@@ -42,11 +42,11 @@ pub fn two_port_lo(ips: [&str; 2]) -> DeviceConfig {
     cfg
 }
 
-/// A UDP wire that drops every datagram sent from or arriving at one local address while
-/// switched on: a path that fails without the device being told.
+/// A UDP wire that drops every datagram sent from or arriving at some local addresses
+/// while switched on: paths that fail without the device being told.
 pub struct Blackhole {
     inner: UdpWire,
-    addr: WireAddr,
+    addrs: Vec<WireAddr>,
     on: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
 }
@@ -59,11 +59,11 @@ pub struct BlackholeSwitch {
 }
 
 impl Blackhole {
-    pub fn new(addr: WireAddr) -> (Blackhole, BlackholeSwitch) {
+    pub fn new(addrs: &[WireAddr]) -> (Blackhole, BlackholeSwitch) {
         let sw = BlackholeSwitch::default();
         let w = Blackhole {
             inner: UdpWire::new(UdpConfig::from_env().unwrap()).unwrap(),
-            addr,
+            addrs: addrs.to_vec(),
             on: sw.on.clone(),
             dropped: sw.dropped.clone(),
         };
@@ -71,7 +71,7 @@ impl Blackhole {
     }
 
     fn hole(&self, local: WireAddr) -> bool {
-        let h = local == self.addr && self.on.load(Ordering::Relaxed);
+        let h = self.addrs.contains(&local) && self.on.load(Ordering::Relaxed);
         if h {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -124,9 +124,9 @@ impl DatagramWire for Blackhole {
         self.inner.flush()
     }
     fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> rdma_soft::Result<usize> {
-        let (addr, on, dropped) = (self.addr, self.on.clone(), self.dropped.clone());
+        let (addrs, on, dropped) = (&self.addrs, self.on.clone(), self.dropped.clone());
         self.inner.recv(&mut |arr, b| {
-            if arr.local == addr && on.load(Ordering::Relaxed) {
+            if addrs.contains(&arr.local) && on.load(Ordering::Relaxed) {
                 dropped.fetch_add(1, Ordering::Relaxed);
             } else {
                 deliver(arr, b)
@@ -360,6 +360,25 @@ pub fn write_once(a: &End, b: &End, len: usize) {
     let mut got = vec![0u8; len];
     b.mr.read(0, &mut got).unwrap();
     assert!(got == data, "the WRITE arrived changed");
+}
+
+/// Loads the alternate path on port `port` to `dgid` in RTS, in Rearm (after the CM's
+/// LAP/APR, as on the return to a restored primary).
+pub fn rearm(e: &End, port: u8, dgid: [u8; 16]) {
+    let a = QpAttr {
+        alt_path: PathAttr {
+            dgid,
+            hop_limit: 64,
+            ..PathAttr::default()
+        },
+        alt_port_num: port,
+        path_mig_state: MigState::Rearm,
+        ..QpAttr::default()
+    };
+    e.qp.modify(&a, QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE)
+        .unwrap();
+    let q = e.qp.query().unwrap();
+    assert_eq!((q.alt_port_num, q.path_mig_state), (port, MigState::Rearm));
 }
 
 /// The longest time between two consecutive completions.
