@@ -101,7 +101,8 @@ pub struct RuntimeStats {
     pub unparsable: u64,
     /// Packets for a QP number that does not exist here.
     pub no_such_qp: u64,
-    /// Packets from an address other than the QP's peer, or to another local address.
+    /// Packets from or to addresses that are none of the QP's paths (primary, alternate,
+    /// the one it migrated off last).
     pub wrong_path: u64,
     /// Packets the wire refused to send (the transport sees them as lost).
     pub send_errors: u64,
@@ -169,19 +170,22 @@ impl QpCtx {
         pkt: &Packet<'_>,
         stats: &mut RuntimeStats,
     ) {
-        match self.paths.admits(arr.local, arr.remote) {
-            true => {}
-            false => {
+        let path_port = match self.paths.admits(arr.local, arr.remote) {
+            Some(p) => p,
+            None => {
                 stats.wrong_path += 1;
                 warn_limited!(
                     qpn = self.qpn,
                     from = %arr.remote,
                     to = %arr.local,
-                    "packet from an address other than the QP's peer dropped"
+                    "packet on none of the QP's paths dropped"
                 );
                 return;
             }
-        }
+        };
+        // the arrival address's port; an address no GID table holds any more (removed
+        // while in use) counts as on the path it belongs to
+        let port = if port != 0 { port } else { path_port };
         self.rx_port = port;
         let _span = self.span.enter();
         let op = pkt.header.opcode;

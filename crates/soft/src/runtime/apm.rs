@@ -46,11 +46,14 @@ pub(crate) struct Paths {
 }
 
 impl Paths {
-    /// Whether a packet to `local` from `remote` belongs to one of the QP's paths.
+    /// The port of the QP's path a packet to `local` from `remote` belongs to, if any.
     #[inline]
-    pub fn admits(&self, local: WireAddr, remote: WireAddr) -> bool {
-        let is = |p: &Option<WirePath>| p.is_some_and(|p| p.local == local && p.remote == remote);
-        is(&self.primary) || is(&self.alt) || is(&self.prev)
+    pub fn admits(&self, local: WireAddr, remote: WireAddr) -> Option<u8> {
+        [self.primary, self.alt, self.prev]
+            .into_iter()
+            .flatten()
+            .find(|p| p.local == local && p.remote == remote)
+            .map(|p| p.port)
     }
 
     /// The path packets from `port` leave on: the primary when it is on that port (always,
@@ -217,22 +220,20 @@ mod tests {
             primary: Some(p1),
             ..Paths::default()
         };
-        assert!(ps.admits(p1.local, p1.remote));
-        assert!(!ps.admits(p2.local, p2.remote));
-        assert!(!ps.admits(p1.local, p2.remote), "crossed addresses");
+        assert_eq!(ps.admits(p1.local, p1.remote), Some(1));
+        assert_eq!(ps.admits(p2.local, p2.remote), None);
+        assert_eq!(ps.admits(p1.local, p2.remote), None, "crossed addresses");
         assert!(!ps.migrated(2), "no alternate cached");
         ps.alt = Some(p2);
-        assert!(ps.admits(p2.local, p2.remote));
+        assert_eq!(ps.admits(p2.local, p2.remote), Some(2));
         assert_eq!(ps.for_port(1), Some(&p1));
         assert_eq!(ps.for_port(2), Some(&p2));
         assert!(!ps.migrated(3));
         assert!(ps.migrated(2));
         assert_eq!((ps.primary, ps.alt, ps.prev), (Some(p2), None, Some(p1)));
         assert_eq!(ps.for_port(2), Some(&p2));
-        assert!(
-            ps.admits(p1.local, p1.remote),
-            "the old path until the peer follows"
-        );
+        let old = ps.admits(p1.local, p1.remote);
+        assert_eq!(old, Some(1), "the old path until the peer follows");
         assert!(ps.uses(p1.local) && ps.uses(p2.local));
         assert_eq!(ps.locals().count(), 2);
         // a port with no path falls back to the primary
