@@ -235,6 +235,7 @@ fn init_qp(cq: &CompletionQueue, pd: &ProtectionDomain) -> (QueuePair, QpAttr) {
     });
     r.alt_path = path("127.0.182.10");
     r.alt_port_num = 2;
+    r.alt_timeout = 12;
     (qp, r)
 }
 
@@ -292,7 +293,7 @@ fn alternate_path_modify_query_and_errors() {
         (q.qp_state, q.port_num, q.alt_port_num),
         (QpState::Rtr, 1, 2)
     );
-    assert_eq!(q.alt_path, rtr.alt_path);
+    assert_eq!((q.alt_path, q.alt_timeout), (rtr.alt_path, 12));
     assert_eq!(q.path_mig_state, MigState::Migrated);
     // RTS in Rearm: migrating from anything but Armed is refused
     let (mut rts, m) = rtr.rts(&rdma_proto::verbs::RtsParams {
