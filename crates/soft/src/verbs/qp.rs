@@ -14,7 +14,6 @@ use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
-
 use crate::runtime::{QpCtx, UdCtx};
 use crate::{Error, Result};
 
