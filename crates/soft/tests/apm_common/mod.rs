@@ -337,9 +337,10 @@ pub fn run_stream(a: &End, b: &End, s: Stream, mut tick: impl FnMut(usize, usize
     times
 }
 
-/// One WRITE of `len` bytes from the start of `a`'s region to the start of `b`'s, waited
-/// for and checked byte for byte.
+/// One WRITE of `len` bytes (at most the regions' size) from the start of `a`'s region to
+/// the start of `b`'s, waited for and checked byte for byte.
 pub fn write_once(a: &End, b: &End, len: usize) {
+    let len = len.min(a.mr.len()).min(b.mr.len());
     let data = pattern(len, 0xc3);
     a.mr.write(0, &data).unwrap();
     let op = SendOp::RdmaWrite {
