@@ -62,14 +62,16 @@ use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::QpState;
 use rdma_wire::packet::IcrcCheck;
 
+mod apm;
 mod ud;
+pub(crate) use apm::{Paths, WirePath};
 pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
 use crate::io::{Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::ratelimit::warn_limited;
-use crate::verbs::{CompletionQueue, SharedReceiveQueue, MAX_PORTS};
+use crate::verbs::{AsyncQueue, CompletionQueue, SharedReceiveQueue, MAX_PORTS};
 use crate::{Error, Result};
 
 /// Unacknowledged request PSNs an RC QP may have in flight: the transport's send window
@@ -99,7 +101,8 @@ pub struct RuntimeStats {
     pub unparsable: u64,
     /// Packets for a QP number that does not exist here.
     pub no_such_qp: u64,
-    /// Packets from an address other than the QP's peer, or to another local address.
+    /// Packets from or to addresses that are none of the QP's paths (primary, alternate,
+    /// the one it migrated off last).
     pub wrong_path: u64,
     /// Packets the wire refused to send (the transport sees them as lost).
     pub send_errors: u64,
@@ -118,14 +121,10 @@ pub(crate) struct QpCtx {
     pub send_cq: CompletionQueue,
     pub recv_cq: CompletionQueue,
     pub srq: Option<SharedReceiveQueue>,
-    /// Local and remote address of the path, set when the QP moves to RTR.
-    pub path: Option<(WireAddr, WireAddr)>,
-    /// The path's traffic class (`QpAttr.path.traffic_class`, set with the address vector):
-    /// the IPv4 TOS / IPv6 traffic class of every packet the QP sends, as in rxe.
-    pub tclass: u8,
-    /// The UDP source port of its datagrams: rxe's per-QPN port until the address vector
-    /// is set, then the flow port of the path ([`crate::io::flow`]).
-    pub sport: u16,
+    /// The wire addresses, traffic class (the IPv4 TOS / IPv6 traffic class of every
+    /// packet, as in rxe) and UDP source port ([`crate::io::flow`]) of the primary path (set
+    /// when the QP moves to RTR), the alternate path and the path migrated off last.
+    pub paths: Paths,
     /// Receives moved from the SRQ into the transport and not yet completed.
     srq_held: u32,
     /// The device port the last packet for this QP arrived on (0: none yet), for path
@@ -150,9 +149,7 @@ impl QpCtx {
             send_cq,
             recv_cq,
             srq,
-            path: None,
-            tclass: 0,
-            sport: crate::io::flow::qpn_udp_sport(qpn),
+            paths: Paths::default(),
             srq_held: 0,
             rx_port: 0,
             span: tracing::Span::none(),
@@ -173,19 +170,22 @@ impl QpCtx {
         pkt: &Packet<'_>,
         stats: &mut RuntimeStats,
     ) {
-        match self.path {
-            Some((local, remote)) if local == arr.local && remote == arr.remote => {}
-            _ => {
+        let path_port = match self.paths.admits(arr.local, arr.remote) {
+            Some(p) => p,
+            None => {
                 stats.wrong_path += 1;
                 warn_limited!(
                     qpn = self.qpn,
                     from = %arr.remote,
                     to = %arr.local,
-                    "packet from an address other than the QP's peer dropped"
+                    "packet on none of the QP's paths dropped"
                 );
                 return;
             }
-        }
+        };
+        // the arrival address's port; an address no GID table holds any more (removed
+        // while in use) counts as on the path it belongs to
+        let port = if port != 0 { port } else { path_port };
         self.rx_port = port;
         let _span = self.span.enter();
         let op = pkt.header.opcode;
@@ -197,7 +197,9 @@ impl QpCtx {
                 }
             }
         }
-        self.rc.handle_packet(now, mem, pkt);
+        // the path migration rules need the arrival port (a QP without an alternate path
+        // ignores it)
+        self.rc.handle_packet_on(now, mem, pkt, port);
         stats.delivered += 1;
     }
 
@@ -243,6 +245,8 @@ pub(crate) struct Runtime {
     /// Set by a `progress` that received something or ran timers: the earliest deadline
     /// may have moved (see [`Runtime::take_timers_touched`]).
     timers_touched: bool,
+    /// The device's asynchronous events (`verbs/async_event.rs`).
+    events: AsyncQueue,
     /// Transport counters of the QPs destroyed so far (device totals for inspection).
     retired: rdma_proto::rc::RcStats,
     /// Every GID of the device's ports, sorted, with its port: which port a datagram
@@ -270,6 +274,7 @@ impl Runtime {
             ud: ud::UdState::default(),
             timers_touched: false,
             port_map: Vec::new(),
+            events: AsyncQueue::new()?,
             retired: Default::default(),
         })
     }
@@ -412,20 +417,20 @@ impl Runtime {
         self.live.retain(|&i| i as usize != idx);
         self.free.push(idx as u16);
         crate::inspect::device::add_rc(&mut self.retired, &ctx.rc.stats());
-        if let Some((local, _)) = ctx.path {
+        for local in ctx.paths.locals() {
             self.close_if_unused(local);
         }
         Some(ctx)
     }
 
     /// Closes the wire address `local` if no QP uses it any more.
-    fn close_if_unused(&mut self, local: WireAddr) {
+    pub(crate) fn close_if_unused(&mut self, local: WireAddr) {
         let used = self.gsi.is_open(local)
             || self.ud.uses(local)
             || self.live.iter().any(|&i| {
                 self.slots[i as usize]
                     .as_ref()
-                    .is_some_and(|c| c.path.is_some_and(|(l, _)| l == local))
+                    .is_some_and(|c| c.paths.uses(local))
             });
         if !used {
             self.wire.close(local);
@@ -454,33 +459,6 @@ impl Runtime {
         self.wire.prepare_port(local, sport);
     }
 
-    /// Sets the path of a QP moving to RTR (`tclass`: its traffic class, sent in every
-    /// packet): opens `local` on the wire (UDP 4791 on that address: the only time the device
-    /// opens a socket) and, if the QP had another local address, closes that one when unused.
-    pub fn set_path(
-        &mut self,
-        qpn: u32,
-        local: WireAddr,
-        remote: WireAddr,
-        tclass: u8,
-    ) -> Result<()> {
-        self.wire.open(local)?;
-        let old = match self.get(qpn) {
-            Some(ctx) => {
-                ctx.tclass = tclass;
-                ctx.span.record("peer", tracing::field::display(remote));
-                ctx.path.replace((local, remote))
-            }
-            None => return Err(Error::InvalidArgument("no such QP")),
-        };
-        if let Some((l, _)) = old {
-            if l != local {
-                self.close_if_unused(l);
-            }
-        }
-        Ok(())
-    }
-
     /// Transmits what one QP has to send (its transport holds requests back at the send
     /// window), at most [`TX_BUDGET`] packets, and moves its completions. Returns whether the
     /// budget ran out with more to send.
@@ -490,11 +468,14 @@ impl Runtime {
             slots,
             tx,
             stats,
+            events,
             ..
         } = self;
         let Some(ctx) = slots.get_mut(idx).and_then(|s| s.as_deref_mut()) else {
             return false;
         };
+        // a migration (forced, by retries, the peer's) changes the path packets leave on
+        ctx.drain_events(events);
         let span = ctx.span.enter();
         let mut budget = TX_BUDGET;
         let mut more = false;
@@ -508,18 +489,20 @@ impl Runtime {
             };
             budget -= 1;
             tracing::trace!(op = ?t.header.opcode, psn = t.header.psn, len = t.payload_len, "tx");
-            let Some((local, remote)) = ctx.path else {
+            // from the address of the port the transport sends on: its current primary
+            let Some(p) = ctx.paths.for_port(t.port) else {
                 stats.send_errors += 1;
                 continue;
             };
-            let meta = TxMeta { tclass: ctx.tclass };
+            let meta = TxMeta { tclass: p.tclass };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => match wire.send_from_port(local, remote, ctx.sport, meta, &tx.packet[..n])
-                {
-                    Ok(()) => stats.transmitted += 1,
-                    Err(_) => stats.send_errors += 1,
-                },
+                Ok(n) => {
+                    match wire.send_from_port(p.local, p.remote, p.sport, meta, &tx.packet[..n]) {
+                        Ok(()) => stats.transmitted += 1,
+                        Err(_) => stats.send_errors += 1,
+                    }
+                }
                 Err(_) => stats.send_errors += 1,
             }
         }

@@ -50,10 +50,17 @@ fn rc_counters(s: &RcStats) -> Value {
 
 fn qp(c: &QpCtx) -> Value {
     let a = c.rc.attr();
-    let (local, peer) = match c.path {
-        Some((l, r)) => (Value::from(l.to_string()), Value::from(r.to_string())),
+    let (local, peer) = match c.paths.primary {
+        Some(p) => (
+            Value::from(p.local.to_string()),
+            Value::from(p.remote.to_string()),
+        ),
         None => (Value::Null, Value::Null),
     };
+    let alt = c.paths.alt.map_or(
+        Value::Null,
+        |p| json!({ "port": p.port, "local": p.local.to_string(), "peer": p.remote.to_string() }),
+    );
     json!({
         "qpn": c.qpn,
         "type": "RC",
@@ -69,6 +76,9 @@ fn qp(c: &QpCtx) -> Value {
         "outstanding": c.rc.outstanding_psns(),
         "send_queue": c.rc.send_queue_len(),
         "path_mtu": a.path_mtu.bytes(),
+        "path_mig_state": format!("{:?}", a.path_mig_state).to_uppercase(),
+        "alt": alt,
+        "migrations": c.rc.migrations(),
         "counters": rc_counters(&c.rc.stats()),
     })
 }

@@ -165,6 +165,8 @@ pub(crate) struct DeviceShared {
     wait_fd: Option<RawFd>,
     /// The GSI eventfd (lives as long as the runtime).
     gsi_event: RawFd,
+    /// The async event queue's eventfd (lives as long as the runtime).
+    async_fd: RawFd,
 }
 
 impl DeviceShared {
@@ -278,6 +280,10 @@ impl DeviceShared {
 
     pub(crate) fn gsi_event_fd(&self) -> RawFd {
         self.gsi_event
+    }
+
+    pub(crate) fn async_fd(&self) -> RawFd {
+        self.async_fd
     }
 
     pub(crate) fn wait_fd(&self) -> Option<RawFd> {
@@ -445,9 +451,10 @@ impl Device {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let rt = Runtime::new(wire)?;
+        let mut rt = Runtime::new(wire)?;
         let wait_fd = rt.wait_fd();
         let gsi_event = rt.gsi_event_fd();
+        let async_fd = rt.async_events().fd();
         let shared = Arc::new(DeviceShared {
             mrs: Arc::new(MrTable::new(MAX_MR as usize)),
             name: cfg.name.clone(),
@@ -465,6 +472,7 @@ impl Device {
             rt: Mutex::new(rt),
             wait_fd,
             gsi_event,
+            async_fd,
         });
         let weak: Weak<dyn Source> = Arc::downgrade(&shared) as Weak<dyn Source>;
         let reg = engine::register(weak)?;

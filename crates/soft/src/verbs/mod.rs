@@ -6,18 +6,22 @@
 //! The vocabulary (access flags, work requests, completions, MTUs) is `rdma-proto`'s,
 //! re-exported here.
 
+mod async_event;
 mod cq;
 mod device;
 mod mr;
 mod pd;
 mod port;
 mod qp;
+mod rc_modify;
 mod ring;
 mod shared_mem;
 mod srq;
 mod ud;
 mod watch;
 
+pub(crate) use async_event::AsyncQueue;
+pub use async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
 pub use cq::{CompletionChannel, CompletionQueue};
 pub(crate) use device::DeviceShared;
 pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};
@@ -25,9 +29,10 @@ pub use mr::{DeregisterError, MemoryRegion, MrTableView};
 pub use pd::ProtectionDomain;
 pub use port::{PortAttr, PortConfig, PortState, MAX_PORTS};
 pub use qp::{QpCap, QpInitAttr, QueuePair};
+pub use rdma_proto::rc::MigrationCause;
 pub use rdma_proto::verbs::{
-    AccessFlags, Completion, Mtu, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    AccessFlags, Completion, MigState, Mtu, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use ud::AddressHandle;

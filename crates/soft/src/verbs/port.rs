@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use rdma_proto::verbs::Mtu;
 
+use super::async_event::AsyncEvent;
 use super::device::{active_mtu, Device, DeviceConfig, DeviceShared, MAX_GIDS};
 use crate::io::WireAddr;
 use crate::{Error, Result};
@@ -247,11 +248,40 @@ impl Device {
     }
 
     /// Marks port `port` up or down (its netdev's link changed), as `query_port` then
-    /// reports it. Nothing is torn down: QPs on the port keep their state.
+    /// reports it, and queues [`AsyncEvent::PortActive`] / [`AsyncEvent::PortError`] when
+    /// the state changed. Nothing is torn down. A port going down is the spec's "local port
+    /// down" trigger of path migration: every RC QP in RTS whose path in force is on that
+    /// port and whose migration state is Armed migrates to its alternate path at once (and
+    /// queues [`AsyncEvent::PathMigrated`]); other QPs are untouched (an Armed QP whose
+    /// path fails without this call migrates when its retries run out).
     pub fn set_port_state(&self, port: u8, up: bool) -> Result<()> {
-        let mut cfg = self.shared().cfg_mut();
-        *cfg.port_mut(port)?.0 = up;
+        let changed = {
+            let mut cfg = self.shared().cfg_mut();
+            let state = cfg.port_mut(port)?.0;
+            std::mem::replace(state, up) != up
+        };
         tracing::debug!(device = %self.name(), port, up, "port state");
+        let dev = self.shared();
+        let mut rt = dev.runtime();
+        if changed {
+            let e = if up {
+                AsyncEvent::PortActive { port }
+            } else {
+                AsyncEvent::PortError { port }
+            };
+            rt.async_events().push(e);
+        }
+        if !up {
+            let mut mem = dev.mrs.view();
+            let n = rt.port_down(port, &mut mem);
+            drop(mem);
+            if n > 0 {
+                tracing::info!(device = %self.name(), port, qps = n, "port down: QPs migrated");
+                if let Some(d) = rt.next_deadline() {
+                    dev.wake_by(d);
+                }
+            }
+        }
         Ok(())
     }
 

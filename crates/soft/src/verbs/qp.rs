@@ -6,16 +6,15 @@ use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::ud::{UdConfig, UdQp};
 use rdma_proto::verbs::{
-    check_modify, AccessFlags, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
-    RtrParams, RtsParams, SendFlags, SendWr, SgList, Sge, MAX_SGE,
+    AccessFlags, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType, RecvWr, RtrParams, RtsParams,
+    SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
 use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
-use crate::io::flow;
-use crate::runtime::{peer_addr, QpCtx, UdCtx};
+use crate::runtime::{QpCtx, UdCtx};
 use crate::{Error, Result};
 
 /// Queue sizes of a QP (`ibv_qp_cap`).
@@ -369,67 +368,21 @@ impl QueuePair {
     /// Linux rxe's ([`crate::io::flow::connected_udp_sport`]), whose send-only socket is
     /// opened here (from 4791 when it cannot be). The path MTU may not exceed the port's
     /// active MTU. Entering Err completes every outstanding WR flushed.
+    ///
+    /// The alternate path ([`QpAttrMask::ALT_PATH`]: `alt_path`, `alt_port_num`,
+    /// `alt_pkey_index`, `alt_timeout`) is an address vector on another port of the device
+    /// (`alt_path.sgid_index` into that port's GID table, its source address opened as the
+    /// primary's; the path MTU must fit that port too); `path_mig_state`
+    /// ([`QpAttrMask::PATH_MIG_STATE`]) follows rdma-proto's rules (`Armed` at setup,
+    /// `Rearm` once an alternate is loaded, `Migrated` from Armed in RTS:
+    /// [`QueuePair::migrate`]). EINVAL for an alternate on the QP's own port, on a port the
+    /// device lacks, or a migration state transition the rules refuse; nothing is changed
+    /// when the call fails. [`QueuePair::query`] returns them all.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         if self.ud {
             return super::ud::modify(&self.dev, self.qpn, attr, mask);
         }
-        let dev = &self.dev;
-        let mut rt = dev.runtime();
-        let ctx = rt
-            .get(self.qpn)
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
-        // the QP's port: set at Reset -> Init (port 1 until then)
-        let port = if mask.contains(QpAttrMask::PORT) {
-            attr.port_num
-        } else {
-            ctx.rc.attr().port_num.max(1)
-        };
-        let port_mtu = dev.active_mtu_on(port)?;
-        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu.bytes() > port_mtu.bytes() {
-            return Err(Error::InvalidArgument(
-                "path MTU above the port's active MTU",
-            ));
-        }
-        let path = if mask.contains(QpAttrMask::AV) {
-            let local = dev.gid_on(port, attr.path.sgid_index)?;
-            let remote = peer_addr(local, attr.path.dgid);
-            if local.ip().is_ipv4() != remote.ip().is_ipv4() {
-                return Err(Error::InvalidArgument(
-                    "source and destination GIDs of different IP families",
-                ));
-            }
-            Some((local, remote))
-        } else {
-            None
-        };
-        let ctx = rt
-            .get(self.qpn)
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
-        check_modify(QpType::Rc, ctx.rc.state(), attr, mask)?;
-        if let Some((local, remote)) = path {
-            rt.set_path(self.qpn, local, remote, attr.path.traffic_class)?;
-        }
-        let ctx = rt
-            .get(self.qpn)
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
-        ctx.rc.modify(attr, mask)?;
-        if let Some((local, _)) = path {
-            // as rxe: the AV's flow label, else one from both QPNs (the same at both ends);
-            // its socket is opened here, in the caller's namespace, not on the data path
-            let rqpn = ctx.rc.attr().dest_qp_num;
-            let sport = flow::connected_udp_sport(attr.path.flow_label, self.qpn, rqpn);
-            ctx.sport = sport;
-            rt.prepare_port(local, sport);
-        }
-        if mask.contains(QpAttrMask::STATE) {
-            if let Some(ctx) = rt.get(self.qpn) {
-                tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
-            }
-        }
-        let mut mem = dev.mrs.view();
-        let r = rt.after_post(self.qpn, &mut mem);
-        dev.posted(&rt, self.qpn);
-        r
+        super::rc_modify::modify(&self.dev, self.qpn, attr, mask)
     }
 
     /// Moves a fresh QP through Init and RTR to RTS with common settings, as
