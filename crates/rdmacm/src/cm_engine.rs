@@ -85,6 +85,7 @@ impl Inner {
                 self.drain_agent(&mut st, i);
                 st = self.settle_held(st, i);
             }
+            crate::migrate::on_device_events(&mut st, i);
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {
                 if d.agent.poll_timeout().is_some_and(|t| t <= now) {
@@ -395,6 +396,20 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
             };
             match ev {
                 Ok(ev) => {
+                    // Host events reach the CM at once (a link down sets its port's state,
+                    // which migrates the group's connections), before the watched ids are
+                    // judged (route and neighbour lookups that may wait).
+                    w.note_host(&ev);
+                    let host = w.take_host_events();
+                    if !host.is_empty() {
+                        let Some(inner) = weak.upgrade() else { return };
+                        inner
+                            .host_events
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .extend(host);
+                        inner.wake.signal();
+                    }
                     if w.handle_event(ev).await.is_err() {
                         return;
                     }

@@ -235,16 +235,21 @@ pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, Qp
     if let Some(alt) = &s.alt {
         crate::migrate::load(d, alt, path, timeout, &mut rtr, &mut m);
     }
+    let alt_loaded = m.contains(QpAttrMask::ALT_PATH);
     if to == QpState::Rtr {
         return Ok((rtr, m));
     }
-    Ok(rtr.rts(&RtsParams {
+    let (mut rts, mut m) = rtr.rts(&RtsParams {
         timeout,
         retry_cnt: remote.retry.min(7),
         rnr_retry: remote.rnr_retry.min(7),
         sq_psn: remote.psn,
         max_rd_atomic: remote.responder_resources.max(1),
-    }))
+    });
+    if alt_loaded {
+        crate::migrate::arm(&mut rts, &mut m);
+    }
+    Ok((rts, m))
 }
 
 /// Moves the id's own QP to RTR then RTS.

@@ -20,6 +20,8 @@ pub(crate) struct DevEntry {
     /// The ifindex of each port's netdev, port 1 first (one entry but for a device group).
     pub links: Vec<u32>,
     pub dev: Device,
+    /// A copy of the device's asynchronous events (path migrations), for the CM.
+    pub tap: Option<rdma_soft::verbs::AsyncTap>,
     pub agent: CmAgent,
     /// Local addresses opened for MADs.
     pub open: HashSet<WireAddr>,

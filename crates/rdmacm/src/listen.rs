@@ -274,6 +274,7 @@ fn req_with_path(
         (s.opts.ha == crate::ha::HaPolicy::Migrate)
             .then(|| crate::migrate::from_req(d, crate::connect::id_port(st, s), alt_req))?
     });
+    let alt = alt.filter(|a| Inner::open_gsi(st, dev, a.local).is_ok());
     if let Some(s) = st.ids.get_mut(&num) {
         s.alt_offered = offered;
         s.alt = alt;

@@ -5,9 +5,9 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use rdma_proto::cm::PathParams;
+use rdma_proto::cm::{CmPath, PathParams};
 use rdma_proto::verbs::MigState;
-use rdma_soft::verbs::{PathAttr, PortState, QpAttr, QpAttrMask};
+use rdma_soft::verbs::{AsyncEvent, PathAttr, PortState, QpAttr, QpAttrMask};
 use rdma_wire::cm::CmPathRepr;
 
 use crate::addr::Gid;
@@ -108,8 +108,8 @@ pub(crate) fn from_req(d: &DevEntry, primary_port: u8, alt: &CmPathRepr) -> Opti
 }
 
 /// Adds the alternate path to an INIT → RTR transition (`attr` already holds the primary,
-/// `timeout` the ACK timeout it will have at RTS), Armed: both sides loaded it through the
-/// REQ / REP exchange.
+/// `timeout` the ACK timeout it will have at RTS); [`arm`] arms it at RTR → RTS (both sides
+/// loaded it through the REQ / REP exchange).
 pub(crate) fn load(
     d: &DevEntry,
     alt: &AltPath,
@@ -131,12 +131,72 @@ pub(crate) fn load(
     attr.alt_port_num = alt.port;
     attr.alt_pkey_index = 0;
     attr.alt_timeout = timeout;
+    *mask |= QpAttrMask::ALT_PATH;
+}
+
+/// Arms the loaded alternate at RTR → RTS (`IBV_MIG_ARMED`).
+pub(crate) fn arm(attr: &mut QpAttr, mask: &mut QpAttrMask) {
     attr.path_mig_state = MigState::Armed;
-    *mask |= QpAttrMask::ALT_PATH | QpAttrMask::PATH_MIG_STATE;
+    *mask |= QpAttrMask::PATH_MIG_STATE;
 }
 
 /// The REP's `failover_accepted`: 0 when we load the REQ's alternate, 1 (rejected) when
 /// it had one we do not take; 0 without one, as Linux sends.
 pub(crate) fn failover_accepted(req_had_alt: bool, alt: Option<&AltPath>) -> u8 {
     u8::from(req_had_alt && alt.is_none())
+}
+
+/// The CM's side of a migration reported by the device (its [`AsyncTap`]): the
+/// connection's MADs follow the QP onto the alternate path (`CmAgent::migrated`, Linux's
+/// `cm_migrate`), the alternate is used up, and the id gets ADDR_CHANGE.
+///
+/// [`AsyncTap`]: rdma_soft::verbs::AsyncTap
+pub(crate) fn on_device_events(st: &mut State, dev: u32) {
+    let Some(d) = st.devices.get(&dev) else {
+        return;
+    };
+    let mut moved = Vec::new();
+    while let Some(e) = d.tap.as_ref().and_then(|t| t.poll()) {
+        if let AsyncEvent::PathMigrated { qpn, to_port, .. } = e {
+            moved.push((qpn, to_port));
+        }
+    }
+    for (qpn, to_port) in moved {
+        let Some((&id, s)) = st.ids.iter().find(|(_, s)| {
+            s.dev == Some(dev) && s.qp.as_ref().map(|q| q.qpn()).or(s.user_qpn) == Some(qpn)
+        }) else {
+            continue;
+        };
+        let (Some(conn), Some(alt)) = (s.conn, s.alt) else {
+            continue;
+        };
+        if alt.port != to_port {
+            continue;
+        }
+        let tc = s.path.as_ref().map_or(0, |p| p.traffic_class);
+        let Some(d) = st.devices.get_mut(&dev) else {
+            return;
+        };
+        let link = d
+            .links
+            .get(usize::from(alt.port) - 1)
+            .copied()
+            .unwrap_or(dev);
+        let path = CmPath::new(gid(alt.local), gid(alt.remote), link).with_traffic_class(tc);
+        if d.agent.migrated(conn, path).is_err() {
+            continue;
+        }
+        tracing::info!(target: "rdmacm", id, qpn, port = to_port, local = %alt.local, remote = %alt.remote, "connection migrated to its alternate path");
+        if let Some(s) = st.ids.get_mut(&id) {
+            s.alt = None;
+            s.path_netdev = Some(link);
+        }
+        crate::inner::Inner::event(
+            st,
+            id,
+            crate::params::EventType::AddrChange,
+            0,
+            crate::params::ConnEventParam::default(),
+        );
+    }
 }

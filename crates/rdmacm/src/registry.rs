@@ -11,6 +11,7 @@ use rdma_soft::io::WireAddr;
 use rdma_soft::verbs::{Device, DeviceConfig};
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::os::fd::AsRawFd;
 
 impl Inner {
     /// Opens (once) the software device of netdev `index`, with its CM agent, and returns
@@ -98,6 +99,12 @@ impl Inner {
             queue_len: 8192,
             per_peer: 2048,
         })?;
+        // The CM follows the device's path migrations (a group's connections move ports).
+        let tap = if links.len() > 1 {
+            Some(dev.async_tap()?)
+        } else {
+            None
+        };
         let mut st = self.lock();
         if st.devices.contains_key(&index) {
             return Ok(index);
@@ -118,6 +125,7 @@ impl Inner {
                 netdev,
                 links: links.clone(),
                 dev,
+                tap,
                 agent,
                 open: HashSet::new(),
                 conns: HashMap::new(),
@@ -128,10 +136,16 @@ impl Inner {
             st.members.insert(l, index);
         }
         let gsi_fd = st.devices.get(&index).map(|d| d.dev.gsi_wait_fds().event);
+        let tap_fd = st
+            .devices
+            .get(&index)
+            .and_then(|d| d.tap.as_ref().map(|t| t.fd().as_raw_fd()));
         drop(st);
-        if let (Some(fd), Some((_, reg))) = (gsi_fd, self.engine.get()) {
-            // MADs queued on this device's GSI make the engine run the CM
-            reg.add_fd(fd)?;
+        if let Some((_, reg)) = self.engine.get() {
+            // MADs queued on this device's GSI, or a migration, make the engine run the CM
+            for fd in gsi_fd.into_iter().chain(tap_fd) {
+                reg.add_fd(fd)?;
+            }
         }
         self.wake.signal();
         Ok(index)

@@ -187,6 +187,26 @@ impl Watcher {
         self.handle(ev).await
     }
 
+    /// Queues `ev` for [`Watcher::take_host_events`] if it is a host event the registry
+    /// follows (before [`Watcher::handle_event`] judges the watched ids against it, which
+    /// may wait on the network: a port going down must not wait behind that).
+    pub(crate) fn note_host(&mut self, ev: &Event) {
+        if let Some(h) = self.host.as_mut() {
+            if matches!(
+                ev,
+                Event::AddressAdded(_)
+                    | Event::AddressRemoved(_)
+                    | Event::LinkAdded(_)
+                    | Event::LinkRemoved(_)
+                    | Event::LinkUp(_)
+                    | Event::LinkDown(_)
+                    | Event::Overrun
+            ) {
+                h.push_back(ev.clone());
+            }
+        }
+    }
+
     /// Starts watching id `id` resolved as `addr` (replaces an earlier watch of `id`).
     pub fn watch(&mut self, id: WatchId, addr: &ResolvedAddr) {
         let key = WatchKey {
@@ -260,20 +280,6 @@ impl Watcher {
     }
 
     async fn handle(&mut self, ev: Event) -> Result<()> {
-        if let Some(h) = self.host.as_mut() {
-            if matches!(
-                ev,
-                Event::AddressAdded(_)
-                    | Event::AddressRemoved(_)
-                    | Event::LinkAdded(_)
-                    | Event::LinkRemoved(_)
-                    | Event::LinkUp(_)
-                    | Event::LinkDown(_)
-                    | Event::Overrun
-            ) {
-                h.push_back(ev.clone());
-            }
-        }
         match ev {
             Event::LinkRemoved(l) => {
                 let hit: Vec<WatchId> = self

@@ -142,6 +142,34 @@ impl CmAgent {
         self.live(conn).and_then(|c| c.ap.alt)
     }
 
+    /// The QP moved to the alternate path (`ib_cm_notify(IB_EVENT_PATH_MIG)`, Linux's
+    /// `cm_migrate`): the connection's later MADs, and the retransmissions of one in
+    /// flight, take `path` (the alternate's GIDs and netdev tag, as the owner names them),
+    /// and the alternate is used up (a LAP may load a new one). `EINVAL` for an unknown
+    /// connection.
+    ///
+    /// ```
+    /// use rdma_proto::cm::{AgentConfig, CmAgent, CmPath, ReqParams};
+    /// let mut a = CmAgent::new(AgentConfig::default());
+    /// let p1 = CmPath::new("::ffff:192.0.2.1".parse().unwrap(), "::ffff:192.0.2.2".parse().unwrap(), 1);
+    /// let p2 = CmPath::new("::ffff:198.51.100.1".parse().unwrap(), "::ffff:198.51.100.2".parse().unwrap(), 2);
+    /// let c = a.send_req(0, ReqParams::new(0x0106_0000_0000_1234, p1, 0x11, 0)).unwrap();
+    /// a.migrated(c, p2).unwrap();
+    /// assert_eq!(a.path(c), Some(p2));
+    /// while a.poll_transmit().is_some() {} // the REQ, first sent on p1
+    /// a.handle_timeout(u64::MAX / 2); // its retransmission
+    /// assert_eq!(a.poll_transmit().map(|t| t.path), Some(p2));
+    /// ```
+    pub fn migrated(&mut self, conn: ConnHandle, path: CmPath) -> Result<(), CmError> {
+        let c = self.live_mut(conn)?;
+        c.path = path;
+        c.ap.alt = None;
+        if let Some(r) = c.retx.as_mut() {
+            r.to = path;
+        }
+        Ok(())
+    }
+
     /// The connection's LAP sub-state.
     pub fn lap_state(&self, conn: ConnHandle) -> Option<LapState> {
         self.live(conn).map(|c| c.ap.state)

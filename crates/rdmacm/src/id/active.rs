@@ -252,9 +252,18 @@ impl CmId {
         match r {
             Ok((p, alt)) => {
                 s.path = Some(p);
-                let dev = s.dev.and_then(|k| st.devices.get(&k));
+                let key = s.dev;
+                let dev = key.and_then(|k| st.devices.get(&k));
                 s.alt = dev.and_then(|d| crate::migrate::checked(d, alt));
                 s.state = IdState::RouteResolved;
+                if let (Some(k), Some(a)) = (key, s.alt) {
+                    // MADs may come and go on the alternate's address after a migration.
+                    if Inner::open_gsi(st, k, a.local).is_err() {
+                        if let Some(s) = st.ids.get_mut(&self.num) {
+                            s.alt = None;
+                        }
+                    }
+                }
                 Inner::event(
                     st,
                     self.num,

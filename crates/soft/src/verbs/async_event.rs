@@ -118,6 +118,7 @@ pub(crate) struct AsyncQueue {
     q: VecDeque<AsyncEvent>,
     efd: EventFd,
     dropped: u64,
+    taps: super::async_tap::Taps,
 }
 
 impl AsyncQueue {
@@ -131,6 +132,7 @@ impl AsyncQueue {
             q: VecDeque::with_capacity(ASYNC_QUEUE_LEN),
             efd,
             dropped: 0,
+            taps: super::async_tap::Taps::default(),
         })
     }
 
@@ -143,6 +145,12 @@ impl AsyncQueue {
         tracing::debug!(event = ?e, "async event");
         self.q.push_back(e);
         self.efd.signal();
+        self.taps.push(e);
+    }
+
+    /// The taps fed by [`AsyncQueue::push`].
+    pub fn taps(&mut self) -> &mut super::async_tap::Taps {
+        &mut self.taps
     }
 
     /// The oldest event; the fd is cleared with the last one.

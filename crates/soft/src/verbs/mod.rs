@@ -7,6 +7,7 @@
 //! re-exported here.
 
 mod async_event;
+mod async_tap;
 mod cq;
 mod device;
 mod mr;
@@ -22,6 +23,7 @@ mod watch;
 
 pub(crate) use async_event::AsyncQueue;
 pub use async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
+pub use async_tap::AsyncTap;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub(crate) use device::DeviceShared;
 pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};

@@ -1,0 +1,203 @@
+//! The migrate policy (issue 11) between two namespace hosts, both grouped (root; SKIPPED
+//! otherwise; topology in `ha/mod.rs`: H h0 192.0.2.1, h1 198.51.100.1 — B b0 192.0.2.2,
+//! b1 198.51.100.2; B's address is reached over h0, and over h1 through 198.51.100.2 as
+//! the fallback route). The connection carries an alternate path over the second link
+//! (the REQ's alternate path, accepted in the REP); `ip link set h0 down` under a verifying
+//! message stream moves both QPs to port 2 and the stream goes on byte-exact, on the same
+//! QPs, PD and MRs; both devices report IBV_EVENT_PATH_MIG, both ids ADDR_CHANGE, and the
+//! connection's MADs follow it (the DREQ at the end crosses the second link).
+
+mod common;
+mod ha;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ha::{topo, B_ADDR};
+use rdma_soft::verbs::AsyncEvent;
+use rdma_testhosts::require_root;
+use rdmacm::{
+    AcceptOptions, Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, EventType, HaPolicy,
+    Listener,
+};
+
+const HANG: Duration = Duration::from_secs(120);
+const LEN: usize = 2048;
+
+/// Messages in the stream (`RDMA_HA_MESSAGES`, 2,000 by default); the link goes down after
+/// a quarter of them.
+fn messages() -> u32 {
+    std::env::var("RDMA_HA_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+        .max(8)
+}
+
+fn message(seq: u32) -> Vec<u8> {
+    let mut m = vec![0u8; LEN];
+    m[..4].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in m[4..].iter_mut().enumerate() {
+        *b = (seq as usize * 31 + i * 7) as u8;
+    }
+    m
+}
+
+async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(HANG, f)
+        .await
+        .unwrap_or_else(|_| panic!("hang guard: {what}"))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A context with one device over `first` and `second`, ids starting with migrate.
+fn group(name: &str, first: &str, second: &str) -> Cma {
+    Cma::with_config(CmaConfig {
+        devices: Some(vec![DeviceSpec {
+            netdev: first.into(),
+            name: Some(name.into()),
+            more: vec![second.into()],
+        }]),
+        ha: HaPolicy::Migrate,
+    })
+    .unwrap()
+}
+
+/// The first PATH_MIG event of `dev` (other async events, e.g. port errors, skipped).
+fn path_mig(dev: &rdma_soft::verbs::Device) -> AsyncEvent {
+    let t0 = Instant::now();
+    loop {
+        let left = HANG.saturating_sub(t0.elapsed());
+        assert!(!left.is_zero(), "hang guard: no PATH_MIG");
+        match dev.wait_async_event(Some(left)).unwrap() {
+            Some(e @ AsyncEvent::PathMigrated { .. }) => {
+                eprintln!("{}: {e:?}", dev.name());
+                return e;
+            }
+            _ => continue,
+        }
+    }
+}
+
+/// Waits for the connection's ADDR_CHANGE (the CM's report of the migration).
+async fn addr_change(c: &Connection) {
+    within("ADDR_CHANGE", async {
+        loop {
+            let ev = c.next_event().await.unwrap();
+            match ev.kind() {
+                EventType::AddrChange => return,
+                EventType::Disconnected => panic!("disconnected instead of migrated"),
+                _ => {}
+            }
+        }
+    })
+    .await
+}
+
+#[test]
+fn link_down_moves_the_connection_to_the_second_link() {
+    if !require_root("link_down_moves_the_connection_to_the_second_link") {
+        return;
+    }
+    let t = topo();
+    let (h, b) = (t.host("h"), t.host("b"));
+    let n = messages();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (down_tx, down_rx) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            b.run(move || {
+                rt().block_on(async move {
+                    let cma = group("hb", "b0", "b1");
+                    let addr = format!("{B_ADDR}:7492").parse().unwrap();
+                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
+                    ready_tx.send(()).unwrap();
+                    let inc = within("request", l.incoming()).await.unwrap();
+                    let c = inc.accept(AcceptOptions::default()).await.unwrap();
+                    let qpn = c.qp().qpn();
+                    assert_eq!(c.qp().query().unwrap().port_num, 1);
+                    for seq in 0..n {
+                        let m = within("recv", c.recv()).await.unwrap();
+                        assert_eq!(m, message(seq), "message {seq}: byte-exact, in order");
+                    }
+                    within("ack", c.send(b"all received")).await.unwrap();
+                    assert_eq!(c.qp().qpn(), qpn, "the same QP");
+                    assert_eq!(c.qp().query().unwrap().port_num, 2, "B moved to port 2");
+                    let dev = c.device().unwrap();
+                    match path_mig(&dev) {
+                        AsyncEvent::PathMigrated {
+                            qpn: q,
+                            from_port: 1,
+                            to_port: 2,
+                            ..
+                        } => assert_eq!(q, qpn),
+                        e => panic!("{e:?}"),
+                    }
+                    addr_change(&c).await;
+                    within("peer's disconnect", c.closed()).await;
+                })
+            })
+        });
+        ready_rx.recv().unwrap();
+        let host = h;
+        s.spawn(move || {
+            down_rx.recv().unwrap();
+            common::sh(host, &["link", "set", "h0", "down"]);
+        });
+        h.run(move || {
+            rt().block_on(async move {
+                let cma = group("ha", "h0", "h1");
+                let opts = ConnectOptions {
+                    cma: Some(cma),
+                    ..Default::default()
+                };
+                let addr = format!("{B_ADDR}:7492").parse().unwrap();
+                let c = within("connect", Connection::connect(addr, opts))
+                    .await
+                    .unwrap();
+                let id = c.id().unwrap();
+                assert_eq!(id.ha_policy(), HaPolicy::Migrate);
+                assert_eq!(id.port_num(), Some(1));
+                let qp = c.qp().clone();
+                let a = qp.query().unwrap();
+                assert_eq!(a.alt_port_num, 2, "an alternate path on port 2");
+                let mut longest = Duration::ZERO;
+                let mut last = Instant::now();
+                for seq in 0..n {
+                    if seq == n / 4 {
+                        down_tx.send(()).unwrap();
+                    }
+                    within("send", c.send(&message(seq))).await.unwrap();
+                    longest = longest.max(last.elapsed());
+                    last = Instant::now();
+                }
+                assert_eq!(within("ack", c.recv()).await.unwrap(), b"all received");
+                eprintln!(
+                    "longest time between two completed sends: {:.1} ms",
+                    longest.as_secs_f64() * 1e3
+                );
+                assert_eq!(qp.query().unwrap().port_num, 2, "H moved to port 2");
+                let dev = c.device().unwrap();
+                match path_mig(&dev) {
+                    AsyncEvent::PathMigrated {
+                        qpn,
+                        from_port: 1,
+                        to_port: 2,
+                        ..
+                    } => assert_eq!(qpn, qp.qpn()),
+                    e => panic!("{e:?}"),
+                }
+                addr_change(&c).await;
+                // The DREQ takes the connection's new path (h0 is down).
+                within("disconnect", c.disconnect()).await.unwrap();
+            })
+        });
+    });
+}
