@@ -83,3 +83,53 @@ fn rping_align_exits_saying_why_when_the_route_moves() {
         srv.code
     );
 }
+
+/// `RDMACM_DEVICES` and `RDMACM_HA=migrate` alone, on both ends (the mission's S10): a
+/// verifying rping whose client host loses h0 midway finishes every iteration, over h1.
+#[test]
+fn rping_migrate_survives_the_link_going_down() {
+    if !require_root("rping_migrate_survives_the_link_going_down") {
+        return;
+    }
+    let t = topologies::two_hosts_two_links_builder()
+        .route("h", "192.0.2.2/32 dev h0 metric 10")
+        .route("h", "192.0.2.2/32 via 198.51.100.2 dev h1 metric 100")
+        .build()
+        .expect("topology");
+    let (h, b) = (t.host("h"), t.host("b"));
+    for (x, d) in [(h, "h0"), (h, "h1"), (b, "b0"), (b, "b1")] {
+        x.wait_carrier(d);
+    }
+    for (x, ifs) in [(h, ["h0", "h1"]), (b, ["b0", "b1"])] {
+        for d in ["all", "default", ifs[0], ifs[1]] {
+            let _ = x.set_sysctl(&format!("net/ipv4/conf/{d}/rp_filter"), "0");
+        }
+    }
+    let count = std::env::var("RDMA_HA_PINGS").unwrap_or_else(|_| "3000".into());
+    let mut s = b.command(RPING);
+    s.env("RDMACM_DEVICES", "hb=b0+b1")
+        .env("RDMACM_HA", "migrate")
+        .args(["-s", "-a", "192.0.2.2", "-C", &count, "-S", "200", "-V"]);
+    let srv = spawn(s, "rping server");
+    wait_udp_4791("192.0.2.2".parse().unwrap(), Some(b.netns()));
+    let mut c = h.command(RPING);
+    c.env("RDMACM_DEVICES", "ha=h0+h1")
+        .env("RDMACM_HA", "migrate")
+        .args(["-c", "-a", "192.0.2.2", "-C", &count, "-S", "200", "-V"]);
+    let cli = spawn(c, "rping client");
+    // Let it connect and ping over h0 (a wait, not a measurement; no -v: nobody reads
+    // the pipes until the end).
+    std::thread::sleep(Duration::from_millis(500));
+    ip(h, &["link", "set", "h0", "down"]);
+    let out = cli.wait(Duration::from_secs(120));
+    assert_eq!(out.code, Some(0), "client: {out:#?}");
+    // The migration happened under the run (the CM's report of it, which rping ignores as
+    // rdma-core's does), and it went on.
+    assert!(
+        out.stderr
+            .contains("unhandled event: RDMA_CM_EVENT_ADDR_CHANGE, ignoring"),
+        "client: {out:#?}"
+    );
+    let srv = srv.wait(Duration::from_secs(120));
+    assert_eq!(srv.code, Some(0), "server: {srv:#?}");
+}
