@@ -18,6 +18,9 @@ use crate::route::RocePath;
 use crate::slot::IdSlot;
 use crate::state::State;
 
+/// How long [`Resolver::alternate`] waits for the alternate's next hop to answer.
+const NEIGHBOUR_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// An alternate path of a connection, from this side's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AltPath {
@@ -53,16 +56,28 @@ pub(crate) fn candidates(st: &State, s: &IdSlot) -> Vec<(u8, u32)> {
 }
 
 impl Resolver {
-    /// The first candidate port with a route to `peer` through its netdev: our address is
-    /// the route's preferred source, the peer's the route's gateway (on a second link
-    /// between two hosts: the peer's own address on it; the peer checks it is its own), or
-    /// `peer` itself when it is on that link.
+    /// The first candidate port with a route to `peer` through its netdev whose next hop
+    /// answers: our address is the route's preferred source, the peer's the route's gateway
+    /// (on a second link between two hosts: the peer's own address on it; the peer checks it
+    /// is its own), or `peer` itself when it is on that link. The next hop's neighbour entry
+    /// is resolved now, as the alternate address vector's MAC is on RoCE hardware: a path
+    /// that is used only after a failure must not start with an ARP round (a lost first
+    /// probe costs the kernel's 1 s retransmission).
     pub(crate) async fn alternate(&self, peer: IpAddr, cands: &[(u8, u32)]) -> Option<AltPath> {
         for &(port, link) in cands {
             let Ok(r) = self.view().route_get_bound(peer, None, link).await else {
                 continue;
             };
             let Some(local) = r.prefsrc else { continue };
+            let hop = r.next_hop();
+            if let Err(e) = self
+                .view()
+                .resolve_neighbour(link, hop, NEIGHBOUR_WAIT)
+                .await
+            {
+                tracing::debug!(target: "rdmacm", port, %hop, error = %e, "alternate path's next hop does not answer");
+                continue;
+            }
             return Some(AltPath {
                 port,
                 local,
