@@ -47,12 +47,17 @@ impl Inner {
         let Some((_, reg)) = self.engine.get() else {
             return;
         };
-        let next = st
+        let mut next = st
             .devices
             .values()
             .filter_map(|d| d.agent.poll_timeout())
             .min()
             .map(|t| self.instant(t));
+        if st.ids.values().any(|s| s.returning) {
+            // a returning connection migrates back once its QP is armed: look again soon
+            let soon = std::time::Instant::now() + crate::lap::RETURN_POLL;
+            next = Some(next.map_or(soon, |n| n.min(soon)));
+        }
         reg.set_wake(next);
     }
 
@@ -86,6 +91,7 @@ impl Inner {
                 st = self.settle_held(st, i);
             }
             crate::migrate::on_device_events(&mut st, i);
+            crate::lap::poll_returns(&mut st, i);
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {
                 if d.agent.poll_timeout().is_some_and(|t| t <= now) {
@@ -120,6 +126,49 @@ impl Inner {
         after.saturating_sub(before)
     }
 
+    /// For each port that came back, a LAP on the migrate ids that left it (their new
+    /// alternate: the path through it). The route lookups run without the lock.
+    fn lap_restored<'a>(
+        self: &'a Arc<Self>,
+        st: MutexGuard<'a, State>,
+        ups: &[(u32, u8, u32)],
+    ) -> MutexGuard<'a, State> {
+        let wants: Vec<(u32, crate::slot::IdNum, IpAddr, u8, u32)> = ups
+            .iter()
+            .flat_map(|&(dev, port, link)| {
+                crate::lap::want_lap(&st, dev, port)
+                    .into_iter()
+                    .map(move |(id, peer)| (dev, id, peer, port, link))
+            })
+            .collect();
+        if wants.is_empty() {
+            return st;
+        }
+        drop(st);
+        let found: Vec<(u32, crate::slot::IdNum, crate::migrate::AltPath)> = wants
+            .into_iter()
+            .filter_map(|(dev, id, peer, port, link)| {
+                let alt =
+                    self.block(move |r| async move { r.alternate(peer, &[(port, link)]).await })?;
+                Some((dev, id, alt))
+            })
+            .collect();
+        let mut st = self.lock();
+        for (dev, id, alt) in found {
+            crate::lap::send_lap(self, &mut st, dev, id, alt);
+        }
+        self.drain_all(&mut st);
+        st
+    }
+
+    /// Sends what every agent has queued (after API-like calls made outside a MAD round).
+    fn drain_all(self: &Arc<Self>, st: &mut State) {
+        let devs: Vec<u32> = st.devices.keys().copied().collect();
+        for i in devs {
+            self.drain_agent(st, i);
+        }
+    }
+
     /// The device registry follows the host: an address added to a netdev enters its
     /// device's GID table (and the wildcard listeners' addresses), a removed one leaves it;
     /// a netdev that gets an address while a wildcard listener exists gets its device and
@@ -132,6 +181,8 @@ impl Inner {
     ) -> MutexGuard<'a, State> {
         use rdma_hostview::Event as H;
         let mut new_dev: Vec<(u32, IpAddr)> = Vec::new();
+        // Ports that came back: (device, port, netdev), for a LAP of the migrate policy.
+        let mut ups: Vec<(u32, u8, u32)> = Vec::new();
         let mut resync = false;
         for ev in host {
             match ev {
@@ -155,15 +206,22 @@ impl Inner {
                 // The port of the link follows it (`query_port`; on a device group the
                 // transport's path migration acts on a port going down).
                 H::LinkUp(l) | H::LinkDown(l) => {
+                    let key = st.key_of(l.index);
                     if let Some(d) = st.device_of(l.index) {
                         if let Some(port) = d.port_of_link(l.index) {
                             let _ = d.dev.set_port_state(port, l.is_usable());
+                            if l.is_usable() && d.links.len() > 1 {
+                                ups.push((key, port, l.index));
+                            }
                         }
                     }
                 }
                 H::Overrun => resync = true,
                 _ => {}
             }
+        }
+        if !ups.is_empty() {
+            st = self.lap_restored(st, &ups);
         }
         if new_dev.is_empty() && !resync {
             return st;
@@ -264,6 +322,10 @@ impl Inner {
             }
             if held {
                 return;
+            }
+            if let Some(ap) = d.agent.poll_ap_event() {
+                crate::lap::on_ap_event(st, i, ap);
+                continue;
             }
             let ev = d.agent.poll_event();
             match ev {

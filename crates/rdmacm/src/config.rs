@@ -39,6 +39,10 @@ pub struct CmaConfig {
     /// The HA policy every new id of the context starts with (`RDMACM_HA`; default
     /// [`HaPolicy::Notify`]); [`crate::CmId::set_ha_policy`] changes one id's.
     pub ha: HaPolicy,
+    /// Under [`HaPolicy::Migrate`], stay on the alternate after a migration when the
+    /// primary's port comes back (`RDMACM_HA_RETURN=stay`) instead of returning to it (the
+    /// default, `return`). Either way the restored path is loaded as the new alternate.
+    pub ha_stay: bool,
 }
 
 /// One entry of [`CmaConfig::devices`].
@@ -65,6 +69,9 @@ const MAX_GROUP: usize = 8;
 /// The environment variable read by [`CmaConfig::from_env`].
 pub const DEVICES_ENV: &str = "RDMACM_DEVICES";
 
+/// The environment variable that sets [`CmaConfig::ha_stay`] (`stay` or `return`).
+pub const HA_RETURN_ENV: &str = "RDMACM_HA_RETURN";
+
 impl CmaConfig {
     /// The configuration from the environment: `RDMACM_DEVICES` (unset or empty: the
     /// embedded default) and `RDMACM_HA` (`notify`, `align` or `migrate`; unset or empty:
@@ -76,6 +83,17 @@ impl CmaConfig {
         };
         if let Ok(v) = std::env::var(HA_ENV) {
             c.ha = CmaConfig::parse_ha(&v)?;
+        }
+        if let Ok(v) = std::env::var(HA_RETURN_ENV) {
+            c.ha_stay = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "return" => false,
+                "stay" => true,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{HA_RETURN_ENV}: {v:?}: want stay or return"
+                    )))
+                }
+            };
         }
         Ok(c)
     }

@@ -187,6 +187,7 @@ mod held;
 mod id;
 mod inner;
 mod inspect;
+mod lap;
 mod listen;
 mod migrate;
 mod netns;
@@ -209,7 +210,7 @@ pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;
 #[doc(hidden)]
 pub use cma::PauseGuard;
-pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV};
+pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV, HA_RETURN_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use counters::CmStatistics;
 pub use event::Event;

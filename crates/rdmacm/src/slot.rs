@@ -38,6 +38,8 @@ pub(crate) struct IdOptions {
     /// What the CM does when the connection's path changes (inherited by a listener's
     /// children with the other options).
     pub ha: crate::ha::HaPolicy,
+    /// Migrate: stay on the alternate when the primary comes back ([`crate::CmaConfig::ha_stay`]).
+    pub ha_stay: bool,
 }
 
 /// A listener's bookkeeping.
@@ -70,6 +72,10 @@ pub(crate) struct IdSlot {
     pub alt: Option<crate::migrate::AltPath>,
     /// A passive id's REQ carried an alternate path (taken or not: `alt`).
     pub alt_offered: bool,
+    /// The alternate proposed in our LAP, until the APR.
+    pub lap_alt: Option<crate::migrate::AltPath>,
+    /// Migrate back to the loaded alternate once it is armed (the primary came back).
+    pub returning: bool,
     pub qp: Option<Arc<QueuePair>>,
     pub qp_kind: QpKind,
     pub conn: Option<ConnHandle>,
@@ -118,6 +124,8 @@ impl IdSlot {
             path: None,
             alt: None,
             alt_offered: false,
+            lap_alt: None,
+            returning: false,
             qp: None,
             qp_kind,
             conn: None,

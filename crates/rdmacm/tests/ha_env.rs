@@ -1,6 +1,7 @@
-//! `RDMACM_HA` read by `Cma::new` (one test: the process environment is shared).
+//! `RDMACM_HA` and `RDMACM_HA_RETURN` read by `Cma::new` (one test: the process
+//! environment is shared).
 
-use rdmacm::{CmId, Cma, CmaConfig, EventChannel, HaPolicy, PortSpace, HA_ENV};
+use rdmacm::{CmId, Cma, CmaConfig, EventChannel, HaPolicy, PortSpace, HA_ENV, HA_RETURN_ENV};
 
 fn policy_of_new_id() -> HaPolicy {
     let cma = Cma::new().unwrap();
@@ -38,4 +39,16 @@ fn rdmacm_ha_sets_the_default_policy() {
     assert!(e.to_string().contains("notify, align or migrate"), "{e}");
     std::env::remove_var(HA_ENV);
     assert!(Cma::new().is_ok());
+
+    // RDMACM_HA_RETURN: stay or return (the default).
+    assert!(!CmaConfig::from_env().unwrap().ha_stay);
+    for (v, stay) in [("stay", true), (" Return ", false), ("", false)] {
+        std::env::set_var(HA_RETURN_ENV, v);
+        assert_eq!(CmaConfig::from_env().unwrap().ha_stay, stay, "{v:?}");
+    }
+    std::env::set_var(HA_RETURN_ENV, "linger");
+    let e = Cma::new().unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert!(e.to_string().contains("RDMACM_HA_RETURN"), "{e}");
+    std::env::remove_var(HA_RETURN_ENV);
 }

@@ -126,6 +126,7 @@ impl CmId {
         st.next_id += 1;
         let mut slot = IdSlot::new(channel.num, ps, kind);
         slot.opts.ha = inner.config.ha;
+        slot.opts.ha_stay = inner.config.ha_stay;
         st.ids.insert(num, slot);
         drop(st);
         Ok(CmId { inner, num })
