@@ -281,6 +281,7 @@ pub(crate) fn on_rep(
         // The peer did not take our alternate path: none on our QP either.
         s.alt = None;
     }
+    s.apm = s.alt.is_some();
     s.remote = Some(Remote {
         qpn: rep.local_qpn,
         psn: rep.starting_psn,

@@ -129,7 +129,14 @@ impl Inner {
         let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
             return false;
         };
-        let Some(status) = s.opts.ha.ends(reason, s.path_netdev.unwrap_or(dev)) else {
+        // `migrate` without path migration (the peer did not take the alternate, as Linux
+        // does not, or there was none to offer) falls back to `align`: the application
+        // reconnects on the new path, on the same device (a group's PD and MRs).
+        let policy = match s.opts.ha {
+            crate::ha::HaPolicy::Migrate if !s.apm => crate::ha::HaPolicy::Align,
+            p => p,
+        };
+        let Some(status) = policy.ends(reason, s.path_netdev.unwrap_or(dev)) else {
             return false;
         };
         if s.state != IdState::Connect || s.qp_kind != QpKind::Rc {

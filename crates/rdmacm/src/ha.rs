@@ -26,8 +26,12 @@ pub const HA_ENV: &str = "RDMACM_HA";
 ///   accepted in the REP, loaded Armed into both QPs) and the transport moves to it by
 ///   itself when the current path fails (its port goes down, its retries run out), with no
 ///   byte lost and nothing re-registered; the id gets ADDR_CHANGE and the device
-///   `IBV_EVENT_PATH_MIG`. Without a device group, an up port with a route to the peer,
-///   or a peer that takes the alternate, it behaves as `notify`. See docs/HA.md.
+///   `IBV_EVENT_PATH_MIG`; when the port comes back, the connection returns to it
+///   (`RDMACM_HA_RETURN=stay` keeps it). A connection without an alternate (no device
+///   group, no up port with a route to the peer, or a peer that refuses it, as Linux
+///   does) falls back to `align`: it ends when its path moves, and the async layer's
+///   `Connection::reconnect` continues on the new path with the same PD and MRs (on a
+///   group, the same device). See docs/HA.md.
 ///
 /// ```
 /// use rdmacm::HaPolicy;

@@ -277,6 +277,7 @@ fn req_with_path(
     let alt = alt.filter(|a| Inner::open_gsi(st, dev, a.local).is_ok());
     if let Some(s) = st.ids.get_mut(&num) {
         s.alt_offered = offered;
+        s.apm = alt.is_some();
         s.alt = alt;
         s.conn = Some(conn);
         s.remote = Some(Remote {

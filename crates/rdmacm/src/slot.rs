@@ -72,6 +72,9 @@ pub(crate) struct IdSlot {
     pub alt: Option<crate::migrate::AltPath>,
     /// A passive id's REQ carried an alternate path (taken or not: `alt`).
     pub alt_offered: bool,
+    /// The connection was set up with an alternate path on both sides (path migration);
+    /// a `migrate` id without one falls back to `align`.
+    pub apm: bool,
     /// The alternate proposed in our LAP, until the APR.
     pub lap_alt: Option<crate::migrate::AltPath>,
     /// Migrate back to the loaded alternate once it is armed (the primary came back).
@@ -124,6 +127,7 @@ impl IdSlot {
             path: None,
             alt: None,
             alt_offered: false,
+            apm: false,
             lap_alt: None,
             returning: false,
             qp: None,

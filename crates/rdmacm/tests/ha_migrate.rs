@@ -342,3 +342,106 @@ fn restored(name: &str, stay: bool, tcp_port: u16) {
         });
     });
 }
+
+/// Against a peer without path migration (a plain device, `notify`: it refuses the REQ's
+/// alternate, as a Linux peer does), `migrate` falls back to `align`: h0 down ends the
+/// connection with `PathMoved`, and `reconnect` continues over h1 on the same group device
+/// (port 2), with the memory registered before the first connect.
+#[test]
+fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
+    if !require_root("against_a_peer_without_path_migration_migrate_falls_back_to_align") {
+        return;
+    }
+    let t = topo();
+    let (h, b) = (t.host("h"), t.host("b"));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            b.run(move || {
+                rt().block_on(async move {
+                    let addr = format!("{B_ADDR}:7495").parse().unwrap();
+                    let l = Listener::bind_with(addr, None).await.unwrap();
+                    ready_tx.send(()).unwrap();
+                    let inc = within("request 1", l.incoming()).await.unwrap();
+                    let c1 = inc.accept(AcceptOptions::default()).await.unwrap();
+                    let mut next = 0u32;
+                    while let Ok(m) = c1.recv().await {
+                        assert_eq!(m, message(next), "message {next}");
+                        next += 1;
+                    }
+                    let inc = within("request 2", l.incoming()).await.unwrap();
+                    let c2 = inc
+                        .accept(AcceptOptions {
+                            private_data: next.to_le_bytes().to_vec(),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                    loop {
+                        let m = within("recv 2", c2.recv()).await.unwrap();
+                        if m == b"end" {
+                            break;
+                        }
+                        assert_eq!(m, message(next), "message {next} after the reconnect");
+                        next += 1;
+                    }
+                    within("count", c2.send(&next.to_le_bytes())).await.unwrap();
+                    within("peer's disconnect", c2.closed()).await;
+                })
+            })
+        });
+        ready_rx.recv().unwrap();
+        let host = h;
+        h.run(move || {
+            rt().block_on(async move {
+                let opts = ConnectOptions {
+                    cma: Some(group("ha", "h0", "h1")),
+                    ..Default::default()
+                };
+                let addr = format!("{B_ADDR}:7495").parse().unwrap();
+                let mut r = within("resolve", Connection::resolve(addr, opts))
+                    .await
+                    .unwrap();
+                let pd = r.device().alloc_pd().unwrap();
+                let mr = pd
+                    .register(vec![7u8; 64], rdmacm::AccessFlags::LOCAL_WRITE)
+                    .unwrap();
+                r.options_mut().setup.pd = Some(pd);
+                let c = within("connect", r.connect()).await.unwrap();
+                let a = c.qp().query().unwrap();
+                assert_eq!(
+                    a.alt_port_num, 0,
+                    "the peer refused the alternate: none loaded"
+                );
+                let mut seq = 0u32;
+                stream_until(&c, &mut seq, 50, || true).await;
+                common::sh(host, &["link", "set", "h0", "down"]);
+                loop {
+                    match c.send(&message(seq)).await {
+                        Ok(()) => seq += 1,
+                        Err(_) => break,
+                    }
+                    assert!(seq < 1_000_000, "the connection never closed");
+                }
+                let why = within("closed", c.closed()).await;
+                assert!(
+                    matches!(why, rdmacm::CloseReason::PathMoved { .. }),
+                    "{why:?}"
+                );
+                let r = within("reconnect", c.reconnect(b"")).await.unwrap();
+                let c2 = r.connection;
+                assert_eq!(c2.device().unwrap().name(), "ha", "the same group device");
+                assert_eq!(c2.id().unwrap().port_num(), Some(2), "over h1");
+                let mut head = [0u8; 4];
+                mr.read(0, &mut head).unwrap();
+                assert_eq!(head, [7u8; 4], "the MR lives on");
+                let mut next = u32::from_le_bytes(c2.peer_private_data()[..4].try_into().unwrap());
+                stream_until(&c2, &mut next, 50, || true).await;
+                within("end", c2.send(b"end")).await.unwrap();
+                let got = within("count", c2.recv()).await.unwrap();
+                assert_eq!(got, next.to_le_bytes());
+                within("disconnect", c2.disconnect()).await.unwrap();
+            })
+        });
+    });
+}
