@@ -90,7 +90,7 @@ impl Inner {
                 self.drain_agent(&mut st, i);
                 st = self.settle_held(st, i);
             }
-            crate::migrate::on_device_events(&mut st, i);
+            crate::migrate::on_device_events(self, &mut st, i);
             crate::lap::poll_returns(&mut st, i);
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {

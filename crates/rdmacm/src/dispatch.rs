@@ -126,17 +126,31 @@ impl Inner {
         let Some(s) = st.ids.get(&id) else {
             return false;
         };
-        let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
+        let Some(dev) = s.dev else {
             return false;
         };
-        // `migrate` without path migration (the peer did not take the alternate, as Linux
-        // does not, or there was none to offer) falls back to `align`: the application
+        // `migrate` without path migration (the peer refused the alternate, or there was
+        // none to offer) falls back to `align`: the application
         // reconnects on the new path, on the same device (a group's PD and MRs).
         let policy = match s.opts.ha {
             crate::ha::HaPolicy::Migrate if !s.apm => crate::ha::HaPolicy::Align,
             p => p,
         };
         let Some(status) = policy.ends(reason, s.path_netdev.unwrap_or(dev)) else {
+            return false;
+        };
+        tracing::info!(id, ?reason, status, "align: the path moved");
+        self.end_moved(st, id, status)
+    }
+
+    /// Ends a connected RC id's connection because its path is gone (the align policy, or
+    /// migrate whose migration failed): QP to ERR, DREQ (it leaves if any route still
+    /// carries it), DISCONNECTED with `status`. False (nothing done) when not connected.
+    pub(crate) fn end_moved(self: &Arc<Self>, st: &mut State, id: IdNum, status: i32) -> bool {
+        let Some(s) = st.ids.get(&id) else {
+            return false;
+        };
+        let (Some(dev), Some(conn)) = (s.dev, s.conn) else {
             return false;
         };
         if s.state != IdState::Connect || s.qp_kind != QpKind::Rc {
@@ -149,12 +163,7 @@ impl Inner {
         if d.agent.state(conn) != Some(CmState::Established) {
             return false;
         }
-        tracing::info!(
-            id,
-            ?reason,
-            status,
-            "align: the path moved, ending the connection"
-        );
+        tracing::info!(id, status, "ending the connection: its path is gone");
         if let Some(s) = st.ids.get_mut(&id) {
             s.align_status = Some(status);
             qp_to_err(s);

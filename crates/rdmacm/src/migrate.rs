@@ -4,6 +4,7 @@
 //! migration can move the connection to another port without the CM. See docs/HA.md.
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
 
 use rdma_proto::cm::{CmPath, PathParams};
 use rdma_proto::verbs::MigState;
@@ -13,6 +14,7 @@ use rdma_wire::cm::CmPathRepr;
 use crate::addr::Gid;
 use crate::devices::DevEntry;
 use crate::ha::HaPolicy;
+use crate::inner::Inner;
 use crate::resolve::Resolver;
 use crate::route::RocePath;
 use crate::slot::IdSlot;
@@ -166,14 +168,34 @@ pub(crate) fn failover_accepted(req_had_alt: bool, alt: Option<&AltPath>) -> u8 
 /// `cm_migrate`), the alternate is used up, and the id gets ADDR_CHANGE.
 ///
 /// [`AsyncTap`]: rdma_soft::verbs::AsyncTap
-pub(crate) fn on_device_events(st: &mut State, dev: u32) {
+///
+/// A migration that failed (`PathMigrationFailed`: the alternate exhausted its retries too,
+/// e.g. a Linux peer that accepted the alternate but never moves to it) ends the
+/// connection as `align` does (DISCONNECTED, [`crate::ALIGN_PATH_MOVED`]), so that the
+/// application reconnects on the path that works.
+pub(crate) fn on_device_events(inner: &Arc<Inner>, st: &mut State, dev: u32) {
     let Some(d) = st.devices.get(&dev) else {
         return;
     };
     let mut moved = Vec::new();
+    let mut failed = Vec::new();
     while let Some(e) = d.tap.as_ref().and_then(|t| t.poll()) {
-        if let AsyncEvent::PathMigrated { qpn, to_port, .. } = e {
-            moved.push((qpn, to_port));
+        match e {
+            AsyncEvent::PathMigrated { qpn, to_port, .. } => moved.push((qpn, to_port)),
+            AsyncEvent::PathMigrationFailed { qpn, .. } => failed.push(qpn),
+            _ => {}
+        }
+    }
+    for qpn in failed {
+        let id = st.ids.iter().find_map(|(&id, s)| {
+            (s.dev == Some(dev)
+                && s.opts.ha == HaPolicy::Migrate
+                && s.qp.as_ref().map(|q| q.qpn()) == Some(qpn))
+            .then_some(id)
+        });
+        if let Some(id) = id {
+            tracing::info!(target: "rdmacm", id, qpn, "path migration failed: ending the connection as align does");
+            inner.end_moved(st, id, crate::ha::ALIGN_PATH_MOVED);
         }
     }
     for (qpn, to_port) in moved {
@@ -206,7 +228,7 @@ pub(crate) fn on_device_events(st: &mut State, dev: u32) {
             s.alt = None;
             s.path_netdev = Some(link);
         }
-        crate::inner::Inner::event(
+        Inner::event(
             st,
             id,
             crate::params::EventType::AddrChange,

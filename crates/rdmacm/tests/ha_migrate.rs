@@ -445,3 +445,76 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
         });
     });
 }
+
+/// Both links down: the migration to h1 fails too (PATH_MIG_ERR), and the connection ends
+/// as `align` ends it (`PathMoved`), instead of a bare retry error — what a peer that took
+/// the alternate but never moves to it (Linux rxe) also leads to.
+#[test]
+fn a_failed_migration_ends_the_connection_as_align_does() {
+    if !require_root("a_failed_migration_ends_the_connection_as_align_does") {
+        return;
+    }
+    let t = topo();
+    let (h, b) = (t.host("h"), t.host("b"));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            b.run(move || {
+                rt().block_on(async move {
+                    let addr = format!("{B_ADDR}:7496").parse().unwrap();
+                    let l = Listener::bind_with(addr, Some(group("hb", "b0", "b1")))
+                        .await
+                        .unwrap();
+                    ready_tx.send(()).unwrap();
+                    let inc = within("request", l.incoming()).await.unwrap();
+                    let c = inc.accept(AcceptOptions::default()).await.unwrap();
+                    // B only receives (its QP never times out): it stops when H is done.
+                    let mut done_rx = done_rx;
+                    loop {
+                        tokio::select! {
+                            r = c.recv() => if r.is_err() { break },
+                            _ = &mut done_rx => break,
+                        }
+                    }
+                })
+            })
+        });
+        ready_rx.recv().unwrap();
+        let host = h;
+        h.run(move || {
+            rt().block_on(async move {
+                let opts = ConnectOptions {
+                    cma: Some(group("ha", "h0", "h1")),
+                    ..Default::default()
+                };
+                let addr = format!("{B_ADDR}:7496").parse().unwrap();
+                let c = within("connect", Connection::connect(addr, opts))
+                    .await
+                    .unwrap();
+                assert_eq!(c.qp().query().unwrap().alt_port_num, 2);
+                let mut seq = 0u32;
+                stream_until(&c, &mut seq, 20, || true).await;
+                // h1 first: the alternate is dead before the primary goes.
+                common::sh(host, &["link", "set", "h1", "down"]);
+                common::sh(host, &["link", "set", "h0", "down"]);
+                let why = within("closed", async {
+                    loop {
+                        if c.send(&message(seq)).await.is_err() {
+                            return c.closed().await;
+                        }
+                        seq += 1;
+                    }
+                })
+                .await;
+                let _ = done_tx.send(());
+                assert_eq!(
+                    why,
+                    rdmacm::CloseReason::PathMoved {
+                        status: rdmacm::ALIGN_PATH_MOVED
+                    }
+                );
+            })
+        });
+    });
+}

@@ -182,9 +182,15 @@ impl Shared {
             if st.closed.is_none() {
                 // Flushed because the align policy ended the connection (the CM moved the
                 // QP to ERR before its DISCONNECTED reached us): that is the reason.
-                let moved = (c.status == WcStatus::WrFlushErr)
-                    .then(|| self.id.upgrade().and_then(|id| id.align_status()))
-                    .flatten();
+                let id = self.id.upgrade();
+                let moved = match c.status {
+                    WcStatus::WrFlushErr => id.and_then(|id| id.align_status()),
+                    // Under migrate, the last path failed too: the CM ends it as align.
+                    WcStatus::RetryExcErr if id.is_some_and(|id| id.paths_exhausted()) => {
+                        Some(crate::ha::ALIGN_PATH_MOVED)
+                    }
+                    _ => None,
+                };
                 let why = match moved {
                     Some(status) => CloseReason::PathMoved { status },
                     None => CloseReason::Failed(c.status),

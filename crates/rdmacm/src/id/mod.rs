@@ -213,6 +213,15 @@ impl CmId {
         self.with(|s| s.align_status).ok().flatten()
     }
 
+    /// Whether a retry exhaustion of this id's QP means its paths are gone: under
+    /// `migrate` with path migration, the transport moved to the alternate on the first
+    /// exhaustion, so a QP that still fails has no path left (the CM ends the connection
+    /// as `align` does when the device reports the failed migration).
+    pub(crate) fn paths_exhausted(&self) -> bool {
+        self.with(|s| s.opts.ha == HaPolicy::Migrate && s.apm)
+            .unwrap_or(false)
+    }
+
     /// The id's HA policy.
     pub fn ha_policy(&self) -> HaPolicy {
         self.with(|s| s.opts.ha).unwrap_or_default()
