@@ -518,3 +518,120 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
         });
     });
 }
+
+/// Connections in [`many_connections_migrate_at_once`] (`RDMA_HA_CONNS`; 8 by default, the
+/// issue's full run is 100).
+fn conns() -> usize {
+    std::env::var("RDMA_HA_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+        .max(1)
+}
+
+/// Many connections on one group device migrate at once when h0 goes down, each stream
+/// byte-exact; every QP reports its migration and its id ADDR_CHANGE.
+#[test]
+fn many_connections_migrate_at_once() {
+    if !require_root("many_connections_migrate_at_once") {
+        return;
+    }
+    let t = topo();
+    let (h, b) = (t.host("h"), t.host("b"));
+    let n = conns();
+    const PER: u32 = 200;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            b.run(move || {
+                rt().block_on(async move {
+                    let addr = format!("{B_ADDR}:7497").parse().unwrap();
+                    let l = Listener::bind_with(addr, Some(group("hb", "b0", "b1")))
+                        .await
+                        .unwrap();
+                    ready_tx.send(()).unwrap();
+                    let mut tasks = Vec::new();
+                    for _ in 0..n {
+                        let inc = within("request", l.incoming()).await.unwrap();
+                        let c = inc.accept(AcceptOptions::default()).await.unwrap();
+                        tasks.push(tokio::spawn(async move {
+                            for seq in 0..PER {
+                                let m = within("recv", c.recv()).await.unwrap();
+                                assert_eq!(m, message(seq), "message {seq}");
+                            }
+                            within("ack", c.send(b"all received")).await.unwrap();
+                            within("peer's disconnect", c.closed()).await;
+                        }));
+                    }
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                })
+            })
+        });
+        ready_rx.recv().unwrap();
+        let host = h;
+        h.run(move || {
+            rt().block_on(async move {
+                let cma = group("ha", "h0", "h1");
+                let addr: std::net::SocketAddr = format!("{B_ADDR}:7497").parse().unwrap();
+                let mut cs = Vec::new();
+                for _ in 0..n {
+                    let opts = ConnectOptions {
+                        cma: Some(cma.clone()),
+                        ..Default::default()
+                    };
+                    let c = within("connect", Connection::connect(addr, opts))
+                        .await
+                        .unwrap();
+                    assert_eq!(c.qp().query().unwrap().alt_port_num, 2);
+                    cs.push(std::sync::Arc::new(c));
+                }
+                let (half_tx, mut half_rx) = tokio::sync::mpsc::channel::<()>(n);
+                let mut tasks = Vec::new();
+                for c in &cs {
+                    let c = c.clone();
+                    let half_tx = half_tx.clone();
+                    tasks.push(tokio::spawn(async move {
+                        for seq in 0..PER {
+                            if seq == PER / 4 {
+                                half_tx.send(()).await.unwrap();
+                            }
+                            within("send", c.send(&message(seq))).await.unwrap();
+                        }
+                        assert_eq!(within("ack", c.recv()).await.unwrap(), b"all received");
+                    }));
+                }
+                // Down once every connection is under way.
+                for _ in 0..n {
+                    half_rx.recv().await.unwrap();
+                }
+                common::sh(host, &["link", "set", "h0", "down"]);
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                let dev = cs[0].device().unwrap();
+                let mut moved = std::collections::HashSet::new();
+                while moved.len() < n {
+                    if let AsyncEvent::PathMigrated {
+                        qpn, to_port: 2, ..
+                    } = path_mig(&dev)
+                    {
+                        moved.insert(qpn);
+                    }
+                }
+                for c in &cs {
+                    assert!(
+                        moved.contains(&c.qp().qpn()),
+                        "QP {} migrated",
+                        c.qp().qpn()
+                    );
+                    assert_eq!(c.qp().query().unwrap().port_num, 2);
+                    addr_change(c).await;
+                    within("disconnect", c.disconnect()).await.unwrap();
+                }
+                eprintln!("{n} connections migrated");
+            })
+        });
+    });
+}

@@ -352,3 +352,74 @@ fn a_req_for_another_processs_listener_is_dropped_not_refused() {
     assert_eq!(a.stats().misdelivered, 5);
     drop(ours);
 }
+
+/// A wrong table guess sends a listener's REQs to another member: they are dropped there
+/// (never refused), and they repair the table as misdelivered QP traffic does (the
+/// member swaps its entry with the listener's), after which they reach the listener.
+#[test]
+fn reqs_for_a_listener_repair_a_wrong_table() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let port = 47946;
+    let (shared, src) = (addr("127.0.110.25"), addr("127.0.110.26"));
+    let mut a = wire(port);
+    let mut b = wire(port);
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let sb = b.share_slot().unwrap().unwrap();
+    let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    // b stands for another process (pid 1) listening on port 47011: its table entry and a
+    // claim file of pid 1, flock held as the owner would hold it.
+    let path = dir.join(format!("claim-{ns}-0106-47011-1-0"));
+    let mut f = std::fs::File::create(&path).unwrap();
+    // SAFETY: flock on an fd we own.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) },
+        0
+    );
+    writeln!(f, "{} 1", shared.ip()).unwrap();
+    let tab = dir.join(format!("grp-{ns}-{shared}-{port}.tab"));
+    let text = std::fs::read_to_string(&tab).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    // The kernel has a then b; the table says b (as pid 1, its slot file too) then a: a
+    // wrong guess.
+    std::fs::write(dir.join(format!("slot-{sb}")), "1\n").unwrap();
+    let b_line = format!("{sb} 1");
+    std::fs::write(&tab, format!("{b_line}\n{}\n", lines[0])).unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    // The table must have settled for evidence to count.
+    std::thread::sleep(Duration::from_millis(300));
+    let sid = (0x0106u64 << 16) | 47011;
+    // Rounds of 5 REQs (a retransmission's worth), each after the table settled: the
+    // members' drops repair the table a step at a time until the REQs reach b.
+    let mut rounds = Vec::new();
+    for round in 0..8 {
+        let before = (a.stats().misdelivered, b.stats().misdelivered);
+        for k in 0..5 {
+            s.send(src, shared, &req(sid, round * 10 + k)).unwrap();
+        }
+        s.flush().unwrap();
+        let (ga, gb) = (tags(&mut a, 0), tags(&mut b, 0));
+        assert!(
+            ga.is_empty() && gb.is_empty(),
+            "never delivered: {ga:?} {gb:?}"
+        );
+        let got = (
+            a.stats().misdelivered - before.0,
+            b.stats().misdelivered - before.1,
+        );
+        assert_eq!(got.0 + got.1, 5, "every REQ dropped by one member: {got:?}");
+        rounds.push(got);
+        if rounds.len() >= 2 && rounds[rounds.len() - 2..] == [(0, 5), (0, 5)] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The program was wrong (a got them) and the drops repaired it (b gets them).
+    assert!(rounds.iter().any(|r| r.0 > 0), "{rounds:?}");
+    assert_eq!(rounds[rounds.len() - 2..], [(0, 5), (0, 5)], "{rounds:?}");
+    drop(f);
+}

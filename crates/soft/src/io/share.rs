@@ -158,8 +158,12 @@ impl Slot {
         let start = (std::process::id() as usize).wrapping_mul(37) % 255;
         for k in 0..255 {
             let n = ((start + k) % 255 + 1) as u8;
-            let f = open_rw(&dir.join(format!("slot-{n}"))).map_err(os("slot file"))?;
+            let mut f = open_rw(&dir.join(format!("slot-{n}"))).map_err(os("slot file"))?;
             if lock(&f, true, false).map_err(os("flock slot"))? {
+                // The owner's pid: a table entry of an earlier owner of this slot (a dead
+                // process's, not yet pruned) is told from ours by it.
+                f.set_len(0).map_err(os("slot file"))?;
+                writeln!(f, "{}", std::process::id()).map_err(os("slot file"))?;
                 return Ok(Slot { n, _file: f });
             }
         }
@@ -176,6 +180,23 @@ impl Slot {
 
 fn slot_alive(dir: &Path, n: u8) -> bool {
     held(&dir.join(format!("slot-{n}")))
+}
+
+/// Whether a table entry is a live member: its slot is held, by the entry's process (a
+/// slot freed by a dead process may have been taken by a new one meanwhile). A slot file
+/// without a readable pid counts as its entry's.
+fn entry_alive(dir: &Path, e: &Entry) -> bool {
+    let path = dir.join(format!("slot-{}", e.slot));
+    if !held(&path) {
+        return false;
+    }
+    match std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|c| c.trim().parse::<u32>().ok())
+    {
+        Some(pid) => pid == e.pid,
+        None => true,
+    }
 }
 
 /// A reuseport group: one `ADDR:port` in one network namespace.
@@ -233,7 +254,7 @@ fn remove_at(t: &mut Vec<Entry>, i: usize) {
 fn prune(dir: &Path, t: &mut Vec<Entry>) {
     let mut i = 0;
     while i < t.len() {
-        if slot_alive(dir, t[i].slot) {
+        if entry_alive(dir, &t[i]) {
             i += 1;
         } else {
             remove_at(t, i);
@@ -376,6 +397,33 @@ impl Member {
     /// `docs/SHARING.md`). Ignored while the table is younger than [`SETTLE`] (the datagram
     /// may have been steered by the program before the last change).
     pub(crate) fn evidence(&self, seen: u8) -> Result<()> {
+        self.swap_with(|t| t.iter().position(|e| e.slot == seen), false)
+    }
+
+    /// [`Member::evidence`] for a REQ or SIDR_REQ for service `sid` that reached this
+    /// member while another live process listens on it: the program sent it to the index
+    /// of that process's entry, so the kernel has this socket there. A young table (the
+    /// program may predate the last change), or a listener not in the table yet, only
+    /// rebuilds the program from the table and the claims.
+    pub(crate) fn service_evidence(&self, sid: u64) -> Result<()> {
+        let me = std::process::id();
+        let owner = super::claim::services(self.key.ns, self.key.addr.ip())
+            .into_iter()
+            .find(|&(s, pid)| s == sid && pid != me)
+            .map(|(_, pid)| pid);
+        self.swap_with(
+            |t| owner.and_then(|pid| t.iter().position(|e| e.pid == pid)),
+            true,
+        )
+    }
+
+    /// Swaps this member's entry with the one `other` finds (when the table has settled),
+    /// else (or with `rebuild`, when nothing is to swap) re-attaches the program.
+    fn swap_with(
+        &self,
+        other: impl FnOnce(&[Entry]) -> Option<usize>,
+        rebuild: bool,
+    ) -> Result<()> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         let Some(fd) = sock.as_ref() else {
             return Ok(());
@@ -386,17 +434,16 @@ impl Member {
             .ok()
             .and_then(|t| t.elapsed().ok())
             .map_or(true, |age| age < SETTLE);
-        if young {
-            return Ok(());
-        }
         let mut t = read_table(&g.tab);
-        let (Some(k), Some(j)) = (t.iter().position(|e| e.slot == seen), self.my_index(&t)) else {
-            return Ok(());
-        };
-        if k == j {
-            return Ok(());
+        let pair = (!young)
+            .then(|| Some((other(&t)?, self.my_index(&t)?)))
+            .flatten()
+            .filter(|(k, j)| k != j);
+        match pair {
+            Some((k, j)) => t.swap(k, j),
+            None if !rebuild => return Ok(()),
+            None => {}
         }
-        t.swap(k, j);
         prune(&g.dir, &mut t);
         steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t)).map_err(os("attach"))?;
         write_table(&g.tab, &t)
@@ -408,9 +455,8 @@ impl Member {
         super::claim::listener_elsewhere(self.key.ns, self.key.addr.ip(), sid)
     }
 
-    /// Attaches a program rebuilt from the table and the claims (after a listen, or a REQ
-    /// that reached the wrong member).
-    pub(crate) fn rebuild(&self) -> Result<()> {
+    /// Attaches a program rebuilt from the table and the claims (after a listen).
+    fn rebuild(&self) -> Result<()> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         let Some(fd) = sock.as_ref() else {
             return Ok(());
@@ -474,5 +520,28 @@ mod tests {
         let n = a.get();
         drop(a);
         assert!(!slot_alive(&dir, n));
+    }
+
+    #[test]
+    fn an_entry_of_a_slots_earlier_owner_is_dead() {
+        let a = Slot::claim().unwrap();
+        let dir = runtime_dir().unwrap();
+        let me = std::process::id();
+        let mine = Entry {
+            slot: a.get(),
+            pid: me,
+        };
+        // The slot held by us now: an entry a dead process left with it is not alive.
+        let earlier = Entry {
+            slot: a.get(),
+            pid: me.wrapping_add(1),
+        };
+        assert!(entry_alive(&dir, &mine));
+        assert!(!entry_alive(&dir, &earlier));
+        let mut t = vec![earlier, mine];
+        prune(&dir, &mut t);
+        assert_eq!(t, vec![mine]);
+        drop(a);
+        assert!(!entry_alive(&dir, &mine));
     }
 }

@@ -180,10 +180,10 @@ impl UdpWire {
         }
     }
 
-    /// A REQ for another process's listener reached local `i`: rebuild its group's program
-    /// from the table and the claims (at most once per [`share::SETTLE`], with
-    /// [`evidence`](Self::evidence)).
-    pub(super) fn repair(&mut self, i: usize) {
+    /// A REQ for another process's listener (service `sid`) reached local `i`: let its
+    /// group repair its table from it ([`share::Member::service_evidence`]; at most once
+    /// per [`share::SETTLE`], with [`evidence`](Self::evidence)).
+    pub(super) fn service_evidence(&mut self, i: usize, sid: u64) {
         let now = Instant::now();
         if self
             .last_evidence
@@ -193,8 +193,8 @@ impl UdpWire {
         }
         self.last_evidence = Some(now);
         if let Some(m) = &self.locals[i].member {
-            // A failure leaves the program as it was: the REQ's retransmission tries again.
-            let _ = m.rebuild();
+            // A failure leaves the table as it was: the REQ's retransmission tries again.
+            let _ = m.service_evidence(sid);
         }
     }
 

@@ -18,8 +18,8 @@ use crate::{Error, Result};
 enum Misdelivered {
     /// For this slot's QP or comm id.
     Slot(u8),
-    /// A REQ or SIDR_REQ whose listener is another process's.
-    Service,
+    /// A REQ or SIDR_REQ for this service, whose listener is another process's.
+    Service(u64),
 }
 
 impl UdpWire {
@@ -73,7 +73,7 @@ impl UdpWire {
                     // member came or went): not ours to refuse with REJ 8.
                     (Some(_), Dest::Service(sid)) => member
                         .is_some_and(|m| m.listener_elsewhere(sid))
-                        .then_some(Misdelivered::Service),
+                        .then_some(Misdelivered::Service(sid)),
                     _ => None,
                 };
                 if let Some(m) = other {
@@ -134,7 +134,7 @@ impl UdpWire {
             }
             match evidence {
                 Some(Misdelivered::Slot(seen)) => self.evidence(i, seen),
-                Some(Misdelivered::Service) => self.repair(i),
+                Some(Misdelivered::Service(sid)) => self.service_evidence(i, sid),
                 None => {}
             }
         }
