@@ -9,10 +9,10 @@ mod common;
 mod ha;
 
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ha::topo;
-use rdma_soft::verbs::PortState;
+use rdma_soft::verbs::{AsyncEvent, PortState};
 use rdma_testhosts::require_root;
 use rdmacm::{
     AcceptOptions, AccessFlags, Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, Listener,
@@ -147,12 +147,17 @@ fn a_group_device_carries_a_connection_on_each_link_with_one_mr() {
                 }
                 // Port 2 follows h1's link.
                 common::sh(host, &["link", "set", "h1", "down"]);
-                let t0 = Instant::now();
-                while dev.query_port(2).unwrap().state != PortState::Down {
-                    assert!(t0.elapsed() < HANG, "hang guard: port 2 stayed up");
-                    cma.progress();
-                    std::thread::sleep(Duration::from_millis(10));
+                // The CM's engine sets the port's state on the netlink event: the device
+                // reports it as IBV_EVENT_PORT_ERR.
+                loop {
+                    let e = dev.wait_async_event(Some(HANG)).unwrap();
+                    match e {
+                        Some(AsyncEvent::PortError { port: 2 }) => break,
+                        Some(_) => continue,
+                        None => panic!("hang guard: port 2 stayed up"),
+                    }
                 }
+                assert_eq!(dev.query_port(2).unwrap().state, PortState::Down);
                 assert_eq!(dev.query_port(1).unwrap().state, PortState::Active);
             })
         });

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use ha::{cma, topo, B_ADDR};
 use rdma_hostview::MacAddr;
-use rdma_soft::verbs::{AccessFlags, MemoryRegion, QpState, QueuePair, RecvWr, SendOp, SendWr};
+use rdma_soft::verbs::{
+    AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, QpInitAttr, QpState,
+    QueuePair, RecvWr, SendOp, SendWr,
+};
 use rdma_testhosts::{require_root, Host};
 use rdmacm::{
     CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, HaPolicy, IdState, PortSpace,
@@ -65,24 +68,48 @@ fn quiet(ch: &EventChannel, d: Duration) {
     }
 }
 
-/// One side of a connection: its QP and a buffer for messages.
+/// One side of a connection: its QP (a send and a receive CQ on one completion channel)
+/// and a buffer for messages.
 struct Side {
     qp: Arc<QueuePair>,
     mr: MemoryRegion,
+    cc: CompletionChannel,
 }
 
 impl Side {
-    fn new(qp: Arc<QueuePair>) -> Side {
-        let pd = qp.pd().clone();
+    /// A QP for `id` whose CQs have a completion channel, with its receives posted.
+    fn new(id: &CmId) -> Side {
+        let dev = id.device().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cc = dev.create_comp_channel().unwrap();
+        let scq = dev.create_cq(16, Some(&cc)).unwrap();
+        let rcq = dev.create_cq(16, Some(&cc)).unwrap();
+        let qp = id.create_qp(&pd, &QpInitAttr::rc(&scq, &rcq)).unwrap();
         let mr = pd
             .register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
             .unwrap();
-        let s = Side { qp, mr };
+        let s = Side { qp, mr, cc };
         for i in 0..4 {
             s.qp.post_recv(&RecvWr::new(i).with_sge(s.mr.sge(32, 32).unwrap()))
                 .unwrap();
         }
         s
+    }
+
+    /// The next completion of `cq`, sleeping on the completion channel (an event of the
+    /// other CQ wakes it too: it polls again); a hang guard of [`HANG`] per wait.
+    fn next(&self, cq: &CompletionQueue) -> Completion {
+        loop {
+            if let Some(c) = cq.poll_one() {
+                return c;
+            }
+            cq.req_notify(false).unwrap();
+            if let Some(c) = cq.poll_one() {
+                return c;
+            }
+            let ev = self.cc.wait_event(Some(HANG)).unwrap();
+            assert!(ev.is_some(), "hang guard: no completion");
+        }
     }
 
     fn send(&self, msg: &[u8]) {
@@ -91,20 +118,12 @@ impl Side {
             .with_sge(self.mr.sge(0, msg.len() as u32).unwrap())
             .signaled();
         self.qp.post_send(&wr).unwrap();
-        let mut wc = Vec::new();
-        let t0 = Instant::now();
-        while self.qp.send_cq().poll(&mut wc, 1) == 0 {
-            assert!(t0.elapsed() < HANG, "hang guard: send did not complete");
-        }
-        assert!(wc[0].status.is_success(), "{:?}", wc[0].status);
+        let c = self.next(self.qp.send_cq());
+        assert!(c.status.is_success(), "{:?}", c.status);
     }
 
     fn recv(&self) -> Vec<u8> {
-        let mut wc = Vec::new();
-        let t0 = Instant::now();
-        while self.qp.recv_cq().poll(&mut wc, 1) == 0 {
-            assert!(t0.elapsed() < HANG, "hang guard: nothing received");
-        }
+        let wc = [self.next(self.qp.recv_cq())];
         assert!(wc[0].status.is_success(), "{:?}", wc[0].status);
         let mut got = vec![0u8; wc[0].byte_len as usize];
         self.mr.read(32, &mut got).unwrap();
@@ -202,7 +221,7 @@ fn server(
                 EventType::ConnectRequest => {
                     let id = ev.take_id().unwrap();
                     drop(ev);
-                    sides.push(Side::new(id.create_qp_default().unwrap()));
+                    sides.push(Side::new(&id));
                     id.accept(&ConnParam::default()).unwrap();
                     ids.push(id);
                 }
@@ -252,7 +271,7 @@ fn client(
             assert_eq!(id.netdev().unwrap().0, "h0");
             id.resolve_route(T).unwrap();
             expect(&ch, EventType::RouteResolved);
-            sides.push(Side::new(id.create_qp_default().unwrap()));
+            sides.push(Side::new(&id));
             id.connect(&ConnParam::default()).unwrap();
             expect(&ch, EventType::Established);
             ids.push(id);
