@@ -9,44 +9,13 @@ mod common;
 mod ha;
 
 use std::sync::mpsc;
-use std::time::Duration;
 
-use ha::topo;
+use ha::{group, rt, topo, within, HANG};
 use rdma_soft::verbs::{AsyncEvent, PortState};
 use rdma_testhosts::require_root;
 use rdmacm::{
-    AcceptOptions, AccessFlags, Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, Listener,
-    RemoteBuf,
+    AcceptOptions, AccessFlags, ConnectOptions, Connection, HaPolicy, Listener, RemoteBuf,
 };
-
-const HANG: Duration = Duration::from_secs(120);
-
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// H's context: one device `ha0` over h0 (port 1) and h1 (port 2).
-fn group_cma() -> Cma {
-    Cma::with_config(CmaConfig {
-        devices: Some(vec![DeviceSpec {
-            netdev: "h0".into(),
-            name: Some("ha0".into()),
-            more: vec!["h1".into()],
-        }]),
-        ..CmaConfig::default()
-    })
-    .unwrap()
-}
 
 /// What B writes over the connection from `src`.
 fn payload(src: &str) -> Vec<u8> {
@@ -90,7 +59,7 @@ fn a_group_device_carries_a_connection_on_each_link_with_one_mr() {
         let host = h;
         h.run(move || {
             rt().block_on(async move {
-                let cma = group_cma();
+                let cma = group("ha0", "h0", "h1", HaPolicy::Notify, false);
                 // One device for both links, with two ports.
                 let list = cma.device_list().unwrap();
                 let names: Vec<String> = list.iter().map(|d| d.name().to_string()).collect();

@@ -12,14 +12,13 @@ mod ha;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ha::{cma, route_to_h1, topo, tx_packets, B_ADDR};
+use ha::{cma, route_to_h1, rt, topo, tx_packets, within, B_ADDR, HANG};
 use rdma_testhosts::require_root;
 use rdmacm::{
     AcceptOptions, AccessFlags, CloseReason, ConnectOptions, Connection, Error, EventType,
     HaPolicy, Listener, RemoteBuf, ALIGN_PATH_MOVED,
 };
 
-const HANG: Duration = Duration::from_secs(120);
 const TOKEN: &[u8; 8] = b"session7";
 const LEN: usize = 1024;
 
@@ -35,20 +34,6 @@ fn message(seq: u32) -> Vec<u8> {
 
 fn seq_of(m: &[u8]) -> u32 {
     u32::from_le_bytes(m[..4].try_into().unwrap())
-}
-
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// Receives messages in order from `next` on; returns the next expected one when the

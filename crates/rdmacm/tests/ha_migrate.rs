@@ -13,16 +13,12 @@ mod ha;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ha::{topo, B_ADDR};
+use ha::{rt, topo, within, B_ADDR, HANG};
 use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::AsyncEvent;
 use rdma_testhosts::require_root;
-use rdmacm::{
-    AcceptOptions, Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, EventType, HaPolicy,
-    Listener,
-};
+use rdmacm::{AcceptOptions, Cma, ConnectOptions, Connection, EventType, HaPolicy, Listener};
 
-const HANG: Duration = Duration::from_secs(120);
 const LEN: usize = 2048;
 
 /// Messages in the stream (`RDMA_HA_MESSAGES`, 2,000 by default); the link goes down after
@@ -44,46 +40,21 @@ fn message(seq: u32) -> Vec<u8> {
     m
 }
 
-async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
-        .await
-        .unwrap_or_else(|_| panic!("hang guard: {what}"))
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A context with one device over `first` and `second`, ids starting with migrate.
 fn group(name: &str, first: &str, second: &str) -> Cma {
-    Cma::with_config(CmaConfig {
-        devices: Some(vec![DeviceSpec {
-            netdev: first.into(),
-            name: Some(name.into()),
-            more: vec![second.into()],
-        }]),
-        ha: HaPolicy::Migrate,
-        ..CmaConfig::default()
-    })
-    .unwrap()
+    ha::group(name, first, second, HaPolicy::Migrate, false)
 }
 
 /// The first PATH_MIG event of `dev` (other async events, e.g. port errors, skipped).
 fn path_mig(dev: &rdma_soft::verbs::Device) -> AsyncEvent {
-    let t0 = Instant::now();
     loop {
-        let left = HANG.saturating_sub(t0.elapsed());
-        assert!(!left.is_zero(), "hang guard: no PATH_MIG");
-        match dev.wait_async_event(Some(left)).unwrap() {
+        match dev.wait_async_event(Some(HANG)).unwrap() {
             Some(e @ AsyncEvent::PathMigrated { .. }) => {
                 eprintln!("{}: {e:?}", dev.name());
                 return e;
             }
-            _ => continue,
+            Some(_) => continue,
+            None => panic!("hang guard: no PATH_MIG"),
         }
     }
 }
@@ -250,17 +221,7 @@ fn restored(name: &str, stay: bool, tcp_port: u16) {
         (1, &[(1, 2), (2, 1)])
     };
     let group_ha = move |name: &str, first: &str, second: &str| {
-        let mut cfg = CmaConfig {
-            devices: Some(vec![DeviceSpec {
-                netdev: first.into(),
-                name: Some(name.into()),
-                more: vec![second.into()],
-            }]),
-            ha: HaPolicy::Migrate,
-            ..CmaConfig::default()
-        };
-        cfg.ha_stay = stay;
-        Cma::with_config(cfg).unwrap()
+        ha::group(name, first, second, HaPolicy::Migrate, stay)
     };
     let migrations = |dev: &rdma_soft::verbs::Device, k: usize| -> Vec<(u8, u8)> {
         (0..k)

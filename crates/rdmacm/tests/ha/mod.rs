@@ -3,12 +3,46 @@
 #![allow(dead_code)]
 
 use rdma_testhosts::{topologies, Host, Topology};
-use rdmacm::{Cma, CmaConfig, HaPolicy};
+use rdmacm::{Cma, CmaConfig, DeviceSpec, HaPolicy};
 
 use crate::common::{wait_running, with_resolver};
 
 /// B's address, reached over h0 first.
 pub const B_ADDR: &str = "192.0.2.2";
+
+/// Hang guard of every wait (a stop, not a speed target).
+pub const HANG: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `f`, or a panic naming `what` after [`HANG`].
+pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(HANG, f)
+        .await
+        .unwrap_or_else(|_| panic!("hang guard: {what}"))
+}
+
+/// The runtime each host thread of an async HA test runs on.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A context with one device `name` over `first` (port 1) and `second` (port 2), ids
+/// starting with `ha` (and `stay` as `CmaConfig::ha_stay`).
+pub fn group(name: &str, first: &str, second: &str, ha: HaPolicy, stay: bool) -> Cma {
+    Cma::with_config(CmaConfig {
+        devices: Some(vec![DeviceSpec {
+            netdev: first.into(),
+            name: Some(name.into()),
+            more: vec![second.into()],
+        }]),
+        ha,
+        ha_stay: stay,
+    })
+    .unwrap()
+}
 
 /// A context whose ids start with `ha`.
 pub fn cma(ha: HaPolicy) -> Cma {
