@@ -53,7 +53,7 @@ impl Inner {
             .filter_map(|d| d.agent.poll_timeout())
             .min()
             .map(|t| self.instant(t));
-        if st.ids.values().any(|s| s.returning) {
+        if !st.returning.is_empty() {
             // a returning connection migrates back once its QP is armed: look again soon
             let soon = std::time::Instant::now() + crate::lap::RETURN_POLL;
             next = Some(next.map_or(soon, |n| n.min(soon)));
@@ -91,7 +91,6 @@ impl Inner {
                 st = self.settle_held(st, i);
             }
             crate::migrate::on_device_events(self, &mut st, i);
-            crate::lap::poll_returns(&mut st, i);
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {
                 if d.agent.poll_timeout().is_some_and(|t| t <= now) {
@@ -101,6 +100,9 @@ impl Inner {
             }
             self.drain_agent(&mut st, i);
             st = self.settle_held(st, i);
+        }
+        if !st.returning.is_empty() {
+            crate::lap::poll_returns(&mut st);
         }
         // Host changes.
         let notes: Vec<Notification> = self

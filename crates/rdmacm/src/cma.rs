@@ -91,6 +91,7 @@ impl Cma {
                 next_id: 1,
                 devices: HashMap::new(),
                 members: HashMap::new(),
+                returning: Vec::new(),
                 channels: HashMap::new(),
                 next_channel: 1,
                 ports: PortTables::from_host(),

@@ -96,7 +96,9 @@ pub(crate) fn on_ap_event(st: &mut State, dev: u32, ev: ApEvent) {
                 s.lap_alt = None;
                 if loaded {
                     s.alt = Some(alt);
-                    s.returning = !s.opts.ha_stay;
+                    if !s.opts.ha_stay {
+                        st.returning.push(id);
+                    }
                 }
             }
         }
@@ -190,29 +192,23 @@ pub(crate) fn send_lap(inner: &Arc<Inner>, st: &mut State, dev: u32, id: IdNum, 
     tracing::info!(target: "rdmacm", id, port = alt.port, local = %alt.local, remote = %alt.remote, "LAP: the restored path as the new alternate");
 }
 
-/// Migrates the returning ids of device `dev` whose QP is armed; whether some are still
-/// waiting (the engine then looks again after [`RETURN_POLL`]).
-pub(crate) fn poll_returns(st: &mut State, dev: u32) -> bool {
-    let mut waiting = false;
-    for s in st
-        .ids
-        .values_mut()
-        .filter(|s| s.dev == Some(dev) && s.returning)
-    {
-        let Some(qp) = &s.qp else {
-            s.returning = false;
+/// Migrates the returning ids ([`State::returning`]) whose QP is armed; those still in
+/// `Rearm` stay listed (the engine looks again after [`RETURN_POLL`]), the others (gone,
+/// migrated, no QP) are dropped from the list.
+pub(crate) fn poll_returns(st: &mut State) {
+    let ids = std::mem::take(&mut st.returning);
+    for id in ids {
+        let Some(qp) = st.ids.get(&id).and_then(|s| s.qp.clone()) else {
             continue;
         };
         match qp.query().map(|a| a.path_mig_state) {
             Ok(MigState::Armed) => {
-                s.returning = false;
                 if let Err(e) = qp.migrate() {
                     tracing::info!(target: "rdmacm", qpn = qp.qpn(), error = %e, "return to the restored path failed");
                 }
             }
-            Ok(MigState::Rearm) => waiting = true,
-            _ => s.returning = false,
+            Ok(MigState::Rearm) => st.returning.push(id),
+            _ => {}
         }
     }
-    waiting
 }

@@ -77,8 +77,6 @@ pub(crate) struct IdSlot {
     pub apm: bool,
     /// The alternate proposed in our LAP, until the APR.
     pub lap_alt: Option<crate::migrate::AltPath>,
-    /// Migrate back to the loaded alternate once it is armed (the primary came back).
-    pub returning: bool,
     pub qp: Option<Arc<QueuePair>>,
     pub qp_kind: QpKind,
     pub conn: Option<ConnHandle>,
@@ -129,7 +127,6 @@ impl IdSlot {
             alt_offered: false,
             apm: false,
             lap_alt: None,
-            returning: false,
             qp: None,
             qp_kind,
             conn: None,

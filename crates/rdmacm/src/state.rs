@@ -39,6 +39,9 @@ pub(crate) struct State {
     /// Per device, the request whose path is being looked up without the lock: the
     /// device's later CM events wait behind it (`crate::held`).
     pub held: HashMap<u32, HeldReq>,
+    /// Migrate ids whose restored primary is loaded as their alternate: they migrate
+    /// back to it once their QP is armed (`crate::lap::poll_returns`).
+    pub returning: Vec<IdNum>,
 }
 
 impl State {
