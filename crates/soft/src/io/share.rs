@@ -457,15 +457,7 @@ impl Member {
 
     /// Attaches a program rebuilt from the table and the claims (after a listen).
     fn rebuild(&self) -> Result<()> {
-        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(fd) = sock.as_ref() else {
-            return Ok(());
-        };
-        let g = GroupLock::take(&self.key)?;
-        let mut t = read_table(&g.tab);
-        prune(&g.dir, &mut t);
-        steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t)).map_err(os("attach"))?;
-        write_table(&g.tab, &t)
+        self.swap_with(|_| None, true)
     }
 }
 
