@@ -264,3 +264,63 @@ fn a_peer_migration_also_resends_our_own_outstanding_requests() {
         .collect();
     assert_eq!(ids, vec![0, 1]);
 }
+
+#[test]
+fn a_forced_migration_with_nothing_to_send_announces_itself_with_an_ack() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    qp.post_recv(&RecvWr::new(9)).unwrap();
+    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
+    sent(&mut qp, &mut mem);
+    qp.migrate().unwrap();
+    // no request of ours outstanding: an ACK of the last PSN received, MigReq set, on the
+    // new path, so that a peer with requests outstanding follows at once
+    assert_eq!(
+        sent(&mut qp, &mut mem),
+        vec![(Opcode::RcAcknowledge, 500, true, ALT_PORT)]
+    );
+}
+
+#[test]
+fn a_stale_ack_with_mig_req_on_the_alternate_migrates_an_armed_requester() {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
+    sent(&mut qp, &mut mem);
+    for i in 0..2 {
+        let wr = SendWr::new(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        );
+        qp.post_send(&mem, &wr).unwrap();
+    }
+    assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101, unacknowledged
+    // the peer's announcement: an ACK of a PSN before anything outstanding
+    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 99);
+    ack.aeth = Some(Aeth::ack(0));
+    ack.mig_req = true;
+    deliver(&mut qp, &mut mem, ack, ALT_PORT);
+    assert!(matches!(
+        qp.poll_event(),
+        Some(QpEvent::PathMigrated {
+            cause: MigrationCause::Peer,
+            ..
+        })
+    ));
+    // it completes nothing, and what is outstanding goes again on the new path
+    assert!(qp.poll_send_completion().is_none());
+    assert_eq!(qp.oldest_unacked_psn(), 100);
+    assert_eq!(
+        sent(&mut qp, &mut mem)
+            .iter()
+            .map(|p| (p.0, p.1, p.2, p.3))
+            .collect::<Vec<_>>(),
+        vec![
+            (Opcode::RcWriteOnly, 100, true, ALT_PORT),
+            (Opcode::RcWriteOnly, 101, true, ALT_PORT)
+        ]
+    );
+}

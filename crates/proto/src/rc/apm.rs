@@ -217,6 +217,12 @@ impl RcQp {
             let p = self.comp_psn;
             self.go_back(p);
             self.retrans_deadline = None;
+        } else if cause == MigrationCause::Forced && self.resp.idle() {
+            // nothing of ours to send: announce the move with an ACK of what we last
+            // received (MigReq set, on the new path), else a peer whose requests are
+            // outstanding keeps sending them the old way until its own retries run out
+            let last = self.resp.epsn.wrapping_sub(1) & crate::psn::PSN_MASK;
+            self.resp.push_ack(last);
         }
         tracing::info!(
             qpn = self.cfg.qpn,

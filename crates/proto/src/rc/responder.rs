@@ -131,7 +131,12 @@ impl Responder {
         self.new_rd_in_out = 0;
     }
 
-    fn push_ack(&mut self, psn: u32) {
+    /// Whether no response is waiting to be sent.
+    pub(super) fn idle(&self) -> bool {
+        self.out.is_empty()
+    }
+
+    pub(super) fn push_ack(&mut self, psn: u32) {
         let aeth = Aeth::ack(self.msn);
         if let Some(Out::Ack { psn: p, aeth: a }) = self.out.back_mut() {
             if a.syndrome == aeth.syndrome {
