@@ -298,7 +298,7 @@ fn a_stale_ack_with_mig_req_on_the_alternate_migrates_an_armed_requester() {
         qp.post_send(&mem, &wr).unwrap();
     }
     assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101, unacknowledged
-    // the peer's announcement: an ACK of a PSN before anything outstanding
+                                                  // the peer's announcement: an ACK of a PSN before anything outstanding
     let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 99);
     ack.aeth = Some(Aeth::ack(0));
     ack.mig_req = true;

@@ -402,10 +402,41 @@ pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) 
     }
 }
 
+/// Resolves a migrated connection's new path and watches it (nothing watched when it
+/// does not resolve: logged).
+async fn rewatch(
+    w: &mut Watcher,
+    resolver: &crate::resolve::Resolver,
+    id: u64,
+    local: IpAddr,
+    remote: IpAddr,
+    link: u32,
+) {
+    let scoped = |ip: IpAddr| match ip {
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => crate::ScopedIp::with_index(ip, link),
+        _ => crate::ScopedIp::new(ip),
+    };
+    let r = resolver
+        .resolve_addr(
+            Some(&scoped(local)),
+            &scoped(remote),
+            None,
+            Duration::from_secs(1),
+        )
+        .await;
+    match r {
+        Ok(a) => w.watch(id, &a),
+        Err(e) => {
+            tracing::warn!(target: "rdmacm", id, %local, %remote, error = %e, "migrated path not watched: it does not resolve");
+        }
+    }
+}
+
 /// Starts the change watcher task: host events and per-id notifications for the CM.
 pub(crate) fn start_watcher(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
     let resolver = inner.resolver.clone();
+    let rewatch_resolver = inner.resolver.clone();
     let notify = inner.watch_notify.clone();
     // Subscribed before the context is handed out, so no host change made after
     // `Cma::new` returns can be missed (it used to subscribe whenever the task first ran).
@@ -418,6 +449,7 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
             return;
         };
         w.track_host();
+        let mut rewatches = Vec::new();
         loop {
             {
                 let Some(inner) = weak.upgrade() else { return };
@@ -427,7 +459,11 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
                 for c in cmds {
                     match c {
                         WatchCmd::Watch(id, a) => w.watch(id, &a),
+                        WatchCmd::Rewatch(id, local, remote, link) => {
+                            rewatches.push((id, local, remote, link));
+                        }
                         WatchCmd::Unwatch(id) => {
+                            rewatches.retain(|r| r.0 != id);
                             w.unwatch(id);
                         }
                     }
@@ -450,6 +486,13 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
                         .extend(notes);
                     inner.wake.signal();
                 }
+            }
+            if !rewatches.is_empty() {
+                // outside the block above: the resolution may wait for a neighbour
+                for (id, local, remote, link) in rewatches.drain(..) {
+                    rewatch(&mut w, &rewatch_resolver, id, local, remote, link).await;
+                }
+                continue;
             }
             // Only the wait is raced with watch requests (it is cancel-safe); the processing
             // of a host change runs to completion, so a request arriving mid-way cannot

@@ -132,8 +132,9 @@ impl Inner {
         // `migrate` without path migration (the peer refused the alternate, or there was
         // none to offer) falls back to `align`: the application
         // reconnects on the new path, on the same device (a group's PD and MRs).
+        // (with path migration: when there is no armed alternate left to move to)
         let policy = match s.opts.ha {
-            crate::ha::HaPolicy::Migrate if !s.apm => crate::ha::HaPolicy::Align,
+            crate::ha::HaPolicy::Migrate => crate::ha::HaPolicy::Align,
             p => p,
         };
         let Some(status) = policy.ends(reason, s.path_netdev.unwrap_or(dev)) else {
@@ -187,9 +188,18 @@ impl Inner {
     /// A host change for an id: ADDR_CHANGE or DEVICE_REMOVAL, or under the align policy
     /// the end of its connection ([`Inner::align_close`]).
     pub(crate) fn on_notification(self: &Arc<Self>, st: &mut State, n: Notification) {
-        let id: IdNum = n.id();
+        let (id, gen) = crate::inner::watch_id(n.id());
+        if st.ids.get(&id).is_some_and(|s| s.watch_gen != gen) {
+            return; // about a path the id has left (migrated)
+        }
+        let n = match n {
+            Notification::AddrChange { reason, .. } => Notification::AddrChange { id, reason },
+            Notification::DeviceRemoval { netdev, .. } => {
+                Notification::DeviceRemoval { id, netdev }
+            }
+        };
         if let Notification::AddrChange { reason, .. } = &n {
-            if self.align_close(st, id, reason) {
+            if crate::migrate::on_path_change(st, id, reason) || self.align_close(st, id, reason) {
                 return;
             }
         }

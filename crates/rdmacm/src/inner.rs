@@ -85,26 +85,58 @@ impl Inner {
     }
 
     pub(crate) fn watch(&self, st: &mut State, id: IdNum, a: &ResolvedAddr) {
-        self.watch_cmds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(WatchCmd::Watch(id, Box::new(a.clone())));
+        let gen = st.ids.get(&id).map_or(0, |s| s.watch_gen);
+        self.watch_cmd(WatchCmd::Watch(watch_key(id, gen), Box::new(a.clone())));
         if let Some(s) = st.ids.get_mut(&id) {
             s.watched = true;
             s.path_netdev = Some(a.netdev.index);
         }
-        self.watch_notify.notify_one();
+    }
+
+    /// Moves a watched id's watch onto the path from `local` to `remote` through `netdev`
+    /// (a migration): what is still queued about the old path is dropped.
+    pub(crate) fn rewatch(
+        &self,
+        st: &mut State,
+        id: IdNum,
+        local: std::net::IpAddr,
+        remote: std::net::IpAddr,
+        netdev: u32,
+    ) {
+        let Some(s) = st.ids.get_mut(&id).filter(|s| s.watched) else {
+            return;
+        };
+        let old = watch_key(id, s.watch_gen);
+        s.watch_gen = s.watch_gen.wrapping_add(1);
+        s.path_netdev = Some(netdev);
+        let new = watch_key(id, s.watch_gen);
+        self.watch_cmd(WatchCmd::Unwatch(old));
+        self.watch_cmd(WatchCmd::Rewatch(new, local, remote, netdev));
     }
 
     pub(crate) fn unwatch(&self, st: &mut State, id: IdNum) {
-        if st.ids.get(&id).is_some_and(|s| s.watched) {
-            self.watch_cmds
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(WatchCmd::Unwatch(id));
-            self.watch_notify.notify_one();
+        if let Some(s) = st.ids.get(&id).filter(|s| s.watched) {
+            self.watch_cmd(WatchCmd::Unwatch(watch_key(id, s.watch_gen)));
         }
     }
+
+    fn watch_cmd(&self, c: WatchCmd) {
+        self.watch_cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(c);
+        self.watch_notify.notify_one();
+    }
+}
+
+/// The watcher's id for watch `gen` of id `id`: the generation in the top 16 bits.
+pub(crate) fn watch_key(id: IdNum, gen: u16) -> u64 {
+    id | (u64::from(gen) << 48)
+}
+
+/// The id and generation of a watcher's id ([`watch_key`]).
+pub(crate) fn watch_id(key: u64) -> (IdNum, u16) {
+    (key & ((1 << 48) - 1), (key >> 48) as u16)
 }
 
 /// An id as the CM's internals take it: its context and number (what a [`crate::CmId`]

@@ -19,6 +19,7 @@ use crate::resolve::Resolver;
 use crate::route::RocePath;
 use crate::slot::IdSlot;
 use crate::state::State;
+use crate::watch::ChangeReason;
 
 /// How long [`Resolver::alternate`] waits for the alternate's next hop to answer.
 const NEIGHBOUR_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -226,8 +227,8 @@ pub(crate) fn on_device_events(inner: &Arc<Inner>, st: &mut State, dev: u32) {
         tracing::info!(target: "rdmacm", id, qpn, port = to_port, local = %alt.local, remote = %alt.remote, "connection migrated to its alternate path");
         if let Some(s) = st.ids.get_mut(&id) {
             s.alt = None;
-            s.path_netdev = Some(link);
         }
+        inner.rewatch(st, id, alt.local, alt.remote, link);
         Inner::event(
             st,
             id,
@@ -235,5 +236,47 @@ pub(crate) fn on_device_events(inner: &Arc<Inner>, st: &mut State, dev: u32) {
             0,
             crate::params::ConnEventParam::default(),
         );
+    }
+}
+
+/// Under `migrate` with path migration, a change that takes the connection's path away
+/// (its route now leaves through another netdev or none, its netdev down, our address
+/// gone: the changes that end it under `align`) forces the QP onto its armed alternate
+/// (`IBV_MIG_MIGRATED`), and the id's ADDR_CHANGE comes with the migration
+/// ([`on_device_events`]). True when the notification is taken care of: migrated now, or
+/// already (a port going down migrates the QPs before its notice reaches the id). False
+/// otherwise, so that `align` ends a connection with no alternate left to move to.
+pub(crate) fn on_path_change(st: &State, id: crate::slot::IdNum, reason: &ChangeReason) -> bool {
+    let Some(s) = st.ids.get(&id) else {
+        return false;
+    };
+    if s.opts.ha != HaPolicy::Migrate || !s.apm || s.conn.is_none() {
+        return false;
+    }
+    let Some(dev) = s.dev else {
+        return false;
+    };
+    let netdev = s.path_netdev.unwrap_or(dev);
+    if HaPolicy::Align.ends(reason, netdev).is_none() {
+        return false;
+    }
+    let (Some(qp), Some(alt)) = (s.qp.as_ref(), s.alt) else {
+        return false;
+    };
+    let Ok(attr) = qp.query() else {
+        return false;
+    };
+    if attr.port_num == alt.port {
+        return true;
+    }
+    match qp.migrate() {
+        Ok(()) => {
+            tracing::info!(target: "rdmacm", id, ?reason, port = alt.port, "path gone: migrating to the alternate");
+            true
+        }
+        Err(e) => {
+            tracing::info!(target: "rdmacm", id, ?reason, error = %e, "path gone and the alternate not armed");
+            false
+        }
     }
 }

@@ -89,6 +89,10 @@ pub(crate) struct IdSlot {
     pub user_qpn: Option<u32>,
     pub conn_param: Option<crate::params::ConnParam>,
     pub watched: bool,
+    /// Which watch of the id is current: bumped when a migration moves the watch onto the
+    /// new path, so that notifications about the path left are told apart
+    /// ([`crate::inner::watch_key`]).
+    pub watch_gen: u16,
     /// The REP's parameters, reported with ESTABLISHED on the active side.
     pub est_param: ConnEventParam,
     /// The application establishes itself (user QP): no ESTABLISHED event.
@@ -138,6 +142,7 @@ impl IdSlot {
             user_qpn: None,
             conn_param: None,
             watched: false,
+            watch_gen: 0,
             est_param: ConnEventParam::default(),
             suppress_est: false,
             accepted: false,

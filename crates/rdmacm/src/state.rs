@@ -61,5 +61,8 @@ impl State {
 #[derive(Debug)]
 pub(crate) enum WatchCmd {
     Watch(IdNum, Box<ResolvedAddr>),
+    /// Resolve (our address, the peer's) and watch the result: a migrated connection's
+    /// new path.
+    Rewatch(IdNum, std::net::IpAddr, std::net::IpAddr, u32),
     Unwatch(IdNum),
 }

@@ -11,67 +11,17 @@ mod common;
 mod ha;
 
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
-use ha::{rt, topo, within, B_ADDR, HANG};
+use ha::stream::{addr_change, message, migrate_under_stream, path_mig, Causes};
+use ha::{rt, topo, within, B_ADDR};
 use rdma_proto::verbs::MigState;
-use rdma_soft::verbs::AsyncEvent;
+use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::require_root;
-use rdmacm::{AcceptOptions, Cma, ConnectOptions, Connection, EventType, HaPolicy, Listener};
-
-const LEN: usize = 2048;
-
-/// Messages in the stream (`RDMA_HA_MESSAGES`, 2,000 by default); the link goes down after
-/// a quarter of them.
-fn messages() -> u32 {
-    std::env::var("RDMA_HA_MESSAGES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-        .max(8)
-}
-
-fn message(seq: u32) -> Vec<u8> {
-    let mut m = vec![0u8; LEN];
-    m[..4].copy_from_slice(&seq.to_le_bytes());
-    for (i, b) in m[4..].iter_mut().enumerate() {
-        *b = (seq as usize * 31 + i * 7) as u8;
-    }
-    m
-}
+use rdmacm::{AcceptOptions, Cma, ConnectOptions, Connection, HaPolicy, Listener};
 
 /// A context with one device over `first` and `second`, ids starting with migrate.
 fn group(name: &str, first: &str, second: &str) -> Cma {
     ha::group(name, first, second, HaPolicy::Migrate, false)
-}
-
-/// The first PATH_MIG event of `dev` (other async events, e.g. port errors, skipped).
-fn path_mig(dev: &rdma_soft::verbs::Device) -> AsyncEvent {
-    loop {
-        match dev.wait_async_event(Some(HANG)).unwrap() {
-            Some(e @ AsyncEvent::PathMigrated { .. }) => {
-                eprintln!("{}: {e:?}", dev.name());
-                return e;
-            }
-            Some(_) => continue,
-            None => panic!("hang guard: no PATH_MIG"),
-        }
-    }
-}
-
-/// Waits for the connection's ADDR_CHANGE (the CM's report of the migration).
-async fn addr_change(c: &Connection) {
-    within("ADDR_CHANGE", async {
-        loop {
-            let ev = c.next_event().await.unwrap();
-            match ev.kind() {
-                EventType::AddrChange => return,
-                EventType::Disconnected => panic!("disconnected instead of migrated"),
-                _ => {}
-            }
-        }
-    })
-    .await
 }
 
 #[test]
@@ -79,100 +29,15 @@ fn link_down_moves_the_connection_to_the_second_link() {
     if !require_root("link_down_moves_the_connection_to_the_second_link") {
         return;
     }
-    let t = topo();
-    let (h, b) = (t.host("h"), t.host("b"));
-    let n = messages();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (down_tx, down_rx) = mpsc::channel::<()>();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            b.run(move || {
-                rt().block_on(async move {
-                    let cma = group("hb", "b0", "b1");
-                    let addr = format!("{B_ADDR}:7492").parse().unwrap();
-                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
-                    ready_tx.send(()).unwrap();
-                    let inc = within("request", l.incoming()).await.unwrap();
-                    let c = inc.accept(AcceptOptions::default()).await.unwrap();
-                    let qpn = c.qp().qpn();
-                    assert_eq!(c.qp().query().unwrap().port_num, 1);
-                    for seq in 0..n {
-                        let m = within("recv", c.recv()).await.unwrap();
-                        assert_eq!(m, message(seq), "message {seq}: byte-exact, in order");
-                    }
-                    within("ack", c.send(b"all received")).await.unwrap();
-                    assert_eq!(c.qp().qpn(), qpn, "the same QP");
-                    assert_eq!(c.qp().query().unwrap().port_num, 2, "B moved to port 2");
-                    let dev = c.device().unwrap();
-                    match path_mig(&dev) {
-                        AsyncEvent::PathMigrated {
-                            qpn: q,
-                            from_port: 1,
-                            to_port: 2,
-                            ..
-                        } => assert_eq!(q, qpn),
-                        e => panic!("{e:?}"),
-                    }
-                    addr_change(&c).await;
-                    within("peer's disconnect", c.closed()).await;
-                })
-            })
-        });
-        ready_rx.recv().unwrap();
-        let host = h;
-        s.spawn(move || {
-            down_rx.recv().unwrap();
-            common::sh(host, &["link", "set", "h0", "down"]);
-        });
-        h.run(move || {
-            rt().block_on(async move {
-                let cma = group("ha", "h0", "h1");
-                let opts = ConnectOptions {
-                    cma: Some(cma),
-                    ..Default::default()
-                };
-                let addr = format!("{B_ADDR}:7492").parse().unwrap();
-                let c = within("connect", Connection::connect(addr, opts))
-                    .await
-                    .unwrap();
-                let id = c.id().unwrap();
-                assert_eq!(id.ha_policy(), HaPolicy::Migrate);
-                assert_eq!(id.port_num(), Some(1));
-                let qp = c.qp().clone();
-                let a = qp.query().unwrap();
-                assert_eq!(a.alt_port_num, 2, "an alternate path on port 2");
-                let mut longest = Duration::ZERO;
-                let mut last = Instant::now();
-                for seq in 0..n {
-                    if seq == n / 4 {
-                        down_tx.send(()).unwrap();
-                    }
-                    within("send", c.send(&message(seq))).await.unwrap();
-                    longest = longest.max(last.elapsed());
-                    last = Instant::now();
-                }
-                assert_eq!(within("ack", c.recv()).await.unwrap(), b"all received");
-                eprintln!(
-                    "longest time between two completed sends: {:.1} ms",
-                    longest.as_secs_f64() * 1e3
-                );
-                assert_eq!(qp.query().unwrap().port_num, 2, "H moved to port 2");
-                let dev = c.device().unwrap();
-                match path_mig(&dev) {
-                    AsyncEvent::PathMigrated {
-                        qpn,
-                        from_port: 1,
-                        to_port: 2,
-                        ..
-                    } => assert_eq!(qpn, qp.qpn()),
-                    e => panic!("{e:?}"),
-                }
-                addr_change(&c).await;
-                // The DREQ takes the connection's new path (h0 is down).
-                within("disconnect", c.disconnect()).await.unwrap();
-            })
-        });
-    });
+    let down = |h: &rdma_testhosts::Host, _: &rdma_testhosts::Host| {
+        common::sh(h, &["link", "set", "h0", "down"])
+    };
+    // H is told by its link; B usually follows H's first packet on the new path
+    let causes = Causes {
+        h: Some(MigrationCause::Forced),
+        b: None,
+    };
+    migrate_under_stream(&topo(), 7492, down, causes);
 }
 
 /// Sends messages `*seq..` until `done` holds (checked after each), then `extra` more.

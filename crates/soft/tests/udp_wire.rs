@@ -246,6 +246,50 @@ fn faults_on_receive() {
     assert!(drain(&mut b, 1, Duration::from_millis(100)).is_empty());
 }
 
+/// `local=`: faults only on the datagrams of one local address (one port of a group).
+#[test]
+fn faults_on_one_local_address_only() {
+    let (lossy, clean, to) = (addr("127.0.1.20"), addr("127.0.1.21"), addr("127.0.1.22"));
+    let mut a = wire(Some("loss=1,dir=both,local=127.0.1.20"));
+    let mut b = wire(None);
+    a.open(lossy).unwrap();
+    a.open(clean).unwrap();
+    b.open(to).unwrap();
+    for i in 0..5 {
+        a.send(lossy, to, &numbered(i)).unwrap();
+        a.send(clean, to, &numbered(100 + i)).unwrap();
+    }
+    a.flush().unwrap();
+    let got = drain(&mut b, 10, Duration::from_millis(300));
+    let mut seqs: Vec<u32> = got
+        .iter()
+        .map(|(arr, p)| {
+            assert_eq!(
+                arr.remote.ip(),
+                clean.ip(),
+                "only the clean address's datagrams"
+            );
+            u32::from_be_bytes(p[..4].try_into().unwrap())
+        })
+        .collect();
+    seqs.sort();
+    assert_eq!(seqs, (100..105).collect::<Vec<_>>());
+    assert_eq!(a.stats().faults_send.dropped, 5);
+    // and on receive: what arrives on the lossy address is dropped, the rest delivered
+    for i in 0..3 {
+        b.send(to, lossy, &numbered(i)).unwrap();
+        b.send(to, clean, &numbered(200 + i)).unwrap();
+    }
+    b.flush().unwrap();
+    let got = drain(&mut a, 6, Duration::from_millis(300));
+    assert!(
+        got.iter().all(|(arr, _)| arr.local.ip() == clean.ip()),
+        "{got:?}"
+    );
+    assert_eq!(got.len(), 3);
+    assert_eq!(a.stats().faults_recv.dropped, 3);
+}
+
 #[test]
 fn wait_fd_polls_readable() {
     let (la, lb) = (addr("127.0.1.15"), addr("127.0.1.16"));

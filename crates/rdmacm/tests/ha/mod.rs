@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod stream;
+
 use rdma_testhosts::{topologies, Host, Topology};
 use rdmacm::{Cma, CmaConfig, DeviceSpec, HaPolicy};
 

@@ -17,6 +17,7 @@
 //! | `seed` | integer | random seed (default 0) |
 //! | `dir` | `send`, `recv` or `both` | where faults apply (default `send`, so two faulty peers do not double the rate) |
 //! | `reorder_window` | duration | longest time a reordered datagram waits for a later one |
+//! | `local` | IP address | faults only on datagrams sent from or received on this local address (e.g. one port of a device group); default: all |
 //!
 //! Durations take a unit: `ns`, `us`, `ms` or `s`. The decisions for the n-th datagram depend
 //! only on the seed and n (one random stream per direction), so a run replays with its seed.
@@ -70,6 +71,8 @@ pub struct FaultSpec {
     pub dir: FaultDir,
     /// Longest wait of a reordered datagram for a later one.
     pub reorder_window: Duration,
+    /// Only datagrams sent from or received on this local address, if given.
+    pub local: Option<std::net::IpAddr>,
 }
 
 impl Default for FaultSpec {
@@ -83,6 +86,7 @@ impl Default for FaultSpec {
             seed: 0,
             dir: FaultDir::Send,
             reorder_window: Duration::from_millis(1),
+            local: None,
         }
     }
 }
@@ -119,6 +123,19 @@ impl FaultSpec {
     /// Whether faults apply to received datagrams.
     pub fn on_recv(&self) -> bool {
         matches!(self.dir, FaultDir::Recv | FaultDir::Both)
+    }
+
+    /// Whether faults apply to datagrams of local address `ip` (see `local`).
+    ///
+    /// ```
+    /// use rdma_soft::io::FaultSpec;
+    /// let spec: FaultSpec = "loss=0.1,local=198.51.100.1".parse().unwrap();
+    /// assert!(spec.applies_to("198.51.100.1".parse().unwrap()));
+    /// assert!(!spec.applies_to("192.0.2.1".parse().unwrap()));
+    /// assert!("loss=0.1,local=here".parse::<FaultSpec>().is_err());
+    /// ```
+    pub fn applies_to(&self, ip: std::net::IpAddr) -> bool {
+        self.local.map_or(true, |l| l == ip)
     }
 }
 
@@ -195,6 +212,11 @@ impl std::str::FromStr for FaultSpec {
                         .parse()
                         .map_err(|_| bad(format!("seed: {value:?} is not an unsigned integer")))?
                 }
+                "local" => {
+                    spec.local = Some(value.parse().map_err(|_| {
+                        bad(format!("local: {value:?} is not an IP address"))
+                    })?)
+                }
                 "dir" => {
                     spec.dir = match value {
                         "send" => FaultDir::Send,
@@ -205,7 +227,7 @@ impl std::str::FromStr for FaultSpec {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {key:?} (known: loss, dup, reorder, delay, corrupt, seed, dir, reorder_window)"
+                        "unknown key {key:?} (known: loss, dup, reorder, delay, corrupt, seed, dir, reorder_window, local)"
                     )))
                 }
             }

@@ -94,8 +94,13 @@ impl UdpWire {
                     hop_limit: d.anc.hop_limit,
                 };
                 let data = d.data;
+                let judged = self
+                    .cfg
+                    .faults
+                    .as_ref()
+                    .is_some_and(|f| f.applies_to(arrival.local.ip()));
                 let times = match (self.recv_faults.as_deref_mut(), now) {
-                    (Some(inj), Some(now)) => {
+                    (Some(inj), Some(now)) if judged => {
                         let verdict = inj.judge(data);
                         match verdict {
                             Verdict::Pass => 1,
@@ -113,7 +118,7 @@ impl UdpWire {
                     _ => 1,
                 };
                 if times > 0 {
-                    if let Some(inj) = self.recv_faults.as_deref_mut() {
+                    if let Some(inj) = self.recv_faults.as_deref_mut().filter(|_| judged) {
                         inj.passed();
                     }
                     if !accept(

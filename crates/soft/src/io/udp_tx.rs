@@ -85,7 +85,13 @@ impl UdpWire {
         let fd = local.fd.as_raw_fd();
         let ports = &local.ports;
         let fd_of = |n: u8| if n == 0 { Some(fd) } else { ports.fd(n) };
-        let outcome = match self.send_faults.as_deref_mut() {
+        let faulty = self.send_faults.as_deref_mut().filter(|_| {
+            self.cfg
+                .faults
+                .as_ref()
+                .is_some_and(|f| f.applies_to(local.addr.ip()))
+        });
+        let outcome = match faulty {
             None => local.out.send(fd_of, None),
             Some(inj) => {
                 let now = now.unwrap_or_else(Instant::now);

@@ -1,0 +1,191 @@
+//! One migrate scenario, shared by the tests that differ only in what takes the path away:
+//! H streams verifying messages to B over h0; after a quarter of them a trigger runs (a link
+//! down, a route moved, an address removed); every message must arrive byte-exact and in
+//! order on the same QPs, both QPs end on port 2 with one PATH_MIG each (with the expected
+//! causes), both ids get ADDR_CHANGE and never DISCONNECTED, and the DREQ at the end
+//! crosses the second link.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rdma_soft::verbs::{AsyncEvent, MigrationCause};
+use rdma_testhosts::{Host, Topology};
+use rdmacm::{AcceptOptions, ConnectOptions, Connection, EventType, HaPolicy, Listener};
+
+use super::{group, rt, within, B_ADDR, HANG};
+
+const LEN: usize = 2048;
+
+/// Messages in the stream (`RDMA_HA_MESSAGES`, 2,000 by default).
+pub fn messages() -> u32 {
+    std::env::var("RDMA_HA_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+        .max(8)
+}
+
+/// Message `seq`: its number, then a pattern that depends on it.
+pub fn message(seq: u32) -> Vec<u8> {
+    let mut m = vec![0u8; LEN];
+    m[..4].copy_from_slice(&seq.to_le_bytes());
+    for (i, b) in m[4..].iter_mut().enumerate() {
+        *b = (seq as usize * 31 + i * 7) as u8;
+    }
+    m
+}
+
+/// The first PATH_MIG event of `dev` (other async events, e.g. port errors, skipped).
+pub fn path_mig(dev: &rdma_soft::verbs::Device) -> AsyncEvent {
+    loop {
+        match dev.wait_async_event(Some(HANG)).unwrap() {
+            Some(e @ AsyncEvent::PathMigrated { .. }) => {
+                eprintln!("{}: {e:?}", dev.name());
+                return e;
+            }
+            Some(_) => continue,
+            None => panic!("hang guard: no PATH_MIG"),
+        }
+    }
+}
+
+/// Waits for the connection's ADDR_CHANGE (the CM's report of the migration).
+pub async fn addr_change(c: &Connection) {
+    within("ADDR_CHANGE", async {
+        loop {
+            let ev = c.next_event().await.unwrap();
+            match ev.kind() {
+                EventType::AddrChange => return,
+                EventType::Disconnected => panic!("disconnected instead of migrated"),
+                _ => {}
+            }
+        }
+    })
+    .await
+}
+
+/// Checks `e` is QP `qpn`'s migration from port 1 to 2, with `cause` if given.
+fn check_mig(e: AsyncEvent, qpn: u32, cause: Option<MigrationCause>, who: &str) {
+    match e {
+        AsyncEvent::PathMigrated {
+            qpn: q,
+            cause: c,
+            from_port: 1,
+            to_port: 2,
+        } => {
+            assert_eq!(q, qpn, "{who}: the connection's QP");
+            if let Some(want) = cause {
+                assert_eq!(c, want, "{who}: why it migrated");
+            }
+        }
+        e => panic!("{who}: {e:?}"),
+    }
+}
+
+/// What a scenario expects of the two sides' migrations.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Causes {
+    /// H's cause, if it must be one.
+    pub h: Option<MigrationCause>,
+    /// B's cause, if it must be one.
+    pub b: Option<MigrationCause>,
+}
+
+/// What a scenario saw on H.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The longest time between two completed sends.
+    pub longest: Duration,
+    /// H's device's wire counters at the end (faults injected among them).
+    pub h_wire: rdma_soft::io::WireStats,
+}
+
+/// Runs the scenario on `t` (from [`super::topo`]) with the listener on `tcp_port`;
+/// `trigger(h, b)` runs in its own thread after a quarter of the stream.
+pub fn migrate_under_stream(
+    t: &Topology,
+    tcp_port: u16,
+    trigger: impl FnOnce(&Host, &Host) + Send,
+    causes: Causes,
+) -> Outcome {
+    let (h, b) = (t.host("h"), t.host("b"));
+    let n = messages();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let addr: std::net::SocketAddr = format!("{B_ADDR}:{tcp_port}").parse().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            b.run(move || {
+                rt().block_on(async move {
+                    let cma = group("hb", "b0", "b1", HaPolicy::Migrate, false);
+                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
+                    ready_tx.send(()).unwrap();
+                    let inc = within("request", l.incoming()).await.unwrap();
+                    let c = inc.accept(AcceptOptions::default()).await.unwrap();
+                    let qpn = c.qp().qpn();
+                    assert_eq!(c.qp().query().unwrap().port_num, 1);
+                    for seq in 0..n {
+                        let m = within("recv", c.recv()).await.unwrap();
+                        assert_eq!(m, message(seq), "message {seq}: byte-exact, in order");
+                    }
+                    within("ack", c.send(b"all received")).await.unwrap();
+                    assert_eq!(c.qp().qpn(), qpn, "the same QP");
+                    assert_eq!(c.qp().query().unwrap().port_num, 2, "B moved to port 2");
+                    check_mig(path_mig(&c.device().unwrap()), qpn, causes.b, "B");
+                    addr_change(&c).await;
+                    within("peer's disconnect", c.closed()).await;
+                })
+            })
+        });
+        ready_rx.recv().unwrap();
+        s.spawn(move || {
+            go_rx.recv().unwrap();
+            trigger(h, b);
+        });
+        h.run(move || {
+            rt().block_on(async move {
+                let opts = ConnectOptions {
+                    cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, false)),
+                    ..Default::default()
+                };
+                let c = within("connect", Connection::connect(addr, opts))
+                    .await
+                    .unwrap();
+                let id = c.id().unwrap();
+                assert_eq!(id.ha_policy(), HaPolicy::Migrate);
+                assert_eq!(id.port_num(), Some(1));
+                let qp = c.qp().clone();
+                assert_eq!(
+                    qp.query().unwrap().alt_port_num,
+                    2,
+                    "an alternate on port 2"
+                );
+                let mut longest = Duration::ZERO;
+                let mut last = Instant::now();
+                for seq in 0..n {
+                    if seq == n / 4 {
+                        go_tx.send(()).unwrap();
+                    }
+                    within("send", c.send(&message(seq))).await.unwrap();
+                    longest = longest.max(last.elapsed());
+                    last = Instant::now();
+                }
+                assert_eq!(within("ack", c.recv()).await.unwrap(), b"all received");
+                eprintln!(
+                    "longest time between two completed sends: {:.1} ms",
+                    longest.as_secs_f64() * 1e3
+                );
+                assert_eq!(qp.query().unwrap().port_num, 2, "H moved to port 2");
+                let dev = c.device().unwrap();
+                check_mig(path_mig(&dev), qp.qpn(), causes.h, "H");
+                addr_change(&c).await;
+                // The DREQ takes the connection's new path.
+                within("disconnect", c.disconnect()).await.unwrap();
+                Outcome {
+                    longest,
+                    h_wire: dev.wire_stats(),
+                }
+            })
+        })
+    })
+}
