@@ -163,6 +163,38 @@ impl Inner {
         st
     }
 
+    /// After a route change, a LAP on the migrate ids whose peer's route now leaves through
+    /// another up port of their group than the one they use (a route that moved them away
+    /// came back): their new alternate is the path through it. The lookups run without
+    /// the lock.
+    fn lap_route_back<'a>(self: &'a Arc<Self>, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let wants = crate::lap::want_route_lap(&st);
+        if wants.is_empty() {
+            return st;
+        }
+        drop(st);
+        let found: Vec<(u32, crate::slot::IdNum, crate::migrate::AltPath)> = wants
+            .into_iter()
+            .filter_map(|(dev, id, peer, current, ports)| {
+                let alt = self.block(move |r| async move {
+                    let oif = r.view().route_get(peer, None, None).await.ok()?.oif?;
+                    let &(port, link) = ports.iter().find(|p| p.1 == oif)?;
+                    if port == current {
+                        return None;
+                    }
+                    r.alternate(peer, &[(port, link)]).await
+                })?;
+                Some((dev, id, alt))
+            })
+            .collect();
+        let mut st = self.lock();
+        for (dev, id, alt) in found {
+            crate::lap::send_lap(self, &mut st, dev, id, alt);
+        }
+        self.drain_all(&mut st);
+        st
+    }
+
     /// Sends what every agent has queued (after API-like calls made outside a MAD round).
     fn drain_all(self: &Arc<Self>, st: &mut State) {
         let devs: Vec<u32> = st.devices.keys().copied().collect();
@@ -186,6 +218,7 @@ impl Inner {
         // Ports that came back: (device, port, netdev), for a LAP of the migrate policy.
         let mut ups: Vec<(u32, u8, u32)> = Vec::new();
         let mut resync = false;
+        let mut routes = false;
         for ev in host {
             match ev {
                 H::AddressAdded(a) => {
@@ -218,12 +251,16 @@ impl Inner {
                         }
                     }
                 }
+                H::RouteAdded(_) | H::RouteChanged(_) | H::RouteRemoved(_) => routes = true,
                 H::Overrun => resync = true,
                 _ => {}
             }
         }
         if !ups.is_empty() {
             st = self.lap_restored(st, &ups);
+        }
+        if routes || resync {
+            st = self.lap_route_back(st);
         }
         if new_dev.is_empty() && !resync {
             return st;

@@ -140,8 +140,9 @@ fn take_lap(st: &mut State, dev: u32, id: IdNum, lap: &rdma_wire::cm::CmPathRepr
     ApStatus::Success
 }
 
-/// The connected active ids of device `dev` under migrate that have no alternate and are
-/// not on `port`: (id, peer address) for a LAP through `port` now that it is up.
+/// The connected active ids of device `dev` under migrate with path migration that have no
+/// alternate and are not on `port` (0: on any): (id, peer address) for a LAP through
+/// `port` now that it is up.
 pub(crate) fn want_lap(st: &State, dev: u32, port: u8) -> Vec<(IdNum, std::net::IpAddr)> {
     let Some(d) = st.devices.get(&dev) else {
         return Vec::new();
@@ -152,6 +153,7 @@ pub(crate) fn want_lap(st: &State, dev: u32, port: u8) -> Vec<(IdNum, std::net::
             s.dev == Some(dev)
                 && s.parent.is_none()
                 && s.opts.ha == HaPolicy::Migrate
+                && s.apm
                 && s.alt.is_none()
                 && s.lap_alt.is_none()
                 && s.conn.and_then(|c| d.agent.state(c)) == Some(CmState::Established)
@@ -162,6 +164,41 @@ pub(crate) fn want_lap(st: &State, dev: u32, port: u8) -> Vec<(IdNum, std::net::
         })
         .filter_map(|(&id, s)| Some((id, s.peer?.ip())))
         .collect()
+}
+
+/// The ids [`want_lap`] would take on any port, for a route change: (device, id, peer
+/// address, the port its QP uses, the device's up ports with their netdevs).
+#[allow(clippy::type_complexity)]
+pub(crate) fn want_route_lap(
+    st: &State,
+) -> Vec<(u32, IdNum, std::net::IpAddr, u8, Vec<(u8, u32)>)> {
+    let mut out = Vec::new();
+    for (&dev, d) in st.devices.iter().filter(|(_, d)| d.links.len() > 1) {
+        let ports: Vec<(u8, u32)> = d
+            .links
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &link)| Some((u8::try_from(i + 1).ok()?, link)))
+            .filter(|&(p, _)| {
+                d.dev
+                    .query_port(p)
+                    .is_ok_and(|a| a.state == rdma_soft::verbs::PortState::Active)
+            })
+            .collect();
+        for (id, peer) in want_lap(st, dev, 0) {
+            let Some(current) = st
+                .ids
+                .get(&id)
+                .and_then(|s| s.qp.as_ref())
+                .and_then(|q| q.query().ok())
+                .map(|a| a.port_num)
+            else {
+                continue;
+            };
+            out.push((dev, id, peer, current, ports.clone()));
+        }
+    }
+    out
 }
 
 /// Sends the LAP for `alt` on id `id` (an alternate found for it by `want_lap`'s caller).

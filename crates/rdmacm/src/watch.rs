@@ -158,7 +158,7 @@ impl Watcher {
         self.host.get_or_insert_with(VecDeque::new);
     }
 
-    /// Address and link events seen since the last call (with [`Watcher::track_host`]).
+    /// Address, link and route events seen since the last call (with [`Watcher::track_host`]).
     pub(crate) fn take_host_events(&mut self) -> Vec<Event> {
         self.host
             .as_mut()
@@ -200,6 +200,9 @@ impl Watcher {
                     | Event::LinkRemoved(_)
                     | Event::LinkUp(_)
                     | Event::LinkDown(_)
+                    | Event::RouteAdded(_)
+                    | Event::RouteChanged(_)
+                    | Event::RouteRemoved(_)
                     | Event::Overrun
             ) {
                 h.push_back(ev.clone());

@@ -12,11 +12,12 @@ mod ha;
 
 use std::sync::mpsc;
 
-use ha::stream::{addr_change, message, migrate_under_stream, path_mig, Causes};
+use ha::stream::{
+    addr_change, away_and_back, message, migrate_under_stream, path_mig, stream_until, Causes,
+};
 use ha::{rt, topo, within, B_ADDR};
-use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
-use rdma_testhosts::require_root;
+use rdma_testhosts::{require_root, Host};
 use rdmacm::{AcceptOptions, Cma, ConnectOptions, Connection, HaPolicy, Listener};
 
 /// A context with one device over `first` and `second`, ids starting with migrate.
@@ -40,30 +41,35 @@ fn link_down_moves_the_connection_to_the_second_link() {
     migrate_under_stream(&topo(), 7492, down, causes);
 }
 
-/// Sends messages `*seq..` until `done` holds (checked after each), then `extra` more.
-async fn stream_until(c: &Connection, seq: &mut u32, extra: u32, done: impl Fn() -> bool) {
-    let mut more = None;
-    loop {
-        within("send", c.send(&message(*seq))).await.unwrap();
-        *seq += 1;
-        assert!(*seq < 1_000_000, "the condition never held");
-        if more.is_none() && done() {
-            more = Some(extra);
-        }
-        match more.as_mut() {
-            Some(0) => return,
-            Some(k) => *k -= 1,
-            None => {}
-        }
-    }
-}
-
-/// `h0` down then up again under a stream: the connection moves to port 2, the restored
-/// path is loaded as its new alternate (LAP / APR), and it returns to port 1 (the default,
-/// `RDMACM_HA_RETURN=return`) once both QPs are armed; every message arrives once, in order.
 #[test]
 fn the_restored_link_brings_the_connection_back() {
     restored("the_restored_link_brings_the_connection_back", false, 7493);
+}
+
+/// h0 down, then up with its route to B back (an admin down deletes the routes through it,
+/// as a network manager would put it back).
+fn restored(name: &str, stay: bool, tcp_port: u16) {
+    if !require_root(name) {
+        return;
+    }
+    let down = |h: &Host| common::sh(h, &["link", "set", "h0", "down"]);
+    let up = |h: &Host| {
+        common::sh(h, &["link", "set", "h0", "up"]);
+        h.wait_carrier("h0");
+        common::sh(
+            h,
+            &[
+                "route",
+                "replace",
+                "192.0.2.2/32",
+                "dev",
+                "h0",
+                "metric",
+                "10",
+            ],
+        );
+    };
+    away_and_back(&topo(), stay, tcp_port, down, up);
 }
 
 /// The same with `RDMACM_HA_RETURN=stay` (`CmaConfig::ha_stay`): the connection stays on
@@ -71,102 +77,6 @@ fn the_restored_link_brings_the_connection_back() {
 #[test]
 fn with_stay_the_connection_keeps_the_second_link() {
     restored("with_stay_the_connection_keeps_the_second_link", true, 7494);
-}
-
-fn restored(name: &str, stay: bool, tcp_port: u16) {
-    if !require_root(name) {
-        return;
-    }
-    let t = topo();
-    let (h, b) = (t.host("h"), t.host("b"));
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let (end_port, moves_want): (u8, &[(u8, u8)]) = if stay {
-        (2, &[(1, 2)])
-    } else {
-        (1, &[(1, 2), (2, 1)])
-    };
-    let group_ha = move |name: &str, first: &str, second: &str| {
-        ha::group(name, first, second, HaPolicy::Migrate, stay)
-    };
-    let migrations = |dev: &rdma_soft::verbs::Device, k: usize| -> Vec<(u8, u8)> {
-        (0..k)
-            .map(|_| match path_mig(dev) {
-                AsyncEvent::PathMigrated {
-                    from_port, to_port, ..
-                } => (from_port, to_port),
-                e => panic!("{e:?}"),
-            })
-            .collect()
-    };
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            b.run(move || {
-                rt().block_on(async move {
-                    let cma = group_ha("hb", "b0", "b1");
-                    let addr = format!("{B_ADDR}:{tcp_port}").parse().unwrap();
-                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
-                    ready_tx.send(()).unwrap();
-                    let inc = within("request", l.incoming()).await.unwrap();
-                    let c = inc.accept(AcceptOptions::default()).await.unwrap();
-                    let mut next = 0u32;
-                    loop {
-                        let m = within("recv", c.recv()).await.unwrap();
-                        if m == b"end" {
-                            break;
-                        }
-                        assert_eq!(m, message(next), "message {next}: byte-exact, in order");
-                        next += 1;
-                    }
-                    within("count", c.send(&next.to_le_bytes())).await.unwrap();
-                    let a = c.qp().query().unwrap();
-                    assert_eq!(a.port_num, end_port, "B's port at the end");
-                    let dev = c.device().unwrap();
-                    assert_eq!(migrations(&dev, moves_want.len()), moves_want);
-                    within("peer's disconnect", c.closed()).await;
-                })
-            })
-        });
-        ready_rx.recv().unwrap();
-        let host = h;
-        h.run(move || {
-            rt().block_on(async move {
-                let opts = ConnectOptions {
-                    cma: Some(group_ha("ha", "h0", "h1")),
-                    ..Default::default()
-                };
-                let addr = format!("{B_ADDR}:{tcp_port}").parse().unwrap();
-                let c = within("connect", Connection::connect(addr, opts))
-                    .await
-                    .unwrap();
-                let qp = c.qp().clone();
-                let attr = || qp.query().unwrap();
-                let mut seq = 0;
-                stream_until(&c, &mut seq, 100, || true).await;
-                common::sh(host, &["link", "set", "h0", "down"]);
-                stream_until(&c, &mut seq, 100, || attr().port_num == 2).await;
-                common::sh(host, &["link", "set", "h0", "up"]);
-                host.wait_carrier("h0");
-                if stay {
-                    // The LAP loaded the restored path; traffic armed it; nobody moved.
-                    stream_until(&c, &mut seq, 100, || {
-                        let a = attr();
-                        a.alt_port_num == 1 && a.path_mig_state == MigState::Armed
-                    })
-                    .await;
-                } else {
-                    stream_until(&c, &mut seq, 100, || attr().port_num == 1).await;
-                }
-                within("end", c.send(b"end")).await.unwrap();
-                let got = within("count", c.recv()).await.unwrap();
-                assert_eq!(got, seq.to_le_bytes(), "B received every message");
-                assert_eq!(attr().port_num, end_port, "H's port at the end");
-                let dev = c.device().unwrap();
-                assert_eq!(migrations(&dev, moves_want.len()), moves_want);
-                eprintln!("{name}: {seq} messages, on port {end_port} at the end");
-                within("disconnect", c.disconnect()).await.unwrap();
-            })
-        });
-    });
 }
 
 /// Against a peer without path migration (a plain device, `notify`: it refuses the REQ's

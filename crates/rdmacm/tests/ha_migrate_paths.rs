@@ -8,7 +8,7 @@
 mod common;
 mod ha;
 
-use ha::stream::{migrate_under_stream, Causes};
+use ha::stream::{away_and_back, migrate_under_stream, Causes};
 use ha::{route_to_h1, topo};
 use rdma_soft::verbs::MigrationCause;
 use rdma_testhosts::{require_root, Host};
@@ -64,4 +64,28 @@ fn our_address_removed_migrates_the_connection() {
         b: Some(MigrationCause::Peer),
     };
     migrate_under_stream(&t, 7496, removed, causes);
+}
+
+/// The route moved to h1 and back: the connection follows it to port 2 and, once the route
+/// leaves through h0 again, returns there (LAP / APR, then the forced migration back).
+#[test]
+fn the_route_moved_back_brings_the_connection_back() {
+    if !require_root("the_route_moved_back_brings_the_connection_back") {
+        return;
+    }
+    let back = |h: &Host| {
+        common::sh(
+            h,
+            &[
+                "route",
+                "replace",
+                "192.0.2.2/32",
+                "dev",
+                "h0",
+                "metric",
+                "10",
+            ],
+        )
+    };
+    away_and_back(&topo(), false, 7497, route_to_h1, back);
 }

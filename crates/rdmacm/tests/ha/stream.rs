@@ -8,6 +8,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{Host, Topology};
 use rdmacm::{AcceptOptions, ConnectOptions, Connection, EventType, HaPolicy, Listener};
@@ -188,4 +189,126 @@ pub fn migrate_under_stream(
             })
         })
     })
+}
+
+/// Sends messages `*seq..` until `done` holds (checked after each), then `extra` more.
+pub async fn stream_until(c: &Connection, seq: &mut u32, extra: u32, done: impl Fn() -> bool) {
+    let mut more = None;
+    loop {
+        within("send", c.send(&message(*seq))).await.unwrap();
+        *seq += 1;
+        assert!(*seq < 1_000_000, "the condition never held");
+        if more.is_none() && done() {
+            more = Some(extra);
+        }
+        match more.as_mut() {
+            Some(0) => return,
+            Some(k) => *k -= 1,
+            None => {}
+        }
+    }
+}
+
+/// The first path taken away from H under a stream by `away(h)`, then given back by
+/// `back(h)`: the connection moves to port 2, the restored path is loaded as its new
+/// alternate (LAP / APR), and it returns to port 1 (`stay` false: the default,
+/// `RDMACM_HA_RETURN=return`) once both QPs are armed, its datagrams leaving through h0
+/// again; or, with `stay`, keeps port 2 with the restored path loaded and armed. Every
+/// message arrives once, in order, byte-exact; both devices report the migrations.
+pub fn away_and_back(
+    t: &Topology,
+    stay: bool,
+    tcp_port: u16,
+    away: impl FnOnce(&Host) + Send,
+    back: impl FnOnce(&Host) + Send,
+) {
+    let (h, b) = (t.host("h"), t.host("b"));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (end_port, moves_want): (u8, &[(u8, u8)]) = if stay {
+        (2, &[(1, 2)])
+    } else {
+        (1, &[(1, 2), (2, 1)])
+    };
+    let migrations = |dev: &rdma_soft::verbs::Device, k: usize| -> Vec<(u8, u8)> {
+        (0..k)
+            .map(|_| match path_mig(dev) {
+                AsyncEvent::PathMigrated {
+                    from_port, to_port, ..
+                } => (from_port, to_port),
+                e => panic!("{e:?}"),
+            })
+            .collect()
+    };
+    let addr: std::net::SocketAddr = format!("{B_ADDR}:{tcp_port}").parse().unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            b.run(move || {
+                rt().block_on(async move {
+                    let cma = group("hb", "b0", "b1", HaPolicy::Migrate, stay);
+                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
+                    ready_tx.send(()).unwrap();
+                    let inc = within("request", l.incoming()).await.unwrap();
+                    let c = inc.accept(AcceptOptions::default()).await.unwrap();
+                    let mut next = 0u32;
+                    loop {
+                        let m = within("recv", c.recv()).await.unwrap();
+                        if m == b"end" {
+                            break;
+                        }
+                        assert_eq!(m, message(next), "message {next}: byte-exact, in order");
+                        next += 1;
+                    }
+                    within("count", c.send(&next.to_le_bytes())).await.unwrap();
+                    let a = c.qp().query().unwrap();
+                    assert_eq!(a.port_num, end_port, "B's port at the end");
+                    let dev = c.device().unwrap();
+                    assert_eq!(migrations(&dev, moves_want.len()), moves_want);
+                    within("peer's disconnect", c.closed()).await;
+                })
+            })
+        });
+        ready_rx.recv().unwrap();
+        let host = h;
+        h.run(move || {
+            rt().block_on(async move {
+                let opts = ConnectOptions {
+                    cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, stay)),
+                    ..Default::default()
+                };
+                let c = within("connect", Connection::connect(addr, opts))
+                    .await
+                    .unwrap();
+                let qp = c.qp().clone();
+                let attr = || qp.query().unwrap();
+                let mut seq = 0;
+                stream_until(&c, &mut seq, 100, || true).await;
+                away(host);
+                stream_until(&c, &mut seq, 100, || attr().port_num == 2).await;
+                back(host);
+                if stay {
+                    // The LAP loaded the restored path; traffic armed it; nobody moved.
+                    stream_until(&c, &mut seq, 100, || {
+                        let a = attr();
+                        a.alt_port_num == 1 && a.path_mig_state == MigState::Armed
+                    })
+                    .await;
+                } else {
+                    stream_until(&c, &mut seq, 0, || attr().port_num == 1).await;
+                    // back on the wire too: the stream leaves through h0 again
+                    let before = super::tx_packets("h0");
+                    stream_until(&c, &mut seq, 100, || true).await;
+                    let sent = super::tx_packets("h0") - before;
+                    assert!(sent >= 100, "{sent} packets through h0 for 100 messages");
+                }
+                within("end", c.send(b"end")).await.unwrap();
+                let got = within("count", c.recv()).await.unwrap();
+                assert_eq!(got, seq.to_le_bytes(), "B received every message");
+                assert_eq!(attr().port_num, end_port, "H's port at the end");
+                let dev = c.device().unwrap();
+                assert_eq!(migrations(&dev, moves_want.len()), moves_want);
+                eprintln!("{seq} messages, on port {end_port} at the end");
+                within("disconnect", c.disconnect()).await.unwrap();
+            })
+        });
+    });
 }
