@@ -86,6 +86,7 @@ impl Inner {
                     Ipv6Addr::from(m.remote.gid()),
                     m.ifindex,
                 );
+                tracing::trace!(target: "rdmacm::mad", local = %m.local, remote = %m.remote, attr = mad_attr(&m.mad), "MAD received");
                 d.agent.handle_mad(now, path, &m.mad);
                 self.drain_agent(&mut st, i);
                 st = self.settle_held(st, i);
@@ -393,7 +394,17 @@ fn send(d: &DevEntry, t: &CmTransmit) {
     let meta = rdma_soft::io::TxMeta {
         tclass: t.path.traffic_class,
     };
-    let _ = d.dev.gsi_send_with(&local, &remote, meta, &t.mad);
+    tracing::trace!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), "MAD sent");
+    if let Err(e) = d.dev.gsi_send_with(&local, &remote, meta, &t.mad) {
+        // a lost MAD: the CM's retransmissions (or the peer's) cover it
+        tracing::debug!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), error = %e, "MAD not sent");
+    }
+}
+
+/// The attribute id of a MAD (REQ 0x10, REP 0x13, DREQ 0x15, DREP 0x16, ...), for logs.
+fn mad_attr(mad: &[u8]) -> u16 {
+    mad.get(16..18)
+        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
 }
 
 /// Sends what the agent of device `i` queued in its timers: retransmissions only (MADs and

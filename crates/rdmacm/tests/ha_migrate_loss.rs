@@ -21,6 +21,7 @@ fn loss_on_the_surviving_path_loses_nothing() {
     if !require_root("loss_on_the_surviving_path_loses_nothing") {
         return;
     }
+    common::log_from_env();
     let spec = std::env::var("RDMA_HA_LOSS_SPEC").unwrap_or_else(|_| FAULTS.into());
     // set before any device or thread exists (one test in this binary)
     std::env::set_var(rdma_soft::io::FAULTS_ENV, &spec);

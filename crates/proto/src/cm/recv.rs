@@ -486,6 +486,7 @@ impl CmAgent {
         };
         if x.remote_qpn_eecn != c.local_qpn {
             self.stats.unmatched += 1;
+            tracing::debug!(from = ?src, qpn = x.remote_qpn_eecn, "DREQ for another QP dropped");
             return;
         }
         let conn = c.handle;
@@ -493,7 +494,10 @@ impl CmAgent {
         match c.state {
             CmState::RepSent | CmState::MraRepRcvd => implied_establish = true,
             CmState::DreqSent | CmState::Established => {}
-            CmState::Timewait => {
+            // After the timewait too (512 ms, while the peer resends its DREQ every few
+            // seconds): a DREP that was lost is answered again for as long as the id
+            // exists, else the peer's disconnect waits out all its retries.
+            CmState::Timewait | CmState::Idle => {
                 self.stats.duplicates += 1;
                 let answer = match &c.last_response {
                     Some(m) => Some(**m),
@@ -513,11 +517,14 @@ impl CmAgent {
                 return;
             }
             CmState::DreqRcvd => {
+                // not answered yet (the owner's disconnect sends the DREP)
                 self.stats.duplicates += 1;
+                tracing::debug!(from = ?src, "duplicate DREQ before the DREP dropped");
                 return;
             }
-            _ => {
+            state => {
                 self.stats.unmatched += 1;
+                tracing::debug!(from = ?src, ?state, "DREQ dropped");
                 return;
             }
         }

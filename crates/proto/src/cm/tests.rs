@@ -386,6 +386,12 @@ fn disconnect_dreq_drep_timewait() {
     assert_eq!(a.state(ca), Some(CmState::Idle));
     b.handle_timeout(10 + 512 * MS);
     assert_eq!(b.poll_event(), Some(CmEvent::TimewaitExit { conn: cb }));
+    // After the timewait as well: the DREQ's retransmission (every few seconds) after a
+    // lost DREP is answered while the id exists.
+    b.handle_mad(4000 * MS, addr_a(), &dreq);
+    assert_eq!(sent(&mut b), vec![drep]);
+    assert_eq!(b.state(cb), Some(CmState::Idle));
+    assert!(b.poll_event().is_none());
     a.destroy(1000 * MS, ca).unwrap();
     assert!(sent(&mut a).is_empty());
     assert_eq!(a.conn_count(), 0);

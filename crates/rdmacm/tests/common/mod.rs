@@ -93,3 +93,14 @@ pub fn drain(r: &BlockingResolver, w: &mut Watcher, d: Duration) -> Vec<Notifica
     }
     seen
 }
+
+/// Logs to stderr when `RUST_LOG` is set (e.g. `RUST_LOG=rdmacm=debug`), for a failing
+/// run to be read; nothing otherwise.
+pub fn log_from_env() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}

@@ -113,6 +113,9 @@ pub fn migrate_under_stream(
     let n = messages();
     let (ready_tx, ready_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
+    // B stays until H's disconnect returned: a DREP lost on a lossy path is answered again
+    // only while B's CM is there to see the DREQ's retransmission
+    let (done_tx, done_rx) = mpsc::channel::<()>();
     let addr: std::net::SocketAddr = format!("{B_ADDR}:{tcp_port}").parse().unwrap();
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -135,6 +138,7 @@ pub fn migrate_under_stream(
                     check_mig(path_mig(&c.device().unwrap()), qpn, causes.b, "B");
                     addr_change(&c).await;
                     within("peer's disconnect", c.closed()).await;
+                    done_rx.recv().unwrap_or(()); // Err: H ended first (it panicked)
                 })
             })
         });
@@ -182,6 +186,7 @@ pub fn migrate_under_stream(
                 addr_change(&c).await;
                 // The DREQ takes the connection's new path.
                 within("disconnect", c.disconnect()).await.unwrap();
+                drop(done_tx);
                 Outcome {
                     longest,
                     h_wire: dev.wire_stats(),
@@ -224,6 +229,7 @@ pub fn away_and_back(
 ) {
     let (h, b) = (t.host("h"), t.host("b"));
     let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>(); // as in migrate_under_stream
     let (end_port, moves_want): (u8, &[(u8, u8)]) = if stay {
         (2, &[(1, 2)])
     } else {
@@ -264,6 +270,7 @@ pub fn away_and_back(
                     let dev = c.device().unwrap();
                     assert_eq!(migrations(&dev, moves_want.len()), moves_want);
                     within("peer's disconnect", c.closed()).await;
+                    done_rx.recv().unwrap_or(()); // Err: H ended first (it panicked)
                 })
             })
         });
@@ -308,6 +315,7 @@ pub fn away_and_back(
                 assert_eq!(migrations(&dev, moves_want.len()), moves_want);
                 eprintln!("{seq} messages, on port {end_port} at the end");
                 within("disconnect", c.disconnect()).await.unwrap();
+                drop(done_tx);
             })
         });
     });
