@@ -50,6 +50,18 @@ fn sent(qp: &mut RcQp, mem: &mut InMemoryTable) -> Vec<(Opcode, u32, bool, u8)> 
     v
 }
 
+/// Posts `n` zero-length WRITEs (wr ids 0..n) with `flags`.
+fn post_writes(qp: &mut RcQp, mem: &InMemoryTable, n: u64, flags: SendFlags) {
+    for i in 0..n {
+        let op = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        qp.post_send(mem, &SendWr::new(i, op).with_flags(flags))
+            .unwrap();
+    }
+}
+
 #[test]
 fn without_an_alternate_nothing_changes() {
     let (mut qp, mut mem) = qp();
@@ -150,16 +162,7 @@ fn forced_migration_resends_from_the_oldest_unacked_psn_on_the_alternate() {
     qp.post_recv(&RecvWr::new(9)).unwrap();
     deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
     sent(&mut qp, &mut mem);
-    for i in 0..3 {
-        let wr = SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: 0,
-                rkey: 0,
-            },
-        );
-        qp.post_send(&mem, &wr).unwrap();
-    }
+    post_writes(&mut qp, &mem, 3, SendFlags::empty());
     let first = sent(&mut qp, &mut mem);
     assert_eq!(
         first.iter().map(|p| (p.1, p.2, p.3)).collect::<Vec<_>>(),
@@ -232,17 +235,7 @@ fn a_peer_migration_also_resends_our_own_outstanding_requests() {
     load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
     deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
     sent(&mut qp, &mut mem);
-    for i in 0..2 {
-        let wr = SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: 0,
-                rkey: 0,
-            },
-        )
-        .with_flags(SendFlags::SIGNALED);
-        qp.post_send(&mem, &wr).unwrap();
-    }
+    post_writes(&mut qp, &mem, 2, SendFlags::SIGNALED);
     assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101 on port 1, unacknowledged
     deliver(&mut qp, &mut mem, write_req(501, true), ALT_PORT);
     let out = sent(&mut qp, &mut mem);
@@ -287,16 +280,7 @@ fn a_stale_ack_with_mig_req_on_the_alternate_migrates_an_armed_requester() {
     load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
     deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
     sent(&mut qp, &mut mem);
-    for i in 0..2 {
-        let wr = SendWr::new(
-            i,
-            SendOp::RdmaWrite {
-                remote_addr: 0,
-                rkey: 0,
-            },
-        );
-        qp.post_send(&mem, &wr).unwrap();
-    }
+    post_writes(&mut qp, &mem, 2, SendFlags::empty());
     assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101, unacknowledged
                                                   // the peer's announcement: an ACK of a PSN before anything outstanding
     let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 99);

@@ -156,12 +156,7 @@ impl Inner {
                 Some((dev, id, alt))
             })
             .collect();
-        let mut st = self.lock();
-        for (dev, id, alt) in found {
-            crate::lap::send_lap(self, &mut st, dev, id, alt);
-        }
-        self.drain_all(&mut st);
-        st
+        self.send_laps(found)
     }
 
     /// After a route change, a LAP on the migrate ids whose peer's route now leaves through
@@ -188,6 +183,14 @@ impl Inner {
                 Some((dev, id, alt))
             })
             .collect();
+        self.send_laps(found)
+    }
+
+    /// Takes the lock again and sends a LAP for each (device, id, alternate) found.
+    fn send_laps(
+        self: &Arc<Self>,
+        found: Vec<(u32, crate::slot::IdNum, crate::migrate::AltPath)>,
+    ) -> MutexGuard<'_, State> {
         let mut st = self.lock();
         for (dev, id, alt) in found {
             crate::lap::send_lap(self, &mut st, dev, id, alt);

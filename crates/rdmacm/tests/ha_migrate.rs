@@ -56,18 +56,7 @@ fn restored(name: &str, stay: bool, tcp_port: u16) {
     let up = |h: &Host| {
         common::sh(h, &["link", "set", "h0", "up"]);
         h.wait_carrier("h0");
-        common::sh(
-            h,
-            &[
-                "route",
-                "replace",
-                "192.0.2.2/32",
-                "dev",
-                "h0",
-                "metric",
-                "10",
-            ],
-        );
+        ha::route_to_h0(h);
     };
     away_and_back(&topo(), stay, tcp_port, down, up);
 }

@@ -9,7 +9,7 @@ mod common;
 mod ha;
 
 use ha::stream::{away_and_back, migrate_under_stream, Causes};
-use ha::{route_to_h1, topo};
+use ha::{route_to_h0, route_to_h1, topo};
 use rdma_soft::verbs::MigrationCause;
 use rdma_testhosts::{require_root, Host};
 
@@ -73,19 +73,5 @@ fn the_route_moved_back_brings_the_connection_back() {
     if !require_root("the_route_moved_back_brings_the_connection_back") {
         return;
     }
-    let back = |h: &Host| {
-        common::sh(
-            h,
-            &[
-                "route",
-                "replace",
-                "192.0.2.2/32",
-                "dev",
-                "h0",
-                "metric",
-                "10",
-            ],
-        )
-    };
-    away_and_back(&topo(), false, 7497, route_to_h1, back);
+    away_and_back(&topo(), false, 7497, route_to_h1, route_to_h0);
 }

@@ -90,6 +90,22 @@ pub fn route_to_h1(h: &Host) {
     );
 }
 
+/// Puts H's route to B back through h0 (as the topology has it).
+pub fn route_to_h0(h: &Host) {
+    crate::common::sh(
+        h,
+        &[
+            "route",
+            "replace",
+            "192.0.2.2/32",
+            "dev",
+            "h0",
+            "metric",
+            "10",
+        ],
+    );
+}
+
 /// Packets `dev` sent, read in the calling thread's namespace.
 pub fn tx_packets(dev: &str) -> u64 {
     let t = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
