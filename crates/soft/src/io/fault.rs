@@ -332,6 +332,12 @@ impl<M: Copy> FaultInjector<M> {
         }
     }
 
+    /// Whether this injector judges the datagrams of local address `ip`
+    /// ([`FaultSpec::applies_to`]).
+    pub fn applies_to(&self, ip: std::net::IpAddr) -> bool {
+        self.spec.applies_to(ip)
+    }
+
     pub fn stats(&self) -> FaultStats {
         self.stats
     }

@@ -94,13 +94,10 @@ impl UdpWire {
                     hop_limit: d.anc.hop_limit,
                 };
                 let data = d.data;
-                let judged = self
-                    .cfg
-                    .faults
-                    .as_ref()
-                    .is_some_and(|f| f.applies_to(arrival.local.ip()));
-                let times = match (self.recv_faults.as_deref_mut(), now) {
-                    (Some(inj), Some(now)) if judged => {
+                let mut inj =
+                    (self.recv_faults.as_deref_mut()).filter(|f| f.applies_to(arrival.local.ip()));
+                let times = match (inj.as_deref_mut(), now) {
+                    (Some(inj), Some(now)) => {
                         let verdict = inj.judge(data);
                         match verdict {
                             Verdict::Pass => 1,
@@ -118,7 +115,7 @@ impl UdpWire {
                     _ => 1,
                 };
                 if times > 0 {
-                    if let Some(inj) = self.recv_faults.as_deref_mut().filter(|_| judged) {
+                    if let Some(inj) = inj {
                         inj.passed();
                     }
                     if !accept(

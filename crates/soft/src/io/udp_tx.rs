@@ -85,12 +85,7 @@ impl UdpWire {
         let fd = local.fd.as_raw_fd();
         let ports = &local.ports;
         let fd_of = |n: u8| if n == 0 { Some(fd) } else { ports.fd(n) };
-        let faulty = self.send_faults.as_deref_mut().filter(|_| {
-            self.cfg
-                .faults
-                .as_ref()
-                .is_some_and(|f| f.applies_to(local.addr.ip()))
-        });
+        let faulty = (self.send_faults.as_deref_mut()).filter(|f| f.applies_to(local.addr.ip()));
         let outcome = match faulty {
             None => local.out.send(fd_of, None),
             Some(inj) => {
