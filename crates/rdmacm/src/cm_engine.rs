@@ -141,7 +141,7 @@ impl Inner {
             .flat_map(|&(dev, port, link)| {
                 crate::lap::want_lap(&st, dev, port)
                     .into_iter()
-                    .map(move |(id, peer)| (dev, id, peer, port, link))
+                    .map(move |(id, peer, _)| (dev, id, peer, port, link))
             })
             .collect();
         if wants.is_empty() {

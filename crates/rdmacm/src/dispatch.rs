@@ -192,12 +192,6 @@ impl Inner {
         if st.ids.get(&id).is_some_and(|s| s.watch_gen != gen) {
             return; // about a path the id has left (migrated)
         }
-        let n = match n {
-            Notification::AddrChange { reason, .. } => Notification::AddrChange { id, reason },
-            Notification::DeviceRemoval { netdev, .. } => {
-                Notification::DeviceRemoval { id, netdev }
-            }
-        };
         if let Notification::AddrChange { reason, .. } = &n {
             if crate::migrate::on_path_change(st, id, reason) || self.align_close(st, id, reason) {
                 return;

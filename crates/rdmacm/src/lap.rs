@@ -141,9 +141,9 @@ fn take_lap(st: &mut State, dev: u32, id: IdNum, lap: &rdma_wire::cm::CmPathRepr
 }
 
 /// The connected active ids of device `dev` under migrate with path migration that have no
-/// alternate and are not on `port` (0: on any): (id, peer address) for a LAP through
-/// `port` now that it is up.
-pub(crate) fn want_lap(st: &State, dev: u32, port: u8) -> Vec<(IdNum, std::net::IpAddr)> {
+/// alternate and are not on `port` (0: on any): (id, peer address, the port its QP uses)
+/// for a LAP through `port` now that it is up.
+pub(crate) fn want_lap(st: &State, dev: u32, port: u8) -> Vec<(IdNum, std::net::IpAddr, u8)> {
     let Some(d) = st.devices.get(&dev) else {
         return Vec::new();
     };
@@ -157,12 +157,11 @@ pub(crate) fn want_lap(st: &State, dev: u32, port: u8) -> Vec<(IdNum, std::net::
                 && s.alt.is_none()
                 && s.lap_alt.is_none()
                 && s.conn.and_then(|c| d.agent.state(c)) == Some(CmState::Established)
-                && s.qp
-                    .as_ref()
-                    .and_then(|q| q.query().ok())
-                    .is_some_and(|a| a.port_num != port)
         })
-        .filter_map(|(&id, s)| Some((id, s.peer?.ip())))
+        .filter_map(|(&id, s)| {
+            let current = s.qp.as_ref()?.query().ok()?.port_num;
+            (current != port).then_some((id, s.peer?.ip(), current))
+        })
         .collect()
 }
 
@@ -174,27 +173,8 @@ pub(crate) fn want_route_lap(
 ) -> Vec<(u32, IdNum, std::net::IpAddr, u8, Vec<(u8, u32)>)> {
     let mut out = Vec::new();
     for (&dev, d) in st.devices.iter().filter(|(_, d)| d.links.len() > 1) {
-        let ports: Vec<(u8, u32)> = d
-            .links
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &link)| Some((u8::try_from(i + 1).ok()?, link)))
-            .filter(|&(p, _)| {
-                d.dev
-                    .query_port(p)
-                    .is_ok_and(|a| a.state == rdma_soft::verbs::PortState::Active)
-            })
-            .collect();
-        for (id, peer) in want_lap(st, dev, 0) {
-            let Some(current) = st
-                .ids
-                .get(&id)
-                .and_then(|s| s.qp.as_ref())
-                .and_then(|q| q.query().ok())
-                .map(|a| a.port_num)
-            else {
-                continue;
-            };
+        let ports = migrate::up_ports(d);
+        for (id, peer, current) in want_lap(st, dev, 0) {
             out.push((dev, id, peer, current, ports.clone()));
         }
     }

@@ -45,11 +45,17 @@ pub(crate) fn candidates(st: &State, s: &IdSlot) -> Vec<(u8, u32)> {
         return Vec::new();
     };
     let primary = crate::connect::id_port(st, s);
+    let mut ports = up_ports(d);
+    ports.retain(|&(p, _)| p != primary);
+    ports
+}
+
+/// The ports of device `d` that are up, with their netdevs.
+pub(crate) fn up_ports(d: &DevEntry) -> Vec<(u8, u32)> {
     d.links
         .iter()
         .enumerate()
         .filter_map(|(i, &link)| Some((u8::try_from(i + 1).ok()?, link)))
-        .filter(|&(p, _)| p != primary)
         .filter(|&(p, _)| {
             d.dev
                 .query_port(p)
