@@ -40,6 +40,17 @@ fn deliver(qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketHeader, port: u8) {
     );
 }
 
+/// A connected QP with an alternate path loaded in Rearm, armed by the peer's WRITE 500
+/// (MigReq clear, on the primary), whose ACK was taken.
+fn armed() -> (RcQp, InMemoryTable) {
+    let (mut qp, mut mem) = qp();
+    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    deliver(&mut qp, &mut mem, write_req(500, false), 1);
+    assert_eq!(qp.path_mig_state(), MigState::Armed);
+    sent(&mut qp, &mut mem);
+    (qp, mem)
+}
+
 /// Everything the QP sends now: (opcode, psn, MigReq, port).
 fn sent(qp: &mut RcQp, mem: &mut InMemoryTable) -> Vec<(Opcode, u32, bool, u8)> {
     let mut buf = [0u8; 4096];
@@ -157,11 +168,8 @@ fn rearm_arms_on_mig_req_clear_then_peer_migration_is_followed() {
 
 #[test]
 fn forced_migration_resends_from_the_oldest_unacked_psn_on_the_alternate() {
-    let (mut qp, mut mem) = qp();
-    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    let (mut qp, mut mem) = armed();
     qp.post_recv(&RecvWr::new(9)).unwrap();
-    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
-    sent(&mut qp, &mut mem);
     post_writes(&mut qp, &mem, 3, SendFlags::empty());
     let first = sent(&mut qp, &mut mem);
     assert_eq!(
@@ -231,10 +239,7 @@ fn rearm_follows_a_peer_that_migrated_onto_our_alternate() {
 
 #[test]
 fn a_peer_migration_also_resends_our_own_outstanding_requests() {
-    let (mut qp, mut mem) = qp();
-    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
-    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
-    sent(&mut qp, &mut mem);
+    let (mut qp, mut mem) = armed();
     post_writes(&mut qp, &mem, 2, SendFlags::SIGNALED);
     assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101 on port 1, unacknowledged
     deliver(&mut qp, &mut mem, write_req(501, true), ALT_PORT);
@@ -260,11 +265,8 @@ fn a_peer_migration_also_resends_our_own_outstanding_requests() {
 
 #[test]
 fn a_forced_migration_with_nothing_to_send_announces_itself_with_an_ack() {
-    let (mut qp, mut mem) = qp();
-    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
+    let (mut qp, mut mem) = armed();
     qp.post_recv(&RecvWr::new(9)).unwrap();
-    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
-    sent(&mut qp, &mut mem);
     qp.migrate().unwrap();
     // no request of ours outstanding: an ACK of the last PSN received, MigReq set, on the
     // new path, so that a peer with requests outstanding follows at once
@@ -276,13 +278,11 @@ fn a_forced_migration_with_nothing_to_send_announces_itself_with_an_ack() {
 
 #[test]
 fn a_stale_ack_with_mig_req_on_the_alternate_migrates_an_armed_requester() {
-    let (mut qp, mut mem) = qp();
-    load_alt_path(&mut qp, MigState::Rearm, 0).unwrap();
-    deliver(&mut qp, &mut mem, write_req(500, false), 1); // arms
-    sent(&mut qp, &mut mem);
+    let (mut qp, mut mem) = armed();
     post_writes(&mut qp, &mem, 2, SendFlags::empty());
-    assert_eq!(sent(&mut qp, &mut mem).len(), 2); // PSNs 100, 101, unacknowledged
-                                                  // the peer's announcement: an ACK of a PSN before anything outstanding
+    // PSNs 100, 101, unacknowledged
+    assert_eq!(sent(&mut qp, &mut mem).len(), 2);
+    // the peer's announcement: an ACK of a PSN before anything outstanding
     let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 99);
     ack.aeth = Some(Aeth::ack(0));
     ack.mig_req = true;

@@ -188,10 +188,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = format!("{B_ADDR}:7496").parse().unwrap();
-                    let l = Listener::bind_with(addr, Some(group("hb", "b0", "b1")))
-                        .await
-                        .unwrap();
-                    ready_tx.send(()).unwrap();
+                    let l = ha::listen_b(addr, false, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
                     // B only receives (its QP never times out): it stops when H is done.
@@ -209,14 +206,8 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
         let host = h;
         h.run(move || {
             rt().block_on(async move {
-                let opts = ConnectOptions {
-                    cma: Some(group("ha", "h0", "h1")),
-                    ..Default::default()
-                };
                 let addr = format!("{B_ADDR}:7496").parse().unwrap();
-                let c = within("connect", Connection::connect(addr, opts))
-                    .await
-                    .unwrap();
+                let c = ha::connect_h(addr, false).await;
                 assert_eq!(c.qp().query().unwrap().alt_port_num, 2);
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 20, || true).await;
@@ -271,10 +262,7 @@ fn many_connections_migrate_at_once() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = format!("{B_ADDR}:7497").parse().unwrap();
-                    let l = Listener::bind_with(addr, Some(group("hb", "b0", "b1")))
-                        .await
-                        .unwrap();
-                    ready_tx.send(()).unwrap();
+                    let l = ha::listen_b(addr, false, &ready_tx).await;
                     let mut tasks = Vec::new();
                     for _ in 0..n {
                         let inc = within("request", l.incoming()).await.unwrap();

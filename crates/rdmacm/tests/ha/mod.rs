@@ -5,7 +5,7 @@
 pub mod stream;
 
 use rdma_testhosts::{topologies, Host, Topology};
-use rdmacm::{Cma, CmaConfig, DeviceSpec, HaPolicy};
+use rdmacm::{Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, HaPolicy, Listener};
 
 use crate::common::{wait_running, with_resolver};
 
@@ -44,6 +44,31 @@ pub fn group(name: &str, first: &str, second: &str, ha: HaPolicy, stay: bool) ->
         ha_stay: stay,
     })
     .unwrap()
+}
+
+/// B's listener on `addr`, its device group hb (b0 + b1) under migrate (`stay` as
+/// `CmaConfig::ha_stay`); `ready` is told once it listens.
+pub async fn listen_b(
+    addr: std::net::SocketAddr,
+    stay: bool,
+    ready: &std::sync::mpsc::Sender<()>,
+) -> Listener {
+    let cma = group("hb", "b0", "b1", HaPolicy::Migrate, stay);
+    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
+    ready.send(()).unwrap();
+    l
+}
+
+/// H's connection to `addr` over its device group ha (h0 + h1) under migrate (`stay` as
+/// `CmaConfig::ha_stay`).
+pub async fn connect_h(addr: std::net::SocketAddr, stay: bool) -> Connection {
+    let opts = ConnectOptions {
+        cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, stay)),
+        ..Default::default()
+    };
+    within("connect", Connection::connect(addr, opts))
+        .await
+        .unwrap()
 }
 
 /// A context whose ids start with `ha`.

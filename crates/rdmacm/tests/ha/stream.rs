@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{Host, Topology};
-use rdmacm::{AcceptOptions, ConnectOptions, Connection, EventType, HaPolicy, Listener};
+use rdmacm::{AcceptOptions, Connection, EventType, HaPolicy};
 
-use super::{group, rt, within, B_ADDR, HANG};
+use super::{connect_h, listen_b, rt, within, B_ADDR, HANG};
 
 const LEN: usize = 2048;
 
@@ -121,9 +121,7 @@ pub fn migrate_under_stream(
         s.spawn(move || {
             b.run(move || {
                 rt().block_on(async move {
-                    let cma = group("hb", "b0", "b1", HaPolicy::Migrate, false);
-                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
-                    ready_tx.send(()).unwrap();
+                    let l = listen_b(addr, false, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
                     let qpn = c.qp().qpn();
@@ -149,13 +147,7 @@ pub fn migrate_under_stream(
         });
         h.run(move || {
             rt().block_on(async move {
-                let opts = ConnectOptions {
-                    cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, false)),
-                    ..Default::default()
-                };
-                let c = within("connect", Connection::connect(addr, opts))
-                    .await
-                    .unwrap();
+                let c = connect_h(addr, false).await;
                 let id = c.id().unwrap();
                 assert_eq!(id.ha_policy(), HaPolicy::Migrate);
                 assert_eq!(id.port_num(), Some(1));
@@ -250,9 +242,7 @@ pub fn away_and_back(
         s.spawn(move || {
             b.run(move || {
                 rt().block_on(async move {
-                    let cma = group("hb", "b0", "b1", HaPolicy::Migrate, stay);
-                    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
-                    ready_tx.send(()).unwrap();
+                    let l = listen_b(addr, stay, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
                     let mut next = 0u32;
@@ -278,13 +268,7 @@ pub fn away_and_back(
         let host = h;
         h.run(move || {
             rt().block_on(async move {
-                let opts = ConnectOptions {
-                    cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, stay)),
-                    ..Default::default()
-                };
-                let c = within("connect", Connection::connect(addr, opts))
-                    .await
-                    .unwrap();
+                let c = connect_h(addr, stay).await;
                 let qp = c.qp().clone();
                 let attr = || qp.query().unwrap();
                 let mut seq = 0;
