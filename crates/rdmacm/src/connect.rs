@@ -252,9 +252,11 @@ pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, Qp
     Ok((rts, m))
 }
 
-/// Moves the id's own QP to RTR then RTS.
+/// Moves the id's own QP to RTR then RTS (on the host-local wire when the peer is one of
+/// our processes on this host: [`crate::local_wire`]).
 pub(crate) fn qp_to_rts(st: &State, s: &IdSlot) -> Result<()> {
     let Some(qp) = &s.qp else { return Ok(()) };
+    crate::local_wire::choose(st, s, qp);
     let (a, m) = qp_attr(st, s, QpState::Rtr)?;
     qp.modify(&a, m)?;
     let (a, m) = qp_attr(st, s, QpState::Rts)?;
@@ -289,6 +291,7 @@ pub(crate) fn on_rep(
         initiator_depth: rep.initiator_depth,
         rnr_retry: s.conn_param.as_ref().map_or(7, |p| p.rnr_retry_count),
         retry: s.conn_param.as_ref().map_or(7, |p| p.retry_count),
+        ca_guid: rep.local_ca_guid,
     });
     let param = ConnEventParam {
         private_data: rep.private_data.to_vec(),

@@ -189,6 +189,7 @@ mod inner;
 mod inspect;
 mod lap;
 mod listen;
+mod local_wire;
 mod migrate;
 mod netns;
 mod params;

@@ -287,6 +287,7 @@ fn req_with_path(
             initiator_depth: req.initiator_depth,
             rnr_retry: req.rnr_retry_count,
             retry: req.retry_count,
+            ca_guid: req.local_ca_guid,
         });
     }
     if let Some(d) = st.devices.get_mut(&dev) {

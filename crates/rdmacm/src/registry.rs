@@ -105,6 +105,7 @@ impl Inner {
         } else {
             None
         };
+        let host = dev.host_local();
         let mut st = self.lock();
         if st.devices.contains_key(&index) {
             return Ok(index);
@@ -113,8 +114,9 @@ impl Inner {
             .seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
+        // The CA GUID announces the device's host-local wire, when it has one (`local_wire`).
         let agent = CmAgent::new(AgentConfig {
-            ca_guid: guid,
+            ca_guid: host.map_or(guid, |h| h.guid()),
             seed: st.seed ^ u64::from(index),
             overload: OverloadPolicy::Drop,
             ..AgentConfig::default()

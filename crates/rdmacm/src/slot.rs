@@ -26,6 +26,9 @@ pub(crate) struct Remote {
     pub initiator_depth: u8,
     pub rnr_retry: u8,
     pub retry: u8,
+    /// Its CA GUID: one of our processes on this host announces its host-local wire there
+    /// (`rdma_soft::io::HostPeer`).
+    pub ca_guid: u64,
 }
 
 /// Per-id options (`rdma_set_option`).

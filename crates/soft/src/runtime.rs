@@ -69,7 +69,7 @@ pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
-use crate::io::{Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
+use crate::io::{Arrival, DatagramWire, HostPeer, TxMeta, WireAddr, WireStats};
 use crate::ratelimit::warn_limited;
 use crate::verbs::{AsyncQueue, CompletionQueue, SharedReceiveQueue, MAX_PORTS};
 use crate::{Error, Result};
@@ -133,6 +133,9 @@ pub(crate) struct QpCtx {
     /// The QP's span (device, QPN, peer), entered while the runtime drives it; a disabled
     /// span costs one branch.
     pub span: tracing::Span,
+    /// The host-local peer its packets go to through shared memory instead of UDP
+    /// (`io::local`), when its CM chose it.
+    pub host: Option<HostPeer>,
 }
 
 impl QpCtx {
@@ -153,6 +156,7 @@ impl QpCtx {
             srq_held: 0,
             rx_port: 0,
             span: tracing::Span::none(),
+            host: None,
         }
     }
 
@@ -484,6 +488,10 @@ impl Runtime {
                 more = true;
                 break;
             }
+            // a full host-local ring holds the packets back (the peer wakes us with room)
+            if ctx.host.is_some_and(|h| !wire.host_ready(h)) {
+                break;
+            }
             let Some(t) = ctx.rc.poll_transmit(now, mem, &mut tx.payload) else {
                 break;
             };
@@ -498,7 +506,12 @@ impl Runtime {
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
                 Ok(n) => {
-                    match wire.send_from_port(p.local, p.remote, p.sport, meta, &tx.packet[..n]) {
+                    let pkt = &tx.packet[..n];
+                    let sent = match ctx.host {
+                        Some(h) => wire.send_host(h, p.local, p.remote, meta, pkt),
+                        None => wire.send_from_port(p.local, p.remote, p.sport, meta, pkt),
+                    };
+                    match sent {
                         Ok(()) => stats.transmitted += 1,
                         Err(_) => stats.send_errors += 1,
                     }
@@ -602,6 +615,37 @@ impl Runtime {
             self.timers_touched = true;
         }
         Ok(total)
+    }
+
+    /// [`Runtime::progress`] for a caller that busy-polls (the wire may look at its slower
+    /// sources less often: [`DatagramWire::busy_poll`]).
+    pub fn progress_busy<M: MemoryTable + ?Sized>(&mut self, mem: &mut M) -> Result<usize> {
+        self.wire.busy_poll(true);
+        let r = self.progress(mem);
+        self.wire.busy_poll(false);
+        r
+    }
+
+    /// The caller is about to sleep on the wire's fd ([`DatagramWire::arm_wait`]); true
+    /// when something already waits.
+    pub fn arm_wait(&mut self) -> bool {
+        self.wire.arm_wait()
+    }
+
+    /// The device's host-local identity, if its wire has one.
+    pub fn host_local(&mut self) -> Option<HostPeer> {
+        self.wire.host_local()
+    }
+
+    /// Sends QP `qpn`'s packets to `peer` through the host-local wire from now on (`None`:
+    /// UDP again). An error leaves the QP on UDP.
+    pub fn set_host_peer(&mut self, qpn: u32, peer: Option<HostPeer>) -> Result<()> {
+        if let Some(p) = peer {
+            self.wire.host_connect(p)?;
+        }
+        let ctx = self.get(qpn).ok_or(Error::InvalidArgument("no such QP"))?;
+        ctx.host = peer;
+        Ok(())
     }
 
     /// Whether a `progress` since the last call may have moved the earliest deadline;

@@ -154,11 +154,10 @@ impl PortClaim {
             addr: None,
             source,
         };
-        // A leftover of a dead process with our pid and sequence is free: replace it.
+        // A leftover of a dead process with our pid and sequence is free: replace it. The
+        // lock blocks: the only other holder can be a scan testing it for an instant.
         let mut f = open_rw(&path).map_err(io)?;
-        if !lock(&f, true, false).map_err(io)? {
-            return Err(Error::PortInUse { addr, port });
-        }
+        lock(&f, true, true).map_err(io)?;
         f.set_len(0).map_err(io)?;
         writeln!(f, "{addr} {}", u8::from(afonly)).map_err(io)?;
         drop(serial);

@@ -5,7 +5,9 @@
 //! receive (an fd to wait on) or to do (a deadline). Nothing above this trait knows it is UDP:
 //! [`UdpWire`] implements it today (UDP port 4791, one socket per local address in use, and
 //! send-only sockets on the source ports of the QPs' flows, [`ports`]); a
-//! host-local wire for connections whose route is local implements it next.
+//! host-local wire ([`local`]) carries the QPs whose CM found the peer to be one of our
+//! processes on this host (shared-memory rings instead of sockets, chosen per QP:
+//! [`DatagramWire::send_host`]).
 //!
 //! The fault injector ([`fault`]) sits inside the wire, between the transport and the sockets:
 //! see [`FaultSpec`] for `RDMA_SOFT_FAULTS`.
@@ -30,6 +32,7 @@ mod claim;
 pub mod fault;
 pub mod flow;
 mod icrc;
+pub mod local;
 pub mod ports;
 mod send_batch;
 pub mod share;
@@ -37,6 +40,7 @@ pub mod steer;
 mod sys;
 mod udp;
 mod udp_config;
+mod udp_local;
 mod udp_rx;
 mod udp_tx;
 
@@ -46,6 +50,7 @@ use std::time::Instant;
 pub use addr::{ParseWireAddrError, WireAddr};
 pub use claim::PortClaim;
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
+pub use local::{HostPeer, LocalStats};
 pub(crate) use sys::netdev_mtu;
 pub use udp::UdpWire;
 pub use udp_config::{UdpConfig, ROCE_PORT};
@@ -118,6 +123,8 @@ pub struct WireStats {
     pub faults_send: FaultStats,
     /// Fault injection on received datagrams.
     pub faults_recv: FaultStats,
+    /// The host-local wire ([`local`]).
+    pub local: LocalStats,
 }
 
 /// A datagram network for RoCEv2 packets, as the transport sees it.
@@ -228,6 +235,55 @@ pub trait DatagramWire: Send {
     /// carry it in the top byte (see [`steer`]).
     fn share_slot(&mut self) -> Result<Option<u8>> {
         Ok(None)
+    }
+
+    /// This wire's host-local identity ([`local`]; set up on first call), or `None` when it
+    /// has no host-local wire (turned off, fault injection on, not sharing).
+    fn host_local(&mut self) -> Option<HostPeer> {
+        None
+    }
+
+    /// Opens the host-local channel to `peer` (see [`local`]); an error means the QP must
+    /// stay on the network.
+    fn host_connect(&mut self, _peer: HostPeer) -> Result<()> {
+        Err(crate::Error::InvalidArgument(
+            "this wire has no host-local channel",
+        ))
+    }
+
+    /// Like [`DatagramWire::send_with`], through the host-local channel to `peer` (opened
+    /// with [`DatagramWire::host_connect`]). A full ring or a peer that is gone loses the
+    /// packet, as the network would (counted in [`LocalStats`]).
+    fn send_host(
+        &mut self,
+        _peer: HostPeer,
+        _from: WireAddr,
+        _to: WireAddr,
+        _meta: TxMeta,
+        _packet: &[u8],
+    ) -> Result<()> {
+        Err(crate::Error::InvalidArgument(
+            "this wire has no host-local channel",
+        ))
+    }
+
+    /// Whether the host-local channel to `peer` takes a packet of up to
+    /// [`DatagramWire::max_packet`] bytes now. When it does not, the wire makes the
+    /// caller's runtime run again once the peer has made room (its fd becomes readable),
+    /// and the caller holds its packets back meanwhile instead of losing them.
+    fn host_ready(&mut self, _peer: HostPeer) -> bool {
+        true
+    }
+
+    /// Whether the caller busy-polls (calls [`DatagramWire::recv`] back to back and will
+    /// not sleep): a wire may then look at its slower sources less often.
+    fn busy_poll(&mut self, _on: bool) {}
+
+    /// The caller is about to sleep on [`DatagramWire::wait_fd`]: a wire whose peers only
+    /// signal sleepers asks them to now. True when something is already waiting (call
+    /// `recv` instead of sleeping).
+    fn arm_wait(&mut self) -> bool {
+        false
     }
 
     /// An fd that polls readable when [`DatagramWire::recv`] may deliver something.

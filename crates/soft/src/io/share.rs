@@ -124,8 +124,11 @@ pub(crate) fn held(path: &Path) -> bool {
     else {
         return false;
     };
-    // Taking it for an instant is the test; the file closes (and unlocks) on return.
-    !matches!(lock(&f, true, false), Ok(true))
+    // Taking it shared for an instant is the test (owners hold it exclusive); testers do
+    // not block each other, so a test never makes another tester, or an owner taking a
+    // fresh file with a blocking lock, see a lock that is not there. The file closes (and
+    // unlocks) on return.
+    !matches!(lock(&f, false, false), Ok(true))
 }
 
 fn os(op: &'static str) -> impl FnOnce(std::io::Error) -> Error {

@@ -86,6 +86,8 @@ pub struct UdpWire {
     /// A coarse clock for the source-port sockets' use times: read at each flush, not per
     /// datagram.
     pub(super) clock: Instant,
+    /// The host-local wire, once asked for (`udp_local.rs`).
+    pub(super) local: super::udp_local::LocalPart,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -139,6 +141,7 @@ impl UdpWire {
             slot: None,
             last_evidence: None,
             clock: Instant::now(),
+            local: Default::default(),
         })
     }
 
@@ -153,7 +156,7 @@ impl UdpWire {
     }
 
     /// The slot, claimed now if sharing and not yet claimed.
-    fn claim_slot(&mut self) -> Result<Option<u8>> {
+    pub(super) fn claim_slot(&mut self) -> Result<Option<u8>> {
         if !self.cfg.share {
             return Ok(None);
         }
@@ -370,11 +373,44 @@ impl DatagramWire for UdpWire {
         if let Some(now) = now {
             self.release_sends(now);
         }
+        self.local_flush();
         Ok(())
     }
 
     fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
-        self.recv_all(deliver)
+        self.recv_with_local(deliver)
+    }
+
+    fn host_local(&mut self) -> Option<super::HostPeer> {
+        self.local_id()
+    }
+
+    fn host_connect(&mut self, peer: super::HostPeer) -> Result<()> {
+        self.local_connect(peer)
+    }
+
+    fn send_host(
+        &mut self,
+        peer: super::HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> Result<()> {
+        self.local_send(peer, from, to, meta, packet)
+    }
+
+    fn host_ready(&mut self, peer: super::HostPeer) -> bool {
+        let max = self.cfg.max_packet;
+        self.local.wire.as_mut().map_or(true, |l| l.ready(peer, max))
+    }
+
+    fn busy_poll(&mut self, on: bool) {
+        self.local.busy = on;
+    }
+
+    fn arm_wait(&mut self) -> bool {
+        self.local_arm()
     }
 
     fn recv_drained(&self) -> bool {
@@ -405,6 +441,9 @@ impl DatagramWire for UdpWire {
         }
         if let Some(f) = &self.recv_faults {
             s.faults_recv = f.stats();
+        }
+        if let Some(l) = &self.local.wire {
+            s.local = l.stats();
         }
         s
     }

@@ -35,6 +35,12 @@ pub struct UdpConfig {
     /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
     /// on its addresses alone, and a second wire gets [`crate::Error::AddrInUse`].
     pub share: bool,
+    /// The host-local wire ([`super::local`]) for QPs whose peer is one of our processes on
+    /// this host; needs `share`, and is not used while faults are injected (they apply to
+    /// UDP only). `RDMA_SOFT_LOCAL_WIRE=0` turns it off.
+    pub host_local: bool,
+    /// Bytes per host-local ring (`RDMA_SOFT_LOCAL_RING`).
+    pub local_ring: usize,
 }
 
 impl Default for UdpConfig {
@@ -47,16 +53,21 @@ impl Default for UdpConfig {
             faults: None,
             gso: true,
             share: true,
+            host_local: true,
+            local_ring: super::local::DEFAULT_RING,
         }
     }
 }
 
 impl UdpConfig {
-    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS` (an error names the variable
-    /// when its value does not parse).
+    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS` and the host-local wire's
+    /// settings from `RDMA_SOFT_LOCAL_WIRE` and `RDMA_SOFT_LOCAL_RING` (an error names the
+    /// variable when its value does not parse).
     pub fn from_env() -> Result<UdpConfig> {
         Ok(UdpConfig {
             faults: FaultSpec::from_env()?,
+            host_local: super::local::enabled_by_env(),
+            local_ring: super::local::ring_size_from_env()?,
             ..UdpConfig::default()
         })
     }

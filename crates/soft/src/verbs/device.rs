@@ -238,7 +238,11 @@ impl DeviceShared {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(0),
         };
-        self.progress_locked(&mut rt)
+        let mut mem = self.mrs.view();
+        let r = rt.progress_busy(&mut mem);
+        drop(mem);
+        self.after_progress(&mut rt);
+        r
     }
 
     /// The inline driver stopped (it is going to sleep): the engine drives the device again.
@@ -254,6 +258,12 @@ impl DeviceShared {
     pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
         let mut mem = self.mrs.view();
         let r = rt.progress(&mut mem);
+        drop(mem);
+        self.after_progress(rt);
+        r
+    }
+
+    fn after_progress(&self, rt: &mut Runtime) {
         // Timers may have been armed (RNR waits) or moved: the engine must know the
         // earliest before the caller goes away. Only when something happened.
         if rt.take_timers_touched() {
@@ -261,7 +271,6 @@ impl DeviceShared {
                 self.wake_by(d);
             }
         }
-        r
     }
 
     /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
@@ -331,12 +340,16 @@ impl Source for DeviceShared {
         // loss and retransmit; nobody else would see it either.
         let _ = rt.progress(&mut mem);
         rt.take_timers_touched();
+        // The engine sleeps next: host-local peers must ring; one that published meanwhile
+        // makes it run again at once.
+        let pending = rt.arm_wait();
         // Lazy deadline: a wake time still ahead stays (it costs at most one early
         // wake-up), so a timer cleared and re-armed per message rings no doorbell.
         let next = match (rt.next_deadline(), self.reg.get().and_then(|r| r.wake())) {
             (Some(a), Some(b)) if b > now => Some(a.min(b)),
             (a, _) => a,
         };
+        let next = if pending { Some(now) } else { next };
         if let Some(r) = self.reg.get() {
             r.set_wake(next);
         }

@@ -10,6 +10,7 @@ mod async_event;
 mod async_tap;
 mod cq;
 mod device;
+mod host_local;
 mod mr;
 mod pd;
 mod port;

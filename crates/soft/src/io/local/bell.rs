@@ -1,0 +1,152 @@
+//! A host-local wire's bell: a Unix datagram socket bound in the per-user runtime
+//! directory. Peers send it a new ring (its memfd, `SCM_RIGHTS`) and wake-ups.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+/// A bound, non-blocking Unix datagram socket; unlinked on drop.
+pub(crate) struct Bell {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+fn sockaddr(path: &Path) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: a plain C struct, zeroed.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = path.as_os_str().as_bytes();
+    if b.len() >= a.sun_path.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, &s) in a.sun_path.iter_mut().zip(b) {
+        *d = s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + b.len() + 1;
+    Ok((a, len as libc::socklen_t))
+}
+
+impl Bell {
+    /// Binds `path` (a stale file there is removed first: the caller owns the name).
+    pub fn bind(path: PathBuf) -> std::io::Result<Bell> {
+        let (addr, len) = sockaddr(&path)?;
+        // SAFETY: plain socket; checked.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let _ = std::fs::remove_file(&path);
+        // SAFETY: a live sockaddr of `len` bytes.
+        if unsafe { libc::bind(raw, (&addr as *const libc::sockaddr_un).cast(), len) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Bell { fd, path })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Sends `msg` to the bell at `to`, with `pass` as `SCM_RIGHTS` when given. Fails
+    /// with `ECONNREFUSED` / `ENOENT` when nobody is bound there (its owner died).
+    pub fn send(&self, to: &Path, msg: &[u8], pass: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+        let (mut addr, alen) = sockaddr(to)?;
+        let mut iov = libc::iovec {
+            iov_base: msg.as_ptr() as *mut libc::c_void,
+            iov_len: msg.len(),
+        };
+        // room for one fd, u64-aligned
+        let mut cbuf = [0u64; 4];
+        // SAFETY: a plain C struct, zeroed, then filled with live pointers.
+        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+        hdr.msg_name = (&mut addr as *mut libc::sockaddr_un).cast();
+        hdr.msg_namelen = alen;
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        if let Some(fd) = pass {
+            // SAFETY: CMSG_SPACE of one int fits the 32-byte buffer.
+            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+            hdr.msg_control = cbuf.as_mut_ptr().cast();
+            hdr.msg_controllen = space;
+            // SAFETY: the control buffer is set up above and large enough for one cmsg.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&hdr);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+                libc::CMSG_DATA(c)
+                    .cast::<RawFd>()
+                    .write_unaligned(fd.as_raw_fd());
+            }
+        }
+        // SAFETY: a live msghdr; MSG_DONTWAIT: a full peer queue is an error, not a wait.
+        let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &hdr, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Receives every queued message (at most `max`), each with the fd it carried.
+    pub fn drain(&self, max: usize, mut each: impl FnMut(&[u8], Option<OwnedFd>)) {
+        for _ in 0..max {
+            let mut buf = [0u8; 64];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let mut cbuf = [0u64; 8];
+            // SAFETY: a plain C struct, zeroed, then filled with live pointers.
+            let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+            hdr.msg_iov = &mut iov;
+            hdr.msg_iovlen = 1;
+            hdr.msg_control = cbuf.as_mut_ptr().cast();
+            hdr.msg_controllen = std::mem::size_of_val(&cbuf);
+            // SAFETY: a live msghdr; received fds are close-on-exec.
+            let n = unsafe {
+                libc::recvmsg(
+                    self.fd.as_raw_fd(),
+                    &mut hdr,
+                    libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+                )
+            };
+            if n < 0 {
+                return;
+            }
+            let mut got: Option<OwnedFd> = None;
+            // SAFETY: walking the control messages the kernel wrote into `cbuf`; every fd
+            // it passed is taken into an OwnedFd (so extra ones are closed, not leaked).
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                        let room = (*c).cmsg_len - libc::CMSG_LEN(0) as usize;
+                        for k in 0..room / std::mem::size_of::<RawFd>() {
+                            let fd = OwnedFd::from_raw_fd(data.add(k).read_unaligned());
+                            if got.is_none() {
+                                got = Some(fd);
+                            }
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&hdr, c);
+                }
+            }
+            each(&buf[..n as usize], got);
+        }
+    }
+}
+
+impl Drop for Bell {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,425 @@
+//! The host-local wire: RC packets between two of our processes on one host (and one
+//! network namespace) through shared memory instead of UDP.
+//!
+//! Each sharing wire that has it holds a **bell**, a Unix datagram socket
+//! `bell-SLOT-NONCE` in the per-user [runtime directory](super::share::runtime_dir), and
+//! announces `(slot, netns, nonce)` as [`HostPeer::guid`], which the CM sends as its CA GUID
+//! (a Linux peer just records it). A QP whose CM found the peer's GUID to be ours, for a
+//! connection whose route is local, is told to use it ([`crate::verbs::QueuePair::use_host_local`]);
+//! the wire then makes one ring per peer wire (a memfd, `ring.rs`), hands it to the peer's
+//! bell with `SCM_RIGHTS` and from then on writes that QP's packets into it. Everything
+//! else (QP1, UD, other QPs) stays on UDP, and so do the RC rules: the packets are the
+//! same RoCEv2 packets, without the ICRC (memory does not flip bits).
+//!
+//! A receiver busy-polling its CQ reads the rings without a system call; one about to sleep
+//! sets each ring's `waiting` word, and a producer that finds it set rings the bell once
+//! (one `sendmsg`), which wakes the receiver's epoll. A peer that died leaves a ring nobody
+//! reads: its bell refuses, the ring is marked dead, and the QP's packets are lost as on a
+//! dead link (RC retries, then the QP fails), never handed to another process (a ring
+//! belongs to one incarnation of a wire: the nonce).
+
+mod bell;
+mod ring;
+
+use std::path::PathBuf;
+
+use bell::Bell;
+use ring::{Malformed, RecordMeta, Ring};
+
+use super::{Arrival, TxMeta, WireAddr};
+
+/// Environment variable: `0` or `off` turns the host-local wire off (every QP on UDP).
+pub const LOCAL_WIRE_ENV: &str = "RDMA_SOFT_LOCAL_WIRE";
+/// Environment variable: each ring's size in bytes (a power of two, 64 KiB to 1 GiB;
+/// default 1 MiB). A ring is per pair of wires and direction.
+pub const LOCAL_RING_ENV: &str = "RDMA_SOFT_LOCAL_RING";
+/// Default ring size.
+pub const DEFAULT_RING: usize = 1 << 20;
+/// "RL" in the top 16 bits of a host-local CA GUID.
+const GUID_MAGIC: u64 = 0x524C;
+/// Inbound rings at most (one per peer wire; 255 slots).
+const MAX_INBOUND: usize = 256;
+/// Packets taken from one ring per receive call at most.
+const RING_BATCH: usize = 64;
+
+/// Bell message: a new ring (with its memfd) from `[1]` slot, `[2]` netns, `[4..8]` nonce.
+const MSG_RING: u8 = b'R';
+/// Bell message: records are waiting.
+const MSG_WAKE: u8 = b'W';
+
+/// One wire of one process, as its host-local peers name it.
+///
+/// ```
+/// use rdma_soft::io::HostPeer;
+/// let p = HostPeer { slot: 7, ns: 0x3c, nonce: 0xdead_beef };
+/// assert_eq!(p.guid(), 0x524c_073c_dead_beef);
+/// assert_eq!(HostPeer::from_guid(p.guid()), Some(p));
+/// assert_eq!(HostPeer::from_guid(0x5254_00ff_fe12_3456), None); // a MAC-derived GUID
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HostPeer {
+    /// Its sharing slot (the top byte of its QPNs).
+    pub slot: u8,
+    /// A hash of its network namespace.
+    pub ns: u8,
+    /// Random per wire incarnation: a slot reused after a crash names a new wire.
+    pub nonce: u32,
+}
+
+impl HostPeer {
+    /// The CA GUID that announces it: `0x524C` ("RL"), slot, netns hash, nonce.
+    pub fn guid(&self) -> u64 {
+        (GUID_MAGIC << 48)
+            | (u64::from(self.slot) << 40)
+            | (u64::from(self.ns) << 32)
+            | u64::from(self.nonce)
+    }
+
+    /// The peer a CA GUID announces, if it is a host-local one (slot 0 is none).
+    pub fn from_guid(guid: u64) -> Option<HostPeer> {
+        let p = HostPeer {
+            slot: (guid >> 40) as u8,
+            ns: (guid >> 32) as u8,
+            nonce: guid as u32,
+        };
+        (guid >> 48 == GUID_MAGIC && p.slot != 0).then_some(p)
+    }
+
+    fn bell_name(&self) -> String {
+        format!("bell-{}-{:08x}", self.slot, self.nonce)
+    }
+}
+
+/// Whether `RDMA_SOFT_LOCAL_WIRE` leaves the host-local wire on (the default).
+pub fn enabled_by_env() -> bool {
+    !matches!(
+        std::env::var(LOCAL_WIRE_ENV).as_deref(),
+        Ok("0") | Ok("off") | Ok("no") | Ok("false")
+    )
+}
+
+/// The ring size from `RDMA_SOFT_LOCAL_RING`, or the default; an error names the variable.
+pub fn ring_size_from_env() -> crate::Result<usize> {
+    let Ok(v) = std::env::var(LOCAL_RING_ENV) else {
+        return Ok(DEFAULT_RING);
+    };
+    let n =
+        v.trim().parse::<usize>().ok().filter(|n| {
+            n.is_power_of_two() && (ring::MIN_CAPACITY..=ring::MAX_CAPACITY).contains(n)
+        });
+    n.ok_or(crate::Error::InvalidArgument(
+        "RDMA_SOFT_LOCAL_RING: a power of two from 65536 to 1073741824",
+    ))
+}
+
+/// Counters of the host-local wire (part of [`super::WireStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LocalStats {
+    /// Packets written into rings.
+    pub sent: u64,
+    /// Packets read from rings.
+    pub received: u64,
+    /// Packets not sent because the ring was full (the transport sees them as lost).
+    pub ring_full: u64,
+    /// Times a QP's transmission waited for room in its ring (no packet lost).
+    pub blocked: u64,
+    /// Bells rung for a producer that waited for room.
+    pub unblocks: u64,
+    /// Packets not sent because the peer wire is gone.
+    pub dead: u64,
+    /// Bells rung (wake-ups of a sleeping receiver).
+    pub bells: u64,
+    /// Rings dropped because a record broke the layout.
+    pub malformed: u64,
+    /// Rings this wire reads now.
+    pub rings_in: u32,
+    /// Rings this wire writes now.
+    pub rings_out: u32,
+}
+
+struct Out {
+    peer: HostPeer,
+    ring: Ring,
+    path: PathBuf,
+    /// Published since the last flush.
+    dirty: bool,
+    /// Its bell refused: the peer wire is gone.
+    dead: bool,
+}
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        self.ring.close_producer();
+    }
+}
+
+struct In {
+    from: HostPeer,
+    ring: Ring,
+}
+
+/// The host-local part of a wire (see the module docs).
+pub(crate) struct HostLocal {
+    me: HostPeer,
+    dir: PathBuf,
+    bell: Bell,
+    capacity: usize,
+    inbound: Vec<In>,
+    outbound: Vec<Out>,
+    stats: LocalStats,
+}
+
+fn nonce() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom into a live buffer; on failure the time and pid stand in.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 4, libc::GRND_NONBLOCK) };
+    if n == 4 {
+        return u32::from_ne_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u32);
+    t ^ std::process::id().rotate_left(16)
+}
+
+impl HostLocal {
+    /// The host-local part of the wire holding `slot`, in network namespace `netns`.
+    pub fn new(slot: u8, netns: u64, capacity: usize) -> crate::Result<HostLocal> {
+        let dir = super::share::runtime_dir()?;
+        let ns = (netns ^ (netns >> 8) ^ (netns >> 16) ^ (netns >> 24)) as u8;
+        let me = HostPeer {
+            slot,
+            ns,
+            nonce: nonce(),
+        };
+        // We hold the slot: any other bell of it is a dead process's.
+        let stale = format!("bell-{slot}-");
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&stale) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let bell = Bell::bind(dir.join(me.bell_name())).map_err(|source| crate::Error::Os {
+            op: "bind the host-local bell",
+            addr: None,
+            source,
+        })?;
+        Ok(HostLocal {
+            me,
+            dir,
+            bell,
+            capacity,
+            inbound: Vec::new(),
+            outbound: Vec::new(),
+            stats: LocalStats::default(),
+        })
+    }
+
+    pub fn me(&self) -> HostPeer {
+        self.me
+    }
+
+    pub fn bell_fd(&self) -> std::os::fd::RawFd {
+        self.bell.fd()
+    }
+
+    pub fn stats(&self) -> LocalStats {
+        LocalStats {
+            rings_in: self.inbound.len() as u32,
+            rings_out: self.outbound.len() as u32,
+            ..self.stats
+        }
+    }
+
+    /// Makes sure a ring to `peer` exists and its bell took it: the error says why the QP
+    /// must stay on UDP (the peer is gone, or is not on this host under this user).
+    pub fn connect(&mut self, peer: HostPeer) -> std::io::Result<()> {
+        if self.outbound.iter().any(|o| o.peer == peer && !o.dead) {
+            return Ok(());
+        }
+        // An earlier incarnation of the slot (or this one, dead) is gone for good.
+        self.outbound.retain(|o| o.peer.slot != peer.slot);
+        let ring = Ring::create(self.capacity)?;
+        let path = self.dir.join(peer.bell_name());
+        let mut msg = [MSG_RING, self.me.slot, self.me.ns, 0, 0, 0, 0, 0];
+        msg[4..8].copy_from_slice(&self.me.nonce.to_le_bytes());
+        self.bell.send(&path, &msg, Some(ring.fd()))?;
+        self.outbound.push(Out {
+            peer,
+            ring,
+            path,
+            dirty: false,
+            dead: false,
+        });
+        Ok(())
+    }
+
+    /// Writes `packet` (from `from` to `to`) into the ring to `peer`. False when it could
+    /// not (no ring, the peer is gone, the ring is full), counted.
+    pub fn send(
+        &mut self,
+        peer: HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> bool {
+        let Some(o) = self.outbound.iter_mut().find(|o| o.peer == peer) else {
+            self.stats.dead += 1;
+            return false;
+        };
+        if o.dead {
+            self.stats.dead += 1;
+            return false;
+        }
+        let Some(room) = o.ring.reserve(packet.len()) else {
+            self.stats.ring_full += 1;
+            return false;
+        };
+        room.copy_from_slice(packet);
+        let rec = RecordMeta {
+            from,
+            to,
+            tclass: meta.tclass,
+        };
+        o.ring.commit(&rec, packet.len());
+        o.dirty = true;
+        self.stats.sent += 1;
+        true
+    }
+
+    /// Whether the ring to `peer` has room for a packet of `max` bytes; when not, the
+    /// peer rings this wire's bell once it has freed some. True for a peer without a
+    /// usable ring (sending then fails, counted, instead of waiting for ever).
+    pub fn ready(&mut self, peer: HostPeer, max: usize) -> bool {
+        let Some(o) = self.outbound.iter_mut().find(|o| o.peer == peer && !o.dead) else {
+            return true;
+        };
+        if o.ring.has_room(max) || o.ring.block(max) {
+            return true;
+        }
+        self.stats.blocked += 1;
+        false
+    }
+
+    /// Rings the bell of every peer that published since the last flush and is asleep.
+    pub fn flush(&mut self) {
+        for o in self.outbound.iter_mut().filter(|o| o.dirty) {
+            o.dirty = false;
+            if !o.ring.take_waiting() {
+                continue;
+            }
+            self.stats.bells += 1;
+            match self.bell.send(&o.path, &[MSG_WAKE], None) {
+                Ok(()) => {}
+                // its queue is full of wake-ups: it will wake
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                Err(e) => {
+                    tracing::debug!(peer = ?o.peer, error = %e, "host-local peer gone");
+                    o.dead = true;
+                }
+            }
+        }
+    }
+
+    /// Delivers what the rings hold (at most a batch per ring); returns how many, and
+    /// whether a ring gave a full batch (more may be waiting).
+    pub fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> (usize, bool) {
+        let mut n = 0;
+        let mut full = false;
+        let mut bad = None;
+        for (k, i) in self.inbound.iter_mut().enumerate() {
+            let mut taken = 0;
+            for _ in 0..RING_BATCH {
+                match i.ring.peek() {
+                    Ok(Some((m, pkt))) => {
+                        let arr = Arrival {
+                            local: m.to,
+                            remote: m.from,
+                            ifindex: 0,
+                            tclass: m.tclass,
+                            hop_limit: 64,
+                        };
+                        deliver(&arr, pkt);
+                        i.ring.advance();
+                        taken += 1;
+                    }
+                    Ok(None) => break,
+                    Err(Malformed(why)) => {
+                        tracing::warn!(from = ?i.from, why, "malformed host-local ring dropped");
+                        bad = Some(k);
+                        break;
+                    }
+                }
+            }
+            n += taken;
+            full |= taken == RING_BATCH;
+            if taken > 0 && i.ring.take_blocked() {
+                self.stats.unblocks += 1;
+                let path = self.dir.join(i.from.bell_name());
+                // a producer gone meanwhile has nobody to wake
+                let _ = self.bell.send(&path, &[MSG_WAKE], None);
+            }
+        }
+        if let Some(k) = bad {
+            self.inbound.swap_remove(k);
+            self.stats.malformed += 1;
+        }
+        self.inbound
+            .retain(|i| !i.ring.producer_closed() || i.ring.pending());
+        self.stats.received += n as u64;
+        (n, full)
+    }
+
+    /// Reads the bell: new rings from peers, wake-ups.
+    pub fn drain_bell(&mut self) {
+        let mut new = Vec::new();
+        self.bell.drain(64, |msg, fd| {
+            if msg.len() == 8 && msg[0] == MSG_RING {
+                if let Some(fd) = fd {
+                    let from = HostPeer {
+                        slot: msg[1],
+                        ns: msg[2],
+                        nonce: u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]),
+                    };
+                    new.push((from, fd));
+                }
+            }
+        });
+        for (from, fd) in new {
+            match Ring::attach(fd) {
+                Ok(ring) => {
+                    // the slot's earlier incarnation (dead) or an older ring of this one
+                    self.inbound.retain(|i| i.from.slot != from.slot);
+                    if self.inbound.len() < MAX_INBOUND {
+                        self.inbound.push(In { from, ring });
+                    }
+                }
+                Err(e) => {
+                    self.stats.malformed += 1;
+                    tracing::warn!(?from, error = %e, "host-local ring refused");
+                }
+            }
+        }
+    }
+
+    /// About to sleep: asks every producer to ring; true when something is waiting.
+    pub fn arm(&mut self) -> bool {
+        let mut pending = false;
+        for i in &self.inbound {
+            pending |= i.ring.arm();
+        }
+        pending
+    }
+
+    /// Whether a ring to `peer` is open and its peer not known to be gone.
+    #[cfg(test)]
+    pub fn reaches(&self, peer: HostPeer) -> bool {
+        self.outbound.iter().any(|o| o.peer == peer && !o.dead)
+    }
+}
+
+#[cfg(test)]
+mod tests;

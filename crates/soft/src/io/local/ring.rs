@@ -1,0 +1,493 @@
+//! One direction of a host-local channel: a single-producer, single-consumer ring of
+//! packets in a shared-memory file (a memfd) that the two processes map.
+//!
+//! Layout: a 4 KiB header (magic, capacity, then `head`, `tail` and `waiting` on their own
+//! cache lines), then `capacity` bytes of records. A record is 8-aligned: `total: u32`
+//! (its length with this header; [`SKIP`] marks the unused end of the buffer before a wrap),
+//! `len: u16` (the packet's), `tclass: u8`, a reserved byte, `from` and `to` (16-byte GID
+//! and 4-byte scope each), then the packet. `head` and `tail` count bytes ever written and
+//! consumed; the producer publishes a record by moving `head` past it (release), the
+//! consumer frees it by moving `tail` (release). The consumer trusts nothing it reads: a
+//! record that breaks the layout makes [`Ring::peek`] fail and the ring is dropped.
+//!
+//! `waiting` is the wake-up protocol: a consumer about to sleep sets it and looks again
+//! ([`Ring::arm`]); a producer that published sets it back to 0 and rings the consumer's
+//! bell when it was set ([`Ring::take_waiting`]), with a full fence between each side's
+//! store and load, so one of them always sees the other.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use crate::io::WireAddr;
+
+/// "rdmaRing" in the first 8 bytes of a ring file.
+const MAGIC: u64 = u64::from_be_bytes(*b"rdmaRing");
+/// Bytes before the records.
+const HEADER: usize = 4096;
+const HEAD: usize = 64;
+const TAIL: usize = 128;
+const WAITING: usize = 192;
+const CLOSED: usize = 256;
+const BLOCKED: usize = 260;
+/// A record's own header.
+pub(crate) const RECORD: usize = 48;
+/// `total` of the filler at the end of the buffer before a wrap.
+const SKIP: u32 = u32::MAX;
+/// Smallest and largest ring capacity.
+pub(crate) const MIN_CAPACITY: usize = 64 << 10;
+pub(crate) const MAX_CAPACITY: usize = 1 << 30;
+
+/// What a record says besides its packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordMeta {
+    pub from: WireAddr,
+    pub to: WireAddr,
+    pub tclass: u8,
+}
+
+/// A record that breaks the layout (a buggy or hostile producer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Malformed(pub &'static str);
+
+struct Map {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; every access goes through atomics or the
+// ring's ownership protocol.
+unsafe impl Send for Map {}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `map` mapped, once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+fn map(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<Map> {
+    // SAFETY: a fresh shared mapping of a file at least `len` long (checked by callers).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
+    Ok(Map { ptr, len })
+}
+
+/// One mapped ring, as its producer or its consumer sees it.
+pub(crate) struct Ring {
+    map: Map,
+    fd: OwnedFd,
+    cap: u64,
+    /// Producer: bytes written (published or not). Consumer: bytes consumed.
+    pos: u64,
+    /// Producer: the consumer's `tail` last read (refreshed when space seems short).
+    /// Consumer: the length of the record [`Ring::peek`] returned last.
+    limit: u64,
+}
+
+impl Ring {
+    /// A new ring of `capacity` bytes (a power of two within the limits), for its producer.
+    pub fn create(capacity: usize) -> std::io::Result<Ring> {
+        if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: a name that is a C string; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"rdma-soft-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = HEADER + capacity;
+        // SAFETY: plain ftruncate on our memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = map(fd.as_fd_ref(), len)?;
+        let r = Ring {
+            map,
+            fd,
+            cap: capacity as u64,
+            pos: 0,
+            limit: 0,
+        };
+        // A fresh memfd reads as zeros: head, tail and waiting start at 0.
+        r.word(8).store(capacity as u64, Ordering::Relaxed);
+        r.word(0).store(MAGIC, Ordering::Release);
+        Ok(r)
+    }
+
+    /// Maps a ring another process made, for its consumer; checks the header.
+    pub fn attach(fd: OwnedFd) -> std::io::Result<Ring> {
+        let bad = || std::io::Error::from_raw_os_error(libc::EPROTO);
+        // SAFETY: fstat into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a live descriptor and struct.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let len = usize::try_from(st.st_size).map_err(|_| bad())?;
+        let cap = len.checked_sub(HEADER).ok_or_else(bad)?;
+        if !cap.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&cap) {
+            return Err(bad());
+        }
+        let map = map(fd.as_fd_ref(), len)?;
+        let r = Ring {
+            map,
+            fd,
+            cap: cap as u64,
+            pos: 0,
+            limit: 0,
+        };
+        if r.word(0).load(Ordering::Acquire) != MAGIC
+            || r.word(8).load(Ordering::Relaxed) != cap as u64
+        {
+            return Err(bad());
+        }
+        let tail = r.word(TAIL).load(Ordering::Acquire);
+        Ok(Ring { pos: tail, ..r })
+    }
+
+    /// The ring's file, to hand to the consumer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd_ref()
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is an 8-aligned offset inside the header of a live mapping;
+        // page-aligned mappings keep it aligned.
+        unsafe { &*self.map.ptr.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn flag(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `word` (4-aligned offsets).
+        unsafe { &*self.map.ptr.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    fn waiting(&self) -> &AtomicU32 {
+        self.flag(WAITING)
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the records start right after the header, inside the mapping.
+        unsafe { self.map.ptr.as_ptr().add(HEADER) }
+    }
+
+    // ---- producer ----
+
+    /// Whether a packet of `max` bytes fits now.
+    pub fn has_room(&mut self, max: usize) -> bool {
+        let need = (RECORD + max).next_multiple_of(8) as u64;
+        let at = self.pos % self.cap;
+        let wrap = if at + need > self.cap {
+            self.cap - at
+        } else {
+            0
+        };
+        if self.pos + wrap + need - self.limit <= self.cap {
+            return true;
+        }
+        self.limit = self.word(TAIL).load(Ordering::Acquire);
+        self.pos + wrap + need - self.limit <= self.cap
+    }
+
+    /// The producer waits for room: the consumer rings its bell after freeing some
+    /// ([`Ring::take_blocked`]). True when room appeared meanwhile (do not wait).
+    pub fn block(&mut self, max: usize) -> bool {
+        self.flag(BLOCKED).store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.has_room(max)
+    }
+
+    /// Room for a packet of up to `max` bytes, as a slice to write it into, or `None` when
+    /// the ring has no room now. Nothing is published until [`Ring::commit`].
+    pub fn reserve(&mut self, max: usize) -> Option<&mut [u8]> {
+        let need = (RECORD + max).next_multiple_of(8) as u64;
+        if need > self.cap / 4 {
+            return None;
+        }
+        let at = self.pos % self.cap;
+        let wrap = if at + need > self.cap {
+            self.cap - at
+        } else {
+            0
+        };
+        if self.pos + wrap + need - self.limit > self.cap {
+            self.limit = self.word(TAIL).load(Ordering::Acquire);
+            if self.pos + wrap + need - self.limit > self.cap {
+                return None;
+            }
+        }
+        if wrap > 0 {
+            // SAFETY: [at, cap) is free (checked above) and 8-aligned.
+            unsafe { self.data().add(at as usize).cast::<u32>().write(SKIP) };
+            self.pos += wrap;
+        }
+        let at = (self.pos % self.cap) as usize;
+        // SAFETY: [at, at + need) is free space of the ring, owned by the producer until
+        // published; the slice lives as long as `&mut self`.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.data().add(at + RECORD), max) })
+    }
+
+    /// Publishes the packet of `len` bytes written into the last [`Ring::reserve`].
+    pub fn commit(&mut self, meta: &RecordMeta, len: usize) {
+        let total = (RECORD + len).next_multiple_of(8);
+        let at = (self.pos % self.cap) as usize;
+        let mut h = [0u8; RECORD];
+        h[0..4].copy_from_slice(&(total as u32).to_le_bytes());
+        h[4..6].copy_from_slice(&(len as u16).to_le_bytes());
+        h[6] = meta.tclass;
+        h[8..24].copy_from_slice(&meta.from.gid());
+        h[24..28].copy_from_slice(&meta.from.scope_id().to_le_bytes());
+        h[28..44].copy_from_slice(&meta.to.gid());
+        h[44..48].copy_from_slice(&meta.to.scope_id().to_le_bytes());
+        // SAFETY: the record's header room, reserved above.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.data().add(at), RECORD) };
+        self.pos += total as u64;
+        self.word(HEAD).store(self.pos, Ordering::Release);
+    }
+
+    /// After publishing: whether the consumer was waiting (it is then no more: ring its
+    /// bell once).
+    pub fn take_waiting(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.waiting().load(Ordering::Relaxed) != 0 && self.waiting().swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// The producer is done with the ring (its wire closed): the consumer drops it once
+    /// drained.
+    pub fn close_producer(&self) {
+        self.flag(CLOSED).store(1, Ordering::Release);
+    }
+
+    // ---- consumer ----
+
+    /// Whether the producer closed the ring.
+    pub fn producer_closed(&self) -> bool {
+        self.flag(CLOSED).load(Ordering::Acquire) != 0
+    }
+
+    /// The next record, or `None` when the ring is empty. [`Ring::advance`] frees it.
+    pub fn peek(&mut self) -> Result<Option<(RecordMeta, &[u8])>, Malformed> {
+        loop {
+            let head = self.word(HEAD).load(Ordering::Acquire);
+            if head == self.pos {
+                return Ok(None);
+            }
+            let avail = head.wrapping_sub(self.pos);
+            if avail > self.cap || avail % 8 != 0 {
+                return Err(Malformed("head out of range"));
+            }
+            let at = (self.pos % self.cap) as usize;
+            // SAFETY: [pos, head) is published and the consumer's to read; `at` is
+            // 8-aligned inside the buffer.
+            let total = unsafe { self.data().add(at).cast::<u32>().read() };
+            if total == SKIP {
+                let rest = self.cap - at as u64;
+                if rest > avail {
+                    return Err(Malformed("wrap past head"));
+                }
+                self.pos += rest;
+                self.word(TAIL).store(self.pos, Ordering::Release);
+                continue;
+            }
+            let total = total as usize;
+            if total < RECORD
+                || total % 8 != 0
+                || total as u64 > avail
+                || at + total > self.cap as usize
+            {
+                return Err(Malformed("record length"));
+            }
+            // SAFETY: the whole record is published and inside the buffer (checked).
+            let rec = unsafe { std::slice::from_raw_parts(self.data().add(at), total) };
+            let len = u16::from_le_bytes([rec[4], rec[5]]) as usize;
+            if RECORD + len > total {
+                return Err(Malformed("packet length"));
+            }
+            let addr = |o: usize| {
+                let mut g = [0u8; 16];
+                g.copy_from_slice(&rec[o..o + 16]);
+                let scope =
+                    u32::from_le_bytes([rec[o + 16], rec[o + 17], rec[o + 18], rec[o + 19]]);
+                WireAddr::new(std::net::Ipv6Addr::from(g).into(), scope)
+            };
+            let meta = RecordMeta {
+                from: addr(8),
+                to: addr(28),
+                tclass: rec[6],
+            };
+            self.limit = total as u64;
+            return Ok(Some((meta, &rec[RECORD..RECORD + len])));
+        }
+    }
+
+    /// Frees the record [`Ring::peek`] returned last (the producer may reuse its room).
+    pub fn advance(&mut self) {
+        // the length peek validated, not the shared word (the producer could change it)
+        self.pos += std::mem::take(&mut self.limit);
+        self.word(TAIL).store(self.pos, Ordering::Release);
+    }
+
+    /// After freeing records: whether the producer waits for room (it is then no more:
+    /// ring its bell once).
+    pub fn take_blocked(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let f = self.flag(BLOCKED);
+        f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Whether a record is published and not consumed.
+    pub fn pending(&self) -> bool {
+        self.word(HEAD).load(Ordering::Acquire) != self.pos
+    }
+
+    /// The consumer is about to sleep: asks the producer to ring its bell, then looks
+    /// again; true when a record arrived meanwhile (do not sleep).
+    pub fn arm(&self) -> bool {
+        self.waiting().store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.pending()
+    }
+}
+
+trait AsFdRef {
+    fn as_fd_ref(&self) -> BorrowedFd<'_>;
+}
+
+impl AsFdRef for OwnedFd {
+    fn as_fd_ref(&self) -> BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> RecordMeta {
+        RecordMeta {
+            from: "127.0.0.1".parse().unwrap(),
+            to: "fe80::2%3".parse().unwrap(),
+            tclass: 0x48,
+        }
+    }
+
+    fn push(p: &mut Ring, bytes: &[u8]) -> bool {
+        match p.reserve(bytes.len()) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                p.commit(&meta(), bytes.len());
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn attach(p: &Ring) -> Ring {
+        let fd = p.fd().try_clone_to_owned().unwrap();
+        Ring::attach(fd).unwrap()
+    }
+
+    #[test]
+    fn records_cross_in_order_through_wraps_and_fill_up() {
+        let mut p = Ring::create(MIN_CAPACITY).unwrap();
+        let mut c = attach(&p);
+        let mut sent = 0u32;
+        let mut got = 0u32;
+        // many wraps: 3000-byte packets in a 64 KiB ring, the consumer lagging
+        for round in 0..200 {
+            while sent < got + 5 + round % 17 {
+                let pkt = vec![sent as u8; 1000 + (sent as usize * 7) % 2000];
+                if !push(&mut p, &pkt) {
+                    break;
+                }
+                sent += 1;
+            }
+            for _ in 0..(round % 5 + 1) {
+                let Some((m, pkt)) = c.peek().unwrap() else {
+                    break;
+                };
+                assert_eq!(m, meta());
+                assert_eq!(pkt.len(), 1000 + (got as usize * 7) % 2000);
+                assert!(pkt.iter().all(|&b| b == got as u8));
+                c.advance();
+                got += 1;
+            }
+        }
+        assert!(got > 300, "{got}");
+        // a full ring refuses, and takes again once drained
+        while push(&mut p, &[1u8; 4000]) {}
+        assert!(p.reserve(4000).is_none());
+        while c.peek().unwrap().is_some() {
+            c.advance();
+        }
+        assert!(push(&mut p, &[2u8; 4000]));
+    }
+
+    #[test]
+    fn the_waiting_flag_is_seen_by_exactly_one_publish() {
+        let mut p = Ring::create(MIN_CAPACITY).unwrap();
+        let c = attach(&p);
+        assert!(!p.take_waiting());
+        assert!(!c.arm());
+        assert!(push(&mut p, b"x"));
+        assert!(p.take_waiting());
+        assert!(!p.take_waiting());
+        assert!(c.arm(), "a record is pending");
+    }
+
+    #[test]
+    fn a_hostile_producer_gets_an_error_not_a_read_out_of_bounds() {
+        let mut p = Ring::create(MIN_CAPACITY).unwrap();
+        let mut c = attach(&p);
+        assert!(push(&mut p, b"hello"));
+        // the length field of the record, overwritten by the producer after publishing
+        for (bad, why) in [
+            (8u32, "record length"),
+            (MIN_CAPACITY as u32 * 2, "record length"),
+            (61, "record length"),
+        ] {
+            // SAFETY: writing the producer's own mapping, as a hostile peer would.
+            unsafe { p.data().cast::<u32>().write(bad) };
+            assert_eq!(c.peek().unwrap_err(), Malformed(why));
+        }
+        // SAFETY: as above.
+        unsafe { p.data().cast::<u32>().write(RECORD as u32) };
+        // SAFETY: as above: a packet length past the record.
+        unsafe { p.data().add(4).cast::<u16>().write(9) };
+        assert_eq!(c.peek().unwrap_err(), Malformed("packet length"));
+        p.word(HEAD)
+            .store(MIN_CAPACITY as u64 * 3, Ordering::Release);
+        assert_eq!(c.peek().unwrap_err(), Malformed("head out of range"));
+    }
+
+    #[test]
+    fn attach_refuses_what_is_not_a_ring() {
+        // SAFETY: plain memfd_create; checked.
+        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain ftruncate.
+        assert_eq!(
+            unsafe { libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as i64) },
+            0
+        );
+        let e = Ring::attach(fd).err().unwrap();
+        assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
+        assert!(Ring::create(1000).is_err());
+    }
+}

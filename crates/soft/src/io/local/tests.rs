@@ -1,0 +1,152 @@
+use super::*;
+use crate::io::share::Slot;
+
+fn pair() -> (HostLocal, Slot, HostLocal, Slot) {
+    let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
+    let a = HostLocal::new(sa.get(), 1, ring::MIN_CAPACITY).unwrap();
+    let b = HostLocal::new(sb.get(), 1, ring::MIN_CAPACITY).unwrap();
+    (a, sa, b, sb)
+}
+
+fn addrs() -> (WireAddr, WireAddr) {
+    ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap())
+}
+
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd; a bound, not a timing assertion.
+    unsafe { libc::poll(&mut p, 1, 5000) == 1 }
+}
+
+fn take(b: &mut HostLocal) -> Vec<(Arrival, Vec<u8>)> {
+    let mut got = Vec::new();
+    b.recv(&mut |a, p| got.push((*a, p.to_vec())));
+    got
+}
+
+#[test]
+fn packets_cross_in_order_with_their_addresses() {
+    let (mut a, _sa, mut b, _sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    assert!(readable(b.bell_fd()), "the ring's fd went to b's bell");
+    b.drain_bell();
+    assert_eq!(b.stats().rings_in, 1);
+    for k in 0..40u8 {
+        let meta = TxMeta { tclass: k };
+        assert!(a.send(b.me(), x, y, meta, &[k; 300]));
+    }
+    a.flush();
+    let mut got = Vec::new();
+    while got.len() < 40 {
+        let more = take(&mut b);
+        assert!(!more.is_empty());
+        got.extend(more);
+    }
+    for (k, (arr, pkt)) in got.iter().enumerate() {
+        assert_eq!((arr.remote, arr.local, arr.tclass), (x, y, k as u8));
+        assert_eq!(pkt, &vec![k as u8; 300]);
+    }
+    assert_eq!(a.stats().sent, 40);
+    assert_eq!(b.stats().received, 40);
+    // a peer nobody connected to: nothing to send through
+    let stranger = HostPeer {
+        nonce: b.me().nonce ^ 1,
+        ..b.me()
+    };
+    assert!(!a.send(stranger, x, y, TxMeta::default(), b"x"));
+    assert_eq!(a.stats().dead, 1);
+}
+
+#[test]
+fn a_sleeping_receiver_is_woken_once_and_a_busy_one_never() {
+    let (mut a, _sa, mut b, _sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    // busy: no arm, no bell
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"one"));
+    a.flush();
+    assert_eq!(a.stats().bells, 0);
+    assert_eq!(take(&mut b).len(), 1);
+    // asleep: one bell for two flushes' worth
+    assert!(!b.arm());
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"two"));
+    a.flush();
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"three"));
+    a.flush();
+    assert_eq!(a.stats().bells, 1);
+    assert!(readable(b.bell_fd()));
+    b.drain_bell();
+    assert_eq!(take(&mut b).len(), 2);
+    // something published before the arm: the arm says so
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"four"));
+    assert!(b.arm());
+}
+
+#[test]
+fn a_receiver_that_is_gone_makes_its_ring_dead_and_a_closed_sender_is_forgotten() {
+    let (mut a, _sa, mut b, sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    assert!(!b.arm());
+    let gone = b.me();
+    drop(b);
+    drop(sb);
+    assert!(a.send(gone, x, y, TxMeta::default(), b"lost"));
+    a.flush();
+    assert!(!a.reaches(gone));
+    assert!(!a.send(gone, x, y, TxMeta::default(), b"lost"));
+    assert_eq!(a.stats().dead, 1);
+    // connecting again finds nobody
+    assert!(a.connect(gone).is_err());
+
+    let (mut c, _sc, mut d, _sd) = pair();
+    c.connect(d.me()).unwrap();
+    d.drain_bell();
+    assert!(c.send(d.me(), x, y, TxMeta::default(), b"last words"));
+    drop(c);
+    assert_eq!(
+        take(&mut d).len(),
+        1,
+        "what was sent before the close still arrives"
+    );
+    assert_eq!(d.stats().rings_in, 0);
+}
+
+#[test]
+fn full_rings_refuse_and_counts_say_so() {
+    let (mut a, _sa, mut b, _sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    let mut sent = 0;
+    while a.send(b.me(), x, y, TxMeta::default(), &[7; 4000]) {
+        sent += 1;
+    }
+    assert!(sent >= 10, "{sent}");
+    assert_eq!(a.stats().ring_full, 1);
+    assert_eq!(take(&mut b).len(), sent.min(RING_BATCH));
+    assert!(a.send(b.me(), x, y, TxMeta::default(), &[7; 4000]));
+}
+
+#[test]
+fn guids_and_settings() {
+    let p = HostPeer {
+        slot: 1,
+        ns: 2,
+        nonce: 3,
+    };
+    assert_eq!(HostPeer::from_guid(p.guid()), Some(p));
+    assert_eq!(
+        HostPeer::from_guid(GUID_MAGIC << 48),
+        None,
+        "slot 0 is nobody"
+    );
+    assert_eq!(p.bell_name(), "bell-1-00000003");
+}

@@ -1,0 +1,146 @@
+//! The host-local part of [`UdpWire`] ([`super::local`]): set up on first use, read beside
+//! the sockets, looked at less often than the rings while a busy-poller reads them.
+
+use std::os::fd::AsRawFd;
+
+use super::local::{HostLocal, HostPeer};
+use super::udp::UdpWire;
+use super::{share, Arrival, TxMeta, WireAddr};
+use crate::{Error, Result};
+
+/// While the rings carry traffic, a busy-polling receive reads the sockets on every
+/// `SOCKET_EVERY`th call only (a `recvmmsg` that finds nothing costs more than the packet
+/// it would wait for), and the bell on every `BELL_EVERY`th.
+const SOCKET_EVERY: u32 = 16;
+const BELL_EVERY: u32 = 64;
+/// Calls after the last ring packet during which the rings count as carrying traffic.
+const HOT_CALLS: u32 = 256;
+
+/// The host-local state of a [`UdpWire`].
+#[derive(Default)]
+pub(super) struct LocalPart {
+    pub wire: Option<HostLocal>,
+    /// Setting it up failed once (logged): not tried again.
+    pub failed: bool,
+    /// The caller busy-polls.
+    pub busy: bool,
+    calls: u32,
+    hot: u32,
+}
+
+impl UdpWire {
+    pub(super) fn local_id(&mut self) -> Option<HostPeer> {
+        if let Some(l) = &self.local.wire {
+            return Some(l.me());
+        }
+        if self.local.failed || !self.cfg.host_local || !self.cfg.share || self.cfg.faults.is_some()
+        {
+            return None;
+        }
+        let made = self.claim_slot().and_then(|slot| {
+            let slot = slot.ok_or(Error::InvalidArgument("not sharing"))?;
+            HostLocal::new(slot, share::current_netns(), self.cfg.local_ring)
+        });
+        let l = match made {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "no host-local wire: every QP stays on UDP");
+                self.local.failed = true;
+                return None;
+            }
+        };
+        let fd = l.bell_fd();
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: both descriptors are open; `ev` is a valid event.
+        if unsafe { libc::epoll_ctl(self.epoll_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            tracing::debug!("no host-local wire: epoll_ctl on its bell failed");
+            self.local.failed = true;
+            return None;
+        }
+        let me = l.me();
+        self.local.wire = Some(l);
+        Some(me)
+    }
+
+    pub(super) fn local_connect(&mut self, peer: HostPeer) -> Result<()> {
+        let l = self.local.wire.as_mut().ok_or(Error::InvalidArgument(
+            "this wire has no host-local channel",
+        ))?;
+        l.connect(peer).map_err(|source| Error::Os {
+            op: "open the host-local ring",
+            addr: None,
+            source,
+        })
+    }
+
+    pub(super) fn local_send(
+        &mut self,
+        peer: HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        packet: &[u8],
+    ) -> Result<()> {
+        if packet.len() > self.cfg.max_packet {
+            return Err(Error::TooLong {
+                len: packet.len(),
+                max: self.cfg.max_packet,
+            });
+        }
+        let l = self.local.wire.as_mut().ok_or(Error::InvalidArgument(
+            "this wire has no host-local channel",
+        ))?;
+        if l.send(peer, from, to, meta, packet) {
+            Ok(())
+        } else {
+            Err(Error::QueueFull("host-local ring"))
+        }
+    }
+
+    /// [`super::DatagramWire::recv`]: the rings, then (unless a busy-poller skips them this
+    /// time) the bell and the sockets.
+    pub(super) fn recv_with_local(
+        &mut self,
+        deliver: &mut dyn FnMut(&Arrival, &[u8]),
+    ) -> Result<usize> {
+        let p = &mut self.local;
+        let Some(l) = p.wire.as_mut() else {
+            return self.recv_all(deliver);
+        };
+        let (n, full) = l.recv(deliver);
+        p.calls = p.calls.wrapping_add(1);
+        p.hot = if n > 0 {
+            HOT_CALLS
+        } else {
+            p.hot.saturating_sub(1)
+        };
+        if p.busy && p.hot > 0 && p.calls % SOCKET_EVERY != 0 {
+            self.drained = !full;
+            return Ok(n);
+        }
+        if !p.busy || p.calls % BELL_EVERY == 0 {
+            l.drain_bell();
+        }
+        let m = self.recv_all(deliver)?;
+        self.drained &= !full;
+        Ok(n + m)
+    }
+
+    pub(super) fn local_arm(&mut self) -> bool {
+        self.local.wire.as_mut().is_some_and(HostLocal::arm)
+    }
+
+    pub(super) fn local_flush(&mut self) {
+        if let Some(l) = self.local.wire.as_mut() {
+            l.flush();
+        }
+    }
+
+    fn epoll_fd(&self) -> i32 {
+        use super::DatagramWire;
+        self.wait_fd().map_or(-1, |f| f.as_raw_fd())
+    }
+}
