@@ -264,6 +264,14 @@ impl DeviceShared {
     }
 
     fn after_progress(&self, rt: &mut Runtime) {
+        // A thread other than the engine drove the device. If the engine sleeps now (not
+        // deferred to this thread), host-local peers must ring its bell for what comes
+        // next: this drive may have taken the datagram that was to wake it. Something
+        // published meanwhile, which rang nobody, is the engine's at once.
+        let engine_sleeps = self.reg.get().is_some_and(|r| !r.is_deferred());
+        if engine_sleeps && rt.arm_wait() {
+            self.wake_by(Instant::now());
+        }
         // Timers may have been armed (RNR waits) or moved: the engine must know the
         // earliest before the caller goes away. Only when something happened.
         if rt.take_timers_touched() {

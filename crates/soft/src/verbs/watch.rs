@@ -146,20 +146,7 @@ impl Device {
             Err(TryLockError::WouldBlock) => return Ok(0),
         };
         sh.watch().driven(sh.now_ns());
-        let mut n = sh.progress_locked(&mut rt)?;
-        // the loop waits on the wire fd next: host-local peers must ring its bell; what
-        // they published before it heard the ring is taken now (or by the engine)
-        for k in 0.. {
-            if !rt.arm_wait() {
-                break;
-            }
-            if k == 16 {
-                sh.wake_by(std::time::Instant::now());
-                break;
-            }
-            n += sh.progress_locked(&mut rt)?;
-        }
-        Ok(n)
+        sh.progress_locked(&mut rt)
     }
 
     /// What the watchers of this device did.
