@@ -365,6 +365,11 @@ impl DatagramWire for UdpWire {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.local_flush();
+        if self.send_faults.is_none() && self.locals.iter().all(|l| l.out.len() == 0) {
+            // nothing queued: no clock read (a busy poller flushes every round)
+            return Ok(());
+        }
         self.clock = Instant::now();
         let now = self.send_faults.as_ref().map(|_| self.clock);
         for i in 0..self.locals.len() {
@@ -373,7 +378,6 @@ impl DatagramWire for UdpWire {
         if let Some(now) = now {
             self.release_sends(now);
         }
-        self.local_flush();
         Ok(())
     }
 

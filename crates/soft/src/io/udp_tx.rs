@@ -21,6 +21,11 @@ impl UdpWire {
         if sport == 0 || sport == port {
             return (0, port);
         }
+        if self.locals[i].out.len() == 0 {
+            // the batch's first datagram: the use time of what it picks (flushes that find
+            // nothing queued do not read the clock)
+            self.clock = std::time::Instant::now();
+        }
         match self.locals[i].ports.lookup(sport, self.clock) {
             Lookup::Open(n) => (n, sport),
             Lookup::Failed => self.fallback(i, sport),

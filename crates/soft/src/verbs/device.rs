@@ -321,6 +321,39 @@ impl Drop for DeviceShared {
     }
 }
 
+/// Packets from the host-local rings in one engine run that make it a stream (see
+/// [`DeviceShared::spin_on_rings`]).
+const STREAM_BATCH: u64 = 64;
+/// How long the engine keeps polling a stream's rings after their last packet.
+const STREAM_SPIN: Duration = Duration::from_micros(20);
+
+impl DeviceShared {
+    /// The engine polls a device whose host-local rings carry a stream until they have been
+    /// quiet for [`STREAM_SPIN`] (the runtime's lock is released between polls, so posts
+    /// and inline drivers go on), or until a thread drives the device inline.
+    fn spin_on_rings(&self) {
+        let mut quiet_since = Instant::now();
+        loop {
+            std::hint::spin_loop();
+            if self.inline_at.load(Ordering::Relaxed) != 0 {
+                return;
+            }
+            let mut rt = self.runtime();
+            let before = rt.wire_stats().local.received;
+            let mut mem = self.mrs.view();
+            let _ = rt.progress(&mut mem);
+            let got = rt.wire_stats().local.received != before;
+            drop((rt, mem));
+            let now = Instant::now();
+            if got {
+                quiet_since = now;
+            } else if now.duration_since(quiet_since) >= STREAM_SPIN {
+                return;
+            }
+        }
+    }
+}
+
 /// How long the engine leaves a device to a thread that drives it inline (busy-polls a CQ)
 /// before it checks back.
 pub(crate) const HANDOFF: Duration = Duration::from_millis(1);
@@ -346,7 +379,17 @@ impl Source for DeviceShared {
         let mut mem = self.mrs.view();
         // An error here is the wire's (a socket refused a batch): the transports see it as
         // loss and retransmit; nobody else would see it either.
+        let rings = rt.wire_stats().local.received;
         let _ = rt.progress(&mut mem);
+        if rt.wire_stats().local.received - rings >= STREAM_BATCH {
+            // A stream through the host-local rings: a sleep and a bell per batch would
+            // cost more than the batch; look again for a short while first.
+            drop((rt, mem));
+            self.spin_on_rings();
+            rt = self.runtime();
+            mem = self.mrs.view();
+            let _ = rt.progress(&mut mem);
+        }
         rt.take_timers_touched();
         // The engine sleeps next: host-local peers must ring; one that published meanwhile
         // makes it run again at once.
