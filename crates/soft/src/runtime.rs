@@ -256,6 +256,11 @@ pub(crate) struct Runtime {
     /// Every GID of the device's ports, sorted, with its port: which port a datagram
     /// arrived on (replaced when a GID table changes, read per packet without allocating).
     port_map: Vec<(WireAddr, u8)>,
+    /// The clock of the last `progress` (a busy poller reuses it: `progress_busy`).
+    last_now: u64,
+    busy_polls: u32,
+    /// The last busy poll received something: the next reads the clock.
+    fresh_clock: bool,
 }
 
 impl Runtime {
@@ -278,6 +283,9 @@ impl Runtime {
             ud: ud::UdState::default(),
             timers_touched: false,
             port_map: Vec::new(),
+            last_now: 0,
+            busy_polls: 0,
+            fresh_clock: true,
             events: AsyncQueue::new()?,
             retired: Default::default(),
         })
@@ -583,8 +591,13 @@ impl Runtime {
     /// Drives every QP: receive, timers, transmit, completions. Returns the datagrams
     /// received.
     pub fn progress<M: MemoryTable + ?Sized>(&mut self, mem: &mut M) -> Result<usize> {
-        self.stats.progress_calls += 1;
         let now = self.now();
+        self.progress_at(now, mem)
+    }
+
+    fn progress_at<M: MemoryTable + ?Sized>(&mut self, now: u64, mem: &mut M) -> Result<usize> {
+        self.stats.progress_calls += 1;
+        self.last_now = now;
         let mut total = 0;
         for round in 0..ROUNDS {
             let n = self.receive(now, mem)?;
@@ -619,9 +632,19 @@ impl Runtime {
 
     /// [`Runtime::progress`] for a caller that busy-polls (the wire may look at its slower
     /// sources less often: [`DatagramWire::busy_poll`]).
+    /// Its clock is read on every [`crate::verbs::CLOCK_EVERY`]th call and after one that
+    /// received something; the others reuse the last reading (a few µs old: timers are
+    /// hundreds of µs and more, and a packet's time stamps are read fresh after it).
     pub fn progress_busy<M: MemoryTable + ?Sized>(&mut self, mem: &mut M) -> Result<usize> {
         self.wire.busy_poll(true);
-        let r = self.progress(mem);
+        self.busy_polls = self.busy_polls.wrapping_add(1);
+        let now = if self.busy_polls % crate::verbs::CLOCK_EVERY == 0 || self.fresh_clock {
+            self.now()
+        } else {
+            self.last_now
+        };
+        let r = self.progress_at(now, mem);
+        self.fresh_clock = r.as_ref().is_ok_and(|&n| n > 0);
         self.wire.busy_poll(false);
         r
     }

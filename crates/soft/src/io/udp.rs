@@ -406,7 +406,10 @@ impl DatagramWire for UdpWire {
 
     fn host_ready(&mut self, peer: super::HostPeer) -> bool {
         let max = self.cfg.max_packet;
-        self.local.wire.as_mut().map_or(true, |l| l.ready(peer, max))
+        self.local
+            .wire
+            .as_mut()
+            .map_or(true, |l| l.ready(peer, max))
     }
 
     fn busy_poll(&mut self, on: bool) {
