@@ -512,18 +512,18 @@ impl Runtime {
             };
             let meta = TxMeta { tclass: p.tclass };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
-            match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                Ok(n) => {
-                    let pkt = &tx.packet[..n];
-                    let sent = match ctx.host {
-                        Some(h) => wire.send_host(h, p.local, p.remote, meta, pkt),
-                        None => wire.send_from_port(p.local, p.remote, p.sport, meta, pkt),
-                    };
-                    match sent {
-                        Ok(()) => stats.transmitted += 1,
-                        Err(_) => stats.send_errors += 1,
-                    }
-                }
+            let sent = match ctx.host {
+                // straight into the peer's ring: no packet buffer in between
+                Some(h) => wire.emit_host(h, p.local, p.remote, meta, MAX_PACKET, &mut |room| {
+                    rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
+                }),
+                None => match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
+                    Ok(n) => wire.send_from_port(p.local, p.remote, p.sport, meta, &tx.packet[..n]),
+                    Err(_) => Err(Error::InvalidArgument("packet does not encode")),
+                },
+            };
+            match sent {
+                Ok(()) => stats.transmitted += 1,
                 Err(_) => stats.send_errors += 1,
             }
         }

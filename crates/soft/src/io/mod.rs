@@ -267,6 +267,25 @@ pub trait DatagramWire: Send {
         ))
     }
 
+    /// [`DatagramWire::send_host`] without a packet buffer: `write` is given room for up to
+    /// `max` bytes in the channel and returns the length of the packet it wrote there (0:
+    /// none, nothing is sent). The default writes into a buffer and sends that.
+    fn emit_host(
+        &mut self,
+        peer: HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        max: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<()> {
+        let mut buf = vec![0u8; max];
+        match write(&mut buf) {
+            0 => Err(crate::Error::InvalidArgument("packet does not encode")),
+            n => self.send_host(peer, from, to, meta, &buf[..n.min(max)]),
+        }
+    }
+
     /// Whether the host-local channel to `peer` takes a packet of up to
     /// [`DatagramWire::max_packet`] bytes now. When it does not, the wire makes the
     /// caller's runtime run again once the peer has made room (its fd becomes readable),

@@ -404,6 +404,28 @@ impl DatagramWire for UdpWire {
         self.local_send(peer, from, to, meta, packet)
     }
 
+    fn emit_host(
+        &mut self,
+        peer: super::HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        max: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<()> {
+        let max = max.min(self.cfg.max_packet);
+        let l = self
+            .local
+            .wire
+            .as_mut()
+            .ok_or(Error::InvalidArgument("this wire has no host-local channel"))?;
+        if l.emit(peer, from, to, meta, max, write) {
+            Ok(())
+        } else {
+            Err(Error::QueueFull("host-local ring"))
+        }
+    }
+
     fn host_ready(&mut self, peer: super::HostPeer) -> bool {
         let max = self.cfg.max_packet;
         self.local

@@ -266,6 +266,23 @@ impl HostLocal {
         meta: TxMeta,
         packet: &[u8],
     ) -> bool {
+        self.emit(peer, from, to, meta, packet.len(), &mut |room| {
+            room[..packet.len()].copy_from_slice(packet);
+            packet.len()
+        })
+    }
+
+    /// Lets `write` put a packet of up to `max` bytes straight into the ring to `peer`; it
+    /// returns the packet's length (0: none). False when nothing was sent (counted).
+    pub fn emit(
+        &mut self,
+        peer: HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        max: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> bool {
         let Some(o) = self.outbound.iter_mut().find(|o| o.peer == peer) else {
             self.stats.dead += 1;
             return false;
@@ -274,17 +291,20 @@ impl HostLocal {
             self.stats.dead += 1;
             return false;
         }
-        let Some(room) = o.ring.reserve(packet.len()) else {
+        let Some(room) = o.ring.reserve(max) else {
             self.stats.ring_full += 1;
             return false;
         };
-        room.copy_from_slice(packet);
+        let n = write(room);
+        if n == 0 || n > max {
+            return false;
+        }
         let rec = RecordMeta {
             from,
             to,
             tclass: meta.tclass,
         };
-        o.ring.commit(&rec, packet.len());
+        o.ring.commit(&rec, n);
         o.dirty = true;
         self.stats.sent += 1;
         true
