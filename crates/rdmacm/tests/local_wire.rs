@@ -57,3 +57,52 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
     assert_eq!(after.sent - before.sent, 0, "UDP datagrams sent");
     within("disconnect", c.disconnect()).await.unwrap();
 }
+
+/// Over the rings, the remote checks are the transport's as over UDP: a WRITE past the end
+/// of the region fails with a remote access error and writes nothing (inside the region or
+/// beside it); a READ with a wrong rkey leaves the reader's buffer as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_accesses_touch_no_memory_on_either_side() {
+    use rdmacm::{CloseReason, Error, WcStatus};
+    let (c, s) = pair("127.0.62.3").await;
+    assert!(c.qp().host_peer().is_some());
+    // the region sits between two others, all with a pattern
+    let before = s.register_remote(4096).unwrap();
+    let mr = s.register_remote(4096).unwrap();
+    let after = s.register_remote(4096).unwrap();
+    for (k, m) in [&before, &mr, &after].into_iter().enumerate() {
+        m.write(0, &vec![0x10 + k as u8; 4096]).unwrap();
+    }
+    let mut past_end = RemoteBuf::of(&mr);
+    past_end.addr += 4000;
+    past_end.len = 4096; // the peer's claim; the region has 96 bytes there
+    let e = within("write past the end", c.write(&past_end, &[0xee; 4096]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))),
+        "{e:?}"
+    );
+    for (k, m) in [&before, &mr, &after].into_iter().enumerate() {
+        assert!(
+            m.to_vec().iter().all(|&b| b == 0x10 + k as u8),
+            "region {k} changed"
+        );
+    }
+    // a second pair: READ with a wrong rkey
+    let (c, s) = pair("127.0.62.4").await;
+    let mr = s.register_remote(4096).unwrap();
+    mr.write(0, &[0x77; 4096]).unwrap();
+    let mut bad = RemoteBuf::of(&mr);
+    bad.rkey ^= 0x0101_0000;
+    let mut buf = vec![0x33u8; 4096];
+    let e = within("read with a bad rkey", c.read(&bad, &mut buf))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))),
+        "{e:?}"
+    );
+    assert!(buf.iter().all(|&b| b == 0x33), "the reader's buffer changed");
+    assert!(mr.to_vec().iter().all(|&b| b == 0x77));
+}
