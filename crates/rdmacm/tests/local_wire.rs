@@ -80,7 +80,10 @@ async fn refused_accesses_touch_no_memory_on_either_side() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))),
+        matches!(
+            e,
+            Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))
+        ),
         "{e:?}"
     );
     for (k, m) in [&before, &mr, &after].into_iter().enumerate() {
@@ -100,9 +103,15 @@ async fn refused_accesses_touch_no_memory_on_either_side() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))),
+        matches!(
+            e,
+            Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))
+        ),
         "{e:?}"
     );
-    assert!(buf.iter().all(|&b| b == 0x33), "the reader's buffer changed");
+    assert!(
+        buf.iter().all(|&b| b == 0x33),
+        "the reader's buffer changed"
+    );
     assert!(mr.to_vec().iter().all(|&b| b == 0x77));
 }

@@ -298,6 +298,14 @@ pub trait DatagramWire: Send {
     /// not sleep): a wire may then look at its slower sources less often.
     fn busy_poll(&mut self, _on: bool) {}
 
+    /// For a busy poller: true when this call would most likely deliver nothing and the
+    /// caller may skip its round (the wire knows its sources are quiet: e.g. its
+    /// host-local rings are empty, and its sockets are not due for a look). Counts as a
+    /// [`DatagramWire::recv`] call. The default, `false`, never skips.
+    fn idle_poll(&mut self) -> bool {
+        false
+    }
+
     /// The caller is about to sleep on [`DatagramWire::wait_fd`]: a wire whose peers only
     /// signal sleepers asks them to now. True when something is already waiting (call
     /// `recv` instead of sleeping).

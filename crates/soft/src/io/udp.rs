@@ -414,11 +414,9 @@ impl DatagramWire for UdpWire {
         write: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<()> {
         let max = max.min(self.cfg.max_packet);
-        let l = self
-            .local
-            .wire
-            .as_mut()
-            .ok_or(Error::InvalidArgument("this wire has no host-local channel"))?;
+        let l = self.local.wire.as_mut().ok_or(Error::InvalidArgument(
+            "this wire has no host-local channel",
+        ))?;
         if l.emit(peer, from, to, meta, max, write) {
             Ok(())
         } else {
@@ -436,6 +434,10 @@ impl DatagramWire for UdpWire {
 
     fn busy_poll(&mut self, on: bool) {
         self.local.busy = on;
+    }
+
+    fn idle_poll(&mut self) -> bool {
+        self.local_idle_poll()
     }
 
     fn arm_wait(&mut self) -> bool {

@@ -129,6 +129,21 @@ impl UdpWire {
         Ok(n + m)
     }
 
+    /// [`super::DatagramWire::idle_poll`]: the rings carry traffic, none has a record now,
+    /// and the sockets and the bell are not due (they would be read on this call).
+    pub(super) fn local_idle_poll(&mut self) -> bool {
+        let p = &mut self.local;
+        let Some(l) = p.wire.as_ref() else {
+            return false;
+        };
+        if p.hot == 0 || (p.calls.wrapping_add(1)) % SOCKET_EVERY == 0 || l.pending() {
+            return false;
+        }
+        p.calls = p.calls.wrapping_add(1);
+        p.hot -= 1;
+        true
+    }
+
     pub(super) fn local_arm(&mut self) -> bool {
         self.local.wire.as_mut().is_some_and(HostLocal::arm)
     }

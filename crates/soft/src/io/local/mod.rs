@@ -425,6 +425,11 @@ impl HostLocal {
         }
     }
 
+    /// Whether a ring holds a record now.
+    pub fn pending(&self) -> bool {
+        self.inbound.iter().any(|i| i.ring.pending())
+    }
+
     /// About to sleep: asks every producer to ring; true when something is waiting.
     pub fn arm(&mut self) -> bool {
         let mut pending = false;
