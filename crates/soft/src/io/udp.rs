@@ -413,15 +413,7 @@ impl DatagramWire for UdpWire {
         max: usize,
         write: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<()> {
-        let max = max.min(self.cfg.max_packet);
-        let l = self.local.wire.as_mut().ok_or(Error::InvalidArgument(
-            "this wire has no host-local channel",
-        ))?;
-        if l.emit(peer, from, to, meta, max, write) {
-            Ok(())
-        } else {
-            Err(Error::QueueFull("host-local ring"))
-        }
+        self.local_emit(peer, from, to, meta, max, write)
     }
 
     fn host_ready(&mut self, peer: super::HostPeer) -> bool {

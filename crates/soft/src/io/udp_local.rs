@@ -76,6 +76,8 @@ impl UdpWire {
         })
     }
 
+    /// [`super::DatagramWire::send_host`]: a copy of `packet` through
+    /// [`UdpWire::local_emit`].
     pub(super) fn local_send(
         &mut self,
         peer: HostPeer,
@@ -90,10 +92,27 @@ impl UdpWire {
                 max: self.cfg.max_packet,
             });
         }
+        self.local_emit(peer, from, to, meta, packet.len(), &mut |room| {
+            room[..packet.len()].copy_from_slice(packet);
+            packet.len()
+        })
+    }
+
+    /// [`super::DatagramWire::emit_host`]: `write` fills the ring's room directly.
+    pub(super) fn local_emit(
+        &mut self,
+        peer: HostPeer,
+        from: WireAddr,
+        to: WireAddr,
+        meta: TxMeta,
+        max: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<()> {
+        let max = max.min(self.cfg.max_packet);
         let l = self.local.wire.as_mut().ok_or(Error::InvalidArgument(
             "this wire has no host-local channel",
         ))?;
-        if l.send(peer, from, to, meta, packet) {
+        if l.emit(peer, from, to, meta, max, write) {
             Ok(())
         } else {
             Err(Error::QueueFull("host-local ring"))

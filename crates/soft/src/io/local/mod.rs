@@ -258,6 +258,7 @@ impl HostLocal {
 
     /// Writes `packet` (from `from` to `to`) into the ring to `peer`. False when it could
     /// not (no ring, the peer is gone, the ring is full), counted.
+    #[cfg(test)]
     pub fn send(
         &mut self,
         peer: HostPeer,
