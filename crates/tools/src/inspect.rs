@@ -263,7 +263,7 @@ pub fn resource_qp(procs: &[Proc]) -> String {
         for q in list(d, "qps") {
             let _ = writeln!(
                 out,
-                "link {}/{} lqpn {} rqpn {} type {} state {} rq-psn {} sq-psn {} unacked-psn {} src {} dst {} pid {} comm {}",
+                "link {}/{} lqpn {} rqpn {} type {} state {} rq-psn {} sq-psn {} unacked-psn {} src {} dst {} wire {} pid {} comm {}",
                 s(d, "name"),
                 port_num(q),
                 n(q, "qpn"),
@@ -275,6 +275,7 @@ pub fn resource_qp(procs: &[Proc]) -> String {
                 n(q, "unacked_psn"),
                 q.get("local").and_then(Value::as_str).unwrap_or("-"),
                 q.get("peer").and_then(Value::as_str).unwrap_or("-"),
+                q.get("wire").and_then(Value::as_str).unwrap_or("udp"),
                 p.pid,
                 p.comm
             );
@@ -526,7 +527,7 @@ mod tests {
         assert!(ibv_devinfo(&p, Some("other"), false).is_empty());
         assert_eq!(
             resource_qp(&p),
-            "link lo/1 lqpn 17 rqpn 18 type RC state RTS rq-psn 5 sq-psn 6 unacked-psn 6 src 127.0.0.1 dst 127.0.0.2 pid 9 comm t\n"
+            "link lo/1 lqpn 17 rqpn 18 type RC state RTS rq-psn 5 sq-psn 6 unacked-psn 6 src 127.0.0.1 dst 127.0.0.2 wire udp pid 9 comm t\n"
         );
         assert_eq!(
             statistic_qp(&p),

@@ -189,7 +189,8 @@ fn inspection_tools_show_a_live_process() {
             "{line}"
         );
         assert!(
-            line.contains(&format!("src {A} dst {B} pid {pid}")),
+            // hand-connected QPs (and a fault spec) stay on UDP
+            line.contains(&format!("src {A} dst {B} wire udp pid {pid}")),
             "{line}"
         );
         let stat = tool("rdma-soft", &dir, &["statistic", "qp", "show"]);

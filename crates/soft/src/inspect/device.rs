@@ -79,6 +79,7 @@ fn qp(c: &QpCtx) -> Value {
         "path_mig_state": format!("{:?}", a.path_mig_state).to_uppercase(),
         "alt": alt,
         "migrations": c.rc.migrations(),
+        "wire": if c.host.is_some() { "host-local" } else { "udp" },
         "counters": rc_counters(&c.rc.stats()),
     })
 }
@@ -125,6 +126,13 @@ fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
             "faults_corrupted": w.faults_send.corrupted + w.faults_recv.corrupted,
             "faults_reordered": w.faults_send.reordered + w.faults_recv.reordered,
             "faults_delayed": w.faults_send.delayed + w.faults_recv.delayed,
+            "local_sent_pkts": w.local.sent,
+            "local_rcvd_pkts": w.local.received,
+            "local_ring_full": w.local.ring_full,
+            "local_blocked": w.local.blocked,
+            "local_bells": w.local.bells,
+            "local_dead": w.local.dead,
+            "local_malformed": w.local.malformed,
         });
         if let Value::Object(more) = more {
             m.extend(more);
