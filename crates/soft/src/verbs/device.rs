@@ -337,13 +337,17 @@ pub(crate) const CLOCK_EVERY: u32 = 8;
 const STREAM_BATCH: u64 = 64;
 /// How long the engine keeps polling a stream's rings after their last packet.
 const STREAM_SPIN: Duration = Duration::from_micros(20);
+/// How long one engine run polls a stream at most.
+const STREAM_SPIN_MAX: Duration = Duration::from_micros(500);
 
 impl DeviceShared {
     /// The engine polls a device whose host-local rings carry a stream until they have been
     /// quiet for [`STREAM_SPIN`] (the runtime's lock is released between polls, so posts
-    /// and inline drivers go on), or until a thread drives the device inline.
+    /// and inline drivers go on), until a thread drives the device inline, or for
+    /// [`STREAM_SPIN_MAX`] at most.
     fn spin_on_rings(&self) {
-        let mut quiet_since = Instant::now();
+        let start = Instant::now();
+        let mut quiet_since = start;
         loop {
             std::hint::spin_loop();
             if self.inline_at.load(Ordering::Relaxed) != 0 {
@@ -359,6 +363,11 @@ impl DeviceShared {
             if got {
                 quiet_since = now;
             } else if now.duration_since(quiet_since) >= STREAM_SPIN {
+                return;
+            }
+            // the engine's other sources (CMs, devices, timers) get their turn: the run
+            // after this one takes the stream up again at once (its rings are not empty)
+            if now.duration_since(start) >= STREAM_SPIN_MAX {
                 return;
             }
         }
