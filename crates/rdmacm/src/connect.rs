@@ -181,15 +181,7 @@ pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The port of the id's device that its local address is on (a device group has one per
-/// member netdev; 1 before the id has a device and an address).
-pub(crate) fn id_port(st: &State, s: &IdSlot) -> u8 {
-    let dev = s.dev.and_then(|k| st.devices.get(&k));
-    match (dev, s.local) {
-        (Some(d), Some(l)) => d.sgid(l.ip()).map_or(1, |(p, _)| p),
-        _ => 1,
-    }
-}
+pub(crate) use crate::state::id_port;
 
 /// `rdma_init_qp_attr` for an RC QP.
 pub(crate) fn qp_attr(st: &State, s: &IdSlot, to: QpState) -> Result<(QpAttr, QpAttrMask)> {

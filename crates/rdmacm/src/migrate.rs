@@ -24,16 +24,7 @@ use crate::watch::ChangeReason;
 /// How long [`Resolver::alternate`] waits for the alternate's next hop to answer.
 const NEIGHBOUR_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// An alternate path of a connection, from this side's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AltPath {
-    /// The port of the id's device it leaves from (never the primary's).
-    pub port: u8,
-    /// Our address on that port.
-    pub local: IpAddr,
-    /// The peer's address on it.
-    pub remote: IpAddr,
-}
+pub(crate) use crate::route::AltPath;
 
 /// The other ports of the id's device that are up, with their netdevs: where an
 /// alternate path may go (none unless the policy is migrate and the device a group).
@@ -44,7 +35,7 @@ pub(crate) fn candidates(st: &State, s: &IdSlot) -> Vec<(u8, u32)> {
     let Some(d) = s.dev.and_then(|k| st.devices.get(&k)) else {
         return Vec::new();
     };
-    let primary = crate::connect::id_port(st, s);
+    let primary = crate::state::id_port(st, s);
     let mut ports = up_ports(d);
     ports.retain(|&(p, _)| p != primary);
     ports

@@ -257,3 +257,15 @@ mod tests {
         }
     }
 }
+
+/// An alternate path of a connection (the `migrate` policy), from this side's point of
+/// view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AltPath {
+    /// The port of the id's device it leaves from (never the primary's).
+    pub port: u8,
+    /// Our address on that port.
+    pub local: std::net::IpAddr,
+    /// The peer's address on it.
+    pub remote: std::net::IpAddr,
+}

@@ -72,14 +72,14 @@ pub(crate) struct IdSlot {
     pub resolved: Option<ResolvedAddr>,
     pub path: Option<RocePath>,
     /// The alternate path (the migrate policy on a device group), once chosen or taken.
-    pub alt: Option<crate::migrate::AltPath>,
+    pub alt: Option<crate::route::AltPath>,
     /// A passive id's REQ carried an alternate path (taken or not: `alt`).
     pub alt_offered: bool,
     /// The connection was set up with an alternate path on both sides (path migration);
     /// a `migrate` id without one falls back to `align`.
     pub apm: bool,
     /// The alternate proposed in our LAP, until the APR.
-    pub lap_alt: Option<crate::migrate::AltPath>,
+    pub lap_alt: Option<crate::route::AltPath>,
     pub qp: Option<Arc<QueuePair>>,
     pub qp_kind: QpKind,
     pub conn: Option<ConnHandle>,

@@ -66,3 +66,13 @@ pub(crate) enum WatchCmd {
     Rewatch(IdNum, std::net::IpAddr, std::net::IpAddr, u32),
     Unwatch(IdNum),
 }
+
+/// The port of the id's device that its local address is on (a device group has one per
+/// member netdev; 1 before the id has a device and an address).
+pub(crate) fn id_port(st: &State, s: &IdSlot) -> u8 {
+    let dev = s.dev.and_then(|k| st.devices.get(&k));
+    match (dev, s.local) {
+        (Some(d), Some(l)) => d.sgid(l.ip()).map_or(1, |(p, _)| p),
+        _ => 1,
+    }
+}
