@@ -6,127 +6,25 @@
 //!
 //! Ports 7650-7659 on 127.0.0.1 (nobody else's).
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rdmacm::{Buf, Cma, ConnectOptions, Connection, Listener, RemoteBuf};
+use rdmacm::{Buf, RemoteBuf};
 
 mod aio;
+mod local_child;
 
 use aio::within;
+use local_child::{ask, connect, pattern, Server, MIB};
 
-const CHILD_ENV: &str = "RDMA_LOCAL_WIRE_CHILD";
-const MIB: usize = 1 << 20;
-
-/// The server child: echoes every message; answers `rkey?` with a 1 MiB region's
-/// `RemoteBuf`, `stats?` with `udp=<sent> local=<sent> peer=<host-local peer?>`.
 #[test]
 #[ignore = "run by the tests below as their server process"]
 fn child_server() {
-    let Ok(port) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let l = Listener::bind(addr).await.unwrap();
-        println!("READY");
-        loop {
-            let c = l.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mr = c.register_remote(MIB).unwrap();
-                while let Ok(m) = c.recv().await {
-                    let reply = match &m[..] {
-                        b"rkey?" => RemoteBuf::of(&mr).to_bytes().to_vec(),
-                        b"stats?" => {
-                            let w = c.device().unwrap().wire_stats();
-                            let peer = c.qp().host_peer().is_some();
-                            format!("udp={} local={} peer={peer}", w.sent, w.local.sent)
-                                .into_bytes()
-                        }
-                        _ => m,
-                    };
-                    if c.send(&reply).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-}
-
-struct Server(Child);
-
-impl Server {
-    fn start(port: u16) -> Server {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "child_server", "--nocapture"])
-            .env(CHILD_ENV, port.to_string())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(out).lines();
-        loop {
-            let line = lines
-                .next()
-                .expect("server child ended before READY")
-                .unwrap();
-            if line.trim() == "READY" {
-                break;
-            }
-        }
-        // keep draining its stdout so it never blocks on a full pipe
-        std::thread::spawn(move || for _ in lines {});
-        Server(child)
-    }
-
-    fn kill(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn connect(port: u16) -> Connection {
-    // no bind: the source is chosen as for any 127.0.0.1 destination; a context (and so a
-    // device, whose counters the test reads) per test
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let opts = ConnectOptions {
-        cma: Some(Cma::new().unwrap()),
-        ..ConnectOptions::default()
-    };
-    within("connect", Connection::connect(addr, opts))
-        .await
-        .unwrap()
-}
-
-async fn ask(c: &Connection, q: &[u8]) -> Vec<u8> {
-    within("send", c.send(q)).await.unwrap();
-    within("reply", c.recv()).await.unwrap()
-}
-
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) as u8)
-        .collect()
+    local_child::serve();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_on_127_0_0_1_talk_through_shared_memory() {
-    let server = Server::start(7650);
+    let server = Server::start(7650, &[]);
     let c = connect(7650).await;
     assert!(
         c.qp().host_peer().is_some(),
@@ -175,7 +73,7 @@ async fn two_processes_on_127_0_0_1_talk_through_shared_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_fails_the_client_and_the_next_takes_its_port_at_once() {
-    let server = Server::start(7651);
+    let server = Server::start(7651, &[]);
     let c = connect(7651).await;
     assert!(c.qp().host_peer().is_some());
     assert_eq!(ask(&c, b"hello").await, b"hello");
@@ -192,7 +90,7 @@ async fn a_killed_server_fails_the_client_and_the_next_takes_its_port_at_once() 
     })
     .await;
     assert!(r.is_err());
-    let next = Server::start(7651);
+    let next = Server::start(7651, &[]);
     let c2 = connect(7651).await;
     assert!(
         c2.qp().host_peer().is_some(),

@@ -275,8 +275,9 @@ impl DeviceShared {
         // deferred to this thread), host-local peers must ring its bell for what comes
         // next: this drive may have taken the datagram that was to wake it. Something
         // published meanwhile, which rang nobody, is the engine's at once.
+        // An event loop watching the wire fd sleeps on it too (the engine defers to it).
         let engine_sleeps = self.reg.get().is_some_and(|r| !r.is_deferred());
-        if engine_sleeps && rt.arm_wait() {
+        if (engine_sleeps || self.watch.watched()) && rt.arm_wait() {
             self.wake_by(Instant::now());
         }
         // Timers may have been armed (RNR waits) or moved: the engine must know the
@@ -393,7 +394,15 @@ impl Source for DeviceShared {
         }
         let now_ns = self.created.elapsed().as_nanos() as u64;
         if let Some(r) = self.watch.engine_run(self, now, now_ns) {
-            return r;
+            // Left to the event loop, which sleeps on the wire fd: host-local peers must
+            // ring it. What was published unrung meanwhile is the engine's to take now.
+            let pending = match self.rt_try_lock() {
+                Ok(mut rt) => rt.arm_wait(),
+                Err(_) => false,
+            };
+            if !pending {
+                return r;
+            }
         }
         let mut rt = self.runtime();
         let mut mem = self.mrs.view();

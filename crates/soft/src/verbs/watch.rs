@@ -37,6 +37,11 @@ pub(crate) struct WatchState {
 }
 
 impl WatchState {
+    /// Whether an event loop watches the device's wire fd now.
+    pub(crate) fn watched(&self) -> bool {
+        self.watchers.load(Relaxed) > 0
+    }
+
     /// The engine's part: `Some(run)` when it leaves this run to the watchers, `None` when
     /// it must drive the device itself (no watcher, timers due, or the watcher is stalled).
     pub fn engine_run(&self, dev: &DeviceShared, now: Instant, now_ns: u64) -> Option<Run> {
@@ -136,17 +141,29 @@ impl Device {
     }
 
     /// Drives the device once in the caller's thread (receive, deliver, transmit, move
-    /// completions), unless another thread is driving it right now; returns the datagrams
-    /// received. What a watcher calls when [`Device::wire_fd`] is readable.
+    /// completions), after any other thread's run of it in progress; returns the datagrams
+    /// received. What a watcher calls when [`Device::wire_fd`] is readable. (It waits for
+    /// the lock: a watcher that gave up because the engine held it for an instant would
+    /// wait for a readiness that already came, and the datagram for the engine's grace.)
     pub fn drive_inline(&self) -> Result<usize> {
         let sh = self.shared();
-        let mut rt = match sh.rt_try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(0),
-        };
+        let mut rt = sh.runtime();
         sh.watch().driven(sh.now_ns());
-        sh.progress_locked(&mut rt)
+        let mut n = sh.progress_locked(&mut rt)?;
+        // The loop waits on the wire fd next, whatever the engine does (it has left the
+        // device to the loop): host-local peers must ring its bell. What they published
+        // before they could see the request is taken now, or by the engine.
+        for k in 0.. {
+            if !rt.arm_wait() {
+                break;
+            }
+            if k == 16 {
+                sh.wake_by(std::time::Instant::now());
+                break;
+            }
+            n += sh.progress_locked(&mut rt)?;
+        }
+        Ok(n)
     }
 
     /// What the watchers of this device did.
