@@ -663,14 +663,12 @@ impl Runtime {
         self.wire.host_local()
     }
 
-    /// Sends QP `qpn`'s packets to `peer` through the host-local wire from now on (`None`:
-    /// UDP again). An error leaves the QP on UDP.
-    pub fn set_host_peer(&mut self, qpn: u32, peer: Option<HostPeer>) -> Result<()> {
-        if let Some(p) = peer {
-            self.wire.host_connect(p)?;
-        }
+    /// Sends QP `qpn`'s packets to `peer` through the host-local wire from now on. An
+    /// error leaves the QP on UDP.
+    pub fn set_host_peer(&mut self, qpn: u32, peer: HostPeer) -> Result<()> {
+        self.wire.host_connect(peer)?;
         let ctx = self.get(qpn).ok_or(Error::InvalidArgument("no such QP"))?;
-        ctx.host = peer;
+        ctx.host = Some(peer);
         Ok(())
     }
 

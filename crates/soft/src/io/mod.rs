@@ -7,7 +7,7 @@
 //! send-only sockets on the source ports of the QPs' flows, [`ports`]); a
 //! host-local wire ([`local`]) carries the QPs whose CM found the peer to be one of our
 //! processes on this host (shared-memory rings instead of sockets, chosen per QP:
-//! [`DatagramWire::send_host`]).
+//! [`DatagramWire::emit_host`]).
 //!
 //! The fault injector ([`fault`]) sits inside the wire, between the transport and the sockets:
 //! see [`FaultSpec`] for `RDMA_SOFT_FAULTS`.
@@ -252,38 +252,22 @@ pub trait DatagramWire: Send {
     }
 
     /// Like [`DatagramWire::send_with`], through the host-local channel to `peer` (opened
-    /// with [`DatagramWire::host_connect`]). A full ring or a peer that is gone loses the
+    /// with [`DatagramWire::host_connect`]), without a packet buffer: `write` is given room
+    /// for up to `max` bytes in the channel and returns the length of the packet it wrote
+    /// there (0: none, nothing is sent). A full ring or a peer that is gone loses the
     /// packet, as the network would (counted in [`LocalStats`]).
-    fn send_host(
+    fn emit_host(
         &mut self,
         _peer: HostPeer,
         _from: WireAddr,
         _to: WireAddr,
         _meta: TxMeta,
-        _packet: &[u8],
+        _max: usize,
+        _write: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<()> {
         Err(crate::Error::InvalidArgument(
             "this wire has no host-local channel",
         ))
-    }
-
-    /// [`DatagramWire::send_host`] without a packet buffer: `write` is given room for up to
-    /// `max` bytes in the channel and returns the length of the packet it wrote there (0:
-    /// none, nothing is sent). The default writes into a buffer and sends that.
-    fn emit_host(
-        &mut self,
-        peer: HostPeer,
-        from: WireAddr,
-        to: WireAddr,
-        meta: TxMeta,
-        max: usize,
-        write: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> Result<()> {
-        let mut buf = vec![0u8; max];
-        match write(&mut buf) {
-            0 => Err(crate::Error::InvalidArgument("packet does not encode")),
-            n => self.send_host(peer, from, to, meta, &buf[..n.min(max)]),
-        }
     }
 
     /// Whether the host-local channel to `peer` takes a packet of up to

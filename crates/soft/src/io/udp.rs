@@ -69,7 +69,7 @@ pub struct UdpWire {
     pub(super) cfg: UdpConfig,
     pub(super) locals: Vec<Local>,
     pub(super) inbox: RecvBatch,
-    epoll: OwnedFd,
+    pub(super) epoll: OwnedFd,
     pub(super) stats: WireStats,
     pub(super) next_recv: usize,
     pub(super) send_faults: Option<Box<FaultInjector<SendMeta>>>,
@@ -391,17 +391,6 @@ impl DatagramWire for UdpWire {
 
     fn host_connect(&mut self, peer: super::HostPeer) -> Result<()> {
         self.local_connect(peer)
-    }
-
-    fn send_host(
-        &mut self,
-        peer: super::HostPeer,
-        from: WireAddr,
-        to: WireAddr,
-        meta: TxMeta,
-        packet: &[u8],
-    ) -> Result<()> {
-        self.local_send(peer, from, to, meta, packet)
     }
 
     fn emit_host(

@@ -55,7 +55,8 @@ impl UdpWire {
             u64: fd as u64,
         };
         // SAFETY: both descriptors are open; `ev` is a valid event.
-        if unsafe { libc::epoll_ctl(self.epoll_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0
+        {
             tracing::debug!("no host-local wire: epoll_ctl on its bell failed");
             self.local.failed = true;
             return None;
@@ -73,28 +74,6 @@ impl UdpWire {
             op: "open the host-local ring",
             addr: None,
             source,
-        })
-    }
-
-    /// [`super::DatagramWire::send_host`]: a copy of `packet` through
-    /// [`UdpWire::local_emit`].
-    pub(super) fn local_send(
-        &mut self,
-        peer: HostPeer,
-        from: WireAddr,
-        to: WireAddr,
-        meta: TxMeta,
-        packet: &[u8],
-    ) -> Result<()> {
-        if packet.len() > self.cfg.max_packet {
-            return Err(Error::TooLong {
-                len: packet.len(),
-                max: self.cfg.max_packet,
-            });
-        }
-        self.local_emit(peer, from, to, meta, packet.len(), &mut |room| {
-            room[..packet.len()].copy_from_slice(packet);
-            packet.len()
         })
     }
 
@@ -171,10 +150,5 @@ impl UdpWire {
         if let Some(l) = self.local.wire.as_mut() {
             l.flush();
         }
-    }
-
-    fn epoll_fd(&self) -> i32 {
-        use super::DatagramWire;
-        self.wait_fd().map_or(-1, |f| f.as_raw_fd())
     }
 }

@@ -245,11 +245,7 @@ impl DeviceShared {
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(0),
         };
-        let mut mem = self.mrs.view();
-        let r = rt.progress_busy(&mut mem);
-        drop(mem);
-        self.after_progress(&mut rt);
-        r
+        self.drive_locked(&mut rt, true)
     }
 
     /// The inline driver stopped (it is going to sleep): the engine drives the device again.
@@ -263,19 +259,23 @@ impl DeviceShared {
     }
 
     pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
-        let mut mem = self.mrs.view();
-        let r = rt.progress(&mut mem);
-        drop(mem);
-        self.after_progress(rt);
-        r
+        self.drive_locked(rt, false)
     }
 
-    fn after_progress(&self, rt: &mut Runtime) {
-        // A thread other than the engine drove the device. If the engine sleeps now (not
-        // deferred to this thread), host-local peers must ring its bell for what comes
-        // next: this drive may have taken the datagram that was to wake it. Something
-        // published meanwhile, which rang nobody, is the engine's at once.
-        // An event loop watching the wire fd sleeps on it too (the engine defers to it).
+    /// A thread other than the engine drives the device (`busy`: it busy-polls,
+    /// [`Runtime::progress_busy`]).
+    fn drive_locked(&self, rt: &mut Runtime, busy: bool) -> Result<usize> {
+        let mut mem = self.mrs.view();
+        let r = if busy {
+            rt.progress_busy(&mut mem)
+        } else {
+            rt.progress(&mut mem)
+        };
+        drop(mem);
+        // If the engine sleeps now (not deferred to this thread), or an event loop sleeps
+        // on the wire fd (the engine defers to it), host-local peers must ring the bell
+        // for what comes next: this drive may have taken the datagram that was to wake it.
+        // Something published meanwhile, which rang nobody, is the engine's at once.
         let engine_sleeps = self.reg.get().is_some_and(|r| !r.is_deferred());
         if (engine_sleeps || self.watch.watched()) && rt.arm_wait() {
             self.wake_by(Instant::now());
@@ -287,6 +287,7 @@ impl DeviceShared {
                 self.wake_by(d);
             }
         }
+        r
     }
 
     /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.

@@ -46,9 +46,7 @@ impl QueuePair {
                 "the host-local wire carries RC QPs only",
             ));
         }
-        self.device()
-            .runtime()
-            .set_host_peer(self.qpn(), Some(peer))
+        self.device().runtime().set_host_peer(self.qpn(), peer)
     }
 
     /// The host-local peer this QP sends to, if it uses the host-local wire.

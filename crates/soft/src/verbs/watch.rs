@@ -149,21 +149,9 @@ impl Device {
         let sh = self.shared();
         let mut rt = sh.runtime();
         sh.watch().driven(sh.now_ns());
-        let mut n = sh.progress_locked(&mut rt)?;
-        // The loop waits on the wire fd next, whatever the engine does (it has left the
-        // device to the loop): host-local peers must ring its bell. What they published
-        // before they could see the request is taken now, or by the engine.
-        for k in 0.. {
-            if !rt.arm_wait() {
-                break;
-            }
-            if k == 16 {
-                sh.wake_by(std::time::Instant::now());
-                break;
-            }
-            n += sh.progress_locked(&mut rt)?;
-        }
-        Ok(n)
+        // the loop waits on the wire fd next: this arms the host-local rings for it
+        // (`DeviceShared::drive_locked`)
+        sh.progress_locked(&mut rt)
     }
 
     /// What the watchers of this device did.
