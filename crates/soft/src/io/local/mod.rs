@@ -103,10 +103,11 @@ pub fn ring_size_from_env() -> crate::Result<usize> {
     let Ok(v) = std::env::var(LOCAL_RING_ENV) else {
         return Ok(DEFAULT_RING);
     };
-    let n =
-        v.trim().parse::<usize>().ok().filter(|n| {
-            n.is_power_of_two() && (ring::MIN_CAPACITY..=ring::MAX_CAPACITY).contains(n)
-        });
+    let n = v
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| ring::valid_capacity(n));
     n.ok_or(crate::Error::InvalidArgument(
         "RDMA_SOFT_LOCAL_RING: a power of two from 65536 to 1073741824",
     ))

@@ -15,7 +15,7 @@
 //! bell when it was set ([`Ring::take_waiting`]), with a full fence between each side's
 //! store and load, so one of them always sees the other.
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
@@ -97,10 +97,26 @@ pub(crate) struct Ring {
     limit: u64,
 }
 
+/// Whether `n` bytes is a ring capacity: a power of two within the limits.
+pub(crate) fn valid_capacity(n: usize) -> bool {
+    n.is_power_of_two() && (MIN_CAPACITY..=MAX_CAPACITY).contains(&n)
+}
+
 impl Ring {
-    /// A new ring of `capacity` bytes (a power of two within the limits), for its producer.
+    /// `fd` (`HEADER` + `cap` bytes long) mapped, at position 0.
+    fn mapped(fd: OwnedFd, cap: usize) -> std::io::Result<Ring> {
+        Ok(Ring {
+            map: map(fd.as_fd(), HEADER + cap)?,
+            fd,
+            cap: cap as u64,
+            pos: 0,
+            limit: 0,
+        })
+    }
+
+    /// A new ring of `capacity` bytes (see [`valid_capacity`]), for its producer.
     pub fn create(capacity: usize) -> std::io::Result<Ring> {
-        if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+        if !valid_capacity(capacity) {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
         // SAFETY: a name that is a C string; the result is checked.
@@ -115,14 +131,7 @@ impl Ring {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let map = map(fd.as_fd_ref(), len)?;
-        let r = Ring {
-            map,
-            fd,
-            cap: capacity as u64,
-            pos: 0,
-            limit: 0,
-        };
+        let r = Ring::mapped(fd, capacity)?;
         // A fresh memfd reads as zeros: head, tail and waiting start at 0.
         r.word(8).store(capacity as u64, Ordering::Relaxed);
         r.word(0).store(MAGIC, Ordering::Release);
@@ -140,17 +149,10 @@ impl Ring {
         }
         let len = usize::try_from(st.st_size).map_err(|_| bad())?;
         let cap = len.checked_sub(HEADER).ok_or_else(bad)?;
-        if !cap.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&cap) {
+        if !valid_capacity(cap) {
             return Err(bad());
         }
-        let map = map(fd.as_fd_ref(), len)?;
-        let r = Ring {
-            map,
-            fd,
-            cap: cap as u64,
-            pos: 0,
-            limit: 0,
-        };
+        let r = Ring::mapped(fd, cap)?;
         if r.word(0).load(Ordering::Acquire) != MAGIC
             || r.word(8).load(Ordering::Relaxed) != cap as u64
         {
@@ -162,7 +164,7 @@ impl Ring {
 
     /// The ring's file, to hand to the consumer.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd_ref()
+        self.fd.as_fd()
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
@@ -360,16 +362,6 @@ impl Ring {
         self.waiting().store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         self.pending()
-    }
-}
-
-trait AsFdRef {
-    fn as_fd_ref(&self) -> BorrowedFd<'_>;
-}
-
-impl AsFdRef for OwnedFd {
-    fn as_fd_ref(&self) -> BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
     }
 }
 
