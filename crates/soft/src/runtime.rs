@@ -62,6 +62,7 @@ use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::QpState;
 use rdma_wire::packet::IcrcCheck;
 
+mod ack_hold;
 mod apm;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
@@ -258,9 +259,10 @@ pub(crate) struct Runtime {
     port_map: Vec<(WireAddr, u8)>,
     /// The clock of the last `progress` (a busy poller reuses it: `progress_busy`).
     last_now: u64,
-    busy_polls: u32,
     /// The last busy poll received something: the next reads the clock.
     fresh_clock: bool,
+    /// ACKs held back for one busy poll (`runtime/ack_hold.rs`).
+    hold: ack_hold::AckHold,
 }
 
 impl Runtime {
@@ -284,8 +286,8 @@ impl Runtime {
             timers_touched: false,
             port_map: Vec::new(),
             last_now: 0,
-            busy_polls: 0,
             fresh_clock: true,
+            hold: Default::default(),
             events: AsyncQueue::new()?,
             retired: Default::default(),
         })
@@ -481,6 +483,7 @@ impl Runtime {
             tx,
             stats,
             events,
+            hold,
             ..
         } = self;
         let Some(ctx) = slots.get_mut(idx).and_then(|s| s.as_deref_mut()) else {
@@ -526,6 +529,7 @@ impl Runtime {
                 Ok(()) => stats.transmitted += 1,
                 Err(_) => stats.send_errors += 1,
             }
+            hold.emitted(&t.header, ctx.host.is_none(), ctx.rc.ack_timeout());
         }
         if !more && ctx.rc.send_window_full() {
             stats.window_stalls += 1;
@@ -540,6 +544,7 @@ impl Runtime {
         let now = self.now();
         let idx = (qpn & 0xFFFF) as usize;
         self.service(idx, now, mem);
+        self.hold.flushed();
         self.wire.flush()
     }
 
@@ -616,7 +621,10 @@ impl Runtime {
                 }
                 more |= self.service(idx, now, mem);
             }
-            self.wire.flush()?;
+            if !self.hold.hold_round() {
+                self.hold.held = false;
+                self.wire.flush()?;
+            }
             // Another round only if a queue gave a full batch (more may be waiting) or a QP
             // has more to send: after a partial batch the next `recvmmsg` would most likely
             // find nothing, and the completions would wait for it.
@@ -632,21 +640,33 @@ impl Runtime {
 
     /// [`Runtime::progress`] for a caller that busy-polls (the wire may look at its slower
     /// sources less often: [`DatagramWire::busy_poll`]).
-    /// Its clock is read on every [`crate::verbs::CLOCK_EVERY`]th call and after one that
-    /// received something; the others reuse the last reading (a few µs old: timers are
-    /// hundreds of µs and more, and a packet's time stamps are read fresh after it).
-    pub fn progress_busy<M: MemoryTable + ?Sized>(&mut self, mem: &mut M) -> Result<usize> {
-        self.busy_polls = self.busy_polls.wrapping_add(1);
+    /// `clock` is the caller's reading when it took one for this poll (every
+    /// `CLOCK_EVERY`th poll); after a call that received something the clock is
+    /// read here; the others reuse the last reading (a few µs old: timers are hundreds of
+    /// µs and more, and a packet's time stamps are read fresh after it).
+    pub fn progress_busy<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        clock: Option<Instant>,
+    ) -> Result<usize> {
         // Nothing arrived and nothing is due: the round (every QP's timers and transmit,
-        // the flush) is skipped on all but every CLOCK_EVERYth poll; posts transmit
-        // themselves, and timers are hundreds of µs and more.
-        let due = self.busy_polls % crate::verbs::CLOCK_EVERY == 0 || self.fresh_clock;
-        if !due && self.wire.idle_poll() {
+        // the flush) is skipped unless the caller read the clock for this poll; posts
+        // transmit themselves, and timers are hundreds of µs and more.
+        if std::mem::take(&mut self.hold.held) {
+            self.wire.flush()?;
+        }
+        if clock.is_none() && !self.fresh_clock && self.wire.idle_poll() {
             return Ok(0);
         }
         self.wire.busy_poll(true);
-        let now = if due { self.now() } else { self.last_now };
+        self.hold.on = true;
+        let now = match clock {
+            Some(t) => t.saturating_duration_since(self.epoch).as_nanos() as u64,
+            None if self.fresh_clock => self.now(),
+            None => self.last_now,
+        };
         let r = self.progress_at(now, mem);
+        self.hold.on = false;
         self.fresh_clock = r.as_ref().is_ok_and(|&n| n > 0);
         self.wire.busy_poll(false);
         r

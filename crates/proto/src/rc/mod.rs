@@ -205,6 +205,12 @@ impl RcQp {
     pub fn qpn(&self) -> u32 {
         self.cfg.qpn
     }
+    /// The local ACK timeout exponent (`ibv_qp_attr::timeout`; 0 is infinite), without
+    /// the copy [`RcQp::attr`] makes.
+    pub fn ack_timeout(&self) -> u8 {
+        self.attr.timeout
+    }
+
     /// Current attributes (`ibv_query_qp`).
     pub fn attr(&self) -> QpAttr {
         let mut a = self.attr;

@@ -235,17 +235,21 @@ impl DeviceShared {
     pub(crate) fn try_progress(&self) -> Result<usize> {
         // The engine's "busy poller" test needs ~100 µs resolution: a clock read every
         // `CLOCK_EVERY`th poll, not every one (a poll of nothing costs less than the read).
+        // The same reading serves the runtime's timers (`Runtime::progress_busy`).
         let k = self.inline_polls.fetch_add(1, Ordering::Relaxed);
-        if k % CLOCK_EVERY == 0 || self.inline_at.load(Ordering::Relaxed) == 0 {
-            let at = self.created.elapsed().as_nanos() as u64;
-            self.inline_at.store(at.max(1), Ordering::Relaxed);
-        }
+        let clock =
+            (k % CLOCK_EVERY == 0 || self.inline_at.load(Ordering::Relaxed) == 0).then(|| {
+                let now = Instant::now();
+                let at = now.saturating_duration_since(self.created).as_nanos() as u64;
+                self.inline_at.store(at.max(1), Ordering::Relaxed);
+                now
+            });
         let mut rt = match self.rt.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             Err(TryLockError::WouldBlock) => return Ok(0),
         };
-        self.drive_locked(&mut rt, true)
+        self.drive_locked(&mut rt, Drive::Busy(clock))
     }
 
     /// The inline driver stopped (it is going to sleep): the engine drives the device again.
@@ -259,17 +263,15 @@ impl DeviceShared {
     }
 
     pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
-        self.drive_locked(rt, false)
+        self.drive_locked(rt, Drive::Plain)
     }
 
-    /// A thread other than the engine drives the device (`busy`: it busy-polls,
-    /// [`Runtime::progress_busy`]).
-    fn drive_locked(&self, rt: &mut Runtime, busy: bool) -> Result<usize> {
+    /// A thread other than the engine drives the device.
+    fn drive_locked(&self, rt: &mut Runtime, how: Drive) -> Result<usize> {
         let mut mem = self.mrs.view();
-        let r = if busy {
-            rt.progress_busy(&mut mem)
-        } else {
-            rt.progress(&mut mem)
+        let r = match how {
+            Drive::Busy(clock) => rt.progress_busy(&mut mem, clock),
+            Drive::Plain => rt.progress(&mut mem),
         };
         drop(mem);
         // If the engine sleeps now (not deferred to this thread), or an event loop sleeps
@@ -328,6 +330,15 @@ impl Drop for DeviceShared {
         drop(self.inspect.take());
         drop(self.reg.take());
     }
+}
+
+/// How a thread other than the engine drives the device.
+enum Drive {
+    /// Once ([`Runtime::progress`]).
+    Plain,
+    /// As a busy poller ([`Runtime::progress_busy`]), with the clock if it read it for
+    /// this poll.
+    Busy(Option<Instant>),
 }
 
 /// A busy poller reads the clock on every `CLOCK_EVERY`th poll (`try_progress`; the

@@ -27,7 +27,6 @@ pub use async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
 pub use async_tap::AsyncTap;
 pub use cq::{CompletionChannel, CompletionQueue};
 pub(crate) use device::DeviceShared;
-pub(crate) use device::CLOCK_EVERY;
 pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};
 pub use mr::{DeregisterError, MemoryRegion, MrTableView};
 pub use pd::ProtectionDomain;

@@ -1,0 +1,93 @@
+//! ACKs held back for one busy poll: a responder's ACK then leaves in the same `sendmmsg`
+//! as the application's reply (posted right after the completion it polls), instead of in
+//! a system call of its own ahead of it on the latency path.
+//!
+//! The bound: the held batch is flushed by the next post (`Runtime::after_post`), the next
+//! busy poll (first thing), any flush of another path, or the engine once the poller has
+//! gone quiet (`verbs::device::ACTIVE` + `HANDOFF`, about 1.1 ms), which is why only the
+//! ACKs of QPs whose own ACK timeout is at least [`MIN_TIMEOUT`] are held (a peer with a
+//! shorter one would retransmit).
+
+use rdma_proto::packet::{Opcode, PacketHeader};
+
+/// The smallest local ACK timeout exponent (4.096 µs << 10, about 4.2 ms) whose QPs'
+/// ACKs are held; 0 (infinite) qualifies too.
+pub(super) const MIN_TIMEOUT: u8 = 10;
+
+/// What the current busy poll's rounds put into the wire's batch.
+#[derive(Default)]
+pub(super) struct AckHold {
+    /// The caller busy-polls: holding is allowed in this call.
+    pub on: bool,
+    /// The wire's batch holds unflushed ACKs.
+    pub held: bool,
+    /// This round emitted a packet that may be held.
+    acks: bool,
+    /// This round emitted something else (or to a host-local ring).
+    other: bool,
+}
+
+impl AckHold {
+    /// A packet left through the wire's UDP batch (`udp`) or a ring, for a QP whose local
+    /// ACK timeout is `timeout`.
+    pub fn emitted(&mut self, h: &PacketHeader, udp: bool, timeout: u8) {
+        let ack =
+            h.opcode == Opcode::RcAcknowledge && udp && (timeout == 0 || timeout >= MIN_TIMEOUT);
+        if ack {
+            self.acks = true;
+        } else {
+            self.other = true;
+        }
+    }
+
+    /// The caller flushes the wire's batch now (held ACKs included).
+    pub fn flushed(&mut self) {
+        *self = AckHold {
+            on: self.on,
+            ..AckHold::default()
+        };
+    }
+
+    /// End of a round: true when the flush may be skipped (only ACKs went out, and the
+    /// caller busy-polls). Resets the round.
+    pub fn hold_round(&mut self) -> bool {
+        let hold = self.on && self.acks && !self.other;
+        self.acks = false;
+        self.other = false;
+        if hold {
+            self.held = true;
+        }
+        hold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack() -> PacketHeader {
+        PacketHeader::new(Opcode::RcAcknowledge, 7, 1)
+    }
+
+    #[test]
+    fn holds_only_acks_of_a_busy_poller() {
+        let mut h = AckHold::default();
+        h.emitted(&ack(), true, 14);
+        assert!(!h.hold_round(), "not a busy poller");
+        h.on = true;
+        h.emitted(&ack(), true, 14);
+        assert!(h.hold_round());
+        assert!(h.held);
+        h.held = false;
+        h.emitted(&ack(), true, 14);
+        h.emitted(&PacketHeader::new(Opcode::RcSendOnly, 7, 2), true, 14);
+        assert!(!h.hold_round(), "a request goes out at once, with the ACK");
+        h.emitted(&ack(), false, 14);
+        assert!(!h.hold_round(), "ring packets are published as written");
+        h.emitted(&ack(), true, 8);
+        assert!(!h.hold_round(), "a short ACK timeout");
+        h.emitted(&ack(), true, 0);
+        assert!(h.hold_round(), "infinite timeout");
+        assert!(!h.hold_round(), "nothing emitted: nothing to hold");
+    }
+}
