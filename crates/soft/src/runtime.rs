@@ -62,7 +62,7 @@ use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::QpState;
 use rdma_wire::packet::IcrcCheck;
 
-mod ack_hold;
+pub(crate) mod ack_hold;
 mod apm;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
@@ -111,6 +111,8 @@ pub struct RuntimeStats {
     pub cq_overflows: u64,
     /// Times a QP stopped transmitting because its send window was full.
     pub window_stalls: u64,
+    /// Busy-poll rounds whose ACKs waited for the next send or poll (`runtime/ack_hold.rs`).
+    pub acks_held: u64,
     /// Datagrams received per port of the address they arrived on (0: no port's address).
     pub rx_by_port: [u64; MAX_PORTS + 1],
 }
@@ -621,7 +623,9 @@ impl Runtime {
                 }
                 more |= self.service(idx, now, mem);
             }
-            if !self.hold.hold_round() {
+            if self.hold.hold_round() {
+                self.stats.acks_held += 1;
+            } else {
                 self.hold.held = false;
                 self.wire.flush()?;
             }
@@ -670,6 +674,12 @@ impl Runtime {
         self.fresh_clock = r.as_ref().is_ok_and(|&n| n > 0);
         self.wire.busy_poll(false);
         r
+    }
+
+    /// Whether the wire's batch holds ACKs for the next send or poll (`runtime/ack_hold.rs`):
+    /// the caller must make sure the engine runs within [`ack_hold::ENGINE_WITHIN`].
+    pub fn acks_held(&self) -> bool {
+        self.hold.held
     }
 
     /// The caller is about to sleep on the wire's fd ([`DatagramWire::arm_wait`]); true

@@ -3,16 +3,24 @@
 //! a system call of its own ahead of it on the latency path.
 //!
 //! The bound: the held batch is flushed by the next post (`Runtime::after_post`), the next
-//! busy poll (first thing), any flush of another path, or the engine once the poller has
-//! gone quiet (`verbs::device::ACTIVE` + `HANDOFF`, about 1.1 ms), which is why only the
-//! ACKs of QPs whose own ACK timeout is at least [`MIN_TIMEOUT`] are held (a peer with a
-//! shorter one would retransmit).
+//! busy poll (first thing), any flush of another path, or the engine, which the device
+//! asks to run within [`ENGINE_WITHIN`] (`verbs/device.rs`, `drive_locked`; a poller that
+//! stopped less than `ACTIVE` ago has it wait one more `HANDOFF`, 1 ms, and its sleep
+//! rounds up to whole ms): a few ms at worst, which is why only the ACKs of QPs whose own
+//! ACK timeout is at least [`MIN_TIMEOUT`] are held (a peer with a shorter one would
+//! retransmit). The engine usually has an earlier wake time already (its hand-off
+//! check), so asking costs no doorbell.
+
+use std::time::Duration;
 
 use rdma_proto::packet::{Opcode, PacketHeader};
 
-/// The smallest local ACK timeout exponent (4.096 µs << 10, about 4.2 ms) whose QPs'
+/// The smallest local ACK timeout exponent (4.096 µs << 12, about 16.8 ms) whose QPs'
 /// ACKs are held; 0 (infinite) qualifies too.
-pub(super) const MIN_TIMEOUT: u8 = 10;
+pub(super) const MIN_TIMEOUT: u8 = 12;
+
+/// How soon the engine must run after a busy poll that left ACKs held.
+pub const ENGINE_WITHIN: Duration = Duration::from_millis(2);
 
 /// What the current busy poll's rounds put into the wire's batch.
 #[derive(Default)]
@@ -84,7 +92,7 @@ mod tests {
         assert!(!h.hold_round(), "a request goes out at once, with the ACK");
         h.emitted(&ack(), false, 14);
         assert!(!h.hold_round(), "ring packets are published as written");
-        h.emitted(&ack(), true, 8);
+        h.emitted(&ack(), true, MIN_TIMEOUT - 1);
         assert!(!h.hold_round(), "a short ACK timeout");
         h.emitted(&ack(), true, 0);
         assert!(h.hold_round(), "infinite timeout");

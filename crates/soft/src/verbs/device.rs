@@ -270,7 +270,15 @@ impl DeviceShared {
     fn drive_locked(&self, rt: &mut Runtime, how: Drive) -> Result<usize> {
         let mut mem = self.mrs.view();
         let r = match how {
-            Drive::Busy(clock) => rt.progress_busy(&mut mem, clock),
+            Drive::Busy(clock) => {
+                let r = rt.progress_busy(&mut mem, clock);
+                if rt.acks_held() {
+                    // a poller that stops now would leave them: the engine sends them
+                    let now = clock.unwrap_or_else(Instant::now);
+                    self.wake_by(now + crate::runtime::ack_hold::ENGINE_WITHIN);
+                }
+                r
+            }
             Drive::Plain => rt.progress(&mut mem),
         };
         drop(mem);
