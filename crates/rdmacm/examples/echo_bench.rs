@@ -5,7 +5,10 @@
 //! ```text
 //! cargo run --release -p rdmacm --example echo_bench [SECONDS]            # one process
 //! cargo run --release -p rdmacm --example echo_bench --two-process [SECONDS]
+//! cargo run --release -p rdmacm --example echo_bench --two-process --rdma-only [SECONDS]
 //! ```
+//!
+//! `--rdma-only` skips the TCP figures (to profile or trace the RDMA half alone).
 //!
 //! With `--two-process` the bench spawns itself as the server (`serve rdma|tcp ADDR`)
 //! on 127.0.62.1 and connects from 127.0.62.2; the server's CPU time is read from
@@ -50,6 +53,14 @@ fn cpu_seconds_of(pid: u32) -> f64 {
 struct Figure {
     per_sec: f64,
     cpu_us_per_msg: f64,
+}
+
+impl Figure {
+    /// Not measured (printed as NaN).
+    const NONE: Figure = Figure {
+        per_sec: f64::NAN,
+        cpu_us_per_msg: f64::NAN,
+    };
 }
 
 struct Meter {
@@ -222,16 +233,21 @@ fn spawn_server(kind: &str) -> (Child, u16) {
     (child, port)
 }
 
-async fn two_process(secs: f64) -> ([Figure; 2], [Figure; 3]) {
-    let (mut child, port) = spawn_server("tcp");
-    let c = tokio::net::TcpSocket::new_v4().unwrap();
-    c.bind(format!("{CLIENT}:0").parse().unwrap()).unwrap();
-    let c = c
-        .connect(format!("{SERVER}:{port}").parse().unwrap())
-        .await
-        .unwrap();
-    let tcp = tcp_client(c, secs, Some(child.id())).await;
-    child.wait().unwrap();
+async fn two_process(secs: f64, tcp: bool) -> ([Figure; 2], [Figure; 3]) {
+    let tcp = if tcp {
+        let (mut child, port) = spawn_server("tcp");
+        let c = tokio::net::TcpSocket::new_v4().unwrap();
+        c.bind(format!("{CLIENT}:0").parse().unwrap()).unwrap();
+        let c = c
+            .connect(format!("{SERVER}:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        let tcp = tcp_client(c, secs, Some(child.id())).await;
+        child.wait().unwrap();
+        tcp
+    } else {
+        [Figure::NONE, Figure::NONE]
+    };
 
     let (mut child, port) = spawn_server("rdma");
     let opts = ConnectOptions {
@@ -281,11 +297,12 @@ async fn main() {
         return serve(&args[1], addr).await;
     }
     let two = args.iter().any(|a| a == "--two-process");
+    let tcp = !args.iter().any(|a| a == "--rdma-only");
     let secs: f64 = args.iter().find_map(|s| s.parse().ok()).unwrap_or(2.0);
     let (where_, (t, r)) = if two {
         (
             format!("two processes, {CLIENT} -> {SERVER}"),
-            two_process(secs).await,
+            two_process(secs, tcp).await,
         )
     } else {
         (format!("one process, {ONE}"), one_process(secs).await)

@@ -90,7 +90,7 @@ impl CompletionStream {
                 return Poll::Ready(());
             }
             self.buf.clear();
-            if self.cq.poll(&mut self.buf, 64) == 0 {
+            if self.cq.poll_once(&mut self.buf, 64) == 0 {
                 // Arm, then look once more: a completion may have come in between.
                 let _ = self.cq.req_notify(false);
                 self.cq.poll_queued(&mut self.buf, 64);

@@ -235,7 +235,7 @@ impl Shared {
         loop {
             let mut st = self.lock();
             buf.clear();
-            if self.parts.cq.poll(buf, 64) == 0 {
+            if self.parts.cq.poll_once(buf, 64) == 0 {
                 // About to sleep: arm, then look once more (a completion may have come in
                 // between).
                 if self.parts.cq.req_notify(false).is_err()
@@ -335,6 +335,10 @@ pub(super) async fn run(
                 // the id: destroying an id waits for its events to be acknowledged.
                 drop(events.send(ev));
                 if let Some(why) = why {
+                    // A failure the device already reported (a WRITE refused by the peer,
+                    // which then disconnected) is the reason, not the event it caused: the
+                    // CQ is taken first.
+                    sh.drain(&mut buf);
                     // Closed, QP in Err, then woken: under one lock, so no future returns
                     // the close while the QP is still RTS.
                     let id = id.upgrade();

@@ -124,6 +124,27 @@ impl CompletionQueue {
         self.poll_queued(out, max)
     }
 
+    /// Like [`Self::poll`], for a caller that polls once before it sleeps on the completion
+    /// channel (an event loop), not a busy poller: the device is driven only if no other
+    /// thread drives it, and the progress engine keeps it (no hand-off to this thread and
+    /// back, no engine wake-up when the caller then arms the CQ).
+    ///
+    /// ```
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let cq = dev.create_cq(16, None).unwrap();
+    /// let mut out = Vec::new();
+    /// assert_eq!(cq.poll_once(&mut out, 16), 0);
+    /// ```
+    pub fn poll_once(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if max > 0 && self.inner.ring.len() == 0 {
+            if let Some(dev) = self.inner.dev.upgrade() {
+                let _ = dev.try_drive();
+            }
+        }
+        self.poll_queued(out, max)
+    }
+
     /// Like [`Self::poll`] without driving the device: only what is already queued.
     pub fn poll_queued(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let mut n = 0;

@@ -193,13 +193,6 @@ impl DeviceShared {
         self.created.elapsed().as_nanos() as u64
     }
 
-    /// Sets the engine's wake time for this device.
-    pub(crate) fn set_engine_wake(&self, at: Option<Instant>) {
-        if let Some(r) = self.reg.get() {
-            r.set_wake(at);
-        }
-    }
-
     /// Port 1's attributes (state and GID table length as at open).
     pub(crate) fn port(&self) -> &PortAttr {
         &self.ports[0]
@@ -252,6 +245,17 @@ impl DeviceShared {
         self.drive_locked(&mut rt, Drive::Busy(clock))
     }
 
+    /// Drives the device once in the caller's thread if no other thread is (the engine
+    /// keeps it: not a busy poller's hand-off).
+    pub(crate) fn try_drive(&self) -> Result<usize> {
+        let mut rt = match self.rt.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(0),
+        };
+        self.drive_locked(&mut rt, Drive::Plain)
+    }
+
     /// The inline driver stopped (it is going to sleep): the engine drives the device again.
     pub(crate) fn end_inline(&self) {
         if self.inline_at.swap(0, Ordering::Relaxed) != 0 {
@@ -264,6 +268,11 @@ impl DeviceShared {
 
     pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
         self.drive_locked(rt, Drive::Plain)
+    }
+
+    /// A watcher's drive ([`Device::drive_inline`]).
+    pub(crate) fn drive_watched(&self, rt: &mut Runtime) -> Result<usize> {
+        self.drive_locked(rt, Drive::Watcher)
     }
 
     /// A thread other than the engine drives the device.
@@ -279,16 +288,23 @@ impl DeviceShared {
                 }
                 r
             }
-            Drive::Plain => rt.progress(&mut mem),
+            Drive::Plain | Drive::Watcher => rt.progress(&mut mem),
         };
         drop(mem);
         // If the engine sleeps now (not deferred to this thread), or an event loop sleeps
         // on the wire fd (the engine defers to it), host-local peers must ring the bell
         // for what comes next: this drive may have taken the datagram that was to wake it.
-        // Something published meanwhile, which rang nobody, is the engine's at once.
+        // Something published meanwhile, which rang nobody, is the engine's at once (a
+        // watcher's: it drives again).
         let engine_sleeps = self.reg.get().is_some_and(|r| !r.is_deferred());
+        let mut again = false;
         if (engine_sleeps || self.watch.watched()) && rt.arm_wait() {
-            self.wake_by(Instant::now());
+            if matches!(how, Drive::Watcher) {
+                // the watcher drives again (no thread hop through the engine)
+                again = true;
+            } else {
+                self.wake_by(Instant::now());
+            }
         }
         // Timers may have been armed (RNR waits) or moved: the engine must know the
         // earliest before the caller goes away. Only when something happened.
@@ -297,7 +313,11 @@ impl DeviceShared {
                 self.wake_by(d);
             }
         }
-        r
+        if again {
+            r.map(|n| n.max(1))
+        } else {
+            r
+        }
     }
 
     /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
@@ -344,6 +364,9 @@ impl Drop for DeviceShared {
 enum Drive {
     /// Once ([`Runtime::progress`]).
     Plain,
+    /// Once, for a watcher ([`Device::drive_inline`]): what is pending after it is the
+    /// watcher's to drive next, not the engine's.
+    Watcher,
     /// As a busy poller ([`Runtime::progress_busy`]), with the clock if it read it for
     /// this poll.
     Busy(Option<Instant>),

@@ -5,9 +5,11 @@
 //! completion channel, which wakes the application: two wake-ups per message. An event loop
 //! (tokio, say) that registers the device's [`Device::wire_fd`] and calls
 //! [`Device::drive_inline`] when it is readable is woken by the kernel directly. While it
-//! holds a [`WireWatch`], the engine leaves fresh datagrams to it for [`GRACE`] and drives
-//! them itself only when the watcher did not run meanwhile (a blocked event loop), so the
-//! device still always makes progress. Timers stay the engine's.
+//! holds a [`WireWatch`], the engine leaves fresh datagrams to it and looks back every
+//! [`GRACE`]: while the watcher drives, the engine does not watch the fd (no wake-up per
+//! message); after a GRACE without a drive it runs the device itself (a blocked event loop,
+//! or the traffic stopped) and watches the fd again, so the device still always makes
+//! progress. Timers stay the engine's.
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -18,7 +20,8 @@ use super::device::{Device, DeviceShared};
 use crate::engine::Run;
 use crate::Result;
 
-/// How long the engine leaves fresh datagrams to a watcher before it drives them itself.
+/// How often the engine looks back at a watcher: datagrams of a watcher that stopped
+/// driving wait at most two of these before the engine drives them itself.
 pub const GRACE: Duration = Duration::from_millis(1);
 
 /// The watcher bookkeeping of one device (times in ns since the device was created).
@@ -66,12 +69,17 @@ impl WatchState {
             self.left.fetch_add(1, Relaxed);
             return Some(Run::Deferred(now + GRACE));
         }
-        // Looking back: a watcher that drove since keeps the datagrams; the fds re-arm (and
-        // fire again at once if more is waiting), the runtime's timers stay armed.
+        // Looking back: a watcher that drove since keeps the device for one more GRACE,
+        // with the engine's fds left unarmed (re-arming them would wake the engine on the
+        // next datagram, one wake-up per message); the runtime's timers stay armed.
         if self.driven_at.load(Relaxed) >= left {
-            dev.set_engine_wake(next);
-            return Some(Run::Idle);
+            self.left_at.store(now_ns.max(1), Relaxed);
+            let check = now + GRACE;
+            return Some(Run::Deferred(next.map_or(check, |d| d.min(check))));
         }
+        // No drive for a GRACE: traffic stopped, or the watcher is blocked; the engine runs
+        // the device (the datagrams of a blocked watcher waited at most two GRACEs) and
+        // sleeps on its fds again.
         self.taken_back.fetch_add(1, Relaxed);
         None
     }
@@ -142,7 +150,9 @@ impl Device {
 
     /// Drives the device once in the caller's thread (receive, deliver, transmit, move
     /// completions), after any other thread's run of it in progress; returns the datagrams
-    /// received. What a watcher calls when [`Device::wire_fd`] is readable. (It waits for
+    /// received, or at least 1 when more was published meanwhile without making the fd
+    /// readable (host-local rings): call again. What a watcher calls when
+    /// [`Device::wire_fd`] is readable. (It waits for
     /// the lock: a watcher that gave up because the engine held it for an instant would
     /// wait for a readiness that already came, and the datagram for the engine's grace.)
     pub fn drive_inline(&self) -> Result<usize> {
@@ -151,7 +161,7 @@ impl Device {
         sh.watch().driven(sh.now_ns());
         // the loop waits on the wire fd next: this arms the host-local rings for it
         // (`DeviceShared::drive_locked`)
-        sh.progress_locked(&mut rt)
+        sh.drive_watched(&mut rt)
     }
 
     /// What the watchers of this device did.

@@ -95,55 +95,78 @@ impl Bell {
         Ok(())
     }
 
-    /// Receives every queued message (at most `max`), each with the fd it carried.
+    /// Receives every queued message (at most `max`), each with the fd it carried: one
+    /// `recvmmsg` per [`BATCH`] messages (a wake-up usually finds one or two).
     pub fn drain(&self, max: usize, mut each: impl FnMut(&[u8], Option<OwnedFd>)) {
-        for _ in 0..max {
-            let mut buf = [0u8; 64];
-            let mut iov = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            let mut cbuf = [0u64; 8];
-            // SAFETY: a plain C struct, zeroed, then filled with live pointers.
-            let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-            hdr.msg_iov = &mut iov;
-            hdr.msg_iovlen = 1;
-            hdr.msg_control = cbuf.as_mut_ptr().cast();
-            hdr.msg_controllen = std::mem::size_of_val(&cbuf);
-            // SAFETY: a live msghdr; received fds are close-on-exec.
+        let mut left = max;
+        while left > 0 {
+            let want = left.min(BATCH);
+            let mut bufs = [[0u8; 64]; BATCH];
+            let mut cbufs = [[0u64; 8]; BATCH];
+            // SAFETY: plain C structs, zeroed, then filled with live pointers below.
+            let mut iovs: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+            let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+            for k in 0..want {
+                iovs[k] = libc::iovec {
+                    iov_base: bufs[k].as_mut_ptr().cast(),
+                    iov_len: 64,
+                };
+                let h = &mut hdrs[k].msg_hdr;
+                h.msg_iov = &mut iovs[k];
+                h.msg_iovlen = 1;
+                h.msg_control = cbufs[k].as_mut_ptr().cast();
+                h.msg_controllen = std::mem::size_of_val(&cbufs[k]);
+            }
+            // SAFETY: `want` live headers; received fds are close-on-exec.
             let n = unsafe {
-                libc::recvmsg(
+                libc::recvmmsg(
                     self.fd.as_raw_fd(),
-                    &mut hdr,
+                    hdrs.as_mut_ptr(),
+                    want as u32,
                     libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+                    std::ptr::null_mut(),
                 )
             };
-            if n < 0 {
+            if n <= 0 {
                 return;
             }
-            let mut got: Option<OwnedFd> = None;
-            // SAFETY: walking the control messages the kernel wrote into `cbuf`; every fd
-            // it passed is taken into an OwnedFd (so extra ones are closed, not leaked).
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&hdr);
-                while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                        let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                        let room = (*c).cmsg_len - libc::CMSG_LEN(0) as usize;
-                        for k in 0..room / std::mem::size_of::<RawFd>() {
-                            let fd = OwnedFd::from_raw_fd(data.add(k).read_unaligned());
-                            if got.is_none() {
-                                got = Some(fd);
+            let n = n as usize;
+            for k in 0..n {
+                let hdr = &hdrs[k].msg_hdr;
+                let mut got: Option<OwnedFd> = None;
+                // SAFETY: walking the control messages the kernel wrote into `cbufs[k]`;
+                // every fd it passed is taken into an OwnedFd (so extra ones are closed,
+                // not leaked).
+                unsafe {
+                    let mut c = libc::CMSG_FIRSTHDR(hdr);
+                    while !c.is_null() {
+                        if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS
+                        {
+                            let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                            let room = (*c).cmsg_len - libc::CMSG_LEN(0) as usize;
+                            for i in 0..room / std::mem::size_of::<RawFd>() {
+                                let fd = OwnedFd::from_raw_fd(data.add(i).read_unaligned());
+                                if got.is_none() {
+                                    got = Some(fd);
+                                }
                             }
                         }
+                        c = libc::CMSG_NXTHDR(hdr, c);
                     }
-                    c = libc::CMSG_NXTHDR(&hdr, c);
                 }
+                let len = (hdrs[k].msg_len as usize).min(64);
+                each(&bufs[k][..len], got);
             }
-            each(&buf[..n as usize], got);
+            if n < want {
+                return;
+            }
+            left -= n;
         }
     }
 }
+
+/// Bell messages read per `recvmmsg`.
+const BATCH: usize = 8;
 
 impl Drop for Bell {
     fn drop(&mut self) {
