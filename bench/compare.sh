@@ -10,12 +10,15 @@
 # Prints one table (each figure and its ratio to the physical limit) and writes it, with the
 # machine it ran on, to docs/BENCHMARKS.md.
 #
-# Usage: bench/compare.sh [--install] [--quick] [--wait-quiet SECS] [--out FILE] [--no-write] [-h]
+# Usage: bench/compare.sh [--install] [--quick] [--wait-quiet SECS] [--no-pin] [--out FILE]
+#                         [--no-write] [-h]
 #   --install   install the alternatives from Debian's packages (apt-get update once, then
 #               apt-get install libfabric-bin ucx-utils [fabtests]); needs root
 #   --quick     fewer iterations and shorter streams (a smoke run, figures are noisier)
 #   --wait-quiet SECS  before measuring, wait up to SECS for the 1-minute load average to
 #               drop below 0.5 (the machine is shared; other builds skew the figures)
+#   --no-pin    do not pin the RDMA pairs (ours, fi_pingpong, ucx_perftest); by default the
+#               server runs on CPU 0 and the client on CPU 1 (taskset), as perftest users do
 #   --out FILE  where to write the Markdown (default docs/BENCHMARKS.md)
 #   --no-write  print the table only
 # A tool that is missing or fails gives a row that says so; the script still finishes.
@@ -29,8 +32,9 @@ QUICK=0
 WRITE=1
 WAIT_QUIET=0
 WAITED=0
+PIN=1
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
             ;;
         --out=*) OUT=${1#--out=} ;;
         --no-write) WRITE=0 ;;
+        --no-pin) PIN=0 ;;
         --wait-quiet)
             if [ $# -lt 2 ] || ! [[ $2 =~ ^[0-9]+$ ]]; then
                 echo "compare.sh: --wait-quiet needs seconds" >&2
@@ -67,6 +72,15 @@ CONC=8
 SERVER_IP=127.0.0.1   # our tools: server address
 CLIENT_IP=127.0.0.2   # our tools: client address (one process per address, DESIGN.md)
 TOOL_TIMEOUT=60       # seconds for any one external command
+# Each RDMA pair pinned, server on CPU 0, client on CPU 1: unpinned, the scheduler may put
+# both busy pollers (and their helper threads) on one core for a while, and a run's figure
+# then depends on where they landed (ours: 64 B host-local 1.2-1.5 µs unpinned, 0.8 pinned).
+PIN_SRV=()
+PIN_CLI=()
+if [ "$PIN" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+    PIN_SRV=(taskset -c 0)
+    PIN_CLI=(taskset -c 1)
+fi
 
 START_S=$(date +%s)
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
@@ -301,12 +315,12 @@ ours_perf() {
     [ "$wire" = udp ] && lw=0
     for try in 1 2; do
         next_port
-        RDMA_SOFT_LOCAL_WIRE=$lw timeout "$TOOL_TIMEOUT" "$RDMA_PERF" "$test" -R -s "$size" \
-            -n "$iters" -p "$PORT" --bind "$SERVER_IP" >"$LOG/ours-srv" 2>&1 &
+        RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_SRV[@]}" timeout "$TOOL_TIMEOUT" "$RDMA_PERF" "$test" -R \
+            -s "$size" -n "$iters" -p "$PORT" --bind "$SERVER_IP" >"$LOG/ours-srv" 2>&1 &
         spid=$!
         wait_listen "$PORT" "$spid" || sleep 0.3
-        out=$(RDMA_SOFT_LOCAL_WIRE=$lw timeout "$TOOL_TIMEOUT" "$RDMA_PERF" "$test" -R -s "$size" \
-            -n "$iters" -p "$PORT" --bind "$CLIENT_IP" "$SERVER_IP" 2>&1)
+        out=$(RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_CLI[@]}" timeout "$TOOL_TIMEOUT" "$RDMA_PERF" "$test" \
+            -R -s "$size" -n "$iters" -p "$PORT" --bind "$CLIENT_IP" "$SERVER_IP" 2>&1)
         rc=$?
         stop_bg "$spid"
         if [ "$rc" != 0 ] && [ "$try" = 1 ] && grep -q "REJECTED" <<<"$out"; then
@@ -379,10 +393,10 @@ fi_lat() {
     fi
     say "fi_pingpong -p $prov -e $ep, $size B"
     next_port
-    timeout "$TOOL_TIMEOUT" fi_pingpong -p "$prov" -e "$ep" -I "$LAT_ITERS" -S "$size" -B "$PORT" >"$LOG/fi-srv" 2>&1 &
+    "${PIN_SRV[@]}" timeout "$TOOL_TIMEOUT" fi_pingpong -p "$prov" -e "$ep" -I "$LAT_ITERS" -S "$size" -B "$PORT" >"$LOG/fi-srv" 2>&1 &
     spid=$!
     wait_port tcp "$PORT"
-    out=$(timeout "$TOOL_TIMEOUT" fi_pingpong -p "$prov" -e "$ep" -I "$LAT_ITERS" -S "$size" -P "$PORT" 127.0.0.1 2>&1)
+    out=$("${PIN_CLI[@]}" timeout "$TOOL_TIMEOUT" fi_pingpong -p "$prov" -e "$ep" -I "$LAT_ITERS" -S "$size" -P "$PORT" 127.0.0.1 2>&1)
     stop_bg "$spid"
     # columns: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
     v=$(awk 'NF == 8 && $7 ~ /^[0-9.]+$/ { print $7; exit }' <<<"$out")
@@ -412,10 +426,10 @@ ucx_env() {
 ucx_run() {
     local tls=$1 test=$2 size=$3 iters=$4 warm=$5 spid out
     next_port
-    env $(ucx_env "$tls") timeout "$TOOL_TIMEOUT" ucx_perftest -p "$PORT" >"$LOG/ucx-srv" 2>&1 &
+    env $(ucx_env "$tls") "${PIN_SRV[@]}" timeout "$TOOL_TIMEOUT" ucx_perftest -p "$PORT" >"$LOG/ucx-srv" 2>&1 &
     spid=$!
     wait_port tcp "$PORT"
-    out=$(env $(ucx_env "$tls") timeout "$TOOL_TIMEOUT" ucx_perftest 127.0.0.1 -p "$PORT" -t "$test" -s "$size" -n "$iters" -w "$warm" -f 2>&1)
+    out=$(env $(ucx_env "$tls") "${PIN_CLI[@]}" timeout "$TOOL_TIMEOUT" ucx_perftest 127.0.0.1 -p "$PORT" -t "$test" -s "$size" -n "$iters" -w "$warm" -f 2>&1)
     stop_bg "$spid"
     awk 'NF == 8 && $1 ~ /^[0-9]+$/ { line = $0 } END { print line }' <<<"$out"
     [ -n "$(awk 'NF == 8 && $1 ~ /^[0-9]+$/' <<<"$out")" ] || { tail -n1 <<<"$out" >&2; return 1; }
@@ -582,6 +596,11 @@ if [ "$WRITE" = 1 ]; then
         echo "| commit | $commit ($rustc_v)$(case "$commit" in *-dirty) echo "; built from a work tree with uncommitted changes (other engineers' work in progress)" ;; esac) |"
         echo "| run | ${ELAPSED} s$([ "$QUICK" = 1 ] && echo ", --quick")$([ "$WAITED" -gt 0 ] && echo " (after ${WAITED} s waiting for a quiet machine)") |"
         echo "| load average (1/5/15 min) | ${LOAD_START} at start, ${LOAD_END} at end |"
+        if [ ${#PIN_SRV[@]} -gt 0 ]; then
+            echo "| RDMA pairs | pinned: server on CPU 0, client on CPU 1 (\`taskset\`; \`--no-pin\` to turn off) |"
+        else
+            echo "| RDMA pairs | not pinned |"
+        fi
         echo "| libfabric-bin | $(pkg_version libfabric-bin) |"
         echo "| ucx-utils | $(pkg_version ucx-utils) |"
         echo "| fabtests | $(pkg_version fabtests) |"

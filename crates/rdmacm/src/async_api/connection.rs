@@ -419,12 +419,7 @@ impl Connection {
         let sh = &self.sh;
         tokio::select! {
             _ = n => {}
-            g = sh.afd.readable() => {
-                if let Ok(mut g) = g {
-                    g.clear_ready();
-                    sh.on_readable(self.id.as_deref());
-                }
-            }
+            () = super::shared::CqWait::new(&sh.parts.cq) => sh.on_queued(self.id.as_deref()),
         }
     }
 

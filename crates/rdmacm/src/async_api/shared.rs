@@ -255,6 +255,11 @@ impl Shared {
     /// Takes the channel's events and the CQ's completions after the fd was readable.
     pub fn on_readable(&self, id: Option<&CmId>) {
         while let Ok(Some(_)) = self.parts.cc.get_event() {}
+        self.on_queued(id);
+    }
+
+    /// Takes the CQ's completions ([`CqWait`] said some are queued).
+    pub fn on_queued(&self, id: Option<&CmId>) {
         if self.drain(&mut Vec::with_capacity(64)).is_some() {
             if let Some(id) = id {
                 self.disconnect_id(id);
@@ -363,6 +368,48 @@ pub(super) async fn run(
                 while let Ok(Some(_)) = sh.parts.cc.get_event() {}
                 g.clear_ready();
             }
+        }
+    }
+}
+
+/// Ready when the CQ holds a completion; the device wakes the task directly at the next one
+/// (`CompletionQueue::notify_waker`: no eventfd, no reactor, no second task in between),
+/// and the waker is taken back when the wait ends or is dropped, so that the connection's
+/// task gets the channel's event when nobody waits.
+pub(super) struct CqWait<'a> {
+    cq: &'a rdma_soft::verbs::CompletionQueue,
+    waker: Option<Waker>,
+}
+
+impl<'a> CqWait<'a> {
+    pub fn new(cq: &'a rdma_soft::verbs::CompletionQueue) -> CqWait<'a> {
+        CqWait { cq, waker: None }
+    }
+}
+
+impl std::future::Future for CqWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            if let Some(old) = self.waker.take() {
+                self.cq.forget_waker(&old);
+            }
+            self.waker = Some(cx.waker().clone());
+        }
+        self.cq.notify_waker(cx.waker());
+        if self.cq.queued() > 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for CqWait<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.waker.take() {
+            self.cq.forget_waker(&w);
         }
     }
 }

@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use rdma_proto::verbs::Completion;
@@ -34,6 +35,8 @@ pub(crate) struct CqShared {
     armed: AtomicU8,
     overflowed: AtomicBool,
     channel: Option<CompletionChannel>,
+    /// Tasks woken at the next event instead of the channel ([`CompletionQueue::notify_waker`]).
+    wakers: Mutex<Vec<Waker>>,
     dev: Weak<DeviceShared>,
 }
 
@@ -98,6 +101,7 @@ impl CompletionQueue {
                 armed: AtomicU8::new(DISARMED),
                 overflowed: AtomicBool::new(false),
                 channel: channel.cloned(),
+                wakers: Mutex::new(Vec::new()),
                 dev,
             }),
         }
@@ -204,6 +208,51 @@ impl CompletionQueue {
         Ok(())
     }
 
+    /// Like `req_notify(false)` for an async task: the next completion wakes `w` directly
+    /// (from the thread that pushes it, no eventfd and no reactor in between) instead of
+    /// firing the channel; wakers registered when the event comes take it all, the channel
+    /// gets it when none is. Look at the queue after this call (a completion may have come
+    /// before the arming), and [`Self::forget_waker`] when the task stops waiting.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::task::{Wake, Waker};
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// struct Task;
+    /// impl Wake for Task {
+    ///     fn wake(self: Arc<Self>) {}
+    /// }
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let cq = dev.create_cq(16, None).unwrap();
+    /// let w = Waker::from(Arc::new(Task));
+    /// cq.notify_waker(&w);
+    /// assert_eq!(cq.queued(), 0);
+    /// cq.forget_waker(&w);
+    /// ```
+    pub fn notify_waker(&self, w: &Waker) {
+        {
+            let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
+            if !ws.iter().any(|x| x.will_wake(w)) {
+                ws.push(w.clone());
+            }
+        }
+        self.inner.armed.fetch_max(ARMED_ANY, Ordering::AcqRel);
+        // Pairs with the fence in `push`, as in `req_notify`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Takes back a waker [`Self::notify_waker`] registered (the task no longer waits), so
+    /// that the next event goes to the channel if nobody else waits.
+    pub fn forget_waker(&self, w: &Waker) {
+        let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        ws.retain(|x| !x.will_wake(w));
+    }
+
+    /// How many completions are queued now (no driving).
+    pub fn queued(&self) -> usize {
+        self.inner.ring.len()
+    }
+
     /// Whether a completion was lost because the queue was full (the IB "CQ overrun" error).
     pub fn overflowed(&self) -> bool {
         self.inner.overflowed.load(Ordering::Acquire)
@@ -233,7 +282,11 @@ impl CompletionQueue {
                 .compare_exchange(armed, DISARMED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            if let Some(ch) = &self.inner.channel {
+            let ws =
+                std::mem::take(&mut *self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+            if !ws.is_empty() {
+                ws.into_iter().for_each(Waker::wake);
+            } else if let Some(ch) = &self.inner.channel {
                 ch.signal(Arc::downgrade(&self.inner));
             }
         }
