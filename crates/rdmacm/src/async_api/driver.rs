@@ -35,11 +35,11 @@ static SETTING: AtomicU8 = AtomicU8::new(0);
 
 /// Turns the runtime's device driver on or off for connections made from now on,
 /// whatever `RDMACM_ASYNC_DRIVER` says. Off (the default), the progress engine drives every
-/// device and wakes a connection through its completion channel; on, one tokio task per
-/// device drives it when its wire fd is readable and the engine leaves fresh datagrams to
-/// it (taking them back after 1 ms from a blocked runtime). On a quiet 2-core machine the
-/// engine alone is faster (docs/BENCHMARKS.md, "Async layer"); the driver helps when the
-/// cores are busy.
+/// device and wakes a waiting connection future directly; on, one tokio task per device
+/// drives it when its wire fd is readable and the engine leaves the device to it (taking it
+/// back within 2 ms from a blocked runtime). On a quiet 2-core machine the engine alone is
+/// a little faster (docs/BENCHMARKS.md, "async wake-ups"); the driver helps when the cores
+/// are busy.
 ///
 /// ```
 /// rdmacm::set_runtime_driver(false);
