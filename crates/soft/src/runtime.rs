@@ -626,7 +626,6 @@ impl Runtime {
             if self.hold.hold_round() {
                 self.stats.acks_held += 1;
             } else {
-                self.hold.held = false;
                 self.wire.flush()?;
             }
             // Another round only if a queue gave a full batch (more may be waiting) or a QP
@@ -653,12 +652,13 @@ impl Runtime {
         mem: &mut M,
         clock: Option<Instant>,
     ) -> Result<usize> {
+        // ACKs held by the last poll leave now, whatever this one does.
+        if self.hold.take_held() {
+            self.wire.flush()?;
+        }
         // Nothing arrived and nothing is due: the round (every QP's timers and transmit,
         // the flush) is skipped unless the caller read the clock for this poll; posts
         // transmit themselves, and timers are hundreds of µs and more.
-        if std::mem::take(&mut self.hold.held) {
-            self.wire.flush()?;
-        }
         if clock.is_none() && !self.fresh_clock && self.wire.idle_poll() {
             return Ok(0);
         }
@@ -679,7 +679,7 @@ impl Runtime {
     /// Whether the wire's batch holds ACKs for the next send or poll (`runtime/ack_hold.rs`):
     /// the caller must make sure the engine runs within [`ack_hold::ENGINE_WITHIN`].
     pub fn acks_held(&self) -> bool {
-        self.hold.held
+        self.hold.held()
     }
 
     /// The caller is about to sleep on the wire's fd ([`DatagramWire::arm_wait`]); true

@@ -7,39 +7,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect_with, device, ConnOpts};
-use rdma_soft::io::WireAddr;
+use common::{connect_with, ConnOpts, Side};
 use rdma_soft::verbs::*;
 
 const IP_A: &str = "127.0.91.1";
 const IP_B: &str = "127.0.91.2";
 const EXCHANGES: usize = 20;
 const LIMIT: Duration = Duration::from_secs(20);
-
-struct End {
-    dev: Device,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-    _pd: ProtectionDomain,
-}
-
-fn end(ip: &str) -> End {
-    let dev = device(ip, None);
-    let pd = dev.alloc_pd().unwrap();
-    let cq = dev.create_cq(64, None).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
-    let mr = pd
-        .register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)
-        .unwrap();
-    End {
-        dev,
-        cq,
-        qp,
-        mr,
-        _pd: pd,
-    }
-}
 
 fn poll_until(cq: &CompletionQueue, what: &str) -> Completion {
     let end = Instant::now() + LIMIT;
@@ -54,15 +28,14 @@ fn poll_until(cq: &CompletionQueue, what: &str) -> Completion {
 
 #[test]
 fn a_poller_that_stops_after_a_receive_still_acknowledges_it() {
-    let (a, b) = (end(IP_A), end(IP_B));
-    let gid = |ip: &str| ip.parse::<WireAddr>().unwrap().gid();
+    let (a, b) = (Side::new(IP_A, 4096, None), Side::new(IP_B, 4096, None));
     // a 67 ms ACK timeout (14): long enough for its ACKs to be held
     let o = ConnOpts {
         timeout: 14,
         ..ConnOpts::default()
     };
-    connect_with(&a.dev, &a.qp, b.qp.qpn(), 0x20, 0x10, gid(IP_B), &o);
-    connect_with(&b.dev, &b.qp, a.qp.qpn(), 0x10, 0x20, gid(IP_A), &o);
+    connect_with(&a.dev, &a.qp, b.qp.qpn(), 0x20, 0x10, b.gid, &o);
+    connect_with(&b.dev, &b.qp, a.qp.qpn(), 0x10, 0x20, a.gid, &o);
     for i in 0..EXCHANGES {
         let payload = [i as u8 ^ 0x5A; 64];
         b.qp.post_recv(&RecvWr::new(i as u64).with_sge(b.mr.sge(0, 4096).unwrap()))

@@ -28,7 +28,7 @@ pub(super) struct AckHold {
     /// The caller busy-polls: holding is allowed in this call.
     pub on: bool,
     /// The wire's batch holds unflushed ACKs.
-    pub held: bool,
+    held: bool,
     /// This round emitted a packet that may be held.
     acks: bool,
     /// This round emitted something else (or to a host-local ring).
@@ -57,15 +57,23 @@ impl AckHold {
     }
 
     /// End of a round: true when the flush may be skipped (only ACKs went out, and the
-    /// caller busy-polls). Resets the round.
+    /// caller busy-polls); false when the caller flushes. Resets the round.
     pub fn hold_round(&mut self) -> bool {
         let hold = self.on && self.acks && !self.other;
         self.acks = false;
         self.other = false;
-        if hold {
-            self.held = true;
-        }
+        self.held = hold;
         hold
+    }
+
+    /// Whether the wire's batch holds ACKs.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+
+    /// The batch is about to be flushed: whether it held ACKs (then the caller flushes).
+    pub fn take_held(&mut self) -> bool {
+        std::mem::take(&mut self.held)
     }
 }
 
@@ -85,8 +93,8 @@ mod tests {
         h.on = true;
         h.emitted(&ack(), true, 14);
         assert!(h.hold_round());
-        assert!(h.held);
-        h.held = false;
+        assert!(h.held());
+        assert!(h.take_held());
         h.emitted(&ack(), true, 14);
         h.emitted(&PacketHeader::new(Opcode::RcSendOnly, 7, 2), true, 14);
         assert!(!h.hold_round(), "a request goes out at once, with the ACK");

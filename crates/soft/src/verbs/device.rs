@@ -184,6 +184,15 @@ impl DeviceShared {
         &self.watch
     }
 
+    /// The runtime if no other thread holds it (a poisoned lock is taken as it is).
+    fn try_runtime(&self) -> Option<MutexGuard<'_, Runtime>> {
+        match self.rt.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     pub(crate) fn rt_try_lock(&self) -> std::sync::TryLockResult<MutexGuard<'_, Runtime>> {
         self.rt.try_lock()
     }
@@ -237,10 +246,8 @@ impl DeviceShared {
                 self.inline_at.store(at.max(1), Ordering::Relaxed);
                 now
             });
-        let mut rt = match self.rt.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(0),
+        let Some(mut rt) = self.try_runtime() else {
+            return Ok(0);
         };
         self.drive_locked(&mut rt, Drive::Busy(clock))
     }
@@ -248,10 +255,8 @@ impl DeviceShared {
     /// Drives the device once in the caller's thread if no other thread is (the engine
     /// keeps it: not a busy poller's hand-off).
     pub(crate) fn try_drive(&self) -> Result<usize> {
-        let mut rt = match self.rt.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(0),
+        let Some(mut rt) = self.try_runtime() else {
+            return Ok(0);
         };
         self.drive_locked(&mut rt, Drive::Plain)
     }
