@@ -245,6 +245,23 @@ impl Drop for OwnServer {
     }
 }
 
+/// Until a TCP socket listens on `addr` as `/proc/net/tcp` writes it (a fixed sleep lost
+/// the race under CI load); 10 s at most, then the client's own error says what failed.
+fn wait_tcp_listen(addr: &str) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < end {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let listening = tcp.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&addr) && f.get(3) == Some(&"0A")
+        });
+        if listening {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// rdma-core's cmtime server serves one client's run and exits with it; ours used to keep
 /// running (and holding its address and port) until killed.
 #[test]
@@ -252,7 +269,7 @@ fn cmtime_server_ends_with_its_client_run() {
     for round in 0..2 {
         // The same address and port both times: the first server must have let go of them.
         let mut srv = OwnServer::spawn(&["-b", "127.0.0.145", "-p", "7603"]);
-        std::thread::sleep(Duration::from_millis(400));
+        wait_tcp_listen("9100007F:1DB3"); // 127.0.0.145:7603, the out-of-band socket
         let o = run(cmd(
             CMTIME,
             &[
