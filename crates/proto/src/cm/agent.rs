@@ -9,6 +9,7 @@ use rdma_wire::cm::{
 };
 
 use super::conn::{emit, pad_checked, Conn, MadBuf};
+use super::pace::ReqSlot;
 use super::rng::SplitMix64;
 use super::timers::{cm_ns, request_timeout, Retx};
 use super::{
@@ -29,6 +30,9 @@ pub struct CmStats {
     pub overload: u64,
     /// Retransmissions of REQ, REP, DREQ and SIDR_REQ.
     pub retransmits: u64,
+    /// REQs that waited for a slot of their peer's window before being sent
+    /// ([`AgentConfig::req_window`]).
+    pub paced: u64,
 }
 
 /// The IB CM of one port: every listener and connection, sans IO.
@@ -83,6 +87,8 @@ pub struct CmAgent {
     pub(crate) stats: CmStats,
     /// Top byte of every local comm id minted, when set ([`CmAgent::set_comm_id_slot`]).
     pub(crate) id_slot: Option<u8>,
+    /// REQ windows and half-open counts ([`super::pace`]).
+    pub(crate) pacing: super::pace::Pacing,
 }
 
 impl CmAgent {
@@ -108,6 +114,7 @@ impl CmAgent {
             tid_counter: 0,
             stats: CmStats::default(),
             id_slot: None,
+            pacing: Default::default(),
         }
     }
 
@@ -223,6 +230,7 @@ impl CmAgent {
 
     /// Runs every timer due at `now`: retransmissions, CM timeouts, timewait ends.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        self.pacing.saw(now);
         self.sync_timers();
         let mut due: Vec<ConnHandle> = self
             .timers
@@ -387,10 +395,20 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            slot: Default::default(),
+            half_open: false,
             ap,
         };
-        self.insert(conn);
-        self.transmit.push_back((p.cm_path, mad));
+        self.pacing.saw(now);
+        let slot = self
+            .pacing
+            .admit(p.cm_path.remote_gid, self.config.req_window, h);
+        self.insert(Conn { slot, ..conn });
+        if slot == ReqSlot::Flying {
+            self.transmit.push_back((p.cm_path, mad));
+        } else {
+            self.stats.paced += 1;
+        }
         Ok(h)
     }
 
@@ -646,6 +664,8 @@ impl CmAgent {
         let mut out = None;
         let mut linger = false;
         match c.state {
+            // A parked REQ was never sent: nobody to tell.
+            CmState::ReqSent if c.slot == ReqSlot::Parked => {}
             CmState::ReqSent | CmState::MraReqRcvd => {
                 out = c.format_rej(RejectReason::Timeout, &guid.to_be_bytes(), &[]);
             }
@@ -770,6 +790,8 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            slot: Default::default(),
+            half_open: false,
             ap: Default::default(),
         };
         self.insert(conn);
@@ -856,11 +878,34 @@ impl CmAgent {
 
     /// Puts the deadlines of the connections changed since the last call in `timers`.
     /// Every public `&mut self` method calls it before returning.
+    /// It also settles the pacing: a connection that left REQ_SENT gives back its window
+    /// slot (and the next parked REQ to that peer is sent), one that left REQ_RCVD /
+    /// MRA_REQ_SENT stops counting as half open.
     pub(crate) fn sync_timers(&mut self) {
+        loop {
+            self.sync_touched();
+            if !self.send_released() {
+                return;
+            }
+        }
+    }
+
+    fn sync_touched(&mut self) {
         for h in std::mem::take(&mut self.touched) {
             let Some(c) = self.conns.get_mut(&h) else {
                 continue;
             };
+            if c.half_open && !c.state.is_passive_half_open() {
+                c.half_open = false;
+                self.pacing.close(c.listener, c.path.remote_gid);
+            }
+            if c.slot != ReqSlot::None && c.state != CmState::ReqSent {
+                // A parked one can only leave REQ_SENT by a forged answer: it held no slot.
+                if c.slot == ReqSlot::Flying {
+                    self.pacing.release(c.path.remote_gid);
+                }
+                c.slot = ReqSlot::None;
+            }
             let d = c.deadline();
             if d != c.scheduled {
                 if let Some(old) = c.scheduled {
@@ -874,14 +919,51 @@ impl CmAgent {
         }
     }
 
+    /// Sends the parked REQs that released slots make room for. True if it sent any.
+    fn send_released(&mut self) -> bool {
+        let window = self.config.req_window;
+        let now = self.pacing.now;
+        let mut sent = false;
+        for peer in std::mem::take(&mut self.pacing.released) {
+            loop {
+                let conns = &self.conns;
+                let next = self.pacing.next_parked(peer, window, |h| {
+                    conns.get(&h).is_some_and(|c| {
+                        c.slot == ReqSlot::Parked && c.state == CmState::ReqSent && !c.destroyed
+                    })
+                });
+                let Some(c) = next.and_then(|h| self.conns.get_mut(&h)) else {
+                    break;
+                };
+                let h = c.handle;
+                c.slot = ReqSlot::Flying;
+                if let Some(r) = c.retx.as_mut() {
+                    r.deadline = now.saturating_add(r.timeout);
+                    self.transmit.push_back((r.to, *r.mad));
+                }
+                self.touched.push(h);
+                sent = true;
+            }
+        }
+        sent
+    }
+
     pub(crate) fn insert(&mut self, mut conn: Conn) {
         let h = conn.handle;
         self.by_local_id.insert(conn.local_id, h);
-        self.by_remote_id.entry(conn.remote_id).or_default().push(h);
-        self.by_remote_qpn
-            .entry(conn.remote_qpn)
-            .or_default()
-            .push(h);
+        // Only connections that know their peer's ids are indexed by them: an active one
+        // joins at its REP (`set_remote`), so thousands of REQs in flight do not share key 0.
+        if conn.state.holds_remote() {
+            self.by_remote_id.entry(conn.remote_id).or_default().push(h);
+            self.by_remote_qpn
+                .entry(conn.remote_qpn)
+                .or_default()
+                .push(h);
+        }
+        if conn.state.is_passive_half_open() {
+            conn.half_open = true;
+            self.pacing.open(conn.listener, conn.path.remote_gid);
+        }
         conn.scheduled = conn.deadline();
         if let Some(d) = conn.scheduled {
             self.timers.insert((d, h));
@@ -905,6 +987,12 @@ impl CmAgent {
 
     pub(crate) fn remove(&mut self, h: ConnHandle) {
         if let Some(c) = self.conns.remove(&h) {
+            if c.half_open {
+                self.pacing.close(c.listener, c.path.remote_gid);
+            }
+            if c.slot == ReqSlot::Flying {
+                self.pacing.release(c.path.remote_gid);
+            }
             if self.by_local_id.get(&c.local_id) == Some(&h) {
                 self.by_local_id.remove(&c.local_id);
             }

@@ -8,6 +8,7 @@ use rdma_wire::cm::{
 use rdma_wire::mad::MAD_LEN;
 use rdma_wire::time::IbaTime;
 
+use super::pace::ReqSlot;
 use super::timers::Retx;
 
 use super::{CmError, CmPath, CmState, ConnHandle, Nanos};
@@ -53,12 +54,21 @@ pub(crate) struct Conn {
     pub(crate) scheduled: Option<Nanos>,
     /// Alternate path and LAP state.
     pub(crate) ap: super::lap::Ap,
+    /// The REQ's place in its peer's window ([`super::pace`]).
+    pub(crate) slot: ReqSlot,
+    /// Counted as a half-open passive connection ([`super::pace::Pacing::open`]).
+    pub(crate) half_open: bool,
 }
 
 impl Conn {
     /// The earliest time this connection needs to be woken.
     pub(crate) fn deadline(&self) -> Option<Nanos> {
-        let r = self.retx.as_ref().map(|r| r.deadline);
+        // A parked REQ has not been sent: its timer starts when it is.
+        let r = self
+            .retx
+            .as_ref()
+            .filter(|_| self.slot != ReqSlot::Parked)
+            .map(|r| r.deadline);
         match (r, self.timewait_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

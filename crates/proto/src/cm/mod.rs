@@ -58,6 +58,7 @@ mod conn;
 mod error;
 mod event;
 mod lap;
+mod pace;
 mod params;
 mod recv;
 mod rng;

@@ -112,6 +112,12 @@ pub struct AgentConfig {
     pub max_conns: usize,
     /// What to do with a REQ over these limits.
     pub overload: OverloadPolicy,
+    /// Most REQs to one peer GID sent and not answered yet (REP, REJ or MRA); 0: no limit.
+    /// A REQ beyond it waits, unsent and without a timer, until one is answered, times out
+    /// or is destroyed: a storm of connects then reaches the peer at the rate it answers
+    /// instead of overflowing its backlog (Linux's 1024) and timing out in waves. It counts
+    /// toward the connect's wait; [`super::CmStats::paced`] counts the REQs that waited.
+    pub req_window: usize,
 }
 
 impl Default for AgentConfig {
@@ -126,6 +132,7 @@ impl Default for AgentConfig {
             max_half_open_per_peer: 1024,
             max_conns: 65536,
             overload: OverloadPolicy::Drop,
+            req_window: 256,
         }
     }
 }

@@ -23,6 +23,7 @@ impl CmAgent {
     /// Never panics: malformed MADs (wrong length, class, version, method, unknown attribute)
     /// and messages that match nothing are dropped and counted in [`CmAgent::stats`].
     pub fn handle_mad(&mut self, now: Nanos, source: CmPath, mad: &[u8]) {
+        self.pacing.saw(now);
         let Ok(m) = CmMadRepr::parse(mad) else {
             self.stats.malformed += 1;
             tracing::debug!(from = ?source, len = mad.len(), "malformed CM MAD dropped");
@@ -187,6 +188,8 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            slot: Default::default(),
+            half_open: false,
             ap: super::lap::Ap {
                 alt: super::lap::has_path(&r.alternate_path).then_some(r.alternate_path),
                 ..Default::default()
@@ -202,22 +205,12 @@ impl CmAgent {
     }
 
     /// True if one more passive connection from `src` on `service_id` exceeds a limit.
+    /// O(1): the counts are kept as connections enter and leave those states.
     fn over_limits(&self, src: &CmPath, service_id: u64) -> bool {
         if self.conns.len() >= self.config.max_conns {
             return true;
         }
-        let mut per_listener = 0;
-        let mut per_peer = 0;
-        for c in self.conns.values() {
-            if c.state.is_passive_half_open() {
-                if c.listener == Some(service_id) {
-                    per_listener += 1;
-                }
-                if c.path.same_node(src) {
-                    per_peer += 1;
-                }
-            }
-        }
+        let (per_listener, per_peer) = self.pacing.half_open(service_id, &src.remote_gid);
         per_listener >= self.config.listen_backlog || per_peer >= self.config.max_half_open_per_peer
     }
 

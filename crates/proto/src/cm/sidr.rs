@@ -69,6 +69,8 @@ impl CmAgent {
             last_response: None,
             destroyed: false,
             scheduled: None,
+            slot: Default::default(),
+            half_open: false,
             ap: Default::default(),
         });
         self.emit_event(CmEvent::SidrReqReceived(SidrReqReceived {
