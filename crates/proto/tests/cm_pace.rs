@@ -23,6 +23,8 @@ fn agent(guid: u64, window: usize, delayed_mra: bool) -> CmAgent {
         seed: guid,
         req_window: window,
         delayed_mra,
+        // exact timings here; `retries_are_spread_out` tests the jitter
+        retry_jitter: false,
         ..AgentConfig::default()
     })
 }
@@ -206,4 +208,45 @@ fn the_backlog_counts_only_unanswered_requests() {
     }
     assert_eq!(b.stats().overload, 1);
     assert_eq!(b.conn_count(), 3);
+}
+
+#[test]
+fn retries_are_spread_out() {
+    // 1000 REQs sent at once to a peer that never answers: with the jitter (the default),
+    // each wait is 4.608 s plus up to half of it, drawn per message and attempt.
+    let mut a = CmAgent::new(AgentConfig {
+        req_window: 0,
+        ..AgentConfig::default()
+    });
+    for i in 0..1000 {
+        a.send_req(0, req(path(3), i)).unwrap();
+    }
+    assert_eq!(sent(&mut a).len(), 1000);
+    let t = 4608 * MS;
+    let mut first = Vec::new();
+    let mut second = Vec::new();
+    while let Some(at) = a.poll_timeout() {
+        a.handle_timeout(at);
+        let n = sent(&mut a).len();
+        if n > 0 {
+            // every attempt of this test's REQs is a retry of one sent at 0 or in `first`
+            if at < 3 * t / 2 {
+                first.extend(std::iter::repeat_n(at, n));
+            } else {
+                second.extend(std::iter::repeat_n(at, n));
+            }
+        }
+    }
+    assert_eq!(first.len() + second.len(), 1000, "one retry each");
+    assert!(first.iter().all(|&at| (t..3 * t / 2).contains(&at)));
+    // Spread across the half timeout: every tenth of it holds some of them.
+    for k in 0..10u64 {
+        let lo = t + k * t / 20;
+        let n = first
+            .iter()
+            .filter(|&&at| (lo..lo + t / 20).contains(&at))
+            .count();
+        assert!(n > 30, "{n} retries in tenth {k} of the spread");
+    }
+    assert!(second.is_empty());
 }

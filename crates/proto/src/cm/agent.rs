@@ -45,7 +45,8 @@ pub struct CmStats {
 /// ```
 /// use rdma_proto::cm::{AgentConfig, CmAgent, CmEvent, CmPath, ReqParams};
 /// let peer = CmPath::new("::ffff:192.0.2.1".parse().unwrap(), "::ffff:192.0.2.3".parse().unwrap(), 1);
-/// let mut a = CmAgent::new(AgentConfig { seed: 42, ..AgentConfig::default() });
+/// // Without the retry jitter, Linux's timings exactly.
+/// let mut a = CmAgent::new(AgentConfig { seed: 42, retry_jitter: false, ..AgentConfig::default() });
 /// let conn = a.send_req(0, ReqParams::new(0x1061b58, peer, 0x11, 0x1234)).unwrap();
 /// assert!(a.poll_transmit().is_some());
 /// // Nobody answers: the REQ is resent every 4.608 s, 15 times, then ReqTimeout.
@@ -254,7 +255,7 @@ impl CmAgent {
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
             if r.retries_left > 0 {
                 r.retries_left -= 1;
-                r.deadline = now.saturating_add(r.timeout);
+                r.arm(now);
                 let item = (r.to, *r.mad);
                 self.transmit.push_back(item);
                 self.stats.retransmits += 1;
@@ -316,6 +317,7 @@ impl CmAgent {
     /// Errors: private data over 92 bytes, fields wider than the wire allows, too many
     /// connections.
     pub fn send_req(&mut self, now: Nanos, p: ReqParams) -> Result<ConnHandle, CmError> {
+        let jitter = self.config.retry_jitter;
         if self.conns.len() >= self.config.max_conns {
             return Err(CmError::TooManyConnections);
         }
@@ -386,7 +388,14 @@ impl CmAgent {
             local_qpn: p.local_qpn,
             remote_qpn: 0,
             tid,
-            retx: Some(Retx::new(mad, p.cm_path, now, timeout, p.max_cm_retries)),
+            retx: Some(Retx::new(
+                mad,
+                p.cm_path,
+                now,
+                timeout,
+                p.max_cm_retries,
+                jitter,
+            )),
             response_timeout: timeout,
             max_cm_retries: p.max_cm_retries,
             plt: p.path.packet_life_time,
@@ -415,6 +424,7 @@ impl CmAgent {
     /// Accepts a passive connection: sends the REP (REQ_RCVD / MRA_REQ_SENT → REP_SENT), resent
     /// every `cm_convert_to_ms(REQ's local CM response timeout)` (as Linux) until the RTU.
     pub fn send_rep(&mut self, now: Nanos, conn: ConnHandle, p: RepParams) -> Result<(), CmError> {
+        let jitter = self.config.retry_jitter;
         let ca_guid = self.config.ca_guid;
         let c = self.live_mut(conn)?;
         if !matches!(c.state, CmState::ReqRcvd | CmState::MraReqSent) {
@@ -453,6 +463,7 @@ impl CmAgent {
             now,
             c.response_timeout,
             c.max_cm_retries,
+            jitter,
         ));
         let to = c.path;
         self.transmit.push_back((to, mad));
@@ -582,6 +593,7 @@ impl CmAgent {
         conn: ConnHandle,
         private_data: &[u8],
     ) -> Result<(), CmError> {
+        let jitter = self.config.retry_jitter;
         let tid = self.new_tid();
         let c = self.live_mut(conn)?;
         if c.state != CmState::Established {
@@ -609,6 +621,7 @@ impl CmAgent {
             now,
             c.response_timeout,
             c.max_cm_retries,
+            jitter,
         ));
         let to = c.path;
         self.transmit.push_back((to, mad));
@@ -754,6 +767,7 @@ impl CmAgent {
     /// `max_retries` times; answered by [`CmEvent::SidrRepReceived`] or
     /// [`CmEvent::SidrReqTimeout`].
     pub fn send_sidr_req(&mut self, now: Nanos, p: SidrReqParams) -> Result<ConnHandle, CmError> {
+        let jitter = self.config.retry_jitter;
         if self.conns.len() >= self.config.max_conns {
             return Err(CmError::TooManyConnections);
         }
@@ -781,7 +795,14 @@ impl CmAgent {
             local_qpn: 0,
             remote_qpn: 0,
             tid,
-            retx: Some(Retx::new(mad, p.cm_path, now, timeout, p.max_retries)),
+            retx: Some(Retx::new(
+                mad,
+                p.cm_path,
+                now,
+                timeout,
+                p.max_retries,
+                jitter,
+            )),
             response_timeout: timeout,
             max_cm_retries: p.max_retries,
             plt: self.config.packet_life_time,
@@ -938,7 +959,7 @@ impl CmAgent {
                 let h = c.handle;
                 c.slot = ReqSlot::Flying;
                 if let Some(r) = c.retx.as_mut() {
-                    r.deadline = now.saturating_add(r.timeout);
+                    r.arm(now);
                     self.transmit.push_back((r.to, *r.mad));
                 }
                 self.touched.push(h);

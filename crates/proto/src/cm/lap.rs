@@ -185,6 +185,7 @@ impl CmAgent {
         path: &PathParams,
         private_data: &[u8],
     ) -> Result<(), CmError> {
+        let jitter = self.config.retry_jitter;
         let pd = pad_checked::<LAP_PRIVATE_DATA_LEN>(private_data)?;
         let tid = self.new_tid();
         let c = self.live_mut(conn)?;
@@ -208,7 +209,14 @@ impl CmAgent {
         c.ap.state = LapState::LapSent;
         c.ap.pending = Some(alt);
         c.ap.tid = tid;
-        c.retx = Some(Retx::new(mad, c.path, now, timeout, c.max_cm_retries));
+        c.retx = Some(Retx::new(
+            mad,
+            c.path,
+            now,
+            timeout,
+            c.max_cm_retries,
+            jitter,
+        ));
         let to = c.path;
         self.transmit.push_back((to, mad));
         self.sync_timers();

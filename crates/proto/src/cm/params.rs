@@ -118,6 +118,10 @@ pub struct AgentConfig {
     /// instead of overflowing its backlog (Linux's 1024) and timing out in waves. It counts
     /// toward the connect's wait; [`super::CmStats::paced`] counts the REQs that waited.
     pub req_window: usize,
+    /// Each wait for an answer (REQ, REP, DREQ, LAP, SIDR_REQ) lasts its timeout plus a
+    /// random extra of up to half of it, so that messages sent together are resent spread
+    /// out instead of in waves (a storm). Off: exactly the timeout, as Linux.
+    pub retry_jitter: bool,
 }
 
 impl Default for AgentConfig {
@@ -133,6 +137,7 @@ impl Default for AgentConfig {
             max_conns: 65536,
             overload: OverloadPolicy::Drop,
             req_window: 256,
+            retry_jitter: true,
         }
     }
 }

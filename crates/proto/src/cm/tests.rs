@@ -35,6 +35,8 @@ fn agent(guid: u64, seed: u64, delayed: bool) -> CmAgent {
         ca_guid: guid,
         seed,
         delayed_mra: delayed,
+        // Linux's exact timings (the jitter has its own tests in tests/cm_pace.rs).
+        retry_jitter: false,
         ..AgentConfig::default()
     })
 }

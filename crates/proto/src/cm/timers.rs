@@ -36,6 +36,8 @@ pub(crate) struct Retx {
     pub(crate) timeout: Nanos,
     /// Retransmissions left.
     pub(crate) retries_left: u8,
+    /// Whether each wait gets its random extra ([`Retx::arm`]).
+    pub(crate) jitter: bool,
 }
 
 impl Retx {
@@ -45,14 +47,35 @@ impl Retx {
         now: Nanos,
         timeout: Nanos,
         retries: u8,
+        jitter: bool,
     ) -> Self {
-        Retx {
+        let mut r = Retx {
             mad: Box::new(mad),
             to,
-            deadline: now.saturating_add(timeout),
+            deadline: 0,
             timeout,
             retries_left: retries,
-        }
+            jitter,
+        };
+        r.arm(now);
+        r
+    }
+
+    /// Starts the wait for an answer to the attempt sent at `now`: `timeout`, plus (with
+    /// `jitter`) up to half of it again, drawn from the message's transaction id and the
+    /// attempt. Requests sent together (a storm) then come back spread out, not in waves.
+    pub(crate) fn arm(&mut self, now: Nanos) {
+        let extra = if self.jitter && self.timeout >= 2 {
+            let tid = u64::from_be_bytes(self.mad[8..16].try_into().expect("8 bytes"));
+            let attempt = u64::from(self.retries_left);
+            let mut z = tid ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) % (self.timeout / 2)
+        } else {
+            0
+        };
+        self.deadline = now.saturating_add(self.timeout).saturating_add(extra);
     }
 
     /// Extends the wait (MRA): this and later attempts wait `timeout`.
