@@ -174,10 +174,11 @@ impl Storm {
         while let Some(e) = self.agents[host].poll_event() {
             self.app(host, e);
         }
-        let t = self.agents[host].poll_timeout();
-        if t.is_some() && (self.armed[host].is_none() || t < self.armed[host]) {
-            self.armed[host] = t;
-            self.at(t.unwrap(), Ev::Timer { host });
+        if let Some(t) = self.agents[host].poll_timeout() {
+            if self.armed[host].is_none_or(|a| t < a) {
+                self.armed[host] = Some(t);
+                self.at(t, Ev::Timer { host });
+            }
         }
     }
 
