@@ -231,9 +231,9 @@ fn retries_are_spread_out() {
         if n > 0 {
             // every attempt of this test's REQs is a retry of one sent at 0 or in `first`
             if at < 3 * t / 2 {
-                first.extend(std::iter::repeat_n(at, n));
+                first.extend(std::iter::repeat(at).take(n));
             } else {
-                second.extend(std::iter::repeat_n(at, n));
+                second.extend(std::iter::repeat(at).take(n));
             }
         }
     }

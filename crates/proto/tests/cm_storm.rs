@@ -175,7 +175,7 @@ impl Storm {
             self.app(host, e);
         }
         if let Some(t) = self.agents[host].poll_timeout() {
-            if self.armed[host].is_none_or(|a| t < a) {
+            if !matches!(self.armed[host], Some(a) if a <= t) {
                 self.armed[host] = Some(t);
                 self.at(t, Ev::Timer { host });
             }
