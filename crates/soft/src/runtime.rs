@@ -64,6 +64,7 @@ use rdma_wire::packet::IcrcCheck;
 
 pub(crate) mod ack_hold;
 mod apm;
+mod sched;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
 pub(crate) use ud::UdCtx;
@@ -113,6 +114,9 @@ pub struct RuntimeStats {
     pub window_stalls: u64,
     /// Busy-poll rounds whose ACKs waited for the next send or poll (`runtime/ack_hold.rs`).
     pub acks_held: u64,
+    /// Times an RC QP was serviced (transmit, completions): only QPs with work or a due
+    /// timer are (`runtime/sched.rs`), so this grows with traffic, not with idle QPs.
+    pub qp_services: u64,
     /// Datagrams received per port of the address they arrived on (0: no port's address).
     pub rx_by_port: [u64; MAX_PORTS + 1],
 }
@@ -139,6 +143,14 @@ pub(crate) struct QpCtx {
     /// The host-local peer its packets go to through shared memory instead of UDP
     /// (`io::local`), when its CM chose it.
     pub host: Option<HostPeer>,
+    /// On the runtime's work list (`runtime/sched.rs`).
+    queued: bool,
+    /// On the list of QPs whose host-local ring was full.
+    blocked: bool,
+    /// The earliest deadline this QP has in the runtime's timer heap.
+    armed: Option<u64>,
+    /// Its index in the runtime's `live` list.
+    live_pos: usize,
 }
 
 impl QpCtx {
@@ -160,6 +172,10 @@ impl QpCtx {
             rx_port: 0,
             span: tracing::Span::none(),
             host: None,
+            queued: false,
+            blocked: false,
+            armed: None,
+            live_pos: 0,
         }
     }
 
@@ -265,6 +281,8 @@ pub(crate) struct Runtime {
     fresh_clock: bool,
     /// ACKs held back for one busy poll (`runtime/ack_hold.rs`).
     hold: ack_hold::AckHold,
+    /// Which QPs a round services, and their timers (`runtime/sched.rs`).
+    sched: sched::Sched,
 }
 
 impl Runtime {
@@ -290,6 +308,7 @@ impl Runtime {
             last_now: 0,
             fresh_clock: true,
             hold: Default::default(),
+            sched: Default::default(),
             events: AsyncQueue::new()?,
             retired: Default::default(),
         })
@@ -419,9 +438,10 @@ impl Runtime {
         Ok((u32::from(high) << 16) | idx as u32)
     }
 
-    pub fn insert(&mut self, ctx: QpCtx) {
+    pub fn insert(&mut self, mut ctx: QpCtx) {
         let idx = (ctx.qpn & 0xFFFF) as usize;
         if let Some(slot) = self.slots.get_mut(idx) {
+            ctx.live_pos = self.live.len();
             *slot = Some(Box::new(ctx));
             self.live.push(idx as u16);
         }
@@ -430,7 +450,13 @@ impl Runtime {
     pub fn remove(&mut self, qpn: u32) -> Option<Box<QpCtx>> {
         let idx = (qpn & 0xFFFF) as usize;
         let ctx = self.slots.get_mut(idx)?.take_if(|c| c.qpn == qpn)?;
-        self.live.retain(|&i| i as usize != idx);
+        // O(1): the last live QP takes its place
+        self.live.swap_remove(ctx.live_pos);
+        if let Some(&moved) = self.live.get(ctx.live_pos) {
+            if let Some(m) = self.slots[moved as usize].as_deref_mut() {
+                m.live_pos = ctx.live_pos;
+            }
+        }
         self.free.push(idx as u16);
         crate::inspect::device::add_rc(&mut self.retired, &ctx.rc.stats());
         for local in ctx.paths.locals() {
@@ -478,7 +504,12 @@ impl Runtime {
     /// Transmits what one QP has to send (its transport holds requests back at the send
     /// window), at most [`TX_BUDGET`] packets, and moves its completions. Returns whether the
     /// budget ran out with more to send.
-    fn service<M: MemoryTable + ?Sized>(&mut self, idx: usize, now: u64, mem: &mut M) -> bool {
+    fn service<M: MemoryTable + ?Sized>(
+        &mut self,
+        idx: usize,
+        now: u64,
+        mem: &mut M,
+    ) -> sched::Serviced {
         let Runtime {
             wire,
             slots,
@@ -489,20 +520,22 @@ impl Runtime {
             ..
         } = self;
         let Some(ctx) = slots.get_mut(idx).and_then(|s| s.as_deref_mut()) else {
-            return false;
+            return sched::Serviced::Done;
         };
+        stats.qp_services += 1;
         // a migration (forced, by retries, the peer's) changes the path packets leave on
         ctx.drain_events(events);
         let span = ctx.span.enter();
         let mut budget = TX_BUDGET;
-        let mut more = false;
+        let mut left = sched::Serviced::Done;
         loop {
             if budget == 0 {
-                more = true;
+                left = sched::Serviced::More;
                 break;
             }
             // a full host-local ring holds the packets back (the peer wakes us with room)
             if ctx.host.is_some_and(|h| !wire.host_ready(h)) {
+                left = sched::Serviced::Blocked;
                 break;
             }
             let Some(t) = ctx.rc.poll_transmit(now, mem, &mut tx.payload) else {
@@ -533,19 +566,21 @@ impl Runtime {
             }
             hold.emitted(&t.header, ctx.host.is_none(), ctx.rc.ack_timeout());
         }
-        if !more && ctx.rc.send_window_full() {
+        if left == sched::Serviced::Done && ctx.rc.send_window_full() {
             stats.window_stalls += 1;
         }
         drop(span);
         ctx.drain_completions(stats);
-        more
+        left
     }
 
     /// After a post or modify on `qpn`: transmit at once and flush.
     pub fn after_post<M: MemoryTable + ?Sized>(&mut self, qpn: u32, mem: &mut M) -> Result<()> {
         let now = self.now();
         let idx = (qpn & 0xFFFF) as usize;
-        self.service(idx, now, mem);
+        if self.get(qpn).is_some() {
+            self.service_one(idx, now, mem);
+        }
         self.hold.flushed();
         self.wire.flush()
     }
@@ -564,6 +599,7 @@ impl Runtime {
             gsi,
             ud,
             port_map,
+            sched,
             ..
         } = self;
         wire.recv(&mut |arr, bytes| {
@@ -584,7 +620,13 @@ impl Runtime {
                 .and_then(|s| s.as_deref_mut())
                 .filter(|c| c.qpn == qpn);
             match ctx {
-                Some(ctx) => ctx.deliver(now, mem, arr, port, &pkt, stats),
+                Some(ctx) => {
+                    ctx.deliver(now, mem, arr, port, &pkt, stats);
+                    if !ctx.queued {
+                        ctx.queued = true;
+                        sched.push_work(qpn as u16);
+                    }
+                }
                 None => {
                     if !ud.deliver(now, mem, arr, &pkt, stats) {
                         stats.no_such_qp += 1;
@@ -606,23 +648,13 @@ impl Runtime {
         self.stats.progress_calls += 1;
         self.last_now = now;
         let mut total = 0;
-        for round in 0..ROUNDS {
+        // Only QPs with work or a due timer are looked at (`runtime/sched.rs`).
+        self.requeue_blocked();
+        self.run_due_timers(now);
+        for _ in 0..ROUNDS {
             let n = self.receive(now, mem)?;
             total += n;
-            let mut more = false;
-            for k in 0..self.live.len() {
-                let idx = self.live[k] as usize;
-                if round == 0 {
-                    if let Some(ctx) = self.slots[idx].as_deref_mut() {
-                        if ctx.rc.poll_timeout().is_some_and(|t| t <= now) {
-                            let _span = ctx.span.enter();
-                            ctx.rc.handle_timeout(now);
-                            self.timers_touched = true;
-                        }
-                    }
-                }
-                more |= self.service(idx, now, mem);
-            }
+            let more = self.service_queued(now, mem);
             if self.hold.hold_round() {
                 self.stats.acks_held += 1;
             } else {
@@ -726,18 +758,14 @@ impl Runtime {
 
     /// When progress must run next even if nothing arrives: the earliest transport timer or
     /// wire deadline.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        let mut best = self.wire.next_deadline();
-        for &i in &self.live {
-            if let Some(t) = self.slots[i as usize]
-                .as_ref()
-                .and_then(|c| c.rc.poll_timeout())
-            {
-                let at = self.epoch + Duration::from_nanos(t);
-                best = Some(best.map_or(at, |b| b.min(at)));
-            }
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        let qp = self
+            .next_timer()
+            .map(|t| self.epoch + Duration::from_nanos(t));
+        match (qp, self.wire.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        best
     }
 
     /// The state of a QP, for `query`.

@@ -121,6 +121,7 @@ fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
             "cq_overflows": rt.cq_overflows,
             "window_stalls": rt.window_stalls,
             "acks_held": rt.acks_held,
+            "qp_services": rt.qp_services,
             "faults_injected": f(&w.faults_send) + f(&w.faults_recv),
             "faults_dropped": w.faults_send.dropped + w.faults_recv.dropped,
             "faults_duplicated": w.faults_send.duplicated + w.faults_recv.duplicated,

@@ -144,7 +144,7 @@ impl Runtime {
             if rc.migrate().is_ok() {
                 n += 1;
                 drop(_span);
-                self.service(idx, now, mem);
+                self.service_one(idx, now, mem);
             }
         }
         if n > 0 {

@@ -53,7 +53,7 @@ impl WatchState {
             return None;
         }
         let next = match dev.rt_try_lock() {
-            Ok(rt) => rt.next_deadline(),
+            Ok(mut rt) => rt.next_deadline(),
             Err(TryLockError::Poisoned(_)) => return None,
             // A watcher is driving right now: look again soon.
             Err(TryLockError::WouldBlock) => Some(now + GRACE),
