@@ -14,6 +14,7 @@ impl Inner {
             return;
         };
         slot.counters.events += 1;
+        slot.queued_events += 1;
         let own = slot.channel;
         let ch = match ev.listen_id.and_then(|l| st.ids.get(&l)) {
             Some(l) if ev.kind == EventType::ConnectRequest => l.channel,
@@ -86,11 +87,29 @@ impl Inner {
     /// Takes the next event of channel `ch`, with the context value of its id.
     pub(crate) fn take_pending(&self, ch: u64) -> Option<(PendingEvent, u64)> {
         let mut st = self.lock();
-        let c = st.channels.get_mut(&ch)?;
-        let ev = c.queue.pop_front()?;
-        if c.queue.is_empty() {
-            c.efd.clear();
-        }
+        let ev = loop {
+            let c = st.channels.get_mut(&ch)?;
+            let Some(ev) = c.queue.pop_front() else {
+                c.efd.clear();
+                return None;
+            };
+            if c.queue.is_empty() {
+                c.efd.clear();
+            }
+            // An event of a destroyed id left behind by a long queue (`cm_engine::destroy`;
+            // id numbers are never reused): dropped here.
+            if st.ids.contains_key(&ev.id) {
+                break ev;
+            }
+            if let Some(ls) = ev
+                .listen_id
+                .filter(|_| ev.kind == EventType::ConnectRequest)
+                .and_then(|l| st.ids.get_mut(&l))
+                .and_then(|l| l.listen.as_mut())
+            {
+                ls.queued = ls.queued.saturating_sub(1);
+            }
+        };
         if ev.kind == EventType::ConnectRequest {
             if let Some(l) = ev.listen_id.and_then(|l| st.ids.get_mut(&l)) {
                 if let Some(ls) = l.listen.as_mut() {
@@ -100,6 +119,7 @@ impl Inner {
         }
         let mut context = 0;
         if let Some(s) = st.ids.get_mut(&ev.id) {
+            s.queued_events = s.queued_events.saturating_sub(1);
             s.outstanding += 1;
             context = s.context;
         }

@@ -89,6 +89,9 @@ pub(crate) struct IdSlot {
     pub parent: Option<IdNum>,
     /// Events handed out and not yet dropped.
     pub outstanding: usize,
+    /// Events of this id in its channel's queue (not handed out yet): a destroy or a
+    /// channel move scans the queue only when there are some.
+    pub queued_events: usize,
     pub user_qpn: Option<u32>,
     pub conn_param: Option<crate::params::ConnParam>,
     pub watched: bool,
@@ -142,6 +145,7 @@ impl IdSlot {
             listen: None,
             parent: None,
             outstanding: 0,
+            queued_events: 0,
             user_qpn: None,
             conn_param: None,
             watched: false,

@@ -325,7 +325,8 @@ impl CmId {
         if old == channel.num {
             return Ok(());
         }
-        let moved: Vec<_> = match st.channels.get_mut(&old) {
+        let queued = s.queued_events;
+        let moved: Vec<_> = match st.channels.get_mut(&old).filter(|_| queued > 0) {
             Some(c) => {
                 let (m, keep): (Vec<_>, Vec<_>) = c.queue.drain(..).partition(|e| e.id == self.num);
                 c.queue = keep.into();
