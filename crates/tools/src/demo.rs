@@ -13,7 +13,7 @@ use rdmacm::Event;
 
 use crate::perf::report::Outcome;
 use crate::perf::run::{client_with, server_with};
-use crate::perf::{Kind, Params, Test, Verb};
+use crate::perf::{Kind, Params, Test, Verb, DEFAULT_CQ_MOD};
 
 /// Which part to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +78,7 @@ fn params(o: &DemoOpts, test: Test, size: usize, iters: u64) -> Params {
         duration: None,
         qps: 1,
         tx_depth: 16,
+        cq_mod: DEFAULT_CQ_MOD,
         port: o.server.port(),
         bind: match o.role {
             Role::Client => o.bind,

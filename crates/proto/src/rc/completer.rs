@@ -58,6 +58,7 @@ impl RcQp {
     }
 
     fn on_progress(&mut self, now: u64) {
+        self.note_acked();
         self.retry_left = self.attr.retry_cnt;
         self.rnr_left = self.attr.rnr_retry;
         self.gbn_guard = None;

@@ -18,6 +18,7 @@
 //! alternate path and migrate to it (IBA automatic path migration): see [`QpEvent`],
 //! [`RcQp::migrate`] and [`RcQp::handle_packet_on`].
 
+mod ack_req;
 mod apm;
 mod completer;
 mod requester;
@@ -96,6 +97,8 @@ pub struct RcStats {
     pub dropped: u64,
     /// NAKs sent (any kind).
     pub naks_sent: u64,
+    /// Last packets resent to ask for an ACK that unsignaled messages did not ask for.
+    pub ack_probes: u64,
 }
 
 /// Local ACK timeout in nanoseconds for the 5-bit exponent (`None`: infinite).
@@ -155,7 +158,7 @@ pub struct RcQp {
     retrans_deadline: Option<u64>,
     rnr_until: Option<u64>,
     gbn_guard: Option<(u32, u32)>,
-    pkts_since_ackreq: u32,
+    ask: ack_req::AckAsk,
     send_cq: VecDeque<Completion>,
     // responder
     resp: Responder,
@@ -187,7 +190,7 @@ impl RcQp {
             retrans_deadline: None,
             rnr_until: None,
             gbn_guard: None,
-            pkts_since_ackreq: 0,
+            ask: ack_req::AckAsk::default(),
             send_cq: VecDeque::with_capacity(sq_cap),
             resp: Responder::new(rq_cap),
             recv_cq: VecDeque::with_capacity(rq_cap),
@@ -228,6 +231,10 @@ impl RcQp {
     /// Work requests in the send queue (posted, not yet completed).
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()
+    }
+    /// Receive completions waiting for [`poll_recv_completion`](Self::poll_recv_completion).
+    pub fn pending_recv_completions(&self) -> usize {
+        self.recv_cq.len()
     }
 
     /// The oldest request PSN not yet acknowledged (equal to the next new PSN when nothing
@@ -349,6 +356,7 @@ impl RcQp {
         self.state = QpState::Err;
         self.retrans_deadline = None;
         self.rnr_until = None;
+        self.ask.probe_at = None;
         let qpn = self.cfg.qpn;
         let mut status = first;
         while let Some(w) = self.sq.pop_front() {
@@ -478,10 +486,10 @@ impl RcQp {
 
     /// The next instant at which [`handle_timeout`](Self::handle_timeout) must be called.
     pub fn poll_timeout(&self) -> Option<u64> {
-        match (self.retrans_deadline, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.retrans_deadline, self.rnr_until, self.ask.probe_at]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Runs expired timers: the local ACK timer (retransmit or [`WcStatus::RetryExcErr`]) and
@@ -497,6 +505,9 @@ impl RcQp {
             if now >= t {
                 self.on_retrans_timeout(now);
             }
+        }
+        if self.ask.probe_at.is_some_and(|t| now >= t) {
+            self.on_ack_probe();
         }
     }
 

@@ -368,21 +368,21 @@ impl RcQp {
                     }
                     h.solicited = w.wr.flags.contains(SendFlags::SOLICITED);
                 }
-                self.pkts_since_ackreq += 1;
+                self.ask.pkts_since += 1;
                 // with a send window, ask for ACKs often enough that it keeps opening: every
-                // half window, and on the packet that fills it
+                // half window, and on the packet that fills it (see `ack_req`)
                 let cap = self.cfg.max_outstanding_psns;
                 let every = match cap {
                     0 => ACK_REQ_EVERY,
                     c => ACK_REQ_EVERY.min((c / 2).max(1)),
                 };
-                h.ack_req =
-                    last || self.pkts_since_ackreq >= every || !self.window_allows(psn_add(psn, 1));
+                h.ack_req = self.ask.force
+                    || (last && self.last_packet_asks(now, &w))
+                    || self.ask.pkts_since >= every
+                    || !self.window_allows(psn_add(psn, 1));
             }
         }
-        if h.ack_req {
-            self.pkts_since_ackreq = 0;
-        }
+        self.note_request(now, psn, h.ack_req);
         // commit
         if !w.started {
             let e = &mut self.sq[idx];

@@ -254,6 +254,14 @@ pub const BASE_A: u64 = 0x1000_0000;
 /// Base address of host B's memory.
 pub const BASE_B: u64 = 0x2000_0000;
 
+/// What one simulator step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Idle,
+    Limit,
+    Moved,
+}
+
 /// Two connected RC QPs over a faulty simulated network.
 #[derive(Debug)]
 pub struct RcPair {
@@ -538,38 +546,61 @@ impl RcPair {
     /// virtual time. Returns whether it went idle.
     pub fn run_until_idle(&mut self, limit_ns: u64) -> bool {
         loop {
-            self.send_from(true);
-            self.send_from(false);
-            let next_pkt = self.flight.iter().map(|f| (f.at, f.seq)).min();
-            let next_timer = [self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
-                .into_iter()
-                .flatten()
-                .min();
-            let next = match (next_pkt, next_timer) {
-                (None, None) => return true,
-                (Some((p, _)), Some(t)) => p.min(t),
-                (Some((p, _)), None) => p,
-                (None, Some(t)) => t,
-            };
-            if next > limit_ns {
-                return false;
+            match self.step(limit_ns) {
+                Step::Idle => return true,
+                Step::Limit => return false,
+                Step::Moved => {}
             }
-            self.now = self.now.max(next);
-            if let Some((at, seq)) = next_pkt {
-                if at <= self.now {
-                    if let Some(i) = self.flight.iter().position(|f| f.seq == seq) {
-                        let f = self.flight.swap_remove(i);
-                        self.deliver(f);
-                    }
-                    continue;
-                }
-            }
-            let now = self.now;
-            self.a.qp.handle_timeout(now);
-            self.b.qp.handle_timeout(now);
-            self.a.observe(false);
-            self.b.observe(false);
         }
+    }
+
+    /// Runs until `done` holds (checked before each step), nothing is left to do, or the next
+    /// event is past `limit_ns`; returns whether `done` held.
+    pub fn run_until(&mut self, limit_ns: u64, mut done: impl FnMut(&mut RcPair) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            if self.step(limit_ns) != Step::Moved {
+                return done(self);
+            }
+        }
+    }
+
+    /// Sends what both QPs have, then delivers the next packet or runs the next timers.
+    fn step(&mut self, limit_ns: u64) -> Step {
+        self.send_from(true);
+        self.send_from(false);
+        let next_pkt = self.flight.iter().map(|f| (f.at, f.seq)).min();
+        let next_timer = [self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let next = match (next_pkt, next_timer) {
+            (None, None) => return Step::Idle,
+            (Some((p, _)), Some(t)) => p.min(t),
+            (Some((p, _)), None) => p,
+            (None, Some(t)) => t,
+        };
+        if next > limit_ns {
+            return Step::Limit;
+        }
+        self.now = self.now.max(next);
+        if let Some((at, seq)) = next_pkt {
+            if at <= self.now {
+                if let Some(i) = self.flight.iter().position(|f| f.seq == seq) {
+                    let f = self.flight.swap_remove(i);
+                    self.deliver(f);
+                }
+                return Step::Moved;
+            }
+        }
+        let now = self.now;
+        self.a.qp.handle_timeout(now);
+        self.b.qp.handle_timeout(now);
+        self.a.observe(false);
+        self.b.observe(false);
+        Step::Moved
     }
 
     fn deliver(&mut self, f: InFlight) {

@@ -19,6 +19,7 @@ pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
     a.duplicates += b.duplicates;
     a.dropped += b.dropped;
     a.naks_sent += b.naks_sent;
+    a.ack_probes += b.ack_probes;
 }
 
 /// The name `rdma resource` prints for a QP state.
@@ -45,6 +46,7 @@ fn rc_counters(s: &RcStats) -> Value {
         "responses_sent": s.responses_sent,
         "duplicate_requests": s.duplicates,
         "dropped": s.dropped,
+        "ack_probes": s.ack_probes,
     })
 }
 

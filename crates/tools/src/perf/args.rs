@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Kind, Params, Test, MAX_ALL_SIZE};
+use super::{Kind, Params, Test, DEFAULT_CQ_MOD, MAX_ALL_SIZE};
 use crate::cli::{getopt_long, parse_addr, parse_num};
 
 /// The usage text.
@@ -16,6 +16,7 @@ options:
    -D, --duration=SEC     run each size for SEC seconds instead
    -q, --qp=N             queue pairs (bandwidth tests, default 1)
    -t, --tx-depth=N       work requests in flight (bandwidth tests, default 128)
+   -Q, --cq-mod=N         latency tests: one signaled send in N (default 100, as perftest)
    -p, --port=PORT        rdma_cm port (default 18515)
    -F, --CPU-freq         accepted for compatibility (no CPU frequency check is made)
    -R, --rdma_cm          perftest's -R exchange (a perftest -R peer; see docs/PERFTEST.md);
@@ -28,16 +29,17 @@ options:
 ";
 
 /// Short options and which take a value.
-const SPEC: &str = "s:an:D:q:t:p:FRB:hd:i:x:m:I:u:c:";
+const SPEC: &str = "s:an:D:q:t:Q:p:FRB:hd:i:x:m:I:u:c:";
 
 /// Long options and their short letter.
-const LONG: [(&str, char); 18] = [
+const LONG: [(&str, char); 19] = [
     ("size", 's'),
     ("all", 'a'),
     ("iters", 'n'),
     ("duration", 'D'),
     ("qp", 'q'),
     ("tx-depth", 't'),
+    ("cq-mod", 'Q'),
     ("port", 'p'),
     ("CPU-freq", 'F'),
     ("rdma_cm", 'R'),
@@ -121,6 +123,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
         duration: None,
         qps: 1,
         tx_depth: 128,
+        cq_mod: DEFAULT_CQ_MOD,
         port: 18515,
         bind: None,
         server: None,
@@ -136,6 +139,7 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
             'D' => p.duration = Some(Duration::from_secs(num('D', v)?)),
             'q' => p.qps = num('q', v)?,
             't' => p.tx_depth = num('t', v)?,
+            'Q' => p.cq_mod = num('Q', v)?,
             'p' => p.port = num('p', v)?,
             'B' => bind = Some(v.to_string()),
             'R' => extra.rdma_cm = true,
@@ -167,6 +171,12 @@ pub fn parse(args: &[String]) -> Result<Parsed, String> {
     }
     if p.tx_depth == 0 || p.tx_depth > 256 {
         return Err(format!("invalid value '{}' for -t (1 to 256)", p.tx_depth));
+    }
+    if p.cq_mod == 0 || p.cq_mod > 1_000_000 {
+        return Err(format!(
+            "invalid value '{}' for -Q (1 to 1000000)",
+            p.cq_mod
+        ));
     }
     if let Some(b) = bind {
         p.bind = Some(parse_addr(&b, 0).map_err(|e| format!("--bind {b}: {e}"))?);

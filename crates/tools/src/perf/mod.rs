@@ -112,6 +112,24 @@ impl Test {
 /// Largest message size of `-a` (2^23 bytes, as perftest).
 pub const MAX_ALL_SIZE: usize = 1 << 23;
 
+/// Latency tests signal one send in this many, as perftest's `--cq-mod` default.
+pub const DEFAULT_CQ_MOD: u32 = 100;
+
+/// perftest's latency loops: the `n`th send (from 1) is signaled every `cq_mod` sends and
+/// at the end, so the send queue retires without a completion (or an ACK) per message.
+pub(crate) fn signal_some(
+    p: &Params,
+    mut wr: rdma_soft::verbs::SendWr,
+    n: u64,
+) -> rdma_soft::verbs::SendWr {
+    let last = p.duration.is_none() && n >= p.iters;
+    wr.flags.set(
+        rdma_soft::verbs::SendFlags::SIGNALED,
+        n.is_multiple_of(u64::from(p.cq_mod.max(1))) || last,
+    );
+    wr
+}
+
 /// What to run (the client's parameters are the ones both sides follow).
 #[derive(Debug, Clone)]
 pub struct Params {
@@ -129,6 +147,9 @@ pub struct Params {
     pub qps: u32,
     /// Work requests in flight (`-t`; bandwidth tests).
     pub tx_depth: u32,
+    /// Latency tests: one signaled send in this many (`-Q`, perftest's `--cq-mod`); each
+    /// side's own choice, not negotiated.
+    pub cq_mod: u32,
     /// CM port (`-p`).
     pub port: u16,
     /// Local address (`--bind`).

@@ -115,6 +115,7 @@ impl Hello {
             duration: (self.duration > 0).then(|| Duration::from_secs(self.duration.into())),
             qps: self.qps.into(),
             tx_depth: self.tx_depth.into(),
+            cq_mod: server.cq_mod,
             port: server.port,
             bind: server.bind,
             server: None,

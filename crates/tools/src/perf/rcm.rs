@@ -734,7 +734,7 @@ fn over(p: &Params, t0: Instant, done: u64) -> bool {
 fn send_lat(d: &Data, s: &Settled, size: usize, client: bool) -> Result<LatRecorder, String> {
     let mut pl = Poller::new(d);
     let sge = d.mr.sge(d.region, size as u32).map_err(err("buffer"))?;
-    let wr = SendWr::new(1, SendOp::Send).with_sge(sge).signaled();
+    let wr = SendWr::new(1, SendOp::Send).with_sge(sge);
     let mut rec = LatRecorder::new();
     let t0 = Instant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
@@ -749,8 +749,8 @@ fn send_lat(d: &Data, s: &Settled, size: usize, client: bool) -> Result<LatRecor
                 break;
             }
             sent_at = Some(Instant::now());
-            post(d, 0, &wr)?;
             scnt += 1;
+            post(d, 0, &super::signal_some(&s.p, wr, scnt))?;
             continue;
         }
         if let Some(c) = pl.poll()? {
@@ -786,8 +786,7 @@ fn write_lat(
             rkey: rem.rkey,
         },
     )
-    .with_sge(sge)
-    .signaled();
+    .with_sge(sge);
     let mut rec = LatRecorder::new();
     let t0 = Instant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
@@ -831,7 +830,7 @@ fn write_lat(
         d.mr.write(d.region + size - 1, &[scnt as u8])
             .map_err(|e| e.to_string())?;
         sent_at = Some(Instant::now());
-        post(d, 0, &wr)?;
+        post(d, 0, &super::signal_some(&s.p, wr, scnt))?;
     }
     Ok(rec)
 }

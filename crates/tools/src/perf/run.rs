@@ -185,7 +185,10 @@ fn lat_client(
                 .map_err(|e| e.to_string())?;
         }
         let t0 = Instant::now();
-        post(link, 0, &wr)?;
+        match p.test.verb {
+            Verb::Read => post(link, 0, &wr)?,
+            _ => post(link, 0, &super::signal_some(p, wr, i))?,
+        }
         match p.test.verb {
             Verb::Send => loop {
                 if let Some(c) = pl.poll()? {
@@ -236,6 +239,7 @@ fn lat_server(
 ) -> Result<(), String> {
     let wr = data_wr(link, p, size, 0, 1)?;
     let mut i = 1u64;
+    let mut sent = 0u64;
     let mut b = [0u8];
     loop {
         let c = pl.poll()?;
@@ -244,7 +248,8 @@ fn lat_server(
                 return Ok(());
             }
             if p.test.verb == Verb::Send && c.opcode == WcOpcode::Recv && !is_ctl(c) {
-                post(link, 0, &wr)?;
+                sent += 1;
+                post(link, 0, &super::signal_some(p, wr, sent))?;
             }
         }
         if p.test.verb == Verb::Write {
@@ -253,7 +258,7 @@ fn lat_server(
                 link.mr
                     .write(link.region + size - 1, &[marker(i)])
                     .map_err(|e| e.to_string())?;
-                post(link, 0, &wr)?;
+                post(link, 0, &super::signal_some(p, wr, i))?;
                 i += 1;
             }
         }
