@@ -4,7 +4,7 @@ use std::sync::MutexGuard;
 
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
-use crate::slot::IdNum;
+use crate::slot::{IdNum, IdState};
 use crate::state::State;
 
 impl Inner {
@@ -97,8 +97,14 @@ impl Inner {
                 c.efd.clear();
             }
             // An event of a destroyed id left behind by a long queue (`cm_engine::destroy`;
-            // id numbers are never reused): dropped here.
-            if st.ids.contains_key(&ev.id) {
+            // id numbers are never reused), or queued while its id is being destroyed (which
+            // waits for the events handed out before): dropped here, as rdma_destroy_id
+            // discards what was not retrieved.
+            if st
+                .ids
+                .get(&ev.id)
+                .is_some_and(|s| s.state != IdState::Destroying)
+            {
                 break ev;
             }
             if let Some(ls) = ev

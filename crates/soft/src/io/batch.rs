@@ -10,8 +10,8 @@ use std::os::fd::RawFd;
 use super::sys::{self, Ancillary, STORAGE_LEN};
 use super::WireAddr;
 
-/// Control-message space per datagram: pktinfo (28 B for IPv6), TOS/tclass, TTL/hop limit,
-/// each with its header, fits with room to spare.
+/// Control-message space per datagram: pktinfo (28 B for IPv6), TOS/tclass, TTL/hop limit and
+/// the UDP GRO segment size, each with its header (112 B), fit.
 const CTRL_WORDS: usize = 16;
 
 /// One received datagram, borrowed from a [`RecvBatch`].

@@ -92,6 +92,17 @@ impl IcrcChecker {
         slot.as_ref()
     }
 
+    /// Whether `packet`'s ICRC holds for exactly the outer headers `encap`.
+    pub fn exact(&self, encap: &Encap, packet: &[u8]) -> bool {
+        let (Ok(found), Some(body)) = (
+            icrc::stored(packet),
+            packet.len().checked_sub(ICRC_LEN).map(|n| &packet[..n]),
+        ) else {
+            return false;
+        };
+        encap.compute(body).is_ok_and(|c| c == found)
+    }
+
     /// Checks the ICRC of a received `packet` whose outer headers are `encap` except, for IPv4,
     /// the Identification and flags.
     pub fn check(&mut self, encap: &Encap, packet: &[u8]) -> Option<IcrcOk> {

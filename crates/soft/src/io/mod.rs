@@ -109,6 +109,11 @@ pub struct WireStats {
     /// Datagrams accepted after recovering their IPv4 Identification (senders that do not
     /// use 0, such as Linux rxe): their ICRC guards 16 bits fewer.
     pub icrc_recovered_id: u64,
+    /// Datagrams that arrived coalesced by UDP GRO after the first of their receive, whose
+    /// ICRC held for the IPv4 Identification of their place (segment k: k, as a GSO sender
+    /// seals it; IPv6: for their headers); the others count in `icrc_recovered_id` or
+    /// `icrc_errors`.
+    pub gro_coalesced: u64,
     /// System calls that sent datagrams.
     pub send_calls: u64,
     /// Datagrams sent from the wire's own port instead of their QP's source port: the

@@ -78,6 +78,8 @@ pub struct UdpWire {
     pub(super) checker: IcrcChecker,
     /// Every `recvmmsg` of the last `recv` returned less than a full batch.
     pub(super) drained: bool,
+    /// A socket of this wire took `UDP_GRO`.
+    gro: bool,
     /// The slot, when sharing (claimed on first use).
     pub(super) slot: Option<Slot>,
     /// When a misdelivered datagram last repaired a group's table (at most one per
@@ -103,6 +105,10 @@ impl std::fmt::Debug for UdpWire {
     }
 }
 
+/// Receive buffer per datagram under UDP GRO: the largest coalesced receive (an IP datagram
+/// of at most 65,535 bytes).
+const GRO_BUF: usize = 65_536;
+
 impl UdpWire {
     /// A wire with no address open yet.
     pub fn new(cfg: UdpConfig) -> Result<UdpWire> {
@@ -117,6 +123,7 @@ impl UdpWire {
         // SAFETY: fresh descriptor owned here.
         let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
         let slot = cfg.max_packet;
+        let inbox_slot = if cfg.gro { GRO_BUF.max(slot) } else { slot };
         let (send_faults, recv_faults) = match &cfg.faults {
             Some(spec) => (
                 spec.on_send()
@@ -127,7 +134,7 @@ impl UdpWire {
             None => (None, None),
         };
         Ok(UdpWire {
-            inbox: RecvBatch::new(cfg.batch, slot),
+            inbox: RecvBatch::new(cfg.batch, inbox_slot),
             order: Vec::with_capacity(cfg.batch * 2),
             cfg,
             locals: Vec::new(),
@@ -138,6 +145,7 @@ impl UdpWire {
             recv_faults,
             checker: IcrcChecker::new(),
             drained: false,
+            gro: false,
             slot: None,
             last_evidence: None,
             clock: Instant::now(),
@@ -148,6 +156,12 @@ impl UdpWire {
     /// The configuration.
     pub fn config(&self) -> &UdpConfig {
         &self.cfg
+    }
+
+    /// Whether the kernel coalesces received datagrams for this wire (UDP GRO, asked for by
+    /// [`UdpConfig::gro`] and granted by a socket).
+    pub fn gro(&self) -> bool {
+        self.gro
     }
 
     /// The open local addresses.
@@ -263,6 +277,9 @@ impl DatagramWire for UdpWire {
         };
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(local)));
+        }
+        if self.cfg.gro && sys::enable_udp_gro(fd.as_fd()) {
+            self.gro = true;
         }
         let mut out = SendBatch::new(self.cfg.batch, self.cfg.max_packet);
         out.set_gso(self.cfg.gso && self.send_faults.is_none() && sys::has_udp_gso(fd.as_fd()));

@@ -31,6 +31,11 @@ pub struct UdpConfig {
     /// sealed with the ICRC of the IPv4 Identification it gets. Used where the kernel has it
     /// and no send faults are injected; off after the kernel refuses a GSO message.
     pub gso: bool,
+    /// UDP GRO on receive (`UDP_GRO`): the kernel hands over up to 64 KiB of one flow's
+    /// datagrams in one receive, which the wire splits (segment k checked for IPv4
+    /// Identification k, as a GSO sender seals it). The receive buffers then take 64 KiB each
+    /// (2 MiB for a batch of 32). `RDMA_SOFT_GRO=0` turns it off.
+    pub gro: bool,
     /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
     /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
     /// on its addresses alone, and a second wire gets [`crate::Error::AddrInUse`].
@@ -52,6 +57,7 @@ impl Default for UdpConfig {
             socket_buffer: 4 << 20,
             faults: None,
             gso: true,
+            gro: true,
             share: true,
             host_local: true,
             local_ring: super::local::DEFAULT_RING,
@@ -60,13 +66,14 @@ impl Default for UdpConfig {
 }
 
 impl UdpConfig {
-    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS` and the host-local wire's
+    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS`, the host-local wire's
     /// settings from `RDMA_SOFT_LOCAL_WIRE` and `RDMA_SOFT_LOCAL_RING` (an error names the
-    /// variable when its value does not parse).
+    /// variable when its value does not parse) and `RDMA_SOFT_GRO=0` to turn off UDP GRO.
     pub fn from_env() -> Result<UdpConfig> {
         Ok(UdpConfig {
             faults: FaultSpec::from_env()?,
             host_local: super::local::enabled_by_env(),
+            gro: std::env::var("RDMA_SOFT_GRO").map_or(true, |v| v.trim() != "0"),
             local_ring: super::local::ring_size_from_env()?,
             ..UdpConfig::default()
         })

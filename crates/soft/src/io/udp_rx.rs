@@ -63,25 +63,6 @@ impl UdpWire {
                     );
                     continue;
                 };
-                let member = self.locals[i].member.as_ref();
-                let other = match (mine, steer::dest(d.data)) {
-                    (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
-                    (Some(mine), Dest::Comm(s)) if s != mine => member
-                        .map_or(true, |m| m.has_member(s))
-                        .then_some(Misdelivered::Slot(s)),
-                    // A REQ whose listener is another process's (the program was stale: a
-                    // member came or went): not ours to refuse with REJ 8.
-                    (Some(_), Dest::Service(sid)) => member
-                        .is_some_and(|m| m.listener_elsewhere(sid))
-                        .then_some(Misdelivered::Service(sid)),
-                    _ => None,
-                };
-                if let Some(m) = other {
-                    self.stats.misdelivered += 1;
-                    tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
-                    evidence = Some(m);
-                    continue;
-                }
                 let local_addr = match d.anc.dst {
                     Some(ip) => WireAddr::new(ip, d.anc.ifindex),
                     None => bound,
@@ -93,45 +74,77 @@ impl UdpWire {
                     tclass: d.anc.tclass,
                     hop_limit: d.anc.hop_limit,
                 };
-                let data = d.data;
-                let mut inj =
-                    (self.recv_faults.as_deref_mut()).filter(|f| f.applies_to(arrival.local.ip()));
-                let times = match (inj.as_deref_mut(), now) {
-                    (Some(inj), Some(now)) => {
-                        let verdict = inj.judge(data);
-                        match verdict {
-                            Verdict::Pass => 1,
-                            Verdict::Duplicate => 2,
-                            Verdict::Drop => 0,
-                            Verdict::Hold { .. } => {
-                                if inj.hold(now, data, (arrival, src_port), verdict) {
-                                    0
-                                } else {
-                                    1
+                // Under UDP GRO one receive holds a run of one flow's datagrams, each
+                // `gro_size` long but the last; segment j of a GSO message has IPv4
+                // Identification j.
+                let whole = d.data;
+                if whole.is_empty() {
+                    self.stats.malformed += 1;
+                    continue;
+                }
+                let seg = match usize::from(d.anc.gro_size) {
+                    0 => whole.len().max(1),
+                    s => s,
+                };
+                for (j, data) in whole.chunks_mut(seg).enumerate() {
+                    let member = self.locals[i].member.as_ref();
+                    let other = match (mine, steer::dest(data)) {
+                        (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
+                        (Some(mine), Dest::Comm(s)) if s != mine => member
+                            .map_or(true, |m| m.has_member(s))
+                            .then_some(Misdelivered::Slot(s)),
+                        // A REQ whose listener is another process's (the program was stale:
+                        // a member came or went): not ours to refuse with REJ 8.
+                        (Some(_), Dest::Service(sid)) => member
+                            .is_some_and(|m| m.listener_elsewhere(sid))
+                            .then_some(Misdelivered::Service(sid)),
+                        _ => None,
+                    };
+                    if let Some(m) = other {
+                        self.stats.misdelivered += 1;
+                        tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
+                        evidence = Some(m);
+                        continue;
+                    }
+                    let mut inj = (self.recv_faults.as_deref_mut())
+                        .filter(|f| f.applies_to(arrival.local.ip()));
+                    let times = match (inj.as_deref_mut(), now) {
+                        (Some(inj), Some(now)) => {
+                            let verdict = inj.judge(data);
+                            match verdict {
+                                Verdict::Pass => 1,
+                                Verdict::Duplicate => 2,
+                                Verdict::Drop => 0,
+                                Verdict::Hold { .. } => {
+                                    if inj.hold(now, data, (arrival, src_port), verdict) {
+                                        0
+                                    } else {
+                                        1
+                                    }
                                 }
                             }
                         }
+                        _ => 1,
+                    };
+                    if times > 0 {
+                        if let Some(inj) = inj {
+                            inj.passed();
+                        }
+                        let place = u16::try_from(j).unwrap_or(0);
+                        if !accept(
+                            &mut self.checker,
+                            &mut self.stats,
+                            port,
+                            (&arrival, src_port, place),
+                            data,
+                        ) {
+                            continue;
+                        }
                     }
-                    _ => 1,
-                };
-                if times > 0 {
-                    if let Some(inj) = inj {
-                        inj.passed();
+                    for _ in 0..times {
+                        deliver(&arrival, data);
+                        delivered += 1;
                     }
-                    if !accept(
-                        &mut self.checker,
-                        &mut self.stats,
-                        port,
-                        &arrival,
-                        src_port,
-                        data,
-                    ) {
-                        continue;
-                    }
-                }
-                for _ in 0..times {
-                    deliver(&arrival, data);
-                    delivered += 1;
                 }
             }
             match evidence {
@@ -143,7 +156,7 @@ impl UdpWire {
         if let (Some(inj), Some(now)) = (self.recv_faults.as_deref_mut(), now) {
             let (checker, stats) = (&mut self.checker, &mut self.stats);
             inj.release(now, &mut |(arrival, src_port), data| {
-                if accept(checker, stats, port, &arrival, src_port, data) {
+                if accept(checker, stats, port, (&arrival, src_port, 0), data) {
                     deliver(&arrival, data);
                     delivered += 1;
                 }
@@ -158,17 +171,23 @@ impl UdpWire {
     }
 }
 
-/// Checks the ICRC of a received datagram, counting what it finds.
+/// Checks the ICRC of a received datagram, counting what it finds; `place` is its position in
+/// a UDP GRO receive (0: first or alone).
 fn accept(
     checker: &mut IcrcChecker,
     stats: &mut WireStats,
     port: u16,
-    arrival: &Arrival,
-    src_port: u16,
+    (arrival, src_port, place): (&Arrival, u16, u16),
     data: &[u8],
 ) -> bool {
-    let verdict = icrc::encap(arrival.remote, arrival.local, src_port, port)
-        .and_then(|encap| checker.check(&encap, data));
+    let encap = icrc::encap(arrival.remote, arrival.local, src_port, port);
+    if let Some(e) = encap.filter(|_| place > 0) {
+        if checker.exact(&icrc::with_identification(e, place), data) {
+            stats.gro_coalesced += 1;
+            return true;
+        }
+    }
+    let verdict = encap.and_then(|encap| checker.check(&encap, data));
     match verdict {
         Some(IcrcOk::Exact) => true,
         Some(IcrcOk::RecoveredId(_)) => {
