@@ -7,22 +7,11 @@ use std::time::{Duration, Instant};
 
 use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
 
+mod common;
+use common::send_only as packet;
+
 fn addr(s: &str) -> WireAddr {
     s.parse().unwrap()
-}
-
-/// An RC SEND_ONLY packet of `len` bytes (ICRC room included) carrying `tag`.
-fn packet(tag: u16, len: usize) -> Vec<u8> {
-    let mut p = vec![0u8; len];
-    p[0] = 0x04;
-    p[2..4].copy_from_slice(&[0xff, 0xff]);
-    p[7] = 0x11;
-    p[8..12].copy_from_slice(&u32::from(tag).to_be_bytes());
-    p[12..14].copy_from_slice(&tag.to_be_bytes());
-    for (i, b) in p[14..len - 4].iter_mut().enumerate() {
-        *b = (i as u8) ^ (tag as u8);
-    }
-    p
 }
 
 /// Receives on `b` until `want` packets came or 5 s passed: (tag, bytes).
@@ -110,7 +99,7 @@ fn gso_send(sock: &UdpSocket, to: &str, buf: &[u8], seg: u16) {
         libc::setsockopt(
             sock.as_raw_fd(),
             libc::SOL_UDP,
-            103, // UDP_SEGMENT
+            libc::UDP_SEGMENT,
             (&v as *const i32).cast(),
             std::mem::size_of::<i32>() as libc::socklen_t,
         )

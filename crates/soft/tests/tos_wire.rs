@@ -9,19 +9,11 @@ use std::time::{Duration, Instant};
 
 use rdma_soft::io::{DatagramWire, FaultSpec, TxMeta, UdpConfig, UdpWire, WireAddr};
 
+mod common;
+use common::send_only as packet;
+
 fn addr(s: &str) -> WireAddr {
     s.parse().unwrap()
-}
-
-/// An RC SEND_ONLY packet of `len` bytes (ICRC room included) carrying `tag` in its payload.
-fn packet(tag: u16, len: usize) -> Vec<u8> {
-    let mut p = vec![0u8; len];
-    p[0] = 0x04;
-    p[2..4].copy_from_slice(&[0xff, 0xff]);
-    p[7] = 0x11;
-    p[8..12].copy_from_slice(&u32::from(tag).to_be_bytes());
-    p[12..14].copy_from_slice(&tag.to_be_bytes());
-    p
 }
 
 /// Sends `classes.len()` equal-size packets from `la` to `lb` in one batch (GSO would group

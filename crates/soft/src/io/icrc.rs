@@ -43,8 +43,6 @@ pub(crate) fn encap(src: WireAddr, dst: WireAddr, sport: u16, dport: u16) -> Opt
     Some(Encap::new(ip, sport, dport))
 }
 
-/// Writes the ICRC into the last 4 bytes of `packet`. False when the packet is shorter than a
-/// BTH plus ICRC or the addresses are of different families.
 /// `encap` for a datagram whose IPv4 Identification is `id` (IPv6 has none: unchanged).
 pub(crate) fn with_identification(encap: Encap, id: u16) -> Encap {
     match encap.ip {
@@ -59,6 +57,19 @@ pub(crate) fn with_identification(encap: Encap, id: u16) -> Encap {
     }
 }
 
+/// Whether `packet`'s ICRC holds for exactly the outer headers `encap` (what [`seal`] wrote).
+pub(crate) fn holds(encap: &Encap, packet: &[u8]) -> bool {
+    let (Ok(found), Some(body)) = (
+        icrc::stored(packet),
+        packet.len().checked_sub(ICRC_LEN).map(|n| &packet[..n]),
+    ) else {
+        return false;
+    };
+    encap.compute(body).is_ok_and(|c| c == found)
+}
+
+/// Writes the ICRC into the last 4 bytes of `packet`. False when the packet is shorter than a
+/// BTH plus ICRC or the addresses are of different families.
 pub(crate) fn seal(encap: &Encap, packet: &mut [u8]) -> bool {
     let Some(body) = packet.len().checked_sub(ICRC_LEN) else {
         return false;
@@ -92,28 +103,15 @@ impl IcrcChecker {
         slot.as_ref()
     }
 
-    /// Whether `packet`'s ICRC holds for exactly the outer headers `encap`.
-    pub fn exact(&self, encap: &Encap, packet: &[u8]) -> bool {
-        let (Ok(found), Some(body)) = (
-            icrc::stored(packet),
-            packet.len().checked_sub(ICRC_LEN).map(|n| &packet[..n]),
-        ) else {
-            return false;
-        };
-        encap.compute(body).is_ok_and(|c| c == found)
-    }
-
     /// Checks the ICRC of a received `packet` whose outer headers are `encap` except, for IPv4,
     /// the Identification and flags.
     pub fn check(&mut self, encap: &Encap, packet: &[u8]) -> Option<IcrcOk> {
-        let found = icrc::stored(packet).ok()?;
-        let body = &packet[..packet.len().checked_sub(ICRC_LEN)?];
         let v4 = match encap.ip {
-            IpInfo::V6(_) => {
-                return (encap.compute(body).ok()? == found).then_some(IcrcOk::Exact);
-            }
+            IpInfo::V6(_) => return holds(encap, packet).then_some(IcrcOk::Exact),
             IpInfo::V4(v4) => v4,
         };
+        let found = icrc::stored(packet).ok()?;
+        let body = &packet[..packet.len().checked_sub(ICRC_LEN)?];
         for flags_frag in [Ipv4Info::DF, 0] {
             let e = Encap {
                 ip: IpInfo::V4(Ipv4Info {

@@ -83,7 +83,7 @@ impl UdpWire {
                     continue;
                 }
                 let seg = match usize::from(d.anc.gro_size) {
-                    0 => whole.len().max(1),
+                    0 => whole.len(),
                     s => s,
                 };
                 for (j, data) in whole.chunks_mut(seg).enumerate() {
@@ -182,7 +182,7 @@ fn accept(
 ) -> bool {
     let encap = icrc::encap(arrival.remote, arrival.local, src_port, port);
     if let Some(e) = encap.filter(|_| place > 0) {
-        if checker.exact(&icrc::with_identification(e, place), data) {
+        if icrc::holds(&icrc::with_identification(e, place), data) {
             stats.gro_coalesced += 1;
             return true;
         }

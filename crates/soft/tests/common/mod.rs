@@ -7,6 +7,22 @@ use std::time::{Duration, Instant};
 use rdma_soft::io::{FaultSpec, UdpConfig, UdpWire, WireAddr};
 use rdma_soft::verbs::*;
 
+/// A raw RC SEND_ONLY packet of `len` bytes (ICRC room included) to QPN 0x11 with `tag` as
+/// its PSN and first payload bytes, the rest a pattern of the tag: for tests of the UDP wire
+/// itself (no QP behind it).
+pub fn send_only(tag: u16, len: usize) -> Vec<u8> {
+    let mut p = vec![0u8; len];
+    p[0] = 0x04;
+    p[2..4].copy_from_slice(&[0xff, 0xff]);
+    p[7] = 0x11;
+    p[8..12].copy_from_slice(&u32::from(tag).to_be_bytes());
+    p[12..14].copy_from_slice(&tag.to_be_bytes());
+    for (i, b) in p[14..len - 4].iter_mut().enumerate() {
+        *b = (i as u8) ^ (tag as u8);
+    }
+    p
+}
+
 /// Bytes to move per test: `RDMA_SOFT_BYTES` (default 64 MiB), rounded up to whole chunks.
 pub fn bytes_from_env(default: usize) -> usize {
     let n = std::env::var("RDMA_SOFT_BYTES")
