@@ -34,7 +34,7 @@ pub struct UdpConfig {
     /// UDP GRO on receive (`UDP_GRO`): the kernel hands over up to 64 KiB of one flow's
     /// datagrams in one receive, which the wire splits (segment k checked for IPv4
     /// Identification k, as a GSO sender seals it). The receive buffers then take 64 KiB each
-    /// (2 MiB for a batch of 32). `RDMA_SOFT_GRO=0` turns it off.
+    /// (2 MiB for a batch of 32). `RDMA_SOFT_GRO=0` (or `off`, `no`, `false`) turns it off.
     pub gro: bool,
     /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
     /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
@@ -73,9 +73,18 @@ impl UdpConfig {
         Ok(UdpConfig {
             faults: FaultSpec::from_env()?,
             host_local: super::local::enabled_by_env(),
-            gro: std::env::var("RDMA_SOFT_GRO").map_or(true, |v| v.trim() != "0"),
+            gro: switch_on("RDMA_SOFT_GRO"),
             local_ring: super::local::ring_size_from_env()?,
             ..UdpConfig::default()
         })
     }
+}
+
+/// An on/off environment switch, on unless set to `0`, `off`, `no` or `false` (blanks
+/// around it ignored).
+pub(crate) fn switch_on(var: &str) -> bool {
+    !matches!(
+        std::env::var(var).as_deref().map(str::trim),
+        Ok("0" | "off" | "no" | "false")
+    )
 }

@@ -92,10 +92,7 @@ impl HostPeer {
 
 /// Whether `RDMA_SOFT_LOCAL_WIRE` leaves the host-local wire on (the default).
 pub fn enabled_by_env() -> bool {
-    !matches!(
-        std::env::var(LOCAL_WIRE_ENV).as_deref(),
-        Ok("0") | Ok("off") | Ok("no") | Ok("false")
-    )
+    super::udp_config::switch_on(LOCAL_WIRE_ENV)
 }
 
 /// The ring size from `RDMA_SOFT_LOCAL_RING`, or the default; an error names the variable.
