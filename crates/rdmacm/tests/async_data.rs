@@ -360,3 +360,69 @@ async fn disconnect_lets_the_sends_in_flight_land() {
         Err(Error::Closed(CloseReason::PeerDisconnected))
     ));
 }
+
+fn acks_sent(c: &Connection) -> u64 {
+    c.qp().transport_stats().unwrap().responses_sent
+}
+
+/// Sends of a ping-pong ask for an ACK only every `WINDOW / 2` messages (the rest are
+/// retired by those ACKs), so the peer's responder sends a fraction of one ACK per
+/// message; every message still arrives byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_pong_asks_for_few_acks() {
+    let (c, s) = pair("127.0.60.13").await;
+    let s = Arc::new(s);
+    let s2 = s.clone();
+    let echo = tokio::spawn(async move {
+        while let Ok(m) = s2.recv().await {
+            if s2.send(&m).await.is_err() {
+                break;
+            }
+        }
+    });
+    const N: u32 = 400;
+    for i in 0..N {
+        let msg = pattern(i, 100 + i as usize);
+        within("send", c.send(&msg)).await.unwrap();
+        let got = within("echo", c.recv()).await.unwrap();
+        assert!(got == msg, "message {i}: echo differs");
+    }
+    within("flush", c.flush()).await;
+    let (to_client, to_server) = (acks_sent(&s), acks_sent(&c));
+    // One ACK per signaled send (every WINDOW / 2), plus the transport's own asks (the
+    // first message in an eighth of the ACK timeout) and the flush's fence.
+    let most = (N / (WINDOW / 2)) as u64 * 2 + 16;
+    assert!(
+        to_client <= most && to_server <= most,
+        "ACKs for {N} messages each way: {to_client} to the client, {to_server} to the \
+         server (at most {most})"
+    );
+    within("disconnect", c.disconnect()).await.unwrap();
+    within("server loop ends", echo).await.unwrap();
+}
+
+/// A flush after sends that asked for no completion of their own returns: it posts a
+/// fence (a zero-length WRITE) whose completion reports them done. Without it, nothing
+/// would ever report them and the flush would wait forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_after_unsignaled_sends_returns() {
+    let (c, s) = pair("127.0.60.14").await;
+    for round in 0..5u32 {
+        // fewer than WINDOW / 2: none of them asks for a completion
+        for i in 0..3 {
+            c.send(&pattern(round * 10 + i, 4096)).await.unwrap();
+        }
+        within("flush", c.flush()).await;
+        for i in 0..3 {
+            let m = within("recv", s.recv()).await.unwrap();
+            assert!(
+                m == pattern(round * 10 + i, 4096),
+                "round {round} message {i}"
+            );
+        }
+    }
+    // the peer's QP took the fences without an error
+    assert!(c.close_reason().is_none() && s.close_reason().is_none());
+    assert_eq!(c.qp().state(), QpState::Rts);
+    within("disconnect", c.disconnect()).await.unwrap();
+}

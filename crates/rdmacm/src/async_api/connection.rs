@@ -477,10 +477,11 @@ impl Connection {
             tokio::pin!(n);
             n.as_mut().enable();
             {
-                let st = self.sh.lock();
+                let mut st = self.sh.lock();
                 if st.closed.is_some() || st.sends_idle() {
                     return;
                 }
+                self.sh.fence(&mut st);
             }
             self.wait(n).await;
         }

@@ -18,6 +18,7 @@ impl Shared {
     /// and a buffer are free.
     pub(super) fn post_message(&self, st: &mut State, msg: &[u8]) -> Result<()> {
         let p = &self.parts;
+        let signaled = st.signal_next_send();
         let slot = st.free_send.pop().expect("checked by the caller");
         let off = slot as usize * MAX_MESSAGE;
         let r = p.send_mr.write(off, msg).and_then(|()| {
@@ -26,8 +27,10 @@ impl Shared {
                 SendOp::SendWithImm {
                     imm: st.ret_data | (st.ret_ctrl << 16),
                 },
-            )
-            .signaled();
+            );
+            if signaled {
+                wr = wr.signaled();
+            }
             if !msg.is_empty() {
                 wr = wr.with_sge(p.send_mr.sge(off, msg.len() as u32)?);
             }
@@ -35,6 +38,7 @@ impl Shared {
         });
         match r {
             Ok(()) => {
+                st.posted(tag(TAG_SEND, slot), (!signaled).then_some(slot));
                 st.send_len[slot as usize] = msg.len() as u32;
                 st.take_returns();
                 st.data_credits -= 1;

@@ -145,6 +145,7 @@ impl Connection {
                     let imm = st.ret_data | (st.ret_ctrl << 16);
                     match make(id, imm).and_then(|wr| Ok(self.sh.parts.qp.post_send(&wr)?)) {
                         Ok(()) => {
+                            st.posted(id, None);
                             if message {
                                 st.take_returns();
                                 st.data_credits -= 1;

@@ -12,6 +12,11 @@ use tokio::sync::Notify;
 
 use super::setup::Parts;
 use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT, WINDOW};
+
+/// At most this many SENDs in a row go unsignaled ([`State::signal_next_send`]).
+pub(super) const SIGNAL_EVERY: u32 = WINDOW / 2;
+/// The slot of the fence's wr_id (tag [`TAG_CTRL`]; credit messages use slot 0).
+const FENCE: u32 = 1;
 use crate::channel::EventChannel;
 use crate::error::CloseReason;
 use crate::event::Event;
@@ -54,6 +59,12 @@ pub(super) struct State {
     /// Send buffers whose message completed in error (flushed by a close), in completion
     /// order: what [`super::Connection::reconnect`] hands back.
     pub flushed: Vec<u32>,
+    /// The send queue as posted by this layer, oldest first: each WR's id, and the send
+    /// buffer of an unsignaled SEND (retired, with no completion of its own, by the
+    /// completion of any later WR: an RC send queue completes in order).
+    pub sq: VecDeque<(u64, Option<u32>)>,
+    /// Unsignaled SENDs posted since the last signaled WR.
+    pub unsignaled_tail: u32,
 }
 
 impl State {
@@ -77,7 +88,50 @@ impl State {
             wakers: Vec::new(),
             send_len: vec![0; WINDOW as usize],
             flushed: Vec::new(),
+            sq: VecDeque::new(),
+            unsignaled_tail: 0,
         }
+    }
+
+    /// Whether the next SEND of a send buffer asks for a completion: every
+    /// [`SIGNAL_EVERY`]th one, and the one that takes the last free buffer (so that a
+    /// sender out of buffers always waits for a completion that frees some). The others
+    /// ask for no ACK of their own (the transport's ACKs on demand): a ping-pong moves one
+    /// record per message instead of two, and wakes no one for an ACK.
+    pub fn signal_next_send(&self) -> bool {
+        self.unsignaled_tail + 1 >= SIGNAL_EVERY || self.free_send.len() <= 1
+    }
+
+    /// Records a posted WR in the mirror of the send queue.
+    pub fn posted(&mut self, wr_id: u64, unsignaled_slot: Option<u32>) {
+        self.sq.push_back((wr_id, unsignaled_slot));
+        match unsignaled_slot {
+            Some(_) => self.unsignaled_tail += 1,
+            None => self.unsignaled_tail = 0,
+        }
+    }
+
+    /// A send-queue completion for `wr_id`: the unsignaled SENDs posted before it are done
+    /// (their buffers are free again). Ids this layer did not post (a WR the application
+    /// posted on [`super::Connection::qp`]) retire nothing.
+    fn retire_through(&mut self, wr_id: u64) {
+        let Some(pos) = self.sq.iter().position(|e| e.0 == wr_id) else {
+            return;
+        };
+        for (_, slot) in self.sq.drain(..=pos).take(pos) {
+            if let Some(slot) = slot {
+                self.free_send.push(slot);
+            }
+        }
+        if self.sq.is_empty() {
+            self.unsignaled_tail = 0;
+        }
+    }
+
+    /// Whether unsignaled SENDs wait for a later signaled WR to report them done
+    /// ([`Shared::fence`] posts one).
+    pub fn needs_fence(&self) -> bool {
+        self.unsignaled_tail > 0
     }
 
     fn peer_credits_at_most(&self) -> u64 {
@@ -157,7 +211,32 @@ impl Shared {
         let imm = IMM_CTRL | st.take_returns();
         let wr = SendWr::new(tag(TAG_CTRL, 0), SendOp::SendWithImm { imm }).signaled();
         match self.parts.qp.post_send(&wr) {
-            Ok(()) => st.ctrl_credits -= 1,
+            Ok(()) => {
+                st.ctrl_credits -= 1;
+                st.posted(wr.wr_id, None);
+            }
+            Err(e) => self.close(st, CloseReason::PostFailed(e.to_string())),
+        }
+    }
+
+    /// Posts a signaled zero-length RDMA WRITE after unsignaled SENDs, so that their end
+    /// is reported (a flush waits for it). A zero-length WRITE names no memory: the peer
+    /// checks no key (IBA 9.7.4.1.5), only that its QP allows remote writes, as every QP
+    /// the CM sets up does (Linux's included).
+    pub fn fence(&self, st: &mut State) {
+        if st.closed.is_some() || !st.needs_fence() {
+            return;
+        }
+        let wr = SendWr::new(
+            tag(TAG_CTRL, FENCE),
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        )
+        .signaled();
+        match self.parts.qp.post_send(&wr) {
+            Ok(()) => st.posted(wr.wr_id, None),
             Err(e) => self.close(st, CloseReason::PostFailed(e.to_string())),
         }
     }
@@ -165,6 +244,9 @@ impl Shared {
     fn on_completion(&self, st: &mut State, c: &Completion) -> Option<WcStatus> {
         let kind = c.wr_id >> TAG_SHIFT;
         let slot = (c.wr_id & ((1 << TAG_SHIFT) - 1)) as u32;
+        if kind != TAG_RECV {
+            st.retire_through(c.wr_id);
+        }
         if kind == TAG_OP {
             let id = c.wr_id & ((1 << TAG_SHIFT) - 1);
             if let Some(op) = st.ops.get_mut(&id) {
@@ -232,10 +314,18 @@ impl Shared {
     /// whichever task drains.
     pub fn drain(&self, buf: &mut Vec<Completion>) -> Option<WcStatus> {
         let mut failed = None;
+        // The device is driven only when nothing was queued: after a batch, what is left
+        // is the engine's (driving again cost a receive's system call per wake-up).
+        let mut took = false;
         loop {
             let mut st = self.lock();
             buf.clear();
-            if self.parts.cq.poll_once(buf, 64) == 0 {
+            let n = match took {
+                false => self.parts.cq.poll_once(buf, 64),
+                true => self.parts.cq.poll_queued(buf, 64),
+            };
+            took |= n > 0;
+            if n == 0 {
                 // About to sleep: arm, then look once more (a completion may have come in
                 // between).
                 if self.parts.cq.req_notify(false).is_err()

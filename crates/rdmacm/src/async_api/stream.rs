@@ -91,6 +91,7 @@ impl RdmaStream {
                 if let Some(why) = &st.closed {
                     return Poll::Ready(Err(io_error(Error::Closed(why.clone()))));
                 }
+                sh.fence(&mut st);
                 st.register(cx.waker());
             }
             if sh.poll_completions(cx, self.conn.id()).is_pending() {
