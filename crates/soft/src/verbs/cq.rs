@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use rdma_proto::verbs::Completion;
 
+use super::cq_wake::{self, Wake};
 use super::device::DeviceShared;
 use super::ring::Ring;
 use crate::{Error, Result};
@@ -285,9 +286,9 @@ impl CompletionQueue {
             let ws =
                 std::mem::take(&mut *self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner()));
             if !ws.is_empty() {
-                ws.into_iter().for_each(Waker::wake);
+                ws.into_iter().for_each(|w| cq_wake::wake(Wake::Task(w)));
             } else if let Some(ch) = &self.inner.channel {
-                ch.signal(Arc::downgrade(&self.inner));
+                cq_wake::wake(Wake::Channel(ch.clone(), Arc::downgrade(&self.inner)));
             }
         }
         Ok(())
@@ -343,7 +344,7 @@ impl CompletionChannel {
 
     /// Queues an event for `cq`; the fd becomes readable. Done under the lock so that the fd is
     /// readable exactly while events are pending.
-    fn signal(&self, cq: Weak<CqShared>) {
+    pub(super) fn signal(&self, cq: Weak<CqShared>) {
         let mut q = self.lock();
         q.push_back(cq);
         self.inner.efd.signal();

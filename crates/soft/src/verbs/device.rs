@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 
 use super::cq::{CompletionChannel, CompletionQueue};
+use super::cq_wake;
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::port::{PortAttr, PortConfig, PortState};
@@ -172,8 +173,14 @@ pub(crate) struct DeviceShared {
 }
 
 impl DeviceShared {
-    pub(crate) fn runtime(&self) -> MutexGuard<'_, Runtime> {
-        self.rt.lock().unwrap_or_else(|e| e.into_inner())
+    /// The runtime, locked; the CQ wake-ups of what is done under it fire after the lock
+    /// is released ([`super::cq_wake`]).
+    pub(crate) fn runtime(&self) -> RtGuard<'_> {
+        let wakes = cq_wake::hold();
+        RtGuard {
+            rt: self.rt.lock().unwrap_or_else(|e| e.into_inner()),
+            _wakes: wakes,
+        }
     }
 
     pub(crate) fn cfg(&self) -> RwLockReadGuard<'_, DeviceConfig> {
@@ -185,12 +192,14 @@ impl DeviceShared {
     }
 
     /// The runtime if no other thread holds it (a poisoned lock is taken as it is).
-    fn try_runtime(&self) -> Option<MutexGuard<'_, Runtime>> {
-        match self.rt.try_lock() {
-            Ok(g) => Some(g),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
+    fn try_runtime(&self) -> Option<RtGuard<'_>> {
+        let wakes = cq_wake::hold();
+        let rt = match self.rt.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(RtGuard { rt, _wakes: wakes })
     }
 
     pub(crate) fn rt_try_lock(&self) -> std::sync::TryLockResult<MutexGuard<'_, Runtime>> {
@@ -366,6 +375,26 @@ impl Drop for DeviceShared {
 }
 
 /// How a thread other than the engine drives the device.
+/// The locked runtime ([`DeviceShared::runtime`]): the lock is released before the held
+/// CQ wake-ups fire (fields drop in order).
+pub(crate) struct RtGuard<'a> {
+    rt: MutexGuard<'a, Runtime>,
+    _wakes: cq_wake::Hold,
+}
+
+impl std::ops::Deref for RtGuard<'_> {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        &self.rt
+    }
+}
+
+impl std::ops::DerefMut for RtGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Runtime {
+        &mut self.rt
+    }
+}
+
 enum Drive {
     /// Once ([`Runtime::progress`]).
     Plain,

@@ -9,6 +9,7 @@
 mod async_event;
 mod async_tap;
 mod cq;
+mod cq_wake;
 mod device;
 mod host_local;
 mod mr;

@@ -95,6 +95,49 @@ impl Bell {
         Ok(())
     }
 
+    /// A socket connected to the bell at `path`, for [`Bell::ring`]: a wake-up through it
+    /// costs no path lookup (a `sendmsg` to a name walks the path every time).
+    pub fn connect(path: &Path) -> std::io::Result<OwnedFd> {
+        let (addr, len) = sockaddr(path)?;
+        // SAFETY: plain socket; checked.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: a live sockaddr of `len` bytes.
+        if unsafe { libc::connect(raw, (&addr as *const libc::sockaddr_un).cast(), len) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+
+    /// Sends the one-byte `msg` through a socket from [`Bell::connect`]. Fails with
+    /// `ECONNREFUSED` when the bell's owner closed it (died), `EAGAIN` when its queue is
+    /// full.
+    pub fn ring(conn: BorrowedFd<'_>, msg: u8) -> std::io::Result<()> {
+        // SAFETY: a one-byte live buffer; MSG_DONTWAIT: a full queue is an error.
+        let n = unsafe {
+            libc::send(
+                conn.as_raw_fd(),
+                (&msg as *const u8).cast(),
+                1,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Receives every queued message (at most `max`), each with the fd it carried: one
     /// `recvmmsg` per [`BATCH`] messages (a wake-up usually finds one or two).
     pub fn drain(&self, max: usize, mut each: impl FnMut(&[u8], Option<OwnedFd>)) {

@@ -21,6 +21,7 @@
 mod bell;
 mod ring;
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use bell::Bell;
@@ -139,6 +140,8 @@ struct Out {
     peer: HostPeer,
     ring: Ring,
     path: PathBuf,
+    /// Connected to the peer's bell ([`Bell::connect`]) at the first wake-up.
+    wake: Option<std::os::fd::OwnedFd>,
     /// Published since the last flush.
     dirty: bool,
     /// Its bell refused: the peer wire is gone.
@@ -248,6 +251,7 @@ impl HostLocal {
             peer,
             ring,
             path,
+            wake: None,
             dirty: false,
             dead: false,
         });
@@ -331,7 +335,15 @@ impl HostLocal {
                 continue;
             }
             self.stats.bells += 1;
-            match self.bell.send(&o.path, &[MSG_WAKE], None) {
+            let sent = match &o.wake {
+                Some(fd) => Bell::ring(fd.as_fd(), MSG_WAKE),
+                None => Bell::connect(&o.path).and_then(|fd| {
+                    Bell::ring(fd.as_fd(), MSG_WAKE)?;
+                    o.wake = Some(fd);
+                    Ok(())
+                }),
+            };
+            match sent {
                 Ok(()) => {}
                 // its queue is full of wake-ups: it will wake
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
