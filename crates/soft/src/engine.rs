@@ -6,11 +6,12 @@
 //! timeout; an idle process costs nothing. When an fd fires or a deadline passes it calls
 //! the source's [`Source::run`] in the engine thread.
 //!
-//! Every fd is registered `EPOLLONESHOT`: after it fires it stays disarmed until the source
-//! has run, so a source can leave its fds to another thread for a while
-//! ([`Run::Deferred`]: a caller busy-polling a CQ drives the device inline, and the engine
-//! only checks back at the given time instead of fighting it for the lock on every
-//! datagram).
+//! Fds are level-triggered and stay armed while their source runs (a source that leaves
+//! its fd readable runs again at once, and no re-arming costs a system call per wake-up).
+//! A source can leave its fds to another thread for a while ([`Run::Deferred`]: a caller
+//! busy-polling a CQ drives the device inline, and the engine only checks back at the
+//! given time instead of fighting it for the lock on every datagram): its fds are then
+//! disarmed until a run returns [`Run::Idle`].
 //!
 //! Deadlines: each source has a wake time ([`Registration::set_wake`],
 //! [`Registration::wake_by`]). Lowering it below what the engine sleeps towards rings the
@@ -95,7 +96,7 @@ struct Entry {
     fds: Vec<(RawFd, bool)>,
     /// Fds that fired since the source last ran.
     fired: Vec<RawFd>,
-    /// Deferred: the fired fds stay disarmed until a run returns [`Run::Idle`].
+    /// Deferred: the fds are disarmed until a run returns [`Run::Idle`].
     deferred: bool,
 }
 
@@ -233,9 +234,10 @@ impl Engine {
         self.wakeups.load(Ordering::Relaxed)
     }
 
-    fn ctl(&self, op: i32, fd: RawFd, token: u64) -> std::io::Result<()> {
+    /// `op` on `fd` with `token`, armed (level-triggered) or not.
+    fn ctl(&self, op: i32, fd: RawFd, token: u64, armed: bool) -> std::io::Result<()> {
         let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLONESHOT) as u32,
+            events: if armed { libc::EPOLLIN as u32 } else { 0 },
             u64: token,
         };
         // SAFETY: a live event struct; the fd is the caller's, valid while registered.
@@ -293,11 +295,8 @@ impl Engine {
                     }
                     let (id, fd) = (token >> 32, token as u32 as RawFd);
                     if let Some(e) = t.entries.get_mut(&id) {
-                        if let Some(f) = e.fds.iter_mut().find(|f| f.0 == fd) {
-                            f.1 = false;
-                            if !e.fired.contains(&fd) {
-                                e.fired.push(fd);
-                            }
+                        if e.fds.iter().any(|f| f.0 == fd) && !e.fired.contains(&fd) {
+                            e.fired.push(fd);
                         }
                     }
                 }
@@ -350,24 +349,16 @@ impl Engine {
                 let Some(e) = t.entries.get_mut(&id) else {
                     continue;
                 };
-                match r {
-                    Run::Idle => {
-                        e.deferred = false;
-                        let to_arm: Vec<RawFd> = e
-                            .fds
-                            .iter()
-                            .filter(|f| !f.1)
-                            .map(|f| f.0)
-                            .chain(fired.iter().copied())
-                            .collect();
-                        for fd in to_arm {
-                            if let Some(f) = e.fds.iter_mut().find(|f| f.0 == fd && !f.1) {
-                                f.1 = self
-                                    .ctl(libc::EPOLL_CTL_MOD, fd, (id << 32) | fd as u32 as u64)
-                                    .is_ok();
-                            }
-                        }
+                // Armed fds stay armed (level-triggered); only a deferral disarms them.
+                let arm = matches!(r, Run::Idle);
+                for f in e.fds.iter_mut().filter(|f| f.1 != arm) {
+                    let token = (id << 32) | f.0 as u32 as u64;
+                    if self.ctl(libc::EPOLL_CTL_MOD, f.0, token, arm).is_ok() {
+                        f.1 = arm;
                     }
+                }
+                match r {
+                    Run::Idle => e.deferred = false,
                     Run::Deferred(at) => {
                         e.deferred = true;
                         e.fired.extend(fired);
@@ -418,14 +409,21 @@ impl Registration {
         if e.fds.iter().any(|f| f.0 == fd) {
             return Ok(());
         }
+        // a deferred source's fds wait, disarmed, for its next idle run
+        let armed = !e.deferred;
         self.engine
-            .ctl(libc::EPOLL_CTL_ADD, fd, (self.id << 32) | fd as u32 as u64)
+            .ctl(
+                libc::EPOLL_CTL_ADD,
+                fd,
+                (self.id << 32) | fd as u32 as u64,
+                armed,
+            )
             .map_err(|source| Error::Os {
                 op: "epoll_ctl (progress engine)",
                 addr: None,
                 source,
             })?;
-        e.fds.push((fd, true));
+        e.fds.push((fd, armed));
         Ok(())
     }
 
