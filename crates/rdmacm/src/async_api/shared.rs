@@ -13,6 +13,11 @@ use tokio::sync::Notify;
 use super::setup::Parts;
 use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT, WINDOW};
 
+thread_local! {
+    /// The completions buffer of [`Shared::on_queued`].
+    static SCRATCH: std::cell::RefCell<Vec<Completion>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// At most this many SENDs in a row go unsignaled ([`State::signal_next_send`]).
 pub(super) const SIGNAL_EVERY: u32 = WINDOW / 2;
 /// The slot of the fence's wr_id (tag [`TAG_CTRL`]; credit messages use slot 0).
@@ -350,7 +355,12 @@ impl Shared {
 
     /// Takes the CQ's completions ([`CqWait`] said some are queued).
     pub fn on_queued(&self, id: Option<&CmId>) {
-        if self.drain(&mut Vec::with_capacity(64)).is_some() {
+        // A per-thread buffer: no allocation per wake-up.
+        let failed = SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut buf) => self.drain(&mut buf),
+            Err(_) => self.drain(&mut Vec::with_capacity(64)),
+        });
+        if failed.is_some() {
             if let Some(id) = id {
                 self.disconnect_id(id);
             }

@@ -283,12 +283,17 @@ impl CompletionQueue {
                 .compare_exchange(armed, DISARMED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            let ws =
-                std::mem::take(&mut *self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner()));
-            if !ws.is_empty() {
-                ws.into_iter().for_each(|w| cq_wake::wake(Wake::Task(w)));
-            } else if let Some(ch) = &self.inner.channel {
-                cq_wake::wake(Wake::Channel(ch.clone(), Arc::downgrade(&self.inner)));
+            // Drained in place (the list keeps its allocation); under a runtime guard the
+            // wake-ups only queue, so none runs under this lock.
+            let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
+            let any = !ws.is_empty();
+            ws.drain(..).for_each(|w| cq_wake::wake(Wake::Task(w)));
+            drop(ws);
+            match &self.inner.channel {
+                Some(ch) if !any => {
+                    cq_wake::wake(Wake::Channel(ch.clone(), Arc::downgrade(&self.inner)))
+                }
+                _ => {}
             }
         }
         Ok(())

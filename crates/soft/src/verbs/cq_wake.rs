@@ -63,7 +63,12 @@ impl Drop for Hold {
         HOLDING.with(|h| h.set(false));
         // Taken out first: a wake-up that pushes again (it should not) cannot re-enter the
         // borrow. The list keeps its capacity for the next drive.
-        let mut list = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+        let Some(mut list) = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            (!h.is_empty()).then(|| std::mem::take(&mut *h))
+        }) else {
+            return;
+        };
         for w in list.drain(..) {
             w.fire();
         }
