@@ -69,6 +69,8 @@ impl UdpWire {
             return None;
         }
         let me = l.me();
+        let mut l = l;
+        l.set_epoll(self.epoll.as_raw_fd());
         self.local.wire = Some(l);
         Some(me)
     }
@@ -185,7 +187,8 @@ impl UdpWire {
 }
 
 /// Whether the bell (`bell`) and any socket of the wire's epoll set `epoll` are readable
-/// now, by one `epoll_wait` that does not block; both when it cannot tell.
+/// now, by one `epoll_wait` that does not block; both when it cannot tell. The rings'
+/// eventfds in the set are edge-triggered: this call is what consumes their events.
 fn ready_sources(epoll: RawFd, bell: RawFd) -> (bool, bool) {
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
     // SAFETY: a live array of `evs.len()` entries.
@@ -197,9 +200,10 @@ fn ready_sources(epoll: RawFd, bell: RawFd) -> (bool, bool) {
     for ev in &evs[..n as usize] {
         if ev.u64 == bell as u64 {
             b = true;
-        } else {
+        } else if ev.u64 & super::local::EFD_TOKEN == 0 {
             s = true;
         }
+        // a ring's eventfd (edge-triggered, never read): the rings are read anyway
     }
     (b, s)
 }

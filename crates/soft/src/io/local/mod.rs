@@ -12,16 +12,18 @@
 //! same RoCEv2 packets, without the ICRC (memory does not flip bits).
 //!
 //! A receiver busy-polling its CQ reads the rings without a system call; one about to sleep
-//! sets each ring's `waiting` word, and a producer that finds it set rings the bell once
-//! (one `sendmsg`), which wakes the receiver's epoll. A peer that died leaves a ring nobody
-//! reads: its bell refuses, the ring is marked dead, and the QP's packets are lost as on a
-//! dead link (RC retries, then the QP fails), never handed to another process (a ring
-//! belongs to one incarnation of a wire: the nonce).
+//! sets each ring's `waiting` word, and a producer that finds it set wakes it once: a
+//! `write` to the eventfd the receiver made for that ring (edge-triggered in its epoll
+//! set, never read; handed over the producer's bell as `MSG_EFD`), or a datagram to its
+//! bell before that and at least once per [`BELL_PROBE`]. A peer that died leaves a ring
+//! nobody reads: its bell refuses, the ring is marked dead, and the QP's packets are lost
+//! as on a dead link (RC retries, then the QP fails), never handed to another process (a
+//! ring belongs to one incarnation of a wire: the nonce).
 
 mod bell;
 mod ring;
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use bell::Bell;
@@ -47,6 +49,14 @@ const RING_BATCH: usize = 64;
 const MSG_RING: u8 = b'R';
 /// Bell message: records are waiting.
 const MSG_WAKE: u8 = b'W';
+/// Bell message, consumer to producer: the eventfd that wakes the consumer of the ring
+/// from `[1]` slot, `[2]` netns, `[4..8]` nonce (the consumer's), passed with it.
+const MSG_EFD: u8 = b'E';
+/// The epoll token bit of a ring's wake-up eventfd in the wire's epoll set.
+pub(crate) const EFD_TOKEN: u64 = 1 << 62;
+/// A producer with the consumer's eventfd still rings the bell when it last did longer
+/// ago than this: a send to a dead process's bell fails, which marks the ring dead.
+const BELL_PROBE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// One wire of one process, as its host-local peers name it.
 ///
@@ -126,7 +136,7 @@ pub struct LocalStats {
     pub unblocks: u64,
     /// Packets not sent because the peer wire is gone.
     pub dead: u64,
-    /// Bells rung (wake-ups of a sleeping receiver).
+    /// Wake-ups of a sleeping receiver (eventfd writes and bells).
     pub bells: u64,
     /// Rings dropped because a record broke the layout.
     pub malformed: u64,
@@ -141,7 +151,12 @@ struct Out {
     ring: Ring,
     path: PathBuf,
     /// Connected to the peer's bell ([`Bell::connect`]) at the first wake-up.
-    wake: Option<std::os::fd::OwnedFd>,
+    wake: Option<OwnedFd>,
+    /// The consumer's eventfd (`MSG_EFD`): a wake-up is one `write`, which the consumer
+    /// never has to read (edge-triggered).
+    efd: Option<OwnedFd>,
+    /// When the bell was last rung (liveness probe, [`BELL_PROBE`]).
+    rung_at: Option<std::time::Instant>,
     /// Published since the last flush.
     dirty: bool,
     /// Its bell refused: the peer wire is gone.
@@ -157,6 +172,45 @@ impl Drop for Out {
 struct In {
     from: HostPeer,
     ring: Ring,
+    /// The eventfd the producer writes to wake us, in `epoll` (edge-triggered).
+    efd: Option<(OwnedFd, RawFd)>,
+}
+
+impl Drop for In {
+    fn drop(&mut self) {
+        if let Some((fd, epoll)) = &self.efd {
+            unregister(*epoll, fd);
+        }
+    }
+}
+
+/// Takes `fd` out of `epoll`: the producer holds the eventfd open too, so our close alone
+/// would leave it registered.
+fn unregister(epoll: RawFd, fd: &OwnedFd) {
+    let mut ev = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: a live event struct; failure (epoll gone) is harmless.
+    unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, fd.as_raw_fd(), &mut ev) };
+}
+
+/// A non-blocking eventfd, registered edge-triggered in `epoll` with [`EFD_TOKEN`].
+fn wake_efd(epoll: RawFd) -> std::io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain eventfd; checked.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+        u64: EFD_TOKEN | raw as u64,
+    };
+    // SAFETY: both descriptors are open; a live event struct.
+    if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, raw, &mut ev) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
 }
 
 /// The host-local part of a wire (see the module docs).
@@ -168,6 +222,8 @@ pub(crate) struct HostLocal {
     inbound: Vec<In>,
     outbound: Vec<Out>,
     stats: LocalStats,
+    /// The wire's epoll set, where inbound rings' eventfds go (none: bells only).
+    epoll: Option<RawFd>,
 }
 
 fn nonce() -> u32 {
@@ -215,14 +271,21 @@ impl HostLocal {
             inbound: Vec::new(),
             outbound: Vec::new(),
             stats: LocalStats::default(),
+            epoll: None,
         })
+    }
+
+    /// The wire's epoll set: from now on each inbound ring gets an eventfd there, which
+    /// its producer writes to wake us instead of sending the bell a datagram.
+    pub fn set_epoll(&mut self, epoll: RawFd) {
+        self.epoll = Some(epoll);
     }
 
     pub fn me(&self) -> HostPeer {
         self.me
     }
 
-    pub fn bell_fd(&self) -> std::os::fd::RawFd {
+    pub fn bell_fd(&self) -> RawFd {
         self.bell.fd()
     }
 
@@ -252,6 +315,8 @@ impl HostLocal {
             ring,
             path,
             wake: None,
+            efd: None,
+            rung_at: None,
             dirty: false,
             dead: false,
         });
@@ -335,6 +400,19 @@ impl HostLocal {
                 continue;
             }
             self.stats.bells += 1;
+            if let Some(efd) = &o.efd {
+                let now = std::time::Instant::now();
+                if o.rung_at
+                    .is_some_and(|t| now.duration_since(t) < BELL_PROBE)
+                {
+                    let one = 1u64.to_ne_bytes();
+                    // SAFETY: 8 live bytes to an eventfd; it can only refuse at a count
+                    // of 2^64 - 2.
+                    unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+                    continue;
+                }
+                o.rung_at = Some(now);
+            }
             let sent = match &o.wake {
                 Some(fd) => Bell::ring(fd.as_fd(), MSG_WAKE),
                 None => Bell::connect(&o.path).and_then(|fd| {
@@ -407,31 +485,62 @@ impl HostLocal {
     /// Reads the bell: new rings from peers, wake-ups.
     pub fn drain_bell(&mut self) {
         let mut new = Vec::new();
+        let mut efds = Vec::new();
         self.bell.drain(64, |msg, fd| {
-            if msg.len() == 8 && msg[0] == MSG_RING {
-                if let Some(fd) = fd {
-                    let from = HostPeer {
-                        slot: msg[1],
-                        ns: msg[2],
-                        nonce: u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]),
-                    };
-                    new.push((from, fd));
-                }
+            if msg.len() != 8 {
+                return;
+            }
+            let (Some(fd), kind) = (fd, msg[0]) else {
+                return;
+            };
+            let from = HostPeer {
+                slot: msg[1],
+                ns: msg[2],
+                nonce: u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]),
+            };
+            match kind {
+                MSG_RING => new.push((from, fd)),
+                MSG_EFD => efds.push((from, fd)),
+                _ => {}
             }
         });
+        for (from, fd) in efds {
+            if let Some(o) = self.outbound.iter_mut().find(|o| o.peer == from) {
+                o.efd = Some(fd);
+            }
+        }
         for (from, fd) in new {
             match Ring::attach(fd) {
                 Ok(ring) => {
                     // the slot's earlier incarnation (dead) or an older ring of this one
                     self.inbound.retain(|i| i.from.slot != from.slot);
                     if self.inbound.len() < MAX_INBOUND {
-                        self.inbound.push(In { from, ring });
+                        let efd = self.offer_efd(from);
+                        self.inbound.push(In { from, ring, efd });
                     }
                 }
                 Err(e) => {
                     self.stats.malformed += 1;
                     tracing::warn!(?from, error = %e, "host-local ring refused");
                 }
+            }
+        }
+    }
+
+    /// An eventfd for the ring from `from`, registered in the wire's epoll set and handed
+    /// to `from`'s bell (`MSG_EFD`); none without an epoll set or when either step fails
+    /// (the producer then keeps ringing the bell).
+    fn offer_efd(&self, from: HostPeer) -> Option<(OwnedFd, RawFd)> {
+        let epoll = self.epoll?;
+        let fd = wake_efd(epoll).ok()?;
+        let mut msg = [MSG_EFD, self.me.slot, self.me.ns, 0, 0, 0, 0, 0];
+        msg[4..8].copy_from_slice(&self.me.nonce.to_le_bytes());
+        let path = self.dir.join(from.bell_name());
+        match self.bell.send(&path, &msg, Some(fd.as_fd())) {
+            Ok(()) => Some((fd, epoll)),
+            Err(_) => {
+                unregister(epoll, &fd);
+                None
             }
         }
     }

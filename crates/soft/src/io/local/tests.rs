@@ -150,3 +150,88 @@ fn guids_and_settings() {
     );
     assert_eq!(p.bell_name(), "bell-1-00000003");
 }
+
+/// An epoll set of `b`'s own, as its wire would have.
+fn with_epoll(b: &mut HostLocal) -> OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain epoll_create1; checked.
+    let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: fresh descriptor.
+    let ep = unsafe { OwnedFd::from_raw_fd(raw) };
+    b.set_epoll(raw);
+    ep
+}
+
+/// The tokens `epoll` reports now (no wait).
+fn tokens(epoll: &OwnedFd) -> Vec<u64> {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+    // SAFETY: a live array of 8 entries.
+    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), evs.as_mut_ptr(), 8, 0) };
+    evs[..n.max(0) as usize].iter().map(|e| e.u64).collect()
+}
+
+/// A consumer with an epoll set hands its producer an eventfd: after the first wake-up
+/// (a bell, which also probes that the consumer lives), wake-ups are eventfd writes that
+/// the consumer's epoll set reports edge-triggered, once each, and its bell stays empty.
+/// After a pause longer than the probe interval the bell rings again, and a consumer
+/// that died meanwhile makes the ring dead.
+#[test]
+fn wake_ups_go_through_the_consumers_eventfd_and_the_bell_probes_it_lives() {
+    let (mut a, _sa, mut b, sb) = pair();
+    let ep = with_epoll(&mut b);
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell(); // attaches the ring, offers the eventfd
+    assert!(readable(a.bell_fd()), "the eventfd went to a's bell");
+    a.drain_bell();
+    assert_eq!(tokens(&ep), Vec::<u64>::new(), "nothing to wake for yet");
+
+    // first wake-up: the bell (a probe)
+    assert!(!b.arm());
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"one"));
+    a.flush();
+    assert!(readable(b.bell_fd()));
+    b.drain_bell();
+    assert_eq!(take(&mut b).len(), 1);
+    // then the eventfd, reported once per write, the bell untouched
+    for k in 0..3u8 {
+        assert!(!b.arm());
+        assert!(a.send(b.me(), x, y, TxMeta::default(), &[k]));
+        a.flush();
+        let t = tokens(&ep);
+        assert_eq!(t.len(), 1, "wake-up {k}: one event");
+        assert_ne!(t[0] & EFD_TOKEN, 0, "wake-up {k}: the eventfd");
+        assert_eq!(
+            tokens(&ep),
+            Vec::<u64>::new(),
+            "edge-triggered: reported once"
+        );
+        assert_eq!(take(&mut b).len(), 1);
+    }
+    let mut p = libc::pollfd {
+        fd: b.bell_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no wait.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 0) },
+        0,
+        "no datagram on the bell"
+    );
+    assert_eq!(a.stats().bells, 4);
+
+    // the consumer dies; after the probe interval the next wake-up rings the bell, which
+    // refuses: the ring is dead
+    assert!(!b.arm());
+    let gone = b.me();
+    drop(b);
+    drop(sb);
+    std::thread::sleep(BELL_PROBE * 3);
+    assert!(a.send(gone, x, y, TxMeta::default(), b"lost"));
+    a.flush();
+    assert!(!a.reaches(gone));
+    assert!(!a.send(gone, x, y, TxMeta::default(), b"lost"));
+    assert_eq!(a.stats().dead, 1);
+}
