@@ -416,10 +416,28 @@ impl Connection {
     /// Waits for a change of the shared state, or for the completion channel itself: the
     /// waiting task then takes the completions (no hop through the connection's task).
     pub(super) async fn wait(&self, n: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) {
+        self.wait_for(n, false).await
+    }
+
+    /// [`Connection::wait`] for a task that waits for a message: the completion of one of
+    /// our own SENDs does not wake it (nothing it waits for; the next receive or a sender
+    /// that waits takes it).
+    pub(super) async fn wait_recv(
+        &self,
+        n: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+    ) {
+        self.wait_for(n, true).await
+    }
+
+    async fn wait_for(
+        &self,
+        n: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+        recv_only: bool,
+    ) {
         let sh = &self.sh;
         tokio::select! {
             _ = n => {}
-            () = super::shared::CqWait::new(&sh.parts.cq) => sh.on_queued(self.id.as_deref()),
+            () = super::shared::CqWait::new(&sh.parts.cq, recv_only) => sh.on_queued(self.id.as_deref()),
         }
     }
 

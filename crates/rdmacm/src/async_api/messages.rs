@@ -188,7 +188,7 @@ impl Connection {
                     return Err(Error::Closed(why.clone()));
                 }
             }
-            self.wait(n).await;
+            self.wait_recv(n).await;
         }
     }
 }

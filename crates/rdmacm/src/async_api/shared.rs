@@ -479,11 +479,18 @@ pub(super) async fn run(
 pub(super) struct CqWait<'a> {
     cq: &'a rdma_soft::verbs::CompletionQueue,
     waker: Option<Waker>,
+    /// Woken by receive (and failed) completions only
+    /// (`CompletionQueue::notify_waker_for_recv`).
+    recv_only: bool,
 }
 
 impl<'a> CqWait<'a> {
-    pub fn new(cq: &'a rdma_soft::verbs::CompletionQueue) -> CqWait<'a> {
-        CqWait { cq, waker: None }
+    pub fn new(cq: &'a rdma_soft::verbs::CompletionQueue, recv_only: bool) -> CqWait<'a> {
+        CqWait {
+            cq,
+            waker: None,
+            recv_only,
+        }
     }
 }
 
@@ -497,7 +504,10 @@ impl std::future::Future for CqWait<'_> {
             }
             self.waker = Some(cx.waker().clone());
         }
-        self.cq.notify_waker(cx.waker());
+        match self.recv_only {
+            true => self.cq.notify_waker_for_recv(cx.waker()),
+            false => self.cq.notify_waker(cx.waker()),
+        }
         if self.cq.queued() > 0 {
             Poll::Ready(())
         } else {

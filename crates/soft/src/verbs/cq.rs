@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use rdma_proto::verbs::Completion;
+use rdma_proto::verbs::{Completion, WcOpcode};
 
 use super::cq_wake::{self, Wake};
 use super::device::DeviceShared;
@@ -36,8 +36,10 @@ pub(crate) struct CqShared {
     armed: AtomicU8,
     overflowed: AtomicBool,
     channel: Option<CompletionChannel>,
-    /// Tasks woken at the next event instead of the channel ([`CompletionQueue::notify_waker`]).
-    wakers: Mutex<Vec<Waker>>,
+    /// Tasks woken at the next event instead of the channel ([`CompletionQueue::notify_waker`]),
+    /// each with whether it waits for receive completions only
+    /// ([`CompletionQueue::notify_waker_for_recv`]).
+    wakers: Mutex<Vec<(Waker, bool)>>,
     dev: Weak<DeviceShared>,
 }
 
@@ -231,10 +233,38 @@ impl CompletionQueue {
     /// cq.forget_waker(&w);
     /// ```
     pub fn notify_waker(&self, w: &Waker) {
+        self.register_waker(w, false);
+    }
+
+    /// Like [`Self::notify_waker`] for a task that waits for a receive: a successful
+    /// send-side completion (SEND, WRITE, READ, atomic) neither wakes it nor fires the
+    /// channel while only such tasks wait (it stays queued for the next poll); a receive
+    /// or any failed completion wakes it as usual.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::task::{Wake, Waker};
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// struct Task;
+    /// impl Wake for Task {
+    ///     fn wake(self: Arc<Self>) {}
+    /// }
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let cq = dev.create_cq(16, None).unwrap();
+    /// let w = Waker::from(Arc::new(Task));
+    /// cq.notify_waker_for_recv(&w);
+    /// cq.forget_waker(&w);
+    /// ```
+    pub fn notify_waker_for_recv(&self, w: &Waker) {
+        self.register_waker(w, true);
+    }
+
+    fn register_waker(&self, w: &Waker, recv_only: bool) {
         {
             let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
-            if !ws.iter().any(|x| x.will_wake(w)) {
-                ws.push(w.clone());
+            match ws.iter_mut().find(|x| x.0.will_wake(w)) {
+                Some(x) => x.1 = recv_only,
+                None => ws.push((w.clone(), recv_only)),
             }
         }
         self.inner.armed.fetch_max(ARMED_ANY, Ordering::AcqRel);
@@ -246,7 +276,7 @@ impl CompletionQueue {
     /// that the next event goes to the channel if nobody else waits.
     pub fn forget_waker(&self, w: &Waker) {
         let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        ws.retain(|x| !x.will_wake(w));
+        ws.retain(|x| !x.0.will_wake(w));
     }
 
     /// How many completions are queued now (no driving).
@@ -276,18 +306,27 @@ impl CompletionQueue {
             ARMED_SOLICITED => c.solicited || !c.status.is_success(),
             _ => false,
         };
-        if fire
-            && self
-                .inner
-                .armed
-                .compare_exchange(armed, DISARMED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        if !fire {
+            return Ok(());
+        }
+        let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        // Only tasks waiting for a receive, and a send-side success: nobody to wake yet
+        // (the CQ stays armed; the next receive wakes them, and they take this one too).
+        let sent = c.status.is_success()
+            && !matches!(c.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if sent && !ws.is_empty() && ws.iter().all(|x| x.1) {
+            return Ok(());
+        }
+        if self
+            .inner
+            .armed
+            .compare_exchange(armed, DISARMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
         {
             // Drained in place (the list keeps its allocation); under a runtime guard the
             // wake-ups only queue, so none runs under this lock.
-            let mut ws = self.inner.wakers.lock().unwrap_or_else(|e| e.into_inner());
             let any = !ws.is_empty();
-            ws.drain(..).for_each(|w| cq_wake::wake(Wake::Task(w)));
+            ws.drain(..).for_each(|w| cq_wake::wake(Wake::Task(w.0)));
             drop(ws);
             match &self.inner.channel {
                 Some(ch) if !any => {

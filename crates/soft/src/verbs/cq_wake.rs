@@ -118,6 +118,34 @@ mod tests {
         );
     }
 
+    /// A task waiting for a receive is not woken by a successful send-side completion
+    /// (it stays queued), but is by a receive and by any failure; a task waiting for
+    /// anything is woken by the send.
+    #[test]
+    fn a_receive_waiter_sleeps_through_its_own_send_completions() {
+        use crate::verbs::{Device, DeviceConfig};
+        use rdma_proto::verbs::{Completion, WcOpcode, WcStatus};
+        let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+        let cq = dev.create_cq(8, None).unwrap();
+        let n = Arc::new(Count(AtomicUsize::new(0)));
+        let w = Waker::from(n.clone());
+        let woken = || n.0.load(Ordering::SeqCst);
+        let c = |op, st| Completion::new(1, st, op, 1);
+        cq.notify_waker_for_recv(&w);
+        cq.push(c(WcOpcode::Send, WcStatus::Success)).unwrap();
+        cq.push(c(WcOpcode::RdmaWrite, WcStatus::Success)).unwrap();
+        assert_eq!(woken(), 0, "own sends: asleep");
+        assert_eq!(cq.queued(), 2, "still queued for the next poll");
+        cq.push(c(WcOpcode::Recv, WcStatus::Success)).unwrap();
+        assert_eq!(woken(), 1, "a receive wakes it");
+        cq.notify_waker_for_recv(&w);
+        cq.push(c(WcOpcode::Send, WcStatus::RetryExcErr)).unwrap();
+        assert_eq!(woken(), 2, "a failure wakes it");
+        cq.notify_waker(&w);
+        cq.push(c(WcOpcode::Send, WcStatus::Success)).unwrap();
+        assert_eq!(woken(), 3, "waiting for anything: a send wakes it");
+    }
+
     /// Records whether the device's runtime lock was free when it was woken.
     struct SeesLock {
         dev: crate::verbs::Device,
