@@ -555,10 +555,12 @@ impl Runtime {
                 Some(h) => wire.emit_host(h, p.local, p.remote, meta, MAX_PACKET, &mut |room| {
                     rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
                 }),
-                None => match rdma_proto::wire::emit(&t.header, payload, &mut tx.packet, None) {
-                    Ok(n) => wire.send_from_port(p.local, p.remote, p.sport, meta, &tx.packet[..n]),
-                    Err(_) => Err(Error::InvalidArgument("packet does not encode")),
-                },
+                // straight into the send batch's slot (sealed there)
+                None => {
+                    wire.emit_from_port(p.local, p.remote, p.sport, meta, MAX_PACKET, &mut |room| {
+                        rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
+                    })
+                }
             };
             match sent {
                 Ok(()) => stats.transmitted += 1,

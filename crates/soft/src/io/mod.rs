@@ -214,6 +214,27 @@ pub trait DatagramWire: Send {
         self.send_with(from, to, meta, packet)
     }
 
+    /// [`DatagramWire::send_from_port`] of the packet `write` puts straight into the wire's
+    /// send batch: it gets room for up to `max` bytes and returns the packet's length (0:
+    /// none, nothing is sent). [`UdpWire`] writes it in the datagram's slot, one copy
+    /// less than a packet built elsewhere; the default builds it in a buffer of its own
+    /// and sends that.
+    fn emit_from_port(
+        &mut self,
+        from: WireAddr,
+        to: WireAddr,
+        sport: u16,
+        meta: TxMeta,
+        max: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<()> {
+        let mut buf = vec![0u8; max];
+        match write(&mut buf) {
+            0 => Err(crate::Error::InvalidArgument("packet does not encode")),
+            n => self.send_from_port(from, to, sport, meta, &buf[..n]),
+        }
+    }
+
     /// Opens now, in the calling thread's network namespace (as [`DatagramWire::open`]
     /// does), what datagrams from open address `local` with source port `sport` leave from,
     /// so that sending opens nothing. The runtime calls it when a QP's port becomes known

@@ -159,15 +159,30 @@ impl SendBatch {
     /// TOS / IPv6 traffic class `tclass`. The caller checks [`SendBatch::is_full`] and the
     /// length first.
     pub fn push(&mut self, dst: WireAddr, port: u16, tclass: u8, sock: u8, data: &[u8]) -> usize {
+        debug_assert!(data.len() <= self.slot);
+        self.slot_mut()[..data.len()].copy_from_slice(data);
+        self.commit(dst, port, tclass, sock, data.len())
+    }
+
+    /// The buffer of the next datagram (`slot` bytes), to write it in place; then
+    /// [`SendBatch::commit`] queues it. The caller checks [`SendBatch::is_full`] first.
+    pub fn slot_mut(&mut self) -> &mut [u8] {
         let i = self.queued;
-        debug_assert!(i < self.lens.len() && data.len() <= self.slot);
-        self.bufs[i * self.slot..i * self.slot + data.len()].copy_from_slice(data);
-        self.lens[i] = data.len();
-        self.names[i] = sys::to_sockaddr(dst, port);
+        &mut self.bufs[i * self.slot..(i + 1) * self.slot]
+    }
+
+    /// Queues the `len` bytes written into [`SendBatch::slot_mut`], as [`SendBatch::push`]
+    /// does a copy.
+    pub fn commit(&mut self, dst: WireAddr, port: u16, tclass: u8, sock: u8, len: usize) -> usize {
+        let i = self.queued;
+        debug_assert!(i < self.lens.len() && len <= self.slot);
+        let data = &self.bufs[i * self.slot..i * self.slot + len];
         let qpn = data
             .get(5..8)
             .map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
-        let seg = self.next_segment(dst, data.len(), tclass, qpn, sock);
+        self.lens[i] = len;
+        self.names[i] = sys::to_sockaddr(dst, port);
+        let seg = self.next_segment(dst, len, tclass, qpn, sock);
         self.segs[i] = seg;
         self.socks[i] = sock;
         self.present |= 1u128 << (sock & 127);
@@ -176,8 +191,8 @@ impl SendBatch {
         self.qpns[i] = qpn;
         self.group = match (seg, self.group) {
             // a shorter datagram ends its group
-            (0, _) => Some((data.len(), data.len())),
-            (_, Some((size, bytes))) if data.len() == size => Some((size, bytes + data.len())),
+            (0, _) => Some((len, len)),
+            (_, Some((size, bytes))) if len == size => Some((size, bytes + len)),
             _ => None,
         };
         self.queued += 1;
@@ -395,4 +410,43 @@ fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutco
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bth(qpn: u32, len: usize) -> Vec<u8> {
+        let mut p = vec![0u8; len];
+        p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        p
+    }
+
+    /// A datagram written in place and committed is queued exactly as a pushed copy:
+    /// the same bytes, length, destination and GSO grouping (segment indexes).
+    #[test]
+    fn a_datagram_written_in_place_queues_as_a_pushed_copy() {
+        let dst: WireAddr = "192.0.2.9".parse().unwrap();
+        let (mut a, mut b) = (SendBatch::new(8, 256), SendBatch::new(8, 256));
+        a.set_gso(true);
+        b.set_gso(true);
+        for (k, len) in [100usize, 100, 100, 60, 100].into_iter().enumerate() {
+            let mut p = bth(0x12, len);
+            p[20..].fill(k as u8);
+            let i = a.push(dst, 4791, 0, 0, &p);
+            b.slot_mut()[..len].copy_from_slice(&p);
+            let j = b.commit(dst, 4791, 0, 0, len);
+            assert_eq!(i, j);
+            assert_eq!(a.data_mut(i), b.data_mut(j), "datagram {k}: bytes");
+            assert_eq!(a.segment(i), b.segment(j), "datagram {k}: segment");
+            assert_eq!(a.dst(i), b.dst(j));
+        }
+        // 3 of 100 bytes in one GSO message, the shorter one closes it, then a new one
+        assert_eq!(
+            (0..5).map(|i| b.segment(i)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 0]
+        );
+        assert_eq!(a.len(), 5);
+        assert_eq!(b.len(), 5);
+    }
 }

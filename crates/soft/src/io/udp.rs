@@ -365,6 +365,52 @@ impl DatagramWire for UdpWire {
         Ok(())
     }
 
+    fn emit_from_port(
+        &mut self,
+        from: WireAddr,
+        to: WireAddr,
+        sport: u16,
+        meta: TxMeta,
+        max: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> Result<()> {
+        let i = self
+            .local_index(from)
+            .ok_or(Error::NotOpen { addr: from })?;
+        let port = self.cfg.port;
+        if from.ip().is_ipv4() != to.ip().is_ipv4() {
+            return Err(Error::InvalidArgument(
+                "source and destination of different IP families",
+            ));
+        }
+        let (sock, sport) = self.socket_for(i, sport);
+        if self.locals[i].out.is_full() {
+            self.flush_local(i, None);
+        }
+        let encap = icrc::encap(from, to, sport, port).ok_or(Error::InvalidArgument(
+            "source and destination of different IP families",
+        ))?;
+        let to = with_scope(to, from);
+        let max = max.min(self.cfg.max_packet);
+        let out = &mut self.locals[i].out;
+        let n = write(&mut out.slot_mut()[..max]);
+        if n == 0 {
+            return Err(Error::InvalidArgument(
+                "packet does not encode in a datagram of the wire's largest size",
+            ));
+        }
+        if n < MIN_PACKET {
+            return Err(Error::InvalidArgument(
+                "packet shorter than a BTH and its ICRC",
+            ));
+        }
+        let k = out.commit(to, port, meta.tclass, sock, n);
+        let encap = icrc::with_identification(encap, out.segment(k));
+        // Cannot fail: the length is within bounds and the families match.
+        icrc::seal(&encap, out.data_mut(k));
+        Ok(())
+    }
+
     fn prepare_port(&mut self, local: WireAddr, sport: u16) {
         let Some(i) = self.local_index(local) else {
             return;
