@@ -579,6 +579,30 @@ impl Runtime {
     /// After a post or modify on `qpn`: transmit at once and flush.
     pub fn after_post<M: MemoryTable + ?Sized>(&mut self, qpn: u32, mem: &mut M) -> Result<()> {
         let now = self.now();
+        self.after_post_at(qpn, mem, now)
+    }
+
+    /// [`Runtime::after_post`] while a busy poller drives the device: its last clock
+    /// reading (at most a few polls old, [`Runtime::progress_busy`]) stands for now, so a
+    /// post reads no clock.
+    pub fn after_post_busy<M: MemoryTable + ?Sized>(
+        &mut self,
+        qpn: u32,
+        mem: &mut M,
+    ) -> Result<()> {
+        let now = match self.last_now {
+            0 => self.now(),
+            t => t,
+        };
+        self.after_post_at(qpn, mem, now)
+    }
+
+    fn after_post_at<M: MemoryTable + ?Sized>(
+        &mut self,
+        qpn: u32,
+        mem: &mut M,
+        now: u64,
+    ) -> Result<()> {
         let idx = (qpn & 0xFFFF) as usize;
         if self.get(qpn).is_some() {
             self.service_one(idx, now, mem);

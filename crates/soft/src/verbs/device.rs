@@ -335,6 +335,13 @@ impl DeviceShared {
     }
 
     /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
+    /// Whether the engine left the device to a busy poller (it answered `Deferred`): it
+    /// looks back within its hand-off time whatever its wake time says, and the poller
+    /// reads the clock and runs the timers meanwhile.
+    pub(crate) fn engine_deferred(&self) -> bool {
+        self.reg.get().is_some_and(|r| r.is_deferred())
+    }
+
     pub(crate) fn posted(&self, rt: &Runtime, qpn: u32) {
         if let Some(t) = rt.post_deadline(qpn) {
             self.wake_by(t);
