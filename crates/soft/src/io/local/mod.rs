@@ -15,7 +15,7 @@
 //! sets each ring's `waiting` word, and a producer that finds it set wakes it once: a
 //! `write` to the eventfd the receiver made for that ring (edge-triggered in its epoll
 //! set, never read; handed over the producer's bell as `MSG_EFD`), or a datagram to its
-//! bell before that and at least once per [`BELL_PROBE`]. A peer that died leaves a ring
+//! bell before that and at least once per millisecond. A peer that died leaves a ring
 //! nobody reads: its bell refuses, the ring is marked dead, and the QP's packets are lost
 //! as on a dead link (RC retries, then the QP fails), never handed to another process (a
 //! ring belongs to one incarnation of a wire: the nonce).
