@@ -52,6 +52,13 @@ impl EventFd {
     }
 }
 
+impl From<OwnedFd> for EventFd {
+    /// An eventfd received from elsewhere (another process's, over `SCM_RIGHTS`).
+    fn from(fd: OwnedFd) -> EventFd {
+        EventFd(fd)
+    }
+}
+
 impl AsFd for EventFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()

@@ -12,6 +12,11 @@ use tokio::sync::Notify;
 
 use super::setup::Parts;
 use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT, WINDOW};
+use crate::channel::EventChannel;
+use crate::error::CloseReason;
+use crate::event::Event;
+use crate::id::CmId;
+use crate::params::EventType;
 
 thread_local! {
     /// The completions buffer of [`Shared::on_queued`].
@@ -19,14 +24,9 @@ thread_local! {
 }
 
 /// At most this many SENDs in a row go unsignaled ([`State::signal_next_send`]).
-pub(super) const SIGNAL_EVERY: u32 = WINDOW / 2;
+const SIGNAL_EVERY: u32 = WINDOW / 2;
 /// The slot of the fence's wr_id (tag [`TAG_CTRL`]; credit messages use slot 0).
 const FENCE: u32 = 1;
-use crate::channel::EventChannel;
-use crate::error::CloseReason;
-use crate::event::Event;
-use crate::id::CmId;
-use crate::params::EventType;
 
 /// The shared state, behind one mutex.
 pub(super) struct State {

@@ -155,9 +155,8 @@ impl SendBatch {
         self.queued == self.lens.len()
     }
 
-    /// Queues a copy of `data` to `dst:port` from socket `sock` (below 128), to go with IPv4
-    /// TOS / IPv6 traffic class `tclass`. The caller checks [`SendBatch::is_full`] and the
-    /// length first.
+    /// Queues a copy of `data` (the tests' reference for [`SendBatch::commit`]).
+    #[cfg(test)]
     pub fn push(&mut self, dst: WireAddr, port: u16, tclass: u8, sock: u8, data: &[u8]) -> usize {
         debug_assert!(data.len() <= self.slot);
         self.slot_mut()[..data.len()].copy_from_slice(data);
@@ -171,8 +170,8 @@ impl SendBatch {
         &mut self.bufs[i * self.slot..(i + 1) * self.slot]
     }
 
-    /// Queues the `len` bytes written into [`SendBatch::slot_mut`], as [`SendBatch::push`]
-    /// does a copy.
+    /// Queues the `len` bytes written into [`SendBatch::slot_mut`] to `dst:port` from socket
+    /// `sock` (below 128), to go with IPv4 TOS / IPv6 traffic class `tclass`.
     pub fn commit(&mut self, dst: WireAddr, port: u16, tclass: u8, sock: u8, len: usize) -> usize {
         let i = self.queued;
         debug_assert!(i < self.lens.len() && len <= self.slot);

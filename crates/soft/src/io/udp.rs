@@ -340,29 +340,10 @@ impl DatagramWire for UdpWire {
                 "packet shorter than a BTH and its ICRC",
             ));
         }
-        let i = self
-            .local_index(from)
-            .ok_or(Error::NotOpen { addr: from })?;
-        let port = self.cfg.port;
-        if from.ip().is_ipv4() != to.ip().is_ipv4() {
-            return Err(Error::InvalidArgument(
-                "source and destination of different IP families",
-            ));
-        }
-        let (sock, sport) = self.socket_for(i, sport);
-        if self.locals[i].out.is_full() {
-            self.flush_local(i, None);
-        }
-        let encap = icrc::encap(from, to, sport, port).ok_or(Error::InvalidArgument(
-            "source and destination of different IP families",
-        ))?;
-        let to = with_scope(to, from);
-        let out = &mut self.locals[i].out;
-        let k = out.push(to, port, meta.tclass, sock, packet);
-        let encap = icrc::with_identification(encap, out.segment(k));
-        // Cannot fail: the length is within bounds and the families match.
-        icrc::seal(&encap, out.data_mut(k));
-        Ok(())
+        self.emit_from_port(from, to, sport, meta, packet.len(), &mut |slot| {
+            slot[..packet.len()].copy_from_slice(packet);
+            packet.len()
+        })
     }
 
     fn emit_from_port(

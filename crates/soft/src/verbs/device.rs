@@ -334,7 +334,6 @@ impl DeviceShared {
         }
     }
 
-    /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
     /// Whether the engine left the device to a busy poller (it answered `Deferred`): it
     /// looks back within its hand-off time whatever its wake time says, and the poller
     /// reads the clock and runs the timers meanwhile.
@@ -342,6 +341,7 @@ impl DeviceShared {
         self.reg.get().is_some_and(|r| r.is_deferred())
     }
 
+    /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
     pub(crate) fn posted(&self, rt: &Runtime, qpn: u32) {
         if let Some(t) = rt.post_deadline(qpn) {
             self.wake_by(t);
@@ -381,7 +381,6 @@ impl Drop for DeviceShared {
     }
 }
 
-/// How a thread other than the engine drives the device.
 /// The locked runtime ([`DeviceShared::runtime`]): the lock is released before the held
 /// CQ wake-ups fire (fields drop in order).
 pub(crate) struct RtGuard<'a> {
@@ -402,6 +401,7 @@ impl std::ops::DerefMut for RtGuard<'_> {
     }
 }
 
+/// How a thread other than the engine drives the device.
 enum Drive {
     /// Once ([`Runtime::progress`]).
     Plain,

@@ -26,23 +26,29 @@ fn sockaddr(path: &Path) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)
     Ok((a, len as libc::socklen_t))
 }
 
+/// A non-blocking, close-on-exec Unix datagram socket.
+fn dgram_socket() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain socket; checked.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 impl Bell {
     /// Binds `path` (a stale file there is removed first: the caller owns the name).
     pub fn bind(path: PathBuf) -> std::io::Result<Bell> {
         let (addr, len) = sockaddr(&path)?;
-        // SAFETY: plain socket; checked.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_UNIX,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = dgram_socket()?;
+        let raw = fd.as_raw_fd();
         let _ = std::fs::remove_file(&path);
         // SAFETY: a live sockaddr of `len` bytes.
         if unsafe { libc::bind(raw, (&addr as *const libc::sockaddr_un).cast(), len) } < 0 {
@@ -99,19 +105,8 @@ impl Bell {
     /// costs no path lookup (a `sendmsg` to a name walks the path every time).
     pub fn connect(path: &Path) -> std::io::Result<OwnedFd> {
         let (addr, len) = sockaddr(path)?;
-        // SAFETY: plain socket; checked.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_UNIX,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = dgram_socket()?;
+        let raw = fd.as_raw_fd();
         // SAFETY: a live sockaddr of `len` bytes.
         if unsafe { libc::connect(raw, (&addr as *const libc::sockaddr_un).cast(), len) } < 0 {
             return Err(std::io::Error::last_os_error());

@@ -23,7 +23,9 @@
 mod bell;
 mod ring;
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+
+use crate::fd::EventFd;
 use std::path::PathBuf;
 
 use bell::Bell;
@@ -78,6 +80,22 @@ pub struct HostPeer {
 }
 
 impl HostPeer {
+    /// A bell message of `kind` from this wire: `[1]` slot, `[2]` netns, `[4..8]` nonce.
+    fn bell_msg(&self, kind: u8) -> [u8; 8] {
+        let mut msg = [kind, self.slot, self.ns, 0, 0, 0, 0, 0];
+        msg[4..8].copy_from_slice(&self.nonce.to_le_bytes());
+        msg
+    }
+
+    /// The sender named in an 8-byte bell message ([`HostPeer::bell_msg`]).
+    fn from_bell_msg(msg: &[u8]) -> HostPeer {
+        HostPeer {
+            slot: msg[1],
+            ns: msg[2],
+            nonce: u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]),
+        }
+    }
+
     /// The CA GUID that announces it: `0x524C` ("RL"), slot, netns hash, nonce.
     pub fn guid(&self) -> u64 {
         (GUID_MAGIC << 48)
@@ -154,7 +172,7 @@ struct Out {
     wake: Option<OwnedFd>,
     /// The consumer's eventfd (`MSG_EFD`): a wake-up is one `write`, which the consumer
     /// never has to read (edge-triggered).
-    efd: Option<OwnedFd>,
+    efd: Option<EventFd>,
     /// When the bell was last rung (liveness probe, [`BELL_PROBE`]).
     rung_at: Option<std::time::Instant>,
     /// Published since the last flush.
@@ -173,7 +191,7 @@ struct In {
     from: HostPeer,
     ring: Ring,
     /// The eventfd the producer writes to wake us, in `epoll` (edge-triggered).
-    efd: Option<(OwnedFd, RawFd)>,
+    efd: Option<(EventFd, RawFd)>,
 }
 
 impl Drop for In {
@@ -186,22 +204,16 @@ impl Drop for In {
 
 /// Takes `fd` out of `epoll`: the producer holds the eventfd open too, so our close alone
 /// would leave it registered.
-fn unregister(epoll: RawFd, fd: &OwnedFd) {
+fn unregister(epoll: RawFd, fd: &EventFd) {
     let mut ev = libc::epoll_event { events: 0, u64: 0 };
     // SAFETY: a live event struct; failure (epoll gone) is harmless.
-    unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, fd.as_raw_fd(), &mut ev) };
+    unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, fd.raw(), &mut ev) };
 }
 
 /// A non-blocking eventfd, registered edge-triggered in `epoll` with [`EFD_TOKEN`].
-fn wake_efd(epoll: RawFd) -> std::io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain eventfd; checked.
-    let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+fn wake_efd(epoll: RawFd) -> std::io::Result<EventFd> {
+    let fd = EventFd::new()?;
+    let raw = fd.raw();
     let mut ev = libc::epoll_event {
         events: (libc::EPOLLIN | libc::EPOLLET) as u32,
         u64: EFD_TOKEN | raw as u64,
@@ -307,9 +319,8 @@ impl HostLocal {
         self.outbound.retain(|o| o.peer.slot != peer.slot);
         let ring = Ring::create(self.capacity)?;
         let path = self.dir.join(peer.bell_name());
-        let mut msg = [MSG_RING, self.me.slot, self.me.ns, 0, 0, 0, 0, 0];
-        msg[4..8].copy_from_slice(&self.me.nonce.to_le_bytes());
-        self.bell.send(&path, &msg, Some(ring.fd()))?;
+        self.bell
+            .send(&path, &self.me.bell_msg(MSG_RING), Some(ring.fd()))?;
         self.outbound.push(Out {
             peer,
             ring,
@@ -405,10 +416,7 @@ impl HostLocal {
                 if o.rung_at
                     .is_some_and(|t| now.duration_since(t) < BELL_PROBE)
                 {
-                    let one = 1u64.to_ne_bytes();
-                    // SAFETY: 8 live bytes to an eventfd; it can only refuse at a count
-                    // of 2^64 - 2.
-                    unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+                    efd.signal();
                     continue;
                 }
                 o.rung_at = Some(now);
@@ -493,11 +501,7 @@ impl HostLocal {
             let (Some(fd), kind) = (fd, msg[0]) else {
                 return;
             };
-            let from = HostPeer {
-                slot: msg[1],
-                ns: msg[2],
-                nonce: u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]),
-            };
+            let from = HostPeer::from_bell_msg(msg);
             match kind {
                 MSG_RING => new.push((from, fd)),
                 MSG_EFD => efds.push((from, fd)),
@@ -506,7 +510,7 @@ impl HostLocal {
         });
         for (from, fd) in efds {
             if let Some(o) = self.outbound.iter_mut().find(|o| o.peer == from) {
-                o.efd = Some(fd);
+                o.efd = Some(EventFd::from(fd));
             }
         }
         for (from, fd) in new {
@@ -530,11 +534,10 @@ impl HostLocal {
     /// An eventfd for the ring from `from`, registered in the wire's epoll set and handed
     /// to `from`'s bell (`MSG_EFD`); none without an epoll set or when either step fails
     /// (the producer then keeps ringing the bell).
-    fn offer_efd(&self, from: HostPeer) -> Option<(OwnedFd, RawFd)> {
+    fn offer_efd(&self, from: HostPeer) -> Option<(EventFd, RawFd)> {
         let epoll = self.epoll?;
         let fd = wake_efd(epoll).ok()?;
-        let mut msg = [MSG_EFD, self.me.slot, self.me.ns, 0, 0, 0, 0, 0];
-        msg[4..8].copy_from_slice(&self.me.nonce.to_le_bytes());
+        let msg = self.me.bell_msg(MSG_EFD);
         let path = self.dir.join(from.bell_name());
         match self.bell.send(&path, &msg, Some(fd.as_fd())) {
             Ok(()) => Some((fd, epoll)),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::io::share::Slot;
+use std::os::fd::AsRawFd;
 
 fn pair() -> (HostLocal, Slot, HostLocal, Slot) {
     let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
