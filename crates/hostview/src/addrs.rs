@@ -114,7 +114,12 @@ pub fn is_link_local(ip: &IpAddr) -> bool {
 impl HostView {
     /// Every address of every link, IPv4 and IPv6.
     pub async fn addresses(&self) -> Result<Vec<Address>> {
-        self.dump_addresses(AddressFamily::Unspec)
+        match &self.cache {
+            Some(c) => Ok(c
+                .addresses(|| self.dump_addresses(AddressFamily::Unspec))?
+                .to_vec()),
+            None => self.dump_addresses(AddressFamily::Unspec),
+        }
     }
 
     /// The addresses of one family (`Unspec`: both); the kernel dumps only that family.
@@ -145,16 +150,26 @@ impl HostView {
 
     /// The ifindex of the link that holds `ip`, as [`HostView::link_holding`] finds it, without
     /// reading the link itself.
-    /// Only addresses of `ip`'s family are dumped.
+    /// Answered from the kept addresses; without them, only `ip`'s family is dumped.
     pub async fn index_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
-        let family = match ip {
-            IpAddr::V4(_) => AddressFamily::Inet,
-            IpAddr::V6(_) => AddressFamily::Inet6,
+        let holds = |a: &Address| a.addr == ip && scope.is_none_or(|s| s == a.link);
+        let found = match &self.cache {
+            Some(c) => c
+                .addresses(|| self.dump_addresses(AddressFamily::Unspec))?
+                .iter()
+                .find(|a| holds(a))
+                .map(|a| a.link),
+            None => {
+                let family = match ip {
+                    IpAddr::V4(_) => AddressFamily::Inet,
+                    IpAddr::V6(_) => AddressFamily::Inet6,
+                };
+                self.dump_addresses(family)?
+                    .into_iter()
+                    .find(|a| holds(a))
+                    .map(|a| a.link)
+            }
         };
-        self.dump_addresses(family)?
-            .into_iter()
-            .find(|a| a.addr == ip && scope.is_none_or(|s| s == a.link))
-            .map(|a| a.link)
-            .ok_or(Error::AddressNotAvailable(ip))
+        found.ok_or(Error::AddressNotAvailable(ip))
     }
 }

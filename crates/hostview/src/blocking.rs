@@ -30,6 +30,21 @@ impl BlockingHostView {
         Ok(BlockingHostView { rt, hv })
     }
 
+    /// Wraps an existing view (e.g. [`HostView::uncached`]).
+    ///
+    /// ```no_run
+    /// use rdma_hostview::{BlockingHostView, HostView};
+    /// let hv = BlockingHostView::from_view(HostView::uncached().unwrap()).unwrap();
+    /// assert!(!hv.links().unwrap().is_empty());
+    /// ```
+    pub fn from_view(hv: HostView) -> Result<BlockingHostView> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::Io)?;
+        Ok(BlockingHostView { rt, hv })
+    }
+
     /// See [`HostView::links`].
     pub fn links(&self) -> Result<Vec<Link>> {
         self.rt.block_on(self.hv.links())

@@ -54,6 +54,7 @@
 
 mod addrs;
 mod blocking;
+mod cache;
 mod error;
 mod links;
 mod lookups;
@@ -75,7 +76,9 @@ pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
 ///
 /// Queries are plain `send`/`recv` exchanges on one netlink socket (the kernel answers within
 /// the `send`), so they complete when first polled; neighbour resolution and [`Monitor`]s
-/// need a tokio runtime.
+/// need a tokio runtime. Links and addresses are answered from the last dump while a
+/// subscription to their changes stays silent (see the `cache` module: as current as a
+/// fresh dump, without one per query).
 ///
 /// ```no_run
 /// # async fn f() -> rdma_hostview::Result<()> {
@@ -90,14 +93,32 @@ pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
 #[derive(Debug, Clone)]
 pub struct HostView {
     nl: std::sync::Arc<nl::Requester>,
+    /// `None` if the subscription could not be opened: every query asks the kernel.
+    cache: Option<std::sync::Arc<cache::Cache>>,
 }
 
 impl HostView {
-    /// Opens a netlink route socket in the calling thread's network namespace; clones share
-    /// it (one exchange at a time, answers matched by sequence number).
+    /// Opens a netlink route socket in the calling thread's network namespace, and a
+    /// subscription to its link and address changes; clones share them (one exchange at a
+    /// time, answers matched by sequence number).
     pub fn new() -> Result<HostView> {
         Ok(HostView {
             nl: std::sync::Arc::new(nl::Requester::new()?),
+            cache: cache::Cache::new().ok().map(std::sync::Arc::new),
+        })
+    }
+
+    /// A view that asks the kernel at every query (no kept links or addresses): for
+    /// comparisons and measurements.
+    ///
+    /// ```no_run
+    /// let hv = rdma_hostview::HostView::uncached().unwrap();
+    /// # let _ = hv;
+    /// ```
+    pub fn uncached() -> Result<HostView> {
+        Ok(HostView {
+            nl: std::sync::Arc::new(nl::Requester::new()?),
+            cache: None,
         })
     }
 

@@ -184,21 +184,37 @@ fn collect_links(
 impl HostView {
     /// Every link of the namespace.
     pub async fn links(&self) -> Result<Vec<Link>> {
+        match &self.cache {
+            Some(c) => Ok(c.links(|| self.dump_links())?.to_vec()),
+            None => self.dump_links(),
+        }
+    }
+
+    fn dump_links(&self) -> Result<Vec<Link>> {
         collect_links(self, "RTM_GETLINK", LinkMessage::default(), NLM_F_DUMP)
     }
 
     /// The link with ifindex `index` (`ENODEV` if none).
     pub async fn link(&self, index: u32) -> Result<Link> {
+        let gone = || Error::NoDevice(format!("ifindex {index}"));
+        if let Some(c) = &self.cache {
+            let links = c.links(|| self.dump_links())?;
+            return links
+                .iter()
+                .find(|l| l.index == index)
+                .cloned()
+                .ok_or_else(gone);
+        }
         let mut req = LinkMessage::default();
         req.header.index = index;
         collect_links(self, "RTM_GETLINK", req, 0)
             .map_err(|e| match e.errno() {
-                libc::ENODEV => Error::NoDevice(format!("ifindex {index}")),
+                libc::ENODEV => gone(),
                 _ => e,
             })?
             .into_iter()
             .next()
-            .ok_or_else(|| Error::NoDevice(format!("ifindex {index}")))
+            .ok_or_else(gone)
     }
 
     /// The link named `name` (`ENODEV` if none).

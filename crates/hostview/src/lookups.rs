@@ -59,6 +59,26 @@ impl HostView {
     /// # Ok(()) }
     /// ```
     pub async fn lookups(&self, q: &Lookups) -> Result<LookupAnswers> {
+        if self.cache.is_some() {
+            // links and holders come from the kept dumps: only the routes go to the kernel
+            let routes = Lookups {
+                routes: q.routes.clone(),
+                ..Lookups::default()
+            };
+            let mut a = self.ask(&routes)?;
+            if let Some(i) = q.link {
+                a.link = Some(self.link(i).await);
+            }
+            if let Some((ip, scope)) = q.holder {
+                a.holder = Some(self.index_holding(ip, scope).await);
+            }
+            return Ok(a);
+        }
+        self.ask(q)
+    }
+
+    /// [`HostView::lookups`] with every question sent to the kernel.
+    fn ask(&self, q: &Lookups) -> Result<LookupAnswers> {
         let mut msgs = Vec::new();
         let mut slots = Vec::new();
         let mut early: Vec<(usize, Error)> = Vec::new();

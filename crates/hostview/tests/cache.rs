@@ -1,0 +1,90 @@
+//! Kept links and addresses follow every change at once: after each `ip` command, a view
+//! that keeps its dumps answers exactly as one that asks the kernel every time.
+
+use std::net::IpAddr;
+
+use rdma_hostview::{BlockingHostView, HostView};
+use rdma_testhosts::{require_root, topologies};
+
+/// Every answer the cached view gives, compared with the uncached one.
+fn same_answers(kept: &BlockingHostView, fresh: &BlockingHostView, probes: &[&str], step: &str) {
+    let links = fresh.links().unwrap();
+    assert_eq!(kept.links().unwrap(), links, "{step}: links");
+    assert_eq!(
+        kept.addresses().unwrap(),
+        fresh.addresses().unwrap(),
+        "{step}"
+    );
+    for l in &links {
+        assert_eq!(kept.link(l.index).unwrap(), *l, "{step}: link {}", l.name);
+        assert_eq!(kept.link_by_name(&l.name).unwrap(), *l, "{step}");
+    }
+    for p in probes {
+        let ip: IpAddr = p.parse().unwrap();
+        for scope in [None]
+            .into_iter()
+            .chain(links.iter().map(|l| Some(l.index)))
+        {
+            let (k, f) = (kept.link_holding(ip, scope), fresh.link_holding(ip, scope));
+            match (k, f) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{step}: holder of {ip} {scope:?}"),
+                (Err(a), Err(b)) => assert_eq!(a.errno(), b.errno(), "{step}: {ip} {scope:?}"),
+                (k, f) => panic!("{step}: holder of {ip} {scope:?}: kept {k:?}, kernel {f:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn kept_links_and_addresses_follow_every_change() {
+    if !require_root("kept_links_and_addresses_follow_every_change") {
+        return;
+    }
+    let t = topologies::two_hosts_one_link().unwrap();
+    let a = t.host("a");
+    let probes = [
+        "192.0.2.1",
+        "198.51.100.7",
+        "2001:db8:9::7",
+        "fe80::1",
+        "fe80::77",
+    ];
+    a.run(|| {
+        let kept = BlockingHostView::new().unwrap();
+        let fresh = BlockingHostView::from_view(HostView::uncached().unwrap()).unwrap();
+        same_answers(&kept, &fresh, &probes, "start");
+        // the same questions again: answered from what was kept
+        same_answers(&kept, &fresh, &probes, "again");
+        let steps: [(&str, &[&str]); 9] = [
+            ("add v4", &["addr", "add", "198.51.100.7/24", "dev", "eth0"]),
+            (
+                "add v6",
+                &["addr", "add", "2001:db8:9::7/64", "dev", "eth0", "nodad"],
+            ),
+            (
+                "add ll",
+                &["addr", "add", "fe80::77/64", "dev", "eth0", "nodad"],
+            ),
+            ("mtu", &["link", "set", "eth0", "mtu", "1400"]),
+            (
+                "veth",
+                &[
+                    "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
+                ],
+            ),
+            ("move", &["addr", "add", "203.0.113.9/24", "dev", "dum0"]),
+            ("down", &["link", "set", "eth0", "down"]),
+            ("del v4", &["addr", "del", "198.51.100.7/24", "dev", "eth0"]),
+            ("del dummy", &["link", "del", "dum0"]),
+        ];
+        for (step, args) in steps {
+            a.ip(args).unwrap();
+            same_answers(&kept, &fresh, &probes, step);
+        }
+        let eth0 = kept.link_by_name("eth0").unwrap();
+        assert_eq!((eth0.mtu, eth0.flags.up), (1400, false));
+        assert!(kept.link_by_name("dum0").is_err());
+        let gone: IpAddr = "203.0.113.9".parse().unwrap();
+        assert!(kept.addresses().unwrap().iter().all(|x| x.addr != gone));
+    });
+}
