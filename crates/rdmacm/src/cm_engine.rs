@@ -504,21 +504,7 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
         loop {
             {
                 let Some(inner) = weak.upgrade() else { return };
-                let cmds: Vec<WatchCmd> = std::mem::take(
-                    &mut *inner.watch_cmds.lock().unwrap_or_else(|e| e.into_inner()),
-                );
-                for c in cmds {
-                    match c {
-                        WatchCmd::Watch(id, a) => w.watch(id, &a),
-                        WatchCmd::Rewatch(id, local, remote, link) => {
-                            rewatches.push((id, local, remote, link));
-                        }
-                        WatchCmd::Unwatch(id) => {
-                            rewatches.retain(|r| r.0 != id);
-                            w.unwatch(id);
-                        }
-                    }
-                }
+                apply_watch_cmds(&inner, &mut w, &mut rewatches);
                 let host = w.take_host_events();
                 let mut notes = Vec::new();
                 while let Some(n) = w.pop() {
@@ -554,6 +540,11 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
             };
             match ev {
                 Ok(ev) => {
+                    // The requests queued without a wake-up first: an id resolved before
+                    // this change is judged by it.
+                    let Some(inner) = weak.upgrade() else { return };
+                    apply_watch_cmds(&inner, &mut w, &mut rewatches);
+                    drop(inner);
                     // Host events reach the CM at once (a link down sets its port's state,
                     // which migrates the group's connections), before the watched ids are
                     // judged (route and neighbour lookups that may wait).
@@ -576,6 +567,29 @@ pub(crate) fn start_watcher(inner: &Arc<Inner>) {
             }
         }
     });
+}
+
+/// Applies the watch requests queued for the watcher task (rewatches are collected for
+/// the task to resolve).
+fn apply_watch_cmds(
+    inner: &Inner,
+    w: &mut Watcher,
+    rewatches: &mut Vec<(IdNum, std::net::IpAddr, std::net::IpAddr, u32)>,
+) {
+    let cmds: Vec<WatchCmd> =
+        std::mem::take(&mut *inner.watch_cmds.lock().unwrap_or_else(|e| e.into_inner()));
+    for c in cmds {
+        match c {
+            WatchCmd::Watch(id, a) => w.watch(id, &a),
+            WatchCmd::Rewatch(id, local, remote, link) => {
+                rewatches.push((id, local, remote, link));
+            }
+            WatchCmd::Unwatch(id) => {
+                rewatches.retain(|r| r.0 != id);
+                w.unwatch(id);
+            }
+        }
+    }
 }
 
 /// Queues up to this long are cleaned of a destroyed id's events at once.

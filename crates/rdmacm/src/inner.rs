@@ -120,14 +120,25 @@ impl Inner {
         }
     }
 
+    /// Queues a request for the watcher task. Watch and unwatch requests matter only when
+    /// a host change comes, and the task applies every queued request before it looks at
+    /// one, so they wake the task only when [`WATCH_BATCH`] are queued (memory stays
+    /// bounded without a host change): a connection costs the task no wake-up. A rewatch
+    /// (a path to resolve now) wakes it at once.
     fn watch_cmd(&self, c: WatchCmd) {
-        self.watch_cmds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(c);
-        self.watch_notify.notify_one();
+        let now = matches!(c, WatchCmd::Rewatch(..));
+        let mut q = self.watch_cmds.lock().unwrap_or_else(|e| e.into_inner());
+        q.push(c);
+        let wake = now || q.len() >= WATCH_BATCH;
+        drop(q);
+        if wake {
+            self.watch_notify.notify_one();
+        }
     }
 }
+
+/// Watch and unwatch requests queued before they wake the watcher task.
+pub(crate) const WATCH_BATCH: usize = 64;
 
 /// The watcher's id for watch `gen` of id `id`: the generation in the top 16 bits.
 pub(crate) fn watch_key(id: IdNum, gen: u16) -> u64 {
