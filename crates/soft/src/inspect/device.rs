@@ -116,6 +116,7 @@ fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
             "send_errors": w.send_errors,
             "icrc_errors": w.icrc_errors,
             "icrc_recovered_id": w.icrc_recovered_id,
+            "icrc_implausible_id": w.icrc_implausible_id,
             "gro_coalesced": w.gro_coalesced,
             "malformed": w.malformed,
             "unparsable": rt.unparsable,

@@ -104,11 +104,18 @@ pub struct WireStats {
     /// address (their QPN or comm id names another slot): the kernel's hash fallback or a
     /// group being changed sent them here.
     pub misdelivered: u64,
-    /// Datagrams dropped on receipt because no IP header makes their ICRC valid.
+    /// Datagrams dropped on receipt because no IP header makes their ICRC valid, or only one
+    /// with an IPv4 Identification their source does not send (`icrc_implausible_id`).
     pub icrc_errors: u64,
     /// Datagrams accepted after recovering their IPv4 Identification (senders that do not
-    /// use 0, such as Linux rxe): their ICRC guards 16 bits fewer.
+    /// use 0, such as Linux rxe, or GSO segments received apart): their ICRC guards 16 bits
+    /// fewer.
     pub icrc_recovered_id: u64,
+    /// Of `icrc_errors`: datagrams whose ICRC held only for a recovered IPv4 Identification of
+    /// 128 or more, from a source known to send Identification 0 (a corrupted datagram, most
+    /// likely; a peer that really changed to non-zero Identifications is trusted again after
+    /// at most three of these).
+    pub icrc_implausible_id: u64,
     /// Datagrams that arrived coalesced by UDP GRO after the first of their receive, whose
     /// ICRC held for the IPv4 Identification of their place (segment k: k, as a GSO sender
     /// seals it; IPv6: for their headers); the others count in `icrc_recovered_id` or

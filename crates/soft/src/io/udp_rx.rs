@@ -4,7 +4,7 @@ use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 use super::fault::Verdict;
-use super::icrc::{self, IcrcChecker, IcrcOk};
+use super::icrc::{self, IcrcCheck, IcrcChecker};
 use super::share::Slot;
 use super::steer::{self, Dest};
 use super::udp::UdpWire;
@@ -180,24 +180,108 @@ fn accept(
     (arrival, src_port, place): (&Arrival, u16, u16),
     data: &[u8],
 ) -> bool {
-    let encap = icrc::encap(arrival.remote, arrival.local, src_port, port);
-    if let Some(e) = encap.filter(|_| place > 0) {
-        if icrc::holds(&icrc::with_identification(e, place), data) {
-            stats.gro_coalesced += 1;
-            return true;
-        }
-    }
-    let verdict = encap.and_then(|encap| checker.check(&encap, data));
+    let verdict = match icrc::encap(arrival.remote, arrival.local, src_port, port) {
+        Some(encap) => checker.check(&encap, data, place),
+        None => IcrcCheck::Bad,
+    };
     match verdict {
-        Some(IcrcOk::Exact) => true,
-        Some(IcrcOk::RecoveredId(_)) => {
-            stats.icrc_recovered_id += 1;
-            true
+        IcrcCheck::Exact => {}
+        IcrcCheck::Place => stats.gro_coalesced += 1,
+        IcrcCheck::RecoveredId(_) => stats.icrc_recovered_id += 1,
+        IcrcCheck::Implausible(id) => {
+            stats.icrc_errors += 1;
+            stats.icrc_implausible_id += 1;
+            crate::ratelimit::warn_limited!(
+                from = %arrival.remote,
+                id,
+                "datagram dropped: its ICRC holds only for an IPv4 Identification its source \
+                 does not send (it sends 0)"
+            );
         }
-        None => {
+        IcrcCheck::Bad => {
             stats.icrc_errors += 1;
             crate::ratelimit::warn_limited!(from = %arrival.remote, "datagram with a bad ICRC dropped");
-            false
         }
+    }
+    verdict.accepted()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A datagram from `arrival.remote`'s port `sport` to port `port`, sealed for IPv4
+    /// Identification `id`.
+    fn datagram(arrival: &Arrival, sport: u16, port: u16, id: u16, tag: u8) -> Vec<u8> {
+        let mut pkt = vec![tag; 64];
+        pkt[0] = 0x04; // RC SEND_ONLY
+        let e = icrc::encap(arrival.remote, arrival.local, sport, port).unwrap();
+        assert!(icrc::seal(&icrc::with_identification(e, id), &mut pkt));
+        pkt
+    }
+
+    /// What `accept` counts for each verdict: a large Identification from a source known to
+    /// send 0 (exactly what the solver finds in a corrupted datagram) is refused and counted
+    /// as an ICRC error and as implausible; places pass.
+    #[test]
+    fn accept_refuses_and_counts_an_implausible_identification() {
+        let (port, sport) = (4791, 49152);
+        let addr = |s: &str| WireAddr::new(s.parse().unwrap(), 0);
+        let arrival = Arrival {
+            local: addr("192.0.2.1"),
+            remote: addr("192.0.2.2"),
+            ifindex: 0,
+            tclass: 0,
+            hop_limit: 64,
+        };
+        let mut checker = IcrcChecker::new();
+        let mut stats = WireStats::default();
+        let mut take = |id: u16, place: u16, tag: u8, stats: &mut WireStats| {
+            let d = datagram(&arrival, sport, port, id, tag);
+            accept(&mut checker, stats, port, (&arrival, sport, place), &d)
+        };
+        for k in 0..icrc::ZERO_RUN {
+            assert!(take(0, 0, k, &mut stats));
+        }
+        assert_eq!(stats, WireStats::default(), "exact: nothing counted");
+        assert!(
+            !take(0xbeef, 0, 1, &mut stats),
+            "a large Identification is refused"
+        );
+        assert_eq!((stats.icrc_errors, stats.icrc_implausible_id), (1, 1));
+        assert!(
+            take(7, 0, 2, &mut stats),
+            "a GSO segment received on its own"
+        );
+        assert!(take(7, 7, 2, &mut stats), "at its GRO place");
+        assert!(
+            take(9, 7, 2, &mut stats),
+            "a GRO receive that began inside a message"
+        );
+        assert_eq!((stats.icrc_recovered_id, stats.gro_coalesced), (2, 1));
+        let mut bad = datagram(&arrival, sport, port, 0, 3);
+        bad[30] ^= 0x10;
+        assert!(!accept(
+            &mut checker,
+            &mut stats,
+            port,
+            (&arrival, sport, 0),
+            &bad
+        ));
+        assert_eq!((stats.icrc_errors, stats.icrc_implausible_id), (2, 1));
+        // another source: not known, so its large Identification passes
+        let other = Arrival {
+            remote: addr("192.0.2.3"),
+            ..arrival
+        };
+        let d = datagram(&other, sport, port, 0xbeef, 4);
+        assert!(accept(
+            &mut checker,
+            &mut stats,
+            port,
+            (&other, sport, 0),
+            &d
+        ));
+        assert_eq!(stats.icrc_recovered_id, 3);
     }
 }
