@@ -9,7 +9,7 @@
 //! datagrams leave from the wire's socket instead and count in
 //! [`super::WireStats::sport_fallback`]. A failed port is tried again after [`RETRY`].
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::{sys, WireAddr};
@@ -51,6 +51,9 @@ pub(crate) struct SportSockets {
     /// The table was full of busy sockets then: new ports fall back until [`RETRY`] later
     /// without looking again.
     refused: Option<Instant>,
+    /// The cookie of the namespace the sockets belong in (the wire's socket's), if the
+    /// kernel tells it: a socket created in another one is closed before its bind.
+    netns: Option<u64>,
 }
 
 impl SportSockets {
@@ -59,7 +62,23 @@ impl SportSockets {
             entries: Vec::with_capacity(SPORT_CAP),
             last: 0,
             refused: None,
+            netns: None,
         }
+    }
+
+    /// The table of a wire whose own socket is `wire`: sockets opened later must be in its
+    /// network namespace (checked by cookie, see [`SportSockets::checks_netns`]).
+    pub fn of_socket(wire: std::os::fd::BorrowedFd<'_>) -> SportSockets {
+        SportSockets {
+            netns: sys::netns_cookie(wire),
+            ..SportSockets::new()
+        }
+    }
+
+    /// Whether [`SportSockets::open`] refuses a socket made in another network namespace
+    /// (false where the kernel has no `SO_NETNS_COOKIE`: the caller checks instead).
+    pub fn checks_netns(&self) -> bool {
+        self.netns.is_some()
     }
 
     /// The socket for `sport`, marking it used at `now`. No allocation, no system call.
@@ -151,7 +170,7 @@ impl SportSockets {
     /// [`SportSockets::is_full`]); a port that fails is remembered as failed. Existing
     /// sockets keep their numbers.
     pub fn open(&mut self, local: WireAddr, sport: u16, now: Instant) -> Result<u8> {
-        let opened = open_send_only(local, sport);
+        let opened = open_send_only(local, sport, self.netns);
         let i = match self.entries.iter().position(|e| e.sport == sport) {
             Some(i) => i,
             None => {
@@ -205,9 +224,17 @@ impl SportSockets {
 }
 
 /// A UDP socket bound to `local:sport` that receives nothing: `SO_REUSEPORT`, and a
-/// drop-all socket filter attached before the bind.
-fn open_send_only(local: WireAddr, sport: u16) -> Result<OwnedFd> {
+/// drop-all socket filter attached before the bind. With `netns`, a socket created in
+/// another network namespace (the calling thread's is not the wire's) is refused unbound.
+fn open_send_only(local: WireAddr, sport: u16, netns: Option<u64>) -> Result<OwnedFd> {
     let fd = sys::new_udp(local, SNDBUF, true)?;
+    if netns.is_some() && sys::netns_cookie(fd.as_fd()) != netns {
+        return Err(Error::Os {
+            op: "SO_NETNS_COOKIE",
+            addr: Some(local),
+            source: std::io::Error::other("the calling thread is in another network namespace"),
+        });
+    }
     // one instruction: BPF_RET | BPF_K, return 0 bytes (drop)
     let mut prog = [libc::sock_filter {
         code: 0x06,
@@ -239,6 +266,41 @@ fn open_send_only(local: WireAddr, sport: u16) -> Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table made for another namespace's wire refuses a socket opened from this one,
+    /// before binding it; one made for this namespace opens it.
+    #[test]
+    fn a_socket_from_another_namespace_is_refused_unbound() {
+        let here = std::net::UdpSocket::bind("127.0.88.3:0").unwrap();
+        let Some(ours) = sys::netns_cookie(here.as_fd()) else {
+            eprintln!("SKIPPED: this kernel has no SO_NETNS_COOKIE");
+            return;
+        };
+        let t0 = Instant::now();
+        let a: WireAddr = "127.0.88.3".parse().unwrap();
+        let mut s = SportSockets::of_socket(here.as_fd());
+        assert!(s.checks_netns());
+        assert!(s.open(a, 0xC301, t0).is_ok());
+        // the wire of another namespace (a different cookie; made without entering one)
+        let mut other = SportSockets {
+            netns: Some(ours.wrapping_add(1)),
+            ..SportSockets::new()
+        };
+        let e = other.open(a, 49413, t0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Os {
+                    op: "SO_NETNS_COOKIE",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(other.lookup(49413, t0), Lookup::Failed);
+        // never bound: a socket without SO_REUSEPORT takes the port
+        std::net::UdpSocket::bind("127.0.88.3:49413").unwrap();
+    }
 
     #[test]
     fn opens_reuses_evicts_and_remembers_failures() {

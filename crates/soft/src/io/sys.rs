@@ -4,7 +4,7 @@
 
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::WireAddr;
 use crate::{Error, Result};
@@ -153,6 +153,25 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
     let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, buf_bytes);
     let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, buf_bytes);
     Ok(fd)
+}
+
+/// The cookie of the network namespace `fd` was created in (`SO_NETNS_COOKIE`, Linux 5.14);
+/// `None` where the kernel does not tell. One `getsockopt`, where reading the calling
+/// thread's namespace from `/proc` walks a path (5 µs).
+pub(crate) fn netns_cookie(fd: BorrowedFd<'_>) -> Option<u64> {
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for the call and sized for the option's value.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut v as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && len as usize == std::mem::size_of::<u64>()).then_some(v)
 }
 
 /// Binds `fd` to `local:port` (EADDRINUSE and EADDRNOTAVAIL as their typed errors).

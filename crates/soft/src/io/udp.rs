@@ -281,6 +281,7 @@ impl DatagramWire for UdpWire {
         if self.cfg.gro && sys::enable_udp_gro(fd.as_fd()) {
             self.gro = true;
         }
+        let ports = SportSockets::of_socket(fd.as_fd());
         let mut out = SendBatch::new(self.cfg.batch, self.cfg.max_packet);
         out.set_gso(self.cfg.gso && self.send_faults.is_none() && sys::has_udp_gso(fd.as_fd()));
         self.locals.push(Local {
@@ -288,7 +289,7 @@ impl DatagramWire for UdpWire {
             fd,
             out,
             member,
-            ports: SportSockets::new(),
+            ports,
             netns: share::current_netns(),
         });
         Ok(())

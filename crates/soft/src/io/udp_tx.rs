@@ -45,7 +45,9 @@ impl UdpWire {
     pub(super) fn open_sport(&mut self, i: usize, sport: u16) -> Option<u8> {
         let now = self.clock;
         let addr = self.locals[i].addr;
-        if share::current_netns() != self.locals[i].netns {
+        // Sockets must be made in the wire's namespace: the table checks each new one's
+        // cookie (one getsockopt); without it, the calling thread's namespace is read here.
+        if !self.locals[i].ports.checks_netns() && share::current_netns() != self.locals[i].netns {
             tracing::debug!(local = %addr, sport, "source-port socket not opened: another network namespace");
             self.locals[i].ports.mark_failed(sport, now);
             return None;
