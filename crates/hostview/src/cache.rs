@@ -1,7 +1,7 @@
 //! Links and addresses answered from the last dump until the kernel says they changed.
 //!
-//! A [`Cache`] holds a NETLINK_ROUTE socket subscribed to link and IPv4/IPv6 address
-//! notifications, opened *before* the first dump. The kernel queues a notification on it
+//! A [`Cache`] holds a NETLINK_ROUTE socket subscribed to link, IPv4/IPv6 address, route
+//! and rule, and nexthop notifications, opened *before* the first dump. The kernel queues a notification on it
 //! inside the call that made the change (`rtnl_notify` runs under RTNL in the changer's
 //! context), so when a query finds the socket empty, no change has completed since the
 //! dump it keeps: the answer is as current as a fresh dump would be. Each query drains the
@@ -10,16 +10,33 @@
 //! overrun (`ENOBUFS`: notifications lost) drops both. The next query dumps again, so the
 //! kept lists are always whole kernel dumps, in the kernel's order.
 //!
-//! Routes and neighbours are not kept: a route lookup depends on rules, tables and the
-//! source, and is one kernel exchange anyway.
+//! Route lookups (`route_get` answers, by destination, source and output netdev) are kept
+//! too, and all dropped by any notification at all: a route, rule or nexthop change, and
+//! any link or address change (routes that go with a link or an address are removed
+//! without a notification of their own). A kept answer also expires after [`ROUTE_TTL`],
+//! which bounds how long a lookup-changing sysctl without a notification (the multipath
+//! hash policy, say) goes unseen. At most [`ROUTES`] answers are kept. Neighbours are
+//! never kept.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::addrs::Address;
 use crate::error::Result;
 use crate::links::Link;
+use crate::route::RouteAnswer;
+
+/// How long a kept route answer is used.
+pub(crate) const ROUTE_TTL: Duration = Duration::from_secs(1);
+/// Most route answers kept (all are dropped when a new one finds the table full).
+pub(crate) const ROUTES: usize = 4096;
+
+/// A route lookup: destination, source, output netdev.
+pub(crate) type RouteKey = (IpAddr, Option<IpAddr>, Option<u32>);
 
 /// What is kept, and the subscription that says when it goes stale.
 #[derive(Debug)]
@@ -32,6 +49,7 @@ struct Kept {
     sock: Socket,
     links: Option<Arc<[Link]>>,
     addrs: Option<Arc<[Address]>>,
+    routes: HashMap<RouteKey, (RouteAnswer, Instant)>,
 }
 
 /// What a drain of the subscription found.
@@ -39,6 +57,7 @@ struct Kept {
 struct Changed {
     links: bool,
     addrs: bool,
+    routes: bool,
 }
 
 impl Cache {
@@ -48,6 +67,11 @@ impl Cache {
             libc::RTNLGRP_LINK,
             libc::RTNLGRP_IPV4_IFADDR,
             libc::RTNLGRP_IPV6_IFADDR,
+            libc::RTNLGRP_IPV4_ROUTE,
+            libc::RTNLGRP_IPV6_ROUTE,
+            libc::RTNLGRP_IPV4_RULE,
+            libc::RTNLGRP_IPV6_RULE,
+            libc::RTNLGRP_NEXTHOP,
         ];
         let mask = groups.iter().fold(0u32, |m, g| m | (1 << (g - 1)));
         let mut sock = Socket::new(NETLINK_ROUTE)?;
@@ -58,6 +82,7 @@ impl Cache {
                 sock,
                 links: None,
                 addrs: None,
+                routes: HashMap::new(),
             }),
         })
     }
@@ -88,12 +113,39 @@ impl Cache {
         k.addrs = Some(a.clone());
         Ok(a)
     }
+
+    /// The answer to a route lookup, kept or from `ask` (kept if it succeeds). `ask` runs
+    /// under the cache's lock, so no change drained meanwhile by another query can leave an
+    /// answer older than it kept.
+    pub(crate) fn route(
+        &self,
+        key: RouteKey,
+        ask: impl FnOnce() -> Result<RouteAnswer>,
+    ) -> Result<RouteAnswer> {
+        let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        k.sync();
+        let now = Instant::now();
+        if let Some((a, at)) = k.routes.get(&key) {
+            if now.duration_since(*at) < ROUTE_TTL {
+                return Ok(a.clone());
+            }
+        }
+        let a = ask()?;
+        if k.routes.len() >= ROUTES {
+            k.routes.clear();
+        }
+        k.routes.insert(key, (a.clone(), now));
+        Ok(a)
+    }
 }
 
 impl Kept {
     /// Drops what the queued notifications make stale.
     fn sync(&mut self) {
         let c = drain(&self.sock);
+        if c.links || c.addrs || c.routes {
+            self.routes.clear();
+        }
         if c.links {
             self.links = None;
             // a removed link takes its addresses with it
@@ -117,7 +169,7 @@ fn drain(sock: &Socket) -> Changed {
             Ok(n) if n >= 6 => match u16::from_ne_bytes([head[4], head[5]]) {
                 libc::RTM_NEWLINK | libc::RTM_DELLINK => c.links = true,
                 libc::RTM_NEWADDR | libc::RTM_DELADDR => c.addrs = true,
-                _ => {}
+                _ => c.routes = true,
             },
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -127,6 +179,7 @@ fn drain(sock: &Socket) -> Changed {
                 return Changed {
                     links: true,
                     addrs: true,
+                    routes: true,
                 };
             }
         }

@@ -60,12 +60,15 @@ impl HostView {
     /// ```
     pub async fn lookups(&self, q: &Lookups) -> Result<LookupAnswers> {
         if self.cache.is_some() {
-            // links and holders come from the kept dumps: only the routes go to the kernel
-            let routes = Lookups {
-                routes: q.routes.clone(),
-                ..Lookups::default()
+            // from what is kept: only what is not goes to the kernel, one question at a time
+            let mut a = LookupAnswers {
+                link: None,
+                holder: None,
+                routes: Vec::with_capacity(q.routes.len()),
             };
-            let mut a = self.ask(&routes)?;
+            for (dst, src) in &q.routes {
+                a.routes.push(self.route_get(*dst, *src, None).await);
+            }
             if let Some(i) = q.link {
                 a.link = Some(self.link(i).await);
             }

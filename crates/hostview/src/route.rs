@@ -245,6 +245,19 @@ impl HostView {
                 "source {src:?} and destination {dst} are of different families"
             )));
         }
+        match &self.cache {
+            Some(c) => c.route((dst, src, oif), || self.ask_route(dst, src, oif)),
+            None => self.ask_route(dst, src, oif),
+        }
+    }
+
+    /// [`HostView::route_get`] asked of the kernel.
+    pub(crate) fn ask_route(
+        &self,
+        dst: IpAddr,
+        src: Option<IpAddr>,
+        oif: Option<u32>,
+    ) -> Result<RouteAnswer> {
         let msgs = self.nl.request(
             "RTM_GETROUTE",
             RouteNetlinkMessage::GetRoute(lookup_message(dst, src, oif, false)),
@@ -258,14 +271,14 @@ impl HostView {
             })
             .ok_or_else(|| Error::Netlink("RTM_GETROUTE: no answer".into()))?;
         if let (Some(oif), RouteType::Unicast) = (oif, answer.kind) {
-            answer.origin = self.fib_origin(dst, src, oif).await?;
+            answer.origin = self.fib_origin(dst, src, oif)?;
         }
         Ok(answer)
     }
 
     /// The same lookup with RTM_F_FIB_MATCH: the kernel answers with the FIB entry behind the
     /// answer, or with an error when there is none (its on-link guess has no FIB entry).
-    async fn fib_origin(&self, dst: IpAddr, src: Option<IpAddr>, oif: u32) -> Result<RouteOrigin> {
+    fn fib_origin(&self, dst: IpAddr, src: Option<IpAddr>, oif: u32) -> Result<RouteOrigin> {
         let r = self.nl.request(
             "RTM_GETROUTE(fibmatch)",
             RouteNetlinkMessage::GetRoute(lookup_message(dst, src, Some(oif), true)),

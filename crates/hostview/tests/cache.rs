@@ -1,5 +1,5 @@
-//! Kept links and addresses follow every change at once: after each `ip` command, a view
-//! that keeps its dumps answers exactly as one that asks the kernel every time.
+//! Kept links, addresses and route answers follow every change at once: after each `ip`
+//! command, a view that keeps them answers exactly as one that asks the kernel every time.
 
 use std::net::IpAddr;
 
@@ -8,6 +8,10 @@ use rdma_testhosts::{require_root, topologies};
 
 /// Every answer the cached view gives, compared with the uncached one.
 fn same_answers(kept: &BlockingHostView, fresh: &BlockingHostView, probes: &[&str], step: &str) {
+    let errno = |r: &rdma_hostview::Result<rdma_hostview::RouteAnswer>| match r {
+        Ok(a) => Ok(a.clone()),
+        Err(e) => Err(e.errno()),
+    };
     let links = fresh.links().unwrap();
     assert_eq!(kept.links().unwrap(), links, "{step}: links");
     assert_eq!(
@@ -25,6 +29,11 @@ fn same_answers(kept: &BlockingHostView, fresh: &BlockingHostView, probes: &[&st
             .into_iter()
             .chain(links.iter().map(|l| Some(l.index)))
         {
+            let (k, f) = (
+                kept.route_get(ip, None, scope),
+                fresh.route_get(ip, None, scope),
+            );
+            assert_eq!(errno(&k), errno(&f), "{step}: route to {ip} oif {scope:?}");
             let (k, f) = (kept.link_holding(ip, scope), fresh.link_holding(ip, scope));
             match (k, f) {
                 (Ok(a), Ok(b)) => assert_eq!(a, b, "{step}: holder of {ip} {scope:?}"),
@@ -44,18 +53,62 @@ fn kept_links_and_addresses_follow_every_change() {
     let a = t.host("a");
     let probes = [
         "192.0.2.1",
+        "192.0.2.2",
         "198.51.100.7",
+        "203.0.113.5",
         "2001:db8:9::7",
+        "2001:db8:5::1",
         "fe80::1",
         "fe80::77",
     ];
+    // DAD's end notifies the addresses (dropping kept answers): wait for it, so that the
+    // checks below see answers that were kept, not re-asked by chance
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !a
+        .ip(&["-6", "addr", "show", "tentative"])
+        .unwrap()
+        .trim()
+        .is_empty()
+    {
+        assert!(std::time::Instant::now() < end, "DAD did not finish");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     a.run(|| {
         let kept = BlockingHostView::new().unwrap();
         let fresh = BlockingHostView::from_view(HostView::uncached().unwrap()).unwrap();
         same_answers(&kept, &fresh, &probes, "start");
         // the same questions again: answered from what was kept
         same_answers(&kept, &fresh, &probes, "again");
-        let steps: [(&str, &[&str]); 9] = [
+        let steps: [(&str, &[&str]); 16] = [
+            (
+                "route",
+                &["route", "add", "203.0.113.0/24", "via", "192.0.2.2"],
+            ),
+            (
+                "route6",
+                &["route", "add", "2001:db8:5::/64", "via", "2001:db8:1::2"],
+            ),
+            (
+                "replace",
+                &["route", "replace", "203.0.113.0/24", "dev", "eth0"],
+            ),
+            ("rule", &["rule", "add", "to", "203.0.113.5", "table", "77"]),
+            (
+                "table",
+                &[
+                    "route",
+                    "add",
+                    "unreachable",
+                    "203.0.113.0/24",
+                    "table",
+                    "77",
+                ],
+            ),
+            (
+                "unrule",
+                &["rule", "del", "to", "203.0.113.5", "table", "77"],
+            ),
+            ("unroute6", &["route", "del", "2001:db8:5::/64"]),
             ("add v4", &["addr", "add", "198.51.100.7/24", "dev", "eth0"]),
             (
                 "add v6",
