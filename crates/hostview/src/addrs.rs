@@ -116,7 +116,9 @@ impl HostView {
     pub async fn addresses(&self) -> Result<Vec<Address>> {
         match &self.cache {
             Some(c) => Ok(c
-                .addresses(|| self.dump_addresses(AddressFamily::Unspec))?
+                .addresses(self.sync_first(), || {
+                    self.dump_addresses(AddressFamily::Unspec)
+                })?
                 .to_vec()),
             None => self.dump_addresses(AddressFamily::Unspec),
         }
@@ -155,7 +157,9 @@ impl HostView {
         let holds = |a: &Address| a.addr == ip && scope.is_none_or(|s| s == a.link);
         let found = match &self.cache {
             Some(c) => c
-                .addresses(|| self.dump_addresses(AddressFamily::Unspec))?
+                .addresses(self.sync_first(), || {
+                    self.dump_addresses(AddressFamily::Unspec)
+                })?
                 .iter()
                 .find(|a| holds(a))
                 .map(|a| a.link),

@@ -88,9 +88,16 @@ impl Cache {
     }
 
     /// The links, from the kept dump or from `dump` (kept until the next link change).
-    pub(crate) fn links(&self, dump: impl FnOnce() -> Result<Vec<Link>>) -> Result<Arc<[Link]>> {
+    /// `sync`: drain the subscription first (see `HostView::at_once` for when not).
+    pub(crate) fn links(
+        &self,
+        sync: bool,
+        dump: impl FnOnce() -> Result<Vec<Link>>,
+    ) -> Result<Arc<[Link]>> {
         let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        k.sync();
+        if sync {
+            k.sync();
+        }
         if let Some(l) = &k.links {
             return Ok(l.clone());
         }
@@ -102,10 +109,13 @@ impl Cache {
     /// The addresses (both families), from the kept dump or from `dump`.
     pub(crate) fn addresses(
         &self,
+        sync: bool,
         dump: impl FnOnce() -> Result<Vec<Address>>,
     ) -> Result<Arc<[Address]>> {
         let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        k.sync();
+        if sync {
+            k.sync();
+        }
         if let Some(a) = &k.addrs {
             return Ok(a.clone());
         }
@@ -119,11 +129,14 @@ impl Cache {
     /// answer older than it kept.
     pub(crate) fn route(
         &self,
+        sync: bool,
         key: RouteKey,
         ask: impl FnOnce() -> Result<RouteAnswer>,
     ) -> Result<RouteAnswer> {
         let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        k.sync();
+        if sync {
+            k.sync();
+        }
         let now = Instant::now();
         if let Some((a, at)) = k.routes.get(&key) {
             if now.duration_since(*at) < ROUTE_TTL {

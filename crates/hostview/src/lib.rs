@@ -95,6 +95,8 @@ pub struct HostView {
     nl: std::sync::Arc<nl::Requester>,
     /// `None` if the subscription could not be opened: every query asks the kernel.
     cache: Option<std::sync::Arc<cache::Cache>>,
+    /// [`HostView::at_once`]: set once the kept answers were brought up to date.
+    once: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl HostView {
@@ -105,7 +107,43 @@ impl HostView {
         Ok(HostView {
             nl: std::sync::Arc::new(nl::Requester::new()?),
             cache: cache::Cache::new().ok().map(std::sync::Arc::new),
+            once: None,
         })
+    }
+
+    /// A view for one resolution: its first question brings what is kept up to date (one
+    /// `recv` on the change subscription); the later ones use what is kept without that
+    /// `recv`, so they are never older than the first question (a change after it may go
+    /// unseen, as if all were asked at once). After a wait (neighbour resolution) the next
+    /// question brings it up to date again. Use one per operation and drop it.
+    ///
+    /// ```no_run
+    /// # async fn f(hv: &rdma_hostview::HostView) -> rdma_hostview::Result<()> {
+    /// let now = hv.at_once();
+    /// let lo = now.link_holding("127.0.0.1".parse().unwrap(), None).await?;
+    /// let route = now.route_get("127.0.0.1".parse().unwrap(), None, Some(lo.index)).await?;
+    /// # let _ = route;
+    /// # Ok(()) }
+    /// ```
+    pub fn at_once(&self) -> HostView {
+        HostView {
+            once: Some(Default::default()),
+            ..self.clone()
+        }
+    }
+
+    /// After a wait: the next question of an [`HostView::at_once`] view syncs again.
+    fn sync_again(&self) {
+        if let Some(done) = &self.once {
+            done.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a question of this view must first bring the kept answers up to date.
+    fn sync_first(&self) -> bool {
+        self.once
+            .as_ref()
+            .is_none_or(|done| !done.swap(true, std::sync::atomic::Ordering::Relaxed))
     }
 
     /// A view that asks the kernel at every query (no kept links or addresses): for
@@ -119,6 +157,7 @@ impl HostView {
         Ok(HostView {
             nl: std::sync::Arc::new(nl::Requester::new()?),
             cache: None,
+            once: None,
         })
     }
 

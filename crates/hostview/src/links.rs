@@ -185,7 +185,7 @@ impl HostView {
     /// Every link of the namespace.
     pub async fn links(&self) -> Result<Vec<Link>> {
         match &self.cache {
-            Some(c) => Ok(c.links(|| self.dump_links())?.to_vec()),
+            Some(c) => Ok(c.links(self.sync_first(), || self.dump_links())?.to_vec()),
             None => self.dump_links(),
         }
     }
@@ -198,7 +198,7 @@ impl HostView {
     pub async fn link(&self, index: u32) -> Result<Link> {
         let gone = || Error::NoDevice(format!("ifindex {index}"));
         if let Some(c) = &self.cache {
-            let links = c.links(|| self.dump_links())?;
+            let links = c.links(self.sync_first(), || self.dump_links())?;
             return links
                 .iter()
                 .find(|l| l.index == index)

@@ -173,6 +173,8 @@ impl HostView {
             }
         }
         self.kick_resolution(link, &l.name, next_hop).await?;
+        // this waits: a view made `at_once` brings what is kept up to date again after it
+        self.sync_again();
         loop {
             match mon.next_before(deadline).await? {
                 Event::Neighbour(n) if n.link == link && n.addr == next_hop => {

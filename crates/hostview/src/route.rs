@@ -246,7 +246,9 @@ impl HostView {
             )));
         }
         match &self.cache {
-            Some(c) => c.route((dst, src, oif), || self.ask_route(dst, src, oif)),
+            Some(c) => c.route(self.sync_first(), (dst, src, oif), || {
+                self.ask_route(dst, src, oif)
+            }),
             None => self.ask_route(dst, src, oif),
         }
     }

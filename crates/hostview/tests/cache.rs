@@ -141,3 +141,36 @@ fn kept_links_and_addresses_follow_every_change() {
         assert!(kept.addresses().unwrap().iter().all(|x| x.addr != gone));
     });
 }
+
+/// A view made `at_once` answers as of its first question; the next one sees the change.
+#[test]
+fn a_view_at_once_answers_as_of_its_first_question() {
+    if !require_root("a_view_at_once_answers_as_of_its_first_question") {
+        return;
+    }
+    let t = topologies::two_hosts_one_link().unwrap();
+    let a = t.host("a");
+    a.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let hv = HostView::new().unwrap();
+        let ip: IpAddr = "198.51.100.9".parse().unwrap();
+        let now = hv.at_once();
+        assert!(rt.block_on(now.index_holding(ip, None)).is_err());
+        a.ip(&["addr", "add", "198.51.100.9/24", "dev", "eth0"])
+            .unwrap();
+        // the same operation: as of its first question
+        assert!(rt.block_on(now.index_holding(ip, None)).is_err());
+        assert!(rt.block_on(now.links()).is_ok());
+        assert!(rt.block_on(now.index_holding(ip, None)).is_err());
+        // a new operation, and the shared view: the address is there
+        let eth0 = rt.block_on(hv.link_by_name("eth0")).unwrap().index;
+        assert_eq!(
+            rt.block_on(hv.at_once().index_holding(ip, None)).unwrap(),
+            eth0
+        );
+        assert_eq!(rt.block_on(hv.index_holding(ip, None)).unwrap(), eth0);
+    });
+}

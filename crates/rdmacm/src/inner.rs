@@ -81,7 +81,8 @@ impl Inner {
         Fut: Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        run_on(&self.rt_handle, f(self.resolver.clone()))
+        // one operation: the host view is brought up to date once, at its first question
+        run_on(&self.rt_handle, f(self.resolver.at_once()))
     }
 
     pub(crate) fn watch(&self, st: &mut State, id: IdNum, a: &ResolvedAddr) {

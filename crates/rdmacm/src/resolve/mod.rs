@@ -61,6 +61,22 @@ impl Resolver {
         Resolver { hv, ttl }
     }
 
+    /// A resolver for one operation: its questions are answered as of its first one (see
+    /// [`HostView::at_once`]).
+    ///
+    /// ```no_run
+    /// # async fn f(r: &rdmacm::Resolver) -> rdmacm::Result<()> {
+    /// let b = r.at_once().bind(&"127.0.0.1".parse()?).await?;
+    /// # let _ = b;
+    /// # Ok(()) }
+    /// ```
+    pub fn at_once(&self) -> Resolver {
+        Resolver {
+            hv: self.hv.at_once(),
+            ttl: self.ttl.clone(),
+        }
+    }
+
     /// The host view it reads.
     pub fn view(&self) -> &HostView {
         &self.hv
