@@ -155,6 +155,58 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
     Ok(fd)
 }
 
+/// A UDP socket of `local`'s family for sending only: IPv6-only for IPv6, don't-fragment,
+/// `SO_REUSEPORT`, a send buffer of `buf_bytes` and the smallest receive buffer (nothing is
+/// read from it). Unbound.
+pub(crate) fn new_udp_sender(local: WireAddr, buf_bytes: i32) -> Result<OwnedFd> {
+    if local.is_link_local() && local.scope_id() == 0 {
+        return Err(Error::ScopeRequired { addr: local });
+    }
+    let v6 = local.ip().is_ipv6();
+    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let raw = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_UDP,
+        )
+    };
+    if raw < 0 {
+        return Err(Error::last_os("socket", Some(local)));
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let opt = |op: &'static str, level, name, value| {
+        setsockopt_int(fd.as_raw_fd(), level, name, value).map_err(|source| Error::Os {
+            op,
+            addr: Some(local),
+            source,
+        })
+    };
+    if v6 {
+        opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+        let (l, n, v) = (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        );
+        opt("IPV6_MTU_DISCOVER", l, n, v)?;
+    } else {
+        let (l, n, v) = (
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        );
+        opt("IP_MTU_DISCOVER", l, n, v)?;
+    }
+    opt("SO_REUSEPORT", libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    opt("SO_RCVBUF", libc::SOL_SOCKET, libc::SO_RCVBUF, 0)?;
+    // the kernel caps it at wmem_max, which is fine
+    let _ = setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, buf_bytes);
+    Ok(fd)
+}
+
 /// The cookie of the network namespace `fd` was created in (`SO_NETNS_COOKIE`, Linux 5.14);
 /// `None` where the kernel does not tell. One `getsockopt`, where reading the calling
 /// thread's namespace from `/proc` walks a path (5 µs).
