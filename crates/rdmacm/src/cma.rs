@@ -88,6 +88,7 @@ impl Cma {
             resolver,
             state: Mutex::new(State {
                 ids: HashMap::new(),
+                ack_waiters: 0,
                 next_id: 1,
                 devices: HashMap::new(),
                 members: HashMap::new(),

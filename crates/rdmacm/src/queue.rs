@@ -68,8 +68,11 @@ impl Inner {
         if let Some(s) = st.ids.get_mut(&id) {
             s.outstanding = s.outstanding.saturating_sub(1);
         }
+        let waiting = st.ack_waiters > 0;
         drop(st);
-        self.acked.notify_all();
+        if waiting {
+            self.acked.notify_all();
+        }
     }
 
     /// Waits until `id` has no outstanding event (`rdma_destroy_id`).
@@ -79,7 +82,9 @@ impl Inner {
         id: IdNum,
     ) -> MutexGuard<'a, State> {
         while st.ids.get(&id).is_some_and(|s| s.outstanding > 0) {
+            st.ack_waiters += 1;
             st = self.acked.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.ack_waiters -= 1;
         }
         st
     }

@@ -21,6 +21,9 @@ pub(crate) struct ChanState {
 /// Everything behind the context's lock.
 pub(crate) struct State {
     pub ids: HashMap<IdNum, IdSlot>,
+    /// Threads in [`crate::inner::Inner::wait_acked`]: an ack wakes the condvar only then
+    /// (a `notify_all` is a system call even with nobody waiting).
+    pub ack_waiters: usize,
     pub next_id: IdNum,
     /// Devices by key: the ifindex of their first netdev (port 1).
     pub devices: HashMap<u32, DevEntry>,

@@ -51,3 +51,34 @@ fn a_short_queue_loses_the_destroyed_ids_events() {
 fn a_long_queue_loses_the_destroyed_ids_events() {
     check(400, "127.0.93.2");
 }
+
+/// `rdma_destroy_id` of an id whose event the application still holds waits for the ack
+/// (the event's drop), and returns once it comes, from another thread.
+#[test]
+fn destroy_waits_for_the_held_event_and_returns_at_its_ack() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cma = Cma::new().unwrap();
+    let ch = EventChannel::with_cma(&cma).unwrap();
+    let dst: SocketAddr = "127.0.93.3:7471".parse().unwrap();
+    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, dst, T).unwrap();
+    let ev = ch.get_event_timeout(T).unwrap().expect("ADDR_RESOLVED");
+    assert_eq!(ev.kind(), EventType::AddrResolved);
+    let acked = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let a = acked.clone();
+    let destroyer = std::thread::spawn(move || {
+        drop(id);
+        done_tx.send(a.load(Ordering::SeqCst)).unwrap();
+    });
+    // the destroy waits while the event is held
+    assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    acked.store(true, Ordering::SeqCst);
+    drop(ev);
+    let saw_ack = done_rx
+        .recv_timeout(T)
+        .expect("destroy did not return after the ack");
+    assert!(saw_ack, "destroy returned before the event was acked");
+    destroyer.join().unwrap();
+}
