@@ -493,14 +493,19 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
     let mut established: HashSet<u64> = HashSet::new();
     // The sync point the client waits at, and since when.
     let mut waiting: Option<(u8, Instant)> = None;
+    // The out-of-band socket is read when no event is queued or every OOB_EVERY: not once
+    // per event (a system call each, in a storm of thousands).
+    let mut oob_at = Instant::now();
     loop {
-        if let Some(ev) = ch
+        let ev = ch
             .get_event_timeout(Duration::from_millis(10))
-            .map_err(|e| format!("get_event: {e}"))?
-        {
+            .map_err(|e| format!("get_event: {e}"))?;
+        let idle = ev.is_none();
+        if let Some(ev) = ev {
             server_event(ev, &mut verbs, &mut live, &mut established);
         }
-        if waiting.is_none() {
+        if waiting.is_none() && (idle || oob_at.elapsed() >= OOB_EVERY) {
+            oob_at = Instant::now();
             let mut b = [0u8];
             match sock.read(&mut b) {
                 Ok(0) => {
@@ -545,6 +550,9 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
         }
     }
 }
+
+/// How often a busy server looks at the out-of-band socket.
+const OOB_EVERY: Duration = Duration::from_millis(1);
 
 /// The server's answer to one CM event.
 fn server_event(
