@@ -88,9 +88,11 @@ impl Inner {
                 );
                 tracing::trace!(target: "rdmacm::mad", local = %m.local, remote = %m.remote, attr = mad_attr(&m.mad), "MAD received");
                 d.agent.handle_mad(now, path, &m.mad);
-                self.drain_agent(&mut st, i);
+                // the answers of this round leave together (flushed below)
+                self.drain_agent_queued(&mut st, i);
                 st = self.settle_held(st, i);
             }
+            flush_gsi(&st, i);
             crate::migrate::on_device_events(self, &mut st, i);
             // Timers.
             if let Some(d) = st.devices.get_mut(&i) {
@@ -331,6 +333,8 @@ impl Inner {
             };
             h.in_flight = true;
             let (arrival, local, peer) = (h.arrival(), h.hdr.dst, h.hdr.src);
+            // what this round queued leaves before the lookup
+            flush_gsi(&st, i);
             drop(st);
             let hold = self
                 .lookup_hold
@@ -353,6 +357,12 @@ impl Inner {
     /// until it has nothing left. While a request of the device is held for its path, only
     /// sends: the events after it wait for it.
     pub(crate) fn drain_agent(self: &Arc<Self>, st: &mut State, i: u32) {
+        self.drain_agent_queued(st, i);
+        flush_gsi(st, i);
+    }
+
+    /// [`Inner::drain_agent`] leaving its MADs in the wire's batch (see [`flush_gsi`]).
+    fn drain_agent_queued(self: &Arc<Self>, st: &mut State, i: u32) {
         loop {
             let held = st.held.contains_key(&i);
             let Some(d) = st.devices.get_mut(&i) else {
@@ -388,9 +398,19 @@ impl Inner {
     }
 }
 
-/// Sends one MAD of an agent. The path names both ends; the tag is the netdev (the scope
-/// of link-local addresses). A send error (e.g. the address went away) is a lost MAD: the
-/// CM's retries and timeouts handle it.
+/// Sends the MADs queued on device `i` (a failure is lost MADs, as in [`send`]).
+fn flush_gsi(st: &State, i: u32) {
+    if let Some(d) = st.devices.get(&i) {
+        if let Err(e) = d.dev.gsi_flush() {
+            tracing::debug!(target: "rdmacm::mad", error = %e, "MADs not sent");
+        }
+    }
+}
+
+/// Queues one MAD of an agent in its device's send batch ([`flush_gsi`] sends it). The
+/// path names both ends; the tag is the netdev (the scope of link-local addresses). A send
+/// error (e.g. the address went away) is a lost MAD: the CM's retries and timeouts handle
+/// it.
 fn send(d: &DevEntry, t: &CmTransmit) {
     let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
     let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
@@ -398,7 +418,7 @@ fn send(d: &DevEntry, t: &CmTransmit) {
         tclass: t.path.traffic_class,
     };
     tracing::trace!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), "MAD sent");
-    if let Err(e) = d.dev.gsi_send_with(&local, &remote, meta, &t.mad) {
+    if let Err(e) = d.dev.gsi_queue_with(&local, &remote, meta, &t.mad) {
         // a lost MAD: the CM's retransmissions (or the peer's) cover it
         tracing::debug!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), error = %e, "MAD not sent");
     }
@@ -423,6 +443,7 @@ fn count_retransmits(st: &mut State, i: u32) {
         let conn = sender_comm_id(&t.mad).and_then(|c| d.agent.conn_by_local_comm_id(c));
         ids.extend(conn.and_then(|c| d.conns.get(&c).copied()));
     }
+    flush_gsi(st, i);
     for id in ids {
         if let Some(s) = st.ids.get_mut(&id) {
             s.counters.retransmits += 1;

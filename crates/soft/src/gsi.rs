@@ -348,9 +348,48 @@ impl Device {
         meta: TxMeta,
         mad: &[u8; MAD_LEN],
     ) -> Result<()> {
+        self.gsi_send_flushed(local, remote, meta, mad, true)
+    }
+
+    /// [`Device::gsi_send_with`] without the flush: the MAD waits in the wire's send batch
+    /// for [`Device::gsi_flush`] (or for a full batch, or the device's next flush), so that
+    /// the MADs of one round leave in one system call.
+    ///
+    /// ```no_run
+    /// # fn f(d: &rdma_soft::verbs::Device, la: rdma_soft::io::WireAddr,
+    /// #      lb: rdma_soft::io::WireAddr, mads: &[[u8; 256]]) -> rdma_soft::Result<()> {
+    /// for m in mads {
+    ///     d.gsi_queue_with(&la, &lb, rdma_soft::io::TxMeta::default(), m)?;
+    /// }
+    /// d.gsi_flush()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn gsi_queue_with(
+        &self,
+        local: &WireAddr,
+        remote: &WireAddr,
+        meta: TxMeta,
+        mad: &[u8; MAD_LEN],
+    ) -> Result<()> {
+        self.gsi_send_flushed(local, remote, meta, mad, false)
+    }
+
+    /// Sends the MADs [`Device::gsi_queue_with`] queued (with anything else the wire holds).
+    pub fn gsi_flush(&self) -> Result<()> {
+        self.shared().runtime().gsi_flush()
+    }
+
+    fn gsi_send_flushed(
+        &self,
+        local: &WireAddr,
+        remote: &WireAddr,
+        meta: TxMeta,
+        mad: &[u8; MAD_LEN],
+        flush: bool,
+    ) -> Result<()> {
         let shared = self.shared();
         let mut rt = shared.runtime();
-        let r = rt.gsi_send(*local, *remote, meta.tclass, mad);
+        let r = rt.gsi_send(*local, *remote, meta.tclass, mad, flush);
         // a MAD the fault injector holds back is released by the engine
         if let Some(t) = rt.post_deadline(0) {
             shared.wake_by(t);

@@ -335,13 +335,15 @@ impl Runtime {
         was
     }
 
-    /// Sends a MAD from QP1 with IPv4 TOS / IPv6 traffic class `tclass` and flushes.
+    /// Sends a MAD from QP1 with IPv4 TOS / IPv6 traffic class `tclass`; with `flush`, at
+    /// once, else queued in the wire's batch until [`Runtime::gsi_flush`] (or a full batch).
     pub fn gsi_send(
         &mut self,
         local: WireAddr,
         remote: WireAddr,
         tclass: u8,
         mad: &[u8; MAD_LEN],
+        flush: bool,
     ) -> Result<()> {
         if !self.gsi.is_open(local) {
             return Err(Error::NotOpen { addr: local });
@@ -356,9 +358,16 @@ impl Runtime {
             TxMeta { tclass },
             &self.tx.packet[..n],
         )?;
-        self.wire.flush()?;
         self.gsi.on_sent();
+        if flush {
+            self.wire.flush()?;
+        }
         Ok(())
+    }
+
+    /// Sends what [`Runtime::gsi_send`] left queued.
+    pub fn gsi_flush(&mut self) -> Result<()> {
+        self.wire.flush()
     }
 
     /// Monotonic nanoseconds since the runtime started.
