@@ -14,7 +14,8 @@
 //! ## The IPv4 Identification problem
 //!
 //! A receiver holding only a UDP socket does not see the IPv4 Identification that the sender's
-//! kernel chose (Linux rxe picks it at random). [`recover_ipv4_identification`] decides whether
+//! kernel chose (Linux rxe takes it from a per-destination counter, `__ip_select_ident`, so
+//! it looks random to the receiver). [`recover_ipv4_identification`] decides whether
 //! *some* Identification makes the ICRC valid, using that a CRC is affine: for a fixed length,
 //! `crc(id = x) ^ crc(id = 0)` is a linear function of the 16 bits of `x`. [`Ipv4IdSolver`]
 //! holds the 16 basis syndromes for one payload length in reduced echelon form, so that
@@ -24,9 +25,12 @@
 //! plus one ordinary ICRC computation.
 //!
 //! The price: such a check guards 16 bits fewer. Of the 2^32 possible ICRC values, 2^16 are
-//! accepted, so a random corruption passes with probability 2^-16 instead of 2^-32.
-//! Ethernet's FCS still protects each hop. Prefer the exact check when the real header is known
-//! (a packet socket, or our own sender, which uses Identification 0).
+//! accepted, so a random corruption passes with probability 2^-16 instead of 2^-32. A single
+//! flipped bit is worse: whether some Identification explains it depends only on the bit's
+//! place, so about one place in 2^16 bits is always accepted. Ethernet's FCS still protects
+//! each hop. Prefer the exact check when the real header is known (a packet socket, or our
+//! own sender, which uses Identification 0); `rdma-soft` trusts a recovered Identification
+//! only from a source not known to send 0 (its `io/icrc.rs`).
 
 use crate::bth::BTH_LEN;
 use crate::{Error, Result};

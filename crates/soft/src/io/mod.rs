@@ -23,8 +23,10 @@
 //! - UDP GSO on send (`UDP_SEGMENT`, [`UdpConfig::gso`]): a run of equal-size packets to one
 //!   peer goes as one message; segment k is sealed for IPv4 Identification k, which the
 //!   kernel gives it (checked on captured datagrams by `tests/kernel_identification.rs`).
-//!   rdma-perf write_bw 64 KiB on loopback: ~800 -> ~1400 MB/s (docs/BENCHMARKS.md). UDP GRO
-//!   on receive is not implemented yet: receivers get the segments one by one.
+//!   rdma-perf write_bw 64 KiB on loopback: ~800 -> ~1400 MB/s (docs/BENCHMARKS.md).
+//! - UDP GRO on receive (`UDP_GRO`, [`UdpConfig::gro`]): one receive holds up to 64 KiB of a
+//!   flow's datagrams, split by segment size in `udp_rx.rs`; segment k's ICRC is checked
+//!   for Identification k.
 
 mod addr;
 mod batch;
