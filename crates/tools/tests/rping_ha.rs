@@ -7,7 +7,7 @@ mod procs;
 
 use std::time::Duration;
 
-use procs::{spawn, wait_udp_4791};
+use procs::{spawn, spawn_streamed, wait_udp_4791};
 use rdma_testhosts::{require_root, topologies, Host};
 
 const RPING: &str = env!("CARGO_BIN_EXE_rping");
@@ -115,11 +115,24 @@ fn rping_migrate_survives_the_link_going_down() {
     let mut c = h.command(RPING);
     c.env("RDMACM_DEVICES", "ha=h0+h1")
         .env("RDMACM_HA", "migrate")
-        .args(["-c", "-a", "192.0.2.2", "-C", &count, "-S", "200", "-V"]);
-    let cli = spawn(c, "rping client");
-    // Let it connect and ping over h0 (a wait, not a measurement; no -v: nobody reads
-    // the pipes until the end).
-    std::thread::sleep(Duration::from_millis(500));
+        .args([
+            "-c",
+            "-a",
+            "192.0.2.2",
+            "-C",
+            &count,
+            "-S",
+            "200",
+            "-V",
+            "-v",
+        ]);
+    let mut cli = spawn_streamed(c, "rping client");
+    // The link goes down while it pings over h0 (a fixed sleep let a fast run end first).
+    let k = (count.parse::<usize>().unwrap_or(3000) / 10).min(100);
+    assert!(
+        cli.wait_for_stdout(&format!("rdma-ping-{k}:"), Duration::from_secs(30)),
+        "the client never pinged"
+    );
     ip(h, &["link", "set", "h0", "down"]);
     let out = cli.wait(Duration::from_secs(120));
     assert_eq!(out.code, Some(0), "client: {out:#?}");

@@ -6,7 +6,7 @@ mod procs;
 
 use std::time::Duration;
 
-use procs::{lines_with, spawn, wait_udp_4791};
+use procs::{lines_with, spawn, spawn_streamed, wait_udp_4791};
 use rdma_testhosts::{require_root, topologies};
 
 const RPING: &str = env!("CARGO_BIN_EXE_rping");
@@ -393,19 +393,23 @@ fn netns_rping_goes_on_through_addr_change() {
         "-p",
         "7176",
         "-C",
-        "400",
+        "4000",
         "-V",
         "-v",
     ]);
-    let c = spawn(c, "rping client");
-    std::thread::sleep(Duration::from_millis(200));
+    let mut c = spawn_streamed(c, "rping client");
+    // the change comes while it pings (a fixed sleep let a fast run end first)
+    assert!(
+        c.wait_for_stdout("rdma-ping-100:", T),
+        "the client never pinged"
+    );
     neigh("02:00:00:00:00:99");
     std::thread::sleep(Duration::from_millis(100));
     neigh(&mac_b);
     let c = c.wait(T);
     c.ok("rping client through ADDR_CHANGE");
     srv.wait(T).ok("rping server");
-    assert_eq!(lines_with(&c.stdout, "ping data: rdma-ping-").len(), 400);
+    assert_eq!(lines_with(&c.stdout, "ping data: rdma-ping-").len(), 4000);
     assert!(
         c.stderr
             .contains("unhandled event: RDMA_CM_EVENT_ADDR_CHANGE, ignoring"),

@@ -32,6 +32,38 @@ impl Out {
 pub struct Proc {
     child: Child,
     what: String,
+    /// [`spawn_streamed`]: threads reading stdout and stderr as they come.
+    streams: Option<[Stream; 2]>,
+}
+
+/// A pipe read by its own thread into a shared buffer.
+struct Stream {
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Stream {
+    fn new(mut from: impl Read + Send + 'static) -> Stream {
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let to = text.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = from.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let chunk = String::from_utf8_lossy(&buf[..n]).into_owned();
+                to.lock().unwrap().push_str(&chunk);
+            }
+        });
+        Stream { text, reader }
+    }
+
+    /// Everything read, once the pipe closed (the child exited).
+    fn finish(self) -> String {
+        let _ = self.reader.join();
+        std::mem::take(&mut *self.text.lock().unwrap())
+    }
 }
 
 /// Starts `cmd` with stdout/stderr piped.
@@ -45,7 +77,18 @@ pub fn spawn(mut cmd: Command, what: &str) -> Proc {
     Proc {
         child,
         what: what.to_string(),
+        streams: None,
     }
+}
+
+/// [`spawn`], with its output read as it comes (so that a test can wait for a line, and a
+/// long run never blocks on a full pipe).
+pub fn spawn_streamed(cmd: Command, what: &str) -> Proc {
+    let mut p = spawn(cmd, what);
+    let out = p.child.stdout.take().expect("piped stdout");
+    let err = p.child.stderr.take().expect("piped stderr");
+    p.streams = Some([Stream::new(out), Stream::new(err)]);
+    p
 }
 
 impl Drop for Proc {
@@ -60,6 +103,41 @@ impl Drop for Proc {
 }
 
 impl Proc {
+    /// Waits until its stdout holds `pat` (a [`spawn_streamed`] process); false after `t`
+    /// or when it exited without it.
+    pub fn wait_for_stdout(&mut self, pat: &str, t: Duration) -> bool {
+        let end = Instant::now() + t;
+        let text = self.streams.as_ref().expect("spawn_streamed")[0]
+            .text
+            .clone();
+        while Instant::now() < end {
+            if text.lock().unwrap().contains(pat) {
+                return true;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return text.lock().unwrap().contains(pat);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// Its stdout and stderr, from the pipes or the streams.
+    fn outputs(&mut self) -> (String, String) {
+        if let Some([o, e]) = self.streams.take() {
+            return (o.finish(), e.finish());
+        }
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut stderr);
+        }
+        (stdout, stderr)
+    }
+
     /// Waits up to `t`, then kills it (SIGKILL to its own pid); returns its output.
     pub fn wait(mut self, t: Duration) -> Out {
         let end = Instant::now() + t;
@@ -77,14 +155,7 @@ impl Proc {
             }
         }
         let status = self.child.wait().expect("wait");
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut o) = self.child.stdout.take() {
-            let _ = o.read_to_string(&mut stdout);
-        }
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
+        let (stdout, stderr) = self.outputs();
         let out = Out {
             code: status.code(),
             stdout,
@@ -98,14 +169,7 @@ impl Proc {
     pub fn kill(mut self) -> Out {
         let _ = self.child.kill();
         let status = self.child.wait().expect("wait");
-        let mut stdout = String::new();
-        let mut stderr = String::new();
-        if let Some(mut o) = self.child.stdout.take() {
-            let _ = o.read_to_string(&mut stdout);
-        }
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut stderr);
-        }
+        let (stdout, stderr) = self.outputs();
         Out {
             code: status.code(),
             stdout,
