@@ -36,12 +36,15 @@
 //! ```
 
 use crate::memory::{scatter, MemoryTable, ScatterError};
-use crate::packet::{Deth, Opcode, Packet, PacketHeader};
+use crate::packet::{header, Packet};
 use crate::psn::psn_add;
 use crate::verbs::{
     check_modify, Completion, ModifyError, Mtu, PdId, PostError, QpAttr, QpAttrMask, QpState,
     QpType, RecvWr, SendFlags, SendOp, SendWr, WcFlags, WcOpcode, WcStatus,
 };
+use rdma_wire::deth::DethRepr;
+use rdma_wire::opcode::{Opcode, Transport};
+use rdma_wire::packet::PacketRepr;
 use std::collections::VecDeque;
 
 /// Bytes of GRH in front of every UD receive.
@@ -160,7 +163,7 @@ impl GrhInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdTransmit {
     /// Headers.
-    pub header: PacketHeader,
+    pub header: PacketRepr,
     /// Payload bytes at the start of the caller's buffer.
     pub payload_len: usize,
     /// The WR's address handle.
@@ -368,7 +371,7 @@ impl UdQp {
             SendOp::SendWithImm { imm } => (Opcode::UdSendOnlyImm, Some(imm)),
             _ => (Opcode::UdSendOnly, None),
         };
-        let mut h = PacketHeader::new(opcode, dest.remote_qpn, self.sq_psn);
+        let mut h = header(opcode, dest.remote_qpn, self.sq_psn);
         self.sq_psn = psn_add(self.sq_psn, 1);
         // IBA 10.2.5: a WR Q_Key with the high bit set means "use the QP's Q_Key"
         let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
@@ -376,12 +379,13 @@ impl UdQp {
         } else {
             dest.remote_qkey
         };
-        h.deth = Some(Deth {
-            qkey,
+        h.deth = Some(DethRepr {
+            q_key: qkey,
+            resv8: 0,
             src_qp: self.cfg.qpn,
         });
-        h.imm = imm;
-        h.solicited = wr.flags.contains(SendFlags::SOLICITED);
+        h.imm_dt = imm;
+        h.bth.se = wr.flags.contains(SendFlags::SOLICITED);
         if self.cfg.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED) {
             let mut c = Completion::new(wr.wr_id, WcStatus::Success, WcOpcode::Send, self.cfg.qpn);
             c.byte_len = len as u32;
@@ -413,15 +417,15 @@ impl UdQp {
             return;
         };
         if !ok_state
-            || !h.opcode.is_ud()
-            || !h.is_consistent()
-            || (h.dest_qp != self.cfg.qpn && h.dest_qp != MULTICAST_QPN)
+            || h.bth.opcode.transport() != Transport::Ud
+            || h.check_headers().is_err()
+            || (h.bth.dest_qp != self.cfg.qpn && h.bth.dest_qp != MULTICAST_QPN)
             || pkt.payload.len() > self.cfg.mtu.bytes() as usize
         {
             self.stats.dropped += 1;
             return;
         }
-        if deth.qkey != self.qkey {
+        if deth.q_key != self.qkey {
             self.stats.qkey_mismatch += 1;
             tracing::debug!(
                 qpn = self.cfg.qpn,
@@ -458,8 +462,8 @@ impl UdQp {
             c.src_qp = deth.src_qp;
             c.wc_flags |= WcFlags::GRH;
             c.pkey_index = self.pkey_index;
-            c.solicited = h.solicited;
-            if let Some(imm) = h.imm {
+            c.solicited = h.bth.se;
+            if let Some(imm) = h.imm_dt {
                 c = c.with_imm(imm);
             }
         }
@@ -552,7 +556,7 @@ mod tests {
             });
         a.post_send(&mem, &wr).unwrap();
         let t = a.poll_transmit(0, &mut mem, &mut buf).unwrap();
-        assert_eq!((t.ah, t.header.deth.unwrap().qkey), (5, 0x8000_0001));
+        assert_eq!((t.ah, t.header.deth.unwrap().q_key), (5, 0x8000_0001));
         let payload = buf[..t.payload_len].to_vec();
         let pkt = Packet {
             header: t.header,
@@ -564,7 +568,7 @@ mod tests {
         assert_eq!(mem.bytes(1024, 1).unwrap()[0] >> 4, 6);
         // wrong Q_Key: dropped silently, receive still posted
         let mut h2 = t.header;
-        h2.dest_qp = 3;
+        h2.bth.dest_qp = 3;
         c.handle_packet(
             0,
             &mut mem,

@@ -2,13 +2,16 @@
 //! MigReq bit it sends, which packets it accepts on which port, and when it arms or migrates.
 
 use rdma_proto::memory::InMemoryTable;
-use rdma_proto::packet::{Aeth, Opcode, Packet, PacketHeader};
+use rdma_proto::packet::{header, Packet};
 use rdma_proto::rc::{MigrationCause, QpEvent, RcConfig, RcQp};
 use rdma_proto::sim::{connect, load_alt_path, ConnParams, ALT_PORT};
 use rdma_proto::verbs::{
     MigState, ModifyError, PdId, QpAttr, QpAttrMask as M, QpState, RecvWr, SendFlags, SendOp,
     SendWr,
 };
+use rdma_wire::opcode::Opcode;
+use rdma_wire::packet::PacketRepr;
+use rdma_wire::reth::RethRepr;
 
 fn qp() -> (RcQp, InMemoryTable) {
     let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
@@ -16,19 +19,19 @@ fn qp() -> (RcQp, InMemoryTable) {
     (qp, InMemoryTable::new(0, 4096))
 }
 
-fn write_req(psn: u32, mig_req: bool) -> PacketHeader {
-    let mut h = PacketHeader::new(Opcode::RcWriteOnly, 0x11, psn);
-    h.reth = Some(rdma_proto::packet::Reth {
+fn write_req(psn: u32, mig_req: bool) -> PacketRepr {
+    let mut h = header(Opcode::RcRdmaWriteOnly, 0x11, psn);
+    h.reth = Some(RethRepr {
         va: 0,
-        rkey: 0,
-        len: 0,
+        r_key: 0,
+        dma_len: 0,
     });
-    h.ack_req = true;
-    h.mig_req = mig_req;
+    h.bth.ack_req = true;
+    h.bth.mig_req = mig_req;
     h
 }
 
-fn deliver(qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketHeader, port: u8) {
+fn deliver(qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketRepr, port: u8) {
     qp.handle_packet_on(
         0,
         mem,
@@ -56,7 +59,12 @@ fn sent(qp: &mut RcQp, mem: &mut InMemoryTable) -> Vec<(Opcode, u32, bool, u8)> 
     let mut buf = [0u8; 4096];
     let mut v = Vec::new();
     while let Some(t) = qp.poll_transmit(0, mem, &mut buf) {
-        v.push((t.header.opcode, t.header.psn, t.header.mig_req, t.port));
+        v.push((
+            t.header.bth.opcode,
+            t.header.bth.psn,
+            t.header.bth.mig_req,
+            t.port,
+        ));
     }
     v
 }
@@ -177,8 +185,8 @@ fn forced_migration_resends_from_the_oldest_unacked_psn_on_the_alternate() {
         vec![(100, false, 1), (101, false, 1), (102, false, 1)]
     );
     // 100 acknowledged, then the link goes down
-    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 100);
-    ack.aeth = Some(Aeth::ack(1));
+    let mut ack = header(Opcode::RcAcknowledge, 0x11, 100);
+    ack.aeth = Some(rdma_proto::packet::ack(1));
     deliver(&mut qp, &mut mem, ack, 1);
     qp.migrate().unwrap();
     assert!(matches!(
@@ -247,12 +255,12 @@ fn a_peer_migration_also_resends_our_own_outstanding_requests() {
     // the ACK for the peer's request and our two requests again, all on the new path
     assert_eq!(out.len(), 3, "{out:?}");
     assert!(out.contains(&(Opcode::RcAcknowledge, 501, true, ALT_PORT)));
-    assert!(out.contains(&(Opcode::RcWriteOnly, 100, true, ALT_PORT)));
-    assert!(out.contains(&(Opcode::RcWriteOnly, 101, true, ALT_PORT)));
+    assert!(out.contains(&(Opcode::RcRdmaWriteOnly, 100, true, ALT_PORT)));
+    assert!(out.contains(&(Opcode::RcRdmaWriteOnly, 101, true, ALT_PORT)));
     // acknowledged on the new path: both complete once
-    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 101);
-    ack.aeth = Some(Aeth::ack(2));
-    ack.mig_req = true;
+    let mut ack = header(Opcode::RcAcknowledge, 0x11, 101);
+    ack.aeth = Some(rdma_proto::packet::ack(2));
+    ack.bth.mig_req = true;
     deliver(&mut qp, &mut mem, ack, ALT_PORT);
     deliver(&mut qp, &mut mem, ack, ALT_PORT);
     assert_eq!(qp.send_queue_len(), 0);
@@ -283,9 +291,9 @@ fn a_stale_ack_with_mig_req_on_the_alternate_migrates_an_armed_requester() {
     // PSNs 100, 101, unacknowledged
     assert_eq!(sent(&mut qp, &mut mem).len(), 2);
     // the peer's announcement: an ACK of a PSN before anything outstanding
-    let mut ack = PacketHeader::new(Opcode::RcAcknowledge, 0x11, 99);
-    ack.aeth = Some(Aeth::ack(0));
-    ack.mig_req = true;
+    let mut ack = header(Opcode::RcAcknowledge, 0x11, 99);
+    ack.aeth = Some(rdma_proto::packet::ack(0));
+    ack.bth.mig_req = true;
     deliver(&mut qp, &mut mem, ack, ALT_PORT);
     assert!(matches!(
         qp.poll_event(),
@@ -303,8 +311,8 @@ fn a_stale_ack_with_mig_req_on_the_alternate_migrates_an_armed_requester() {
             .map(|p| (p.0, p.1, p.2, p.3))
             .collect::<Vec<_>>(),
         vec![
-            (Opcode::RcWriteOnly, 100, true, ALT_PORT),
-            (Opcode::RcWriteOnly, 101, true, ALT_PORT)
+            (Opcode::RcRdmaWriteOnly, 100, true, ALT_PORT),
+            (Opcode::RcRdmaWriteOnly, 101, true, ALT_PORT)
         ]
     );
 }

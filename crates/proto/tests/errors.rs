@@ -1,13 +1,15 @@
 //! Error paths and security: every refused access leaves memory untouched, the right NAK and
 //! completion appear, and the QPs flush.
 
-use rdma_proto::packet::{Opcode, PacketHeader, Reth};
+use rdma_proto::packet::header;
 use rdma_proto::psn::psn_add;
 use rdma_proto::sim::{ConnParams, Faults, RcPair, BASE_A, BASE_B, MEM_SIZE};
 use rdma_proto::verbs::{
     AccessFlags, PdId, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use rdma_proto::wire;
+use rdma_wire::opcode::Opcode;
+use rdma_wire::reth::RethRepr;
 
 const LIMIT: u64 = 100_000_000_000;
 
@@ -340,13 +342,13 @@ fn receive_too_small() {
 }
 
 fn forge_write(s: &RcPair, psn: u32, va: u64, data: &[u8]) -> Vec<u8> {
-    let mut h = PacketHeader::new(Opcode::RcWriteOnly, s.b.qp.qpn(), psn);
-    h.reth = Some(Reth {
+    let mut h = header(Opcode::RcRdmaWriteOnly, s.b.qp.qpn(), psn);
+    h.reth = Some(RethRepr {
         va,
-        rkey: s.b.rkey,
-        len: data.len() as u32,
+        r_key: s.b.rkey,
+        dma_len: data.len() as u32,
     });
-    h.ack_req = true;
+    h.bth.ack_req = true;
     let mut out = vec![0; 256];
     let n = wire::emit(&h, data, &mut out, Some(&s.encap(true))).unwrap();
     out.truncate(n);

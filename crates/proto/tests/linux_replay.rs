@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
-use rdma_proto::packet::{Opcode, Packet, PacketHeader, Transmit};
+use rdma_proto::packet::{Packet, Transmit};
 use rdma_proto::psn::{psn_add, psn_diff};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::sim::{connect, ConnParams};
@@ -57,7 +57,10 @@ use rdma_proto::verbs::{
 };
 use rdma_proto::wire;
 use rdma_wire::icrc::Encap;
+use rdma_wire::opcode::{ExtHeader, Opcode, Position};
 use rdma_wire::packet::IcrcCheck;
+use rdma_wire::packet::PacketRepr;
+use rdma_wire::reth::RethRepr;
 
 /// vm1's MAC (the captures' README): the sender of a frame, for IPv4 and IPv6 alike.
 const VM1_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x00, 0x02, 0x02];
@@ -435,15 +438,15 @@ fn directions<'a>(case: &'a str, frames: &'a [Frame], c: &'a Conn) -> Vec<Dir<'a
     out
 }
 
-fn hdr(f: &Frame) -> PacketHeader {
+fn hdr(f: &Frame) -> PacketRepr {
     parse(f)
         .expect("transport parses a captured RC packet")
         .header
 }
 
-fn npkts_of(h: &PacketHeader) -> u32 {
+fn npkts_of(h: &PacketRepr) -> u32 {
     match h.reth {
-        Some(r) if h.opcode == Opcode::RcReadRequest => r.len.div_ceil(MTU).max(1),
+        Some(r) if h.bth.opcode == Opcode::RcRdmaReadRequest => r.dma_len.div_ceil(MTU).max(1),
         _ => 1,
     }
 }
@@ -471,7 +474,7 @@ fn bth_wire(d: &[u8]) -> BthWire {
 }
 
 /// [`BthWire`] of what we would put on the wire for this transmit.
-fn bth_ours(h: &PacketHeader, payload: &[u8]) -> BthWire {
+fn bth_ours(h: &PacketRepr, payload: &[u8]) -> BthWire {
     let mut out = vec![0u8; payload.len() + 128];
     let n = wire::emit(h, payload, &mut out, None).expect("our packet emits");
     bth_wire(&out[..n])
@@ -506,16 +509,18 @@ impl std::fmt::Debug for Resp {
 }
 
 impl Resp {
-    fn of(h: &PacketHeader, payload: &[u8], bth: BthWire) -> Self {
+    fn of(h: &PacketRepr, payload: &[u8], bth: BthWire) -> Self {
         let mut data = payload.to_vec();
-        if let Some(v) = h.atomic_ack {
+        if let Some(v) = h.atomic_ack_eth.map(|a| a.orig_rem_dt) {
             data = v.to_be_bytes().to_vec();
         }
         Resp {
-            opcode: h.opcode.as_u8(),
+            opcode: u8::from(h.bth.opcode),
             bth,
-            psn: h.psn,
-            syndrome: h.aeth.map(|a| a.syndrome),
+            psn: h.bth.psn,
+            syndrome: h
+                .aeth
+                .map(|a| a.syndrome.to_byte().expect("a syndrome byte")),
             msn: h.aeth.map(|a| a.msn),
             data,
         }
@@ -567,9 +572,9 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
         let mut spans: HashMap<u32, (u64, u64)> = HashMap::new();
         for f in &d.reqs {
             let h = hdr(f);
-            let (k, va, len) = match (h.reth, h.atomic) {
-                (Some(r), _) if r.len > 0 => (r.rkey, r.va, r.len as u64),
-                (_, Some(a)) => (a.rkey, a.va, 8),
+            let (k, va, len) = match (h.reth, h.atomic_eth) {
+                (Some(r), _) if r.dma_len > 0 => (r.r_key, r.va, r.dma_len as u64),
+                (_, Some(a)) => (a.r_key, a.va, 8),
                 _ => continue,
             };
             let e = spans.entry(k).or_insert((va, va + len));
@@ -587,14 +592,14 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
         .reqs
         .iter()
         .map(|f| hdr(f))
-        .filter(|h| h.opcode == Opcode::RcReadRequest)
-        .map(|h| (h.psn, npkts_of(&h), h.reth.map_or(0, |r| r.va)))
+        .filter(|h| h.bth.opcode == Opcode::RcRdmaReadRequest)
+        .map(|h| (h.bth.psn, npkts_of(&h), h.reth.map_or(0, |r| r.va)))
         .collect();
     let atomics: Vec<(u32, u64)> = d
         .reqs
         .iter()
         .map(|f| hdr(f))
-        .filter_map(|h| h.atomic.map(|a| (h.psn, a.va)))
+        .filter_map(|h| h.atomic_eth.map(|a| (h.bth.psn, a.va)))
         .collect();
     let mut seeded = std::collections::HashSet::new();
     // what each READ returned, by its first PSN: put back into memory when the READ is
@@ -603,12 +608,15 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
     for f in &d.resps {
         let p = parse(f).unwrap();
         let h = p.header;
-        if h.opcode.is_response() && h.opcode != Opcode::RcAcknowledge && !p.payload.is_empty() {
+        if h.bth.opcode.is_response()
+            && h.bth.opcode != Opcode::RcAcknowledge
+            && !p.payload.is_empty()
+        {
             if let Some(&(first, _, va)) = reads
                 .iter()
-                .find(|(first, n, _)| (0..*n as i32).contains(&psn_diff(h.psn, *first)))
+                .find(|(first, n, _)| (0..*n as i32).contains(&psn_diff(h.bth.psn, *first)))
             {
-                let off = psn_diff(h.psn, first) as u64 * MTU as u64;
+                let off = psn_diff(h.bth.psn, first) as u64 * MTU as u64;
                 mem.put(va + off, p.payload);
                 read_data
                     .entry(first)
@@ -616,11 +624,11 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
                     .push((va + off, p.payload.to_vec()));
             }
         }
-        if let Some(orig) = h.atomic_ack {
-            if let Some(&(_, va)) = atomics.iter().find(|(psn, _)| *psn == h.psn) {
+        if let Some(orig) = h.atomic_ack_eth.map(|a| a.orig_rem_dt) {
+            if let Some(&(_, va)) = atomics.iter().find(|(psn, _)| *psn == h.bth.psn) {
                 // only the first operation on an address shows the initial value
                 let first_on_va = atomics.iter().find(|(_, v)| *v == va).map(|x| x.0);
-                if first_on_va == Some(h.psn) && seeded.insert(va) {
+                if first_on_va == Some(h.bth.psn) && seeded.insert(va) {
                     mem.put(va, &orig.to_ne_bytes());
                 }
             }
@@ -658,7 +666,7 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
     let mut buf = vec![0u8; 4096];
     for f in &d.all {
         let h = hdr(f);
-        if h.opcode.is_response() {
+        if h.bth.opcode.is_response() {
             theirs.push(Resp::of(&h, parse(f).unwrap().payload, bth_wire(&f.data)));
             continue;
         }
@@ -679,10 +687,10 @@ fn replay_responder(d: &Dir<'_>) -> ResponderRun {
             }
         }
         let p = parse(f).unwrap();
-        if h.opcode == Opcode::RcReadRequest {
+        if h.bth.opcode == Opcode::RcRdmaReadRequest {
             if let Some(&(first, _, _)) = reads
                 .iter()
-                .find(|(first, n, _)| (0..*n as i32).contains(&psn_diff(h.psn, *first)))
+                .find(|(first, n, _)| (0..*n as i32).contains(&psn_diff(h.bth.psn, *first)))
             {
                 for (a, data) in read_data.get(&first).into_iter().flatten() {
                     mem.put(*a, data);
@@ -860,16 +868,18 @@ impl std::fmt::Debug for Req {
 }
 
 impl Req {
-    fn of(h: &PacketHeader, payload: &[u8], bth: BthWire) -> Self {
+    fn of(h: &PacketRepr, payload: &[u8], bth: BthWire) -> Self {
         Req {
-            opcode: h.opcode.as_u8(),
+            opcode: u8::from(h.bth.opcode),
             bth,
-            psn: h.psn,
-            ack_req: h.ack_req,
-            se: h.solicited,
-            reth: h.reth.map(|r| (r.va, r.rkey, r.len)),
-            atomic: h.atomic.map(|a| (a.va, a.rkey, a.swap_add, a.compare)),
-            imm: h.imm,
+            psn: h.bth.psn,
+            ack_req: h.bth.ack_req,
+            se: h.bth.se,
+            reth: h.reth.map(|r| (r.va, r.r_key, r.dma_len)),
+            atomic: h
+                .atomic_eth
+                .map(|a| (a.va, a.r_key, a.swap_add_data, a.compare_data)),
+            imm: h.imm_dt,
             ieth: h.ieth,
             payload: payload.to_vec(),
         }
@@ -882,81 +892,89 @@ const LOCAL_BASE: u64 = 0x6000_0000_0000;
 /// Rebuilds the work requests from the first transmission of every request PSN, each with
 /// the time Linux first sent its first packet (when it was posted, near enough).
 fn work_requests(d: &Dir<'_>, mem: &mut KeyedMem) -> Vec<(u64, SendWr)> {
-    let mut first: BTreeMap<i32, (u64, PacketHeader, Vec<u8>)> = BTreeMap::new();
+    let mut first: BTreeMap<i32, (u64, PacketRepr, Vec<u8>)> = BTreeMap::new();
     for f in &d.reqs {
         let p = parse(f).unwrap();
         // a READ re-request for a tail of the response has a PSN inside the original's range
         let covered = first.values().any(|(_, h, _)| {
-            let k = psn_diff(p.header.psn, h.psn);
+            let k = psn_diff(p.header.bth.psn, h.bth.psn);
             k > 0 && (k as u32) < npkts_of(h)
         });
         if !covered {
-            first.entry(psn_diff(p.header.psn, d.resp_psn)).or_insert((
-                f.ts_ns,
-                p.header,
-                p.payload.to_vec(),
-            ));
+            first
+                .entry(psn_diff(p.header.bth.psn, d.resp_psn))
+                .or_insert((f.ts_ns, p.header, p.payload.to_vec()));
         }
     }
     let mut wrs = Vec::new();
     let mut data: Vec<u8> = Vec::new();
-    let mut start: Option<PacketHeader> = None;
+    let mut start: Option<PacketRepr> = None;
     let mut posted_at = 0;
     let mut addr = LOCAL_BASE;
     for (_, (ts, h, payload)) in first {
-        if h.opcode.is_first() {
+        if matches!(
+            h.bth.opcode.position(),
+            Position::First | Position::Only | Position::None
+        ) {
             start = Some(h);
             posted_at = ts;
             data.clear();
         }
         data.extend_from_slice(&payload);
-        if !h.opcode.is_last() {
+        if !matches!(
+            h.bth.opcode.position(),
+            Position::Last | Position::Only | Position::None
+        ) {
             continue;
         }
         let s = start.take().expect("message starts before it ends");
-        let len = match (s.opcode, s.reth) {
-            (Opcode::RcReadRequest, Some(r)) => r.len,
-            _ if s.opcode.is_atomic() => 8,
+        let len = match (s.bth.opcode, s.reth) {
+            (Opcode::RcRdmaReadRequest, Some(r)) => r.dma_len,
+            _ if s.bth.opcode.ext_headers().contains(ExtHeader::AtomicEth) => 8,
             _ => data.len() as u32,
         };
-        let reth = s.reth.unwrap_or_default();
+        let reth = s.reth.unwrap_or(RethRepr {
+            va: 0,
+            r_key: 0,
+            dma_len: 0,
+        });
         use Opcode::*;
-        let op = match h.opcode {
+        let op = match h.bth.opcode {
             RcSendOnly | RcSendLast => SendOp::Send,
             RcSendOnlyImm | RcSendLastImm => SendOp::SendWithImm {
-                imm: h.imm.unwrap(),
+                imm: h.imm_dt.unwrap(),
             },
             RcSendOnlyInv | RcSendLastInv => SendOp::SendWithInv {
                 invalidate_rkey: h.ieth.unwrap(),
             },
-            RcWriteOnly | RcWriteLast => SendOp::RdmaWrite {
+            RcRdmaWriteOnly | RcRdmaWriteLast => SendOp::RdmaWrite {
                 remote_addr: reth.va,
-                rkey: reth.rkey,
+                rkey: reth.r_key,
             },
-            RcWriteOnlyImm | RcWriteLastImm => SendOp::RdmaWriteWithImm {
+            RcRdmaWriteOnlyImm | RcRdmaWriteLastImm => SendOp::RdmaWriteWithImm {
                 remote_addr: reth.va,
-                rkey: reth.rkey,
-                imm: h.imm.unwrap(),
+                rkey: reth.r_key,
+                imm: h.imm_dt.unwrap(),
             },
-            RcReadRequest => SendOp::RdmaRead {
+            RcRdmaReadRequest => SendOp::RdmaRead {
                 remote_addr: reth.va,
-                rkey: reth.rkey,
+                rkey: reth.r_key,
             },
             RcCompareSwap => {
-                let a = h.atomic.unwrap();
+                let a = h.atomic_eth.unwrap();
                 SendOp::AtomicCmpAndSwp {
                     remote_addr: a.va,
-                    rkey: a.rkey,
-                    compare: a.compare,
-                    swap: a.swap_add,
+                    rkey: a.r_key,
+                    compare: a.compare_data,
+                    swap: a.swap_add_data,
                 }
             }
             RcFetchAdd => {
-                let a = h.atomic.unwrap();
+                let a = h.atomic_eth.unwrap();
                 SendOp::AtomicFetchAndAdd {
                     remote_addr: a.va,
-                    rkey: a.rkey,
-                    add: a.swap_add,
+                    rkey: a.r_key,
+                    add: a.swap_add_data,
                 }
             }
             o => panic!("{}: unexpected request opcode {o:?}", d.case),
@@ -969,7 +987,7 @@ fn work_requests(d: &Dir<'_>, mem: &mut KeyedMem) -> Vec<(u64, SendWr)> {
                 lkey: LOCAL_KEY,
             })
             .with_flags(SendFlags::SIGNALED);
-        if h.solicited {
+        if h.bth.se {
             wr.flags |= SendFlags::SOLICITED;
         }
         if len == 0 {
@@ -1012,7 +1030,7 @@ fn replay_requester(d: &Dir<'_>) -> RequesterRun {
         // rxe's requester window (RXE_MAX_UNACKED_PSNS): no capture comes near it
         max_outstanding_psns: 128,
     };
-    let first_psn = hdr(d.reqs[0]).psn;
+    let first_psn = hdr(d.reqs[0]).bth.psn;
     assert_eq!(
         first_psn, d.resp_psn,
         "{}: first request PSN = the peer's starting PSN",
@@ -1129,8 +1147,8 @@ fn load(case: &str) -> Case {
     for c in &conns {
         if let Some(&i) = c.frames.iter().find(|&&i| frames[i].from_vm1) {
             let h = hdr(&frames[i]);
-            if !h.opcode.is_response() {
-                assert_eq!(h.psn, c.b_psn, "{case}: first request PSN");
+            if !h.bth.opcode.is_response() {
+                assert_eq!(h.bth.psn, c.b_psn, "{case}: first request PSN");
             }
         }
     }
@@ -1327,15 +1345,15 @@ fn psn_helpers_agree_with_capture() {
     // READ requests advance the PSN by one per response packet (read-multipacket)
     let c = load("read-multipacket");
     let data = c.conns.last().unwrap();
-    let reads: Vec<PacketHeader> = data
+    let reads: Vec<PacketRepr> = data
         .frames
         .iter()
         .map(|&i| hdr(&c.frames[i]))
-        .filter(|h| h.opcode == Opcode::RcReadRequest)
+        .filter(|h| h.bth.opcode == Opcode::RcRdmaReadRequest)
         .collect();
     assert_eq!(reads.len(), 5);
     for w in reads.windows(2) {
-        assert_eq!(w[1].psn, psn_add(w[0].psn, npkts_of(&w[0])));
+        assert_eq!(w[1].bth.psn, psn_add(w[0].bth.psn, npkts_of(&w[0])));
     }
 }
 
@@ -1389,7 +1407,7 @@ fn ud_qp(qpn: u32, sq_psn: u32) -> rdma_proto::ud::UdQp {
 /// immediate, the GRH (IPv4 header with the datagram's addresses) and the payload byte
 /// exact. Send side: the same BTH (wire fields included), DETH, immediate and payload.
 /// Returns how many datagrams were replayed.
-fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketHeader) -> u32) -> usize {
+fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketRepr) -> u32) -> usize {
     let Pcap { frames, invalid } = read_pcap(case);
     assert_eq!(invalid, invalid_expected(case), "{case}: bad ICRC");
     let ud: Vec<&Frame> = frames
@@ -1400,7 +1418,7 @@ fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketHeader) -> u32) -> usize {
         let p = parse(f).expect("our transport parses a captured UD datagram");
         let h = p.header;
         let deth = h.deth.expect("DETH");
-        assert_eq!(deth.qkey, RDMA_UDP_QKEY, "{case}: datagram {k} Q_Key");
+        assert_eq!(deth.q_key, RDMA_UDP_QKEY, "{case}: datagram {k} Q_Key");
         // receive side
         let mut mem = KeyedMem::default();
         mem.register(RECV_KEY, RECV_BASE, 1 << 20, AccessFlags::all());
@@ -1430,7 +1448,7 @@ fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketHeader) -> u32) -> usize {
                 k as u64,
                 (rdma_proto::ud::GRH_LEN + p.payload.len()) as u32,
                 deth.src_qp,
-                h.imm
+                h.imm_dt
             ),
             "{case}: datagram {k} receive completion"
         );
@@ -1470,14 +1488,14 @@ fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketHeader) -> u32) -> usize {
         let mut smem = KeyedMem::default();
         smem.register(LOCAL_KEY, LOCAL_BASE, 1 << 20, AccessFlags::all());
         smem.put(LOCAL_BASE, p.payload);
-        let mut sq = ud_qp(deth.src_qp, h.psn);
-        let op = match h.imm {
+        let mut sq = ud_qp(deth.src_qp, h.bth.psn);
+        let op = match h.imm_dt {
             Some(imm) => SendOp::SendWithImm { imm },
             None => SendOp::Send,
         };
         let mut wr = SendWr::new(7, op).with_ud(rdma_proto::verbs::UdDest {
             ah: 0,
-            remote_qpn: h.dest_qp,
+            remote_qpn: h.bth.dest_qp,
             remote_qkey: RDMA_UDP_QKEY,
         });
         if !p.payload.is_empty() {
@@ -1487,7 +1505,7 @@ fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketHeader) -> u32) -> usize {
                 lkey: LOCAL_KEY,
             });
         }
-        if h.solicited {
+        if h.bth.se {
             wr.flags |= SendFlags::SOLICITED;
         }
         sq.post_send(&smem, &wr).unwrap();
@@ -1511,7 +1529,7 @@ fn replay_ud(case: &str, receiver_qpn: impl Fn(&PacketHeader) -> u32) -> usize {
 #[test]
 fn ud_send() {
     // the UD test QP: every datagram to QP 0x12 (the SIDR REP's QPN)
-    assert_eq!(replay_ud("ud-send", |h| h.dest_qp), 5);
+    assert_eq!(replay_ud("ud-send", |h| h.bth.dest_qp), 5);
     // and the RC connection of perftest's handshake (crossed DREQs at the end)
     let r = run_case("ud-send", true, false);
     assert_eq!(r.directions, 2, "{:#?}", r.lines);
@@ -1522,7 +1540,7 @@ fn mckey_multicast() {
     // to 0xFFFFFF: a UD QP of ours (QPN 0x12) attached to the group receives each
     assert_eq!(
         replay_ud("mckey-multicast", |h| {
-            assert_eq!(h.dest_qp, rdma_proto::ud::MULTICAST_QPN);
+            assert_eq!(h.bth.dest_qp, rdma_proto::ud::MULTICAST_QPN);
             0x12
         }),
         5
@@ -1531,7 +1549,7 @@ fn mckey_multicast() {
 
 #[test]
 fn rping_2vm_udaddy() {
-    assert_eq!(replay_ud("rping-2vm", |h| h.dest_qp), 4);
+    assert_eq!(replay_ud("rping-2vm", |h| h.bth.dest_qp), 4);
 }
 
 /// UC is not a transport of ours (librdmacm refuses it too): each UC packet of `uc` is valid

@@ -58,8 +58,11 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use rdma_proto::packet::{Deth, Opcode, Packet, PacketHeader};
+use rdma_proto::packet::{header, Packet};
 use rdma_proto::psn::{psn_add, PSN_MASK};
+use rdma_wire::deth::DethRepr;
+use rdma_wire::opcode::Opcode;
+use rdma_wire::packet::PacketRepr;
 
 use crate::io::{Arrival, TxMeta, WireAddr};
 use crate::verbs::Device;
@@ -224,14 +227,15 @@ impl Gsi {
     }
 
     /// The header of the next MAD sent.
-    pub fn next_header(&mut self) -> PacketHeader {
-        let mut h = PacketHeader::new(Opcode::UdSendOnly, GSI_QPN, self.psn);
+    pub fn next_header(&mut self) -> PacketRepr {
+        let mut h = header(Opcode::UdSendOnly, GSI_QPN, self.psn);
         self.psn = psn_add(self.psn, 1) & PSN_MASK;
         // Linux (rxe) sets AckReq on every MAD (captures: cm-consumer-reject, cm-req-dup)
-        h.ack_req = true;
-        h.pkey = DEFAULT_PKEY;
-        h.deth = Some(Deth {
-            qkey: GSI_QKEY,
+        h.bth.ack_req = true;
+        h.bth.p_key = DEFAULT_PKEY;
+        h.deth = Some(DethRepr {
+            q_key: GSI_QKEY,
+            resv8: 0,
             src_qp: GSI_QPN,
         });
         h
@@ -245,11 +249,11 @@ impl Gsi {
     pub fn deliver(&mut self, arr: &Arrival, pkt: &Packet<'_>) {
         let h = &pkt.header;
         let s = &mut self.stats;
-        let Some(deth) = h.deth.filter(|_| h.opcode == Opcode::UdSendOnly) else {
+        let Some(deth) = h.deth.filter(|_| h.bth.opcode == Opcode::UdSendOnly) else {
             s.bad_opcode += 1;
             return;
         };
-        if !h.is_consistent() {
+        if h.check_headers().is_err() {
             s.bad_opcode += 1;
             return;
         }
@@ -257,11 +261,11 @@ impl Gsi {
             s.bad_length += 1;
             return;
         };
-        if deth.qkey != GSI_QKEY {
+        if deth.q_key != GSI_QKEY {
             s.bad_qkey += 1;
             return;
         }
-        if h.pkey & 0x7FFF != DEFAULT_PKEY & 0x7FFF {
+        if h.bth.p_key & 0x7FFF != DEFAULT_PKEY & 0x7FFF {
             s.bad_pkey += 1;
             return;
         }
@@ -283,7 +287,7 @@ impl Gsi {
             remote: arr.remote,
             ifindex: arr.ifindex,
             src_qp: deth.src_qp,
-            pkey: h.pkey,
+            pkey: h.bth.p_key,
             mad,
         });
         s.received += 1;

@@ -57,9 +57,10 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use rdma_proto::memory::MemoryTable;
-use rdma_proto::packet::{Opcode, Packet};
+use rdma_proto::packet::Packet;
 use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::QpState;
+use rdma_wire::opcode::Opcode;
 use rdma_wire::packet::IcrcCheck;
 
 pub(crate) mod ack_hold;
@@ -181,7 +182,17 @@ impl QpCtx {
 
     /// Whether this request packet consumes a receive WR at the responder.
     fn consumes_receive(op: Opcode) -> bool {
-        (op.is_send() && op.is_first()) || (op.is_write() && op.has_imm())
+        use Opcode::*;
+        // a SEND's first packet, an RDMA WRITE with immediate's last
+        matches!(
+            op,
+            RcSendFirst
+                | RcSendOnly
+                | RcSendOnlyImm
+                | RcSendOnlyInv
+                | RcRdmaWriteLastImm
+                | RcRdmaWriteOnlyImm
+        )
     }
 
     fn deliver<M: MemoryTable + ?Sized>(
@@ -211,8 +222,8 @@ impl QpCtx {
         let port = if port != 0 { port } else { path_port };
         self.rx_port = port;
         let _span = self.span.enter();
-        let op = pkt.header.opcode;
-        tracing::trace!(?op, psn = pkt.header.psn, len = pkt.payload.len(), "rx");
+        let op = pkt.header.bth.opcode;
+        tracing::trace!(?op, psn = pkt.header.bth.psn, len = pkt.payload.len(), "rx");
         if !op.is_response() && Self::consumes_receive(op) && self.srq_held == 0 {
             if let Some(wr) = self.srq.as_ref().and_then(|s| s.take()) {
                 if self.rc.post_recv(&wr).is_ok() {
@@ -551,7 +562,7 @@ impl Runtime {
                 break;
             };
             budget -= 1;
-            tracing::trace!(op = ?t.header.opcode, psn = t.header.psn, len = t.payload_len, "tx");
+            tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
             // from the address of the port the transport sends on: its current primary
             let Some(p) = ctx.paths.for_port(t.port) else {
                 stats.send_errors += 1;
@@ -645,7 +656,7 @@ impl Runtime {
                 warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
                 return;
             };
-            let qpn = pkt.header.dest_qp;
+            let qpn = pkt.header.bth.dest_qp;
             if qpn == GSI_QPN {
                 gsi.deliver(arr, &pkt);
                 return;

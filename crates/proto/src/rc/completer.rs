@@ -2,9 +2,11 @@
 
 use super::{rnr_timer_ns, RcQp};
 use crate::memory::{scatter, MemoryTable};
-use crate::packet::{AethKind, NakCode, Opcode, Packet};
+use crate::packet::Packet;
 use crate::psn::{psn_add, psn_diff, PSN_MASK};
 use crate::verbs::{Completion, SendFlags, SendOp, WcStatus};
+use rdma_wire::aeth::{AethSyndrome, NakCode};
+use rdma_wire::opcode::Opcode;
 
 impl RcQp {
     /// Retires the oldest WR.
@@ -103,7 +105,7 @@ impl RcQp {
         pkt: &Packet<'_>,
     ) {
         let h = &pkt.header;
-        let p = h.psn;
+        let p = h.bth.psn;
         let d = psn_diff(p, self.comp_psn);
         let span = psn_diff(self.next_psn, self.comp_psn);
         if d < 0 || d >= span {
@@ -112,11 +114,11 @@ impl RcQp {
             return;
         }
         let prev = p.wrapping_sub(1) & PSN_MASK;
-        match h.opcode {
+        match h.bth.opcode {
             Opcode::RcAcknowledge => {
                 let Some(aeth) = h.aeth else { return };
-                match aeth.kind() {
-                    AethKind::Ack(_) => {
+                match aeth.syndrome {
+                    AethSyndrome::Ack { .. } => {
                         let (prog, blocked) = self.ack_through(p);
                         if prog {
                             self.on_progress(now);
@@ -126,7 +128,8 @@ impl RcQp {
                             self.retry_from(now, c, false);
                         }
                     }
-                    AethKind::Rnr(code) => {
+                    AethSyndrome::RnrNak { timer } => {
+                        let code = timer.code();
                         let (prog, _) = self.ack_through(prev);
                         if prog {
                             self.on_progress(now);
@@ -152,7 +155,7 @@ impl RcQp {
                         self.retrans_deadline = None;
                         self.rnr_until = Some(now.saturating_add(rnr_timer_ns(code)));
                     }
-                    AethKind::Nak(NakCode::PsnSeqErr) => {
+                    AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                         let before = self.comp_psn;
                         let (prog, blocked) = self.ack_through(prev);
                         if prog {
@@ -165,24 +168,24 @@ impl RcQp {
                         let target = if blocked { self.comp_psn } else { p };
                         self.retry_from(now, target, !prog && p == before);
                     }
-                    AethKind::Nak(code) => {
+                    AethSyndrome::Nak(NakCode::Reserved(_)) => self.stats.dropped += 1,
+                    AethSyndrome::Nak(code) => {
                         let (prog, _) = self.ack_through(prev);
                         let _ = prog;
                         let status = match code {
                             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                            NakCode::RemoteAccess => WcStatus::RemAccessErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                             _ => WcStatus::RemOpErr,
                         };
                         tracing::debug!(qpn = self.cfg.qpn, psn = p, ?code, "NAK received");
                         self.fail_front(status);
                     }
-                    AethKind::Reserved(_) => self.stats.dropped += 1,
                 }
             }
-            Opcode::RcReadResponseFirst
-            | Opcode::RcReadResponseMiddle
-            | Opcode::RcReadResponseLast
-            | Opcode::RcReadResponseOnly => {
+            Opcode::RcRdmaReadResponseFirst
+            | Opcode::RcRdmaReadResponseMiddle
+            | Opcode::RcRdmaReadResponseLast
+            | Opcode::RcRdmaReadResponseOnly => {
                 let (prog, _) = self.ack_through(prev);
                 if prog {
                     self.on_progress(now);
@@ -203,8 +206,8 @@ impl RcQp {
                 let mtu = self.attr.path_mtu.bytes();
                 let k = psn_diff(p, w.first_psn) as u32;
                 let last = k + 1 >= w.npkts;
-                let op_ok = match h.opcode {
-                    Opcode::RcReadResponseFirst | Opcode::RcReadResponseMiddle => !last,
+                let op_ok = match h.bth.opcode {
+                    Opcode::RcRdmaReadResponseFirst | Opcode::RcRdmaReadResponseMiddle => !last,
                     _ => last,
                 };
                 let off = k * mtu;
@@ -243,7 +246,9 @@ impl RcQp {
                     self.stats.dropped += 1;
                     return;
                 }
-                let Some(orig) = h.atomic_ack else { return };
+                let Some(orig) = h.atomic_ack_eth.map(|a| a.orig_rem_dt) else {
+                    return;
+                };
                 if scatter(mem, self.cfg.pd, w.wr.sg.as_slice(), 0, &orig.to_ne_bytes()).is_err() {
                     self.fail_front(WcStatus::LocProtErr);
                     return;

@@ -430,19 +430,19 @@ impl RcQp {
         port: u8,
     ) {
         let h = &pkt.header;
-        if !h.is_consistent()
-            || h.opcode.is_ud()
-            || h.dest_qp != self.cfg.qpn
-            || h.psn > crate::psn::PSN_MASK
+        if h.check_headers().is_err()
+            || h.bth.opcode.transport() != rdma_wire::opcode::Transport::Rc
+            || h.bth.dest_qp != self.cfg.qpn
+            || h.bth.psn > crate::psn::PSN_MASK
         {
             self.stats.dropped += 1;
             return;
         }
-        if self.apm.used && !self.apm_admit(port, h.mig_req) {
+        if self.apm.used && !self.apm_admit(port, h.bth.mig_req) {
             self.stats.dropped += 1;
             return;
         }
-        if h.opcode.is_response() {
+        if h.bth.opcode.is_response() {
             if matches!(self.state, QpState::Rts | QpState::Sqd) {
                 self.handle_response(now, mem, pkt);
             } else {
@@ -479,7 +479,7 @@ impl RcQp {
                 None => self.next_response(mem, buf),
             }
         }?;
-        t.header.mig_req = self.apm.mig_req();
+        t.header.bth.mig_req = self.apm.mig_req();
         t.port = self.attr.port_num;
         Some(t)
     }
@@ -532,13 +532,16 @@ impl RcQp {
 mod tests {
     use super::*;
     use crate::memory::InMemoryTable;
-    use crate::packet::{Aeth, Opcode, PacketHeader};
+    use crate::packet::header;
     use crate::sim::{connect, ConnParams};
     use crate::verbs::{AccessFlags, SendFlags, SendOp, Sge};
+    use rdma_wire::opcode::Opcode;
+    use rdma_wire::packet::PacketRepr;
+    use rdma_wire::reth::RethRepr;
 
-    fn ack(psn: u32, msn: u32) -> PacketHeader {
-        let mut h = PacketHeader::new(Opcode::RcAcknowledge, 0x11, psn);
-        h.aeth = Some(Aeth::ack(msn));
+    fn ack(psn: u32, msn: u32) -> PacketRepr {
+        let mut h = header(Opcode::RcAcknowledge, 0x11, psn);
+        h.aeth = Some(crate::packet::ack(msn));
         h
     }
 
@@ -559,7 +562,7 @@ mod tests {
         let mut buf = [0u8; 4096];
         let mut v = Vec::new();
         while let Some(t) = qp.poll_transmit(0, mem, &mut buf) {
-            v.push((t.header.opcode, t.header.psn));
+            v.push((t.header.bth.opcode, t.header.bth.psn));
         }
         v
     }
@@ -659,7 +662,7 @@ mod tests {
             let mut buf = [0u8; 4096];
             let mut got = Vec::new();
             while let Some(t) = qp.poll_transmit(0, &mut mem, &mut buf) {
-                got.push(t.header.ack_req);
+                got.push(t.header.bth.ack_req);
             }
             assert_eq!(got, want[..got.len()], "window {cap}");
             assert_eq!(got.len(), want.len().min(cap as usize).max(1));
@@ -691,19 +694,19 @@ mod tests {
         // the READ (8 response PSNs) goes, the SEND after it waits for its responses
         assert_eq!(
             drain(&mut qp, &mut mem),
-            vec![(Opcode::RcReadRequest, 1000)]
+            vec![(Opcode::RcRdmaReadRequest, 1000)]
         );
         assert_eq!(qp.outstanding_psns(), 8);
         assert!(qp.send_window_full());
         for k in 0..5u32 {
             let op = if k == 0 {
-                Opcode::RcReadResponseFirst
+                Opcode::RcRdmaReadResponseFirst
             } else {
-                Opcode::RcReadResponseMiddle
+                Opcode::RcRdmaReadResponseMiddle
             };
-            let mut h = PacketHeader::new(op, 0x11, 1000 + k);
+            let mut h = header(op, 0x11, 1000 + k);
             if k == 0 {
-                h.aeth = Some(Aeth::ack(1));
+                h.aeth = Some(crate::packet::ack(1));
             }
             let payload = [0u8; 1024];
             qp.handle_packet(
@@ -756,13 +759,16 @@ mod tests {
             ),
         )
         .unwrap();
-        assert_eq!(drain(&mut qp, &mut mem), vec![(Opcode::RcWriteOnly, 1000)]);
-        let mut h = PacketHeader::new(Opcode::RcWriteOnly, 0x11, 0);
-        h.ack_req = true;
-        h.reth = Some(crate::packet::Reth {
+        assert_eq!(
+            drain(&mut qp, &mut mem),
+            vec![(Opcode::RcRdmaWriteOnly, 1000)]
+        );
+        let mut h = header(Opcode::RcRdmaWriteOnly, 0x11, 0);
+        h.bth.ack_req = true;
+        h.reth = Some(RethRepr {
             va: 0,
-            rkey: 0,
-            len: 0,
+            r_key: 0,
+            dma_len: 0,
         });
         qp.handle_packet(
             0,

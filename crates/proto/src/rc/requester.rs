@@ -3,9 +3,12 @@
 
 use super::{ack_timeout_ns, RcQp};
 use crate::memory::{MemError, MemoryTable};
-use crate::packet::{AtomicEth, Opcode, PacketHeader, Reth, Transmit};
+use crate::packet::{header, Transmit};
 use crate::psn::{psn_add, psn_diff};
 use crate::verbs::{Completion, PostError, QpState, SendFlags, SendOp, SendWr, WcStatus};
+use rdma_wire::atomic::AtomicEthRepr;
+use rdma_wire::opcode::Opcode;
+use rdma_wire::reth::RethRepr;
 
 /// Ask for an ACK at least every this many packets of a long message.
 const ACK_REQ_EVERY: u32 = 64;
@@ -264,19 +267,19 @@ impl RcQp {
             return None;
         }
         let dqp = self.attr.dest_qp_num;
-        let mut h = PacketHeader::new(Opcode::RcSendOnly, dqp, psn);
+        let mut h = header(Opcode::RcSendOnly, dqp, psn);
         let mut payload_len = 0usize;
         let whole; // this packet ends the WR's transmission
         match w.wr.op {
             SendOp::RdmaRead { remote_addr, rkey } => {
                 let off = k * mtu;
-                h.opcode = Opcode::RcReadRequest;
-                h.reth = Some(Reth {
+                h.bth.opcode = Opcode::RcRdmaReadRequest;
+                h.reth = Some(RethRepr {
                     va: remote_addr.wrapping_add(off as u64),
-                    rkey,
-                    len: w.len - off.min(w.len),
+                    r_key: rkey,
+                    dma_len: w.len - off.min(w.len),
                 });
-                h.ack_req = true;
+                h.bth.ack_req = true;
                 whole = true;
             }
             SendOp::AtomicCmpAndSwp {
@@ -285,14 +288,14 @@ impl RcQp {
                 compare,
                 swap,
             } => {
-                h.opcode = Opcode::RcCompareSwap;
-                h.atomic = Some(AtomicEth {
+                h.bth.opcode = Opcode::RcCompareSwap;
+                h.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
-                    rkey,
-                    swap_add: swap,
-                    compare,
+                    r_key: rkey,
+                    swap_add_data: swap,
+                    compare_data: compare,
                 });
-                h.ack_req = true;
+                h.bth.ack_req = true;
                 whole = true;
             }
             SendOp::AtomicFetchAndAdd {
@@ -300,14 +303,14 @@ impl RcQp {
                 rkey,
                 add,
             } => {
-                h.opcode = Opcode::RcFetchAdd;
-                h.atomic = Some(AtomicEth {
+                h.bth.opcode = Opcode::RcFetchAdd;
+                h.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
-                    rkey,
-                    swap_add: add,
-                    compare: 0,
+                    r_key: rkey,
+                    swap_add_data: add,
+                    compare_data: 0,
                 });
-                h.ack_req = true;
+                h.bth.ack_req = true;
                 whole = true;
             }
             op => {
@@ -324,21 +327,21 @@ impl RcQp {
                 }
                 payload_len = n as usize;
                 use Opcode::*;
-                h.opcode = match (op, first, last) {
+                h.bth.opcode = match (op, first, last) {
                     (SendOp::Send, true, true) => RcSendOnly,
                     (SendOp::SendWithImm { .. }, true, true) => RcSendOnlyImm,
                     (SendOp::SendWithInv { .. }, true, true) => RcSendOnlyInv,
-                    (SendOp::RdmaWrite { .. }, true, true) => RcWriteOnly,
-                    (SendOp::RdmaWriteWithImm { .. }, true, true) => RcWriteOnlyImm,
+                    (SendOp::RdmaWrite { .. }, true, true) => RcRdmaWriteOnly,
+                    (SendOp::RdmaWriteWithImm { .. }, true, true) => RcRdmaWriteOnlyImm,
                     (_, true, true) => RcSendOnly,
                     (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, true, false) => {
-                        RcWriteFirst
+                        RcRdmaWriteFirst
                     }
                     (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, false, false) => {
-                        RcWriteMiddle
+                        RcRdmaWriteMiddle
                     }
-                    (SendOp::RdmaWrite { .. }, false, true) => RcWriteLast,
-                    (SendOp::RdmaWriteWithImm { .. }, false, true) => RcWriteLastImm,
+                    (SendOp::RdmaWrite { .. }, false, true) => RcRdmaWriteLast,
+                    (SendOp::RdmaWriteWithImm { .. }, false, true) => RcRdmaWriteLastImm,
                     (_, true, false) => RcSendFirst,
                     (_, false, false) => RcSendMiddle,
                     (SendOp::SendWithImm { .. }, false, true) => RcSendLastImm,
@@ -350,10 +353,10 @@ impl RcQp {
                     | SendOp::RdmaWriteWithImm {
                         remote_addr, rkey, ..
                     } if first => {
-                        h.reth = Some(Reth {
+                        h.reth = Some(RethRepr {
                             va: remote_addr,
-                            rkey,
-                            len: w.len,
+                            r_key: rkey,
+                            dma_len: w.len,
                         });
                     }
                     _ => {}
@@ -361,12 +364,12 @@ impl RcQp {
                 if last {
                     match op {
                         SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => {
-                            h.imm = Some(imm)
+                            h.imm_dt = Some(imm)
                         }
                         SendOp::SendWithInv { invalidate_rkey } => h.ieth = Some(invalidate_rkey),
                         _ => {}
                     }
-                    h.solicited = w.wr.flags.contains(SendFlags::SOLICITED);
+                    h.bth.se = w.wr.flags.contains(SendFlags::SOLICITED);
                 }
                 self.ask.pkts_since += 1;
                 // with a send window, ask for ACKs often enough that it keeps opening: every
@@ -376,13 +379,13 @@ impl RcQp {
                     0 => ACK_REQ_EVERY,
                     c => ACK_REQ_EVERY.min((c / 2).max(1)),
                 };
-                h.ack_req = self.ask.force
+                h.bth.ack_req = self.ask.force
                     || (last && self.last_packet_asks(now, &w))
                     || self.ask.pkts_since >= every
                     || !self.window_allows(psn_add(psn, 1));
             }
         }
-        self.note_request(now, psn, h.ack_req);
+        self.note_request(now, psn, h.bth.ack_req);
         // commit
         if !w.started {
             let e = &mut self.sq[idx];

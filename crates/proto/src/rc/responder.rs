@@ -3,10 +3,78 @@
 
 use super::RcQp;
 use crate::memory::{scatter, AtomicOp, MemError, MemoryTable, ScatterError};
-use crate::packet::{Aeth, NakCode, Opcode, Packet, PacketHeader, Transmit};
+use crate::packet::{ack, header, Packet, Transmit};
 use crate::psn::{psn_add, psn_diff, PSN_MASK};
 use crate::verbs::{AccessFlags, Completion, PostError, RecvWr, WcOpcode, WcStatus};
+use rdma_wire::aeth::{AethRepr, AethSyndrome, NakCode, RnrTimer};
+use rdma_wire::atomic::AtomicAckEthRepr;
+use rdma_wire::opcode::{ExtHeader, Opcode, Position};
+use rdma_wire::packet::PacketRepr;
 use std::collections::VecDeque;
+
+/// A NAK with `code`.
+fn nak(code: NakCode, msn: u32) -> AethRepr {
+    AethRepr {
+        syndrome: AethSyndrome::Nak(code),
+        msn,
+    }
+}
+
+/// An RNR NAK with the low five bits of `timer` as its timer code.
+fn rnr(timer: u8, msn: u32) -> AethRepr {
+    let timer = RnrTimer::new(timer & 0x1F).expect("a 5-bit RNR timer code");
+    AethRepr {
+        syndrome: AethSyndrome::RnrNak { timer },
+        msn,
+    }
+}
+
+/// An RC SEND (First, Middle, Last, Only; with Immediate or Invalidate).
+fn is_send(op: Opcode) -> bool {
+    use Opcode::*;
+    matches!(
+        op,
+        RcSendFirst
+            | RcSendMiddle
+            | RcSendLast
+            | RcSendLastImm
+            | RcSendOnly
+            | RcSendOnlyImm
+            | RcSendLastInv
+            | RcSendOnlyInv
+    )
+}
+
+/// An RC RDMA WRITE (First, Middle, Last, Only; with Immediate).
+fn is_write(op: Opcode) -> bool {
+    use Opcode::*;
+    matches!(
+        op,
+        RcRdmaWriteFirst
+            | RcRdmaWriteMiddle
+            | RcRdmaWriteLast
+            | RcRdmaWriteLastImm
+            | RcRdmaWriteOnly
+            | RcRdmaWriteOnlyImm
+    )
+}
+
+/// A request that starts a message: First, Only, or a one-packet request (READ request,
+/// atomic).
+fn starts_message(op: Opcode) -> bool {
+    matches!(
+        op.position(),
+        Position::First | Position::Only | Position::None
+    )
+}
+
+/// A request that ends a message: Last, Only, or a one-packet request.
+fn ends_message(op: Opcode) -> bool {
+    matches!(
+        op.position(),
+        Position::Last | Position::Only | Position::None
+    )
+}
 
 /// Largest number of packets one READ may span (keeps PSN comparisons unambiguous).
 pub(crate) const MAX_READ_PKTS: u32 = 1 << 22;
@@ -44,7 +112,7 @@ struct ReadStream {
 enum Out {
     Ack {
         psn: u32,
-        aeth: Aeth,
+        aeth: AethRepr,
     },
     Read(ReadStream),
     Atomic {
@@ -137,7 +205,7 @@ impl Responder {
     }
 
     pub(super) fn push_ack(&mut self, psn: u32) {
-        let aeth = Aeth::ack(self.msn);
+        let aeth = ack(self.msn);
         if let Some(Out::Ack { psn: p, aeth: a }) = self.out.back_mut() {
             if a.syndrome == aeth.syndrome {
                 *p = psn;
@@ -150,7 +218,7 @@ impl Responder {
         }
     }
 
-    fn push_nak(&mut self, psn: u32, aeth: Aeth) {
+    fn push_nak(&mut self, psn: u32, aeth: AethRepr) {
         if self.out.len() < self.out_cap() + 1 {
             self.out.push_back(Out::Ack { psn, aeth });
         }
@@ -184,14 +252,14 @@ impl RcQp {
         }
         self.resp.out.retain(|o| matches!(o, Out::Ack { .. }));
         let msn = self.resp.msn;
-        self.resp.push_nak(psn, Aeth::nak(code, msn));
+        self.resp.push_nak(psn, nak(code, msn));
         self.enter_error(None);
     }
 
     fn rnr_nak(&mut self, psn: u32) {
         self.stats.naks_sent += 1;
         tracing::debug!(qpn = self.cfg.qpn, psn, "no receive posted: RNR NAK sent");
-        let aeth = Aeth::rnr(self.attr.min_rnr_timer, self.resp.msn);
+        let aeth = rnr(self.attr.min_rnr_timer, self.resp.msn);
         // replace a trailing RNR NAK for the same PSN rather than queueing another
         if let Some(Out::Ack { psn: p, aeth: a }) = self.resp.out.back() {
             if *p == psn && *a == aeth {
@@ -207,7 +275,7 @@ impl RcQp {
         pkt: &Packet<'_>,
     ) {
         let h = &pkt.header;
-        let d = psn_diff(h.psn, self.resp.epsn);
+        let d = psn_diff(h.bth.psn, self.resp.epsn);
         if d > 0 {
             self.stats.dropped += 1;
             if !self.resp.nak_seq_sent {
@@ -215,11 +283,11 @@ impl RcQp {
                 self.stats.naks_sent += 1;
                 tracing::debug!(
                     qpn = self.cfg.qpn,
-                    psn = h.psn,
+                    psn = h.bth.psn,
                     expected = self.resp.epsn,
                     "sequence error: NAK sent"
                 );
-                let aeth = Aeth::nak(NakCode::PsnSeqErr, self.resp.msn);
+                let aeth = nak(NakCode::PsnSequenceError, self.resp.msn);
                 let e = self.resp.epsn;
                 self.resp.push_nak(e, aeth);
             }
@@ -233,11 +301,11 @@ impl RcQp {
         self.execute(mem, pkt);
     }
 
-    fn duplicate<M: MemoryTable + ?Sized>(&mut self, mem: &M, h: &PacketHeader) {
-        let p = h.psn;
+    fn duplicate<M: MemoryTable + ?Sized>(&mut self, mem: &M, h: &PacketRepr) {
+        let p = h.bth.psn;
         let mtu = self.attr.path_mtu.bytes();
-        match h.opcode {
-            Opcode::RcReadRequest => {
+        match h.bth.opcode {
+            Opcode::RcRdmaReadRequest => {
                 let Some(reth) = h.reth else { return };
                 let found = self.resp.replay.iter().find_map(|r| match *r {
                     Replay::Read {
@@ -258,17 +326,17 @@ impl RcQp {
                 };
                 let off = k * mtu;
                 let end = va.wrapping_add(len as u64);
-                if reth.rkey != rkey
+                if reth.r_key != rkey
                     || reth.va != va.wrapping_add(off as u64)
-                    || reth.va.wrapping_add(reth.len as u64) != end
+                    || reth.va.wrapping_add(reth.dma_len as u64) != end
                     || self.resp.out.len() >= self.resp.out_cap()
-                    || (reth.len > 0
+                    || (reth.dma_len > 0
                         && mem
                             .check_remote(
                                 self.cfg.pd,
                                 rkey,
                                 reth.va,
-                                reth.len as u64,
+                                reth.dma_len as u64,
                                 AccessFlags::REMOTE_READ,
                             )
                             .is_err())
@@ -280,7 +348,7 @@ impl RcQp {
                     psn: p,
                     va: reth.va,
                     rkey,
-                    len: reth.len,
+                    len: reth.dma_len,
                     k: 0,
                     npkts: npkts - k,
                     msn: self.resp.msn,
@@ -317,27 +385,27 @@ impl RcQp {
 
     fn execute<M: MemoryTable + ?Sized>(&mut self, mem: &mut M, pkt: &Packet<'_>) {
         let h = &pkt.header;
-        let (op, p, n) = (h.opcode, h.psn, pkt.payload.len());
+        let (op, p, n) = (h.bth.opcode, h.bth.psn, pkt.payload.len());
         let mtu = self.attr.path_mtu.bytes() as usize;
         let pd = self.cfg.pd;
         let qa = self.attr.qp_access_flags;
         // opcode sequence
         let seq_ok = match self.resp.cur {
-            Cur::Send { .. } => op.is_send() && !op.is_first(),
-            Cur::Write { .. } => op.is_write() && !op.is_first(),
-            Cur::None => op.is_first(),
+            Cur::Send { .. } => is_send(op) && !starts_message(op),
+            Cur::Write { .. } => is_write(op) && !starts_message(op),
+            Cur::None => starts_message(op),
         };
-        let access_ok = if op.is_write() {
+        let access_ok = if is_write(op) {
             qa.contains(AccessFlags::REMOTE_WRITE)
-        } else if op == Opcode::RcReadRequest {
+        } else if op == Opcode::RcRdmaReadRequest {
             qa.contains(AccessFlags::REMOTE_READ)
-        } else if op.is_atomic() {
+        } else if op.ext_headers().contains(ExtHeader::AtomicEth) {
             qa.contains(AccessFlags::REMOTE_ATOMIC)
         } else {
             true
         };
         let len_ok = if op.has_payload() {
-            n <= mtu && (op.is_last() || n == mtu)
+            n <= mtu && (ends_message(op) || n == mtu)
         } else {
             n == 0
         };
@@ -347,8 +415,8 @@ impl RcQp {
             return;
         }
         match op {
-            _ if op.is_send() => {
-                if op.is_first() {
+            _ if is_send(op) => {
+                if starts_message(op) {
                     if self.resp.rq.is_empty() {
                         self.rnr_nak(p);
                         return;
@@ -368,18 +436,22 @@ impl RcQp {
                         return;
                     }
                     Err(ScatterError::Mem(_)) => {
-                        self.resp_fatal(p, NakCode::RemoteOperational, Some(WcStatus::LocProtErr));
+                        self.resp_fatal(
+                            p,
+                            NakCode::RemoteOperationalError,
+                            Some(WcStatus::LocProtErr),
+                        );
                         return;
                     }
                 }
                 let off = off + n as u32;
                 self.resp.cur = Cur::Send { off };
-                if op.is_last() {
+                if ends_message(op) {
                     let mut c =
                         Completion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
                     c.byte_len = off;
-                    c.solicited = h.solicited;
-                    if let Some(imm) = h.imm {
+                    c.solicited = h.bth.se;
+                    if let Some(imm) = h.imm_dt {
                         c = c.with_imm(imm);
                     }
                     if let Some(rkey) = h.ieth {
@@ -394,29 +466,35 @@ impl RcQp {
                     self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
                     self.resp.cur = Cur::None;
                 }
-                self.advance(p, 1, h.ack_req);
+                self.advance(p, 1, h.bth.ack_req);
             }
-            _ if op.is_write() => {
-                if op.has_imm() && self.resp.rq.is_empty() {
+            _ if is_write(op) => {
+                if op.has_immediate() && self.resp.rq.is_empty() {
                     self.rnr_nak(p);
                     return;
                 }
-                if op.is_first() {
+                if starts_message(op) {
                     let Some(r) = h.reth else { return };
                     // a zero-length WRITE checks no key (IBA 9.7.4.1.5)
-                    if r.len > 0
+                    if r.dma_len > 0
                         && mem
-                            .check_remote(pd, r.rkey, r.va, r.len as u64, AccessFlags::REMOTE_WRITE)
+                            .check_remote(
+                                pd,
+                                r.r_key,
+                                r.va,
+                                r.dma_len as u64,
+                                AccessFlags::REMOTE_WRITE,
+                            )
                             .is_err()
                     {
-                        self.resp_fatal(p, NakCode::RemoteAccess, None);
+                        self.resp_fatal(p, NakCode::RemoteAccessError, None);
                         return;
                     }
                     self.resp.cur = Cur::Write {
                         va: r.va,
-                        rkey: r.rkey,
-                        remaining: r.len,
-                        total: r.len,
+                        rkey: r.r_key,
+                        remaining: r.dma_len,
+                        total: r.dma_len,
                     };
                 }
                 let Cur::Write {
@@ -428,12 +506,12 @@ impl RcQp {
                 else {
                     return;
                 };
-                if n as u32 > remaining || (op.is_last() && n as u32 != remaining) {
+                if n as u32 > remaining || (ends_message(op) && n as u32 != remaining) {
                     self.resp_fatal(p, NakCode::InvalidRequest, None);
                     return;
                 }
                 if n > 0 && mem.write_remote(pd, rkey, va, pkt.payload).is_err() {
-                    self.resp_fatal(p, NakCode::RemoteAccess, None);
+                    self.resp_fatal(p, NakCode::RemoteAccessError, None);
                     return;
                 }
                 self.resp.cur = Cur::Write {
@@ -442,8 +520,8 @@ impl RcQp {
                     remaining: remaining - n as u32,
                     total,
                 };
-                if op.is_last() {
-                    if let Some(imm) = h.imm {
+                if ends_message(op) {
+                    if let Some(imm) = h.imm_dt {
                         if let Some(r) = self.resp.rq.pop_front() {
                             let mut c = Completion::new(
                                 r.wr_id,
@@ -453,40 +531,46 @@ impl RcQp {
                             )
                             .with_imm(imm);
                             c.byte_len = total;
-                            c.solicited = h.solicited;
+                            c.solicited = h.bth.se;
                             self.recv_cq.push_back(c);
                         }
                     }
                     self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
                     self.resp.cur = Cur::None;
                 }
-                self.advance(p, 1, h.ack_req);
+                self.advance(p, 1, h.bth.ack_req);
             }
-            Opcode::RcReadRequest => {
+            Opcode::RcRdmaReadRequest => {
                 let Some(r) = h.reth else { return };
                 if self.resp.new_rd_in_out >= self.resp.max_rd {
                     self.resp_fatal(p, NakCode::InvalidRequest, None);
                     return;
                 }
-                let npkts = r.len.div_ceil(mtu as u32).max(1);
+                let npkts = r.dma_len.div_ceil(mtu as u32).max(1);
                 if npkts >= MAX_READ_PKTS {
                     self.resp_fatal(p, NakCode::InvalidRequest, None);
                     return;
                 }
-                if r.len > 0
+                if r.dma_len > 0
                     && mem
-                        .check_remote(pd, r.rkey, r.va, r.len as u64, AccessFlags::REMOTE_READ)
+                        .check_remote(
+                            pd,
+                            r.r_key,
+                            r.va,
+                            r.dma_len as u64,
+                            AccessFlags::REMOTE_READ,
+                        )
                         .is_err()
                 {
-                    self.resp_fatal(p, NakCode::RemoteAccess, None);
+                    self.resp_fatal(p, NakCode::RemoteAccessError, None);
                     return;
                 }
                 self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
                 let s = ReadStream {
                     psn: p,
                     va: r.va,
-                    rkey: r.rkey,
-                    len: r.len,
+                    rkey: r.r_key,
+                    len: r.dma_len,
                     k: 0,
                     npkts,
                     msn: self.resp.msn,
@@ -499,33 +583,35 @@ impl RcQp {
                     first: p,
                     npkts,
                     va: r.va,
-                    rkey: r.rkey,
-                    len: r.len,
+                    rkey: r.r_key,
+                    len: r.dma_len,
                 });
                 self.advance(p, npkts, false);
             }
             Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
-                let Some(a) = h.atomic else { return };
+                let Some(a) = h.atomic_eth else { return };
                 if self.resp.new_rd_in_out >= self.resp.max_rd || a.va % 8 != 0 {
                     self.resp_fatal(p, NakCode::InvalidRequest, None);
                     return;
                 }
                 let aop = if op == Opcode::RcCompareSwap {
                     AtomicOp::CmpSwap {
-                        compare: a.compare,
-                        swap: a.swap_add,
+                        compare: a.compare_data,
+                        swap: a.swap_add_data,
                     }
                 } else {
-                    AtomicOp::FetchAdd { add: a.swap_add }
+                    AtomicOp::FetchAdd {
+                        add: a.swap_add_data,
+                    }
                 };
-                let orig = match mem.atomic_remote(pd, a.rkey, a.va, aop) {
+                let orig = match mem.atomic_remote(pd, a.r_key, a.va, aop) {
                     Ok(v) => v,
                     Err(MemError::Misaligned) => {
                         self.resp_fatal(p, NakCode::InvalidRequest, None);
                         return;
                     }
                     Err(_) => {
-                        self.resp_fatal(p, NakCode::RemoteAccess, None);
+                        self.resp_fatal(p, NakCode::RemoteAccessError, None);
                         return;
                     }
                 };
@@ -564,7 +650,7 @@ impl RcQp {
         let mut payload_len = 0;
         let h = match front {
             Out::Ack { psn, aeth } => {
-                let mut h = PacketHeader::new(Opcode::RcAcknowledge, dqp, *psn);
+                let mut h = header(Opcode::RcAcknowledge, dqp, *psn);
                 h.aeth = Some(*aeth);
                 self.resp.out.pop_front();
                 h
@@ -575,9 +661,9 @@ impl RcQp {
                 msn,
                 new,
             } => {
-                let mut h = PacketHeader::new(Opcode::RcAtomicAcknowledge, dqp, *psn);
-                h.aeth = Some(Aeth::ack(*msn));
-                h.atomic_ack = Some(*orig);
+                let mut h = header(Opcode::RcAtomicAcknowledge, dqp, *psn);
+                h.aeth = Some(ack(*msn));
+                h.atomic_ack_eth = Some(AtomicAckEthRepr { orig_rem_dt: *orig });
                 if *new {
                     self.resp.new_rd_in_out -= 1;
                 }
@@ -590,16 +676,17 @@ impl RcQp {
                 let n = (s.len - off.min(s.len)).min(mtu);
                 let last = k + 1 >= s.npkts;
                 let opcode = match (k == 0 && !s.resumed, last) {
-                    (true, true) => Opcode::RcReadResponseOnly,
-                    (true, false) => Opcode::RcReadResponseFirst,
-                    (false, false) => Opcode::RcReadResponseMiddle,
-                    (false, true) => Opcode::RcReadResponseLast,
+                    (true, true) => Opcode::RcRdmaReadResponseOnly,
+                    (true, false) => Opcode::RcRdmaReadResponseFirst,
+                    (false, false) => Opcode::RcRdmaReadResponseMiddle,
+                    (false, true) => Opcode::RcRdmaReadResponseLast,
                 };
-                let mut h = PacketHeader::new(opcode, dqp, psn_add(s.psn, k));
-                if opcode != Opcode::RcReadResponseMiddle {
-                    h.aeth = Some(Aeth::ack(s.msn));
+                let mut h = header(opcode, dqp, psn_add(s.psn, k));
+                if opcode != Opcode::RcRdmaReadResponseMiddle {
+                    h.aeth = Some(ack(s.msn));
                 }
-                let (va, rkey, psn, new) = (s.va.wrapping_add(off as u64), s.rkey, h.psn, s.new);
+                let (va, rkey, psn, new) =
+                    (s.va.wrapping_add(off as u64), s.rkey, h.bth.psn, s.new);
                 s.k += 1;
                 if last {
                     self.resp.out.pop_front();
@@ -613,7 +700,7 @@ impl RcQp {
                         .is_err()
                 {
                     // the region went away after the request was checked
-                    self.resp_fatal(psn, NakCode::RemoteAccess, None);
+                    self.resp_fatal(psn, NakCode::RemoteAccessError, None);
                     return self.next_response(mem, buf);
                 }
                 payload_len = n as usize;
@@ -632,15 +719,22 @@ impl RcQp {
 #[cfg(test)]
 mod tests {
     use crate::memory::InMemoryTable;
-    use crate::packet::{Opcode, Packet, PacketHeader, Reth};
+    use crate::packet::{header, Packet};
     use crate::rc::{RcConfig, RcQp};
     use crate::sim::{connect, ConnParams};
     use crate::verbs::{AccessFlags, PdId};
+    use rdma_wire::opcode::Opcode;
+    use rdma_wire::packet::PacketRepr;
+    use rdma_wire::reth::RethRepr;
 
-    fn read_req(psn: u32, va: u64, rkey: u32, len: u32) -> PacketHeader {
-        let mut h = PacketHeader::new(Opcode::RcReadRequest, 0x12, psn);
-        h.ack_req = true;
-        h.reth = Some(Reth { va, rkey, len });
+    fn read_req(psn: u32, va: u64, rkey: u32, len: u32) -> PacketRepr {
+        let mut h = header(Opcode::RcRdmaReadRequest, 0x12, psn);
+        h.bth.ack_req = true;
+        h.reth = Some(RethRepr {
+            va,
+            r_key: rkey,
+            dma_len: len,
+        });
         h
     }
 
@@ -655,7 +749,7 @@ mod tests {
         let mut qp = RcQp::new(RcConfig::new(0x12, pd));
         connect(&mut qp, 0x11, 0, 100, &ConnParams::default());
         let mut buf = [0u8; 4096];
-        let mut run = |qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketHeader| {
+        let mut run = |qp: &mut RcQp, mem: &mut InMemoryTable, h: PacketRepr| {
             qp.handle_packet(
                 0,
                 mem,
@@ -666,7 +760,7 @@ mod tests {
             );
             let mut out = Vec::new();
             while let Some(t) = qp.poll_transmit(0, mem, &mut buf) {
-                out.push((t.header.opcode, t.header.psn, t.payload_len));
+                out.push((t.header.bth.opcode, t.header.bth.psn, t.payload_len));
             }
             out
         };
@@ -675,21 +769,21 @@ mod tests {
         assert_eq!(
             first,
             vec![
-                (RcReadResponseFirst, 100, 1024),
-                (RcReadResponseMiddle, 101, 1024),
-                (RcReadResponseLast, 102, 952)
+                (RcRdmaReadResponseFirst, 100, 1024),
+                (RcRdmaReadResponseMiddle, 101, 1024),
+                (RcRdmaReadResponseLast, 102, 952)
             ]
         );
         let tail = run(&mut qp, &mut mem, read_req(101, 0x1400, k.rkey, 1976));
         assert_eq!(
             tail,
             vec![
-                (RcReadResponseMiddle, 101, 1024),
-                (RcReadResponseLast, 102, 952)
+                (RcRdmaReadResponseMiddle, 101, 1024),
+                (RcRdmaReadResponseLast, 102, 952)
             ]
         );
         let last = run(&mut qp, &mut mem, read_req(102, 0x1800, k.rkey, 952));
-        assert_eq!(last, vec![(RcReadResponseLast, 102, 952)]);
+        assert_eq!(last, vec![(RcRdmaReadResponseLast, 102, 952)]);
         let again = run(&mut qp, &mut mem, read_req(100, 0x1000, k.rkey, 3000));
         assert_eq!(again, first);
     }

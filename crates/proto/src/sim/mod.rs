@@ -27,7 +27,9 @@ use crate::memory::{InMemoryTable, MrKeys};
 use crate::rc::{RcConfig, RcQp};
 use crate::verbs::{AccessFlags, Mtu, PathAttr, PdId, QpAttr, QpAttrMask as M, QpState};
 use crate::wire;
+use rdma_wire::aeth::{AethSyndrome, NakCode};
 use rdma_wire::icrc::{Encap, IpInfo, Ipv4Info};
+use rdma_wire::opcode::Opcode;
 use rdma_wire::packet::IcrcCheck;
 
 /// A small, fast, seedable PRNG (SplitMix64). Deterministic across platforms.
@@ -488,16 +490,17 @@ impl RcPair {
                     "{:>12} {}{} {:?} psn {:#x} len {} reth {:?} aeth {:?}{}",
                     self.now,
                     if from_a { "A->B" } else { "B->A" },
-                    if h.mig_req {
+                    if h.bth.mig_req {
                         format!(" p{port} M")
                     } else {
                         format!(" p{port}")
                     },
-                    h.opcode,
-                    h.psn,
+                    h.bth.opcode,
+                    h.bth.psn,
                     t.payload_len,
-                    h.reth.map(|r| (r.va, r.len)),
-                    h.aeth.map(|a| (a.syndrome, a.msn)),
+                    h.reth.map(|r| (r.va, r.dma_len)),
+                    h.aeth
+                        .map(|a| (a.syndrome.to_byte().unwrap_or_default(), a.msn)),
                     if lost { " LOST" } else { "" }
                 );
             }
@@ -622,10 +625,10 @@ impl RcPair {
                     self.stats.corrupt_accepted += 1;
                 }
                 let h = &pkt.header;
-                let nak_for_oldest = h.opcode == crate::packet::Opcode::RcAcknowledge
-                    && h.psn == dst.qp.oldest_unacked_psn()
+                let nak_for_oldest = h.bth.opcode == Opcode::RcAcknowledge
+                    && h.bth.psn == dst.qp.oldest_unacked_psn()
                     && h.aeth.is_some_and(|a| {
-                        a.kind() == crate::packet::AethKind::Nak(crate::packet::NakCode::PsnSeqErr)
+                        a.syndrome == AethSyndrome::Nak(NakCode::PsnSequenceError)
                     });
                 dst.qp
                     .handle_packet_on(self.now, &mut dst.mem, &pkt, f.port);

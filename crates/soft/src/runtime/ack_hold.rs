@@ -13,7 +13,8 @@
 
 use std::time::Duration;
 
-use rdma_proto::packet::{Opcode, PacketHeader};
+use rdma_wire::opcode::Opcode;
+use rdma_wire::packet::PacketRepr;
 
 /// The smallest local ACK timeout exponent (4.096 µs << 12, about 16.8 ms) whose QPs'
 /// ACKs are held; 0 (infinite) qualifies too.
@@ -38,9 +39,10 @@ pub(super) struct AckHold {
 impl AckHold {
     /// A packet left through the wire's UDP batch (`udp`) or a ring, for a QP whose local
     /// ACK timeout is `timeout`.
-    pub fn emitted(&mut self, h: &PacketHeader, udp: bool, timeout: u8) {
-        let ack =
-            h.opcode == Opcode::RcAcknowledge && udp && (timeout == 0 || timeout >= MIN_TIMEOUT);
+    pub fn emitted(&mut self, h: &PacketRepr, udp: bool, timeout: u8) {
+        let ack = h.bth.opcode == Opcode::RcAcknowledge
+            && udp
+            && (timeout == 0 || timeout >= MIN_TIMEOUT);
         if ack {
             self.acks = true;
         } else {
@@ -81,8 +83,10 @@ impl AckHold {
 mod tests {
     use super::*;
 
-    fn ack() -> PacketHeader {
-        PacketHeader::new(Opcode::RcAcknowledge, 7, 1)
+    use rdma_proto::packet::header;
+
+    fn ack() -> PacketRepr {
+        header(Opcode::RcAcknowledge, 7, 1)
     }
 
     #[test]
@@ -96,7 +100,7 @@ mod tests {
         assert!(h.held());
         assert!(h.take_held());
         h.emitted(&ack(), true, 14);
-        h.emitted(&PacketHeader::new(Opcode::RcSendOnly, 7, 2), true, 14);
+        h.emitted(&header(Opcode::RcSendOnly, 7, 2), true, 14);
         assert!(!h.hold_round(), "a request goes out at once, with the ACK");
         h.emitted(&ack(), false, 14);
         assert!(!h.hold_round(), "ring packets are published as written");

@@ -106,7 +106,7 @@ impl UdState {
         pkt: &Packet<'_>,
         stats: &mut RuntimeStats,
     ) -> bool {
-        let qpn = pkt.header.dest_qp;
+        let qpn = pkt.header.bth.dest_qp;
         let Some(ctx) = self.get(qpn) else {
             return false;
         };
