@@ -145,17 +145,20 @@ impl ExtHeaders {
     }
 
     /// Whether `h` is present.
+    #[inline]
     pub const fn contains(self, h: ExtHeader) -> bool {
         self.0 & h.bit() != 0
     }
 
     /// Total length in bytes of the extended headers.
     #[allow(clippy::len_without_is_empty)]
+    #[inline]
     pub fn len(self) -> usize {
         self.iter().map(ExtHeader::len).sum()
     }
 
     /// Offset of `h` from the start of the BTH, if present.
+    #[inline]
     pub fn offset(self, h: ExtHeader) -> Option<usize> {
         if !self.contains(h) {
             return None;
@@ -171,6 +174,7 @@ impl ExtHeaders {
     }
 
     /// The headers present, in wire order.
+    #[inline]
     pub fn iter(self) -> impl Iterator<Item = ExtHeader> {
         ExtHeader::ALL
             .into_iter()
@@ -206,18 +210,27 @@ macro_rules! opcodes {
             }
 
             /// Where a packet with this opcode sits in its message.
+            #[inline]
             pub const fn position(self) -> Position {
                 match self { $( Opcode::$name => Position::$pos, )* }
             }
 
             /// Whether packets with this opcode carry a payload (possibly empty).
+            #[inline]
             pub const fn has_payload(self) -> bool {
                 match self { $( Opcode::$name => $payload, )* }
             }
 
             /// The extended headers that follow the BTH, in wire order.
+            #[inline]
             pub const fn ext_headers(self) -> ExtHeaders {
-                match self { $( Opcode::$name => ExtHeaders::of(&[$(ExtHeader::$h),*]), )* }
+                // each arm a constant: evaluated at compile time, not per call
+                match self {
+                    $( Opcode::$name => {
+                        const H: ExtHeaders = ExtHeaders::of(&[$(ExtHeader::$h),*]);
+                        H
+                    } )*
+                }
             }
         }
 
@@ -359,6 +372,7 @@ opcodes! {
 
 impl Opcode {
     /// The transport service, from the top three bits.
+    #[inline]
     pub const fn transport(self) -> Transport {
         match self as u8 >> 5 {
             0 => Transport::Rc,
@@ -376,6 +390,7 @@ impl Opcode {
     }
 
     /// Whether the packet is sent by a responder (read responses and acknowledgements).
+    #[inline]
     pub const fn is_response(self) -> bool {
         matches!(self as u8 & 0xe0, 0x00 | 0x40) && matches!(self as u8 & 0x1f, 0x0d..=0x12)
     }

@@ -363,6 +363,7 @@ impl PacketRepr {
     }
 
     /// Length of the BTH and extended headers.
+    #[inline]
     pub fn header_len(&self) -> usize {
         BTH_LEN + self.bth.opcode.ext_headers().len()
     }
@@ -374,6 +375,7 @@ impl PacketRepr {
     }
 
     /// Checks that exactly the extended headers the opcode calls for are present.
+    #[inline]
     pub fn check_headers(&self) -> Result<()> {
         let want = self.bth.opcode.ext_headers();
         let have = [
