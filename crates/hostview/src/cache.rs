@@ -94,16 +94,7 @@ impl Cache {
         sync: bool,
         dump: impl FnOnce() -> Result<Vec<Link>>,
     ) -> Result<Arc<[Link]>> {
-        let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if sync {
-            k.sync();
-        }
-        if let Some(l) = &k.links {
-            return Ok(l.clone());
-        }
-        let l: Arc<[Link]> = dump()?.into();
-        k.links = Some(l.clone());
-        Ok(l)
+        self.kept(sync, |k| &mut k.links, dump)
     }
 
     /// The addresses (both families), from the kept dump or from `dump`.
@@ -112,16 +103,26 @@ impl Cache {
         sync: bool,
         dump: impl FnOnce() -> Result<Vec<Address>>,
     ) -> Result<Arc<[Address]>> {
+        self.kept(sync, |k| &mut k.addrs, dump)
+    }
+
+    /// The dump `slot` keeps, or `dump`'s answer, then kept there.
+    fn kept<T>(
+        &self,
+        sync: bool,
+        slot: impl Fn(&mut Kept) -> &mut Option<Arc<[T]>>,
+        dump: impl FnOnce() -> Result<Vec<T>>,
+    ) -> Result<Arc<[T]>> {
         let mut k = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if sync {
             k.sync();
         }
-        if let Some(a) = &k.addrs {
-            return Ok(a.clone());
+        if let Some(v) = slot(&mut k) {
+            return Ok(v.clone());
         }
-        let a: Arc<[Address]> = dump()?.into();
-        k.addrs = Some(a.clone());
-        Ok(a)
+        let v: Arc<[T]> = dump()?.into();
+        *slot(&mut k) = Some(v.clone());
+        Ok(v)
     }
 
     /// The answer to a route lookup, kept or from `ask` (kept if it succeeds). `ask` runs

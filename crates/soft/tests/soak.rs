@@ -565,6 +565,30 @@ impl Link {
     fn expect(&self, what: fn(&Msg) -> bool, name: &str) {
         assert!(what(&self.recv()), "expected {name} from the peer");
     }
+    /// Tells the peer how this host ended and how many requests it knows done; returns the
+    /// peer's (from `peer` if it came while waiting) and whether both completed. Fails
+    /// unless both completed or one requester legitimately ran out of retries.
+    fn trade_endings(
+        &self,
+        mine: (Ending, usize),
+        peer: Option<(Ending, usize)>,
+        ctx: &str,
+    ) -> (Ending, usize, bool) {
+        self.send(Msg::Ended(mine.0, mine.1));
+        let (theirs, their_done) = peer.unwrap_or_else(|| match self.recv() {
+            Msg::Ended(e, done) => (e, done),
+            _ => panic!("{ctx}: expected Ended from the peer"),
+        });
+        // both complete, or a requester ran out of retries (a Stopped host's peer did)
+        let full = (mine.0, theirs) == (Ending::Complete, Ending::Complete);
+        assert!(
+            full || Ending::Exhausted == mine.0 || Ending::Exhausted == theirs,
+            "{ctx}: ended {:?}, the peer {theirs:?}",
+            mine.0
+        );
+        (theirs, their_done, full)
+    }
+
     /// The peer's `Ended`, if it has come.
     fn ended(&self) -> Option<(Ending, usize)> {
         match self.rx.try_recv() {
@@ -971,17 +995,7 @@ fn host_a(mix: &Mix, seeds: &[u64], link: Link) -> Counts {
         let (got, mine, peer) = me.work(nsig + plan.nback, &link, mix, true, &ctx);
         let n = plan.ops.len();
         let done = known_done(&got, mine, true, n);
-        link.send(Msg::Ended(mine, done));
-        let (theirs, their_done) = peer.unwrap_or_else(|| match link.recv() {
-            Msg::Ended(e, done) => (e, done),
-            _ => panic!("{ctx}: expected Ended from the peer"),
-        });
-        // both complete, or a requester ran out of retries (a Stopped host's peer did)
-        let full = (mine, theirs) == (Ending::Complete, Ending::Complete);
-        assert!(
-            full || Ending::Exhausted == mine || Ending::Exhausted == theirs,
-            "{ctx}: ended {mine:?}, the peer {theirs:?}"
-        );
+        let (theirs, their_done, full) = link.trade_endings((mine, done), peer, &ctx);
         let ok = if full {
             got
         } else {
@@ -1086,16 +1100,8 @@ fn host_b(mix: &Mix, seeds: &[u64], link: Link) -> Counts {
             me.qp.post_send(&wr).unwrap();
         }
         let (got, mine, peer) = me.work(consuming.len() + plan.nback, &link, mix, false, &ctx);
-        link.send(Msg::Ended(mine, known_done(&got, mine, false, plan.nback)));
-        let (theirs, their_done) = peer.unwrap_or_else(|| match link.recv() {
-            Msg::Ended(e, done) => (e, done),
-            _ => panic!("{ctx}: expected Ended from the peer"),
-        });
-        let full = (mine, theirs) == (Ending::Complete, Ending::Complete);
-        assert!(
-            full || Ending::Exhausted == mine || Ending::Exhausted == theirs,
-            "{ctx}: ended {mine:?}, the peer {theirs:?}"
-        );
+        let done = known_done(&got, mine, false, plan.nback);
+        let (_, their_done, full) = link.trade_endings((mine, done), peer, &ctx);
         let ok = if full {
             got
         } else {

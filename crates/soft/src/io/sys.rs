@@ -82,13 +82,16 @@ pub(crate) fn open_udp(
     Ok(fd)
 }
 
-/// The socket of [`open_udp`], options set, not yet bound.
-pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Result<OwnedFd> {
+/// A non-blocking UDP socket of `local`'s family (a link-local address needs its scope).
+fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
     if local.is_link_local() && local.scope_id() == 0 {
         return Err(Error::ScopeRequired { addr: local });
     }
-    let v6 = local.ip().is_ipv6();
-    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    let domain = if local.ip().is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
     // SAFETY: plain socket(2) call; the result is checked before use.
     let raw = unsafe {
         libc::socket(
@@ -101,14 +104,30 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
         return Err(Error::last_os("socket", Some(local)));
     }
     // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let opt = |op: &'static str, level, name, value| {
-        setsockopt_int(fd.as_raw_fd(), level, name, value).map_err(|source| Error::Os {
-            op,
-            addr: Some(local),
-            source,
-        })
-    };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Sets an integer socket option, naming `op` and `local` in the error.
+fn set_opt(
+    fd: &OwnedFd,
+    local: WireAddr,
+    op: &'static str,
+    level: i32,
+    name: i32,
+    value: i32,
+) -> Result<()> {
+    setsockopt_int(fd.as_raw_fd(), level, name, value).map_err(|source| Error::Os {
+        op,
+        addr: Some(local),
+        source,
+    })
+}
+
+/// The socket of [`open_udp`], options set, not yet bound.
+pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Result<OwnedFd> {
+    let fd = udp_socket(local)?;
+    let v6 = local.ip().is_ipv6();
+    let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
     if v6 {
         opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
         opt(
@@ -159,31 +178,9 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
 /// `SO_REUSEPORT`, a send buffer of `buf_bytes` and the smallest receive buffer (nothing is
 /// read from it). Unbound.
 pub(crate) fn new_udp_sender(local: WireAddr, buf_bytes: i32) -> Result<OwnedFd> {
-    if local.is_link_local() && local.scope_id() == 0 {
-        return Err(Error::ScopeRequired { addr: local });
-    }
+    let fd = udp_socket(local)?;
     let v6 = local.ip().is_ipv6();
-    let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let raw = unsafe {
-        libc::socket(
-            domain,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_UDP,
-        )
-    };
-    if raw < 0 {
-        return Err(Error::last_os("socket", Some(local)));
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let opt = |op: &'static str, level, name, value| {
-        setsockopt_int(fd.as_raw_fd(), level, name, value).map_err(|source| Error::Os {
-            op,
-            addr: Some(local),
-            source,
-        })
-    };
+    let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
     if v6 {
         opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
         let (l, n, v) = (
