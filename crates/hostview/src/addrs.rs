@@ -114,14 +114,18 @@ pub fn is_link_local(ip: &IpAddr) -> bool {
 impl HostView {
     /// Every address of every link, IPv4 and IPv6.
     pub async fn addresses(&self) -> Result<Vec<Address>> {
-        match &self.cache {
-            Some(c) => Ok(c
-                .addresses(self.sync_first(), || {
-                    self.dump_addresses(AddressFamily::Unspec)
-                })?
-                .to_vec()),
+        match self.kept_addresses() {
+            Some(kept) => Ok(kept?.to_vec()),
             None => self.dump_addresses(AddressFamily::Unspec),
         }
+    }
+
+    /// The kept addresses (dumped if stale); `None` for an uncached view.
+    fn kept_addresses(&self) -> Option<Result<std::sync::Arc<[Address]>>> {
+        let c = self.cache.as_ref()?;
+        Some(c.addresses(self.sync_first(), || {
+            self.dump_addresses(AddressFamily::Unspec)
+        }))
     }
 
     /// The addresses of one family (`Unspec`: both); the kernel dumps only that family.
@@ -155,14 +159,8 @@ impl HostView {
     /// Answered from the kept addresses; without them, only `ip`'s family is dumped.
     pub async fn index_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
         let holds = |a: &Address| a.addr == ip && scope.is_none_or(|s| s == a.link);
-        let found = match &self.cache {
-            Some(c) => c
-                .addresses(self.sync_first(), || {
-                    self.dump_addresses(AddressFamily::Unspec)
-                })?
-                .iter()
-                .find(|a| holds(a))
-                .map(|a| a.link),
+        let found = match self.kept_addresses() {
+            Some(kept) => kept?.iter().find(|a| holds(a)).map(|a| a.link),
             None => {
                 let family = match ip {
                     IpAddr::V4(_) => AddressFamily::Inet,

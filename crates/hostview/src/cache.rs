@@ -1,11 +1,11 @@
-//! Links and addresses answered from the last dump until the kernel says they changed.
+//! Links, addresses and route answers kept until the kernel says they changed.
 //!
-//! A [`Cache`] holds a NETLINK_ROUTE socket subscribed to link, IPv4/IPv6 address, route
-//! and rule, and nexthop notifications, opened *before* the first dump. The kernel queues a notification on it
-//! inside the call that made the change (`rtnl_notify` runs under RTNL in the changer's
-//! context), so when a query finds the socket empty, no change has completed since the
-//! dump it keeps: the answer is as current as a fresh dump would be. Each query drains the
-//! socket first (one non-blocking `recv` when nothing changed); any link notification drops
+//! A [`Cache`] holds a NETLINK_ROUTE socket subscribed to link, IPv4/IPv6 address, route,
+//! rule and nexthop notifications, opened *before* the first dump. The kernel queues a
+//! notification on it inside the call that made the change (`rtnl_notify` runs under RTNL
+//! in the changer's context), so when a query finds the socket empty, no change has
+//! completed since the dump it keeps: the answer is as current as a fresh dump would be.
+//! Each query drains the socket first (one non-blocking `recv` when nothing changed); any link notification drops
 //! the kept links and addresses, any address notification drops the addresses, and an
 //! overrun (`ENOBUFS`: notifications lost) drops both. The next query dumps again, so the
 //! kept lists are always whole kernel dumps, in the kernel's order.

@@ -76,9 +76,9 @@ pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
 ///
 /// Queries are plain `send`/`recv` exchanges on one netlink socket (the kernel answers within
 /// the `send`), so they complete when first polled; neighbour resolution and [`Monitor`]s
-/// need a tokio runtime. Links and addresses are answered from the last dump while a
-/// subscription to their changes stays silent (see the `cache` module: as current as a
-/// fresh dump, without one per query).
+/// need a tokio runtime. Links, addresses and route lookups are answered from what was
+/// kept while a subscription to their changes stays silent (see the `cache` module: as
+/// current as a kernel query, without one per question).
 ///
 /// ```no_run
 /// # async fn f() -> rdma_hostview::Result<()> {
@@ -101,13 +101,12 @@ pub struct HostView {
 
 impl HostView {
     /// Opens a netlink route socket in the calling thread's network namespace, and a
-    /// subscription to its link and address changes; clones share them (one exchange at a
-    /// time, answers matched by sequence number).
+    /// subscription to its link, address, route and rule changes; clones share them (one
+    /// exchange at a time, answers matched by sequence number).
     pub fn new() -> Result<HostView> {
         Ok(HostView {
-            nl: std::sync::Arc::new(nl::Requester::new()?),
             cache: cache::Cache::new().ok().map(std::sync::Arc::new),
-            once: None,
+            ..HostView::uncached()?
         })
     }
 
@@ -146,8 +145,8 @@ impl HostView {
             .is_none_or(|done| !done.swap(true, std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// A view that asks the kernel at every query (no kept links or addresses): for
-    /// comparisons and measurements.
+    /// A view that asks the kernel at every query (nothing kept): for comparisons and
+    /// measurements.
     ///
     /// ```no_run
     /// let hv = rdma_hostview::HostView::uncached().unwrap();

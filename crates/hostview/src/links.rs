@@ -184,10 +184,16 @@ fn collect_links(
 impl HostView {
     /// Every link of the namespace.
     pub async fn links(&self) -> Result<Vec<Link>> {
-        match &self.cache {
-            Some(c) => Ok(c.links(self.sync_first(), || self.dump_links())?.to_vec()),
+        match self.kept_links() {
+            Some(kept) => Ok(kept?.to_vec()),
             None => self.dump_links(),
         }
+    }
+
+    /// The kept links (dumped if stale); `None` for an uncached view.
+    fn kept_links(&self) -> Option<Result<std::sync::Arc<[Link]>>> {
+        let c = self.cache.as_ref()?;
+        Some(c.links(self.sync_first(), || self.dump_links()))
     }
 
     fn dump_links(&self) -> Result<Vec<Link>> {
@@ -197,9 +203,8 @@ impl HostView {
     /// The link with ifindex `index` (`ENODEV` if none).
     pub async fn link(&self, index: u32) -> Result<Link> {
         let gone = || Error::NoDevice(format!("ifindex {index}"));
-        if let Some(c) = &self.cache {
-            let links = c.links(self.sync_first(), || self.dump_links())?;
-            return links
+        if let Some(kept) = self.kept_links() {
+            return kept?
                 .iter()
                 .find(|l| l.index == index)
                 .cloned()

@@ -44,8 +44,10 @@ impl HostView {
     /// Asks several independent questions at once: the requests go to the kernel in one
     /// datagram, which it answers message by message within the `send`, so the answers are
     /// those of the same moment and the exchange costs one `send` (and the `recv`s of the
-    /// answers) instead of one round per question. Each answer is what [`HostView::link`],
-    /// [`HostView::index_holding`] or [`HostView::route_get`] (no `oif`) would give.
+    /// answers) instead of one round per question. A view that keeps answers (the default)
+    /// gives the kept ones and asks the kernel only for the others, one at a time. Each
+    /// answer is what [`HostView::link`], [`HostView::index_holding`] or
+    /// [`HostView::route_get`] (no `oif`) would give.
     ///
     /// ```no_run
     /// # async fn f(hv: &rdma_hostview::HostView) -> rdma_hostview::Result<()> {

@@ -254,12 +254,7 @@ impl HostView {
     }
 
     /// [`HostView::route_get`] asked of the kernel.
-    pub(crate) fn ask_route(
-        &self,
-        dst: IpAddr,
-        src: Option<IpAddr>,
-        oif: Option<u32>,
-    ) -> Result<RouteAnswer> {
+    fn ask_route(&self, dst: IpAddr, src: Option<IpAddr>, oif: Option<u32>) -> Result<RouteAnswer> {
         let msgs = self.nl.request(
             "RTM_GETROUTE",
             RouteNetlinkMessage::GetRoute(lookup_message(dst, src, oif, false)),
