@@ -139,7 +139,7 @@ impl Inner {
 }
 
 /// Watch and unwatch requests queued before they wake the watcher task.
-pub(crate) const WATCH_BATCH: usize = 64;
+const WATCH_BATCH: usize = 64;
 
 /// The watcher's id for watch `gen` of id `id`: the generation in the top 16 bits.
 pub(crate) fn watch_key(id: IdNum, gen: u16) -> u64 {

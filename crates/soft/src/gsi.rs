@@ -65,6 +65,7 @@ use rdma_wire::opcode::Opcode;
 use rdma_wire::packet::PacketRepr;
 
 use crate::io::{Arrival, TxMeta, WireAddr};
+use crate::runtime::Runtime;
 use crate::verbs::Device;
 use crate::{Error, Result};
 
@@ -380,14 +381,7 @@ impl Device {
 
     /// Sends the MADs [`Device::gsi_queue_with`] queued (with anything else the wire holds).
     pub fn gsi_flush(&self) -> Result<()> {
-        let shared = self.shared();
-        let mut rt = shared.runtime();
-        let r = rt.gsi_flush();
-        // a MAD the fault injector holds back is released by the engine
-        if let Some(t) = rt.post_deadline(0) {
-            shared.wake_by(t);
-        }
-        r
+        self.gsi_locked(|rt| rt.gsi_flush())
     }
 
     fn gsi_send_flushed(
@@ -398,10 +392,21 @@ impl Device {
         mad: &[u8; MAD_LEN],
         flush: bool,
     ) -> Result<()> {
+        self.gsi_locked(|rt| {
+            rt.gsi_queue(*local, *remote, meta.tclass, mad)?;
+            if flush {
+                rt.gsi_flush()?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `f` on the locked runtime; a MAD the fault injector holds back meanwhile is
+    /// released by the engine, woken for it.
+    fn gsi_locked(&self, f: impl FnOnce(&mut Runtime) -> Result<()>) -> Result<()> {
         let shared = self.shared();
         let mut rt = shared.runtime();
-        let r = rt.gsi_send(*local, *remote, meta.tclass, mad, flush);
-        // a MAD the fault injector holds back is released by the engine
+        let r = f(&mut rt);
         if let Some(t) = rt.post_deadline(0) {
             shared.wake_by(t);
         }

@@ -346,15 +346,14 @@ impl Runtime {
         was
     }
 
-    /// Sends a MAD from QP1 with IPv4 TOS / IPv6 traffic class `tclass`; with `flush`, at
-    /// once, else queued in the wire's batch until [`Runtime::gsi_flush`] (or a full batch).
-    pub fn gsi_send(
+    /// Queues a MAD from QP1 with IPv4 TOS / IPv6 traffic class `tclass` in the wire's batch
+    /// (sent by [`Runtime::gsi_flush`], or when the batch fills).
+    pub fn gsi_queue(
         &mut self,
         local: WireAddr,
         remote: WireAddr,
         tclass: u8,
         mad: &[u8; MAD_LEN],
-        flush: bool,
     ) -> Result<()> {
         if !self.gsi.is_open(local) {
             return Err(Error::NotOpen { addr: local });
@@ -370,13 +369,10 @@ impl Runtime {
             &self.tx.packet[..n],
         )?;
         self.gsi.on_sent();
-        if flush {
-            self.wire.flush()?;
-        }
         Ok(())
     }
 
-    /// Sends what [`Runtime::gsi_send`] left queued.
+    /// Sends what [`Runtime::gsi_queue`] queued.
     pub fn gsi_flush(&mut self) -> Result<()> {
         self.wire.flush()
     }

@@ -82,7 +82,8 @@ pub(crate) fn open_udp(
     Ok(fd)
 }
 
-/// A non-blocking UDP socket of `local`'s family (a link-local address needs its scope).
+/// A non-blocking UDP socket of `local`'s family (a link-local address needs its scope),
+/// IPv6-only for IPv6, sending with don't-fragment.
 fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
     if local.is_link_local() && local.scope_id() == 0 {
         return Err(Error::ScopeRequired { addr: local });
@@ -104,7 +105,25 @@ fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
         return Err(Error::last_os("socket", Some(local)));
     }
     // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
+    if local.ip().is_ipv6() {
+        opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+        opt(
+            "IPV6_MTU_DISCOVER",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        )?;
+    } else {
+        opt(
+            "IP_MTU_DISCOVER",
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?;
+    }
+    Ok(fd)
 }
 
 /// Sets an integer socket option, naming `op` and `local` in the error.
@@ -129,13 +148,6 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
     let v6 = local.ip().is_ipv6();
     let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
     if v6 {
-        opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
-        opt(
-            "IPV6_MTU_DISCOVER",
-            libc::IPPROTO_IPV6,
-            libc::IPV6_MTU_DISCOVER,
-            libc::IPV6_PMTUDISC_DO,
-        )?;
         opt(
             "IPV6_RECVPKTINFO",
             libc::IPPROTO_IPV6,
@@ -155,12 +167,6 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
             1,
         )?;
     } else {
-        opt(
-            "IP_MTU_DISCOVER",
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            libc::IP_PMTUDISC_DO,
-        )?;
         opt("IP_PKTINFO", libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
         opt("IP_RECVTOS", libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
         opt("IP_RECVTTL", libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
@@ -179,24 +185,7 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
 /// read from it). Unbound.
 pub(crate) fn new_udp_sender(local: WireAddr, buf_bytes: i32) -> Result<OwnedFd> {
     let fd = udp_socket(local)?;
-    let v6 = local.ip().is_ipv6();
     let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
-    if v6 {
-        opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
-        let (l, n, v) = (
-            libc::IPPROTO_IPV6,
-            libc::IPV6_MTU_DISCOVER,
-            libc::IPV6_PMTUDISC_DO,
-        );
-        opt("IPV6_MTU_DISCOVER", l, n, v)?;
-    } else {
-        let (l, n, v) = (
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            libc::IP_PMTUDISC_DO,
-        );
-        opt("IP_MTU_DISCOVER", l, n, v)?;
-    }
     opt("SO_REUSEPORT", libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
     opt("SO_RCVBUF", libc::SOL_SOCKET, libc::SO_RCVBUF, 0)?;
     // the kernel caps it at wmem_max, which is fine
