@@ -41,6 +41,10 @@ pub enum MemError {
     AccessDenied(AccessFlags),
     /// An atomic on an address that is not 8-byte aligned.
     Misaligned,
+    /// The memory cannot be reached this way: a same-host copy
+    /// ([`MemoryTable::locate_local`], [`MemoryTable::pull_remote`]) that this table does not
+    /// do, or whose source process is gone or refuses.
+    Unavailable,
 }
 
 impl fmt::Display for MemError {
@@ -51,6 +55,7 @@ impl fmt::Display for MemError {
             MemError::OutOfBounds => write!(f, "range outside the memory region"),
             MemError::AccessDenied(a) => write!(f, "memory region lacks access {a:?}"),
             MemError::Misaligned => write!(f, "atomic address not 8-byte aligned"),
+            MemError::Unavailable => write!(f, "memory not reachable by a same-host copy"),
         }
     }
 }
@@ -144,6 +149,31 @@ pub trait MemoryTable {
     /// Copies the data of an inline work request at post time: unregistered memory of the
     /// posting process, no key check (as `IBV_SEND_INLINE`).
     fn read_inline(&self, pd: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Where the local bytes `[addr, addr+len)` of the region of `lkey` are in this
+    /// process's address space, so that a peer process on the same host copies them itself
+    /// ([`MemoryTable::pull_remote`] on its side). Checks as [`MemoryTable::read_local`].
+    /// The default: [`MemError::Unavailable`] (no same-host copies).
+    fn locate_local(&self, pd: PdId, lkey: u32, addr: u64, len: u64) -> Result<u64, MemError> {
+        let _ = (pd, lkey, addr, len);
+        Err(MemError::Unavailable)
+    }
+    /// Copies `len` bytes into `[va, va+len)` of the region of `rkey` (needs
+    /// [`AccessFlags::REMOTE_WRITE`], checked first) from the memory of a peer process on
+    /// the same host, which `source` names in the table's own format (the runtime that
+    /// delivered the packet framed it). [`MemError::Unavailable`] when the source cannot be
+    /// read: then part of the range may have been written, which the access allowed. The
+    /// default: [`MemError::Unavailable`].
+    fn pull_remote(
+        &mut self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        source: &[u8],
+    ) -> Result<(), MemError> {
+        let _ = (pd, rkey, va, len, source);
+        Err(MemError::Unavailable)
+    }
 }
 
 /// A registered region as one access sees it: the checks after the key has found it, shared

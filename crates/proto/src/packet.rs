@@ -74,6 +74,85 @@ pub struct Packet<'a> {
     pub payload: &'a [u8],
 }
 
+/// Where a received RDMA WRITE packet's data is, when a peer process on the same host
+/// sends it ([`crate::rc::RcQp::set_pull_min`]).
+///
+/// ```
+/// use rdma_proto::packet::Placement;
+/// assert_eq!(Placement::Inline.len(b"abc"), Some(3));
+/// let p = Placement::Pulled { len: 4096 };
+/// assert_eq!(p.len(&[]), Some(4096));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement<'a> {
+    /// In the packet's payload.
+    Inline,
+    /// The first packet of a WRITE whose whole message the responder copies from the
+    /// sender's memory at once ([`crate::memory::MemoryTable::pull_remote`] with `source`);
+    /// the packet stands for `len` bytes.
+    Pull {
+        /// Bytes this packet stands for.
+        len: u32,
+        /// Where the message is, in the memory table's format.
+        source: &'a [u8],
+    },
+    /// A later packet of a pulled message: already in place, stands for `len` bytes.
+    Pulled {
+        /// Bytes this packet stands for.
+        len: u32,
+    },
+}
+
+impl<'a> Placement<'a> {
+    /// The placement a packet sent with `tx` and `payload` arrives with (the length
+    /// prefix of [`TxPlacement`] read); `None` when the payload is too short for it.
+    ///
+    /// ```
+    /// use rdma_proto::packet::{Placement, TxPlacement};
+    /// let p = [0, 16, 0, 0, 1, 2];
+    /// assert_eq!(Placement::decode(TxPlacement::Pull, &p),
+    ///            Some(Placement::Pull { len: 4096, source: &[1, 2] }));
+    /// assert_eq!(Placement::decode(TxPlacement::Pulled, &p[..4]), Some(Placement::Pulled { len: 4096 }));
+    /// assert_eq!(Placement::decode(TxPlacement::Pulled, &p[..3]), None);
+    /// ```
+    pub fn decode(tx: TxPlacement, payload: &'a [u8]) -> Option<Placement<'a>> {
+        let len = |p: &[u8]| Some(u32::from_le_bytes(p.get(..4)?.try_into().ok()?));
+        match tx {
+            TxPlacement::Inline => Some(Placement::Inline),
+            TxPlacement::Pull => Some(Placement::Pull {
+                len: len(payload)?,
+                source: &payload[4..],
+            }),
+            TxPlacement::Pulled => Some(Placement::Pulled { len: len(payload)? }),
+        }
+    }
+
+    /// The bytes a packet with `payload` stands for (`None`: more than 4 GiB).
+    pub fn len(&self, payload: &[u8]) -> Option<u32> {
+        match self {
+            Placement::Inline => u32::try_from(payload.len()).ok(),
+            Placement::Pull { len, .. } | Placement::Pulled { len } => Some(*len),
+        }
+    }
+}
+
+/// How a transmitted packet carries its data ([`Placement`] on the receiving side).
+///
+/// With [`TxPlacement::Pull`] the payload written is a 4-byte little-endian length (the bytes
+/// the packet stands for) followed by 16-byte `(address, length)` pairs
+/// ([`crate::memory::MemoryTable::locate_local`]); with [`TxPlacement::Pulled`] the 4-byte
+/// length alone. Only a same-host wire can carry these.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TxPlacement {
+    /// The data is the payload.
+    #[default]
+    Inline,
+    /// The first packet of a pulled WRITE.
+    Pull,
+    /// A later packet of a pulled WRITE.
+    Pulled,
+}
+
 /// A packet the transport wants sent: its headers; its payload was written to the start of
 /// the buffer given to `poll_transmit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,4 +164,6 @@ pub struct Transmit {
     /// The port (path) to send it from: the QP's current primary port
     /// ([`crate::verbs::QpAttr::port_num`], which path migration changes).
     pub port: u8,
+    /// How the payload carries the data.
+    pub placement: TxPlacement,
 }

@@ -416,6 +416,7 @@ fn send(d: &DevEntry, t: &CmTransmit) {
     let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
     let meta = rdma_soft::io::TxMeta {
         tclass: t.path.traffic_class,
+        ..Default::default()
     };
     tracing::trace!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), "MAD sent");
     if let Err(e) = d.dev.gsi_queue_with(&local, &remote, meta, &t.mad) {

@@ -41,6 +41,11 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
     let (r, _) = within("write", c.write_buf(&remote, Buf::from(data.clone()))).await;
     r.unwrap();
     assert!(mr.to_vec() == data, "server memory differs after the WRITE");
+    // the server copied the WRITE from the client's memory: one pull, no data in the ring
+    let (cs, ss) = (c.qp().transport_stats(), s.qp().transport_stats());
+    let (cs, ss) = (cs.unwrap(), ss.unwrap());
+    assert_eq!(cs.pulls_sent, 1);
+    assert_eq!((ss.pulls_done, ss.pull_failures), (1, 0));
     let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
     r.unwrap();
     assert!(back[..] == data[..], "READ differs");
@@ -87,6 +92,30 @@ async fn refused_accesses_touch_no_memory_on_either_side() {
             "region {k} changed"
         );
     }
+    // a pulled WRITE (64 KiB) past the end: refused before any copy
+    let (c, s) = pair("127.0.62.5").await;
+    let before = s.register_remote(64 << 10).unwrap();
+    let mr = s.register_remote(64 << 10).unwrap();
+    let after = s.register_remote(64 << 10).unwrap();
+    for (k, m) in [&before, &mr, &after].into_iter().enumerate() {
+        m.write(0, &vec![0x20 + k as u8; 64 << 10]).unwrap();
+    }
+    let mut past_end = RemoteBuf::of(&mr);
+    past_end.addr += 4000;
+    let src = vec![0xee; 64 << 10];
+    refused(within("pulled write past the end", c.write(&past_end, &src)).await);
+    for (k, m) in [&before, &mr, &after].into_iter().enumerate() {
+        assert!(
+            m.to_vec().iter().all(|&b| b == 0x20 + k as u8),
+            "region {k} changed"
+        );
+    }
+    assert!(
+        src.iter().all(|&b| b == 0xee),
+        "the writer's buffer changed"
+    );
+    let stats = s.qp().transport_stats().unwrap();
+    assert_eq!(stats.pulls_done, 0, "refused before the copy");
     // a second pair: READ with a wrong rkey
     let (c, s) = pair("127.0.62.4").await;
     let mr = s.register_remote(4096).unwrap();

@@ -67,6 +67,9 @@ async fn two_processes_on_127_0_0_1_talk_through_shared_memory() {
     assert_eq!(field("peer="), "true", "{stats}");
     assert!(field("udp=").parse::<u64>().unwrap() < 10, "{stats}");
     assert!(field("local=").parse::<u64>().unwrap() > 600, "{stats}");
+    // the 1 MiB WRITE: copied by the server from this process's memory
+    assert_eq!(field("pulls="), "1", "{stats}");
+    assert_eq!(c.qp().transport_stats().unwrap().pulls_sent, 1);
     within("disconnect", c.disconnect()).await.unwrap();
     server.kill();
 }

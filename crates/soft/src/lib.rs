@@ -26,9 +26,11 @@ pub mod gsi;
 pub mod inspect;
 pub mod io;
 mod progress;
+mod pull;
 mod ratelimit;
 mod runtime;
 pub mod verbs;
 
 pub use error::{Error, Result};
+pub use pull::{DEFAULT_MIN as PULL_DEFAULT_MIN, PULL_ENV};
 pub use runtime::{RuntimeStats, ROUNDS, SEND_WINDOW};

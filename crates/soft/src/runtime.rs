@@ -57,7 +57,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use rdma_proto::memory::MemoryTable;
-use rdma_proto::packet::Packet;
+use rdma_proto::packet::{Packet, Placement};
 use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::QpState;
 use rdma_wire::opcode::Opcode;
@@ -72,7 +72,8 @@ pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
-use crate::io::{Arrival, DatagramWire, HostPeer, TxMeta, WireAddr, WireStats};
+use crate::io::{Arrival, DatagramWire, HostPeer, TxMeta, TxPlacement, WireAddr, WireStats};
+use crate::pull;
 use crate::ratelimit::warn_limited;
 use crate::verbs::{AsyncQueue, CompletionQueue, SharedReceiveQueue, MAX_PORTS};
 use crate::{Error, Result};
@@ -201,7 +202,7 @@ impl QpCtx {
         mem: &mut M,
         arr: &Arrival,
         port: u8,
-        pkt: &Packet<'_>,
+        (pkt, placement): (&Packet<'_>, Placement<'_>),
         stats: &mut RuntimeStats,
     ) {
         let path_port = match self.paths.admits(arr.local, arr.remote) {
@@ -233,7 +234,7 @@ impl QpCtx {
         }
         // the path migration rules need the arrival port (a QP without an alternate path
         // ignores it)
-        self.rc.handle_packet_on(now, mem, pkt, port);
+        self.rc.handle_placed(now, mem, pkt, port, placement);
         stats.delivered += 1;
     }
 
@@ -365,7 +366,10 @@ impl Runtime {
             local,
             remote,
             GSI_UDP_SPORT,
-            TxMeta { tclass },
+            TxMeta {
+                tclass,
+                ..Default::default()
+            },
             &self.tx.packet[..n],
         )?;
         self.gsi.on_sent();
@@ -564,9 +568,16 @@ impl Runtime {
                 stats.send_errors += 1;
                 continue;
             };
-            let meta = TxMeta { tclass: p.tclass };
+            let meta = TxMeta {
+                tclass: p.tclass,
+                placement: t.placement,
+            };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             let sent = match ctx.host {
+                // only the host-local wire carries a pulled WRITE: lost here, resent inline
+                None if t.placement != TxPlacement::Inline => Err(Error::InvalidArgument(
+                    "pulled WRITE off the host-local wire",
+                )),
                 // straight into the peer's ring: no packet buffer in between
                 Some(h) => wire.emit_host(h, p.local, p.remote, meta, MAX_PACKET, &mut |room| {
                     rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
@@ -647,11 +658,25 @@ impl Runtime {
         wire.recv(&mut |arr, bytes| {
             let port = port_in(port_map, arr.local);
             stats.rx_by_port[port as usize] += 1;
-            let Ok(pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
+            let Ok(mut pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
                 stats.unparsable += 1;
                 warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
                 return;
             };
+            // a pulled WRITE: its source, copied out of the shared ring and framed with the
+            // sender's pid (`pull::frame`)
+            let mut source = [0u8; pull::MAX_SOURCE];
+            let placement = match pull::placement(arr, pkt.payload, &mut source) {
+                Some(p) => p,
+                None => {
+                    stats.unparsable += 1;
+                    warn_limited!(from = %arr.remote, "malformed pulled WRITE dropped");
+                    return;
+                }
+            };
+            if placement != Placement::Inline {
+                pkt.payload = &[];
+            }
             let qpn = pkt.header.bth.dest_qp;
             if qpn == GSI_QPN {
                 gsi.deliver(arr, &pkt);
@@ -663,7 +688,7 @@ impl Runtime {
                 .filter(|c| c.qpn == qpn);
             match ctx {
                 Some(ctx) => {
-                    ctx.deliver(now, mem, arr, port, &pkt, stats);
+                    ctx.deliver(now, mem, arr, port, (&pkt, placement), stats);
                     if !ctx.queued {
                         ctx.queued = true;
                         sched.push_work(qpn as u16);
@@ -773,6 +798,7 @@ impl Runtime {
         self.wire.host_connect(peer)?;
         let ctx = self.get(qpn).ok_or(Error::InvalidArgument("no such QP"))?;
         ctx.host = Some(peer);
+        ctx.rc.set_pull_min(pull::min_len());
         Ok(())
     }
 

@@ -27,8 +27,16 @@ fn exchange(
     classes: &[u8],
 ) -> HashMap<u16, u8> {
     for (k, &tclass) in classes.iter().enumerate() {
-        a.send_with(la, lb, TxMeta { tclass }, &packet(k as u16, 1040))
-            .unwrap();
+        a.send_with(
+            la,
+            lb,
+            TxMeta {
+                tclass,
+                ..Default::default()
+            },
+            &packet(k as u16, 1040),
+        )
+        .unwrap();
     }
     a.flush().unwrap();
     let mut got = HashMap::new();

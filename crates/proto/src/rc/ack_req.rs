@@ -100,14 +100,12 @@ impl RcQp {
         if !w.started || w.wr.op.is_read_or_atomic() {
             return;
         }
+        let psn = psn_add(w.first_psn, off);
         self.req_idx = idx;
         self.req_off = off;
+        self.unpull_from(idx);
         self.ask.force = true;
         self.stats.ack_probes += 1;
-        tracing::debug!(
-            qpn = self.cfg.qpn,
-            psn = psn_add(w.first_psn, off),
-            "ACK probe"
-        );
+        tracing::debug!(qpn = self.cfg.qpn, psn, "ACK probe");
     }
 }

@@ -27,7 +27,7 @@ mod responder;
 pub use apm::{MigrationCause, QpEvent};
 
 use crate::memory::MemoryTable;
-use crate::packet::{Packet, Transmit};
+use crate::packet::{Packet, Placement, Transmit};
 use crate::verbs::{
     check_modify, Completion, ModifyError, PdId, PostError, QpAttr, QpAttrMask, QpState, QpType,
     RecvWr, SendWr, WcOpcode, WcStatus,
@@ -99,6 +99,14 @@ pub struct RcStats {
     pub naks_sent: u64,
     /// Last packets resent to ask for an ACK that unsignaled messages did not ask for.
     pub ack_probes: u64,
+    /// RDMA WRITEs sent for the responder to copy from this process's memory
+    /// ([`RcQp::set_pull_min`]).
+    pub pulls_sent: u64,
+    /// RDMA WRITEs this responder copied from the sender's memory.
+    pub pulls_done: u64,
+    /// Pulled WRITEs whose source this responder could not read: it asked for them again
+    /// (PSN sequence NAK) and they came inline.
+    pub pull_failures: u64,
 }
 
 /// Local ACK timeout in nanoseconds for the 5-bit exponent (`None`: infinite).
@@ -166,6 +174,10 @@ pub struct RcQp {
     turn: bool,
     stats: RcStats,
     apm: apm::Apm,
+    /// WRITEs this long or longer go as pulls ([`RcQp::set_pull_min`]).
+    pull_min: Option<u32>,
+    /// Rewinds that resent pulled WRITEs with their data.
+    pull_reverts: u32,
 }
 
 impl RcQp {
@@ -197,6 +209,8 @@ impl RcQp {
             turn: false,
             stats: RcStats::default(),
             apm: apm::Apm::default(),
+            pull_min: None,
+            pull_reverts: 0,
         }
     }
 
@@ -406,6 +420,30 @@ impl RcQp {
         self.resp.post(wr, self.cfg.max_recv_wr.max(1) as usize)
     }
 
+    /// From now on, RDMA WRITEs of at least `min` bytes (none: `None`, the default) ask the
+    /// responder to copy the whole message from this process's memory
+    /// ([`crate::memory::MemoryTable::locate_local`]) instead of carrying it: only for a
+    /// peer process on the same host, over a wire that carries [`crate::packet::TxPlacement`].
+    /// A WRITE that is resent, or whose responder cannot read the memory (it answers with a
+    /// PSN sequence NAK), goes again with its data.
+    ///
+    /// ```
+    /// use rdma_proto::rc::{RcConfig, RcQp};
+    /// use rdma_proto::verbs::PdId;
+    /// let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
+    /// qp.set_pull_min(Some(16 << 10));
+    /// assert_eq!(qp.pull_min(), Some(16 << 10));
+    /// ```
+    pub fn set_pull_min(&mut self, min: Option<u32>) {
+        self.pull_min = min;
+        self.pull_reverts = 0;
+    }
+
+    /// The WRITE length from which WRITEs are pulled ([`RcQp::set_pull_min`]).
+    pub fn pull_min(&self) -> Option<u32> {
+        self.pull_min
+    }
+
     /// Processes one received packet addressed to this QP, as arrived on its current
     /// primary port. Never panics; malformed or unexpected packets are dropped or answered
     /// as the IBA requires.
@@ -429,6 +467,21 @@ impl RcQp {
         pkt: &Packet<'_>,
         port: u8,
     ) {
+        self.handle_placed(now, mem, pkt, port, Placement::Inline);
+    }
+
+    /// [`RcQp::handle_packet_on`] for a packet whose data is not (all) in its payload: an
+    /// RDMA WRITE from a peer process on the same host that lets this responder copy the
+    /// message from its memory ([`RcQp::set_pull_min`] on its side). A request of any other
+    /// kind with such a placement is invalid.
+    pub fn handle_placed<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        pkt: &Packet<'_>,
+        port: u8,
+        placement: Placement<'_>,
+    ) {
         let h = &pkt.header;
         if h.check_headers().is_err()
             || h.bth.opcode.transport() != rdma_wire::opcode::Transport::Rc
@@ -443,13 +496,15 @@ impl RcQp {
             return;
         }
         if h.bth.opcode.is_response() {
-            if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            if placement != Placement::Inline {
+                self.stats.dropped += 1;
+            } else if matches!(self.state, QpState::Rts | QpState::Sqd) {
                 self.handle_response(now, mem, pkt);
             } else {
                 self.stats.dropped += 1;
             }
         } else if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            self.handle_request(mem, pkt);
+            self.handle_request(mem, pkt, placement);
         } else {
             self.stats.dropped += 1;
         }

@@ -3,12 +3,15 @@
 
 use super::{ack_timeout_ns, RcQp};
 use crate::memory::{MemError, MemoryTable};
-use crate::packet::{header, Transmit};
+use crate::packet::{header, Transmit, TxPlacement};
 use crate::psn::{psn_add, psn_diff};
 use crate::verbs::{Completion, PostError, QpState, SendFlags, SendOp, SendWr, WcStatus};
 use rdma_wire::atomic::AtomicEthRepr;
 use rdma_wire::opcode::Opcode;
 use rdma_wire::reth::RethRepr;
+
+/// Rewinds over pulled WRITEs after which a QP stops pulling.
+const MAX_PULL_REVERTS: u32 = 8;
 
 /// Ask for an ACK at least every this many packets of a long message.
 const ACK_REQ_EVERY: u32 = 64;
@@ -28,6 +31,20 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// Status to report if the QP is flushed (the WR that caused the error).
     pub error: Option<WcStatus>,
+    /// Whether the responder copies this WRITE from our memory ([`RcQp::set_pull_min`]).
+    pub pull: Pull,
+}
+
+/// A WRITE's way of carrying its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pull {
+    /// Not decided: its first packet has not gone out.
+    Undecided,
+    /// Its first packet asked the responder to copy the whole message: later packets
+    /// carry no data.
+    Pulled,
+    /// Inline: too short, not a WRITE, or resent (a resent packet carries its data).
+    Inline,
 }
 
 impl SendWqe {
@@ -115,6 +132,7 @@ impl RcQp {
             first_psn: 0,
             started: false,
             error: None,
+            pull: Pull::Undecided,
         });
         Ok(())
     }
@@ -151,6 +169,55 @@ impl RcQp {
         Ok(())
     }
 
+    /// Writes the pull payload of a WRITE (see [`TxPlacement::Pull`]) into `out`: its first
+    /// packet's length, then where each piece of its data is in this process. `Ok(None)`
+    /// when it does not fit or the memory table makes no same-host copies.
+    fn describe<M: MemoryTable + ?Sized>(
+        &self,
+        mem: &M,
+        w: &SendWqe,
+        first_len: u32,
+        out: &mut [u8],
+    ) -> Result<Option<usize>, MemError> {
+        let sg = w.wr.sg.as_slice();
+        let need = 4 + 16 * sg.len();
+        if need > out.len() {
+            return Ok(None);
+        }
+        out[..4].copy_from_slice(&first_len.to_le_bytes());
+        let mut at = 4;
+        for s in sg.iter().filter(|s| s.length > 0) {
+            let host = match mem.locate_local(self.cfg.pd, s.lkey, s.addr, u64::from(s.length)) {
+                Ok(a) => a,
+                Err(MemError::Unavailable) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            out[at..at + 8].copy_from_slice(&host.to_le_bytes());
+            out[at + 8..at + 16].copy_from_slice(&u64::from(s.length).to_le_bytes());
+            at += 16;
+        }
+        Ok(Some(at))
+    }
+
+    /// A rewind (go-back-N, ACK probe) resends the WRs from `idx` on with their data.
+    pub(super) fn unpull_from(&mut self, idx: usize) {
+        let mut reverted = false;
+        for w in self.sq.iter_mut().skip(idx) {
+            if w.pull == Pull::Pulled {
+                w.pull = Pull::Inline;
+                reverted = true;
+            }
+        }
+        // a responder that keeps failing to pull (the kernel refuses it) gets data
+        if reverted && self.pull_min.is_some() {
+            self.pull_reverts += 1;
+            if self.pull_reverts >= MAX_PULL_REVERTS {
+                tracing::debug!(qpn = self.cfg.qpn, "pulled WRITEs resent too often: off");
+                self.pull_min = None;
+            }
+        }
+    }
+
     pub(super) fn arm_retrans(&mut self, now: u64) {
         let outstanding =
             self.sq.front().is_some_and(|w| w.started) && self.comp_psn != self.next_psn;
@@ -183,6 +250,7 @@ impl RcQp {
         );
         self.req_idx = 0;
         self.req_off = d as u32;
+        self.unpull_from(0);
         // ignore further evidence of the same gap until everything in flight was resent
         self.gbn_guard = Some((psn, until));
     }
@@ -269,6 +337,7 @@ impl RcQp {
         let dqp = self.attr.dest_qp_num;
         let mut h = header(Opcode::RcSendOnly, dqp, psn);
         let mut payload_len = 0usize;
+        let mut placement = TxPlacement::Inline;
         let whole; // this packet ends the WR's transmission
         match w.wr.op {
             SendOp::RdmaRead { remote_addr, rkey } => {
@@ -319,13 +388,46 @@ impl RcQp {
                 let first = k == 0;
                 let last = k + 1 >= w.npkts;
                 whole = last;
-                if let Err(_e) = self.gather(mem, &w, off, &mut buf[..n as usize]) {
-                    // local protection error on the gather: this WR fails, the QP goes to Err
-                    self.sq[idx].error = Some(WcStatus::LocProtErr);
-                    self.enter_error(None);
-                    return None;
+                let mut pull = w.pull;
+                if pull == Pull::Undecided {
+                    let write = matches!(
+                        op,
+                        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }
+                    );
+                    let long = self.pull_min.is_some_and(|m| w.len >= m.max(1));
+                    pull = Pull::Inline;
+                    if write && long && first && w.inline_slot.is_none() {
+                        match self.describe(mem, &w, n, buf) {
+                            Ok(Some(len)) => {
+                                pull = Pull::Pulled;
+                                payload_len = len;
+                                placement = TxPlacement::Pull;
+                                self.stats.pulls_sent += 1;
+                            }
+                            Ok(None) => {}
+                            Err(_) => {
+                                self.sq[idx].error = Some(WcStatus::LocProtErr);
+                                self.enter_error(None);
+                                return None;
+                            }
+                        }
+                    }
+                    self.sq[idx].pull = pull;
+                } else if pull == Pull::Pulled {
+                    buf[..4].copy_from_slice(&n.to_le_bytes());
+                    payload_len = 4;
+                    placement = TxPlacement::Pulled;
                 }
-                payload_len = n as usize;
+                if placement == TxPlacement::Inline {
+                    if let Err(_e) = self.gather(mem, &w, off, &mut buf[..n as usize]) {
+                        // local protection error on the gather: this WR fails, the QP goes
+                        // to Err
+                        self.sq[idx].error = Some(WcStatus::LocProtErr);
+                        self.enter_error(None);
+                        return None;
+                    }
+                    payload_len = n as usize;
+                }
                 use Opcode::*;
                 h.bth.opcode = match (op, first, last) {
                     (SendOp::Send, true, true) => RcSendOnly,
@@ -415,6 +517,7 @@ impl RcQp {
             header: h,
             payload_len,
             port: self.attr.port_num,
+            placement,
         })
     }
 }

@@ -3,7 +3,7 @@
 
 use super::RcQp;
 use crate::memory::{scatter, AtomicOp, MemError, MemoryTable, ScatterError};
-use crate::packet::{ack, header, Packet, Transmit};
+use crate::packet::{ack, header, Packet, Placement, Transmit};
 use crate::psn::{psn_add, psn_diff, PSN_MASK};
 use crate::verbs::{AccessFlags, Completion, PostError, RecvWr, WcOpcode, WcStatus};
 use rdma_wire::aeth::{AethRepr, AethSyndrome, NakCode, RnrTimer};
@@ -90,6 +90,8 @@ enum Cur {
         rkey: u32,
         remaining: u32,
         total: u32,
+        /// The whole message was copied from the sender's memory at its first packet.
+        pulled: bool,
     },
 }
 
@@ -256,6 +258,23 @@ impl RcQp {
         self.enter_error(None);
     }
 
+    /// A pulled WRITE whose source could not be read: asks for it again (PSN sequence NAK
+    /// at the expected PSN), leaving the responder as it was.
+    fn pull_failed(&mut self, psn: u32) {
+        self.stats.pull_failures += 1;
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            "pulled WRITE unreadable: asked again"
+        );
+        if !self.resp.nak_seq_sent {
+            self.resp.nak_seq_sent = true;
+            self.stats.naks_sent += 1;
+            let aeth = nak(NakCode::PsnSequenceError, self.resp.msn);
+            self.resp.push_nak(psn, aeth);
+        }
+    }
+
     fn rnr_nak(&mut self, psn: u32) {
         self.stats.naks_sent += 1;
         tracing::debug!(qpn = self.cfg.qpn, psn, "no receive posted: RNR NAK sent");
@@ -273,6 +292,7 @@ impl RcQp {
         &mut self,
         mem: &mut M,
         pkt: &Packet<'_>,
+        placement: Placement<'_>,
     ) {
         let h = &pkt.header;
         let d = psn_diff(h.bth.psn, self.resp.epsn);
@@ -298,7 +318,7 @@ impl RcQp {
             self.duplicate(mem, h);
             return;
         }
-        self.execute(mem, pkt);
+        self.execute(mem, pkt, placement);
     }
 
     fn duplicate<M: MemoryTable + ?Sized>(&mut self, mem: &M, h: &PacketRepr) {
@@ -383,9 +403,15 @@ impl RcQp {
         }
     }
 
-    fn execute<M: MemoryTable + ?Sized>(&mut self, mem: &mut M, pkt: &Packet<'_>) {
+    fn execute<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        pkt: &Packet<'_>,
+        placement: Placement<'_>,
+    ) {
         let h = &pkt.header;
-        let (op, p, n) = (h.bth.opcode, h.bth.psn, pkt.payload.len());
+        let (op, p) = (h.bth.opcode, h.bth.psn);
+        let n = placement.len(pkt.payload).unwrap_or(u32::MAX) as usize;
         let mtu = self.attr.path_mtu.bytes() as usize;
         let pd = self.cfg.pd;
         let qa = self.attr.qp_access_flags;
@@ -409,7 +435,15 @@ impl RcQp {
         } else {
             n == 0
         };
-        if !seq_ok || !access_ok || !len_ok {
+        // only a WRITE is pulled, from its first packet on
+        let placement_ok = match placement {
+            Placement::Inline => true,
+            Placement::Pull { .. } => is_write(op) && starts_message(op),
+            Placement::Pulled { .. } => {
+                matches!(self.resp.cur, Cur::Write { pulled: true, .. }) && is_write(op)
+            }
+        };
+        if !seq_ok || !access_ok || !len_ok || !placement_ok {
             let st = matches!(self.resp.cur, Cur::Send { .. }).then_some(WcStatus::LocQpOpErr);
             self.resp_fatal(p, NakCode::InvalidRequest, st);
             return;
@@ -490,11 +524,34 @@ impl RcQp {
                         self.resp_fatal(p, NakCode::RemoteAccessError, None);
                         return;
                     }
+                    let mut pulled = false;
+                    if let Placement::Pull { source, .. } = placement {
+                        if n as u32 > r.dma_len {
+                            self.resp_fatal(p, NakCode::InvalidRequest, None);
+                            return;
+                        }
+                        match mem.pull_remote(pd, r.r_key, r.va, r.dma_len as u64, source) {
+                            Ok(()) => {
+                                pulled = true;
+                                self.stats.pulls_done += 1;
+                            }
+                            Err(MemError::Unavailable) => {
+                                // the sender resends it with its data
+                                self.pull_failed(p);
+                                return;
+                            }
+                            Err(_) => {
+                                self.resp_fatal(p, NakCode::RemoteAccessError, None);
+                                return;
+                            }
+                        }
+                    }
                     self.resp.cur = Cur::Write {
                         va: r.va,
                         rkey: r.r_key,
                         remaining: r.dma_len,
                         total: r.dma_len,
+                        pulled,
                     };
                 }
                 let Cur::Write {
@@ -502,6 +559,7 @@ impl RcQp {
                     rkey,
                     remaining,
                     total,
+                    pulled,
                 } = self.resp.cur
                 else {
                     return;
@@ -510,7 +568,12 @@ impl RcQp {
                     self.resp_fatal(p, NakCode::InvalidRequest, None);
                     return;
                 }
-                if n > 0 && mem.write_remote(pd, rkey, va, pkt.payload).is_err() {
+                // a pulled message's data is in place; an inline packet of it (resent)
+                // writes the same bytes again
+                if n > 0
+                    && placement == Placement::Inline
+                    && mem.write_remote(pd, rkey, va, pkt.payload).is_err()
+                {
                     self.resp_fatal(p, NakCode::RemoteAccessError, None);
                     return;
                 }
@@ -519,6 +582,7 @@ impl RcQp {
                     rkey,
                     remaining: remaining - n as u32,
                     total,
+                    pulled,
                 };
                 if ends_message(op) {
                     if let Some(imm) = h.imm_dt {
@@ -712,6 +776,7 @@ impl RcQp {
             header: h,
             payload_len,
             port: self.attr.port_num,
+            placement: crate::packet::TxPlacement::Inline,
         })
     }
 }

@@ -15,7 +15,8 @@ pub const CHILD_ENV: &str = "RDMA_LOCAL_WIRE_CHILD";
 pub const MIB: usize = 1 << 20;
 
 /// The server child: echoes every message; answers `rkey?` with a 1 MiB region's
-/// `RemoteBuf`, `stats?` with `udp=<sent> local=<sent> peer=<host-local peer?>`. Each test
+/// `RemoteBuf`, `stats?` with `udp=<sent> local=<sent> peer=<host-local peer?>
+/// pulls=<WRITEs copied from the client's memory>`. Each test
 /// binary has a `child_server` test (ignored) that calls this.
 pub fn serve() {
     let Ok(port) = std::env::var(CHILD_ENV) else {
@@ -40,8 +41,12 @@ pub fn serve() {
                         b"stats?" => {
                             let w = c.device().unwrap().wire_stats();
                             let peer = c.qp().host_peer().is_some();
-                            format!("udp={} local={} peer={peer}", w.sent, w.local.sent)
-                                .into_bytes()
+                            let pulls = c.qp().transport_stats().map_or(0, |s| s.pulls_done);
+                            format!(
+                                "udp={} local={} peer={peer} pulls={pulls}",
+                                w.sent, w.local.sent
+                            )
+                            .into_bytes()
                         }
                         _ => m,
                     };

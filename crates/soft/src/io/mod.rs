@@ -58,6 +58,7 @@ pub use udp::UdpWire;
 pub use udp_config::{UdpConfig, ROCE_PORT};
 
 use crate::Result;
+pub use rdma_proto::packet::TxPlacement;
 
 /// How a packet arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +73,18 @@ pub struct Arrival {
     pub tclass: u8,
     /// IPv4 TTL or IPv6 hop limit.
     pub hop_limit: u8,
+    /// How the packet carries its data: only the host-local wire delivers packets whose
+    /// data stays in the sender's memory ([`TxPlacement::Pull`]).
+    pub placement: TxPlacement,
+    /// The sending process, when the host-local wire knows it (from the kernel, when the
+    /// ring was handed over); 0 otherwise.
+    pub peer_pid: u32,
 }
 
 /// What a sent datagram carries besides its addresses and bytes.
 ///
 /// ```
-/// let m = rdma_soft::io::TxMeta { tclass: 0x48 };
+/// let m = rdma_soft::io::TxMeta { tclass: 0x48, ..Default::default() };
 /// assert_eq!(rdma_soft::io::TxMeta::default().tclass, 0);
 /// assert_eq!(m.tclass >> 2, 18); // DSCP AF21
 /// ```
@@ -86,6 +93,9 @@ pub struct TxMeta {
     /// IPv4 TOS or IPv6 traffic class byte (DSCP and ECN), as Linux rxe sends the address
     /// vector's `grh.traffic_class`. The ICRC masks this byte, so it does not change the seal.
     pub tclass: u8,
+    /// How the packet carries its data. Anything but [`TxPlacement::Inline`] goes only
+    /// over the host-local wire (a UDP send refuses it).
+    pub placement: TxPlacement,
 }
 
 /// Counters of a wire.

@@ -356,6 +356,11 @@ impl DatagramWire for UdpWire {
         max: usize,
         write: &mut dyn FnMut(&mut [u8]) -> usize,
     ) -> Result<()> {
+        if meta.placement != super::TxPlacement::Inline {
+            return Err(Error::InvalidArgument(
+                "a pulled WRITE goes over the host-local wire only",
+            ));
+        }
         let i = self
             .local_index(from)
             .ok_or(Error::NotOpen { addr: from })?;

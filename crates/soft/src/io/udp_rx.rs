@@ -10,7 +10,7 @@ use super::steer::{self, Dest};
 use super::udp::UdpWire;
 #[cfg(doc)]
 use super::DatagramWire;
-use super::{Arrival, WireAddr, WireStats};
+use super::{Arrival, TxPlacement, WireAddr, WireStats};
 use crate::{Error, Result};
 
 /// Why a datagram that reached this wire is another process's.
@@ -73,6 +73,8 @@ impl UdpWire {
                     ifindex: d.anc.ifindex,
                     tclass: d.anc.tclass,
                     hop_limit: d.anc.hop_limit,
+                    placement: TxPlacement::Inline,
+                    peer_pid: 0,
                 };
                 // Under UDP GRO one receive holds a run of one flow's datagrams, each
                 // `gro_size` long but the last; segment j of a GSO message has IPv4
@@ -233,6 +235,8 @@ mod tests {
             ifindex: 0,
             tclass: 0,
             hop_limit: 64,
+            placement: TxPlacement::Inline,
+            peer_pid: 0,
         };
         let mut checker = IcrcChecker::new();
         let mut stats = WireStats::default();

@@ -349,7 +349,10 @@ impl Runtime {
                     local,
                     remote,
                     ctx.sport,
-                    TxMeta { tclass },
+                    TxMeta {
+                        tclass,
+                        ..Default::default()
+                    },
                     &tx.packet[..n],
                 ) {
                     Ok(()) => stats.transmitted += 1,

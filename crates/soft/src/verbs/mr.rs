@@ -268,6 +268,30 @@ impl MemoryTable for MrTableView<'_> {
         self.write(true, pd, rkey, va, src, AccessFlags::REMOTE_WRITE)
     }
 
+    fn locate_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<u64, MemError> {
+        // a region's addresses are its host addresses
+        self.check(false, pd, lkey, addr, len, AccessFlags::empty())
+            .map(|(r, off)| r.mem.addr() + off as u64)
+    }
+
+    fn pull_remote(
+        &mut self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        source: &[u8],
+    ) -> std::result::Result<(), MemError> {
+        let (r, off) = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+        crate::pull::copy_into(source, r.mem.ptr_at(off), len)
+    }
+
     fn atomic_remote(
         &mut self,
         pd: PdId,

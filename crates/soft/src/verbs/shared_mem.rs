@@ -65,6 +65,14 @@ impl SharedBytes {
         self.ptr.as_ptr() as usize as u64
     }
 
+    /// The address of byte `off`, for the kernel to copy into (a pulled WRITE, `pull.rs`):
+    /// outside the atomics, as a device's DMA would be.
+    pub fn ptr_at(&self, off: usize) -> *mut u8 {
+        assert!(off <= self.len);
+        // SAFETY: in bounds (or one past the end).
+        unsafe { self.ptr.as_ptr().add(off) }
+    }
+
     fn byte(&self, off: usize) -> &AtomicU8 {
         debug_assert!(off < self.len && (off < self.mid_start || off >= self.mid_end));
         // SAFETY: in bounds, and this byte is only ever accessed as an AtomicU8.

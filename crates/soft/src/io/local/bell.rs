@@ -54,6 +54,21 @@ impl Bell {
         if unsafe { libc::bind(raw, (&addr as *const libc::sockaddr_un).cast(), len) } < 0 {
             return Err(std::io::Error::last_os_error());
         }
+        // every message then carries its sender's pid and uid, as the kernel knows them
+        let on: libc::c_int = 1;
+        // SAFETY: a live int option on our socket.
+        let r = unsafe {
+            libc::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_PASSCRED,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         Ok(Bell { fd, path })
     }
 
@@ -133,9 +148,10 @@ impl Bell {
         Ok(())
     }
 
-    /// Receives every queued message (at most `max`), each with the fd it carried: one
-    /// `recvmmsg` per [`BATCH`] messages (a wake-up usually finds one or two).
-    pub fn drain(&self, max: usize, mut each: impl FnMut(&[u8], Option<OwnedFd>)) {
+    /// Receives every queued message (at most `max`), each with the fd it carried and its
+    /// sender's credentials: one `recvmmsg` per [`BATCH`] messages (a wake-up usually finds
+    /// one or two).
+    pub fn drain(&self, max: usize, mut each: impl FnMut(&[u8], Option<OwnedFd>, Option<Sender>)) {
         let mut left = max;
         while left > 0 {
             let want = left.min(BATCH);
@@ -172,6 +188,7 @@ impl Bell {
             for k in 0..n {
                 let hdr = &hdrs[k].msg_hdr;
                 let mut got: Option<OwnedFd> = None;
+                let mut sender = None;
                 // SAFETY: walking the control messages the kernel wrote into `cbufs[k]`;
                 // every fd it passed is taken into an OwnedFd (so extra ones are closed,
                 // not leaked).
@@ -189,11 +206,23 @@ impl Bell {
                                 }
                             }
                         }
+                        if (*c).cmsg_level == libc::SOL_SOCKET
+                            && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                            && (*c).cmsg_len
+                                >= libc::CMSG_LEN(std::mem::size_of::<libc::ucred>() as u32)
+                                    as usize
+                        {
+                            let u = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
+                            sender = Some(Sender {
+                                pid: u.pid as u32,
+                                uid: u.uid,
+                            });
+                        }
                         c = libc::CMSG_NXTHDR(hdr, c);
                     }
                 }
                 let len = (hdrs[k].msg_len as usize).min(64);
-                each(&bufs[k][..len], got);
+                each(&bufs[k][..len], got, sender);
             }
             if n < want {
                 return;
@@ -201,6 +230,13 @@ impl Bell {
             left -= n;
         }
     }
+}
+
+/// Who sent a bell message, as the kernel reports it (`SCM_CREDENTIALS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sender {
+    pub pid: u32,
+    pub uid: u32,
 }
 
 /// Bell messages read per `recvmmsg`.

@@ -192,6 +192,8 @@ struct In {
     ring: Ring,
     /// The eventfd the producer writes to wake us, in `epoll` (edge-triggered).
     efd: Option<(EventFd, RawFd)>,
+    /// The producer's process id, from the kernel when the ring came.
+    pid: u32,
 }
 
 impl Drop for In {
@@ -382,6 +384,7 @@ impl HostLocal {
             from,
             to,
             tclass: meta.tclass,
+            placement: meta.placement,
         };
         o.ring.commit(&rec, n);
         o.dirty = true;
@@ -458,6 +461,8 @@ impl HostLocal {
                             ifindex: 0,
                             tclass: m.tclass,
                             hop_limit: 64,
+                            placement: m.placement,
+                            peer_pid: i.pid,
                         };
                         deliver(&arr, pkt);
                         i.ring.advance();
@@ -494,7 +499,9 @@ impl HostLocal {
     pub fn drain_bell(&mut self) {
         let mut new = Vec::new();
         let mut efds = Vec::new();
-        self.bell.drain(64, |msg, fd| {
+        // SAFETY: no arguments, cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        self.bell.drain(64, |msg, fd, sender| {
             if msg.len() != 8 {
                 return;
             }
@@ -503,7 +510,13 @@ impl HostLocal {
             };
             let from = HostPeer::from_bell_msg(msg);
             match kind {
-                MSG_RING => new.push((from, fd)),
+                // a ring only from a process of our own user (the bell's directory is
+                // private, so this is a second check), whose pid then names the ring's
+                // producer for pulled WRITEs
+                MSG_RING => match sender {
+                    Some(s) if s.uid == uid => new.push((from, fd, s.pid)),
+                    _ => tracing::warn!(?from, ?sender, "host-local ring of another user refused"),
+                },
                 MSG_EFD => efds.push((from, fd)),
                 _ => {}
             }
@@ -513,14 +526,19 @@ impl HostLocal {
                 o.efd = Some(EventFd::from(fd));
             }
         }
-        for (from, fd) in new {
+        for (from, fd, pid) in new {
             match Ring::attach(fd) {
                 Ok(ring) => {
                     // the slot's earlier incarnation (dead) or an older ring of this one
                     self.inbound.retain(|i| i.from.slot != from.slot);
                     if self.inbound.len() < MAX_INBOUND {
                         let efd = self.offer_efd(from);
-                        self.inbound.push(In { from, ring, efd });
+                        self.inbound.push(In {
+                            from,
+                            ring,
+                            efd,
+                            pid,
+                        });
                     }
                 }
                 Err(e) => {

@@ -4,7 +4,8 @@
 //! Layout: a 4 KiB header (magic, capacity, then `head`, `tail` and `waiting` on their own
 //! cache lines), then `capacity` bytes of records. A record is 8-aligned: `total: u32`
 //! (its length with this header; [`SKIP`] marks the unused end of the buffer before a wrap),
-//! `len: u16` (the packet's), `tclass: u8`, a reserved byte, `from` and `to` (16-byte GID
+//! `len: u16` (the packet's), `tclass: u8`, `placement: u8` (0 inline, 1 pull, 2 pulled:
+//! [`TxPlacement`]), `from` and `to` (16-byte GID
 //! and 4-byte scope each), then the packet. `head` and `tail` count bytes ever written and
 //! consumed; the producer publishes a record by moving `head` past it (release), the
 //! consumer frees it by moving `tail` (release). The consumer trusts nothing it reads: a
@@ -19,7 +20,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use crate::io::WireAddr;
+use crate::io::{TxPlacement, WireAddr};
 
 /// "rdmaRing" in the first 8 bytes of a ring file.
 const MAGIC: u64 = u64::from_be_bytes(*b"rdmaRing");
@@ -44,6 +45,7 @@ pub(crate) struct RecordMeta {
     pub from: WireAddr,
     pub to: WireAddr,
     pub tclass: u8,
+    pub placement: TxPlacement,
 }
 
 /// A record that breaks the layout (a buggy or hostile producer).
@@ -251,6 +253,11 @@ impl Ring {
         h[0..4].copy_from_slice(&(total as u32).to_le_bytes());
         h[4..6].copy_from_slice(&(len as u16).to_le_bytes());
         h[6] = meta.tclass;
+        h[7] = match meta.placement {
+            TxPlacement::Inline => 0,
+            TxPlacement::Pull => 1,
+            TxPlacement::Pulled => 2,
+        };
         h[8..24].copy_from_slice(&meta.from.gid());
         h[24..28].copy_from_slice(&meta.from.scope_id().to_le_bytes());
         h[28..44].copy_from_slice(&meta.to.gid());
@@ -326,10 +333,17 @@ impl Ring {
                     u32::from_le_bytes([rec[o + 16], rec[o + 17], rec[o + 18], rec[o + 19]]);
                 WireAddr::new(std::net::Ipv6Addr::from(g).into(), scope)
             };
+            let placement = match rec[7] {
+                0 => TxPlacement::Inline,
+                1 => TxPlacement::Pull,
+                2 => TxPlacement::Pulled,
+                _ => return Err(Malformed("placement")),
+            };
             let meta = RecordMeta {
                 from: addr(8),
                 to: addr(28),
                 tclass: rec[6],
+                placement,
             };
             self.limit = total as u64;
             return Ok(Some((meta, &rec[RECORD..RECORD + len])));
@@ -374,6 +388,7 @@ mod tests {
             from: "127.0.0.1".parse().unwrap(),
             to: "fe80::2%3".parse().unwrap(),
             tclass: 0x48,
+            placement: TxPlacement::Pull,
         }
     }
 

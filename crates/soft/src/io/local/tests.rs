@@ -38,7 +38,10 @@ fn packets_cross_in_order_with_their_addresses() {
     b.drain_bell();
     assert_eq!(b.stats().rings_in, 1);
     for k in 0..40u8 {
-        let meta = TxMeta { tclass: k };
+        let meta = TxMeta {
+            tclass: k,
+            ..Default::default()
+        };
         assert!(a.send(b.me(), x, y, meta, &[k; 300]));
     }
     a.flush();

@@ -1,0 +1,331 @@
+//! Pulled RDMA WRITEs ([`RcQp::set_pull_min`]): the responder copies the whole message from
+//! the sender's memory at the first packet, after its own key, bounds and access checks; a
+//! pull it cannot read is asked for again and arrives inline; a refused one touches nothing.
+
+use rdma_proto::memory::{AtomicOp, InMemoryTable, MemError, MemoryTable};
+use rdma_proto::packet::{Packet, Placement, TxPlacement};
+use rdma_proto::rc::{RcConfig, RcQp};
+use rdma_proto::sim::{connect, ConnParams};
+use rdma_proto::verbs::{AccessFlags, Completion, PdId, SendOp, SendWr, Sge, WcStatus};
+
+const A_BASE: u64 = 0x10_0000;
+const B_BASE: u64 = 0x80_0000;
+const SIZE: usize = 1 << 20;
+const PD: PdId = PdId(1);
+
+/// A memory table that makes same-host copies the way the software device does: the sender
+/// names host addresses (here: its simulated ones), the responder reads them from a copy of
+/// the sender's memory.
+struct Mem {
+    t: InMemoryTable,
+    /// The sender's memory, as the responder's pull reads it.
+    peer: Option<(u64, Vec<u8>)>,
+    /// Pulls to refuse with `Unavailable` (a source that cannot be read).
+    fail: u32,
+    pulls: u32,
+}
+
+impl Mem {
+    fn new(base: u64) -> Mem {
+        Mem {
+            t: InMemoryTable::new(base, SIZE),
+            peer: None,
+            fail: 0,
+            pulls: 0,
+        }
+    }
+}
+
+impl MemoryTable for Mem {
+    fn check_local(
+        &self,
+        pd: PdId,
+        k: u32,
+        a: u64,
+        l: u64,
+        n: AccessFlags,
+    ) -> Result<(), MemError> {
+        self.t.check_local(pd, k, a, l, n)
+    }
+    fn check_remote(
+        &self,
+        pd: PdId,
+        k: u32,
+        a: u64,
+        l: u64,
+        n: AccessFlags,
+    ) -> Result<(), MemError> {
+        self.t.check_remote(pd, k, a, l, n)
+    }
+    fn read_local(&self, pd: PdId, k: u32, a: u64, d: &mut [u8]) -> Result<(), MemError> {
+        self.t.read_local(pd, k, a, d)
+    }
+    fn write_local(&mut self, pd: PdId, k: u32, a: u64, s: &[u8]) -> Result<(), MemError> {
+        self.t.write_local(pd, k, a, s)
+    }
+    fn read_remote(&self, pd: PdId, k: u32, a: u64, d: &mut [u8]) -> Result<(), MemError> {
+        self.t.read_remote(pd, k, a, d)
+    }
+    fn write_remote(&mut self, pd: PdId, k: u32, a: u64, s: &[u8]) -> Result<(), MemError> {
+        self.t.write_remote(pd, k, a, s)
+    }
+    fn atomic_remote(&mut self, pd: PdId, k: u32, a: u64, op: AtomicOp) -> Result<u64, MemError> {
+        self.t.atomic_remote(pd, k, a, op)
+    }
+    fn invalidate_remote(&mut self, pd: PdId, k: u32) -> Result<(), MemError> {
+        self.t.invalidate_remote(pd, k)
+    }
+    fn read_inline(&self, pd: PdId, a: u64, d: &mut [u8]) -> Result<(), MemError> {
+        self.t.read_inline(pd, a, d)
+    }
+    fn locate_local(&self, pd: PdId, k: u32, a: u64, l: u64) -> Result<u64, MemError> {
+        self.t.check_local(pd, k, a, l, AccessFlags::empty())?;
+        Ok(a)
+    }
+    fn pull_remote(
+        &mut self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        source: &[u8],
+    ) -> Result<(), MemError> {
+        self.t
+            .check_remote(pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+        self.pulls += 1;
+        if self.fail > 0 {
+            self.fail -= 1;
+            return Err(MemError::Unavailable);
+        }
+        let (base, bytes) = self.peer.as_ref().expect("the sender's memory");
+        let mut off = 0u64;
+        for pair in source.chunks_exact(16) {
+            let addr = u64::from_le_bytes(pair[..8].try_into().unwrap());
+            let n = u64::from_le_bytes(pair[8..].try_into().unwrap());
+            let at = (addr - base) as usize;
+            let chunk = bytes[at..at + n as usize].to_vec();
+            self.t.write_remote(pd, rkey, va + off, &chunk)?;
+            off += n;
+        }
+        assert_eq!(off, len, "the pairs cover the message");
+        Ok(())
+    }
+}
+
+struct Side {
+    qp: RcQp,
+    mem: Mem,
+    key: u32,
+}
+
+/// A (sender, pulls WRITEs of 4 KiB and more) and B (responder; its region has `b_access`).
+fn pair(b_access: AccessFlags) -> (Side, Side) {
+    let p = ConnParams::default();
+    let mut a = Side {
+        qp: RcQp::new(RcConfig::new(0x11, PD)),
+        mem: Mem::new(A_BASE),
+        key: 0,
+    };
+    let mut b = Side {
+        qp: RcQp::new(RcConfig::new(0x22, PD)),
+        mem: Mem::new(B_BASE),
+        key: 0,
+    };
+    a.key = a
+        .mem
+        .t
+        .register(PD, A_BASE, SIZE as u64, AccessFlags::all())
+        .unwrap()
+        .lkey;
+    b.key = b
+        .mem
+        .t
+        .register(PD, B_BASE, SIZE as u64 / 2, b_access)
+        .unwrap()
+        .rkey;
+    connect(&mut a.qp, 0x22, 100, 500, &p);
+    connect(&mut b.qp, 0x11, 500, 100, &p);
+    a.qp.set_pull_min(Some(4096));
+    let pattern: Vec<u8> = (0..SIZE).map(|i| (i * 7 + i / 251) as u8).collect();
+    a.mem
+        .t
+        .bytes_mut(A_BASE, SIZE as u64)
+        .unwrap()
+        .copy_from_slice(&pattern);
+    b.mem.peer = Some((A_BASE, pattern));
+    (a, b)
+}
+
+/// Moves every packet both ways (each as its placement says) and fires timers until A has
+/// a completion; returns it and the placements A sent.
+fn run(a: &mut Side, b: &mut Side) -> (Completion, Vec<TxPlacement>) {
+    let mut buf = vec![0u8; 8192];
+    let mut sent = Vec::new();
+    let mut now = 0u64;
+    for _ in 0..100_000 {
+        if let Some(c) = a.qp.poll_send_completion() {
+            return (c, sent);
+        }
+        let mut moved = false;
+        while let Some(t) = a.qp.poll_transmit(now, &mut a.mem, &mut buf) {
+            sent.push(t.placement);
+            let payload = &buf[..t.payload_len];
+            let placement = Placement::decode(t.placement, payload).expect("length prefix");
+            let data = if placement == Placement::Inline {
+                payload
+            } else {
+                &[][..]
+            };
+            let pkt = Packet {
+                header: t.header,
+                payload: data,
+            };
+            b.qp.handle_placed(now, &mut b.mem, &pkt, 1, placement);
+            moved = true;
+        }
+        while let Some(t) = b.qp.poll_transmit(now, &mut b.mem, &mut buf) {
+            assert_eq!(
+                t.placement,
+                TxPlacement::Inline,
+                "responses carry their data"
+            );
+            let pkt = Packet {
+                header: t.header,
+                payload: &buf[..t.payload_len],
+            };
+            a.qp.handle_packet(now, &mut a.mem, &pkt);
+            moved = true;
+        }
+        if !moved {
+            now = a.qp.poll_timeout().unwrap_or(now + 1_000_000).max(now + 1);
+            a.qp.handle_timeout(now);
+            b.qp.handle_timeout(now);
+        }
+    }
+    panic!("no completion");
+}
+
+fn write(a: &mut Side, b: &Side, src_off: u64, dst_off: u64, len: u32) {
+    let wr = SendWr::new(
+        7,
+        SendOp::RdmaWrite {
+            remote_addr: B_BASE + dst_off,
+            rkey: b.key,
+        },
+    )
+    .with_sge(Sge {
+        addr: A_BASE + src_off,
+        length: len,
+        lkey: a.key,
+    })
+    .signaled();
+    a.qp.post_send(&a.mem, &wr).unwrap();
+}
+
+fn b_bytes(b: &Side, off: u64, len: usize) -> Vec<u8> {
+    b.mem.t.bytes(B_BASE + off, len as u64).unwrap().to_vec()
+}
+
+fn a_bytes(b: &Side, off: u64, len: usize) -> Vec<u8> {
+    let (_, p) = b.mem.peer.as_ref().unwrap();
+    p[off as usize..off as usize + len].to_vec()
+}
+
+#[test]
+fn a_long_write_is_pulled_once_and_lands_whole() {
+    let (mut a, mut b) = pair(AccessFlags::all());
+    let len = 64 << 10;
+    write(&mut a, &b, 333, 1000, len);
+    let (c, sent) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(
+        b_bytes(&b, 1000, len as usize),
+        a_bytes(&b, 333, len as usize)
+    );
+    assert_eq!(
+        b_bytes(&b, 0, 1000),
+        vec![0; 1000],
+        "nothing before the target"
+    );
+    assert_eq!(
+        b_bytes(&b, 1000 + len as u64, 64),
+        vec![0; 64],
+        "nothing after it"
+    );
+    assert_eq!(b.mem.pulls, 1);
+    assert_eq!(sent[0], TxPlacement::Pull);
+    assert!(
+        sent[1..].iter().all(|p| *p == TxPlacement::Pulled),
+        "{sent:?}"
+    );
+    assert_eq!((a.qp.stats().pulls_sent, b.qp.stats().pulls_done), (1, 1));
+}
+
+#[test]
+fn a_short_write_carries_its_data() {
+    let (mut a, mut b) = pair(AccessFlags::all());
+    write(&mut a, &b, 0, 0, 4000);
+    let (c, sent) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::Success);
+    assert!(sent.iter().all(|p| *p == TxPlacement::Inline));
+    assert_eq!(b_bytes(&b, 0, 4000), a_bytes(&b, 0, 4000));
+    assert_eq!(b.mem.pulls, 0);
+}
+
+#[test]
+fn an_unreadable_pull_is_asked_again_and_comes_inline() {
+    let (mut a, mut b) = pair(AccessFlags::all());
+    b.mem.fail = 1;
+    let len = 20_000;
+    write(&mut a, &b, 5, 7, len);
+    let (c, sent) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(b_bytes(&b, 7, len as usize), a_bytes(&b, 5, len as usize));
+    assert_eq!(b.qp.stats().pull_failures, 1);
+    assert!(a.qp.stats().retransmitted > 0);
+    // after the NAK every packet of the WRITE went again with its data
+    let resent = sent
+        .iter()
+        .rposition(|p| *p != TxPlacement::Inline)
+        .unwrap();
+    assert!(sent[resent + 1..].len() >= (len as usize).div_ceil(1024));
+}
+
+#[test]
+fn a_refused_pull_touches_nothing_on_either_side() {
+    // B's region lacks remote write
+    let (mut a, mut b) = pair(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
+    write(&mut a, &b, 0, 0, 32 << 10);
+    let (c, _) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!(b.mem.pulls, 0, "refused before any copy");
+    assert_eq!(b_bytes(&b, 0, SIZE / 2), vec![0; SIZE / 2]);
+    let (_, pattern) = b.mem.peer.as_ref().unwrap();
+    assert_eq!(a.mem.t.bytes(A_BASE, SIZE as u64).unwrap(), &pattern[..]);
+
+    // past the end of B's region: refused, nothing written
+    let (mut a, mut b) = pair(AccessFlags::all());
+    write(&mut a, &b, 0, (SIZE / 2) as u64 - 8192, 16 << 10);
+    let (c, _) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::RemAccessErr);
+    assert_eq!(b.mem.pulls, 0);
+    assert_eq!(b_bytes(&b, 0, SIZE), vec![0; SIZE]);
+}
+
+#[test]
+fn a_pulled_packet_without_a_pulled_message_is_invalid() {
+    let (mut a, mut b) = pair(AccessFlags::all());
+    a.qp.set_pull_min(None);
+    write(&mut a, &b, 0, 0, 3000);
+    let mut buf = vec![0u8; 4096];
+    let t = a.qp.poll_transmit(0, &mut a.mem, &mut buf).unwrap();
+    assert_eq!(t.placement, TxPlacement::Inline);
+    // a hostile sender claims the first packet's data is in place
+    let pkt = Packet {
+        header: t.header,
+        payload: &[],
+    };
+    b.qp.handle_placed(0, &mut b.mem, &pkt, 1, Placement::Pulled { len: 1024 });
+    assert_eq!(b_bytes(&b, 0, 3000), vec![0; 3000]);
+    assert_eq!(b.qp.state(), rdma_proto::verbs::QpState::Err);
+}
