@@ -149,12 +149,20 @@ pub trait MemoryTable {
     /// Copies the data of an inline work request at post time: unregistered memory of the
     /// posting process, no key check (as `IBV_SEND_INLINE`).
     fn read_inline(&self, pd: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
-    /// Where the local bytes `[addr, addr+len)` of the region of `lkey` are in this
-    /// process's address space, so that a peer process on the same host copies them itself
-    /// ([`MemoryTable::pull_remote`] on its side). Checks as [`MemoryTable::read_local`].
-    /// The default: [`MemError::Unavailable`] (no same-host copies).
-    fn locate_local(&self, pd: PdId, lkey: u32, addr: u64, len: u64) -> Result<u64, MemError> {
-        let _ = (pd, lkey, addr, len);
+    /// Describes where the local bytes `[addr, addr+len)` of the region of `lkey` are, in
+    /// the table's own format, into `out`, so that a peer process on the same host copies
+    /// them itself ([`MemoryTable::pull_remote`] on its side); returns the bytes written.
+    /// Checks as [`MemoryTable::read_local`]. [`MemError::Unavailable`] when the table
+    /// cannot (no same-host copies, memory not shareable, `out` too short); the default.
+    fn locate_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        out: &mut [u8],
+    ) -> Result<usize, MemError> {
+        let _ = (pd, lkey, addr, len, out);
         Err(MemError::Unavailable)
     }
     /// Copies `len` bytes into `[va, va+len)` of the region of `rkey` (needs

@@ -139,9 +139,9 @@ impl<'a> Placement<'a> {
 /// How a transmitted packet carries its data ([`Placement`] on the receiving side).
 ///
 /// With [`TxPlacement::Pull`] the payload written is a 4-byte little-endian length (the bytes
-/// the packet stands for) followed by 16-byte `(address, length)` pairs
-/// ([`crate::memory::MemoryTable::locate_local`]); with [`TxPlacement::Pulled`] the 4-byte
-/// length alone. Only a same-host wire can carry these.
+/// the packet stands for) followed by where the message is, as the memory table described
+/// it ([`crate::memory::MemoryTable::locate_local`]); with [`TxPlacement::Pulled`] the
+/// 4-byte length alone. Only a same-host wire can carry these.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TxPlacement {
     /// The data is the payload.

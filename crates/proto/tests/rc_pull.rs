@@ -13,9 +13,8 @@ const B_BASE: u64 = 0x80_0000;
 const SIZE: usize = 1 << 20;
 const PD: PdId = PdId(1);
 
-/// A memory table that makes same-host copies the way the software device does: the sender
-/// names host addresses (here: its simulated ones), the responder reads them from a copy of
-/// the sender's memory.
+/// A memory table that makes same-host copies: the sender names its (simulated) addresses,
+/// the responder reads them from a copy of the sender's memory.
 struct Mem {
     t: InMemoryTable,
     /// The sender's memory, as the responder's pull reads it.
@@ -78,9 +77,19 @@ impl MemoryTable for Mem {
     fn read_inline(&self, pd: PdId, a: u64, d: &mut [u8]) -> Result<(), MemError> {
         self.t.read_inline(pd, a, d)
     }
-    fn locate_local(&self, pd: PdId, k: u32, a: u64, l: u64) -> Result<u64, MemError> {
+    fn locate_local(
+        &self,
+        pd: PdId,
+        k: u32,
+        a: u64,
+        l: u64,
+        out: &mut [u8],
+    ) -> Result<usize, MemError> {
         self.t.check_local(pd, k, a, l, AccessFlags::empty())?;
-        Ok(a)
+        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
+        out[..8].copy_from_slice(&a.to_le_bytes());
+        out[8..].copy_from_slice(&l.to_le_bytes());
+        Ok(16)
     }
     fn pull_remote(
         &mut self,

@@ -573,6 +573,15 @@ impl Runtime {
                 placement: t.placement,
             };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
+            if let (Some(h), TxPlacement::Pull) = (ctx.host, t.placement) {
+                // the peer gets the files of the regions it will copy from first
+                for piece in pull::pieces(payload).into_iter().flatten() {
+                    // SAFETY: the region's memfd, open while the memory table's view (held
+                    // for this whole round) keeps the region registered
+                    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(piece.fd) };
+                    wire.host_share(h, piece.token, fd);
+                }
+            }
             let sent = match ctx.host {
                 // only the host-local wire carries a pulled WRITE: lost here, resent inline
                 None if t.placement != TxPlacement::Inline => Err(Error::InvalidArgument(
@@ -663,10 +672,12 @@ impl Runtime {
                 warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
                 return;
             };
-            // a pulled WRITE: its source, copied out of the shared ring and framed with the
-            // sender's pid (`pull::frame`)
-            let mut source = [0u8; pull::MAX_SOURCE];
-            let placement = match pull::placement(arr, pkt.payload, &mut source) {
+            // a pulled WRITE (`pull.rs`): the wire resolved where its data is
+            let placement = match Placement::decode(arr.placement, pkt.payload) {
+                Some(Placement::Pull { source, .. }) if source.len() % pull::RESOLVED != 0 => {
+                    stats.unparsable += 1;
+                    return;
+                }
                 Some(p) => p,
                 None => {
                     stats.unparsable += 1;

@@ -35,7 +35,7 @@ pub(crate) struct SendWqe {
     pub pull: Pull,
 }
 
-/// A WRITE's way of carrying its data.
+/// How a WRITE carries its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pull {
     /// Not decided: its first packet has not gone out.
@@ -170,8 +170,9 @@ impl RcQp {
     }
 
     /// Writes the pull payload of a WRITE (see [`TxPlacement::Pull`]) into `out`: its first
-    /// packet's length, then where each piece of its data is in this process. `Ok(None)`
-    /// when it does not fit or the memory table makes no same-host copies.
+    /// packet's length, then where each piece of its data is
+    /// ([`MemoryTable::locate_local`]). `Ok(None)` when it does not fit or the memory table
+    /// makes no same-host copies of it.
     fn describe<M: MemoryTable + ?Sized>(
         &self,
         mem: &M,
@@ -179,22 +180,18 @@ impl RcQp {
         first_len: u32,
         out: &mut [u8],
     ) -> Result<Option<usize>, MemError> {
-        let sg = w.wr.sg.as_slice();
-        let need = 4 + 16 * sg.len();
-        if need > out.len() {
+        if out.len() < 4 {
             return Ok(None);
         }
         out[..4].copy_from_slice(&first_len.to_le_bytes());
         let mut at = 4;
-        for s in sg.iter().filter(|s| s.length > 0) {
-            let host = match mem.locate_local(self.cfg.pd, s.lkey, s.addr, u64::from(s.length)) {
-                Ok(a) => a,
+        for s in w.wr.sg.as_slice().iter().filter(|s| s.length > 0) {
+            let len = u64::from(s.length);
+            match mem.locate_local(self.cfg.pd, s.lkey, s.addr, len, &mut out[at..]) {
+                Ok(n) => at += n,
                 Err(MemError::Unavailable) => return Ok(None),
                 Err(e) => return Err(e),
-            };
-            out[at..at + 8].copy_from_slice(&host.to_le_bytes());
-            out[at + 8..at + 16].copy_from_slice(&u64::from(s.length).to_le_bytes());
-            at += 16;
+            }
         }
         Ok(Some(at))
     }

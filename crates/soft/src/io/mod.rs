@@ -76,9 +76,6 @@ pub struct Arrival {
     /// How the packet carries its data: only the host-local wire delivers packets whose
     /// data stays in the sender's memory ([`TxPlacement::Pull`]).
     pub placement: TxPlacement,
-    /// The sending process, when the host-local wire knows it (from the kernel, when the
-    /// ring was handed over); 0 otherwise.
-    pub peer_pid: u32,
 }
 
 /// What a sent datagram carries besides its addresses and bytes.
@@ -313,6 +310,18 @@ pub trait DatagramWire: Send {
         Err(crate::Error::InvalidArgument(
             "this wire has no host-local channel",
         ))
+    }
+
+    /// Hands the file of a memory region (`token`, `fd`) to the host-local `peer` unless it
+    /// has it, before a pulled WRITE that names the region goes to it. False when it could
+    /// not (the WRITE then fails at the peer and comes again with its data).
+    fn host_share(
+        &mut self,
+        _peer: HostPeer,
+        _token: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> bool {
+        false
     }
 
     /// Whether the host-local channel to `peer` takes a packet of up to

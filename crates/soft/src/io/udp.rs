@@ -455,6 +455,18 @@ impl DatagramWire for UdpWire {
         self.local_emit(peer, from, to, meta, max, write)
     }
 
+    fn host_share(
+        &mut self,
+        peer: super::HostPeer,
+        token: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> bool {
+        self.local
+            .wire
+            .as_mut()
+            .is_some_and(|l| l.share(peer, token, fd))
+    }
+
     fn host_ready(&mut self, peer: super::HostPeer) -> bool {
         let max = self.cfg.max_packet;
         self.local

@@ -74,7 +74,6 @@ impl UdpWire {
                     tclass: d.anc.tclass,
                     hop_limit: d.anc.hop_limit,
                     placement: TxPlacement::Inline,
-                    peer_pid: 0,
                 };
                 // Under UDP GRO one receive holds a run of one flow's datagrams, each
                 // `gro_size` long but the last; segment j of a GSO message has IPv4
@@ -236,7 +235,6 @@ mod tests {
             tclass: 0,
             hop_limit: 64,
             placement: TxPlacement::Inline,
-            peer_pid: 0,
         };
         let mut checker = IcrcChecker::new();
         let mut stats = WireStats::default();

@@ -27,6 +27,9 @@ pub(crate) struct Region {
     key: u32,
     mem: SharedBytes,
     remote_valid: AtomicBool,
+    /// Names the region to peer processes that map its file (pulled WRITEs), unique in
+    /// this process.
+    token: u64,
 }
 
 struct Slot {
@@ -87,8 +90,13 @@ impl MrTable {
             pd,
             access,
             key,
-            mem: SharedBytes::new(buf),
+            mem: if crate::pull::min_len().is_some_and(|m| buf.len() >= m as usize) {
+                SharedBytes::new_shared(buf)
+            } else {
+                SharedBytes::new(buf)
+            },
             remote_valid: AtomicBool::new(true),
+            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
         });
         slot.region = Some(region.clone());
         Ok(region)
@@ -130,6 +138,9 @@ impl MrTable {
         }
     }
 }
+
+/// The next region token (see `Region::token`).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
 /// A per-process random byte (from the std hasher's random keys): the first key of each index.
 fn random_byte() -> u8 {
@@ -274,10 +285,17 @@ impl MemoryTable for MrTableView<'_> {
         lkey: u32,
         addr: u64,
         len: u64,
-    ) -> std::result::Result<u64, MemError> {
-        // a region's addresses are its host addresses
-        self.check(false, pd, lkey, addr, len, AccessFlags::empty())
-            .map(|(r, off)| r.mem.addr() + off as u64)
+        out: &mut [u8],
+    ) -> std::result::Result<usize, MemError> {
+        let (r, off) = self.check(false, pd, lkey, addr, len, AccessFlags::empty())?;
+        let fd = r.mem.file().ok_or(MemError::Unavailable)?;
+        crate::pull::Piece {
+            token: r.token,
+            offset: off as u64,
+            len,
+            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        }
+        .write(out)
     }
 
     fn pull_remote(
@@ -289,7 +307,7 @@ impl MemoryTable for MrTableView<'_> {
         source: &[u8],
     ) -> std::result::Result<(), MemError> {
         let (r, off) = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
-        crate::pull::copy_into(source, r.mem.ptr_at(off), len)
+        crate::pull::copy_into(source, len, |at, bytes| r.mem.write(off + at, bytes))
     }
 
     fn atomic_remote(

@@ -13,8 +13,12 @@
 //! concerned. RDMA atomics (8-byte aligned by the IB rules) are real `AtomicU64` operations,
 //! atomic against local atomics on the same word ([`SharedBytes::atomic_u64`]).
 
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// Bytes before the data in a shared region's file: the `live` word (1 while registered).
+pub(crate) const SHARED_HEADER: usize = 4096;
 
 /// An owned byte buffer accessed only atomically (see the module docs).
 pub(crate) struct SharedBytes {
@@ -23,6 +27,9 @@ pub(crate) struct SharedBytes {
     /// Offsets of the aligned middle `[mid_start, mid_end)`.
     mid_start: usize,
     mid_end: usize,
+    /// A memfd holding the bytes, which peer processes on the host map to read them
+    /// (pulled WRITEs, `pull.rs`); `None`: a boxed slice.
+    file: Option<OwnedFd>,
 }
 
 // SAFETY: the buffer is owned and all access after construction is atomic.
@@ -45,12 +52,69 @@ impl SharedBytes {
             len,
             mid_start,
             mid_end,
+            file: None,
+        }
+    }
+
+    /// Takes `buf`'s bytes into a memfd mapped here (after a [`SHARED_HEADER`] whose `live`
+    /// word is 1 until the bytes are dropped or given back), so that peer processes can
+    /// map it read-only; a boxed buffer as [`SharedBytes::new`] when the file cannot be
+    /// made.
+    pub fn new_shared(buf: Box<[u8]>) -> SharedBytes {
+        match map_file(buf.len()) {
+            Ok((fd, map)) => {
+                let len = buf.len();
+                // SAFETY: `map` is SHARED_HEADER + len fresh writable bytes nobody else
+                // sees yet.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(buf.as_ptr(), map.add(SHARED_HEADER), len);
+                    AtomicU32::from_ptr(map.cast()).store(1, Relaxed);
+                }
+                drop(buf);
+                // SAFETY: mmap never returns null on success.
+                let ptr = unsafe { NonNull::new_unchecked(map.add(SHARED_HEADER)) };
+                SharedBytes {
+                    ptr,
+                    len,
+                    mid_start: 0,
+                    mid_end: len / 8 * 8,
+                    file: Some(fd),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "memory region not shareable: kept private");
+                SharedBytes::new(buf)
+            }
+        }
+    }
+
+    /// The memfd peers map, for a region made by [`SharedBytes::new_shared`].
+    pub fn file(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Ends a shared buffer: `live` to 0 (peers that map the file stop reading it), unmap.
+    fn unmap(&mut self) {
+        // SAFETY: the mapping starts SHARED_HEADER before `ptr` and spans the header and
+        // `len` bytes; no reference into it outlives `self`.
+        unsafe {
+            let map = self.ptr.as_ptr().sub(SHARED_HEADER);
+            AtomicU32::from_ptr(map.cast()).store(0, std::sync::atomic::Ordering::Release);
+            libc::munmap(map.cast(), SHARED_HEADER + self.len);
         }
     }
 
     /// Gives the buffer back. Needs `self` by value: no other access can be in flight.
     pub fn into_inner(self) -> Box<[u8]> {
-        let me = std::mem::ManuallyDrop::new(self);
+        let mut me = std::mem::ManuallyDrop::new(self);
+        if me.file.is_some() {
+            let mut out = vec![0u8; me.len].into_boxed_slice();
+            // SAFETY: `len` mapped bytes; no other access is in flight (`self` by value).
+            unsafe { std::ptr::copy_nonoverlapping(me.ptr.as_ptr(), out.as_mut_ptr(), me.len) };
+            me.unmap();
+            drop(me.file.take());
+            return out;
+        }
         // SAFETY: ptr/len came from Box::into_raw of a boxed slice of this length, and `me`
         // will not free it again.
         unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len)) }
@@ -63,14 +127,6 @@ impl SharedBytes {
     /// Start address, the region's virtual address as the peer sees it.
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as usize as u64
-    }
-
-    /// The address of byte `off`, for the kernel to copy into (a pulled WRITE, `pull.rs`):
-    /// outside the atomics, as a device's DMA would be.
-    pub fn ptr_at(&self, off: usize) -> *mut u8 {
-        assert!(off <= self.len);
-        // SAFETY: in bounds (or one past the end).
-        unsafe { self.ptr.as_ptr().add(off) }
     }
 
     fn byte(&self, off: usize) -> &AtomicU8 {
@@ -185,6 +241,10 @@ impl SharedBytes {
 
 impl Drop for SharedBytes {
     fn drop(&mut self) {
+        if self.file.is_some() {
+            self.unmap();
+            return;
+        }
         // SAFETY: as in into_inner; drop runs once and no reference outlives `self`.
         drop(unsafe {
             Box::from_raw(std::ptr::slice_from_raw_parts_mut(
@@ -192,6 +252,36 @@ impl Drop for SharedBytes {
                 self.len,
             ))
         });
+    }
+}
+
+/// A memfd of [`SHARED_HEADER`] + `len` bytes, mapped read-write here.
+fn map_file(len: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
+    let size = SHARED_HEADER + len;
+    // SAFETY: a static C string; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"rdma-mr".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain calls on our descriptor; results checked.
+    unsafe {
+        if libc::ftruncate(raw, size as libc::off_t) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            raw,
+            0,
+        );
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((fd, map.cast()))
     }
 }
 

@@ -149,7 +149,7 @@ impl Bell {
     }
 
     /// Receives every queued message (at most `max`), each with the fd it carried and its
-    /// sender's credentials: one `recvmmsg` per [`BATCH`] messages (a wake-up usually finds
+    /// sender's user: one `recvmmsg` per [`BATCH`] messages (a wake-up usually finds
     /// one or two).
     pub fn drain(&self, max: usize, mut each: impl FnMut(&[u8], Option<OwnedFd>, Option<Sender>)) {
         let mut left = max;
@@ -213,10 +213,7 @@ impl Bell {
                                     as usize
                         {
                             let u = libc::CMSG_DATA(c).cast::<libc::ucred>().read_unaligned();
-                            sender = Some(Sender {
-                                pid: u.pid as u32,
-                                uid: u.uid,
-                            });
+                            sender = Some(Sender { uid: u.uid });
                         }
                         c = libc::CMSG_NXTHDR(hdr, c);
                     }
@@ -235,7 +232,6 @@ impl Bell {
 /// Who sent a bell message, as the kernel reports it (`SCM_CREDENTIALS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sender {
-    pub pid: u32,
     pub uid: u32,
 }
 

@@ -21,6 +21,7 @@
 //! ring belongs to one incarnation of a wire: the nonce).
 
 mod bell;
+mod regions;
 mod ring;
 
 use std::os::fd::{AsFd, OwnedFd, RawFd};
@@ -29,9 +30,10 @@ use crate::fd::EventFd;
 use std::path::PathBuf;
 
 use bell::Bell;
+use regions::Regions;
 use ring::{Malformed, RecordMeta, Ring};
 
-use super::{Arrival, TxMeta, WireAddr};
+use super::{Arrival, TxMeta, TxPlacement, WireAddr};
 
 /// Environment variable: `0` or `off` turns the host-local wire off (every QP on UDP).
 pub const LOCAL_WIRE_ENV: &str = "RDMA_SOFT_LOCAL_WIRE";
@@ -49,6 +51,13 @@ const RING_BATCH: usize = 64;
 
 /// Bell message: a new ring (with its memfd) from `[1]` slot, `[2]` netns, `[4..8]` nonce.
 const MSG_RING: u8 = b'R';
+/// Bell message: a memory region's file (`crate::pull`) from `[1]` slot, `[2]` netns,
+/// `[4..8]` nonce, with its token in `[8..16]`.
+const MSG_MR: u8 = b'M';
+/// A pulled WRITE's first record at most (headers and a path MTU of description).
+const MAX_PULL_RECORD: usize = 4096 + 128;
+/// Region tokens remembered as handed to one peer at most (then all are sent again).
+const MAX_SHARED: usize = 4096;
 /// Bell message: records are waiting.
 const MSG_WAKE: u8 = b'W';
 /// Bell message, consumer to producer: the eventfd that wakes the consumer of the ring
@@ -158,6 +167,13 @@ pub struct LocalStats {
     pub bells: u64,
     /// Rings dropped because a record broke the layout.
     pub malformed: u64,
+    /// Pulled WRITE records dropped because their description broke the format.
+    pub malformed_pulls: u64,
+    /// Region files handed to peers (pulled WRITEs).
+    pub regions_shared: u64,
+    /// Pulled WRITEs whose region file had not come yet when their record was read (the
+    /// bell was read, then the record again).
+    pub pull_deferred: u64,
     /// Rings this wire reads now.
     pub rings_in: u32,
     /// Rings this wire writes now.
@@ -179,6 +195,8 @@ struct Out {
     dirty: bool,
     /// Its bell refused: the peer wire is gone.
     dead: bool,
+    /// Tokens of the regions whose files its bell has (`MSG_MR`).
+    shared: Vec<u64>,
 }
 
 impl Drop for Out {
@@ -192,8 +210,11 @@ struct In {
     ring: Ring,
     /// The eventfd the producer writes to wake us, in `epoll` (edge-triggered).
     efd: Option<(EventFd, RawFd)>,
-    /// The producer's process id, from the kernel when the ring came.
-    pid: u32,
+    /// The producer's regions mapped here, to pull WRITEs from.
+    regions: Regions,
+    /// A region token a pulled record named before its file came: the bell was read once
+    /// for it.
+    deferred: Option<u64>,
 }
 
 impl Drop for In {
@@ -238,6 +259,58 @@ pub(crate) struct HostLocal {
     stats: LocalStats,
     /// The wire's epoll set, where inbound rings' eventfds go (none: bells only).
     epoll: Option<RawFd>,
+    /// A pulled WRITE's first packet, rewritten with its pieces resolved.
+    scratch: Vec<u8>,
+}
+
+/// What became of a pulled WRITE's record ([`pull_record`]).
+enum Pulled {
+    /// Rewritten into the scratch buffer: this many bytes.
+    Ready(usize),
+    /// It names a region whose file has not been read from the bell yet.
+    Wait,
+    /// Its description breaks the format: dropped (the sender resends it).
+    Malformed,
+}
+
+/// Rewrites the pulled WRITE `pkt` into `out`, each piece resolved to an address in our
+/// mapping of its region in `regions` (`crate::pull`); a piece it cannot resolve becomes
+/// address 0, which the responder answers by asking for the WRITE again. `deferred` is the
+/// ring's [`In::deferred`].
+fn pull_record(
+    regions: &mut Regions,
+    deferred: &mut Option<u64>,
+    pkt: &[u8],
+    out: &mut [u8],
+) -> Pulled {
+    let Ok(p) = rdma_proto::wire::parse(pkt, rdma_wire::packet::IcrcCheck::Skip) else {
+        return Pulled::Malformed;
+    };
+    if crate::pull::pieces(p.payload).is_none() {
+        return Pulled::Malformed;
+    }
+    match regions.missing(p.payload) {
+        Some(t) if *deferred != Some(t) => {
+            *deferred = Some(t);
+            return Pulled::Wait;
+        }
+        _ => *deferred = None,
+    }
+    let start = p.header.header_len();
+    if out.len() < start {
+        return Pulled::Malformed;
+    }
+    out[..start].copy_from_slice(&pkt[..start]);
+    let Some(n) = regions.rewrite(p.payload, &mut out[start..]) else {
+        return Pulled::Malformed;
+    };
+    // no pad (both lengths are multiples of 4), then the 4 ICRC bytes the wire skips
+    let end = start + n;
+    match out.get_mut(end..end + 4) {
+        Some(icrc) => icrc.fill(0),
+        None => return Pulled::Malformed,
+    }
+    Pulled::Ready(end + 4)
 }
 
 fn nonce() -> u32 {
@@ -286,6 +359,7 @@ impl HostLocal {
             outbound: Vec::new(),
             stats: LocalStats::default(),
             epoll: None,
+            scratch: vec![0; 2 * MAX_PULL_RECORD],
         })
     }
 
@@ -332,8 +406,32 @@ impl HostLocal {
             rung_at: None,
             dirty: false,
             dead: false,
+            shared: Vec::new(),
         });
         Ok(())
+    }
+
+    /// Hands the file `fd` of region `token` to `peer`'s bell unless it has it: before a
+    /// pulled WRITE that names the region goes into the ring. False when it could not.
+    pub fn share(&mut self, peer: HostPeer, token: u64, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        let Some(o) = self.outbound.iter_mut().find(|o| o.peer == peer && !o.dead) else {
+            return false;
+        };
+        if o.shared.contains(&token) {
+            return true;
+        }
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&self.me.bell_msg(MSG_MR));
+        msg[8..].copy_from_slice(&token.to_le_bytes());
+        if self.bell.send(&o.path, &msg, Some(fd)).is_err() {
+            return false;
+        }
+        if o.shared.len() >= MAX_SHARED {
+            o.shared.clear();
+        }
+        o.shared.push(token);
+        self.stats.regions_shared += 1;
+        true
     }
 
     /// Writes `packet` (from `from` to `to`) into the ring to `peer`. False when it could
@@ -450,6 +548,8 @@ impl HostLocal {
         let mut n = 0;
         let mut full = false;
         let mut bad = None;
+        let mut read_bell = false;
+        let scratch = &mut self.scratch;
         for (k, i) in self.inbound.iter_mut().enumerate() {
             let mut taken = 0;
             for _ in 0..RING_BATCH {
@@ -462,9 +562,21 @@ impl HostLocal {
                             tclass: m.tclass,
                             hop_limit: 64,
                             placement: m.placement,
-                            peer_pid: i.pid,
                         };
-                        deliver(&arr, pkt);
+                        if m.placement != TxPlacement::Pull {
+                            deliver(&arr, pkt);
+                        } else {
+                            match pull_record(&mut i.regions, &mut i.deferred, pkt, scratch) {
+                                Pulled::Ready(len) => deliver(&arr, &scratch[..len]),
+                                // read the bell for the region's file, then this again
+                                Pulled::Wait => {
+                                    self.stats.pull_deferred += 1;
+                                    read_bell = true;
+                                    break;
+                                }
+                                Pulled::Malformed => self.stats.malformed_pulls += 1,
+                            }
+                        }
                         i.ring.advance();
                         taken += 1;
                     }
@@ -492,6 +604,10 @@ impl HostLocal {
         self.inbound
             .retain(|i| !i.ring.producer_closed() || i.ring.pending());
         self.stats.received += n as u64;
+        if read_bell {
+            self.drain_bell();
+            full = true;
+        }
         (n, full)
     }
 
@@ -501,20 +617,28 @@ impl HostLocal {
         let mut efds = Vec::new();
         // SAFETY: no arguments, cannot fail.
         let uid = unsafe { libc::geteuid() };
+        let mut regions = Vec::new();
         self.bell.drain(64, |msg, fd, sender| {
+            let (Some(fd), kind) = (fd, msg.first().copied()) else {
+                return;
+            };
+            if kind == Some(MSG_MR) && msg.len() == 16 {
+                // a region file, from a process of our own user only
+                let token = u64::from_le_bytes(msg[8..16].try_into().unwrap_or_default());
+                if sender.is_some_and(|s| s.uid == uid) {
+                    regions.push((HostPeer::from_bell_msg(msg), token, fd));
+                }
+                return;
+            }
             if msg.len() != 8 {
                 return;
             }
-            let (Some(fd), kind) = (fd, msg[0]) else {
-                return;
-            };
             let from = HostPeer::from_bell_msg(msg);
-            match kind {
+            match kind.unwrap_or(0) {
                 // a ring only from a process of our own user (the bell's directory is
-                // private, so this is a second check), whose pid then names the ring's
-                // producer for pulled WRITEs
+                // private, so this is a second check)
                 MSG_RING => match sender {
-                    Some(s) if s.uid == uid => new.push((from, fd, s.pid)),
+                    Some(s) if s.uid == uid => new.push((from, fd)),
                     _ => tracing::warn!(?from, ?sender, "host-local ring of another user refused"),
                 },
                 MSG_EFD => efds.push((from, fd)),
@@ -526,7 +650,7 @@ impl HostLocal {
                 o.efd = Some(EventFd::from(fd));
             }
         }
-        for (from, fd, pid) in new {
+        for (from, fd) in new {
             match Ring::attach(fd) {
                 Ok(ring) => {
                     // the slot's earlier incarnation (dead) or an older ring of this one
@@ -537,13 +661,22 @@ impl HostLocal {
                             from,
                             ring,
                             efd,
-                            pid,
+                            regions: Regions::default(),
+                            deferred: None,
                         });
                     }
                 }
                 Err(e) => {
                     self.stats.malformed += 1;
                     tracing::warn!(?from, error = %e, "host-local ring refused");
+                }
+            }
+        }
+        // after the rings: a sender shares a region only over a ring it made
+        for (from, token, fd) in regions {
+            if let Some(i) = self.inbound.iter_mut().find(|i| i.from == from) {
+                if !i.regions.insert(token, fd) {
+                    self.stats.malformed_pulls += 1;
                 }
             }
         }
