@@ -18,7 +18,7 @@ mod port;
 mod qp;
 mod rc_modify;
 mod ring;
-mod shared_mem;
+pub(crate) mod shared_mem;
 mod srq;
 mod ud;
 mod watch;

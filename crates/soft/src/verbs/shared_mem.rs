@@ -290,6 +290,64 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_shared_buffer_holds_its_bytes_in_its_file_and_gives_them_back() {
+        let orig: Vec<u8> = (0..20_000u32).map(|i| (i * 31) as u8).collect();
+        let s = SharedBytes::new_shared(orig.clone().into_boxed_slice());
+        let fd = s.file().expect("a memfd").try_clone_to_owned().unwrap();
+        assert_eq!(
+            s.addr() % 4096,
+            0,
+            "the data starts a page after the header"
+        );
+        s.write(3, b"xyz");
+        let mut got = vec![0u8; 5];
+        s.read(1, &mut got);
+        assert_eq!(got, [orig[1], orig[2], b'x', b'y', b'z']);
+        // another mapping of the file sees the live word and the bytes
+        let mut peek = [0u8; 8];
+        // SAFETY: pread into a live buffer.
+        let n = unsafe {
+            libc::pread(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                peek.as_mut_ptr().cast(),
+                4,
+                0,
+            )
+        };
+        assert_eq!(
+            (n, u32::from_ne_bytes(peek[..4].try_into().unwrap())),
+            (4, 1)
+        );
+        let n = unsafe {
+            libc::pread(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                peek.as_mut_ptr().cast(),
+                8,
+                (SHARED_HEADER + 1) as i64,
+            )
+        };
+        assert_eq!(n, 8);
+        assert_eq!(&peek[2..5], b"xyz", "bytes 1..9: byte 3 is at 2");
+        let mut want = orig;
+        want[3..6].copy_from_slice(b"xyz");
+        assert_eq!(s.into_inner().to_vec(), want);
+        // given back: the file says so
+        // SAFETY: as above.
+        let n = unsafe {
+            libc::pread(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                peek.as_mut_ptr().cast(),
+                4,
+                0,
+            )
+        };
+        assert_eq!(
+            (n, u32::from_ne_bytes(peek[..4].try_into().unwrap())),
+            (4, 0)
+        );
+    }
+
+    #[test]
     fn every_offset_and_length_round_trips() {
         for start in 0..9 {
             // A buffer whose data starts at every alignment: slice a bigger one.

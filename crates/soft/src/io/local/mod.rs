@@ -65,6 +65,8 @@ const MSG_WAKE: u8 = b'W';
 const MSG_EFD: u8 = b'E';
 /// The epoll token bit of a ring's wake-up eventfd in the wire's epoll set.
 pub(crate) const EFD_TOKEN: u64 = 1 << 62;
+/// Producers are looked at for being gone at most this often (when the bell is read).
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// A producer with the consumer's eventfd still rings the bell when it last did longer
 /// ago than this: a send to a dead process's bell fails, which marks the ring dead.
 const BELL_PROBE: std::time::Duration = std::time::Duration::from_millis(1);
@@ -215,6 +217,8 @@ struct In {
     /// A region token a pulled record named before its file came: the bell was read once
     /// for it.
     deferred: Option<u64>,
+    /// Its producer's process is gone ([`HostLocal::sweep_gone`]).
+    gone: bool,
 }
 
 impl Drop for In {
@@ -261,6 +265,8 @@ pub(crate) struct HostLocal {
     epoll: Option<RawFd>,
     /// A pulled WRITE's first packet, rewritten with its pieces resolved.
     scratch: Vec<u8>,
+    /// When producers were last looked at for being gone ([`HostLocal::sweep_gone`]).
+    swept_at: Option<std::time::Instant>,
 }
 
 /// What became of a pulled WRITE's record ([`pull_record`]).
@@ -360,6 +366,7 @@ impl HostLocal {
             stats: LocalStats::default(),
             epoll: None,
             scratch: vec![0; 2 * MAX_PULL_RECORD],
+            swept_at: None,
         })
     }
 
@@ -602,7 +609,7 @@ impl HostLocal {
             self.stats.malformed += 1;
         }
         self.inbound
-            .retain(|i| !i.ring.producer_closed() || i.ring.pending());
+            .retain(|i| !(i.ring.producer_closed() || i.gone) || i.ring.pending());
         self.stats.received += n as u64;
         if read_bell {
             self.drain_bell();
@@ -663,6 +670,7 @@ impl HostLocal {
                             efd,
                             regions: Regions::default(),
                             deferred: None,
+                            gone: false,
                         });
                     }
                 }
@@ -680,6 +688,32 @@ impl HostLocal {
                 }
             }
         }
+        self.sweep_gone();
+    }
+
+    /// Forgets producers whose process is gone (killed: it closed nothing): their bell
+    /// refuses or is removed. Their region files are unmapped at once, their ring once
+    /// read. At most once per [`SWEEP_EVERY`].
+    fn sweep_gone(&mut self) {
+        let now = std::time::Instant::now();
+        if self
+            .swept_at
+            .is_some_and(|t| now.duration_since(t) < SWEEP_EVERY)
+        {
+            return;
+        }
+        self.swept_at = Some(now);
+        for i in self.inbound.iter_mut().filter(|i| !i.gone) {
+            let path = self.dir.join(i.from.bell_name());
+            if let Err(e) = Bell::connect(&path) {
+                if matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOENT)) {
+                    tracing::debug!(from = ?i.from, "host-local producer gone");
+                    i.gone = true;
+                    i.regions = Regions::default();
+                }
+            }
+        }
+        self.inbound.retain(|i| !i.gone || i.ring.pending());
     }
 
     /// An eventfd for the ring from `from`, registered in the wire's epoll set and handed

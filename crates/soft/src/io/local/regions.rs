@@ -133,3 +133,112 @@ impl Regions {
         Some(at)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::shared_mem::SharedBytes;
+    use std::os::fd::FromRawFd;
+
+    fn region(len: usize, fill: u8) -> SharedBytes {
+        let r = SharedBytes::new_shared(vec![fill; len].into_boxed_slice());
+        assert!(r.file().is_some(), "a memfd region");
+        r
+    }
+
+    fn file(r: &SharedBytes) -> OwnedFd {
+        r.file().unwrap().try_clone_to_owned().unwrap()
+    }
+
+    /// A pull payload (first packet 4096 B) naming `pieces`.
+    fn payload(pieces: &[(u64, u64, u64)]) -> Vec<u8> {
+        let mut p = vec![0u8; 4 + pull::PIECE * pieces.len()];
+        p[..4].copy_from_slice(&4096u32.to_le_bytes());
+        for (k, &(token, offset, len)) in pieces.iter().enumerate() {
+            let at = 4 + k * pull::PIECE;
+            let piece = Piece {
+                token,
+                offset,
+                len,
+                fd: 3,
+            };
+            piece.write(&mut p[at..]).unwrap();
+        }
+        p
+    }
+
+    fn resolved(regs: &Regions, p: &[u8]) -> Vec<(u64, u64)> {
+        let mut out = [0u8; 512];
+        let n = regs.rewrite(p, &mut out).unwrap();
+        assert_eq!(out[..4], p[..4], "the length stays");
+        out[4..n]
+            .chunks_exact(RESOLVED)
+            .map(|c| {
+                let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap());
+                (u(0), u(8))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pieces_resolve_inside_their_mapping_and_nowhere_else() {
+        let r = region(64 << 10, 0xab);
+        let mut regs = Regions::default();
+        assert!(regs.insert(7, file(&r)));
+        let p = payload(&[
+            (7, 0, 64 << 10),       // the whole region
+            (7, 1000, 64 << 10),    // past its end
+            (8, 0, 16),             // a region we never got
+            (7, u64::MAX - 1, 4),   // an offset that overflows
+            (7, (64 << 10) - 1, 1), // its last byte
+        ]);
+        let got = resolved(&regs, &p);
+        assert_eq!(got.len(), 5);
+        assert_ne!(got[0].0, 0);
+        assert_eq!((got[1].0, got[2].0, got[3].0), (0, 0, 0));
+        assert_eq!(got[4].0, got[0].0 + (64 << 10) - 1);
+        // the mapping holds the region's bytes
+        // SAFETY: resolved above: 64 KiB of the read-only mapping, alive in `regs`.
+        let seen = unsafe { std::slice::from_raw_parts(got[0].0 as *const u8, 64 << 10) };
+        assert!(seen.iter().all(|&b| b == 0xab));
+        // and follows what the owner writes
+        r.write(5, &[1, 2, 3]);
+        assert_eq!(&seen[4..9], &[0xab, 1, 2, 3, 0xab]);
+        assert_eq!(regs.missing(&p), Some(8));
+        assert_eq!(regs.missing(&payload(&[(7, 0, 1)])), None);
+        // a payload whose pieces do not divide is not rewritten
+        assert_eq!(regs.rewrite(&p[..p.len() - 1], &mut [0u8; 512]), None);
+    }
+
+    #[test]
+    fn a_deregistered_region_is_forgotten_and_its_owner_keeps_its_bytes() {
+        let r = region(32 << 10, 0x5a);
+        r.write(0, b"mine");
+        let mut regs = Regions::default();
+        assert!(regs.insert(9, file(&r)));
+        assert!(regs.knows(9));
+        let back = r.into_inner();
+        assert_eq!(&back[..4], b"mine");
+        assert!(back[4..].iter().all(|&b| b == 0x5a));
+        assert!(!regs.knows(9), "its live word went to 0");
+        assert_eq!(resolved(&regs, &payload(&[(9, 0, 4)]))[0].0, 0);
+    }
+
+    #[test]
+    fn other_files_are_refused_and_the_mappings_per_peer_are_bounded() {
+        // SAFETY: a static name; checked.
+        let raw = unsafe { libc::memfd_create(c"not-a-region".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh descriptor.
+        let f = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert!(!Regions::default().insert(1, f), "shorter than the header");
+        let mut regs = Regions::default();
+        let all: Vec<SharedBytes> = (0..=MAX_REGIONS).map(|_| region(64, 1)).collect();
+        for (k, r) in all.iter().enumerate() {
+            assert!(regs.insert(k as u64 + 1, file(r)));
+        }
+        assert_eq!(regs.maps.len(), MAX_REGIONS);
+        assert!(!regs.knows(1), "the oldest went");
+        assert!(regs.knows(MAX_REGIONS as u64 + 1));
+    }
+}

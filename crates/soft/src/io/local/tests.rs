@@ -239,3 +239,136 @@ fn wake_ups_go_through_the_consumers_eventfd_and_the_bell_probes_it_lives() {
     assert!(!a.send(gone, x, y, TxMeta::default(), b"lost"));
     assert_eq!(a.stats().dead, 1);
 }
+
+/// An RC WRITE FIRST to QP 0x11 whose payload is `payload` (a pull description).
+fn write_first(payload: &[u8]) -> Vec<u8> {
+    use rdma_wire::opcode::Opcode;
+    use rdma_wire::reth::RethRepr;
+    let mut h = rdma_proto::packet::header(Opcode::RcRdmaWriteFirst, 0x11, 7);
+    h.reth = Some(RethRepr {
+        va: 0x1000,
+        r_key: 0x1234,
+        dma_len: 16384,
+    });
+    let mut out = vec![0u8; 512];
+    let n = rdma_proto::wire::emit(&h, payload, &mut out, None).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// A pull description: the first packet's length, then one piece.
+fn pull_payload(token: u64, offset: u64, len: u64, fd: i32) -> Vec<u8> {
+    let mut p = vec![0u8; 4 + crate::pull::PIECE];
+    p[..4].copy_from_slice(&4096u32.to_le_bytes());
+    let piece = crate::pull::Piece {
+        token,
+        offset,
+        len,
+        fd,
+    };
+    piece.write(&mut p[4..]).unwrap();
+    p
+}
+
+/// The address the receiver resolved the one piece of a delivered pulled packet to.
+fn resolved_addr(pkt: &[u8]) -> u64 {
+    let p = rdma_proto::wire::parse(pkt, rdma_wire::packet::IcrcCheck::Skip).unwrap();
+    assert_eq!(p.payload.len(), 4 + crate::pull::RESOLVED);
+    u64::from_le_bytes(p.payload[4..12].try_into().unwrap())
+}
+
+#[test]
+fn pulled_records_wait_for_their_region_and_broken_ones_are_dropped() {
+    use crate::verbs::shared_mem::SharedBytes;
+    use std::os::fd::AsFd;
+    let (mut a, _sa, mut b, _sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    let region = SharedBytes::new_shared(vec![0x11; 16384].into_boxed_slice());
+    let fd = region.file().unwrap();
+    let pull = TxMeta {
+        placement: TxPlacement::Pull,
+        ..Default::default()
+    };
+    // as a sender does: the region's file to the bell once, then the record
+    assert!(a.share(b.me(), 5, fd.as_fd()));
+    assert!(a.share(b.me(), 5, fd.as_fd()));
+    assert_eq!(a.stats().regions_shared, 1, "handed over once");
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    assert!(a.send(
+        b.me(),
+        x,
+        y,
+        pull,
+        &write_first(&pull_payload(5, 0, 16384, raw))
+    ));
+    // the first look finds the file not read yet: b reads its bell, the second delivers
+    assert!(take(&mut b).is_empty());
+    assert_eq!(b.stats().pull_deferred, 1);
+    let got = take(&mut b);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0.placement, TxPlacement::Pull);
+    let at = resolved_addr(&got[0].1);
+    assert_ne!(at, 0);
+    // SAFETY: resolved by b's wire into its live read-only mapping of the region.
+    let seen = unsafe { std::slice::from_raw_parts(at as *const u8, 16384) };
+    assert!(seen.iter().all(|&v| v == 0x11));
+    // a region never handed over: one wait, then delivered unresolved (the responder
+    // asks for the WRITE again)
+    assert!(a.send(
+        b.me(),
+        x,
+        y,
+        pull,
+        &write_first(&pull_payload(6, 0, 16, raw))
+    ));
+    assert!(take(&mut b).is_empty());
+    let got = take(&mut b);
+    assert_eq!(resolved_addr(&got[0].1), 0);
+    // past the end of a known region: unresolved at once
+    assert!(a.send(
+        b.me(),
+        x,
+        y,
+        pull,
+        &write_first(&pull_payload(5, 16000, 1000, raw))
+    ));
+    assert_eq!(resolved_addr(&take(&mut b)[0].1), 0);
+    // a description that breaks the format is dropped; the ring goes on
+    let mut broken = pull_payload(5, 0, 16, raw);
+    broken.extend_from_slice(&[0; 4]);
+    assert!(a.send(b.me(), x, y, pull, &write_first(&broken)));
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"after"));
+    let got = take(&mut b);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, b"after");
+    assert_eq!((b.stats().malformed_pulls, b.stats().malformed), (1, 0));
+}
+
+#[test]
+fn a_killed_producers_ring_and_region_files_are_let_go() {
+    use crate::verbs::shared_mem::SharedBytes;
+    use std::os::fd::AsFd;
+    let (mut a, _sa, mut b, _sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    let region = SharedBytes::new_shared(vec![7; 16384].into_boxed_slice());
+    assert!(a.share(b.me(), 1, region.file().unwrap().as_fd()));
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"last words"));
+    b.drain_bell();
+    assert_eq!(b.stats().rings_in, 1);
+    assert!(b.inbound[0].regions.knows(1));
+    // killed: its rings are never closed, its bell goes with the process
+    std::mem::forget(std::mem::take(&mut a.outbound));
+    drop(a);
+    b.swept_at = None;
+    b.drain_bell();
+    assert!(
+        !b.inbound[0].regions.knows(1),
+        "its region files unmapped at once"
+    );
+    assert_eq!(b.stats().rings_in, 1, "its ring kept until read");
+    assert_eq!(take(&mut b).len(), 1);
+    assert_eq!(b.stats().rings_in, 0, "then let go");
+}
