@@ -41,14 +41,50 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
     let (r, _) = within("write", c.write_buf(&remote, Buf::from(data.clone()))).await;
     r.unwrap();
     assert!(mr.to_vec() == data, "server memory differs after the WRITE");
-    // the server copied the WRITE from the client's memory: one pull, no data in the ring
-    let (cs, ss) = (c.qp().transport_stats(), s.qp().transport_stats());
-    let (cs, ss) = (cs.unwrap(), ss.unwrap());
-    assert_eq!(cs.pulls_sent, 1);
-    assert_eq!((ss.pulls_done, ss.pull_failures), (1, 0));
+    let pulls = |q: &rdmacm::Connection| q.qp().transport_stats().unwrap();
+    assert_eq!(
+        pulls(&c).pulls_sent,
+        0,
+        "the application's buffer goes with its data"
+    );
+    // from a region the device allocated: the server copies it from the client's memory
+    let src = c.register_remote(MIB).unwrap();
+    let data2 = pattern(8, MIB);
+    src.write(0, &data2).unwrap();
+    let (r, src) = within("write_from", c.write_from(&remote, src, 0, MIB)).await;
+    r.unwrap();
+    assert!(
+        mr.to_vec() == data2,
+        "server memory differs after the pulled WRITE"
+    );
+    assert_eq!(pulls(&c).pulls_sent, 1);
+    assert_eq!((pulls(&s).pulls_done, pulls(&s).pull_failures), (1, 0));
+    // a part of the region, to the middle of the target
+    let (r, _src) = within(
+        "write_from part",
+        c.write_from(&remote.slice(4096, 40_000).unwrap(), src, 100, 40_000),
+    )
+    .await;
+    r.unwrap();
+    let got = mr.to_vec();
+    assert!(got[4096..44_096] == data2[100..40_100]);
+    assert!(got[..4096] == data2[..4096] && got[44_096..] == data2[44_096..]);
+    assert_eq!(pulls(&s).pulls_done, 2);
+    // bad arguments fail before anything is posted, and the region comes back
+    let einval = |r: rdmacm::Result<()>| matches!(r, Err(rdmacm::Error::InvalidArgument(_)));
+    let src = c.register_remote(4096).unwrap();
+    let (r, src) = c.write_from(&remote, src, 4000, 200).await;
+    assert!(einval(r), "a range past the region");
+    let (r, _src) = c
+        .write_from(&remote.slice(0, 10).unwrap(), src, 0, 20)
+        .await;
+    assert!(einval(r), "longer than the remote buffer");
+    let foreign = s.register_remote(4096).unwrap();
+    let (r, _) = c.write_from(&remote, foreign, 0, 10).await;
+    assert!(einval(r), "a region of the other connection's PD");
     let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
     r.unwrap();
-    assert!(back[..] == data[..], "READ differs");
+    assert!(back[..] == got[..], "READ differs from the server's memory");
     let after = dev.wire_stats();
     let local = after.local.sent - before.local.sent;
     // 400 messages (some of several packets), their ACKs, 512 WRITE and READ packets
@@ -102,8 +138,14 @@ async fn refused_accesses_touch_no_memory_on_either_side() {
     }
     let mut past_end = RemoteBuf::of(&mr);
     past_end.addr += 4000;
-    let src = vec![0xee; 64 << 10];
-    refused(within("pulled write past the end", c.write(&past_end, &src)).await);
+    let src = c.register_remote(64 << 10).unwrap();
+    src.write(0, &[0xee; 64 << 10]).unwrap();
+    let (r, src) = within(
+        "pulled write past the end",
+        c.write_from(&past_end, src, 0, 64 << 10),
+    )
+    .await;
+    refused(r);
     for (k, m) in [&before, &mr, &after].into_iter().enumerate() {
         assert!(
             m.to_vec().iter().all(|&b| b == 0x20 + k as u8),
@@ -111,9 +153,10 @@ async fn refused_accesses_touch_no_memory_on_either_side() {
         );
     }
     assert!(
-        src.iter().all(|&b| b == 0xee),
-        "the writer's buffer changed"
+        src.to_vec().iter().all(|&b| b == 0xee),
+        "the writer's region changed"
     );
+    assert_eq!(c.qp().transport_stats().unwrap().pulls_sent, 1);
     let stats = s.qp().transport_stats().unwrap();
     assert_eq!(stats.pulls_done, 0, "refused before the copy");
     // a second pair: READ with a wrong rkey

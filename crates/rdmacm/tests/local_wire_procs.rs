@@ -43,6 +43,15 @@ async fn two_processes_on_127_0_0_1_talk_through_shared_memory() {
     let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
     r.unwrap();
     assert!(back[..] == data[..], "READ after WRITE differs");
+    // from a region the device allocated: the server copies it from this process
+    let src = c.register_remote(MIB).unwrap();
+    let data2 = pattern(100, MIB);
+    src.write(0, &data2).unwrap();
+    let (r, _src) = within("write_from", c.write_from(&remote, src, 0, MIB)).await;
+    r.unwrap();
+    let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
+    r.unwrap();
+    assert!(back[..] == data2[..], "READ after the pulled WRITE differs");
     let stats = String::from_utf8(ask(&c, b"stats?").await).unwrap();
     let w = dev.wire_stats();
     assert_eq!(

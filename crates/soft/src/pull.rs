@@ -1,8 +1,10 @@
 //! Pulled RDMA WRITEs between two of our processes on one host: one copy.
 //!
-//! A memory region of at least [`min_len`] bytes lives in a memfd (`SharedBytes::new_shared`)
-//! when the host-local wire is on. On the host-local wire (`io::local`) a WRITE of at least
-//! [`min_len`] bytes then carries no data: its first packet names the sender's regions and
+//! A memory region of at least [`min_len`] bytes made by `ProtectionDomain::alloc` lives in
+//! a memfd (`SharedBytes::new_shared_zeroed`) while the host-local wire is on (a buffer the
+//! application registers stays its own memory: moved in, never copied). On the host-local
+//! wire (`io::local`) a WRITE of at least [`min_len`] bytes from such a region then carries
+//! no data: its first packet names the sender's regions and
 //! ranges ([`Piece`]), the later ones only their length, and the sender's wire hands each
 //! region's memfd to the peer's bell once (`MSG_MR`, before the first packet that names it).
 //! The peer's wire maps the file read-only and, for each pulled packet, turns the pieces into

@@ -81,7 +81,7 @@ impl Endpoint {
     /// Registers a zeroed buffer of `len` bytes with `access`.
     pub fn register(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion, String> {
         self.pd
-            .register(vec![0u8; len], access)
+            .alloc(len, access)
             .map_err(|e| format!("ibv_reg_mr: {e}"))
     }
 

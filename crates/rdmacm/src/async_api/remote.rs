@@ -201,7 +201,17 @@ impl Connection {
         mr: MemoryRegion,
         len: usize,
     ) -> (Result<()>, MemoryRegion) {
-        let sge = match mr.sge(0, len as u32) {
+        self.rdma_at(op, mr, 0, len).await
+    }
+
+    async fn rdma_at(
+        &self,
+        op: SendOp,
+        mr: MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> (Result<()>, MemoryRegion) {
+        let sge = match mr.sge(offset, len as u32) {
             Ok(s) => s,
             Err(e) => return (Err(e.into()), mr),
         };
@@ -232,8 +242,8 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub fn register_remote(&self, len: usize) -> Result<MemoryRegion> {
-        Ok(self.pd().register(
-            vec![0u8; len],
+        Ok(self.pd().alloc(
+            len,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         )?)
     }
@@ -266,6 +276,53 @@ impl Connection {
             rkey: remote.rkey,
         };
         self.rdma(op, mr, data.len()).await.0
+    }
+
+    /// RDMA WRITE of `len` bytes at `offset` of `mr`, a region of this connection's
+    /// protection domain (from [`Connection::register_remote`], say, filled with
+    /// [`MemoryRegion::write`]), to the start of `remote`, with no copy in this process; the
+    /// region comes back with the result. To a peer process on this host, a WRITE of 16 KiB
+    /// or more from such a region is copied once, by the peer, from this process's memory.
+    /// Errors as [`Connection::write`], and `EINVAL` for a region of another protection
+    /// domain or a range outside it.
+    ///
+    /// ```no_run
+    /// # async fn f(c: &rdmacm::Connection, remote: rdmacm::RemoteBuf) -> rdmacm::Result<()> {
+    /// let src = c.register_remote(1 << 20)?;
+    /// src.write(0, b"payload")?;
+    /// let (r, _src) = c.write_from(&remote, src, 0, 7).await;
+    /// r?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn write_from(
+        &self,
+        remote: &RemoteBuf,
+        mr: MemoryRegion,
+        offset: usize,
+        len: usize,
+    ) -> (Result<()>, MemoryRegion) {
+        if let Err(e) = check_remote(remote, len) {
+            return (Err(e), mr);
+        }
+        if mr.pd().id() != self.pd().id() {
+            let e = Error::InvalidArgument("a region of another protection domain".into());
+            return (Err(e), mr);
+        }
+        if offset.checked_add(len).is_none_or(|end| end > mr.len()) {
+            let e = Error::InvalidArgument(format!(
+                "{len} bytes at {offset} outside the region's {}",
+                mr.len()
+            ));
+            return (Err(e), mr);
+        }
+        if len == 0 {
+            return (self.check_open(), mr);
+        }
+        let op = SendOp::RdmaWrite {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        self.rdma_at(op, mr, offset, len).await
     }
 
     /// RDMA READ of `buf.len()` bytes from the start of `remote` into `buf`, through a

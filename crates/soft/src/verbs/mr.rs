@@ -65,7 +65,7 @@ impl MrTable {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn insert(&self, pd: PdId, access: AccessFlags, buf: Box<[u8]>) -> Result<Arc<Region>> {
+    fn insert(&self, pd: PdId, access: AccessFlags, mem: SharedBytes) -> Result<Arc<Region>> {
         let mut t = self.write();
         let idx = match t.free.pop() {
             Some(i) => i,
@@ -90,11 +90,7 @@ impl MrTable {
             pd,
             access,
             key,
-            mem: if crate::pull::min_len().is_some_and(|m| buf.len() >= m as usize) {
-                SharedBytes::new_shared(buf)
-            } else {
-                SharedBytes::new(buf)
-            },
+            mem,
             remote_valid: AtomicBool::new(true),
             token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
         });
@@ -441,7 +437,42 @@ impl MemoryRegion {
         buf: Box<[u8]>,
         access: AccessFlags,
     ) -> Result<MemoryRegion> {
-        if buf.is_empty() {
+        Self::check_args(buf.len(), access)?;
+        // the application's own buffer, moved in: no copy (`alloc` makes shareable regions)
+        Self::insert(pd, table, SharedBytes::new(buf), access)
+    }
+
+    pub(crate) fn alloc(
+        pd: &ProtectionDomain,
+        table: &Arc<MrTable>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        Self::check_args(len, access)?;
+        let mem = if crate::pull::min_len().is_some_and(|m| len >= m as usize) {
+            SharedBytes::new_shared_zeroed(len)
+        } else {
+            SharedBytes::new(vec![0; len].into_boxed_slice())
+        };
+        Self::insert(pd, table, mem, access)
+    }
+
+    fn insert(
+        pd: &ProtectionDomain,
+        table: &Arc<MrTable>,
+        mem: SharedBytes,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        let region = table.insert(pd.id(), access, mem)?;
+        Ok(MemoryRegion {
+            region: Some(region),
+            table: table.clone(),
+            pd: pd.clone(),
+        })
+    }
+
+    fn check_args(len: usize, access: AccessFlags) -> Result<()> {
+        if len == 0 {
             return Err(Error::InvalidArgument("cannot register an empty buffer"));
         }
         let writes = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
@@ -450,12 +481,7 @@ impl MemoryRegion {
                 "remote write or atomic access needs LOCAL_WRITE",
             ));
         }
-        let region = table.insert(pd.id(), access, buf)?;
-        Ok(MemoryRegion {
-            region: Some(region),
-            table: table.clone(),
-            pd: pd.clone(),
-        })
+        Ok(())
     }
 
     fn r(&self) -> &Region {

@@ -53,8 +53,32 @@ impl ProtectionDomain {
     /// Registers `buf` (any `Vec<u8>` or `Box<[u8]>`; the region owns it until deregistered)
     /// with `access`. Remote write and atomic rights need [`AccessFlags::LOCAL_WRITE`] (EINVAL
     /// otherwise, as in verbs); an empty buffer is EINVAL; past the device's `max_mr`, ENOMEM.
+    /// The buffer is moved in, never copied; WRITEs from it to a peer process on this host
+    /// carry their data through the host-local ring. Memory from [`ProtectionDomain::alloc`]
+    /// is copied once instead ([`crate::PULL_ENV`]).
     pub fn register(&self, buf: impl Into<Box<[u8]>>, access: AccessFlags) -> Result<MemoryRegion> {
         MemoryRegion::register(self, &self.inner.dev.mrs, buf.into(), access)
+    }
+
+    /// Registers `len` zero bytes that the region allocates itself: the usual way to get
+    /// registered memory. Of 16 KiB or more it lives in shared memory while the host-local
+    /// wire is on (no copy, whatever its size), so that WRITEs from it to a peer process on
+    /// this host are copied once ([`crate::PULL_ENV`]). Errors as
+    /// [`ProtectionDomain::register`]; [`MemoryRegion::deregister`] gives the bytes back as a
+    /// buffer.
+    ///
+    /// ```
+    /// use rdma_soft::verbs::{AccessFlags, Device, DeviceConfig};
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let mr = pd.alloc(1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+    /// mr.write(5, b"hi").unwrap();
+    /// let back = mr.deregister().unwrap();
+    /// assert_eq!((back.len(), &back[4..8]), (1 << 20, &[0, b'h', b'i', 0][..]));
+    /// assert!(pd.alloc(0, AccessFlags::LOCAL_WRITE).is_err());
+    /// ```
+    pub fn alloc(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        MemoryRegion::alloc(self, &self.inner.dev.mrs, len, access)
     }
 
     /// `ibv_create_qp`: a QP in this PD, in the Reset state, with a fresh QP number. Its CQs

@@ -56,21 +56,15 @@ impl SharedBytes {
         }
     }
 
-    /// Takes `buf`'s bytes into a memfd mapped here (after a [`SHARED_HEADER`] whose `live`
-    /// word is 1 until the bytes are dropped or given back), so that peer processes can
-    /// map it read-only; a boxed buffer as [`SharedBytes::new`] when the file cannot be
-    /// made.
-    pub fn new_shared(buf: Box<[u8]>) -> SharedBytes {
-        match map_file(buf.len()) {
+    /// `len` zero bytes in a memfd mapped here, after a [`SHARED_HEADER`] whose `live` word
+    /// is 1 until the bytes are dropped or given back, so that peer processes can map it
+    /// read-only (the file's pages are zero until written); a boxed zeroed buffer when the
+    /// file cannot be made.
+    pub fn new_shared_zeroed(len: usize) -> SharedBytes {
+        match map_file(len) {
             Ok((fd, map)) => {
-                let len = buf.len();
-                // SAFETY: `map` is SHARED_HEADER + len fresh writable bytes nobody else
-                // sees yet.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(buf.as_ptr(), map.add(SHARED_HEADER), len);
-                    AtomicU32::from_ptr(map.cast()).store(1, Relaxed);
-                }
-                drop(buf);
+                // SAFETY: the header's first word of a fresh mapping nobody else sees yet.
+                unsafe { AtomicU32::from_ptr(map.cast()).store(1, Relaxed) };
                 // SAFETY: mmap never returns null on success.
                 let ptr = unsafe { NonNull::new_unchecked(map.add(SHARED_HEADER)) };
                 SharedBytes {
@@ -83,12 +77,12 @@ impl SharedBytes {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "memory region not shareable: kept private");
-                SharedBytes::new(buf)
+                SharedBytes::new(vec![0; len].into_boxed_slice())
             }
         }
     }
 
-    /// The memfd peers map, for a region made by [`SharedBytes::new_shared`].
+    /// The memfd peers map, for a region made by [`SharedBytes::new_shared_zeroed`].
     pub fn file(&self) -> Option<BorrowedFd<'_>> {
         self.file.as_ref().map(|f| f.as_fd())
     }
@@ -292,7 +286,8 @@ mod tests {
     #[test]
     fn a_shared_buffer_holds_its_bytes_in_its_file_and_gives_them_back() {
         let orig: Vec<u8> = (0..20_000u32).map(|i| (i * 31) as u8).collect();
-        let s = SharedBytes::new_shared(orig.clone().into_boxed_slice());
+        let s = SharedBytes::new_shared_zeroed(orig.len());
+        s.write(0, &orig);
         let fd = s.file().expect("a memfd").try_clone_to_owned().unwrap();
         assert_eq!(
             s.addr() % 4096,

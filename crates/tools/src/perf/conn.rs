@@ -160,8 +160,8 @@ fn verbs(id: &CmId, p: &Params) -> Result<Verbs, String> {
         .create_cq(4096, None)
         .map_err(|e| format!("create_cq: {e}"))?;
     let mr = pd
-        .register(
-            vec![0u8; 2 * p.region_len()],
+        .alloc(
+            2 * p.region_len(),
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         )
         .map_err(|e| format!("register memory: {e}"))?;

@@ -59,7 +59,7 @@ impl Comm {
         let pd = dev.alloc_pd().map_err(err("alloc_pd"))?;
         let cq = dev.create_cq(16, None).map_err(err("create_cq"))?;
         let mr = pd
-            .register(vec![0u8; 2 * CBUF], AccessFlags::LOCAL_WRITE)
+            .alloc(2 * CBUF, AccessFlags::LOCAL_WRITE)
             .map_err(err("register memory"))?;
         let mut init = QpInitAttr::rc(&cq, &cq);
         init.cap.max_send_wr = 4;
@@ -381,8 +381,8 @@ fn verbs(id: &CmId, s: &Settled) -> Result<Verbs, String> {
     let pd = dev.alloc_pd().map_err(err("alloc_pd"))?;
     let cq = dev.create_cq(16384, None).map_err(err("create_cq"))?;
     let mr = pd
-        .register(
-            vec![0u8; 2 * region(s)],
+        .alloc(
+            2 * region(s),
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         )
         .map_err(err("register memory"))?;

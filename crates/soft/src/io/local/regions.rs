@@ -12,7 +12,7 @@ use crate::pull::{self, Piece, RESOLVED};
 
 /// Regions mapped per peer at most.
 pub(crate) const MAX_REGIONS: usize = 256;
-/// The header page before a region's bytes (`SharedBytes::new_shared`).
+/// The header page before a region's bytes (`SharedBytes::new_shared_zeroed`).
 const HEADER: usize = 4096;
 
 struct Mapped {
@@ -141,7 +141,8 @@ mod tests {
     use std::os::fd::FromRawFd;
 
     fn region(len: usize, fill: u8) -> SharedBytes {
-        let r = SharedBytes::new_shared(vec![fill; len].into_boxed_slice());
+        let r = SharedBytes::new_shared_zeroed(len);
+        r.fill(0, len, fill);
         assert!(r.file().is_some(), "a memfd region");
         r
     }

@@ -285,7 +285,8 @@ fn pulled_records_wait_for_their_region_and_broken_ones_are_dropped() {
     let (x, y) = addrs();
     a.connect(b.me()).unwrap();
     b.drain_bell();
-    let region = SharedBytes::new_shared(vec![0x11; 16384].into_boxed_slice());
+    let region = SharedBytes::new_shared_zeroed(16384);
+    region.fill(0, 16384, 0x11);
     let fd = region.file().unwrap();
     let pull = TxMeta {
         placement: TxPlacement::Pull,
@@ -353,7 +354,7 @@ fn a_killed_producers_ring_and_region_files_are_let_go() {
     let (mut a, _sa, mut b, _sb) = pair();
     let (x, y) = addrs();
     a.connect(b.me()).unwrap();
-    let region = SharedBytes::new_shared(vec![7; 16384].into_boxed_slice());
+    let region = SharedBytes::new_shared_zeroed(16384);
     assert!(a.share(b.me(), 1, region.file().unwrap().as_fd()));
     assert!(a.send(b.me(), x, y, TxMeta::default(), b"last words"));
     b.drain_bell();
