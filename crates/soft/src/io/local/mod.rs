@@ -56,8 +56,10 @@ const MSG_RING: u8 = b'R';
 const MSG_MR: u8 = b'M';
 /// A pulled WRITE's first record at most (headers and a path MTU of description).
 const MAX_PULL_RECORD: usize = 4096 + 128;
-/// Region tokens remembered as handed to one peer at most (then all are sent again).
-const MAX_SHARED: usize = 4096;
+/// Region tokens remembered as handed to one peer at most, oldest forgotten first: as many as
+/// the peer maps from us, in the same order ([`regions::MAX_REGIONS`]), so a region it has
+/// let go is handed over again.
+const MAX_SHARED: usize = regions::MAX_REGIONS;
 /// Bell message: records are waiting.
 const MSG_WAKE: u8 = b'W';
 /// Bell message, consumer to producer: the eventfd that wakes the consumer of the ring
@@ -434,7 +436,7 @@ impl HostLocal {
             return false;
         }
         if o.shared.len() >= MAX_SHARED {
-            o.shared.clear();
+            o.shared.remove(0);
         }
         o.shared.push(token);
         self.stats.regions_shared += 1;

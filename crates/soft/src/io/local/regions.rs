@@ -3,7 +3,9 @@
 //!
 //! A region's file starts with a header page whose first word is 1 while the sender has the
 //! region registered; one found at 0 is unmapped and forgotten. At most [`MAX_REGIONS`] per
-//! peer are mapped (the oldest goes first): the memory a peer can make us map is bounded.
+//! peer are mapped (the oldest goes first): the memory a peer can make us map is bounded,
+//! and the sender, which remembers as many in the same order, hands an evicted one over
+//! again at its next use.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -86,7 +88,8 @@ impl Regions {
         match self.maps.iter().position(|m| m.token == token) {
             Some(k) if self.maps[k].live() => true,
             Some(k) => {
-                self.maps.swap_remove(k);
+                // keep the order: the sender forgets its oldest handed-over regions as we do
+                self.maps.remove(k);
                 false
             }
             None => false,
