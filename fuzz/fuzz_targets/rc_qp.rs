@@ -14,7 +14,8 @@
 //!
 //! Input: a 16-byte header, then commands (see `Cmd`). Header: our QPN (3 bytes, big endian),
 //! the peer's QPN (3), the expected request PSN (3), the first send PSN (3), then byte 12:
-//! path MTU (bits 0-2, mod 5: 256 .. 4096), bit 3 all sends signaled; byte 13: local ACK
+//! path MTU (bits 0-2, mod 5: 256 .. 4096), bit 3 all sends signaled, bit 4 WRITEs of 4 KiB
+//! or more pulled (`RcQp::set_pull_min`); byte 13: local ACK
 //! timeout exponent (bits 0-4), min RNR timer code (bits 5-7); byte 14: retry count (bits 0-2),
 //! RNR retry count (bits 3-5); byte 15: READ/atomic depth (mod 17). `fuzz/seeds/rc_qp/` holds
 //! seeds made from `../shared/captures` by `fuzz/make_corpus.py`.
@@ -25,6 +26,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use rdma_proto::memory::InMemoryTable;
+use rdma_proto::packet::{Placement, TxPlacement};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::sim::{connect, ConnParams};
 use rdma_proto::verbs::{
@@ -67,6 +69,10 @@ fn pattern() -> &'static [u8] {
 /// - `3 us:u32`: time passes, timers run;
 /// - `4`: time jumps to the next timer, which runs;
 /// - `5`: the QP moves to Err;
+/// - `6 kind len:u16 bytes[len]`: a received packet whose data is placed (`kind` mod 3:
+///   in the packet, pulled from the pieces its payload names, already pulled), as a
+///   same-host peer sends them (`RcQp::handle_placed`; the table pulls from its own
+///   address space);
 /// - anything else: nothing.
 struct Input<'a>(&'a [u8]);
 
@@ -155,6 +161,9 @@ impl Qp {
         let mut qp = RcQp::new(cfg);
         connect(&mut qp, peer, be24(9), be24(6), &p);
         assert_eq!(qp.state(), QpState::Rts);
+        if h[12] & 16 != 0 {
+            qp.set_pull_min(Some(4096));
+        }
         Qp {
             qp,
             mem,
@@ -330,6 +339,11 @@ impl Qp {
             want.bth.pad_cnt = PacketRepr::pad_for(payload.len());
             assert_eq!(back.header, want);
             assert_eq!(back.payload, payload);
+            // a pulled WRITE's packet stands for at most a path MTU of data
+            let placed = Placement::decode(t.placement, payload)
+                .unwrap_or_else(|| panic!("{t:?}: no length prefix"));
+            let stands = placed.len(payload).unwrap_or(u32::MAX);
+            assert!(stands <= self.mtu, "{t:?} stands for {stands} bytes");
         }
         while let Some(c) = self.qp.poll_completion() {
             self.check(&c);
@@ -344,6 +358,23 @@ impl Qp {
                 inp.0 = &inp.0[usize::from(len)..];
                 if let Ok(pkt) = wire::parse(bytes, IcrcCheck::Skip) {
                     self.qp.handle_packet(self.now, &mut self.mem, &pkt);
+                }
+            }
+            6 => {
+                let kind = [TxPlacement::Inline, TxPlacement::Pull, TxPlacement::Pulled]
+                    [usize::from(inp.u8()? % 3)];
+                let len = inp.u16()?;
+                let bytes = inp.0.get(..usize::from(len))?;
+                inp.0 = &inp.0[usize::from(len)..];
+                if let Ok(mut pkt) = wire::parse(bytes, IcrcCheck::Skip) {
+                    if let Some(placed) = Placement::decode(kind, pkt.payload) {
+                        if placed != Placement::Inline {
+                            pkt.payload = &[];
+                        }
+                        let port = 1;
+                        self.qp
+                            .handle_placed(self.now, &mut self.mem, &pkt, port, placed);
+                    }
                 }
             }
             1 => self.post_send(inp)?,

@@ -465,6 +465,58 @@ impl MemoryTable for InMemoryTable {
         dst.copy_from_slice(&self.mem[o..o + dst.len()]);
         Ok(())
     }
+    /// A piece is `(address, length)`, 16 bytes little-endian, in this address space.
+    fn locate_local(
+        &self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        out: &mut [u8],
+    ) -> Result<usize, MemError> {
+        self.check(false, pd, lkey, addr, len, AccessFlags::empty())?;
+        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
+        out[..8].copy_from_slice(&addr.to_le_bytes());
+        out[8..].copy_from_slice(&len.to_le_bytes());
+        Ok(16)
+    }
+    /// Reads `source`'s pieces ([`InMemoryTable::locate_local`]'s) from this same address
+    /// space: a table that stands for both peers (fuzzing one QP, for one); `Unavailable`
+    /// when they do not add up to `len` or leave the address space.
+    fn pull_remote(
+        &mut self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        source: &[u8],
+    ) -> Result<(), MemError> {
+        let dst = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+        if source.len() % 16 != 0 {
+            return Err(MemError::Unavailable);
+        }
+        let pieces = || {
+            source.chunks_exact(16).map(|c| {
+                let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
+                (u(0), u(8))
+            })
+        };
+        let mut total = 0u64;
+        for (addr, n) in pieces() {
+            self.offset(addr, n).map_err(|_| MemError::Unavailable)?;
+            total = total.checked_add(n).ok_or(MemError::Unavailable)?;
+        }
+        if total != len {
+            return Err(MemError::Unavailable);
+        }
+        let mut at = dst;
+        for (addr, n) in pieces() {
+            let from = self.offset(addr, n).map_err(|_| MemError::Unavailable)?;
+            self.mem.copy_within(from..from + n as usize, at);
+            at += n as usize;
+        }
+        Ok(())
+    }
 }
 
 /// Why [`scatter`] failed.
@@ -588,6 +640,82 @@ mod tests {
         assert_eq!(
             m.check_local(pd, k.lkey, 1100, 1, A),
             Err(MemError::InvalidKey)
+        );
+    }
+}
+
+#[cfg(test)]
+mod pull_tests {
+    use super::*;
+
+    #[test]
+    fn a_pull_checks_the_target_then_copies_pieces_of_the_same_space() {
+        let mut m = InMemoryTable::new(0x1000, 8192);
+        let pd = PdId(1);
+        for (i, b) in m.bytes_mut(0x1000, 8192).unwrap().iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let src = m
+            .register(pd, 0x1000, 4096, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let dst = m
+            .register(
+                pd,
+                0x2000,
+                1024,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        let mut piece = [0u8; 32];
+        assert_eq!(
+            m.locate_local(pd, src.lkey, 0x1010, 100, &mut piece),
+            Ok(16)
+        );
+        assert_eq!(
+            m.locate_local(pd, src.lkey, 0x1f00, 0x200, &mut piece),
+            Err(MemError::OutOfBounds)
+        );
+        let mut two = [0u8; 32];
+        m.locate_local(pd, src.lkey, 0x1010, 100, &mut two[..16])
+            .unwrap();
+        m.locate_local(pd, src.lkey, 0x1100, 28, &mut two[16..])
+            .unwrap();
+        m.pull_remote(pd, dst.rkey, 0x2004, 128, &two).unwrap();
+        let want: Vec<u8> = (0x10..0x10 + 100).chain(0..28).map(|b| b as u8).collect();
+        assert_eq!(m.bytes(0x2004, 128).unwrap(), &want[..]);
+        let before = m.bytes(0x1000, 8192).unwrap().to_vec();
+        // refused before any copy: past the region, wrong PD, no remote write
+        assert_eq!(
+            m.pull_remote(pd, dst.rkey, 0x2400 - 64, 128, &two),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(
+            m.pull_remote(PdId(2), dst.rkey, 0x2000, 128, &two),
+            Err(MemError::WrongPd)
+        );
+        assert!(matches!(
+            m.pull_remote(pd, src.rkey, 0x1000, 128, &two),
+            Err(MemError::AccessDenied(_))
+        ));
+        // pieces that do not add up, or leave the address space
+        assert_eq!(
+            m.pull_remote(pd, dst.rkey, 0x2000, 127, &two),
+            Err(MemError::Unavailable)
+        );
+        let mut far = two;
+        far[..8].copy_from_slice(&0x9000u64.to_le_bytes());
+        assert_eq!(
+            m.pull_remote(pd, dst.rkey, 0x2000, 128, &far),
+            Err(MemError::Unavailable)
+        );
+        assert_eq!(
+            m.pull_remote(pd, dst.rkey, 0x2000, 128, &two[..20]),
+            Err(MemError::Unavailable)
+        );
+        assert_eq!(
+            m.bytes(0x1000, 8192).unwrap(),
+            &before[..],
+            "nothing written"
         );
     }
 }
