@@ -80,50 +80,48 @@ pub struct Packet<'a> {
 /// ```
 /// use rdma_proto::packet::Placement;
 /// assert_eq!(Placement::Inline.len(b"abc"), Some(3));
-/// let p = Placement::Pulled { len: 4096 };
-/// assert_eq!(p.len(&[]), Some(4096));
+/// let p = Placement::Pull { len: 65536, psns: 16, source: &[] };
+/// assert_eq!(p.len(&[]), Some(65536));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement<'a> {
     /// In the packet's payload.
     Inline,
-    /// The first packet of a WRITE whose whole message the responder copies from the
-    /// sender's memory at once ([`crate::memory::MemoryTable::pull_remote`] with `source`);
-    /// the packet stands for `len` bytes.
+    /// A whole WRITE in one packet (opcode Only) that the responder copies from the
+    /// sender's memory ([`crate::memory::MemoryTable::pull_remote`] with `source`). It stands
+    /// for `len` bytes and `psns` PSNs, as many as the message's packets would have
+    /// taken (as a READ request does).
     Pull {
-        /// Bytes this packet stands for.
+        /// Bytes of the message.
         len: u32,
+        /// PSNs it takes: the message's length over the path MTU, rounded up (at least 1).
+        psns: u32,
         /// Where the message is, in the memory table's format.
         source: &'a [u8],
-    },
-    /// A later packet of a pulled message: already in place, stands for `len` bytes.
-    Pulled {
-        /// Bytes this packet stands for.
-        len: u32,
     },
 }
 
 impl<'a> Placement<'a> {
-    /// The placement a packet sent with `tx` and `payload` arrives with (the length
-    /// prefix of [`TxPlacement`] read); `None` when the payload is too short for it.
+    /// The placement a packet sent with `tx` and `payload` arrives with (the prefix of
+    /// [`TxPlacement::Pull`] read); `None` when the payload is too short for it.
     ///
     /// ```
     /// use rdma_proto::packet::{Placement, TxPlacement};
-    /// let p = [0, 16, 0, 0, 1, 2];
+    /// let p = [0, 0, 1, 0, 16, 0, 0, 0, 1, 2];
     /// assert_eq!(Placement::decode(TxPlacement::Pull, &p),
-    ///            Some(Placement::Pull { len: 4096, source: &[1, 2] }));
-    /// assert_eq!(Placement::decode(TxPlacement::Pulled, &p[..4]), Some(Placement::Pulled { len: 4096 }));
-    /// assert_eq!(Placement::decode(TxPlacement::Pulled, &p[..3]), None);
+    ///            Some(Placement::Pull { len: 65536, psns: 16, source: &[1, 2] }));
+    /// assert_eq!(Placement::decode(TxPlacement::Pull, &p[..7]), None);
+    /// assert_eq!(Placement::decode(TxPlacement::Inline, &p), Some(Placement::Inline));
     /// ```
     pub fn decode(tx: TxPlacement, payload: &'a [u8]) -> Option<Placement<'a>> {
-        let len = |p: &[u8]| Some(u32::from_le_bytes(p.get(..4)?.try_into().ok()?));
+        let word = |o: usize| Some(u32::from_le_bytes(payload.get(o..o + 4)?.try_into().ok()?));
         match tx {
             TxPlacement::Inline => Some(Placement::Inline),
             TxPlacement::Pull => Some(Placement::Pull {
-                len: len(payload)?,
-                source: &payload[4..],
+                len: word(0)?,
+                psns: word(4)?,
+                source: &payload[8..],
             }),
-            TxPlacement::Pulled => Some(Placement::Pulled { len: len(payload)? }),
         }
     }
 
@@ -131,26 +129,24 @@ impl<'a> Placement<'a> {
     pub fn len(&self, payload: &[u8]) -> Option<u32> {
         match self {
             Placement::Inline => u32::try_from(payload.len()).ok(),
-            Placement::Pull { len, .. } | Placement::Pulled { len } => Some(*len),
+            Placement::Pull { len, .. } => Some(*len),
         }
     }
 }
 
 /// How a transmitted packet carries its data ([`Placement`] on the receiving side).
 ///
-/// With [`TxPlacement::Pull`] the payload written is a 4-byte little-endian length (the bytes
-/// the packet stands for) followed by where the message is, as the memory table described
-/// it ([`crate::memory::MemoryTable::locate_local`]); with [`TxPlacement::Pulled`] the
-/// 4-byte length alone. Only a same-host wire can carry these.
+/// With [`TxPlacement::Pull`] the payload written is the message's length and the PSNs it
+/// takes (4 bytes little-endian each), then where the message is, as the memory table
+/// described it ([`crate::memory::MemoryTable::locate_local`]). Only a same-host wire can
+/// carry it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TxPlacement {
     /// The data is the payload.
     #[default]
     Inline,
-    /// The first packet of a pulled WRITE.
+    /// A whole WRITE the responder copies from the sender's memory.
     Pull,
-    /// A later packet of a pulled WRITE.
-    Pulled,
 }
 
 /// A packet the transport wants sent: its headers; its payload was written to the start of

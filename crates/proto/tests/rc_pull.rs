@@ -262,12 +262,18 @@ fn a_long_write_is_pulled_once_and_lands_whole() {
         "nothing after it"
     );
     assert_eq!(b.mem.pulls, 1);
-    assert_eq!(sent[0], TxPlacement::Pull);
-    assert!(
-        sent[1..].iter().all(|p| *p == TxPlacement::Pulled),
-        "{sent:?}"
+    assert_eq!(
+        sent,
+        [TxPlacement::Pull],
+        "one packet for the 64 packets' PSNs"
     );
     assert_eq!((a.qp.stats().pulls_sent, b.qp.stats().pulls_done), (1, 1));
+    // the next WRITE's PSNs follow the whole range: it lands too
+    write(&mut a, &b, 0, 200_000, 3000);
+    let (c, sent) = run(&mut a, &mut b);
+    assert_eq!((c.status, sent.len()), (WcStatus::Success, 3));
+    assert_eq!(b_bytes(&b, 200_000, 3000), a_bytes(&b, 0, 3000));
+    assert_eq!(b.qp.stats().naks_sent, 0);
 }
 
 #[test]
@@ -321,20 +327,43 @@ fn a_refused_pull_touches_nothing_on_either_side() {
     assert_eq!(b_bytes(&b, 0, SIZE), vec![0; SIZE]);
 }
 
+/// A pull that claims PSNs its length does not take, or sits on a packet that is not a
+/// whole WRITE, is invalid: the responder NAKs, copies nothing, and the QP fails.
 #[test]
-fn a_pulled_packet_without_a_pulled_message_is_invalid() {
-    let (mut a, mut b) = pair(AccessFlags::all());
-    a.qp.set_pull_min(None);
-    write(&mut a, &b, 0, 0, 3000);
-    let mut buf = vec![0u8; 4096];
-    let t = a.qp.poll_transmit(0, &mut a.mem, &mut buf).unwrap();
-    assert_eq!(t.placement, TxPlacement::Inline);
-    // a hostile sender claims the first packet's data is in place
-    let pkt = Packet {
-        header: t.header,
-        payload: &[],
-    };
-    b.qp.handle_placed(0, &mut b.mem, &pkt, 1, Placement::Pulled { len: 1024 });
-    assert_eq!(b_bytes(&b, 0, 3000), vec![0; 3000]);
-    assert_eq!(b.qp.state(), rdma_proto::verbs::QpState::Err);
+fn a_pull_with_the_wrong_psns_or_opcode_is_invalid() {
+    for case in 0..3 {
+        let (mut a, mut b) = pair(AccessFlags::all());
+        a.qp.set_pull_min(if case == 2 { None } else { Some(4096) });
+        write(&mut a, &b, 0, 0, 8192);
+        let mut buf = vec![0u8; 4096];
+        let t = a.qp.poll_transmit(0, &mut a.mem, &mut buf).unwrap();
+        let payload = buf[..t.payload_len].to_vec();
+        let placement = match case {
+            // 8 KiB at a 1 KiB MTU takes 8 PSNs, not 7 or 9
+            0 => Placement::Pull {
+                len: 8192,
+                psns: 7,
+                source: &payload[8..],
+            },
+            1 => Placement::Pull {
+                len: 8192,
+                psns: 9,
+                source: &payload[8..],
+            },
+            // the first packet of an inline WRITE (opcode First) claimed as a pull
+            _ => Placement::Pull {
+                len: 8192,
+                psns: 8,
+                source: &[],
+            },
+        };
+        let pkt = Packet {
+            header: t.header,
+            payload: &[],
+        };
+        b.qp.handle_placed(0, &mut b.mem, &pkt, 1, placement);
+        assert_eq!(b.mem.pulls, 0, "case {case}");
+        assert_eq!(b_bytes(&b, 0, 8192), vec![0; 8192], "case {case}");
+        assert_eq!(b.qp.state(), rdma_proto::verbs::QpState::Err, "case {case}");
+    }
 }

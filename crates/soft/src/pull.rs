@@ -4,9 +4,9 @@
 //! a memfd (`SharedBytes::new_shared_zeroed`) while the host-local wire is on (a buffer the
 //! application registers stays its own memory: moved in, never copied). On the host-local
 //! wire (`io::local`) a WRITE of at least [`min_len`] bytes from such a region then carries
-//! no data: its first packet names the sender's regions and
-//! ranges ([`Piece`]), the later ones only their length, and the sender's wire hands each
-//! region's memfd to the peer's bell once (`MSG_MR`, before the first packet that names it).
+//! no data: it is one packet standing for the whole message and its PSNs, which names the
+//! sender's regions and ranges ([`Piece`]), and the sender's wire hands each region's memfd
+//! to the peer's bell once (`MSG_MR`, before the first packet that names it).
 //! The peer's wire maps the file read-only and, for each pulled packet, turns the pieces into
 //! addresses in its own mapping ([`RESOLVED`] pairs) before the transport sees them. The
 //! responder checks key, protection domain, bounds and access for the whole message as for
@@ -66,9 +66,12 @@ impl Piece {
     }
 }
 
-/// The pieces after a pull payload's 4-byte length; `None` when they do not divide.
+/// Bytes before the pieces of a pull payload: the message's length and PSNs.
+pub(crate) const PREFIX: usize = 8;
+
+/// The pieces after a pull payload's prefix; `None` when they do not divide.
 pub(crate) fn pieces(payload: &[u8]) -> Option<impl Iterator<Item = Piece> + '_> {
-    let rest = payload.get(4..)?;
+    let rest = payload.get(PREFIX..)?;
     (rest.len() % PIECE == 0).then(|| rest.chunks_exact(PIECE).map(Piece::parse))
 }
 

@@ -40,8 +40,7 @@ pub(crate) struct SendWqe {
 pub(crate) enum Pull {
     /// Not decided: its first packet has not gone out.
     Undecided,
-    /// Its first packet asked the responder to copy the whole message: later packets
-    /// carry no data.
+    /// One packet asked the responder to copy the whole message (and took its PSNs).
     Pulled,
     /// Inline: too short, not a WRITE, or resent (a resent packet carries its data).
     Inline,
@@ -169,22 +168,22 @@ impl RcQp {
         Ok(())
     }
 
-    /// Writes the pull payload of a WRITE (see [`TxPlacement::Pull`]) into `out`: its first
-    /// packet's length, then where each piece of its data is
+    /// Writes the pull payload of a WRITE (see [`TxPlacement::Pull`]) into `out`: its
+    /// length and PSNs, then where each piece of its data is
     /// ([`MemoryTable::locate_local`]). `Ok(None)` when it does not fit or the memory table
     /// makes no same-host copies of it.
     fn describe<M: MemoryTable + ?Sized>(
         &self,
         mem: &M,
         w: &SendWqe,
-        first_len: u32,
         out: &mut [u8],
     ) -> Result<Option<usize>, MemError> {
-        if out.len() < 4 {
+        if out.len() < 8 {
             return Ok(None);
         }
-        out[..4].copy_from_slice(&first_len.to_le_bytes());
-        let mut at = 4;
+        out[..4].copy_from_slice(&w.len.to_le_bytes());
+        out[4..8].copy_from_slice(&w.npkts.to_le_bytes());
+        let mut at = 8;
         for s in w.wr.sg.as_slice().iter().filter(|s| s.length > 0) {
             let len = u64::from(s.length);
             match mem.locate_local(self.cfg.pd, s.lkey, s.addr, len, &mut out[at..]) {
@@ -335,6 +334,7 @@ impl RcQp {
         let mut h = header(Opcode::RcSendOnly, dqp, psn);
         let mut payload_len = 0usize;
         let mut placement = TxPlacement::Inline;
+        let mut psns = 1; // PSNs this packet takes
         let whole; // this packet ends the WR's transmission
         match w.wr.op {
             SendOp::RdmaRead { remote_addr, rkey } => {
@@ -383,22 +383,23 @@ impl RcQp {
                 let off = k * mtu;
                 let n = (w.len - off.min(w.len)).min(mtu);
                 let first = k == 0;
-                let last = k + 1 >= w.npkts;
-                whole = last;
-                let mut pull = w.pull;
-                if pull == Pull::Undecided {
+                let mut last = k + 1 >= w.npkts;
+                if w.pull == Pull::Undecided {
                     let write = matches!(
                         op,
                         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }
                     );
                     let long = self.pull_min.is_some_and(|m| w.len >= m.max(1));
-                    pull = Pull::Inline;
+                    let mut pull = Pull::Inline;
                     if write && long && first && w.inline_slot.is_none() {
-                        match self.describe(mem, &w, n, buf) {
+                        match self.describe(mem, &w, buf) {
                             Ok(Some(len)) => {
+                                // one packet (Only) for the whole message and its PSNs
                                 pull = Pull::Pulled;
                                 payload_len = len;
                                 placement = TxPlacement::Pull;
+                                last = true;
+                                psns = w.npkts;
                                 self.stats.pulls_sent += 1;
                             }
                             Ok(None) => {}
@@ -410,11 +411,8 @@ impl RcQp {
                         }
                     }
                     self.sq[idx].pull = pull;
-                } else if pull == Pull::Pulled {
-                    buf[..4].copy_from_slice(&n.to_le_bytes());
-                    payload_len = 4;
-                    placement = TxPlacement::Pulled;
                 }
+                whole = last;
                 if placement == TxPlacement::Inline {
                     if let Err(_e) = self.gather(mem, &w, off, &mut buf[..n as usize]) {
                         // local protection error on the gather: this WR fails, the QP goes
@@ -481,10 +479,10 @@ impl RcQp {
                 h.bth.ack_req = self.ask.force
                     || (last && self.last_packet_asks(now, &w))
                     || self.ask.pkts_since >= every
-                    || !self.window_allows(psn_add(psn, 1));
+                    || !self.window_allows(psn_add(psn, psns));
             }
         }
-        self.note_request(now, psn, h.bth.ack_req);
+        self.note_request(now, psn_add(psn, psns - 1), h.bth.ack_req);
         // commit
         if !w.started {
             let e = &mut self.sq[idx];

@@ -90,8 +90,6 @@ enum Cur {
         rkey: u32,
         remaining: u32,
         total: u32,
-        /// The whole message was copied from the sender's memory at its first packet.
-        pulled: bool,
     },
 }
 
@@ -430,20 +428,24 @@ impl RcQp {
         } else {
             true
         };
-        let len_ok = if op.has_payload() {
-            n <= mtu && (ends_message(op) || n == mtu)
-        } else {
-            n == 0
-        };
-        // only a WRITE is pulled, from its first packet on
-        let placement_ok = match placement {
-            Placement::Inline => true,
-            Placement::Pull { .. } => is_write(op) && starts_message(op),
-            Placement::Pulled { .. } => {
-                matches!(self.resp.cur, Cur::Write { pulled: true, .. }) && is_write(op)
+        // a pulled WRITE is one packet (Only) standing for the whole message and the PSNs
+        // its packets would have taken at this path MTU
+        let (len_ok, psns) = match placement {
+            Placement::Inline if op.has_payload() => {
+                (n <= mtu && (ends_message(op) || n == mtu), 1)
+            }
+            Placement::Inline => (n == 0, 1),
+            Placement::Pull { psns, .. } => {
+                let want = (n as u64).div_ceil(mtu as u64).max(1);
+                let ok = is_write(op)
+                    && starts_message(op)
+                    && ends_message(op)
+                    && u64::from(psns) == want
+                    && psns < MAX_READ_PKTS;
+                (ok, psns)
             }
         };
-        if !seq_ok || !access_ok || !len_ok || !placement_ok {
+        if !seq_ok || !access_ok || !len_ok {
             let st = matches!(self.resp.cur, Cur::Send { .. }).then_some(WcStatus::LocQpOpErr);
             self.resp_fatal(p, NakCode::InvalidRequest, st);
             return;
@@ -507,6 +509,7 @@ impl RcQp {
                     self.rnr_nak(p);
                     return;
                 }
+                let mut pulled = false;
                 if starts_message(op) {
                     let Some(r) = h.reth else { return };
                     // a zero-length WRITE checks no key (IBA 9.7.4.1.5)
@@ -524,9 +527,8 @@ impl RcQp {
                         self.resp_fatal(p, NakCode::RemoteAccessError, None);
                         return;
                     }
-                    let mut pulled = false;
                     if let Placement::Pull { source, .. } = placement {
-                        if n as u32 > r.dma_len {
+                        if n as u32 != r.dma_len {
                             self.resp_fatal(p, NakCode::InvalidRequest, None);
                             return;
                         }
@@ -551,7 +553,6 @@ impl RcQp {
                         rkey: r.r_key,
                         remaining: r.dma_len,
                         total: r.dma_len,
-                        pulled,
                     };
                 }
                 let Cur::Write {
@@ -559,7 +560,6 @@ impl RcQp {
                     rkey,
                     remaining,
                     total,
-                    pulled,
                 } = self.resp.cur
                 else {
                     return;
@@ -568,12 +568,8 @@ impl RcQp {
                     self.resp_fatal(p, NakCode::InvalidRequest, None);
                     return;
                 }
-                // a pulled message's data is in place; an inline packet of it (resent)
-                // writes the same bytes again
-                if n > 0
-                    && placement == Placement::Inline
-                    && mem.write_remote(pd, rkey, va, pkt.payload).is_err()
-                {
+                // a pulled message's data is in place
+                if n > 0 && !pulled && mem.write_remote(pd, rkey, va, pkt.payload).is_err() {
                     self.resp_fatal(p, NakCode::RemoteAccessError, None);
                     return;
                 }
@@ -582,7 +578,6 @@ impl RcQp {
                     rkey,
                     remaining: remaining - n as u32,
                     total,
-                    pulled,
                 };
                 if ends_message(op) {
                     if let Some(imm) = h.imm_dt {
@@ -602,7 +597,7 @@ impl RcQp {
                     self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
                     self.resp.cur = Cur::None;
                 }
-                self.advance(p, 1, h.bth.ack_req);
+                self.advance(p, psns, h.bth.ack_req);
             }
             Opcode::RcRdmaReadRequest => {
                 let Some(r) = h.reth else { return };
@@ -695,11 +690,12 @@ impl RcQp {
         }
     }
 
+    /// The request at `p` took `npkts` PSNs; an ACK (when asked) covers the last.
     fn advance(&mut self, p: u32, npkts: u32, ack: bool) {
         self.resp.epsn = psn_add(p, npkts);
         self.resp.nak_seq_sent = false;
         if ack {
-            self.resp.push_ack(p);
+            self.resp.push_ack(psn_add(p, npkts.max(1) - 1));
         }
     }
 

@@ -120,13 +120,14 @@ impl Regions {
         None
     }
 
-    /// Writes `payload` (a pull payload: length, then pieces) with each piece resolved to
-    /// an address here and its length ([`RESOLVED`] bytes each) into `out`; returns its
-    /// length. `None` when the payload breaks the format or `out` is too short.
+    /// Writes `payload` (a pull payload: length and PSNs, then pieces) with each piece
+    /// resolved to an address here and its length ([`RESOLVED`] bytes each) into `out`;
+    /// returns its length. `None` when the payload breaks the format or `out` is too short.
     pub fn rewrite(&self, payload: &[u8], out: &mut [u8]) -> Option<usize> {
         let pieces = pull::pieces(payload)?;
-        out.get_mut(..4)?.copy_from_slice(&payload[..4]);
-        let mut at = 4;
+        out.get_mut(..pull::PREFIX)?
+            .copy_from_slice(&payload[..pull::PREFIX]);
+        let mut at = pull::PREFIX;
         for p in pieces {
             let o = out.get_mut(at..at + RESOLVED)?;
             o[..8].copy_from_slice(&self.resolve(&p).to_le_bytes());
@@ -154,12 +155,13 @@ mod tests {
         r.file().unwrap().try_clone_to_owned().unwrap()
     }
 
-    /// A pull payload (first packet 4096 B) naming `pieces`.
+    /// A pull payload (64 KiB, 16 PSNs) naming `pieces`.
     fn payload(pieces: &[(u64, u64, u64)]) -> Vec<u8> {
-        let mut p = vec![0u8; 4 + pull::PIECE * pieces.len()];
-        p[..4].copy_from_slice(&4096u32.to_le_bytes());
+        let mut p = vec![0u8; pull::PREFIX + pull::PIECE * pieces.len()];
+        p[..4].copy_from_slice(&65536u32.to_le_bytes());
+        p[4..8].copy_from_slice(&16u32.to_le_bytes());
         for (k, &(token, offset, len)) in pieces.iter().enumerate() {
-            let at = 4 + k * pull::PIECE;
+            let at = pull::PREFIX + k * pull::PIECE;
             let piece = Piece {
                 token,
                 offset,
@@ -174,8 +176,8 @@ mod tests {
     fn resolved(regs: &Regions, p: &[u8]) -> Vec<(u64, u64)> {
         let mut out = [0u8; 512];
         let n = regs.rewrite(p, &mut out).unwrap();
-        assert_eq!(out[..4], p[..4], "the length stays");
-        out[4..n]
+        assert_eq!(out[..8], p[..8], "the length and PSNs stay");
+        out[8..n]
             .chunks_exact(RESOLVED)
             .map(|c| {
                 let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap());

@@ -4,7 +4,7 @@
 //! Layout: a 4 KiB header (magic, capacity, then `head`, `tail` and `waiting` on their own
 //! cache lines), then `capacity` bytes of records. A record is 8-aligned: `total: u32`
 //! (its length with this header; [`SKIP`] marks the unused end of the buffer before a wrap),
-//! `len: u16` (the packet's), `tclass: u8`, `placement: u8` (0 inline, 1 pull, 2 pulled:
+//! `len: u16` (the packet's), `tclass: u8`, `placement: u8` (0 inline, 1 pull:
 //! [`TxPlacement`]), `from` and `to` (16-byte GID
 //! and 4-byte scope each), then the packet. `head` and `tail` count bytes ever written and
 //! consumed; the producer publishes a record by moving `head` past it (release), the
@@ -256,7 +256,6 @@ impl Ring {
         h[7] = match meta.placement {
             TxPlacement::Inline => 0,
             TxPlacement::Pull => 1,
-            TxPlacement::Pulled => 2,
         };
         h[8..24].copy_from_slice(&meta.from.gid());
         h[24..28].copy_from_slice(&meta.from.scope_id().to_le_bytes());
@@ -336,7 +335,6 @@ impl Ring {
             let placement = match rec[7] {
                 0 => TxPlacement::Inline,
                 1 => TxPlacement::Pull,
-                2 => TxPlacement::Pulled,
                 _ => return Err(Malformed("placement")),
             };
             let meta = RecordMeta {

@@ -240,11 +240,11 @@ fn wake_ups_go_through_the_consumers_eventfd_and_the_bell_probes_it_lives() {
     assert_eq!(a.stats().dead, 1);
 }
 
-/// An RC WRITE FIRST to QP 0x11 whose payload is `payload` (a pull description).
+/// An RC WRITE ONLY to QP 0x11 whose payload is `payload` (a pull description).
 fn write_first(payload: &[u8]) -> Vec<u8> {
     use rdma_wire::opcode::Opcode;
     use rdma_wire::reth::RethRepr;
-    let mut h = rdma_proto::packet::header(Opcode::RcRdmaWriteFirst, 0x11, 7);
+    let mut h = rdma_proto::packet::header(Opcode::RcRdmaWriteOnly, 0x11, 7);
     h.reth = Some(RethRepr {
         va: 0x1000,
         r_key: 0x1234,
@@ -256,25 +256,26 @@ fn write_first(payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A pull description: the first packet's length, then one piece.
+/// A pull description: the message's length and PSNs, then one piece.
 fn pull_payload(token: u64, offset: u64, len: u64, fd: i32) -> Vec<u8> {
-    let mut p = vec![0u8; 4 + crate::pull::PIECE];
-    p[..4].copy_from_slice(&4096u32.to_le_bytes());
+    let mut p = vec![0u8; crate::pull::PREFIX + crate::pull::PIECE];
+    p[..4].copy_from_slice(&16384u32.to_le_bytes());
+    p[4..8].copy_from_slice(&4u32.to_le_bytes());
     let piece = crate::pull::Piece {
         token,
         offset,
         len,
         fd,
     };
-    piece.write(&mut p[4..]).unwrap();
+    piece.write(&mut p[crate::pull::PREFIX..]).unwrap();
     p
 }
 
 /// The address the receiver resolved the one piece of a delivered pulled packet to.
 fn resolved_addr(pkt: &[u8]) -> u64 {
     let p = rdma_proto::wire::parse(pkt, rdma_wire::packet::IcrcCheck::Skip).unwrap();
-    assert_eq!(p.payload.len(), 4 + crate::pull::RESOLVED);
-    u64::from_le_bytes(p.payload[4..12].try_into().unwrap())
+    assert_eq!(p.payload.len(), crate::pull::PREFIX + crate::pull::RESOLVED);
+    u64::from_le_bytes(p.payload[8..16].try_into().unwrap())
 }
 
 #[test]
