@@ -62,8 +62,9 @@ impl ProtectionDomain {
 
     /// Registers `len` zero bytes that the region allocates itself: the usual way to get
     /// registered memory. Of 16 KiB or more it lives in shared memory while the host-local
-    /// wire is on (no copy, whatever its size), so that WRITEs from it to a peer process on
-    /// this host are copied once ([`crate::PULL_ENV`]). Errors as
+    /// wire is on (no copy, whatever its size; 256 such regions per process at most, then
+    /// private memory), so that WRITEs from it to a peer process on this host are copied
+    /// once ([`crate::PULL_ENV`]). Errors as
     /// [`ProtectionDomain::register`]; [`MemoryRegion::deregister`] gives the bytes back as a
     /// buffer.
     ///

@@ -19,6 +19,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// Bytes before the data in a shared region's file: the `live` word (1 while registered).
 pub(crate) const SHARED_HEADER: usize = 4096;
+/// Shared regions a process holds at most: each keeps a descriptor open (to hand to
+/// peers), and the application's descriptors must not run out for them. Past it, regions
+/// are private memory (their WRITEs go through the ring with their data).
+pub const MAX_SHARED_REGIONS: usize = 256;
+/// Shared regions held now.
+static SHARED_NOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// An owned byte buffer accessed only atomically (see the module docs).
 pub(crate) struct SharedBytes {
@@ -61,6 +67,10 @@ impl SharedBytes {
     /// read-only (the file's pages are zero until written); a boxed zeroed buffer when the
     /// file cannot be made.
     pub fn new_shared_zeroed(len: usize) -> SharedBytes {
+        use std::sync::atomic::Ordering::AcqRel;
+        if !claim(&SHARED_NOW, MAX_SHARED_REGIONS) {
+            return SharedBytes::new(vec![0; len].into_boxed_slice());
+        }
         match map_file(len) {
             Ok((fd, map)) => {
                 // SAFETY: the header's first word of a fresh mapping nobody else sees yet.
@@ -76,6 +86,7 @@ impl SharedBytes {
                 }
             }
             Err(e) => {
+                SHARED_NOW.fetch_sub(1, AcqRel);
                 tracing::debug!(error = %e, "memory region not shareable: kept private");
                 SharedBytes::new(vec![0; len].into_boxed_slice())
             }
@@ -96,6 +107,7 @@ impl SharedBytes {
             AtomicU32::from_ptr(map.cast()).store(0, std::sync::atomic::Ordering::Release);
             libc::munmap(map.cast(), SHARED_HEADER + self.len);
         }
+        SHARED_NOW.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Gives the buffer back. Needs `self` by value: no other access can be in flight.
@@ -249,6 +261,14 @@ impl Drop for SharedBytes {
     }
 }
 
+/// Takes one of `cap` places counted by `count`; false when none is left.
+fn claim(count: &std::sync::atomic::AtomicUsize, cap: usize) -> bool {
+    use std::sync::atomic::Ordering::AcqRel;
+    count
+        .fetch_update(AcqRel, Relaxed, |n| (n < cap).then_some(n + 1))
+        .is_ok()
+}
+
 /// A memfd of [`SHARED_HEADER`] + `len` bytes, mapped read-write here.
 fn map_file(len: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
     let size = SHARED_HEADER + len;
@@ -340,6 +360,18 @@ mod tests {
             (n, u32::from_ne_bytes(peek[..4].try_into().unwrap())),
             (4, 0)
         );
+    }
+
+    #[test]
+    fn shared_places_are_bounded() {
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..3 {
+            assert!(claim(&count, 3));
+        }
+        assert!(!claim(&count, 3), "past the bound");
+        count.fetch_sub(1, Relaxed);
+        assert!(claim(&count, 3), "a place given back is taken again");
+        assert_eq!(count.load(Relaxed), 3);
     }
 
     #[test]

@@ -139,7 +139,7 @@ impl Regions {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::verbs::shared_mem::SharedBytes;
     use std::os::fd::FromRawFd;
@@ -230,6 +230,23 @@ mod tests {
         assert_eq!(resolved(&regs, &payload(&[(9, 0, 4)]))[0].0, 0);
     }
 
+    /// A region file as `SharedBytes::new_shared_zeroed` makes one (live header, `len`
+    /// zero bytes), without taking one of the process's shared regions.
+    pub(crate) fn region_file(len: usize) -> OwnedFd {
+        // SAFETY: a static name; checked.
+        let raw = unsafe { libc::memfd_create(c"test-region".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh descriptor.
+        let f = unsafe { OwnedFd::from_raw_fd(raw) };
+        let one = 1u32.to_ne_bytes();
+        // SAFETY: plain calls on our descriptor, a live buffer.
+        unsafe {
+            assert_eq!(libc::ftruncate(raw, (HEADER + len) as libc::off_t), 0);
+            assert_eq!(libc::pwrite(raw, one.as_ptr().cast(), 4, 0), 4);
+        }
+        f
+    }
+
     #[test]
     fn other_files_are_refused_and_the_mappings_per_peer_are_bounded() {
         // SAFETY: a static name; checked.
@@ -239,9 +256,8 @@ mod tests {
         let f = unsafe { OwnedFd::from_raw_fd(raw) };
         assert!(!Regions::default().insert(1, f), "shorter than the header");
         let mut regs = Regions::default();
-        let all: Vec<SharedBytes> = (0..=MAX_REGIONS).map(|_| region(64, 1)).collect();
-        for (k, r) in all.iter().enumerate() {
-            assert!(regs.insert(k as u64 + 1, file(r)));
+        for k in 0..=MAX_REGIONS {
+            assert!(regs.insert(k as u64 + 1, region_file(64)));
         }
         assert_eq!(regs.maps.len(), MAX_REGIONS);
         assert!(!regs.knows(1), "the oldest went");

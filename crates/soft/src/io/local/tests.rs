@@ -377,15 +377,14 @@ fn a_killed_producers_ring_and_region_files_are_let_go() {
 
 #[test]
 fn a_region_the_receiver_let_go_is_handed_over_again() {
-    use crate::verbs::shared_mem::SharedBytes;
     use std::os::fd::AsFd;
     let (mut a, _sa, mut b, _sb) = pair();
     a.connect(b.me()).unwrap();
     b.drain_bell();
     let n = regions::MAX_REGIONS + 1;
-    let all: Vec<SharedBytes> = (0..n).map(|_| SharedBytes::new_shared_zeroed(64)).collect();
-    for (k, r) in all.iter().enumerate() {
-        assert!(a.share(b.me(), k as u64 + 1, r.file().unwrap().as_fd()));
+    let all: Vec<_> = (0..n).map(|_| regions::tests::region_file(64)).collect();
+    for (k, f) in all.iter().enumerate() {
+        assert!(a.share(b.me(), k as u64 + 1, f.as_fd()));
         if k % 8 == 7 {
             b.drain_bell();
         }
@@ -395,7 +394,7 @@ fn a_region_the_receiver_let_go_is_handed_over_again() {
     assert!(!i.regions.knows(1), "the receiver let the oldest go");
     assert!(i.regions.knows(n as u64));
     // the sender forgot it too: the next use hands it over again
-    assert!(a.share(b.me(), 1, all[0].file().unwrap().as_fd()));
+    assert!(a.share(b.me(), 1, all[0].as_fd()));
     assert_eq!(a.stats().regions_shared, n as u64 + 1);
     b.drain_bell();
     assert!(b.inbound[0].regions.knows(1));
