@@ -25,6 +25,7 @@ pub mod fd;
 pub mod gsi;
 pub mod inspect;
 pub mod io;
+mod memfd;
 mod progress;
 mod pull;
 mod ratelimit;

@@ -13,7 +13,7 @@
 //! concerned. RDMA atomics (8-byte aligned by the IB rules) are real `AtomicU64` operations,
 //! atomic against local atomics on the same word ([`SharedBytes::atomic_u64`]).
 
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
@@ -272,18 +272,11 @@ fn claim(count: &std::sync::atomic::AtomicUsize, cap: usize) -> bool {
 /// A memfd of [`SHARED_HEADER`] + `len` bytes, mapped read-write here.
 fn map_file(len: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
     let size = SHARED_HEADER + len;
-    // SAFETY: a static C string; the result is checked.
-    let raw = unsafe { libc::memfd_create(c"rdma-mr".as_ptr(), libc::MFD_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: plain calls on our descriptor; results checked.
+    // its size sealed: peers map it and must never find it shorter
+    let fd = crate::memfd::sealed(c"rdma-mr", size)?;
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: a plain call on our descriptor; the result is checked.
     unsafe {
-        if libc::ftruncate(raw, size as libc::off_t) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         let map = libc::mmap(
             std::ptr::null_mut(),
             size,

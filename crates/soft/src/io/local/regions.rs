@@ -52,6 +52,10 @@ impl Regions {
     /// file (too short, not mappable).
     pub fn insert(&mut self, token: u64, fd: OwnedFd) -> bool {
         self.maps.retain(|m| m.token != token && m.live());
+        // a file whose size could change under the mapping would kill us (SIGBUS)
+        if !crate::memfd::size_sealed(std::os::fd::AsFd::as_fd(&fd)) {
+            return false;
+        }
         // SAFETY: fstat into a zeroed struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 || (st.st_size as usize) <= HEADER {
@@ -233,17 +237,11 @@ pub(crate) mod tests {
     /// A region file as `SharedBytes::new_shared_zeroed` makes one (live header, `len`
     /// zero bytes), without taking one of the process's shared regions.
     pub(crate) fn region_file(len: usize) -> OwnedFd {
-        // SAFETY: a static name; checked.
-        let raw = unsafe { libc::memfd_create(c"test-region".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor.
-        let f = unsafe { OwnedFd::from_raw_fd(raw) };
+        let f = crate::memfd::sealed(c"test-region", HEADER + len).unwrap();
         let one = 1u32.to_ne_bytes();
-        // SAFETY: plain calls on our descriptor, a live buffer.
-        unsafe {
-            assert_eq!(libc::ftruncate(raw, (HEADER + len) as libc::off_t), 0);
-            assert_eq!(libc::pwrite(raw, one.as_ptr().cast(), 4, 0), 4);
-        }
+        // SAFETY: a plain call on our descriptor, a live buffer.
+        let n = unsafe { libc::pwrite(f.as_raw_fd(), one.as_ptr().cast(), 4, 0) };
+        assert_eq!(n, 4);
         f
     }
 
@@ -255,6 +253,17 @@ pub(crate) mod tests {
         // SAFETY: fresh descriptor.
         let f = unsafe { OwnedFd::from_raw_fd(raw) };
         assert!(!Regions::default().insert(1, f), "shorter than the header");
+        // a region file whose size is not sealed (its maker could shrink it under us)
+        // SAFETY: a static name; checked.
+        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh descriptor; a plain call on it.
+        let f = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert_eq!(
+            unsafe { libc::ftruncate(raw, 2 * HEADER as libc::off_t) },
+            0
+        );
+        assert!(!Regions::default().insert(1, f), "size not sealed");
         let mut regs = Regions::default();
         for k in 0..=MAX_REGIONS {
             assert!(regs.insert(k as u64 + 1, region_file(64)));

@@ -16,7 +16,7 @@
 //! bell when it was set ([`Ring::take_waiting`]), with a full fence between each side's
 //! store and load, so one of them always sees the other.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
@@ -121,18 +121,8 @@ impl Ring {
         if !valid_capacity(capacity) {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // SAFETY: a name that is a C string; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"rdma-soft-ring".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor owned here.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = HEADER + capacity;
-        // SAFETY: plain ftruncate on our memfd.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        // its size sealed: the consumer maps it and must never find it shorter
+        let fd = crate::memfd::sealed(c"rdma-soft-ring", HEADER + capacity)?;
         let r = Ring::mapped(fd, capacity)?;
         // A fresh memfd reads as zeros: head, tail and waiting start at 0.
         r.word(8).store(capacity as u64, Ordering::Relaxed);
@@ -140,9 +130,13 @@ impl Ring {
         Ok(r)
     }
 
-    /// Maps a ring another process made, for its consumer; checks the header.
+    /// Maps a ring another process made, for its consumer; checks that its size is sealed
+    /// (a file that could shrink under the mapping would kill us) and the header.
     pub fn attach(fd: OwnedFd) -> std::io::Result<Ring> {
         let bad = || std::io::Error::from_raw_os_error(libc::EPROTO);
+        if !crate::memfd::size_sealed(fd.as_fd()) {
+            return Err(bad());
+        }
         // SAFETY: fstat into a zeroed struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: a live descriptor and struct.
@@ -481,18 +475,34 @@ mod tests {
 
     #[test]
     fn attach_refuses_what_is_not_a_ring() {
+        use std::os::fd::FromRawFd;
+        // a file of a ring's size without its header
+        let fd = crate::memfd::sealed(c"x", HEADER + MIN_CAPACITY).unwrap();
+        let e = Ring::attach(fd).err().unwrap();
+        assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
+        // a real ring's file whose size is not sealed (its maker could shrink it under the
+        // mapping): refused before it is mapped
         // SAFETY: plain memfd_create; checked.
         let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(raw >= 0);
         // SAFETY: fresh descriptor.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain ftruncate.
-        assert_eq!(
-            unsafe { libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as i64) },
-            0
-        );
+        let real = Ring::create(MIN_CAPACITY).unwrap();
+        let mut head = [0u8; 16];
+        // SAFETY: plain calls on live descriptors and buffers.
+        unsafe {
+            assert_eq!(libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as i64), 0);
+            assert_eq!(
+                libc::pread(real.fd().as_raw_fd(), head.as_mut_ptr().cast(), 16, 0),
+                16
+            );
+            assert_eq!(libc::pwrite(raw, head.as_ptr().cast(), 16, 0), 16);
+        }
         let e = Ring::attach(fd).err().unwrap();
         assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
+        // the real one attaches
+        let fd = real.fd().try_clone_to_owned().unwrap();
+        assert!(Ring::attach(fd).is_ok());
         assert!(Ring::create(1000).is_err());
     }
 }
