@@ -165,6 +165,38 @@ pub trait MemoryTable {
         let _ = (pd, lkey, addr, len, out);
         Err(MemError::Unavailable)
     }
+    /// [`MemoryTable::locate_local`] for remote-readable memory: describes `[va, va+len)` of
+    /// the region of `rkey` (needs [`AccessFlags::REMOTE_READ`], checked first) so that the
+    /// peer that asked for it by a READ copies it itself ([`MemoryTable::pull_local`]).
+    /// The default: [`MemError::Unavailable`].
+    fn locate_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        out: &mut [u8],
+    ) -> Result<usize, MemError> {
+        let _ = (pd, rkey, va, len, out);
+        Err(MemError::Unavailable)
+    }
+    /// Copies `len` bytes, from byte `skip` of what `source` names (a peer's memory, in
+    /// the table's format), into `[addr, addr+len)` of the region of `lkey` (needs
+    /// [`AccessFlags::LOCAL_WRITE`], checked first): a READ response the peer answered
+    /// with where its data is. [`MemError::Unavailable`] when the source cannot be read
+    /// (part of the range may have been written, which the access allowed); the default.
+    fn pull_local(
+        &mut self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        source: &[u8],
+        skip: u64,
+    ) -> Result<(), MemError> {
+        let _ = (pd, lkey, addr, len, source, skip);
+        Err(MemError::Unavailable)
+    }
     /// Copies `len` bytes into `[va, va+len)` of the region of `rkey` (needs
     /// [`AccessFlags::REMOTE_WRITE`], checked first) from the memory of a peer process on
     /// the same host, which `source` names in the table's own format (the runtime that
@@ -480,6 +512,33 @@ impl MemoryTable for InMemoryTable {
         out[8..].copy_from_slice(&len.to_le_bytes());
         Ok(16)
     }
+    fn locate_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        out: &mut [u8],
+    ) -> Result<usize, MemError> {
+        self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_READ)?;
+        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
+        out[..8].copy_from_slice(&va.to_le_bytes());
+        out[8..].copy_from_slice(&len.to_le_bytes());
+        Ok(16)
+    }
+    /// As [`InMemoryTable::pull_remote`], into local memory.
+    fn pull_local(
+        &mut self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        source: &[u8],
+        skip: u64,
+    ) -> Result<(), MemError> {
+        let dst = self.check(false, pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
+        self.copy_pieces(source, skip, len, dst)
+    }
     /// Reads `source`'s pieces ([`InMemoryTable::locate_local`]'s) from this same address
     /// space: a table that stands for both peers (fuzzing one QP, for one); `Unavailable`
     /// when they do not add up to `len` or leave the address space.
@@ -492,31 +551,69 @@ impl MemoryTable for InMemoryTable {
         source: &[u8],
     ) -> Result<(), MemError> {
         let dst = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
-        if source.len() % 16 != 0 {
-            return Err(MemError::Unavailable);
-        }
-        let pieces = || {
-            source.chunks_exact(16).map(|c| {
-                let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
-                (u(0), u(8))
-            })
-        };
-        let mut total = 0u64;
-        for (addr, n) in pieces() {
-            self.offset(addr, n).map_err(|_| MemError::Unavailable)?;
-            total = total.checked_add(n).ok_or(MemError::Unavailable)?;
-        }
+        let total = self.pieces_len(source)?;
         if total != len {
             return Err(MemError::Unavailable);
         }
-        let mut at = dst;
-        for (addr, n) in pieces() {
-            let from = self.offset(addr, n).map_err(|_| MemError::Unavailable)?;
-            self.mem.copy_within(from..from + n as usize, at);
-            at += n as usize;
+        self.copy_pieces(source, 0, len, dst)
+    }
+}
+
+impl InMemoryTable {
+    /// The bytes `source`'s `(address, length)` pieces name, all inside the space.
+    fn pieces_len(&self, source: &[u8]) -> Result<u64, MemError> {
+        if source.len() % 16 != 0 {
+            return Err(MemError::Unavailable);
+        }
+        let mut total = 0u64;
+        for (addr, n) in pieces(source) {
+            self.offset(addr, n).map_err(|_| MemError::Unavailable)?;
+            total = total.checked_add(n).ok_or(MemError::Unavailable)?;
+        }
+        Ok(total)
+    }
+
+    /// Copies `len` bytes from byte `skip` of the pieces to offset `dst` of the space.
+    fn copy_pieces(
+        &mut self,
+        source: &[u8],
+        skip: u64,
+        len: u64,
+        dst: usize,
+    ) -> Result<(), MemError> {
+        let total = self.pieces_len(source)?;
+        match skip.checked_add(len) {
+            Some(end) if end <= total => {}
+            _ => return Err(MemError::Unavailable),
+        }
+        let (mut skip, mut left, mut at) = (skip, len, dst);
+        for (addr, n) in pieces(source) {
+            if left == 0 {
+                break;
+            }
+            if skip >= n {
+                skip -= n;
+                continue;
+            }
+            let take = (n - skip).min(left);
+            let from = self
+                .offset(addr + skip, take)
+                .map_err(|_| MemError::Unavailable)?;
+            self.mem.copy_within(from..from + take as usize, at);
+            at += take as usize;
+            left -= take;
+            skip = 0;
         }
         Ok(())
     }
+}
+
+/// The `(address, length)` pieces of an [`InMemoryTable`] source.
+fn pieces(source: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    source.chunks_exact(16).map(|c| {
+        let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
+        (u(0), u(8))
+    })
 }
 
 /// Why [`scatter`] failed.

@@ -91,6 +91,49 @@ impl MemoryTable for Mem {
         out[8..].copy_from_slice(&l.to_le_bytes());
         Ok(16)
     }
+    fn locate_remote(
+        &self,
+        pd: PdId,
+        k: u32,
+        a: u64,
+        l: u64,
+        out: &mut [u8],
+    ) -> Result<usize, MemError> {
+        self.t.check_remote(pd, k, a, l, AccessFlags::REMOTE_READ)?;
+        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
+        out[..8].copy_from_slice(&a.to_le_bytes());
+        out[8..].copy_from_slice(&l.to_le_bytes());
+        Ok(16)
+    }
+    fn pull_local(
+        &mut self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        source: &[u8],
+        skip: u64,
+    ) -> Result<(), MemError> {
+        self.t
+            .check_local(pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
+        self.pulls += 1;
+        if self.fail > 0 {
+            self.fail -= 1;
+            return Err(MemError::Unavailable);
+        }
+        let (base, bytes) = self.peer.as_ref().expect("the peer's memory");
+        // the peer's bytes the pieces name, end to end, from `skip`
+        let mut all = Vec::new();
+        for pair in source.chunks_exact(16) {
+            let at = u64::from_le_bytes(pair[..8].try_into().unwrap());
+            let n = u64::from_le_bytes(pair[8..].try_into().unwrap());
+            let at = (at - base) as usize;
+            all.extend_from_slice(&bytes[at..at + n as usize]);
+        }
+        let chunk = &all[skip as usize..(skip + len) as usize];
+        self.t.bytes_mut(addr, len).unwrap().copy_from_slice(chunk);
+        Ok(())
+    }
     fn pull_remote(
         &mut self,
         pd: PdId,
@@ -193,16 +236,18 @@ fn run(a: &mut Side, b: &mut Side) -> (Completion, Vec<TxPlacement>) {
             moved = true;
         }
         while let Some(t) = b.qp.poll_transmit(now, &mut b.mem, &mut buf) {
-            assert_eq!(
-                t.placement,
-                TxPlacement::Inline,
-                "responses carry their data"
-            );
+            let payload = &buf[..t.payload_len];
+            let placement = Placement::decode(t.placement, payload).expect("length prefix");
+            let data = if placement == Placement::Inline {
+                payload
+            } else {
+                &[][..]
+            };
             let pkt = Packet {
                 header: t.header,
-                payload: &buf[..t.payload_len],
+                payload: data,
             };
-            a.qp.handle_packet(now, &mut a.mem, &pkt);
+            a.qp.handle_placed(now, &mut a.mem, &pkt, 1, placement);
             moved = true;
         }
         if !moved {
@@ -365,5 +410,61 @@ fn a_pull_with_the_wrong_psns_or_opcode_is_invalid() {
         assert_eq!(b.mem.pulls, 0, "case {case}");
         assert_eq!(b_bytes(&b, 0, 8192), vec![0; 8192], "case {case}");
         assert_eq!(b.qp.state(), rdma_proto::verbs::QpState::Err, "case {case}");
+    }
+}
+
+/// A long READ from a peer process on this host is answered with one response that names
+/// where the data is; the requester copies it into its scatter list; a source it cannot
+/// read makes it ask again, and the answer to that carries the data.
+#[test]
+fn a_long_read_is_answered_with_where_its_data_is() {
+    for fail in [0, 1] {
+        let (mut a, mut b) = pair(AccessFlags::all());
+        b.qp.set_pull_min(Some(4096));
+        let pat: Vec<u8> = (0..SIZE / 2).map(|i| (i * 13 + 5) as u8).collect();
+        b.mem
+            .t
+            .bytes_mut(B_BASE, SIZE as u64 / 2)
+            .unwrap()
+            .copy_from_slice(&pat);
+        a.mem.peer = Some((B_BASE, pat.clone()));
+        a.mem.fail = fail;
+        let before = a.mem.t.bytes(A_BASE, SIZE as u64).unwrap().to_vec();
+        let len = 64 << 10;
+        let wr = SendWr::new(
+            9,
+            SendOp::RdmaRead {
+                remote_addr: B_BASE + 100,
+                rkey: b.key,
+            },
+        )
+        .with_sge(Sge {
+            addr: A_BASE + 50,
+            length: 1000,
+            lkey: a.key,
+        })
+        .with_sge(Sge {
+            addr: A_BASE + 4096,
+            length: len - 1000,
+            lkey: a.key,
+        })
+        .signaled();
+        a.qp.post_send(&a.mem, &wr).unwrap();
+        let (c, _) = run(&mut a, &mut b);
+        assert_eq!(c.status, WcStatus::Success, "fail {fail}");
+        let got = a.mem.t.bytes(A_BASE, SIZE as u64).unwrap();
+        assert_eq!(&got[50..1050], &pat[100..1100]);
+        let rest = (len - 1000) as usize;
+        assert_eq!(&got[4096..4096 + rest], &pat[1100..1100 + rest]);
+        // nothing else changed
+        assert_eq!(&got[..50], &before[..50]);
+        assert_eq!(&got[1050..4096], &before[1050..4096]);
+        assert_eq!(&got[4096 + rest..], &before[4096 + rest..]);
+        let (sa, sb) = (a.qp.stats(), b.qp.stats());
+        let fail = u64::from(fail);
+        assert_eq!(
+            (sb.pulls_sent, sa.pulls_done, sa.pull_failures),
+            (1, 1 - fail, fail)
+        );
     }
 }

@@ -85,6 +85,9 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
     let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
     r.unwrap();
     assert!(back[..] == got[..], "READ differs from the server's memory");
+    // the READ of the server's region: answered with where its data is, copied once here
+    assert_eq!(pulls(&s).pulls_sent, 1);
+    assert_eq!((pulls(&c).pulls_done, pulls(&c).pull_failures), (1, 0));
     let after = dev.wire_stats();
     let local = after.local.sent - before.local.sent;
     // 400 messages (some of several packets), their ACKs, 512 WRITE and READ packets

@@ -52,6 +52,8 @@ async fn two_processes_on_127_0_0_1_talk_through_shared_memory() {
     let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
     r.unwrap();
     assert!(back[..] == data2[..], "READ after the pulled WRITE differs");
+    // both READs of the server's region were copied here from its memory
+    assert_eq!(c.qp().transport_stats().unwrap().pulls_done, 2);
     let stats = String::from_utf8(ask(&c, b"stats?").await).unwrap();
     let w = dev.wire_stats();
     assert_eq!(

@@ -96,15 +96,17 @@ pub(crate) fn min_len() -> Option<u32> {
     })
 }
 
-/// Copies the `len` bytes that resolved pairs in `source` name with `write(offset, bytes)`
-/// (into a checked range of a registered region). `Unavailable` when a pair is unresolved (address
-/// 0) or the pairs do not add up to `len`; nothing is copied then.
+/// Copies `len` bytes, from byte `skip` of what the resolved pairs in `source` name, with
+/// `write(offset, bytes)` (into a checked range of a registered region). `Unavailable`
+/// when a pair it needs is unresolved (address 0) or the pairs hold fewer bytes; nothing
+/// is copied then.
 ///
 /// The pairs come only from this process's host-local wire, which resolved them into its
-/// read-only mappings of the sender's regions; they stay mapped while the packet is
+/// read-only mappings of the peer's regions; they stay mapped while the packet is
 /// delivered.
-pub(crate) fn copy_into(
+pub(crate) fn copy_range(
     source: &[u8],
+    skip: u64,
     len: u64,
     mut write: impl FnMut(usize, &[u8]),
 ) -> Result<(), MemError> {
@@ -115,23 +117,111 @@ pub(crate) fn copy_into(
         let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
         (u(0), u(8))
     };
-    let mut total = 0u64;
-    for (at, n) in source.chunks_exact(RESOLVED).map(pair) {
-        if at == 0 {
+    // the pieces [skip, skip+len) touches: all resolved, enough of them
+    let end = skip.checked_add(len).ok_or(MemError::Unavailable)?;
+    let mut at = 0u64;
+    for (addr, n) in source.chunks_exact(RESOLVED).map(pair) {
+        let next = at.saturating_add(n);
+        if next > skip && at < end && addr == 0 {
             return Err(MemError::Unavailable);
         }
-        total = total.saturating_add(n);
+        at = next;
     }
+    if at < end {
+        return Err(MemError::Unavailable);
+    }
+    let (mut at, mut done) = (0u64, 0usize);
+    for (addr, n) in source.chunks_exact(RESOLVED).map(pair) {
+        let (from, to) = (at.max(skip), (at + n).min(end));
+        if from < to {
+            // SAFETY: `addr` is `n` readable bytes of a live mapping (see above) and
+            // `[from, to)` lies inside this piece; the peer may change them meanwhile,
+            // which makes them unspecified, as a DMA read would.
+            let src = unsafe {
+                std::slice::from_raw_parts(
+                    (addr + (from - at)) as usize as *const u8,
+                    (to - from) as usize,
+                )
+            };
+            write(done, src);
+            done += src.len();
+        }
+        at += n;
+        if at >= end {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// [`copy_range`] of a whole WRITE: the pairs must hold exactly `len` bytes.
+pub(crate) fn copy_into(
+    source: &[u8],
+    len: u64,
+    write: impl FnMut(usize, &[u8]),
+) -> Result<(), MemError> {
+    let total = source
+        .chunks_exact(RESOLVED)
+        .map(|c| u64::from_le_bytes(c[8..16].try_into().unwrap_or_default()))
+        .fold(0u64, u64::saturating_add);
     if total != len {
         return Err(MemError::Unavailable);
     }
-    let mut done = 0usize;
-    for (at, n) in source.chunks_exact(RESOLVED).map(pair) {
-        // SAFETY: `at` is `n` readable bytes of a live mapping (see above); the sender may
-        // change them meanwhile, which makes them unspecified, as a DMA read would.
-        let src = unsafe { std::slice::from_raw_parts(at as usize as *const u8, n as usize) };
-        write(done, src);
-        done += n as usize;
+    copy_range(source, 0, len, write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(addr: u64, len: u64) -> [u8; RESOLVED] {
+        let mut p = [0u8; RESOLVED];
+        p[..8].copy_from_slice(&addr.to_le_bytes());
+        p[8..].copy_from_slice(&len.to_le_bytes());
+        p
     }
-    Ok(())
+
+    fn copied(source: &[u8], skip: u64, len: u64) -> Result<Vec<u8>, MemError> {
+        let mut out = vec![0u8; len as usize];
+        copy_range(source, skip, len, |at, b| {
+            out[at..at + b.len()].copy_from_slice(b)
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_range_reads_only_the_pieces_it_touches() {
+        let a: Vec<u8> = (0..100).collect();
+        let b: Vec<u8> = (100..150).collect();
+        let mut source = Vec::new();
+        source.extend_from_slice(&pair(a.as_ptr() as u64, 100));
+        source.extend_from_slice(&pair(0, 10)); // a piece the wire could not resolve
+        source.extend_from_slice(&pair(b.as_ptr() as u64, 50));
+        assert_eq!(copied(&source, 90, 10).unwrap(), &a[90..]);
+        assert_eq!(copied(&source, 110, 50).unwrap(), &b[..]);
+        assert_eq!(copied(&source, 115, 20).unwrap(), &b[5..25]);
+        assert_eq!(
+            copied(&source, 95, 10),
+            Err(MemError::Unavailable),
+            "unresolved"
+        );
+        assert_eq!(
+            copied(&source, 150, 20),
+            Err(MemError::Unavailable),
+            "past the end"
+        );
+        assert_eq!(
+            copied(&source[..20], 0, 1),
+            Err(MemError::Unavailable),
+            "torn pair"
+        );
+        // a whole WRITE: exactly the pieces' bytes, all resolved
+        let whole = |len| copy_into(&source, len, |_, _| {});
+        assert_eq!(whole(160), Err(MemError::Unavailable));
+        let two: Vec<u8> = [pair(a.as_ptr() as u64, 100), pair(b.as_ptr() as u64, 50)].concat();
+        assert_eq!(copy_into(&two, 149, |_, _| {}), Err(MemError::Unavailable));
+        let mut out = vec![0u8; 150];
+        copy_into(&two, 150, |at, b| out[at..at + b.len()].copy_from_slice(b)).unwrap();
+        assert_eq!(out, (0..150).collect::<Vec<u8>>());
+    }
 }

@@ -1,14 +1,55 @@
 //! Completer: ACKs, NAKs, READ responses and atomic ACKs retire send work requests.
 
 use super::{rnr_timer_ns, RcQp};
-use crate::memory::{scatter, MemoryTable};
-use crate::packet::Packet;
+use crate::memory::{scatter, MemError, MemoryTable};
+use crate::packet::{Packet, Placement};
 use crate::psn::{psn_add, psn_diff, PSN_MASK};
 use crate::verbs::{Completion, SendFlags, SendOp, WcStatus};
 use rdma_wire::aeth::{AethSyndrome, NakCode};
 use rdma_wire::opcode::Opcode;
 
 impl RcQp {
+    /// A READ response from a peer process on this host that names where the whole READ's
+    /// data is (`source`): copied into the WR's scatter list at once. It must be the
+    /// READ's first PSN and stand for all of it; a source this side cannot read makes it
+    /// ask again (the peer's answer to a repeated READ carries the data).
+    fn pulled_read<M: MemoryTable + ?Sized>(
+        &mut self,
+        now: u64,
+        mem: &mut M,
+        w: &super::requester::SendWqe,
+        (len, psns, source): (u32, u32, &[u8]),
+    ) {
+        let p = self.comp_psn;
+        if p != w.first_psn || len != w.len || psns != w.npkts.max(1) {
+            self.fail_front(WcStatus::BadRespErr);
+            return;
+        }
+        let mut skip = 0u64;
+        for s in w.wr.sg.as_slice() {
+            let n = u64::from(s.length).min(u64::from(len) - skip);
+            if n == 0 {
+                break;
+            }
+            match mem.pull_local(self.cfg.pd, s.lkey, s.addr, n, source, skip) {
+                Ok(()) => skip += n,
+                Err(MemError::Unavailable) => {
+                    self.stats.pull_failures += 1;
+                    self.retry_from(now, p, false);
+                    return;
+                }
+                Err(_) => {
+                    self.fail_front(WcStatus::LocProtErr);
+                    return;
+                }
+            }
+        }
+        self.stats.pulls_done += 1;
+        self.comp_psn = psn_add(p, psns);
+        self.complete_front(WcStatus::Success);
+        self.on_progress(now);
+    }
+
     /// Retires the oldest WR.
     fn complete_front(&mut self, status: WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
@@ -103,9 +144,14 @@ impl RcQp {
         now: u64,
         mem: &mut M,
         pkt: &Packet<'_>,
+        placement: Placement<'_>,
     ) {
         let h = &pkt.header;
         let p = h.bth.psn;
+        if placement != Placement::Inline && h.bth.opcode != Opcode::RcRdmaReadResponseOnly {
+            self.stats.dropped += 1;
+            return;
+        }
         let d = psn_diff(p, self.comp_psn);
         let span = psn_diff(self.next_psn, self.comp_psn);
         if d < 0 || d >= span {
@@ -201,6 +247,10 @@ impl RcQp {
                     // a response was lost: re-request from the first missing one
                     let c = self.comp_psn;
                     self.retry_from(now, c, false);
+                    return;
+                }
+                if let Placement::Pull { len, psns, source } = placement {
+                    self.pulled_read(now, mem, &w, (len, psns, source));
                     return;
                 }
                 let mtu = self.attr.path_mtu.bytes();

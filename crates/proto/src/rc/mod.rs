@@ -470,10 +470,11 @@ impl RcQp {
         self.handle_placed(now, mem, pkt, port, Placement::Inline);
     }
 
-    /// [`RcQp::handle_packet_on`] for a packet whose data is not (all) in its payload: an
-    /// RDMA WRITE from a peer process on the same host that lets this responder copy the
-    /// message from its memory ([`RcQp::set_pull_min`] on its side). A request of any other
-    /// kind with such a placement is invalid.
+    /// [`RcQp::handle_packet_on`] for a packet whose data is not in its payload, from a peer
+    /// process on the same host ([`RcQp::set_pull_min`] on its side): an RDMA WRITE whose
+    /// message this responder copies from the peer's memory, or a READ response whose data
+    /// this requester copies. A request of any other kind with such a placement is invalid;
+    /// a response of any other kind is dropped.
     pub fn handle_placed<M: MemoryTable + ?Sized>(
         &mut self,
         now: u64,
@@ -496,10 +497,8 @@ impl RcQp {
             return;
         }
         if h.bth.opcode.is_response() {
-            if placement != Placement::Inline {
-                self.stats.dropped += 1;
-            } else if matches!(self.state, QpState::Rts | QpState::Sqd) {
-                self.handle_response(now, mem, pkt);
+            if matches!(self.state, QpState::Rts | QpState::Sqd) {
+                self.handle_response(now, mem, pkt, placement);
             } else {
                 self.stats.dropped += 1;
             }

@@ -699,6 +699,42 @@ impl RcQp {
         }
     }
 
+    /// A new READ from a peer process on this host ([`RcQp::set_pull_min`]): one response
+    /// (Only) that takes all its PSNs and names where the data is, for the requester to
+    /// copy itself ([`MemoryTable::locate_remote`]). `None` (the responses then carry the
+    /// data) for any other response, or when the memory is not shareable.
+    fn pulled_read_response<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let Some(Out::Read(s)) = self.resp.out.front() else {
+            return None;
+        };
+        let s = *s;
+        let long = self.pull_min.is_some_and(|m| s.len >= m.max(1));
+        if s.k != 0 || !s.new || s.resumed || !long || buf.len() < 8 {
+            return None;
+        }
+        let n = mem
+            .locate_remote(self.cfg.pd, s.rkey, s.va, u64::from(s.len), &mut buf[8..])
+            .ok()?;
+        buf[..4].copy_from_slice(&s.len.to_le_bytes());
+        buf[4..8].copy_from_slice(&s.npkts.to_le_bytes());
+        let mut h = header(Opcode::RcRdmaReadResponseOnly, self.attr.dest_qp_num, s.psn);
+        h.aeth = Some(ack(s.msn));
+        self.resp.out.pop_front();
+        self.resp.new_rd_in_out -= 1;
+        self.stats.pulls_sent += 1;
+        self.stats.responses_sent += 1;
+        Some(Transmit {
+            header: h,
+            payload_len: 8 + n,
+            port: self.attr.port_num,
+            placement: crate::packet::TxPlacement::Pull,
+        })
+    }
+
     pub(super) fn next_response<M: MemoryTable + ?Sized>(
         &mut self,
         mem: &mut M,
@@ -706,6 +742,9 @@ impl RcQp {
     ) -> Option<Transmit> {
         let dqp = self.attr.dest_qp_num;
         let mtu = self.attr.path_mtu.bytes();
+        if let Some(t) = self.pulled_read_response(mem, buf) {
+            return Some(t);
+        }
         let front = self.resp.out.front_mut()?;
         let mut payload_len = 0;
         let h = match front {

@@ -294,6 +294,38 @@ impl MemoryTable for MrTableView<'_> {
         .write(out)
     }
 
+    fn locate_remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<usize, MemError> {
+        let (r, off) = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_READ)?;
+        let fd = r.mem.file().ok_or(MemError::Unavailable)?;
+        crate::pull::Piece {
+            token: r.token,
+            offset: off as u64,
+            len,
+            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        }
+        .write(out)
+    }
+
+    fn pull_local(
+        &mut self,
+        pd: PdId,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        source: &[u8],
+        skip: u64,
+    ) -> std::result::Result<(), MemError> {
+        let (r, off) = self.check(false, pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
+        crate::pull::copy_range(source, skip, len, |at, bytes| r.mem.write(off + at, bytes))
+    }
+
     fn pull_remote(
         &mut self,
         pd: PdId,
