@@ -10,7 +10,7 @@ mod common;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::device_on;
+use common::device_with;
 use rdma_soft::gsi::{GsiMad, MAD_LEN};
 use rdma_soft::io::flow;
 use rdma_soft::verbs::*;
@@ -71,7 +71,14 @@ struct End {
 }
 
 fn end(h: &Host, ip: &'static str, qps: usize) -> End {
-    let dev = h.run(|| device_on("eth0", ip, None));
+    // without GSO: the capture must see each ACK as a datagram of its own (under load an
+    // ACK can go as the last segment of a GSO message of WRITE packets, which the capture
+    // sees whole, with the WRITE's opcode)
+    let udp = rdma_soft::io::UdpConfig {
+        gso: false,
+        ..Default::default()
+    };
+    let dev = h.run(|| device_with("eth0", ip, udp));
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096, None).unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;

@@ -84,6 +84,25 @@ impl Capture {
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
+        // A burst (a 192 KiB transfer without GSO is 50 datagrams each way) must not
+        // overflow the default buffer while the recording thread waits for the CPU:
+        // 16 MiB, past `rmem_max` as root (SO_RCVBUFFORCE), else as much as allowed.
+        let size: libc::c_int = 16 << 20;
+        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+            // SAFETY: a live int option on our socket; a refusal leaves the default.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as u32,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
         Ok(Capture { fd })
     }
 

@@ -271,13 +271,22 @@ pub fn serve(side: &Side, stop: &std::sync::atomic::AtomicBool) {
 /// faults, whatever `RDMA_SOFT_FAULTS` says). Open it in the thread (and network namespace)
 /// whose sockets it should use.
 pub fn device_on(netdev: &str, ip: &str, faults: Option<FaultSpec>) -> Device {
+    device_with(
+        netdev,
+        ip,
+        UdpConfig {
+            faults,
+            ..UdpConfig::default()
+        },
+    )
+}
+
+/// [`device_on`] with the wire configured as `udp` says.
+#[allow(dead_code)]
+pub fn device_with(netdev: &str, ip: &str, udp: UdpConfig) -> Device {
     let mut cfg = DeviceConfig::for_netdev(netdev).unwrap();
     cfg.gids = vec![ip.parse().unwrap()];
-    let wire = UdpWire::new(UdpConfig {
-        faults,
-        ..UdpConfig::default()
-    })
-    .unwrap();
+    let wire = UdpWire::new(udp).unwrap();
     Device::open_with_wire(cfg, Box::new(wire)).unwrap()
 }
 
