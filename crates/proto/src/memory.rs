@@ -507,10 +507,7 @@ impl MemoryTable for InMemoryTable {
         out: &mut [u8],
     ) -> Result<usize, MemError> {
         self.check(false, pd, lkey, addr, len, AccessFlags::empty())?;
-        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
-        out[..8].copy_from_slice(&addr.to_le_bytes());
-        out[8..].copy_from_slice(&len.to_le_bytes());
-        Ok(16)
+        piece(addr, len, out)
     }
     fn locate_remote(
         &self,
@@ -521,10 +518,7 @@ impl MemoryTable for InMemoryTable {
         out: &mut [u8],
     ) -> Result<usize, MemError> {
         self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_READ)?;
-        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
-        out[..8].copy_from_slice(&va.to_le_bytes());
-        out[8..].copy_from_slice(&len.to_le_bytes());
-        Ok(16)
+        piece(va, len, out)
     }
     /// As [`InMemoryTable::pull_remote`], into local memory.
     fn pull_local(
@@ -537,7 +531,8 @@ impl MemoryTable for InMemoryTable {
         skip: u64,
     ) -> Result<(), MemError> {
         let dst = self.check(false, pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
-        self.copy_pieces(source, skip, len, dst)
+        let total = self.pieces_len(source)?;
+        self.copy_pieces(source, total, skip, len, dst)
     }
     /// Reads `source`'s pieces ([`InMemoryTable::locate_local`]'s) from this same address
     /// space: a table that stands for both peers (fuzzing one QP, for one); `Unavailable`
@@ -555,7 +550,7 @@ impl MemoryTable for InMemoryTable {
         if total != len {
             return Err(MemError::Unavailable);
         }
-        self.copy_pieces(source, 0, len, dst)
+        self.copy_pieces(source, total, 0, len, dst)
     }
 }
 
@@ -573,15 +568,16 @@ impl InMemoryTable {
         Ok(total)
     }
 
-    /// Copies `len` bytes from byte `skip` of the pieces to offset `dst` of the space.
+    /// Copies `len` bytes from byte `skip` of the pieces (`total` bytes, [`Self::pieces_len`])
+    /// to offset `dst` of the space.
     fn copy_pieces(
         &mut self,
         source: &[u8],
+        total: u64,
         skip: u64,
         len: u64,
         dst: usize,
     ) -> Result<(), MemError> {
-        let total = self.pieces_len(source)?;
         match skip.checked_add(len) {
             Some(end) if end <= total => {}
             _ => return Err(MemError::Unavailable),
@@ -606,6 +602,14 @@ impl InMemoryTable {
         }
         Ok(())
     }
+}
+
+/// Writes the [`InMemoryTable`] piece `(addr, len)` into `out`: 16 bytes.
+fn piece(addr: u64, len: u64, out: &mut [u8]) -> Result<usize, MemError> {
+    let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
+    out[..8].copy_from_slice(&addr.to_le_bytes());
+    out[8..].copy_from_slice(&len.to_le_bytes());
+    Ok(16)
 }
 
 /// The `(address, length)` pieces of an [`InMemoryTable`] source.

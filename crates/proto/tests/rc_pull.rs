@@ -3,7 +3,7 @@
 //! pull it cannot read is asked for again and arrives inline; a refused one touches nothing.
 
 use rdma_proto::memory::{AtomicOp, InMemoryTable, MemError, MemoryTable};
-use rdma_proto::packet::{Packet, Placement, TxPlacement};
+use rdma_proto::packet::{Packet, Placement, Transmit, TxPlacement};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::sim::{connect, ConnParams};
 use rdma_proto::verbs::{AccessFlags, Completion, PdId, SendOp, SendWr, Sge, WcStatus};
@@ -85,11 +85,7 @@ impl MemoryTable for Mem {
         l: u64,
         out: &mut [u8],
     ) -> Result<usize, MemError> {
-        self.t.check_local(pd, k, a, l, AccessFlags::empty())?;
-        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
-        out[..8].copy_from_slice(&a.to_le_bytes());
-        out[8..].copy_from_slice(&l.to_le_bytes());
-        Ok(16)
+        self.t.locate_local(pd, k, a, l, out)
     }
     fn locate_remote(
         &self,
@@ -99,11 +95,7 @@ impl MemoryTable for Mem {
         l: u64,
         out: &mut [u8],
     ) -> Result<usize, MemError> {
-        self.t.check_remote(pd, k, a, l, AccessFlags::REMOTE_READ)?;
-        let out = out.get_mut(..16).ok_or(MemError::Unavailable)?;
-        out[..8].copy_from_slice(&a.to_le_bytes());
-        out[8..].copy_from_slice(&l.to_le_bytes());
-        Ok(16)
+        self.t.locate_remote(pd, k, a, l, out)
     }
     fn pull_local(
         &mut self,
@@ -116,20 +108,7 @@ impl MemoryTable for Mem {
     ) -> Result<(), MemError> {
         self.t
             .check_local(pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
-        self.pulls += 1;
-        if self.fail > 0 {
-            self.fail -= 1;
-            return Err(MemError::Unavailable);
-        }
-        let (base, bytes) = self.peer.as_ref().expect("the peer's memory");
-        // the peer's bytes the pieces name, end to end, from `skip`
-        let mut all = Vec::new();
-        for pair in source.chunks_exact(16) {
-            let at = u64::from_le_bytes(pair[..8].try_into().unwrap());
-            let n = u64::from_le_bytes(pair[8..].try_into().unwrap());
-            let at = (at - base) as usize;
-            all.extend_from_slice(&bytes[at..at + n as usize]);
-        }
+        let all = self.peer_bytes(source)?;
         let chunk = &all[skip as usize..(skip + len) as usize];
         self.t.bytes_mut(addr, len).unwrap().copy_from_slice(chunk);
         Ok(())
@@ -144,23 +123,30 @@ impl MemoryTable for Mem {
     ) -> Result<(), MemError> {
         self.t
             .check_remote(pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+        let all = self.peer_bytes(source)?;
+        assert_eq!(all.len() as u64, len, "the pairs cover the message");
+        self.t.write_remote(pd, rkey, va, &all)
+    }
+}
+
+impl Mem {
+    /// The peer's bytes `source`'s `(address, length)` pairs name, end to end; counts the
+    /// pull, and fails it while `fail` says so.
+    fn peer_bytes(&mut self, source: &[u8]) -> Result<Vec<u8>, MemError> {
         self.pulls += 1;
         if self.fail > 0 {
             self.fail -= 1;
             return Err(MemError::Unavailable);
         }
-        let (base, bytes) = self.peer.as_ref().expect("the sender's memory");
-        let mut off = 0u64;
+        let (base, bytes) = self.peer.as_ref().expect("the peer's memory");
+        let mut all = Vec::new();
         for pair in source.chunks_exact(16) {
-            let addr = u64::from_le_bytes(pair[..8].try_into().unwrap());
+            let at = u64::from_le_bytes(pair[..8].try_into().unwrap());
             let n = u64::from_le_bytes(pair[8..].try_into().unwrap());
-            let at = (addr - base) as usize;
-            let chunk = bytes[at..at + n as usize].to_vec();
-            self.t.write_remote(pd, rkey, va + off, &chunk)?;
-            off += n;
+            let at = (at - base) as usize;
+            all.extend_from_slice(&bytes[at..at + n as usize]);
         }
-        assert_eq!(off, len, "the pairs cover the message");
-        Ok(())
+        Ok(all)
     }
 }
 
@@ -210,6 +196,22 @@ fn pair(b_access: AccessFlags) -> (Side, Side) {
 
 /// Moves every packet both ways (each as its placement says) and fires timers until A has
 /// a completion; returns it and the placements A sent.
+/// Hands `to` the packet `t` whose payload is at the start of `buf`, as its placement says.
+fn deliver(to: &mut Side, now: u64, t: &Transmit, buf: &[u8]) {
+    let payload = &buf[..t.payload_len];
+    let placement = Placement::decode(t.placement, payload).expect("length prefix");
+    let data = if placement == Placement::Inline {
+        payload
+    } else {
+        &[][..]
+    };
+    let pkt = Packet {
+        header: t.header,
+        payload: data,
+    };
+    to.qp.handle_placed(now, &mut to.mem, &pkt, 1, placement);
+}
+
 fn run(a: &mut Side, b: &mut Side) -> (Completion, Vec<TxPlacement>) {
     let mut buf = vec![0u8; 8192];
     let mut sent = Vec::new();
@@ -221,33 +223,11 @@ fn run(a: &mut Side, b: &mut Side) -> (Completion, Vec<TxPlacement>) {
         let mut moved = false;
         while let Some(t) = a.qp.poll_transmit(now, &mut a.mem, &mut buf) {
             sent.push(t.placement);
-            let payload = &buf[..t.payload_len];
-            let placement = Placement::decode(t.placement, payload).expect("length prefix");
-            let data = if placement == Placement::Inline {
-                payload
-            } else {
-                &[][..]
-            };
-            let pkt = Packet {
-                header: t.header,
-                payload: data,
-            };
-            b.qp.handle_placed(now, &mut b.mem, &pkt, 1, placement);
+            deliver(b, now, &t, &buf);
             moved = true;
         }
         while let Some(t) = b.qp.poll_transmit(now, &mut b.mem, &mut buf) {
-            let payload = &buf[..t.payload_len];
-            let placement = Placement::decode(t.placement, payload).expect("length prefix");
-            let data = if placement == Placement::Inline {
-                payload
-            } else {
-                &[][..]
-            };
-            let pkt = Packet {
-                header: t.header,
-                payload: data,
-            };
-            a.qp.handle_placed(now, &mut a.mem, &pkt, 1, placement);
+            deliver(a, now, &t, &buf);
             moved = true;
         }
         if !moved {

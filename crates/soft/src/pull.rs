@@ -113,14 +113,10 @@ pub(crate) fn copy_range(
     if source.len() % RESOLVED != 0 {
         return Err(MemError::Unavailable);
     }
-    let pair = |c: &[u8]| {
-        let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
-        (u(0), u(8))
-    };
     // the pieces [skip, skip+len) touches: all resolved, enough of them
     let end = skip.checked_add(len).ok_or(MemError::Unavailable)?;
     let mut at = 0u64;
-    for (addr, n) in source.chunks_exact(RESOLVED).map(pair) {
+    for (addr, n) in resolved(source) {
         let next = at.saturating_add(n);
         if next > skip && at < end && addr == 0 {
             return Err(MemError::Unavailable);
@@ -131,7 +127,7 @@ pub(crate) fn copy_range(
         return Err(MemError::Unavailable);
     }
     let (mut at, mut done) = (0u64, 0usize);
-    for (addr, n) in source.chunks_exact(RESOLVED).map(pair) {
+    for (addr, n) in resolved(source) {
         let (from, to) = (at.max(skip), (at + n).min(end));
         if from < to {
             // SAFETY: `addr` is `n` readable bytes of a live mapping (see above) and
@@ -154,15 +150,22 @@ pub(crate) fn copy_range(
     Ok(())
 }
 
+/// The `(address, length)` pairs of a resolved source ([`RESOLVED`] bytes each).
+fn resolved(source: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    source.chunks_exact(RESOLVED).map(|c| {
+        let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
+        (u(0), u(8))
+    })
+}
+
 /// [`copy_range`] of a whole WRITE: the pairs must hold exactly `len` bytes.
 pub(crate) fn copy_into(
     source: &[u8],
     len: u64,
     write: impl FnMut(usize, &[u8]),
 ) -> Result<(), MemError> {
-    let total = source
-        .chunks_exact(RESOLVED)
-        .map(|c| u64::from_le_bytes(c[8..16].try_into().unwrap_or_default()))
+    let total = resolved(source)
+        .map(|(_, n)| n)
         .fold(0u64, u64::saturating_add);
     if total != len {
         return Err(MemError::Unavailable);

@@ -196,6 +196,30 @@ impl MrTableView<'_> {
         Ok(())
     }
 
+    /// Writes where the region's bytes at `addr` are (a [`crate::pull::Piece`]) into `out`
+    /// once [`Self::check`] allows it; `Unavailable` for a region not in shared memory.
+    #[allow(clippy::too_many_arguments)]
+    fn locate(
+        &self,
+        remote: bool,
+        pd: PdId,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+        out: &mut [u8],
+    ) -> std::result::Result<usize, MemError> {
+        let (r, off) = self.check(remote, pd, key, addr, len, need)?;
+        let fd = r.mem.file().ok_or(MemError::Unavailable)?;
+        crate::pull::Piece {
+            token: r.token,
+            offset: off as u64,
+            len,
+            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        }
+        .write(out)
+    }
+
     /// Copies `src` into the region at `addr` once [`Self::check`] allows it.
     fn write(
         &self,
@@ -283,15 +307,7 @@ impl MemoryTable for MrTableView<'_> {
         len: u64,
         out: &mut [u8],
     ) -> std::result::Result<usize, MemError> {
-        let (r, off) = self.check(false, pd, lkey, addr, len, AccessFlags::empty())?;
-        let fd = r.mem.file().ok_or(MemError::Unavailable)?;
-        crate::pull::Piece {
-            token: r.token,
-            offset: off as u64,
-            len,
-            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
-        }
-        .write(out)
+        self.locate(false, pd, lkey, addr, len, AccessFlags::empty(), out)
     }
 
     fn locate_remote(
@@ -302,15 +318,7 @@ impl MemoryTable for MrTableView<'_> {
         len: u64,
         out: &mut [u8],
     ) -> std::result::Result<usize, MemError> {
-        let (r, off) = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_READ)?;
-        let fd = r.mem.file().ok_or(MemError::Unavailable)?;
-        crate::pull::Piece {
-            token: r.token,
-            offset: off as u64,
-            len,
-            fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
-        }
-        .write(out)
+        self.locate(true, pd, rkey, va, len, AccessFlags::REMOTE_READ, out)
     }
 
     fn pull_local(

@@ -183,16 +183,6 @@ impl<M: MemoryTable> MemoryTable for PostMem<'_, M> {
     fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
         self.table.read_local(pd, lkey, addr, dst)
     }
-    fn locate_local(
-        &self,
-        pd: PdId,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        out: &mut [u8],
-    ) -> Result<usize, MemError> {
-        self.table.locate_local(pd, lkey, addr, len, out)
-    }
     fn write_local(&mut self, _: PdId, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
         Err(MemError::InvalidKey)
     }
