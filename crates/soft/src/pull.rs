@@ -97,7 +97,7 @@ pub(crate) fn min_len() -> Option<u32> {
 }
 
 /// Copies `len` bytes, from byte `skip` of what the resolved pairs in `source` name, with
-/// `write(offset, bytes)` (into a checked range of a registered region). `Unavailable`
+/// `write(offset, source address, length)` (into a checked range of a registered region). `Unavailable`
 /// when a pair it needs is unresolved (address 0) or the pairs hold fewer bytes; nothing
 /// is copied then.
 ///
@@ -108,7 +108,7 @@ pub(crate) fn copy_range(
     source: &[u8],
     skip: u64,
     len: u64,
-    mut write: impl FnMut(usize, &[u8]),
+    mut write: impl FnMut(usize, *const u8, usize),
 ) -> Result<(), MemError> {
     if source.len() % RESOLVED != 0 {
         return Err(MemError::Unavailable);
@@ -130,17 +130,12 @@ pub(crate) fn copy_range(
     for (addr, n) in resolved(source) {
         let (from, to) = (at.max(skip), (at + n).min(end));
         if from < to {
-            // SAFETY: `addr` is `n` readable bytes of a live mapping (see above) and
-            // `[from, to)` lies inside this piece; the peer may change them meanwhile,
-            // which makes them unspecified, as a DMA read would.
-            let src = unsafe {
-                std::slice::from_raw_parts(
-                    (addr + (from - at)) as usize as *const u8,
-                    (to - from) as usize,
-                )
-            };
-            write(done, src);
-            done += src.len();
+            // `addr` is `n` readable bytes of a live mapping (see above) and `[from, to)`
+            // lies inside this piece; the peer may change them meanwhile, which makes them
+            // unspecified, as a DMA read would.
+            let n = (to - from) as usize;
+            write(done, (addr + (from - at)) as usize as *const u8, n);
+            done += n;
         }
         at += n;
         if at >= end {
@@ -162,7 +157,7 @@ fn resolved(source: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
 pub(crate) fn copy_into(
     source: &[u8],
     len: u64,
-    write: impl FnMut(usize, &[u8]),
+    write: impl FnMut(usize, *const u8, usize),
 ) -> Result<(), MemError> {
     let total = resolved(source)
         .map(|(_, n)| n)
@@ -186,8 +181,9 @@ mod tests {
 
     fn copied(source: &[u8], skip: u64, len: u64) -> Result<Vec<u8>, MemError> {
         let mut out = vec![0u8; len as usize];
-        copy_range(source, skip, len, |at, b| {
-            out[at..at + b.len()].copy_from_slice(b)
+        copy_range(source, skip, len, |at, src, n| {
+            // SAFETY: the test's pairs name live vectors.
+            out[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(src, n) })
         })?;
         Ok(out)
     }
@@ -219,12 +215,19 @@ mod tests {
             "torn pair"
         );
         // a whole WRITE: exactly the pieces' bytes, all resolved
-        let whole = |len| copy_into(&source, len, |_, _| {});
+        let whole = |len| copy_into(&source, len, |_, _, _| {});
         assert_eq!(whole(160), Err(MemError::Unavailable));
         let two: Vec<u8> = [pair(a.as_ptr() as u64, 100), pair(b.as_ptr() as u64, 50)].concat();
-        assert_eq!(copy_into(&two, 149, |_, _| {}), Err(MemError::Unavailable));
+        assert_eq!(
+            copy_into(&two, 149, |_, _, _| {}),
+            Err(MemError::Unavailable)
+        );
         let mut out = vec![0u8; 150];
-        copy_into(&two, 150, |at, b| out[at..at + b.len()].copy_from_slice(b)).unwrap();
+        copy_into(&two, 150, |at, src, n| {
+            // SAFETY: the pairs name `a` and `b`, alive here.
+            out[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(src, n) })
+        })
+        .unwrap();
         assert_eq!(out, (0..150).collect::<Vec<u8>>());
     }
 }

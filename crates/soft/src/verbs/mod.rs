@@ -8,6 +8,7 @@
 
 mod async_event;
 mod async_tap;
+mod bulk_copy;
 mod cq;
 mod cq_wake;
 mod device;

@@ -331,7 +331,10 @@ impl MemoryTable for MrTableView<'_> {
         skip: u64,
     ) -> std::result::Result<(), MemError> {
         let (r, off) = self.check(false, pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
-        crate::pull::copy_range(source, skip, len, |at, bytes| r.mem.write(off + at, bytes))
+        // SAFETY: copy_range hands out ranges of live mappings of the peer's regions.
+        crate::pull::copy_range(source, skip, len, |at, src, n| unsafe {
+            r.mem.write_raw(off + at, src, n)
+        })
     }
 
     fn pull_remote(
@@ -343,7 +346,10 @@ impl MemoryTable for MrTableView<'_> {
         source: &[u8],
     ) -> std::result::Result<(), MemError> {
         let (r, off) = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
-        crate::pull::copy_into(source, len, |at, bytes| r.mem.write(off + at, bytes))
+        // SAFETY: as in pull_local.
+        crate::pull::copy_into(source, len, |at, src, n| unsafe {
+            r.mem.write_raw(off + at, src, n)
+        })
     }
 
     fn atomic_remote(

@@ -7,15 +7,20 @@
 //! hardware) but never undefined behaviour. Ordering between the device's writes and the
 //! application's reads comes from the completion queue (release on push, acquire on poll).
 //!
-//! The buffer is split once by address: the 8-byte aligned middle is accessed only as
-//! `AtomicU64`, the unaligned head and tail only as `AtomicU8`, so no byte is ever accessed
-//! with two different atomic sizes. Partial words use `fetch_and`/`fetch_or` on the bytes
-//! concerned. RDMA atomics (8-byte aligned by the IB rules) are real `AtomicU64` operations,
+//! Short copies split the buffer once by address: the 8-byte aligned middle is accessed as
+//! `AtomicU64`, the unaligned head and tail as `AtomicU8`. Partial words use
+//! `fetch_and`/`fetch_or` on the bytes concerned. Long copies, where word stores would halve
+//! the speed, run as the CPU's own copy instructions in an `asm!` block, which is a byte-wise
+//! relaxed atomic copy (`bulk_copy.rs`). Accesses of different sizes to one byte only meet
+//! when the application races the device on it, and the byte is unspecified then, as on
+//! hardware. RDMA atomics (8-byte aligned by the IB rules) are real `AtomicU64` operations,
 //! atomic against local atomics on the same word ([`SharedBytes::atomic_u64`]).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+use super::bulk_copy;
 
 /// Bytes before the data in a shared region's file: the `live` word (1 while registered).
 pub(crate) const SHARED_HEADER: usize = 4096;
@@ -156,10 +161,23 @@ impl SharedBytes {
 
     /// Copies `src` to offset `off`. The caller checks bounds with [`SharedBytes::contains`].
     pub fn write(&self, off: usize, src: &[u8]) {
-        assert!(
-            self.contains(off, src.len()),
-            "bounds checked by the caller"
-        );
+        // SAFETY: a slice is valid for its length and cannot overlap our atomic bytes.
+        unsafe { self.write_raw(off, src.as_ptr(), src.len()) }
+    }
+
+    /// Copies `len` bytes from `src` to offset `off`. The caller checks bounds.
+    ///
+    /// # Safety
+    /// `src` is valid for `len` reads (another process may write them meanwhile: those
+    /// bytes are then unspecified) and does not overlap this buffer.
+    pub unsafe fn write_raw(&self, off: usize, src: *const u8, len: usize) {
+        assert!(self.contains(off, len), "bounds checked by the caller");
+        // SAFETY: `[off, off + len)` is inside the buffer; `src` from the caller.
+        if unsafe { bulk_copy::copy(self.ptr.as_ptr().add(off), src, len) } {
+            return;
+        }
+        // SAFETY: from the caller; a short copy (the bulk copy takes the long ones).
+        let src = unsafe { std::slice::from_raw_parts(src, len) };
         let mut i = 0;
         while i < src.len() {
             let at = off + i;
@@ -200,6 +218,10 @@ impl SharedBytes {
             self.contains(off, dst.len()),
             "bounds checked by the caller"
         );
+        // SAFETY: `[off, off + len)` is inside the buffer; `dst` is ours alone.
+        if unsafe { bulk_copy::copy(dst.as_mut_ptr(), self.ptr.as_ptr().add(off), dst.len()) } {
+            return;
+        }
         let mut i = 0;
         while i < dst.len() {
             let at = off + i;
@@ -387,6 +409,32 @@ mod tests {
             s.fill(3, 30, 0xee);
             model[3..33].fill(0xee);
             assert_eq!(s.into_inner().to_vec(), model);
+        }
+    }
+
+    #[test]
+    fn long_copies_meet_short_ones_byte_for_byte() {
+        let size = 70_000;
+        let s = SharedBytes::new(vec![0u8; size].into_boxed_slice());
+        let shared = SharedBytes::new_shared_zeroed(size);
+        for region in [&s, &shared] {
+            let mut model = vec![0u8; size];
+            for (k, len) in [255usize, 256, 4097, 40_000, 65_536].into_iter().enumerate() {
+                for off in 0..9 {
+                    let src: Vec<u8> = (0..len).map(|i| (i * 3 + k + off) as u8).collect();
+                    region.write(off, &src);
+                    model[off..off + len].copy_from_slice(&src);
+                    // read back long, and in short pieces (the atomic word path)
+                    let mut long = vec![0u8; size];
+                    region.read(0, &mut long);
+                    assert_eq!(long, model, "len {len} off {off}");
+                    let mut short = [0u8; 77];
+                    for at in (0..size - 77).step_by(7919) {
+                        region.read(at, &mut short);
+                        assert_eq!(&short[..], &model[at..at + 77], "at {at}");
+                    }
+                }
+            }
         }
     }
 
