@@ -287,7 +287,7 @@ pub(crate) struct Runtime {
     /// Every GID of the device's ports, sorted, with its port: which port a datagram
     /// arrived on (replaced when a GID table changes, read per packet without allocating).
     port_map: Vec<(WireAddr, u8)>,
-    /// The clock of the last `progress` (a busy poller reuses it: `progress_busy`).
+    /// The clock of the last `progress` (a busy poller reuses it: `busy_round`).
     last_now: u64,
     /// The last busy poll received something: the next reads the clock.
     fresh_clock: bool,
@@ -619,7 +619,7 @@ impl Runtime {
     }
 
     /// [`Runtime::after_post`] while a busy poller drives the device: its last clock
-    /// reading (at most a few polls old, [`Runtime::progress_busy`]) stands for now, so a
+    /// reading (at most a few polls old, [`Runtime::busy_idle`]) stands for now, so a
     /// post reads no clock.
     pub fn after_post_busy<M: MemoryTable + ?Sized>(
         &mut self,
@@ -751,17 +751,15 @@ impl Runtime {
         Ok(total)
     }
 
-    /// [`Runtime::progress`] for a caller that busy-polls (the wire may look at its slower
-    /// sources less often: [`DatagramWire::busy_poll`]).
+    /// [`Runtime::progress`] for a caller that busy-polls, in two halves: this one needs no
+    /// memory table (a busy poller takes none when nothing came): held ACKs leave, and true
+    /// when this poll has nothing to do; else [`Runtime::busy_round`] follows (the wire may
+    /// look at its slower sources less often: [`DatagramWire::busy_poll`]).
     /// `clock` is the caller's reading when it took one for this poll (every
     /// `CLOCK_EVERY`th poll); after a call that received something the clock is
     /// read here; the others reuse the last reading (a few µs old: timers are hundreds of
     /// µs and more, and a packet's time stamps are read fresh after it).
-    pub fn progress_busy<M: MemoryTable + ?Sized>(
-        &mut self,
-        mem: &mut M,
-        clock: Option<Instant>,
-    ) -> Result<usize> {
+    pub fn busy_idle(&mut self, clock: Option<Instant>) -> Result<bool> {
         // ACKs held by the last poll leave now, whatever this one does.
         if self.hold.take_held() {
             self.wire.flush()?;
@@ -769,9 +767,15 @@ impl Runtime {
         // Nothing arrived and nothing is due: the round (every QP's timers and transmit,
         // the flush) is skipped unless the caller read the clock for this poll; posts
         // transmit themselves, and timers are hundreds of µs and more.
-        if clock.is_none() && !self.fresh_clock && self.wire.idle_poll() {
-            return Ok(0);
-        }
+        Ok(clock.is_none() && !self.fresh_clock && self.wire.idle_poll())
+    }
+
+    /// The round of a busy poll, after [`Runtime::busy_idle`] said false.
+    pub fn busy_round<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        clock: Option<Instant>,
+    ) -> Result<usize> {
         self.wire.busy_poll(true);
         self.hold.on = true;
         let now = match clock {

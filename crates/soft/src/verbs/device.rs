@@ -246,8 +246,11 @@ impl DeviceShared {
     pub(crate) fn try_progress(&self) -> Result<usize> {
         // The engine's "busy poller" test needs ~100 µs resolution: a clock read every
         // `CLOCK_EVERY`th poll, not every one (a poll of nothing costs less than the read).
-        // The same reading serves the runtime's timers (`Runtime::progress_busy`).
-        let k = self.inline_polls.fetch_add(1, Ordering::Relaxed);
+        // The same reading serves the runtime's timers (`Runtime::busy_round`).
+        // a load and a store, not a locked add: a count lost to a racing poller is harmless
+        let k = self.inline_polls.load(Ordering::Relaxed);
+        self.inline_polls
+            .store(k.wrapping_add(1), Ordering::Relaxed);
         let clock =
             (k % CLOCK_EVERY == 0 || self.inline_at.load(Ordering::Relaxed) == 0).then(|| {
                 let now = Instant::now();
@@ -291,10 +294,13 @@ impl DeviceShared {
 
     /// A thread other than the engine drives the device.
     fn drive_locked(&self, rt: &mut Runtime, how: Drive) -> Result<usize> {
-        let mut mem = self.mrs.view();
         let r = match how {
             Drive::Busy(clock) => {
-                let r = rt.progress_busy(&mut mem, clock);
+                // the memory table's lock only when something is to be done
+                let r = match rt.busy_idle(clock) {
+                    Ok(false) => rt.busy_round(&mut self.mrs.view(), clock),
+                    idle => idle.map(|_| 0),
+                };
                 if rt.acks_held() {
                     // a poller that stops now would leave them: the engine sends them
                     let now = clock.unwrap_or_else(Instant::now);
@@ -302,9 +308,8 @@ impl DeviceShared {
                 }
                 r
             }
-            Drive::Plain | Drive::Watcher => rt.progress(&mut mem),
+            Drive::Plain | Drive::Watcher => rt.progress(&mut self.mrs.view()),
         };
-        drop(mem);
         // If the engine sleeps now (not deferred to this thread), or an event loop sleeps
         // on the wire fd (the engine defers to it), host-local peers must ring the bell
         // for what comes next: this drive may have taken the datagram that was to wake it.
@@ -408,14 +413,14 @@ enum Drive {
     /// Once, for a watcher ([`Device::drive_inline`]): what is pending after it is the
     /// watcher's to drive next, not the engine's.
     Watcher,
-    /// As a busy poller ([`Runtime::progress_busy`]), with the clock if it read it for
+    /// As a busy poller ([`Runtime::busy_idle`]), with the clock if it read it for
     /// this poll.
     Busy(Option<Instant>),
 }
 
 /// A busy poller reads the clock on every `CLOCK_EVERY`th poll (`try_progress`; the
-/// runtime's own clock likewise, `Runtime::progress_busy`).
-pub(crate) const CLOCK_EVERY: u32 = 8;
+/// runtime's own clock likewise, `Runtime::busy_idle`).
+pub(crate) const CLOCK_EVERY: u32 = 32;
 
 /// Packets from the host-local rings in one engine run that make it a stream (see
 /// [`DeviceShared::spin_on_rings`]).

@@ -419,7 +419,10 @@ mod tests {
         let shared = SharedBytes::new_shared_zeroed(size);
         for region in [&s, &shared] {
             let mut model = vec![0u8; size];
-            for (k, len) in [255usize, 256, 4097, 40_000, 65_536].into_iter().enumerate() {
+            for (k, len) in [255usize, 256, 4097, 40_000, 65_536]
+                .into_iter()
+                .enumerate()
+            {
                 for off in 0..9 {
                     let src: Vec<u8> = (0..len).map(|i| (i * 3 + k + off) as u8).collect();
                     region.write(off, &src);

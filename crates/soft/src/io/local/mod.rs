@@ -269,6 +269,8 @@ pub(crate) struct HostLocal {
     scratch: Vec<u8>,
     /// When producers were last looked at for being gone ([`HostLocal::sweep_gone`]).
     swept_at: Option<std::time::Instant>,
+    /// Our effective uid: rings and region files come only from processes of it.
+    uid: libc::uid_t,
 }
 
 /// What became of a pulled WRITE's record ([`pull_record`]).
@@ -369,6 +371,8 @@ impl HostLocal {
             epoll: None,
             scratch: vec![0; 2 * MAX_PULL_RECORD],
             swept_at: None,
+            // SAFETY: no arguments, cannot fail.
+            uid: unsafe { libc::geteuid() },
         })
     }
 
@@ -624,8 +628,7 @@ impl HostLocal {
     pub fn drain_bell(&mut self) {
         let mut new = Vec::new();
         let mut efds = Vec::new();
-        // SAFETY: no arguments, cannot fail.
-        let uid = unsafe { libc::geteuid() };
+        let uid = self.uid;
         let mut regions = Vec::new();
         self.bell.drain(64, |msg, fd, sender| {
             let (Some(fd), kind) = (fd, msg.first().copied()) else {
