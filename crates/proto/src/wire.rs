@@ -56,14 +56,20 @@ pub fn emit(
     out: &mut [u8],
     encap: Option<&Encap>,
 ) -> Result<usize, rdma_wire::Error> {
+    let pad = PacketRepr::pad_for(payload.len());
+    if h.bth.pad_cnt == pad {
+        // most payloads: no copy of the headers to set it
+        return h.emit(payload, out, encap);
+    }
     let mut r = *h;
-    r.bth.pad_cnt = PacketRepr::pad_for(payload.len());
+    r.bth.pad_cnt = pad;
     r.emit(payload, out, encap)
 }
 
 /// Parses a datagram (BTH through ICRC), checking the ICRC as `check` says.
 pub fn parse<'a>(bytes: &'a [u8], check: IcrcCheck<'_>) -> Result<Packet<'a>, ParseError> {
-    let p = WirePacket::new_checked(bytes).map_err(ParseError::Wire)?;
+    // PacketRepr::parse checks the layout itself: new_checked would do it twice
+    let p = WirePacket::new_unchecked(bytes);
     let header = PacketRepr::parse(&p, check).map_err(ParseError::Wire)?;
     if !is_supported(header.bth.opcode) {
         return Err(ParseError::Unsupported);

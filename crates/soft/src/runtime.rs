@@ -287,6 +287,9 @@ pub(crate) struct Runtime {
     /// Every GID of the device's ports, sorted, with its port: which port a datagram
     /// arrived on (replaced when a GID table changes, read per packet without allocating).
     port_map: Vec<(WireAddr, u8)>,
+    /// The last arrival address looked up in `port_map` and its port (a run of packets
+    /// mostly arrives on one address).
+    port_hint: Option<(WireAddr, u8)>,
     /// The clock of the last `progress` (a busy poller reuses it: `busy_round`).
     last_now: u64,
     /// The last busy poll received something: the next reads the clock.
@@ -317,6 +320,7 @@ impl Runtime {
             ud: ud::UdState::default(),
             timers_touched: false,
             port_map: Vec::new(),
+            port_hint: None,
             last_now: 0,
             fresh_clock: true,
             hold: Default::default(),
@@ -650,6 +654,7 @@ impl Runtime {
     /// Replaces the table of which port each local address belongs to.
     pub fn set_port_map(&mut self, map: Vec<(WireAddr, u8)>) {
         self.port_map = map;
+        self.port_hint = None;
     }
 
     /// One receive round: delivers what the wire has; returns how many datagrams.
@@ -661,11 +666,19 @@ impl Runtime {
             gsi,
             ud,
             port_map,
+            port_hint,
             sched,
             ..
         } = self;
         wire.recv(&mut |arr, bytes| {
-            let port = port_in(port_map, arr.local);
+            let port = match *port_hint {
+                Some((a, p)) if a == arr.local => p,
+                _ => {
+                    let p = port_in(port_map, arr.local);
+                    *port_hint = Some((arr.local, p));
+                    p
+                }
+            };
             stats.rx_by_port[port as usize] += 1;
             let Ok(mut pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
                 stats.unparsable += 1;

@@ -118,6 +118,23 @@ impl ExtHeader {
     }
 }
 
+/// The length of every set of extended headers, by its bits (bit k: `ExtHeader::ALL[k]`).
+const LENS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut bits = 0;
+    while bits < 256 {
+        let mut k = 0;
+        while k < 8 {
+            if bits & (1 << k) != 0 {
+                t[bits] += ExtHeader::ALL[k].len() as u8;
+            }
+            k += 1;
+        }
+        bits += 1;
+    }
+    t
+};
+
 /// The set of extended headers that follow the BTH for one opcode.
 ///
 /// ```
@@ -144,6 +161,12 @@ impl ExtHeaders {
         ExtHeaders(bits)
     }
 
+    /// The set as bits: bit k stands for `ExtHeader::ALL[k]`.
+    #[inline]
+    pub(crate) const fn bits(self) -> u8 {
+        self.0
+    }
+
     /// Whether `h` is present.
     #[inline]
     pub const fn contains(self, h: ExtHeader) -> bool {
@@ -153,24 +176,18 @@ impl ExtHeaders {
     /// Total length in bytes of the extended headers.
     #[allow(clippy::len_without_is_empty)]
     #[inline]
-    pub fn len(self) -> usize {
-        self.iter().map(ExtHeader::len).sum()
+    pub const fn len(self) -> usize {
+        LENS[self.0 as usize] as usize
     }
 
     /// Offset of `h` from the start of the BTH, if present.
     #[inline]
-    pub fn offset(self, h: ExtHeader) -> Option<usize> {
+    pub const fn offset(self, h: ExtHeader) -> Option<usize> {
         if !self.contains(h) {
             return None;
         }
-        Some(
-            crate::bth::BTH_LEN
-                + self
-                    .iter()
-                    .take_while(|&x| x != h)
-                    .map(ExtHeader::len)
-                    .sum::<usize>(),
-        )
+        // the headers before `h` in wire order are the lower bits
+        Some(crate::bth::BTH_LEN + ExtHeaders(self.0 & (h.bit() - 1)).len())
     }
 
     /// The headers present, in wire order.

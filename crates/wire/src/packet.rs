@@ -331,34 +331,32 @@ impl PacketRepr {
         let b = packet.buffer.as_ref();
         let l = layout(b)?;
         packet.check_icrc(icrc)?;
-        let at = |h: ExtHeader| l.headers.offset(h).map(|o| &b[o..o + h.len()]);
         let mut repr = PacketRepr::new(BthRepr::parse(&Bth::new_unchecked(b))?);
-        repr.rdeth = at(ExtHeader::Rdeth)
-            .map(|s| RdethRepr::parse(&Rdeth::new_unchecked(s)))
-            .transpose()?;
-        repr.deth = at(ExtHeader::Deth)
-            .map(|s| DethRepr::parse(&Deth::new_unchecked(s)))
-            .transpose()?;
-        repr.reth = at(ExtHeader::Reth)
-            .map(|s| RethRepr::parse(&Reth::new_unchecked(s)))
-            .transpose()?;
-        repr.atomic_eth = at(ExtHeader::AtomicEth)
-            .map(|s| AtomicEthRepr::parse(&AtomicEth::new_unchecked(s)))
-            .transpose()?;
-        repr.aeth = at(ExtHeader::Aeth)
-            .map(|s| AethRepr::parse(&Aeth::new_unchecked(s)))
-            .transpose()?;
-        repr.atomic_ack_eth = at(ExtHeader::AtomicAckEth)
-            .map(|s| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(s)))
-            .transpose()?;
-        repr.imm_dt = at(ExtHeader::ImmDt)
-            .map(|s| ImmDtRepr::parse(&ImmDt::new_unchecked(s)))
-            .transpose()?
-            .map(|r| r.imm_dt);
-        repr.ieth = at(ExtHeader::Ieth)
-            .map(|s| IethRepr::parse(&Ieth::new_unchecked(s)))
-            .transpose()?
-            .map(|r| r.r_key);
+        // the present headers in order, each read once (the layout checked their room)
+        let mut at = BTH_LEN;
+        for h in l.headers.iter() {
+            let s = &b[at..at + h.len()];
+            at += h.len();
+            match h {
+                ExtHeader::Rdeth => repr.rdeth = Some(RdethRepr::parse(&Rdeth::new_unchecked(s))?),
+                ExtHeader::Deth => repr.deth = Some(DethRepr::parse(&Deth::new_unchecked(s))?),
+                ExtHeader::Reth => repr.reth = Some(RethRepr::parse(&Reth::new_unchecked(s))?),
+                ExtHeader::AtomicEth => {
+                    repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(s))?)
+                }
+                ExtHeader::Aeth => repr.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(s))?),
+                ExtHeader::AtomicAckEth => {
+                    repr.atomic_ack_eth =
+                        Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(s))?)
+                }
+                ExtHeader::ImmDt => {
+                    repr.imm_dt = Some(ImmDtRepr::parse(&ImmDt::new_unchecked(s))?.imm_dt)
+                }
+                ExtHeader::Ieth => {
+                    repr.ieth = Some(IethRepr::parse(&Ieth::new_unchecked(s))?.r_key)
+                }
+            }
+        }
         Ok(repr)
     }
 
@@ -378,6 +376,24 @@ impl PacketRepr {
     #[inline]
     pub fn check_headers(&self) -> Result<()> {
         let want = self.bth.opcode.ext_headers();
+        let present = [
+            self.rdeth.is_some(),
+            self.deth.is_some(),
+            self.reth.is_some(),
+            self.atomic_eth.is_some(),
+            self.aeth.is_some(),
+            self.atomic_ack_eth.is_some(),
+            self.imm_dt.is_some(),
+            self.ieth.is_some(),
+        ];
+        // bit k: ExtHeader::ALL[k]
+        let bits = present
+            .iter()
+            .enumerate()
+            .fold(0u8, |b, (k, &p)| b | (u8::from(p) << k));
+        if bits == want.bits() {
+            return Ok(());
+        }
         let have = [
             (ExtHeader::Rdeth, self.rdeth.is_some()),
             (ExtHeader::Deth, self.deth.is_some()),

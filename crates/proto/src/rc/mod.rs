@@ -540,10 +540,14 @@ impl RcQp {
 
     /// The next instant at which [`handle_timeout`](Self::handle_timeout) must be called.
     pub fn poll_timeout(&self) -> Option<u64> {
-        [self.retrans_deadline, self.rnr_until, self.ask.probe_at]
-            .into_iter()
-            .flatten()
-            .min()
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        min(
+            min(self.retrans_deadline, self.rnr_until),
+            self.ask.probe_at,
+        )
     }
 
     /// Runs expired timers: the local ACK timer (retransmit or [`WcStatus::RetryExcErr`]) and
