@@ -105,6 +105,14 @@ pub(crate) fn valid_capacity(n: usize) -> bool {
 }
 
 impl Ring {
+    /// Where `pos` falls in the data area (the capacity is a power of two: a mask, not a
+    /// division, on every record).
+    #[inline]
+    fn offset(&self) -> u64 {
+        debug_assert!(self.cap.is_power_of_two());
+        self.pos & (self.cap - 1)
+    }
+
     /// `fd` (`HEADER` + `cap` bytes long) mapped, at position 0.
     fn mapped(fd: OwnedFd, cap: usize) -> std::io::Result<Ring> {
         Ok(Ring {
@@ -188,7 +196,7 @@ impl Ring {
     /// Whether a packet of `max` bytes fits now.
     pub fn has_room(&mut self, max: usize) -> bool {
         let need = (RECORD + max).next_multiple_of(8) as u64;
-        let at = self.pos % self.cap;
+        let at = self.offset();
         let wrap = if at + need > self.cap {
             self.cap - at
         } else {
@@ -216,7 +224,7 @@ impl Ring {
         if need > self.cap / 4 {
             return None;
         }
-        let at = self.pos % self.cap;
+        let at = self.offset();
         let wrap = if at + need > self.cap {
             self.cap - at
         } else {
@@ -233,7 +241,7 @@ impl Ring {
             unsafe { self.data().add(at as usize).cast::<u32>().write(SKIP) };
             self.pos += wrap;
         }
-        let at = (self.pos % self.cap) as usize;
+        let at = (self.offset()) as usize;
         // SAFETY: [at, at + need) is free space of the ring, owned by the producer until
         // published; the slice lives as long as `&mut self`.
         Some(unsafe { std::slice::from_raw_parts_mut(self.data().add(at + RECORD), max) })
@@ -242,7 +250,7 @@ impl Ring {
     /// Publishes the packet of `len` bytes written into the last [`Ring::reserve`].
     pub fn commit(&mut self, meta: &RecordMeta, len: usize) {
         let total = (RECORD + len).next_multiple_of(8);
-        let at = (self.pos % self.cap) as usize;
+        let at = (self.offset()) as usize;
         let mut h = [0u8; RECORD];
         h[0..4].copy_from_slice(&(total as u32).to_le_bytes());
         h[4..6].copy_from_slice(&(len as u16).to_le_bytes());
@@ -292,7 +300,7 @@ impl Ring {
             if avail > self.cap || avail % 8 != 0 {
                 return Err(Malformed("head out of range"));
             }
-            let at = (self.pos % self.cap) as usize;
+            let at = (self.offset()) as usize;
             // SAFETY: [pos, head) is published and the consumer's to read; `at` is
             // 8-aligned inside the buffer.
             let total = unsafe { self.data().add(at).cast::<u32>().read() };
