@@ -188,6 +188,7 @@ impl Params {
 /// one-line reason.
 pub fn main_with(args: &[String]) -> Result<(), String> {
     let p = args::parse(args)?;
+    rcm::calibrate();
     match p {
         args::Parsed::Help => {
             print!("{}", args::USAGE);

@@ -730,6 +730,30 @@ fn over(p: &Params, t0: Instant, done: u64) -> bool {
     }
 }
 
+/// The clock of the latency tests' time stamps: the CPU's counter where it runs at a
+/// constant rate (as perftest's `get_cycles`: a few ns, where a system clock read costs
+/// tens of ns inside the measured round trip), else the monotonic clock. Calibrated once,
+/// before the first test ([`calibrate`]).
+fn stamps() -> &'static quanta::Clock {
+    static CLOCK: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
+    CLOCK.get_or_init(quanta::Clock::new)
+}
+
+/// Calibrates the time stamps' clock (some ms) outside any measurement.
+pub(super) fn calibrate() {
+    stamps();
+}
+
+/// A time stamp.
+pub(super) fn stamp() -> u64 {
+    stamps().raw()
+}
+
+/// µs from time stamp `t` to now.
+pub(super) fn us_since(t: u64) -> f64 {
+    stamps().delta_as_nanos(t, stamp()) as f64 / 1e3
+}
+
 /// `run_iter_lat_send`: the client sends first; `iters` SENDs of `size` bytes each way.
 fn send_lat(d: &Data, s: &Settled, size: usize, client: bool) -> Result<LatRecorder, String> {
     let mut pl = Poller::new(d);
@@ -748,7 +772,7 @@ fn send_lat(d: &Data, s: &Settled, size: usize, client: bool) -> Result<LatRecor
             if s.p.duration.is_some() && t0.elapsed() >= s.p.duration.unwrap_or_default() {
                 break;
             }
-            sent_at = Some(Instant::now());
+            sent_at = Some(stamp());
             scnt += 1;
             post(d, 0, &super::signal_some(&s.p, wr, scnt))?;
             continue;
@@ -757,7 +781,7 @@ fn send_lat(d: &Data, s: &Settled, size: usize, client: bool) -> Result<LatRecor
             if c.opcode == WcOpcode::Recv {
                 rcnt += 1;
                 if let Some(t) = sent_at.take() {
-                    rec.record(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+                    rec.record(us_since(t) / 2.0);
                 }
             }
         } else if s.p.duration.is_some() && t0.elapsed() >= s.p.duration.unwrap_or_default() {
@@ -790,7 +814,7 @@ fn write_lat(
     let mut rec = LatRecorder::new();
     let t0 = Instant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
-    let mut sent_at: Option<Instant> = None;
+    let mut sent_at: Option<u64> = None;
     let mut b = [0u8];
     loop {
         if over(&s.p, t0, scnt) && rcnt >= scnt {
@@ -800,11 +824,17 @@ fn write_lat(
         if need {
             // Wait for the peer's counter rcnt + 1.
             let want = (rcnt + 1) as u8;
+            let mut spins = 0u32;
             loop {
                 pl.poll()?;
                 d.mr.read(size - 1, &mut b).map_err(|e| e.to_string())?;
                 if b[0] == want {
                     break;
+                }
+                // the clock only now and then: a read per spin would delay seeing the byte
+                spins = spins.wrapping_add(1);
+                if !spins.is_multiple_of(1024) {
+                    continue;
                 }
                 if s.p.duration.is_some() && t0.elapsed() >= s.p.duration.unwrap_or_default() + IDLE
                 {
@@ -819,9 +849,9 @@ fn write_lat(
             }
             rcnt += 1;
             if let Some(t) = sent_at.take() {
-                rec.record(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+                rec.record(us_since(t) / 2.0);
             }
-            pl.last = Instant::now();
+            pl.progressed = true;
             if over(&s.p, t0, scnt) && rcnt >= scnt {
                 break;
             }
@@ -829,7 +859,7 @@ fn write_lat(
         scnt += 1;
         d.mr.write(d.region + size - 1, &[scnt as u8])
             .map_err(|e| e.to_string())?;
-        sent_at = Some(Instant::now());
+        sent_at = Some(stamp());
         post(d, 0, &super::signal_some(&s.p, wr, scnt))?;
     }
     Ok(rec)
@@ -853,7 +883,7 @@ fn read_lat(d: &Data, s: &Settled, size: usize, rem: &Dest) -> Result<LatRecorde
     let t0 = Instant::now();
     let mut n = 0u64;
     while !over(&s.p, t0, n) {
-        let t = Instant::now();
+        let t = stamp();
         post(d, 0, &wr)?;
         loop {
             if let Some(c) = pl.poll()? {
@@ -862,7 +892,7 @@ fn read_lat(d: &Data, s: &Settled, size: usize, rem: &Dest) -> Result<LatRecorde
                 }
             }
         }
-        rec.record(t.elapsed().as_secs_f64() * 1e6);
+        rec.record(us_since(t));
         n += 1;
     }
     Ok(rec)
