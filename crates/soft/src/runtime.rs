@@ -553,6 +553,10 @@ impl Runtime {
         let mut budget = TX_BUDGET;
         let mut left = sched::Serviced::Done;
         loop {
+            // nothing to send: neither the ring's room nor the transport is asked
+            if !ctx.rc.may_transmit() {
+                break;
+            }
             if budget == 0 {
                 left = sched::Serviced::More;
                 break;

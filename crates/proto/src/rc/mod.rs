@@ -538,6 +538,13 @@ impl RcQp {
         Some(t)
     }
 
+    /// Whether [`poll_transmit`](Self::poll_transmit) may have a packet now: false means it
+    /// has none for sure (no response waits and every posted request has left), so a
+    /// caller can skip asking, and what it checks before asking.
+    pub fn may_transmit(&self) -> bool {
+        self.resp.has_output() || self.req_idx < self.sq.len()
+    }
+
     /// The next instant at which [`handle_timeout`](Self::handle_timeout) must be called.
     pub fn poll_timeout(&self) -> Option<u64> {
         let min = |a: Option<u64>, b: Option<u64>| match (a, b) {

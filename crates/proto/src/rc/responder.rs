@@ -166,6 +166,11 @@ impl Responder {
         }
     }
 
+    /// Whether a response (ACK, NAK, READ or atomic response) waits to be sent.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     pub fn set_max_dest_rd_atomic(&mut self, n: u8) {
         self.max_rd = (n as usize).max(1);
         self.replay = VecDeque::with_capacity(self.max_rd);
