@@ -261,7 +261,13 @@ impl DeviceShared {
         let Some(mut rt) = self.try_runtime() else {
             return Ok(0);
         };
-        self.drive_locked(&mut rt, Drive::Busy(clock))
+        let r = self.drive_locked(&mut rt, Drive::Busy(clock));
+        if matches!(r, Ok(n) if n > 0) {
+            // the next poll reads the clock (it would anyway, for the packets' time stamps):
+            // a stream's polls are long, and the engine must see this poller within ACTIVE
+            self.inline_polls.store(0, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Drives the device once in the caller's thread if no other thread is (the engine
