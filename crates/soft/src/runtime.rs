@@ -519,10 +519,11 @@ impl Runtime {
             .filter(|c| c.qpn == qpn)
     }
 
-    /// Opens now, in the caller's network namespace, the socket datagrams from `local` with
-    /// UDP source port `sport` leave from (see [`DatagramWire::prepare_port`]).
-    pub fn prepare_port(&mut self, local: WireAddr, sport: u16) {
-        self.wire.prepare_port(local, sport);
+    /// Opens now, in the caller's network namespace, the sockets datagrams of an RC path
+    /// from `local` with UDP source port `sport` to `remote` leave from (see
+    /// [`DatagramWire::prepare_path`]).
+    pub fn prepare_path(&mut self, local: WireAddr, sport: u16, remote: WireAddr) {
+        self.wire.prepare_path(local, sport, remote);
     }
 
     /// Transmits what one QP has to send (its transport holds requests back at the send

@@ -236,6 +236,17 @@ fn rc_ud_and_mads_leave_from_linux_source_ports() {
     hb.run(|| connect(&b.qps[1], a1, a.gid, FL_B));
     transfer(&a, &b, 0);
     transfer(&a, &b, 1);
+    // RC datagrams leave from sockets connected to their peer (no route lookup each)
+    let stats = |e: &End| {
+        let s = e.dev.wire_stats();
+        (s.sent, s.sent_connected)
+    };
+    for (sent, connected) in [stats(&a), stats(&b)] {
+        assert!(
+            connected > 0 && connected <= sent,
+            "{sent} sent, {connected} connected"
+        );
+    }
 
     // UD: a datagram from a UD QP of a to one of b
     let (ud_a, ud_b) = (ha.run(|| ud_end(&a)), hb.run(|| ud_end(&b)));
@@ -473,4 +484,84 @@ fn one_batch_leaves_from_each_datagrams_port_on_loopback() {
         let st = b.stats();
         assert_eq!(st.icrc_recovered_id + st.gro_coalesced, 2);
     }
+}
+
+/// A path prepared for an RC QP (`prepare_path`) sends from a socket connected to its peer:
+/// the same source port and ICRC, no destination per datagram; other ports and other peers
+/// still leave from the port's unconnected socket.
+#[test]
+fn an_rc_path_leaves_from_a_socket_connected_to_its_peer() {
+    use rdma_soft::io::{DatagramWire, TxMeta, UdpConfig, UdpWire, WireAddr};
+    let port = 47962;
+    let (la, lb, lc): (WireAddr, WireAddr, WireAddr) = (
+        "127.0.88.21".parse().unwrap(),
+        "127.0.88.22".parse().unwrap(),
+        "127.0.88.23".parse().unwrap(),
+    );
+    let cfg = UdpConfig {
+        port,
+        share: false,
+        ..UdpConfig::default()
+    };
+    let mut a = UdpWire::new(cfg.clone()).unwrap();
+    a.open(la).unwrap();
+    a.prepare_path(la, 0xC124, lb);
+    let rx_b = UdpSocket::bind(("127.0.88.22", port)).unwrap();
+    let rx_c = UdpSocket::bind(("127.0.88.23", port)).unwrap();
+    for rx in [&rx_b, &rx_c] {
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    }
+    // (to, source port, tag): the prepared path twice, another port, another peer
+    let plan = [
+        (lb, 0xC124, 0u8),
+        (lb, 0xC124, 1),
+        (lb, 0xE002, 2),
+        (lc, 0xC124, 3),
+    ];
+    for &(to, sport, tag) in &plan {
+        a.send_from_port(la, to, sport, TxMeta::default(), &raw_packet(tag, 200))
+            .unwrap();
+    }
+    a.flush().unwrap();
+    let mut buf = [0u8; 512];
+    let mut seen = std::collections::HashMap::new();
+    for (rx, n) in [(&rx_b, 3), (&rx_c, 1)] {
+        for _ in 0..n {
+            let (len, from) = rx.recv_from(&mut buf).expect("datagram");
+            assert_eq!(len, 200);
+            seen.insert(buf[11], (from.ip().to_string(), from.port()));
+        }
+    }
+    for &(_, sport, tag) in &plan {
+        assert_eq!(
+            seen[&tag],
+            ("127.0.88.21".to_string(), sport),
+            "datagram {tag}"
+        );
+    }
+    let s = a.stats();
+    assert_eq!((s.sent, s.send_errors, s.sport_fallback), (4, 0, 0));
+    assert_eq!(
+        s.sent_connected, 2,
+        "only the prepared path's two datagrams: {s:?}"
+    );
+    drop(rx_b);
+    // a wire on lb accepts them: sealed for the connected socket's port
+    let mut b = UdpWire::new(cfg).unwrap();
+    b.open(lb).unwrap();
+    for tag in [4u8, 5] {
+        a.send_from_port(la, lb, 0xC124, TxMeta::default(), &raw_packet(tag, 200))
+            .unwrap();
+    }
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    let end = Instant::now() + GUARD;
+    while got.len() < 2 {
+        assert!(Instant::now() < end, "{} of 2 datagrams", got.len());
+        b.recv(&mut |_, pkt| got.push(pkt[11])).unwrap();
+    }
+    got.sort_unstable();
+    assert_eq!(got, vec![4, 5]);
+    assert_eq!(b.stats().icrc_errors, 0);
+    assert_eq!(a.stats().sent_connected, 4);
 }

@@ -35,6 +35,7 @@ pub mod fault;
 pub mod flow;
 mod icrc;
 pub mod local;
+mod peers;
 pub mod ports;
 mod send_batch;
 pub mod share;
@@ -132,6 +133,9 @@ pub struct WireStats {
     pub gro_coalesced: u64,
     /// System calls that sent datagrams.
     pub send_calls: u64,
+    /// Of `sent`: datagrams sent on a socket connected to their peer (`io/peers.rs`: no
+    /// route lookup each).
+    pub sent_connected: u64,
     /// Datagrams sent from the wire's own port instead of their QP's source port: the
     /// port's socket could not be bound (another program holds it) or the address already
     /// has [`ports::SPORT_CAP`] busy source-port sockets.
@@ -257,6 +261,14 @@ pub trait DatagramWire: Send {
     /// (RTR, QP1 and UD addresses opened). What cannot be opened falls back when sent. The
     /// default does nothing.
     fn prepare_port(&mut self, _local: WireAddr, _sport: u16) {}
+
+    /// [`DatagramWire::prepare_port`] for an RC path to `remote`: may also open a socket
+    /// connected to the peer, which its datagrams then leave from. The default prepares
+    /// the port only.
+    fn prepare_path(&mut self, local: WireAddr, sport: u16, remote: WireAddr) {
+        let _ = remote;
+        self.prepare_port(local, sport);
+    }
 
     /// Sends everything queued.
     fn flush(&mut self) -> Result<()>;

@@ -83,6 +83,11 @@ impl SportSockets {
         self.netns.is_some()
     }
 
+    /// The wire's network namespace cookie, if the kernel tells it.
+    pub fn netns(&self) -> Option<u64> {
+        self.netns
+    }
+
     /// The socket for `sport`, marking it used at `now`. No allocation, no system call.
     #[inline]
     pub fn lookup(&mut self, sport: u16, now: Instant) -> Lookup {
@@ -228,7 +233,7 @@ impl SportSockets {
 /// A UDP socket bound to `local:sport` for sending: `SO_REUSEPORT`, the smallest receive
 /// buffer. With `netns`, a socket created in another network namespace (the calling
 /// thread's is not the wire's) is refused unbound.
-fn open_send_only(local: WireAddr, sport: u16, netns: Option<u64>) -> Result<OwnedFd> {
+pub(super) fn open_send_only(local: WireAddr, sport: u16, netns: Option<u64>) -> Result<OwnedFd> {
     let fd = sys::new_udp_sender(local, SNDBUF)?;
     if netns.is_some() && sys::netns_cookie(fd.as_fd()) != netns {
         return Err(Error::Os {

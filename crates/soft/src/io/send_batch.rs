@@ -74,6 +74,8 @@ pub(crate) struct SendOutcome {
     pub last_error: Option<i32>,
     /// Sockets sent on (one `sendmmsg` run each).
     pub runs: usize,
+    /// Of `sent`: datagrams sent on connected sockets (`super::peers`).
+    pub connected: usize,
     /// A GSO message was refused with an errno that says the path cannot segment (EIO:
     /// no checksum offload on the device; EINVAL, ENOPROTOOPT): send without GSO from now on.
     pub gso_refused: bool,
@@ -248,6 +250,9 @@ impl SendBatch {
             };
             out.runs += 1;
             out.sent += o.sent;
+            if sock >= super::peers::FIRST_ID {
+                out.connected += o.sent;
+            }
             out.failed += o.failed;
             out.gso_refused |= o.gso_refused;
             if o.last_error.is_some() {
@@ -277,8 +282,12 @@ impl SendBatch {
             if new_msg {
                 // SAFETY: all-zero is a valid msghdr.
                 let mut h: libc::msghdr = unsafe { zeroed() };
-                h.msg_name = (&mut me.names[i].0 as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = me.names[i].1;
+                // a connected socket's datagrams name no destination (one would cost the
+                // route lookup the connection saves)
+                if sock < super::peers::FIRST_ID {
+                    h.msg_name = (&mut me.names[i].0 as *mut libc::sockaddr_storage).cast();
+                    h.msg_namelen = me.names[i].1;
+                }
                 h.msg_iov = &mut me.iovs[k];
                 h.msg_iovlen = 1;
                 me.hdrs[n] = libc::mmsghdr {

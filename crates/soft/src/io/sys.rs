@@ -238,6 +238,28 @@ pub(crate) fn bind_udp(fd: &OwnedFd, local: WireAddr, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// Connects the UDP socket `fd` to `to:port`: its datagrams need no destination and no
+/// route lookup each.
+pub(crate) fn connect_udp(fd: &OwnedFd, to: WireAddr, port: u16) -> Result<()> {
+    let (sa, len) = to_sockaddr(to, port);
+    // SAFETY: `sa` is a valid socket address of `len` bytes.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sa as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Os {
+            op: "connect",
+            addr: Some(to),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
 /// Level and type of the control message that sets a datagram's IPv4 TOS (`IP_TOS`) or
 /// IPv6 traffic class (`IPV6_TCLASS`), both with an int.
 pub(crate) fn tclass_cmsg(v6: bool) -> (i32, i32) {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::batch::RecvBatch;
 use super::fault::FaultInjector;
 use super::icrc::{self, IcrcChecker};
+use super::peers::PeerSockets;
 use super::ports::SportSockets;
 use super::send_batch::SendBatch;
 use super::share::{self, GroupKey, Member, Slot};
@@ -26,8 +27,10 @@ pub(super) struct Local {
     pub out: SendBatch,
     /// Membership of the address's group, when sharing.
     pub member: Option<Arc<Member>>,
-    /// Send-only sockets on `addr:sport` (sockets 1.. of `out`).
+    /// Send-only sockets on `addr:sport` (sockets 1..=64 of `out`).
     pub ports: SportSockets,
+    /// Send-only sockets on `addr:sport` connected to a peer (sockets 65.. of `out`).
+    pub peers: PeerSockets,
     /// The network namespace `fd` was opened in (its inode): source-port sockets are only
     /// opened from a thread in the same one.
     pub netns: u64,
@@ -290,6 +293,7 @@ impl DatagramWire for UdpWire {
             out,
             member,
             ports,
+            peers: PeerSockets::default(),
             netns: share::current_netns(),
         });
         Ok(())
@@ -370,14 +374,15 @@ impl DatagramWire for UdpWire {
                 "source and destination of different IP families",
             ));
         }
-        let (sock, sport) = self.socket_for(i, sport);
+        let scoped = with_scope(to, from);
+        let (sock, sport) = self.socket_for(i, sport, scoped);
         if self.locals[i].out.is_full() {
             self.flush_local(i, None);
         }
         let encap = icrc::encap(from, to, sport, port).ok_or(Error::InvalidArgument(
             "source and destination of different IP families",
         ))?;
-        let to = with_scope(to, from);
+        let to = scoped;
         let max = max.min(self.cfg.max_packet);
         let out = &mut self.locals[i].out;
         let n = write(&mut out.slot_mut()[..max]);
@@ -411,6 +416,44 @@ impl DatagramWire for UdpWire {
             super::ports::Lookup::Open(_)
         ) {
             self.open_sport(i, sport);
+        }
+    }
+
+    fn prepare_path(&mut self, local: WireAddr, sport: u16, remote: WireAddr) {
+        self.prepare_port(local, sport);
+        let Some(i) = self.local_index(local) else {
+            return;
+        };
+        let port = self.cfg.port;
+        if sport == 0 || sport == port || local.ip().is_ipv4() != remote.ip().is_ipv4() {
+            return;
+        }
+        let to = with_scope(remote, local);
+        if self.locals[i].peers.has(sport, to, port) {
+            return;
+        }
+        // only from a thread in the wire's namespace (as the port's socket)
+        let l = &self.locals[i];
+        if !l.ports.checks_netns() && share::current_netns() != l.netns {
+            return;
+        }
+        self.clock = Instant::now();
+        if self.locals[i].peers.is_full() {
+            // socket numbers change: what is queued leaves first
+            self.flush_local(i, None);
+            if !self.locals[i].peers.evict(self.clock) {
+                return;
+            }
+        }
+        let netns = self.locals[i].ports.netns();
+        match self.locals[i]
+            .peers
+            .open(local, sport, (to, port), netns, self.clock)
+        {
+            Ok(_) => tracing::debug!(%local, sport, peer = %to, "connected send socket opened"),
+            Err(e) => {
+                tracing::debug!(%local, sport, peer = %to, error = %e, "no connected send socket")
+            }
         }
     }
 

@@ -10,13 +10,15 @@ use super::send_batch::SendOutcome;
 use super::share;
 use super::sys;
 use super::udp::UdpWire;
+use super::WireAddr;
 
 impl UdpWire {
-    /// The socket (0: the address's own; see [`super::ports`]) that datagrams of local `i`
-    /// from `sport` (0: the wire's port) leave from, and the source port they then carry.
-    /// No system call unless the port's socket is opened now.
+    /// The socket (0: the address's own; see [`super::ports`] and [`super::peers`]) that
+    /// datagrams of local `i` from `sport` (0: the wire's port) to `to` leave from, and the
+    /// source port they then carry: the one connected to `to` if the path opened it, else
+    /// the port's. No system call unless the port's socket is opened now.
     #[inline]
-    pub(super) fn socket_for(&mut self, i: usize, sport: u16) -> (u8, u16) {
+    pub(super) fn socket_for(&mut self, i: usize, sport: u16, to: WireAddr) -> (u8, u16) {
         let port = self.cfg.port;
         if sport == 0 || sport == port {
             return (0, port);
@@ -25,6 +27,9 @@ impl UdpWire {
             // the batch's first datagram: the use time of what it picks (flushes that find
             // nothing queued do not read the clock)
             self.clock = std::time::Instant::now();
+        }
+        if let Some(n) = self.locals[i].peers.lookup(sport, to, port, self.clock) {
+            return (n, sport);
         }
         match self.locals[i].ports.lookup(sport, self.clock) {
             Lookup::Open(n) => (n, sport),
@@ -91,7 +96,12 @@ impl UdpWire {
         }
         let fd = local.fd.as_raw_fd();
         let ports = &local.ports;
-        let fd_of = |n: u8| if n == 0 { Some(fd) } else { ports.fd(n) };
+        let peers = &local.peers;
+        let fd_of = |n: u8| match n {
+            0 => Some(fd),
+            n if n >= super::peers::FIRST_ID => peers.fd(n),
+            n => ports.fd(n),
+        };
         let faulty = (self.send_faults.as_deref_mut()).filter(|f| f.applies_to(local.addr.ip()));
         let outcome = match faulty {
             None => local.out.send(fd_of, None),
@@ -109,6 +119,9 @@ impl UdpWire {
                             let tclass = local.out.tclass(k);
                             let sport = match local.out.sock(k) {
                                 0 => self.cfg.port,
+                                n if n >= super::peers::FIRST_ID => {
+                                    peers.sport(n).unwrap_or(self.cfg.port)
+                                }
                                 n => ports.sport(n).unwrap_or(self.cfg.port),
                             };
                             let held = match to {
@@ -142,6 +155,7 @@ impl UdpWire {
             self.stats.gso_refused += 1;
         }
         self.stats.sent += o.sent as u64;
+        self.stats.sent_connected += o.connected as u64;
         self.stats.send_errors += o.failed as u64;
         self.stats.send_calls += o.runs as u64;
         if o.last_error.is_some() {

@@ -126,7 +126,7 @@ pub(super) fn modify(
     let reset = mask.contains(M::STATE) && attr.qp_state == QpState::Reset;
     rt.commit_paths(qpn, primary, alt, reset);
     for p in [primary, alt].into_iter().flatten() {
-        rt.prepare_port(p.local, p.sport);
+        rt.prepare_path(p.local, p.sport, p.remote);
     }
     if let Some(ctx) = rt.get(qpn) {
         if mask.contains(M::STATE) {
