@@ -97,8 +97,12 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
         after.local.ring_full + after.local.dead + after.local.malformed,
         0
     );
-    // nothing of the data path went through UDP
+    // nothing of the data path went through UDP, and no socket was connected for it
     assert_eq!(after.sent - before.sent, 0, "UDP datagrams sent");
+    assert_eq!(
+        after.peer_sockets, 0,
+        "a host-local QP has no connected UDP socket"
+    );
     within("disconnect", c.disconnect()).await.unwrap();
 }
 

@@ -519,6 +519,12 @@ impl Runtime {
             .filter(|c| c.qpn == qpn)
     }
 
+    /// Opens now, in the caller's network namespace, the socket datagrams from `local` with
+    /// UDP source port `sport` leave from (see [`DatagramWire::prepare_port`]).
+    pub fn prepare_port(&mut self, local: WireAddr, sport: u16) {
+        self.wire.prepare_port(local, sport);
+    }
+
     /// Opens now, in the caller's network namespace, the sockets datagrams of an RC path
     /// from `local` with UDP source port `sport` to `remote` leave from (see
     /// [`DatagramWire::prepare_path`]).

@@ -136,6 +136,9 @@ pub struct WireStats {
     /// Of `sent`: datagrams sent on a socket connected to their peer (`io/peers.rs`: no
     /// route lookup each).
     pub sent_connected: u64,
+    /// Sockets connected to a peer open now (one per RC path over UDP, at most
+    /// 63 per address).
+    pub peer_sockets: u64,
     /// Datagrams sent from the wire's own port instead of their QP's source port: the
     /// port's socket could not be bound (another program holds it) or the address already
     /// has [`ports::SPORT_CAP`] busy source-port sockets.

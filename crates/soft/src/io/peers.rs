@@ -127,7 +127,6 @@ impl PeerSockets {
     }
 
     /// Open sockets.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }

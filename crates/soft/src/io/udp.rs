@@ -562,6 +562,7 @@ impl DatagramWire for UdpWire {
         if let Some(l) = &self.local.wire {
             s.local = l.stats();
         }
+        s.peer_sockets = self.locals.iter().map(|l| l.peers.len() as u64).sum();
         s
     }
 }

@@ -125,8 +125,13 @@ pub(super) fn modify(
     let alt = alt.map(|a| wire_path(a, attr.alt_port_num, &attr.alt_path));
     let reset = mask.contains(M::STATE) && attr.qp_state == QpState::Reset;
     rt.commit_paths(qpn, primary, alt, reset);
+    // a QP on the host-local wire sends no datagram to its peer: no connected socket
+    let on_host = rt.get(qpn).is_some_and(|c| c.host.is_some());
     for p in [primary, alt].into_iter().flatten() {
-        rt.prepare_path(p.local, p.sport, p.remote);
+        match on_host {
+            true => rt.prepare_port(p.local, p.sport),
+            false => rt.prepare_path(p.local, p.sport, p.remote),
+        }
     }
     if let Some(ctx) = rt.get(qpn) {
         if mask.contains(M::STATE) {
