@@ -5,7 +5,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
+use rdma_soft::io::{DatagramWire, TxMeta, UdpConfig, UdpWire, WireAddr};
 use rdma_wire::icrc::Encap;
 
 fn is_root() -> bool {
@@ -157,6 +157,72 @@ fn ipv6_icrc_over_the_real_header() {
     encap
         .verify(&ip[48..])
         .expect("ICRC over the real IPv6/UDP header");
+    // an RC path's socket connected to its peer: the ICRC holds over its real header too
+    let sport = 0xC326u16;
+    w.prepare_path(l6, sport, l6);
+    w.send_from_port(l6, l6, sport, TxMeta::default(), &roce_packet(0xa7))
+        .unwrap();
+    w.flush().unwrap();
+    assert_eq!(w.stats().sent_connected, 1, "sent connected");
+    let connected = |p: &[u8]| {
+        p.len() > 48 && p[6] == 17 && p[40..42] == sport.to_be_bytes() && p[60..64] == [0xa7; 4]
+    };
+    let ip = find(&cap, connected).expect("captured the connected socket's datagram");
+    let encap = Encap::from_headers(&ip[..40], &ip[40..48]).unwrap();
+    encap
+        .verify(&ip[48..])
+        .expect("ICRC over the connected socket's real IPv6/UDP header");
+}
+
+/// An IPv4 RC path is prepared but stays unconnected: a connected IPv4 socket would number
+/// its Identification from a random counter, and the ICRC (sealed for 0) would not hold
+/// over the real header.
+#[test]
+fn an_ipv4_path_keeps_identification_zero() {
+    if !is_root() {
+        println!(
+            "SKIPPED: an_ipv4_path_keeps_identification_zero needs root for an AF_PACKET socket"
+        );
+        return;
+    }
+    let cap = capture_lo(libc::ETH_P_IP as u16);
+    let (la, lb): (WireAddr, WireAddr) =
+        ("127.0.1.32".parse().unwrap(), "127.0.1.33".parse().unwrap());
+    let mut a = UdpWire::new(UdpConfig {
+        gso: false,
+        share: false,
+        ..UdpConfig::default()
+    })
+    .unwrap();
+    a.open(la).unwrap();
+    let sport = 0xC327u16;
+    a.prepare_path(la, sport, lb);
+    for _ in 0..3 {
+        a.send_from_port(la, lb, sport, TxMeta::default(), &roce_packet(0x5b))
+            .unwrap();
+    }
+    a.flush().unwrap();
+    let ours = |p: &[u8]| {
+        p.len() > 28
+            && p[0] == 0x45
+            && p[9] == 17
+            && p[12..16] == [127, 0, 1, 32]
+            && p[20..22] == sport.to_be_bytes()
+    };
+    for k in 0..3 {
+        let ip = find(&cap, ours).expect("captured our datagram on lo");
+        assert_eq!(
+            u16::from_be_bytes([ip[4], ip[5]]),
+            0,
+            "Identification of datagram {k}"
+        );
+        let encap = Encap::from_headers(&ip[..20], &ip[20..28]).unwrap();
+        encap
+            .verify(&ip[28..])
+            .expect("ICRC over the real IP/UDP header");
+    }
+    let s = a.stats();
+    assert_eq!((s.sent_connected, s.peer_sockets), (0, 0), "{s:?}");
 }
 
 /// `ioctl(SIOCETHTOOL)` on `lo` with `data` as `ifr_data`.

@@ -1,7 +1,13 @@
-//! Connected send sockets: one per source port and peer of an RC path, so that its
-//! datagrams leave without a route lookup (the kernel looks the route up for every datagram
-//! of an unconnected `sendmmsg`: 0.4-0.6 µs of a 64 B send here; a connected socket keeps
-//! it).
+//! Connected send sockets: one per source port and peer of an RC path over IPv6, so that
+//! its datagrams leave without a route lookup (the kernel looks the route up for every
+//! datagram of an unconnected `sendmmsg`: 0.4-0.6 µs of a 64 B send here; a connected
+//! socket keeps it).
+//!
+//! IPv6 only: a connected IPv4 socket numbers its datagrams' Identification from a random
+//! per-socket counter, where an unconnected one with DF sends 0; the ICRC covers the
+//! Identification and the sender seals it before the kernel writes the header, so an IPv4
+//! path must stay unconnected (IPv6 has no Identification; its flow label, traffic class
+//! and hop limit are masked).
 //!
 //! A socket is bound to `ADDR:sport` (`SO_REUSEPORT`, beside the port's unconnected socket of
 //! [`super::ports`]) and connected to the peer's `ADDR:4791`. It is opened when a QP's path
@@ -139,11 +145,11 @@ mod tests {
 
     #[test]
     fn a_connected_socket_sends_from_its_port_to_its_peer_only() {
-        let rx = std::net::UdpSocket::bind("127.0.91.1:0").unwrap();
+        let rx = std::net::UdpSocket::bind("[::1]:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let to: WireAddr = "127.0.91.1".parse().unwrap();
+        let to: WireAddr = "::1".parse().unwrap();
         let port = rx.local_addr().unwrap().port();
-        let local: WireAddr = "127.0.91.2".parse().unwrap();
+        let local: WireAddr = "::1".parse().unwrap();
         let t0 = Instant::now();
         let mut s = PeerSockets::default();
         let id = s.open(local, 50_123, (to, port), None, t0).unwrap();
@@ -159,15 +165,15 @@ mod tests {
         let mut b = [0u8; 16];
         let (n, from) = rx.recv_from(&mut b).unwrap();
         assert_eq!(&b[..n], b"ping");
-        assert_eq!(from.to_string(), "127.0.91.2:50123");
+        assert_eq!(from.to_string(), "[::1]:50123");
         assert_eq!(s.fd(FIRST_ID + 1), None);
         assert_eq!(s.fd(3), None, "a source-port socket's number is not ours");
     }
 
     #[test]
     fn the_table_is_bounded_and_only_idle_sockets_make_room() {
-        let to: WireAddr = "127.0.91.3".parse().unwrap();
-        let local: WireAddr = "127.0.91.4".parse().unwrap();
+        let to: WireAddr = "::1".parse().unwrap();
+        let local: WireAddr = "::1".parse().unwrap();
         let t0 = Instant::now();
         let mut s = PeerSockets::default();
         for k in 0..PEER_CAP as u16 {

@@ -425,7 +425,10 @@ impl DatagramWire for UdpWire {
             return;
         };
         let port = self.cfg.port;
-        if sport == 0 || sport == port || local.ip().is_ipv4() != remote.ip().is_ipv4() {
+        // IPv6 only: a connected IPv4 socket sends a per-socket Identification counter
+        // (random start) where an unconnected one with DF sends 0, and the ICRC covers the
+        // Identification; we seal for 0 (docs/ARCHITECTURE.md, "Source ports")
+        if sport == 0 || sport == port || !local.ip().is_ipv6() || !remote.ip().is_ipv6() {
             return;
         }
         let to = with_scope(remote, local);
