@@ -214,17 +214,7 @@ pub(crate) fn netns_cookie(fd: BorrowedFd<'_>) -> Option<u64> {
 
 /// Binds `fd` to `local:port` (EADDRINUSE and EADDRNOTAVAIL as their typed errors).
 pub(crate) fn bind_udp(fd: &OwnedFd, local: WireAddr, port: u16) -> Result<()> {
-    let (sa, len) = to_sockaddr(local, port);
-    // SAFETY: `sa` is a valid socket address of `len` bytes.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sa as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    };
-    if rc != 0 {
-        let source = std::io::Error::last_os_error();
+    if let Err(source) = at_address(fd, local, port, libc::bind) {
         return Err(match source.raw_os_error() {
             Some(libc::EADDRINUSE) => Error::AddrInUse { addr: local, port },
             Some(libc::EADDRNOTAVAIL) => Error::AddrNotAvailable { addr: local },
@@ -241,21 +231,31 @@ pub(crate) fn bind_udp(fd: &OwnedFd, local: WireAddr, port: u16) -> Result<()> {
 /// Connects the UDP socket `fd` to `to:port`: its datagrams need no destination and no
 /// route lookup each.
 pub(crate) fn connect_udp(fd: &OwnedFd, to: WireAddr, port: u16) -> Result<()> {
-    let (sa, len) = to_sockaddr(to, port);
-    // SAFETY: `sa` is a valid socket address of `len` bytes.
+    at_address(fd, to, port, libc::connect).map_err(|source| Error::Os {
+        op: "connect",
+        addr: Some(to),
+        source,
+    })
+}
+
+/// `call` (`bind` or `connect`) of `fd` with the socket address of `addr:port`.
+fn at_address(
+    fd: &OwnedFd,
+    addr: WireAddr,
+    port: u16,
+    call: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> std::io::Result<()> {
+    let (sa, len) = to_sockaddr(addr, port);
+    // SAFETY: `sa` is a valid socket address of `len` bytes and `fd` an open socket.
     let rc = unsafe {
-        libc::connect(
+        call(
             fd.as_raw_fd(),
             (&sa as *const libc::sockaddr_storage).cast(),
             len,
         )
     };
     if rc != 0 {
-        return Err(Error::Os {
-            op: "connect",
-            addr: Some(to),
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

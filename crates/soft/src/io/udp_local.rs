@@ -128,7 +128,10 @@ impl UdpWire {
         } else {
             p.hot.saturating_sub(1)
         };
-        if p.busy && p.hot > 0 {
+        // a busy poller with hot rings looks at the other sources every SLOW_EVERY; one
+        // woken (or driven once) looks each time; a busy poller with quiet rings reads
+        // the sockets each time and the bell every BELL_EVERY
+        let look = if p.busy && p.hot > 0 {
             let due = p.calls % SOCKET_EVERY == 0 && {
                 let now = Instant::now();
                 let due = p
@@ -143,18 +146,18 @@ impl UdpWire {
                 self.drained = !full;
                 return Ok(n);
             }
-            // one look at which sources have something, not a read of each
-            let (bell, sockets) = ready_sources(epoll, l.bell_fd());
-            if bell {
-                l.drain_bell();
-            }
-            if !sockets {
-                self.drained = !full;
-                return Ok(n);
-            }
+            true
         } else if !p.busy {
-            // Woken (or driven once): one look at which sources have something instead of
-            // a read of each (the bell's wake-ups come with ring packets).
+            true
+        } else {
+            if p.calls % BELL_EVERY == 0 {
+                l.drain_bell();
+            }
+            false
+        };
+        if look {
+            // one look at which sources have something, not a read of each (the bell's
+            // wake-ups come with ring packets)
             let (bell, sockets) = ready_sources(epoll, l.bell_fd());
             if bell {
                 l.drain_bell();
@@ -163,8 +166,6 @@ impl UdpWire {
                 self.drained = !full;
                 return Ok(n);
             }
-        } else if p.calls % BELL_EVERY == 0 {
-            l.drain_bell();
         }
         let m = self.recv_all(deliver)?;
         self.drained &= !full;
