@@ -172,7 +172,11 @@ pub(crate) fn disconnect(id: IdRef<'_>) -> Result<()> {
     }
     let now = inner.now();
     let d = st.devices.get_mut(&dev).ok_or(Error::Shutdown)?;
-    let dreq = d.agent.state(conn) == Some(CmState::Established);
+    // before the RTU the agent establishes first (as Linux's COMM_EST), then sends the DREQ
+    let dreq = matches!(
+        d.agent.state(conn),
+        Some(CmState::Established | CmState::RepSent | CmState::MraRepRcvd)
+    );
     d.agent.disconnect(now, conn)?;
     if let Some(s) = st.ids.get_mut(&id.num).filter(|_| dreq) {
         s.counters.dreqs_sent += 1;

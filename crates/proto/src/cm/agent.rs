@@ -657,6 +657,15 @@ impl CmAgent {
     pub fn disconnect(&mut self, now: Nanos, conn: ConnHandle) -> Result<(), CmError> {
         match self.live(conn).map(|c| c.state) {
             Some(CmState::DreqRcvd) => self.send_drep(now, conn, &[]),
+            // The passive side before the RTU (late or lost): its QP has been in RTS since
+            // the REP and the application ran the connection, which is what Linux notes as
+            // communication established (`ib_cm_notify(COMM_EST)`); then the DREQ, which the
+            // active side (established since it sent the RTU) answers. Linux's
+            // `rdma_disconnect` does not fail here either.
+            Some(CmState::RepSent | CmState::MraRepRcvd) => {
+                self.establish(conn)?;
+                self.send_dreq(now, conn, &[])
+            }
             _ => self.send_dreq(now, conn, &[]),
         }
     }

@@ -823,6 +823,46 @@ fn rtu_lost_then_dreq_implies_established() {
 }
 
 #[test]
+fn disconnect_before_the_rtu_establishes_then_sends_the_dreq() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    a.handle_mad(0, addr_b(), &sent(&mut b)[0]);
+    a.send_rtu(0, ca).unwrap();
+    let rtu = sent(&mut a).pop().unwrap(); // not there yet
+    assert_eq!(b.state(r.conn), Some(CmState::RepSent));
+    b.disconnect(5, r.conn).unwrap();
+    assert_eq!(b.state(r.conn), Some(CmState::DreqSent));
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: r.conn }));
+    let dreq = sent(&mut b).pop().unwrap();
+    assert!(matches!(parse(&dreq).message, CmMessage::Dreq(_)));
+    // the RTU arriving now changes nothing; the active side answers the DREQ
+    b.handle_mad(6, addr_a(), &rtu);
+    assert_eq!(b.state(r.conn), Some(CmState::DreqSent));
+    a.handle_mad(6, addr_b(), &dreq);
+    assert!(events(&mut a)
+        .iter()
+        .any(|e| matches!(e, CmEvent::DreqReceived { .. })));
+    a.send_drep(6, ca, &[]).unwrap();
+    b.handle_mad(7, addr_a(), &sent(&mut a)[0]);
+    assert!(events(&mut b)
+        .iter()
+        .any(|e| matches!(e, CmEvent::DrepReceived { .. })));
+    assert_eq!(b.state(r.conn), Some(CmState::Timewait));
+    // before the REP, disconnecting is still refused
+    let c2 = a.send_req(8, req_params(0x12)).unwrap();
+    assert!(matches!(
+        a.disconnect(8, c2),
+        Err(CmError::InvalidState { .. })
+    ));
+}
+
+#[test]
 fn private_data_limits() {
     let mut a = agent(0xa, 1, true);
     let mut p = req_params(0x11);
