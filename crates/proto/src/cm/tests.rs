@@ -61,9 +61,9 @@ fn events(a: &mut CmAgent) -> Vec<CmEvent> {
     std::iter::from_fn(|| a.poll_event()).collect()
 }
 
-/// Connects A (active) to B (passive); returns the two handles.
-fn connect(a: &mut CmAgent, b: &mut CmAgent) -> (ConnHandle, ConnHandle) {
-    b.listen(SID).ok();
+/// A (active) sends a REQ to B (passive, listening on `SID`), which answers with `rep`; the
+/// REP waits in B's outbox. Returns A's and B's handles.
+fn req_then_rep(a: &mut CmAgent, b: &mut CmAgent, rep: RepParams) -> (ConnHandle, ConnHandle) {
     let ca = a.send_req(0, req_params(0x11)).unwrap();
     for m in sent(a) {
         b.handle_mad(0, addr_a(), &m);
@@ -71,7 +71,14 @@ fn connect(a: &mut CmAgent, b: &mut CmAgent) -> (ConnHandle, ConnHandle) {
     let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
         panic!("no REQ event")
     };
-    b.send_rep(0, r.conn, RepParams::new(0x22, 0x5678)).unwrap();
+    b.send_rep(0, r.conn, rep).unwrap();
+    (ca, r.conn)
+}
+
+/// Connects A (active) to B (passive); returns the two handles.
+fn connect(a: &mut CmAgent, b: &mut CmAgent) -> (ConnHandle, ConnHandle) {
+    b.listen(SID).ok();
+    let (ca, cb) = req_then_rep(a, b, RepParams::new(0x22, 0x5678));
     for m in sent(b) {
         a.handle_mad(0, addr_b(), &m);
     }
@@ -81,8 +88,8 @@ fn connect(a: &mut CmAgent, b: &mut CmAgent) -> (ConnHandle, ConnHandle) {
     for m in sent(a) {
         b.handle_mad(0, addr_a(), &m);
     }
-    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: r.conn }));
-    (ca, r.conn)
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: cb }));
+    (ca, cb)
 }
 
 #[test]
@@ -244,12 +251,7 @@ fn duplicate_req_after_rep_resends_rep() {
 fn duplicate_rep_after_rtu_resends_rtu_and_before_rtu_gets_mra() {
     let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
     b.listen(SID).unwrap();
-    let ca = a.send_req(0, req_params(0x11)).unwrap();
-    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
-    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
-        panic!()
-    };
-    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let (ca, cb) = req_then_rep(&mut a, &mut b, RepParams::new(0x22, 1));
     let rep = sent(&mut b).pop().unwrap();
     a.handle_mad(0, addr_b(), &rep);
     a.handle_mad(1, addr_b(), &rep);
@@ -259,14 +261,14 @@ fn duplicate_rep_after_rtu_resends_rtu_and_before_rtu_gets_mra() {
     };
     assert_eq!(x.message_mraed, MessageRef::Rep);
     b.handle_mad(1, addr_a(), &mra);
-    assert_eq!(b.state(r.conn), Some(CmState::MraRepRcvd));
+    assert_eq!(b.state(cb), Some(CmState::MraRepRcvd));
     a.send_rtu(1, ca).unwrap();
     let rtu = sent(&mut a).pop().unwrap();
     a.handle_mad(2, addr_b(), &rep);
     assert_eq!(sent(&mut a), vec![rtu]);
     assert_eq!(events(&mut a).len(), 2, "RepReceived and Established only");
     b.handle_mad(2, addr_a(), &rtu);
-    assert_eq!(b.state(r.conn), Some(CmState::Established));
+    assert_eq!(b.state(cb), Some(CmState::Established));
 }
 
 #[test]
@@ -332,14 +334,9 @@ fn destroy_in_req_sent_sends_rej_timeout_with_ca_guid() {
 fn destroy_passive_before_rep_sends_rej_28_and_after_rep_lingers_in_timewait() {
     let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
     b.listen(SID).unwrap();
-    let ca = a.send_req(0, req_params(0x11)).unwrap();
-    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
-    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
-        panic!()
-    };
-    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let (ca, cb) = req_then_rep(&mut a, &mut b, RepParams::new(0x22, 1));
     sent(&mut b);
-    b.destroy(1, r.conn).unwrap();
+    b.destroy(1, cb).unwrap();
     let rej = sent(&mut b).pop().unwrap();
     let CmMessage::Rej(x) = parse(&rej).message else {
         panic!()
@@ -805,19 +802,14 @@ fn forged_messages_change_nothing() {
 fn rtu_lost_then_dreq_implies_established() {
     let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
     b.listen(SID).unwrap();
-    let ca = a.send_req(0, req_params(0x11)).unwrap();
-    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
-    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
-        panic!()
-    };
-    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let (ca, cb) = req_then_rep(&mut a, &mut b, RepParams::new(0x22, 1));
     a.handle_mad(0, addr_b(), &sent(&mut b)[0]);
     a.send_rtu(0, ca).unwrap();
     sent(&mut a); // lost
     a.send_dreq(0, ca, &[]).unwrap();
     b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
     let ev = events(&mut b);
-    assert_eq!(ev[0], CmEvent::Established { conn: r.conn });
+    assert_eq!(ev[0], CmEvent::Established { conn: cb });
     assert!(matches!(ev[1], CmEvent::DreqReceived { .. }));
     assert_eq!(b.poll_timeout(), None, "REP no longer retransmitted");
 }
@@ -826,24 +818,19 @@ fn rtu_lost_then_dreq_implies_established() {
 fn disconnect_before_the_rtu_establishes_then_sends_the_dreq() {
     let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
     b.listen(SID).unwrap();
-    let ca = a.send_req(0, req_params(0x11)).unwrap();
-    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
-    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
-        panic!()
-    };
-    b.send_rep(0, r.conn, RepParams::new(0x22, 1)).unwrap();
+    let (ca, cb) = req_then_rep(&mut a, &mut b, RepParams::new(0x22, 1));
     a.handle_mad(0, addr_b(), &sent(&mut b)[0]);
     a.send_rtu(0, ca).unwrap();
     let rtu = sent(&mut a).pop().unwrap(); // not there yet
-    assert_eq!(b.state(r.conn), Some(CmState::RepSent));
-    b.disconnect(5, r.conn).unwrap();
-    assert_eq!(b.state(r.conn), Some(CmState::DreqSent));
-    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: r.conn }));
+    assert_eq!(b.state(cb), Some(CmState::RepSent));
+    b.disconnect(5, cb).unwrap();
+    assert_eq!(b.state(cb), Some(CmState::DreqSent));
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn: cb }));
     let dreq = sent(&mut b).pop().unwrap();
     assert!(matches!(parse(&dreq).message, CmMessage::Dreq(_)));
     // the RTU arriving now changes nothing; the active side answers the DREQ
     b.handle_mad(6, addr_a(), &rtu);
-    assert_eq!(b.state(r.conn), Some(CmState::DreqSent));
+    assert_eq!(b.state(cb), Some(CmState::DreqSent));
     a.handle_mad(6, addr_b(), &dreq);
     assert!(events(&mut a)
         .iter()
@@ -853,7 +840,7 @@ fn disconnect_before_the_rtu_establishes_then_sends_the_dreq() {
     assert!(events(&mut b)
         .iter()
         .any(|e| matches!(e, CmEvent::DrepReceived { .. })));
-    assert_eq!(b.state(r.conn), Some(CmState::Timewait));
+    assert_eq!(b.state(cb), Some(CmState::Timewait));
     // before the REP, disconnecting is still refused
     let c2 = a.send_req(8, req_params(0x12)).unwrap();
     assert!(matches!(
