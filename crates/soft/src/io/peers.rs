@@ -20,7 +20,6 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 
-use super::ports::IDLE;
 use super::{sys, WireAddr};
 use crate::Result;
 
@@ -74,18 +73,21 @@ impl PeerSockets {
         self.entries.len() >= PEER_CAP
     }
 
-    /// Removes the least recently used socket if it is idle for [`IDLE`] at `now` (the
+    /// The least recently used socket, if it is idle for [`super::ports::IDLE`] at `now`.
+    fn lru_idle(&self, now: Instant) -> Option<usize> {
+        super::ports::lru_idle(self.entries.iter().map(|e| e.used), now)
+    }
+
+    /// Whether [`PeerSockets::evict`] would make room.
+    pub fn can_evict(&self, now: Instant) -> bool {
+        self.lru_idle(now).is_some()
+    }
+
+    /// Removes the least recently used socket if it is idle for [`super::ports::IDLE`] at `now` (the
     /// numbers of others may change: the caller sends everything queued first). Returns
     /// whether it made room.
     pub fn evict(&mut self, now: Instant) -> bool {
-        let idle = self
-            .entries
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, e)| e.used)
-            .filter(|(_, e)| now.saturating_duration_since(e.used) >= IDLE)
-            .map(|(i, _)| i);
-        match idle {
+        match self.lru_idle(now) {
             Some(i) => {
                 self.entries.swap_remove(i);
                 self.last = 0;
@@ -141,6 +143,7 @@ impl PeerSockets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::ports::IDLE;
     use std::time::Duration;
 
     #[test]

@@ -124,12 +124,7 @@ impl SportSockets {
 
     /// The least recently used entry, if it is idle for [`IDLE`] at `now`.
     fn lru_idle(&self, now: Instant) -> Option<usize> {
-        let (i, e) = self
-            .entries
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, e)| e.used)?;
-        (now.saturating_duration_since(e.used) >= IDLE).then_some(i)
+        lru_idle(self.entries.iter().map(|e| e.used), now)
     }
 
     /// Whether [`SportSockets::evict`] would make room.
@@ -228,6 +223,13 @@ impl SportSockets {
     pub fn open_count(&self) -> usize {
         self.entries.iter().filter(|e| e.fd.is_some()).count()
     }
+}
+
+/// Of sockets last used at `used`, the least recently used one, if it is idle for [`IDLE`]
+/// at `now` (this table's and [`super::peers`]'s eviction).
+pub(super) fn lru_idle(used: impl Iterator<Item = Instant>, now: Instant) -> Option<usize> {
+    let (i, t) = used.enumerate().min_by_key(|&(_, t)| t)?;
+    (now.saturating_duration_since(t) >= IDLE).then_some(i)
 }
 
 /// A UDP socket bound to `local:sport` for sending: `SO_REUSEPORT`, the smallest receive

@@ -36,6 +36,15 @@ pub(super) struct Local {
     pub netns: u64,
 }
 
+impl Local {
+    /// Whether a socket of this address may be opened from the calling thread: the source-port
+    /// table checks each new socket's namespace cookie, or the thread is in the address's
+    /// namespace (elsewhere the same address may name another host's).
+    pub fn may_open_here(&self) -> bool {
+        self.ports.checks_netns() || share::current_netns() == self.netns
+    }
+}
+
 /// Where a held sent datagram goes (from, to), its traffic class and the source port it was
 /// sealed for.
 pub(super) type SendMeta = (WireAddr, WireAddr, u8, u16);
@@ -436,17 +445,17 @@ impl DatagramWire for UdpWire {
             return;
         }
         // only from a thread in the wire's namespace (as the port's socket)
-        let l = &self.locals[i];
-        if !l.ports.checks_netns() && share::current_netns() != l.netns {
+        if !self.locals[i].may_open_here() {
             return;
         }
         self.clock = Instant::now();
         if self.locals[i].peers.is_full() {
-            // socket numbers change: what is queued leaves first
-            self.flush_local(i, None);
-            if !self.locals[i].peers.evict(self.clock) {
+            if !self.locals[i].peers.can_evict(self.clock) {
                 return;
             }
+            // socket numbers change: what is queued leaves first
+            self.flush_local(i, None);
+            self.locals[i].peers.evict(self.clock);
         }
         let netns = self.locals[i].ports.netns();
         match self.locals[i]

@@ -7,7 +7,6 @@ use std::time::Instant;
 use super::fault::Verdict;
 use super::ports::Lookup;
 use super::send_batch::SendOutcome;
-use super::share;
 use super::sys;
 use super::udp::UdpWire;
 use super::WireAddr;
@@ -52,7 +51,7 @@ impl UdpWire {
         let addr = self.locals[i].addr;
         // Sockets must be made in the wire's namespace: the table checks each new one's
         // cookie (one getsockopt); without it, the calling thread's namespace is read here.
-        if !self.locals[i].ports.checks_netns() && share::current_netns() != self.locals[i].netns {
+        if !self.locals[i].may_open_here() {
             tracing::debug!(local = %addr, sport, "source-port socket not opened: another network namespace");
             self.locals[i].ports.mark_failed(sport, now);
             return None;
