@@ -391,28 +391,14 @@ impl PacketRepr {
             .iter()
             .enumerate()
             .fold(0u8, |b, (k, &p)| b | (u8::from(p) << k));
-        if bits == want.bits() {
-            return Ok(());
-        }
-        let have = [
-            (ExtHeader::Rdeth, self.rdeth.is_some()),
-            (ExtHeader::Deth, self.deth.is_some()),
-            (ExtHeader::Reth, self.reth.is_some()),
-            (ExtHeader::AtomicEth, self.atomic_eth.is_some()),
-            (ExtHeader::Aeth, self.aeth.is_some()),
-            (ExtHeader::AtomicAckEth, self.atomic_ack_eth.is_some()),
-            (ExtHeader::ImmDt, self.imm_dt.is_some()),
-            (ExtHeader::Ieth, self.ieth.is_some()),
-        ];
-        match have
-            .iter()
-            .find(|(h, present)| want.contains(*h) != *present)
-        {
-            Some((h, _)) => Err(Error::HeaderMismatch {
+        // the first header (in wire order) present without the opcode calling for it, or
+        // the other way round
+        match bits ^ want.bits() {
+            0 => Ok(()),
+            diff => Err(Error::HeaderMismatch {
                 opcode: self.bth.opcode.into(),
-                header: h.name(),
+                header: ExtHeader::ALL[diff.trailing_zeros() as usize].name(),
             }),
-            None => Ok(()),
         }
     }
 
