@@ -44,6 +44,7 @@ mod sys;
 mod udp;
 mod udp_config;
 mod udp_local;
+mod udp_park;
 mod udp_rx;
 mod udp_tx;
 
@@ -147,6 +148,9 @@ pub struct WireStats {
     pub gso_refused: u64,
     /// System calls that returned received datagrams.
     pub recv_calls: u64,
+    /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp_park.rs`:
+    /// a datagram to a socket in a set costs its sender a wake-up callback).
+    pub sockets_parked: u64,
     /// Fault injection on sent datagrams.
     pub faults_send: FaultStats,
     /// Fault injection on received datagrams.

@@ -379,8 +379,17 @@ fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutco
     let mut waits = 0;
     while at < hdrs.len() {
         let rest = &mut hdrs[at..];
-        // SAFETY: every header points at live buffers owned by the caller's batch.
-        let rc = unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as _, 0) };
+        let rc = if rest.len() == 1 {
+            // one message: `sendmsg` (`sendmmsg` costs more per call)
+            // SAFETY: the header points at live buffers owned by the caller's batch.
+            match unsafe { libc::sendmsg(fd, &rest[0].msg_hdr, 0) } {
+                r if r < 0 => -1,
+                _ => 1,
+            }
+        } else {
+            // SAFETY: every header points at live buffers owned by the caller's batch.
+            unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as _, 0) }
+        };
         if rc > 0 {
             let done = rc as usize;
             out.sent += per_msg[at..at + done]

@@ -34,6 +34,9 @@ pub(super) struct Local {
     /// The network namespace `fd` was opened in (its inode): source-port sockets are only
     /// opened from a thread in the same one.
     pub netns: u64,
+    /// The last receive on `fd` found nothing: the next asks for one datagram (a batch
+    /// `recvmmsg` that gets one tries again inside the call, on the datagram's critical path).
+    pub quiet: bool,
 }
 
 impl Local {
@@ -102,6 +105,8 @@ pub struct UdpWire {
     pub(super) clock: Instant,
     /// The host-local wire, once asked for (`udp_local.rs`).
     pub(super) local: super::udp_local::LocalPart,
+    /// The sockets out of the epoll set while busy-polled (`udp_park.rs`).
+    pub(super) park: super::udp_park::Parking,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -162,6 +167,7 @@ impl UdpWire {
             last_evidence: None,
             clock: Instant::now(),
             local: Default::default(),
+            park: Default::default(),
         })
     }
 
@@ -304,6 +310,7 @@ impl DatagramWire for UdpWire {
             ports,
             peers: PeerSockets::default(),
             netns: share::current_netns(),
+            quiet: true,
         });
         Ok(())
     }
@@ -487,6 +494,7 @@ impl DatagramWire for UdpWire {
     }
 
     fn recv(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
+        self.park_on_recv(self.local.busy);
         self.recv_with_local(deliver)
     }
 
@@ -539,6 +547,7 @@ impl DatagramWire for UdpWire {
     }
 
     fn arm_wait(&mut self) -> bool {
+        self.unpark();
         self.local_arm()
     }
 

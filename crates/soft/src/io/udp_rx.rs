@@ -23,7 +23,8 @@ enum Misdelivered {
 }
 
 impl UdpWire {
-    /// [`DatagramWire::recv`]: one `recvmmsg` per open address, round robin; drops what
+    /// [`DatagramWire::recv`]: one `recvmmsg` per open address, round robin (a busy poller's
+    /// asks for one datagram after an empty one); drops what
     /// another process's slot owns or fails the ICRC (checked with the datagram's real
     /// source port: peers may send from any).
     pub(super) fn recv_all(&mut self, deliver: &mut dyn FnMut(&Arrival, &[u8])) -> Result<usize> {
@@ -32,21 +33,32 @@ impl UdpWire {
         let now = self.recv_faults.as_ref().map(|_| Instant::now());
         let port = self.cfg.port;
         let mut drained = true;
+        let busy = self.local.busy;
         for step in 0..count {
             let i = (self.next_recv + step) % count;
-            let local = &self.locals[i];
+            let local = &mut self.locals[i];
+            // a busy poller asks for one datagram after an empty receive (a ping-pong's
+            // next), else for a batch (a stream's; a woken thread's)
+            let max = if local.quiet && busy {
+                1
+            } else {
+                self.cfg.batch
+            };
             let n = self
                 .inbox
-                .recv(local.fd.as_raw_fd(), self.cfg.batch)
+                .recv(local.fd.as_raw_fd(), max)
                 .map_err(|source| Error::Os {
                     op: "recvmmsg",
                     addr: Some(local.addr),
                     source,
                 })?;
+            local.quiet = n == 0;
             if n == 0 {
                 continue;
             }
-            if n >= self.cfg.batch.min(self.inbox.capacity()) {
+            // a full batch: more may wait (another round now); one asked-for datagram is
+            // handed on at once (the next poll asks for a batch)
+            if max > 1 && n >= max.min(self.inbox.capacity()) {
                 drained = false;
             }
             self.stats.recv_calls += 1;
@@ -285,5 +297,49 @@ mod tests {
             &d
         ));
         assert_eq!(stats.icrc_recovered_id, 3);
+    }
+
+    /// A busy poller's receive after an empty one asks for one datagram (a batch `recvmmsg`
+    /// that gets one tries again before it returns), the next for a batch; a receive that
+    /// is not a busy poll always asks for a batch.
+    #[test]
+    fn a_busy_poller_asks_for_one_datagram_after_an_empty_receive() {
+        use crate::io::{DatagramWire, UdpConfig};
+        let wire = || {
+            let cfg = UdpConfig {
+                port: 47932,
+                share: false,
+                // datagram by datagram (GSO and GRO would make the ten one receive)
+                gso: false,
+                gro: false,
+                ..UdpConfig::default()
+            };
+            UdpWire::new(cfg).unwrap()
+        };
+        let (la, lb): (WireAddr, WireAddr) =
+            ("127.0.9.5".parse().unwrap(), "127.0.9.6".parse().unwrap());
+        let (mut a, mut b) = (wire(), wire());
+        a.open(la).unwrap();
+        b.open(lb).unwrap();
+        let poll = |b: &mut UdpWire, busy: bool| {
+            b.busy_poll(busy);
+            let n = b.recv(&mut |_, _| {}).unwrap();
+            b.busy_poll(false);
+            n
+        };
+        let send = |a: &mut UdpWire, n: usize| {
+            for _ in 0..n {
+                a.send(la, lb, &[7u8; 60]).unwrap();
+            }
+            a.flush().unwrap();
+            // loopback delivers within the send call
+        };
+        assert_eq!(poll(&mut b, true), 0);
+        send(&mut a, 10);
+        assert_eq!(poll(&mut b, true), 1, "after an empty poll: one");
+        assert_eq!(poll(&mut b, true), 9, "then a batch");
+        assert_eq!(poll(&mut b, true), 0);
+        send(&mut a, 10);
+        assert_eq!(poll(&mut b, false), 10, "not busy: a batch");
     }
 }
