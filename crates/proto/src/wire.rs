@@ -66,6 +66,23 @@ pub fn emit(
     r.emit(payload, out, encap)
 }
 
+/// [`emit`] around a payload of `payload_len` bytes already at `out[h.header_len()..]`
+/// (the transport gathered it there): headers, pad and ICRC, no payload copy.
+pub fn emit_in_place(
+    h: &PacketRepr,
+    payload_len: usize,
+    out: &mut [u8],
+    encap: Option<&Encap>,
+) -> Result<usize, rdma_wire::Error> {
+    let pad = PacketRepr::pad_for(payload_len);
+    if h.bth.pad_cnt == pad {
+        return h.emit_in_place(payload_len, out, encap);
+    }
+    let mut r = *h;
+    r.bth.pad_cnt = pad;
+    r.emit_in_place(payload_len, out, encap)
+}
+
 /// Parses a datagram (BTH through ICRC), checking the ICRC as `check` says.
 pub fn parse<'a>(bytes: &'a [u8], check: IcrcCheck<'_>) -> Result<Packet<'a>, ParseError> {
     // PacketRepr::parse checks the layout itself: new_checked would do it twice

@@ -65,6 +65,7 @@ use rdma_wire::packet::IcrcCheck;
 
 pub(crate) mod ack_hold;
 mod apm;
+mod gather;
 mod sched;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
@@ -573,6 +574,22 @@ impl Runtime {
                 left = sched::Serviced::Blocked;
                 break;
             }
+            // over UDP, the payload goes straight into the datagram's slot
+            if let (None, Some(p)) = (ctx.host, ctx.paths.for_port(ctx.rc.port())) {
+                let Some((t, r)) =
+                    gather::transmit(&mut **wire, &mut ctx.rc, p, (now, &mut *mem), MAX_PACKET)
+                else {
+                    break;
+                };
+                budget -= 1;
+                tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
+                match r {
+                    Ok(()) => stats.transmitted += 1,
+                    Err(_) => stats.send_errors += 1,
+                }
+                hold.emitted(&t.header, true, ctx.rc.ack_timeout());
+                continue;
+            }
             let Some(t) = ctx.rc.poll_transmit(now, mem, &mut tx.payload) else {
                 break;
             };
@@ -598,20 +615,13 @@ impl Runtime {
                 }
             }
             let sent = match ctx.host {
-                // only the host-local wire carries a pulled WRITE: lost here, resent inline
-                None if t.placement != TxPlacement::Inline => Err(Error::InvalidArgument(
-                    "pulled WRITE off the host-local wire",
-                )),
                 // straight into the peer's ring: no packet buffer in between
                 Some(h) => wire.emit_host(h, p.local, p.remote, meta, MAX_PACKET, &mut |room| {
                     rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
                 }),
-                // straight into the send batch's slot (sealed there)
-                None => {
-                    wire.emit_from_port(p.local, p.remote, p.sport, meta, MAX_PACKET, &mut |room| {
-                        rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
-                    })
-                }
+                // UDP packets leave through `gather::transmit` above, which only a QP
+                // without a path for its port skips
+                None => Err(Error::InvalidArgument("no path for the QP's port")),
             };
             match sent {
                 Ok(()) => stats.transmitted += 1,

@@ -410,25 +410,72 @@ impl PacketRepr {
     /// [`Error::BadPadCount`] if `bth.pad_cnt` is not [`pad_for`](Self::pad_for) the payload,
     /// [`Error::BadField`] for a field too wide for its bits, [`Error::BufferTooSmall`].
     pub fn emit(&self, payload: &[u8], buf: &mut [u8], encap: Option<&Encap>) -> Result<usize> {
+        let need = self.check_emit(payload.len(), buf.len())?;
+        let start = self.header_len();
+        buf[start..start + payload.len()].copy_from_slice(payload);
+        self.emit_around(payload.len(), &mut buf[..need], encap)
+    }
+
+    /// [`PacketRepr::emit`] around a payload of `payload_len` bytes that is in place already,
+    /// at `buf[self.header_len()..]`: writes the headers before it and the pad and ICRC
+    /// after it, and returns the length. The payload is not copied.
+    ///
+    /// ```
+    /// use rdma_wire::packet::{IcrcCheck, Packet, PacketRepr};
+    ///
+    /// // an RC SEND_ONLY of "hello" (pad 3) to QP 0x11, PSN 9
+    /// let mut bytes = vec![0x04, 0x30, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 9];
+    /// bytes.extend_from_slice(b"hello\0\0\0\0\0\0\0");
+    /// let pkt = Packet::new_checked(&bytes[..]).unwrap();
+    /// let h = PacketRepr::parse(&pkt, IcrcCheck::Skip).unwrap();
+    /// let mut buf = [0u8; 64];
+    /// buf[12..17].copy_from_slice(b"hello");
+    /// let n = h.emit_in_place(5, &mut buf, None).unwrap();
+    /// let mut copy = [0u8; 64];
+    /// assert_eq!(h.emit(b"hello", &mut copy, None).unwrap(), n);
+    /// assert_eq!(buf[..n], copy[..n]);
+    /// ```
+    pub fn emit_in_place(
+        &self,
+        payload_len: usize,
+        buf: &mut [u8],
+        encap: Option<&Encap>,
+    ) -> Result<usize> {
+        let need = self.check_emit(payload_len, buf.len())?;
+        self.emit_around(payload_len, &mut buf[..need], encap)
+    }
+
+    /// Checks that the headers, a payload of `payload_len` bytes and its pad count make a
+    /// packet that fits in `have` bytes; returns its length.
+    fn check_emit(&self, payload_len: usize, have: usize) -> Result<usize> {
         self.check_headers()?;
         let opcode = self.bth.opcode;
-        if !opcode.has_payload() && !payload.is_empty() {
+        if !opcode.has_payload() && payload_len != 0 {
             return Err(Error::BadPayloadLength {
                 opcode: opcode.into(),
-                len: payload.len(),
+                len: payload_len,
             });
         }
-        if self.bth.pad_cnt != Self::pad_for(payload.len()) {
+        if self.bth.pad_cnt != Self::pad_for(payload_len) {
             return Err(Error::BadPadCount(self.bth.pad_cnt));
         }
-        let need = self.buffer_len(payload.len());
-        if buf.len() < need {
-            return Err(Error::BufferTooSmall {
-                need,
-                have: buf.len(),
-            });
+        let need = self.buffer_len(payload_len);
+        if have < need {
+            return Err(Error::BufferTooSmall { need, have });
         }
-        let buf = &mut buf[..need];
+        Ok(need)
+    }
+
+    /// The headers, pad and ICRC around a payload in place; `buf` is the whole packet,
+    /// checked by [`PacketRepr::check_emit`].
+    fn emit_around(
+        &self,
+        payload_len: usize,
+        buf: &mut [u8],
+        encap: Option<&Encap>,
+    ) -> Result<usize> {
+        let need = buf.len();
+        let opcode = self.bth.opcode;
         self.bth.emit(&mut Bth::new_unchecked(&mut *buf))?;
         let headers = opcode.ext_headers();
         if let Some(r) = &self.rdeth {
@@ -487,9 +534,7 @@ impl PacketRepr {
                 ExtHeader::Ieth,
             )))?;
         }
-        let start = self.header_len();
-        let end = start + payload.len();
-        buf[start..end].copy_from_slice(payload);
+        let end = self.header_len() + payload_len;
         buf[end..need - ICRC_LEN].fill(0);
         let crc = match encap {
             Some(e) => e.compute(&buf[..need - ICRC_LEN])?,

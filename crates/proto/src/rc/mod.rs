@@ -228,6 +228,12 @@ impl RcQp {
         self.attr.timeout
     }
 
+    /// The port the next [`Transmit`] leaves from ([`Transmit::port`]: the current primary,
+    /// which path migration changes), without the copy [`RcQp::attr`] makes.
+    pub fn port(&self) -> u8 {
+        self.attr.port_num
+    }
+
     /// Current attributes (`ibv_query_qp`).
     pub fn attr(&self) -> QpAttr {
         let mut a = self.attr;

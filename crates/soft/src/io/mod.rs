@@ -242,10 +242,11 @@ pub trait DatagramWire: Send {
     }
 
     /// [`DatagramWire::send_from_port`] of the packet `write` puts straight into the wire's
-    /// send batch: it gets room for up to `max` bytes and returns the packet's length (0:
-    /// none, nothing is sent). [`UdpWire`] writes it in the datagram's slot, one copy
-    /// less than a packet built elsewhere; the default builds it in a buffer of its own
-    /// and sends that.
+    /// send batch: it gets room for up to `max` bytes and returns where in it the packet
+    /// lies (empty: none, nothing is sent; it may start after room the writer left, as a
+    /// transport that gathers the payload first and puts the headers before it does).
+    /// [`UdpWire`] writes it in the datagram's slot, one copy less than a packet built
+    /// elsewhere; the default builds it in a buffer of its own and sends that.
     fn emit_from_port(
         &mut self,
         from: WireAddr,
@@ -253,12 +254,13 @@ pub trait DatagramWire: Send {
         sport: u16,
         meta: TxMeta,
         max: usize,
-        write: &mut dyn FnMut(&mut [u8]) -> usize,
+        write: &mut dyn FnMut(&mut [u8]) -> std::ops::Range<usize>,
     ) -> Result<()> {
         let mut buf = vec![0u8; max];
-        match write(&mut buf) {
-            0 => Err(crate::Error::InvalidArgument("packet does not encode")),
-            n => self.send_from_port(from, to, sport, meta, &buf[..n]),
+        let at = write(&mut buf);
+        match buf.get(at) {
+            Some(p) if !p.is_empty() => self.send_from_port(from, to, sport, meta, p),
+            _ => Err(crate::Error::InvalidArgument("packet does not encode")),
         }
     }
 

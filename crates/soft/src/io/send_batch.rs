@@ -16,6 +16,9 @@ use super::WireAddr;
 pub(crate) struct SendBatch {
     slot: usize,
     bufs: Box<[u8]>,
+    /// Where each queued datagram starts in its slot (the transport may leave room before
+    /// it: the payload is gathered first, the headers written before it).
+    starts: Box<[usize]>,
     lens: Box<[usize]>,
     names: Box<[(libc::sockaddr_storage, libc::socklen_t)]>,
     iovs: Box<[libc::iovec]>,
@@ -88,6 +91,7 @@ impl SendBatch {
         SendBatch {
             slot,
             bufs: vec![0u8; count * slot].into_boxed_slice(),
+            starts: vec![0; count].into_boxed_slice(),
             lens: vec![0; count].into_boxed_slice(),
             // SAFETY: all-zero is valid for these plain C structs.
             names: (0..count).map(|_| (unsafe { zeroed() }, 0)).collect(),
@@ -174,13 +178,29 @@ impl SendBatch {
 
     /// Queues the `len` bytes written into [`SendBatch::slot_mut`] to `dst:port` from socket
     /// `sock` (below 128), to go with IPv4 TOS / IPv6 traffic class `tclass`.
+    #[cfg(test)]
     pub fn commit(&mut self, dst: WireAddr, port: u16, tclass: u8, sock: u8, len: usize) -> usize {
+        self.commit_at(dst, port, tclass, sock, 0..len)
+    }
+
+    /// [`SendBatch::commit`] of the datagram written at `at` in [`SendBatch::slot_mut`].
+    pub fn commit_at(
+        &mut self,
+        dst: WireAddr,
+        port: u16,
+        tclass: u8,
+        sock: u8,
+        at: std::ops::Range<usize>,
+    ) -> usize {
         let i = self.queued;
-        debug_assert!(i < self.lens.len() && len <= self.slot);
-        let data = &self.bufs[i * self.slot..i * self.slot + len];
+        let len = at.len();
+        debug_assert!(i < self.lens.len() && at.end <= self.slot);
+        let base = i * self.slot + at.start;
+        let data = &self.bufs[base..base + len];
         let qpn = data
             .get(5..8)
             .map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
+        self.starts[i] = at.start;
         self.lens[i] = len;
         self.names[i] = sys::to_sockaddr(dst, port);
         let seg = self.next_segment(dst, len, tclass, qpn, sock);
@@ -202,7 +222,8 @@ impl SendBatch {
 
     /// The bytes of queued datagram `i`, for in-place changes (ICRC, fault injection).
     pub fn data_mut(&mut self, i: usize) -> &mut [u8] {
-        &mut self.bufs[i * self.slot..i * self.slot + self.lens[i]]
+        let base = i * self.slot + self.starts[i];
+        &mut self.bufs[base..base + self.lens[i]]
     }
 
     /// Destination of queued datagram `i`.
@@ -276,7 +297,7 @@ impl SendBatch {
                 return;
             }
             me.iovs[k] = libc::iovec {
-                iov_base: me.bufs[i * me.slot..].as_mut_ptr().cast(),
+                iov_base: me.bufs[i * me.slot + me.starts[i]..].as_mut_ptr().cast(),
                 iov_len: me.lens[i],
             };
             if new_msg {

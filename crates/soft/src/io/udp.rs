@@ -363,7 +363,7 @@ impl DatagramWire for UdpWire {
         }
         self.emit_from_port(from, to, sport, meta, packet.len(), &mut |slot| {
             slot[..packet.len()].copy_from_slice(packet);
-            packet.len()
+            0..packet.len()
         })
     }
 
@@ -374,7 +374,7 @@ impl DatagramWire for UdpWire {
         sport: u16,
         meta: TxMeta,
         max: usize,
-        write: &mut dyn FnMut(&mut [u8]) -> usize,
+        write: &mut dyn FnMut(&mut [u8]) -> std::ops::Range<usize>,
     ) -> Result<()> {
         if meta.placement != super::TxPlacement::Inline {
             return Err(Error::InvalidArgument(
@@ -401,18 +401,18 @@ impl DatagramWire for UdpWire {
         let to = scoped;
         let max = max.min(self.cfg.max_packet);
         let out = &mut self.locals[i].out;
-        let n = write(&mut out.slot_mut()[..max]);
-        if n == 0 {
+        let at = write(&mut out.slot_mut()[..max]);
+        if at.is_empty() || at.end > max {
             return Err(Error::InvalidArgument(
                 "packet does not encode in a datagram of the wire's largest size",
             ));
         }
-        if n < MIN_PACKET {
+        if at.len() < MIN_PACKET {
             return Err(Error::InvalidArgument(
                 "packet shorter than a BTH and its ICRC",
             ));
         }
-        let k = out.commit(to, port, meta.tclass, sock, n);
+        let k = out.commit_at(to, port, meta.tclass, sock, at);
         let encap = icrc::with_identification(encap, out.segment(k));
         // Cannot fail: the length is within bounds and the families match.
         icrc::seal(&encap, out.data_mut(k));
