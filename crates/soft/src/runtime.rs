@@ -302,7 +302,9 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    pub fn new(wire: Box<dyn DatagramWire>) -> Result<Runtime> {
+    pub fn new(mut wire: Box<dyn DatagramWire>) -> Result<Runtime> {
+        // no UD QP yet: RC and MADs need no TOS or TTL (`Runtime::ud_insert`)
+        wire.set_ip_meta(false);
         Ok(Runtime {
             wire,
             slots: Vec::new(),

@@ -175,3 +175,84 @@ fn default_send_is_class_zero_and_one_message_per_gso_run() {
         );
     }
 }
+
+/// What `lb` receives of one packet with traffic class 0x48 from `la`: (traffic class, hop
+/// limit) per arrival; `b` receives, or `a` itself when `None`.
+fn ip_meta_of(
+    a: &mut UdpWire,
+    b: Option<&mut UdpWire>,
+    la: WireAddr,
+    lb: WireAddr,
+) -> Vec<(u8, u8)> {
+    let meta = TxMeta {
+        tclass: 0x48,
+        ..Default::default()
+    };
+    a.send_with(la, lb, meta, &packet(1, 200)).unwrap();
+    a.flush().unwrap();
+    let rx = match b {
+        Some(b) => b,
+        None => a,
+    };
+    let mut got = Vec::new();
+    let end = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() && Instant::now() < end {
+        rx.recv(&mut |arr, _| got.push((arr.tclass, arr.hop_limit)))
+            .unwrap();
+    }
+    got
+}
+
+/// `set_ip_meta(false)` stops the kernel's TOS and TTL control messages: arrivals say 0 for
+/// both, on a socket open before the change and on one opened after it; on again, they
+/// carry the IP header's values.
+#[test]
+fn ip_meta_off_and_on_ipv4() {
+    let (la, lb) = (addr("127.0.3.7"), addr("127.0.3.8"));
+    let cfg = UdpConfig {
+        port: 47947,
+        share: false,
+        ..UdpConfig::default()
+    };
+    let mut a = UdpWire::new(cfg.clone()).unwrap();
+    let mut b = UdpWire::new(cfg).unwrap();
+    a.open(la).unwrap();
+    b.set_ip_meta(false);
+    b.open(lb).unwrap(); // opened while off
+    assert_eq!(ip_meta_of(&mut a, Some(&mut b), la, lb), [(0, 0)], "off");
+    b.set_ip_meta(true);
+    assert_eq!(
+        ip_meta_of(&mut a, Some(&mut b), la, lb),
+        [(0x48, 64)],
+        "on again"
+    );
+    b.set_ip_meta(false);
+    assert_eq!(
+        ip_meta_of(&mut a, Some(&mut b), la, lb),
+        [(0, 0)],
+        "off again"
+    );
+}
+
+/// The same over IPv6 (traffic class and hop limit), one wire sending to itself on ::1;
+/// the socket was open before the first change.
+#[test]
+fn ip_meta_off_and_on_ipv6() {
+    let l = addr("::1");
+    let mut a = UdpWire::new(UdpConfig {
+        port: 47948,
+        share: false,
+        ..UdpConfig::default()
+    })
+    .unwrap();
+    a.open(l).unwrap();
+    assert_eq!(
+        ip_meta_of(&mut a, None, l, l),
+        [(0x48, 64)],
+        "on by default"
+    );
+    a.set_ip_meta(false);
+    assert_eq!(ip_meta_of(&mut a, None, l, l), [(0, 0)], "off");
+    a.set_ip_meta(true);
+    assert_eq!(ip_meta_of(&mut a, None, l, l), [(0x48, 64)], "on again");
+}

@@ -357,6 +357,13 @@ pub trait DatagramWire: Send {
     /// not sleep): a wire may then look at its slower sources less often.
     fn busy_poll(&mut self, _on: bool) {}
 
+    /// Whether received datagrams must carry their IPv4 TOS / IPv6 traffic class and TTL /
+    /// hop limit ([`Arrival::tclass`], [`Arrival::hop_limit`]: a UD receive puts them in
+    /// its GRH). On by default; off, [`UdpWire`] no longer asks the kernel for them (two
+    /// control messages per datagram) and its arrivals say 0 for both. The runtime keeps
+    /// it on while a UD QP exists.
+    fn set_ip_meta(&mut self, _on: bool) {}
+
     /// For a busy poller: true when this call would most likely deliver nothing and the
     /// caller may skip its round (the wire knows its sources are quiet: e.g. its
     /// host-local rings are empty, and its sockets are not due for a look). Counts as a

@@ -180,6 +180,20 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
     Ok(fd)
 }
 
+/// Asks the kernel for (or stops asking for) each received datagram's IPv4 TOS / IPv6
+/// traffic class and TTL / hop limit, as control messages; `new_udp` turns them on.
+pub(crate) fn set_ip_meta(fd: BorrowedFd<'_>, v6: bool, on: bool) -> std::io::Result<()> {
+    let v = i32::from(on);
+    let fd = fd.as_raw_fd();
+    if v6 {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, v)?;
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, v)
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, v)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, v)
+    }
+}
+
 /// A UDP socket of `local`'s family for sending only: IPv6-only for IPv6, don't-fragment,
 /// `SO_REUSEPORT`, a send buffer of `buf_bytes` and the smallest receive buffer (nothing is
 /// read from it). Unbound.

@@ -107,6 +107,9 @@ pub struct UdpWire {
     pub(super) local: super::udp_local::LocalPart,
     /// The sockets out of the epoll set while busy-polled (`udp_park.rs`).
     pub(super) park: super::udp_park::Parking,
+    /// Received datagrams carry their TOS / traffic class and TTL / hop limit
+    /// ([`DatagramWire::set_ip_meta`]).
+    ip_meta: bool,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -168,6 +171,7 @@ impl UdpWire {
             clock: Instant::now(),
             local: Default::default(),
             park: Default::default(),
+            ip_meta: true,
         })
     }
 
@@ -298,6 +302,10 @@ impl DatagramWire for UdpWire {
         }
         if self.cfg.gro && sys::enable_udp_gro(fd.as_fd()) {
             self.gro = true;
+        }
+        if !self.ip_meta {
+            // best effort: a socket that keeps them only costs its receives a little
+            let _ = sys::set_ip_meta(fd.as_fd(), local.ip().is_ipv6(), false);
         }
         let ports = SportSockets::of_socket(fd.as_fd());
         let mut out = SendBatch::new(self.cfg.batch, self.cfg.max_packet);
@@ -540,6 +548,18 @@ impl DatagramWire for UdpWire {
 
     fn busy_poll(&mut self, on: bool) {
         self.local.busy = on;
+    }
+
+    fn set_ip_meta(&mut self, on: bool) {
+        if self.ip_meta == on {
+            return;
+        }
+        self.ip_meta = on;
+        for l in &self.locals {
+            if let Err(e) = sys::set_ip_meta(l.fd.as_fd(), l.addr.ip().is_ipv6(), on) {
+                tracing::debug!(local = %l.addr, on, error = %e, "TOS/TTL control messages not changed");
+            }
+        }
     }
 
     fn idle_poll(&mut self) -> bool {

@@ -170,6 +170,8 @@ impl Runtime {
         }
         s[idx] = Some(Box::new(ctx));
         self.ud.live.push(idx as u16);
+        // a UD receive's GRH carries the traffic class and hop limit
+        self.wire.set_ip_meta(true);
     }
 
     /// Removes a UD QP: releases its slot and the addresses it listened on.
@@ -184,6 +186,9 @@ impl Runtime {
             return;
         };
         self.ud.live.retain(|&i| i as usize != idx);
+        if self.ud.live.is_empty() {
+            self.wire.set_ip_meta(false);
+        }
         self.free.push(idx as u16);
         self.ud_unlisten_addrs(ctx.listening);
     }
