@@ -29,7 +29,7 @@ pub(crate) enum Serviced {
 }
 
 /// The work list and the timer heap.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Sched {
     /// Slots to service in the next round, each once (`QpCtx::queued`).
     work: Vec<u16>,
@@ -38,6 +38,22 @@ pub(crate) struct Sched {
     /// Slots whose host-local ring was full (`QpCtx::blocked`).
     blocked: Vec<u16>,
     timers: BinaryHeap<Reverse<(u64, u16, u32)>>,
+}
+
+/// Room the lists and the heap start with: a round that queues more QPs than any before
+/// grows a list (an allocation), and the two work lists take turns, so each would grow on
+/// its own, at some later round; this many cost no allocation on the packet path.
+const ROOM: usize = 64;
+
+impl Default for Sched {
+    fn default() -> Sched {
+        Sched {
+            work: Vec::with_capacity(ROOM),
+            spare: Vec::with_capacity(ROOM),
+            blocked: Vec::with_capacity(ROOM),
+            timers: BinaryHeap::with_capacity(4 * ROOM),
+        }
+    }
 }
 
 impl Sched {
