@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{connect_with, ConnOpts, Side};
+use common::{connect_with, poll_within, ConnOpts, Side};
 use rdma_soft::verbs::*;
 
 const IP_A: &str = "127.0.91.1";
@@ -16,14 +16,9 @@ const EXCHANGES: usize = 20;
 const LIMIT: Duration = Duration::from_secs(20);
 
 fn poll_until(cq: &CompletionQueue, what: &str) -> Completion {
-    let end = Instant::now() + LIMIT;
-    loop {
-        if let Some(c) = cq.poll_one() {
-            assert_eq!(c.status, WcStatus::Success, "{what}: {c:?}");
-            return c;
-        }
-        assert!(Instant::now() < end, "no {what} within {LIMIT:?}");
-    }
+    let c = poll_within(cq, LIMIT, what);
+    assert_eq!(c.status, WcStatus::Success, "{what}: {c:?}");
+    c
 }
 
 #[test]

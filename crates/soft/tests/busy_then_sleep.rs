@@ -2,7 +2,7 @@
 //! (`io/udp_park.rs`); when it stops and sleeps on a completion channel instead, the
 //! engine must see the next datagram: the sockets are back in the set. Loopback only.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdma_soft::io::UdpConfig;
 use rdma_soft::verbs::{
@@ -10,20 +10,15 @@ use rdma_soft::verbs::{
 };
 
 mod common;
-use common::{device_with, wait_completions};
+use common::{device_with, poll_within, wait_completions};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// Polls `cq` back to back (the busy poller) until one completion comes.
+/// Polls `cq` back to back (the busy poller) until one successful completion comes.
 fn busy_next(cq: &CompletionQueue) -> rdma_soft::verbs::Completion {
-    let end = Instant::now() + LIMIT;
-    loop {
-        if let Some(c) = cq.poll_one() {
-            assert_eq!(c.status, WcStatus::Success, "{c:?}");
-            return c;
-        }
-        assert!(Instant::now() < end, "no completion within {LIMIT:?}");
-    }
+    let c = poll_within(cq, LIMIT, "completion");
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    c
 }
 
 #[test]

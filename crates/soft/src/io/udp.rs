@@ -284,19 +284,11 @@ impl DatagramWire for UdpWire {
                 (fd, Some(m))
             }
         };
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd.as_raw_fd() as u64,
-        };
-        // SAFETY: both descriptors are open; `ev` is a valid event.
-        let rc = unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                fd.as_raw_fd(),
-                &mut ev,
-            )
-        };
+        let rc = super::udp_park::socket_ctl(
+            self.epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd.as_raw_fd(),
+        );
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(local)));
         }

@@ -7,7 +7,7 @@
 //! ([`DatagramWire::arm_wait`]) or drives the wire otherwise. A socket added back that
 //! holds datagrams makes the set readable at once: nothing is missed.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 use super::udp::UdpWire;
 #[cfg(doc)]
@@ -16,6 +16,18 @@ use super::DatagramWire;
 /// Busy receives in a row (none from a sleeper's `arm_wait` between them) after which the
 /// sockets leave the epoll set: about 100 µs of polling.
 pub(super) const PARK_AFTER: u32 = 256;
+
+/// Adds socket `fd` to (or, `op` DEL, removes it from) epoll set `epoll`, readable events
+/// with the fd as token: the wire's way of watching a socket. Returns `epoll_ctl`'s result.
+pub(super) fn socket_ctl(epoll: RawFd, op: i32, fd: RawFd) -> i32 {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: plain epoll_ctl on descriptors the caller keeps open; `ev` is a valid event
+    // (DEL ignores it).
+    unsafe { libc::epoll_ctl(epoll, op, fd, &mut ev) }
+}
 
 /// The parking state of a [`UdpWire`].
 #[derive(Debug, Default)]
@@ -32,23 +44,17 @@ impl UdpWire {
         // with host-local rings, the busy poller learns of socket datagrams from the set
         let may_park = busy && self.local.wire.is_none();
         if !may_park {
-            self.park.streak = 0;
             self.unpark();
             return;
         }
         self.park.streak = self.park.streak.saturating_add(1);
         if self.park.streak >= PARK_AFTER && !self.park.parked {
             for l in &self.locals {
-                let mut ev = libc::epoll_event { events: 0, u64: 0 };
-                // SAFETY: both descriptors are open; DEL ignores the event.
-                unsafe {
-                    libc::epoll_ctl(
-                        self.epoll.as_raw_fd(),
-                        libc::EPOLL_CTL_DEL,
-                        l.fd.as_raw_fd(),
-                        &mut ev,
-                    )
-                };
+                socket_ctl(
+                    self.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_DEL,
+                    l.fd.as_raw_fd(),
+                );
             }
             self.park.parked = true;
             self.stats.sockets_parked += 1;
@@ -62,20 +68,12 @@ impl UdpWire {
             return;
         }
         for l in &self.locals {
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: l.fd.as_raw_fd() as u64,
-            };
-            // SAFETY: both descriptors are open; `ev` is a valid event. EEXIST (a socket
-            // opened while parked is in the set already) is what we want.
-            unsafe {
-                libc::epoll_ctl(
-                    self.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_ADD,
-                    l.fd.as_raw_fd(),
-                    &mut ev,
-                )
-            };
+            // EEXIST (a socket opened while parked is in the set already) is what we want
+            socket_ctl(
+                self.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                l.fd.as_raw_fd(),
+            );
         }
     }
 

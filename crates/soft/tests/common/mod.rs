@@ -106,13 +106,7 @@ impl Side {
 
     /// Waits for one completion (driving the device), panicking after [`LIMIT`].
     pub fn next(&self) -> Completion {
-        let end = Instant::now() + LIMIT;
-        loop {
-            if let Some(c) = self.cq.poll_one() {
-                return c;
-            }
-            assert!(Instant::now() < end, "no completion within {LIMIT:?}");
-        }
+        poll_within(&self.cq, LIMIT, "completion")
     }
 
     /// Waits for one successful completion.
@@ -120,6 +114,18 @@ impl Side {
         let c = self.next();
         assert_eq!(c.status, WcStatus::Success, "{c:?}");
         c
+    }
+}
+
+/// Busy-polls `cq` (each poll drives the device) until a completion comes, panicking after
+/// `limit` with `what` in the message.
+pub fn poll_within(cq: &CompletionQueue, limit: Duration, what: &str) -> Completion {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(c) = cq.poll_one() {
+            return c;
+        }
+        assert!(Instant::now() < end, "no {what} within {limit:?}");
     }
 }
 
