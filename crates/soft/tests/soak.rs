@@ -1171,6 +1171,14 @@ fn host_b(mix: &Mix, seeds: &[u64], link: Link) -> Counts {
     counts
 }
 
+/// The message of a panic payload (a `&str` or `String`; otherwise a placeholder).
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
 fn soak(name: &str, mix: Mix) {
     if !require_root(name) {
         return;
@@ -1190,10 +1198,22 @@ fn soak(name: &str, mix: Mix) {
         let ta = s.spawn(|| a.run(|| host_a(&mix, &seeds, la)));
         let tb = s.spawn(|| b.run(|| host_b(&mix, &seeds, lb)));
         let (ra, rb) = (ta.join(), tb.join());
-        // the host that failed first tells why; the other only lost its peer
         match (ra, rb) {
             (Ok(ca), Ok(cb)) => (ca, cb),
-            (Err(p), _) | (_, Err(p)) => std::panic::resume_unwind(p),
+            (Err(p), Ok(_)) | (Ok(_), Err(p)) => std::panic::resume_unwind(p),
+            // both: one tells why, the other (most likely) only lost its peer; both are
+            // printed, and the one that is not about the peer is raised
+            (Err(pa), Err(pb)) => {
+                let (ma, mb) = (panic_text(&*pa), panic_text(&*pb));
+                eprintln!("host a panicked: {ma}\nhost b panicked: {mb}");
+                let about_peer = |m: &str| m.contains("the peer");
+                let first = if about_peer(&ma) && !about_peer(&mb) {
+                    pb
+                } else {
+                    pa
+                };
+                std::panic::resume_unwind(first)
+            }
         }
     });
     let exhausted = &ca.exhausted;
