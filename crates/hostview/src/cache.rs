@@ -5,6 +5,9 @@
 //! notification on it inside the call that made the change (`rtnl_notify` runs under RTNL
 //! in the changer's context), so when a query finds the socket empty, no change has
 //! completed since the dump it keeps: the answer is as current as a fresh dump would be.
+//! One exception: the kernel announces a new IPv6 address from its duplicate address
+//! detection work, a moment after the call that added it (with `nodad` too), while a dump
+//! lists it at once; until the announcement a kept view does not list it.
 //! Each query drains the socket first (one non-blocking `recv` when nothing changed); any link notification drops
 //! the kept links and addresses, any address notification drops the addresses, and an
 //! overrun (`ENOBUFS`: notifications lost) drops both. The next query dumps again, so the

@@ -6,6 +6,18 @@ use std::net::IpAddr;
 use rdma_hostview::{BlockingHostView, HostView};
 use rdma_testhosts::{require_root, topologies};
 
+/// The kernel announces a new IPv6 address (`RTM_NEWADDR`) from its duplicate address
+/// detection work, which runs after `ip addr add` has returned (with `nodad` too), while a
+/// dump lists the address at once: a kept view learns of it from the announcement, so this
+/// waits for it (at most 2 s; if it never comes, the comparison after it fails).
+fn ipv6_address_notified(kept: &BlockingHostView, fresh: &BlockingHostView) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while kept.addresses().unwrap() != fresh.addresses().unwrap() && std::time::Instant::now() < end
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Every answer the cached view gives, compared with the uncached one.
 fn same_answers(kept: &BlockingHostView, fresh: &BlockingHostView, probes: &[&str], step: &str) {
     let errno = |r: &rdma_hostview::Result<rdma_hostview::RouteAnswer>| match r {
@@ -132,6 +144,9 @@ fn kept_links_and_addresses_follow_every_change() {
         ];
         for (step, args) in steps {
             a.ip(args).unwrap();
+            if step == "add v6" || step == "add ll" {
+                ipv6_address_notified(&kept, &fresh);
+            }
             same_answers(&kept, &fresh, &probes, step);
         }
         let eth0 = kept.link_by_name("eth0").unwrap();
