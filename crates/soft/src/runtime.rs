@@ -576,21 +576,23 @@ impl Runtime {
                 left = sched::Serviced::Blocked;
                 break;
             }
-            // over UDP, the payload goes straight into the datagram's slot
+            // over UDP, the payload goes straight into the datagram's slot; a path the wire
+            // refuses takes the way below, where the packet is taken and counted lost
             if let (None, Some(p)) = (ctx.host, ctx.paths.for_port(ctx.rc.port())) {
-                let Some((t, r)) =
-                    gather::transmit(&mut **wire, &mut ctx.rc, p, (now, &mut *mem), MAX_PACKET)
-                else {
-                    break;
-                };
-                budget -= 1;
-                tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
-                match r {
-                    Ok(()) => stats.transmitted += 1,
-                    Err(_) => stats.send_errors += 1,
+                match gather::transmit(&mut **wire, &mut ctx.rc, p, (now, &mut *mem), MAX_PACKET) {
+                    Ok(Some((t, r))) => {
+                        budget -= 1;
+                        tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
+                        match r {
+                            Ok(()) => stats.transmitted += 1,
+                            Err(_) => stats.send_errors += 1,
+                        }
+                        hold.emitted(&t.header, true, ctx.rc.ack_timeout());
+                        continue;
+                    }
+                    Ok(None) => break,
+                    Err(_) => {}
                 }
-                hold.emitted(&t.header, true, ctx.rc.ack_timeout());
-                continue;
             }
             let Some(t) = ctx.rc.poll_transmit(now, mem, &mut tx.payload) else {
                 break;
@@ -621,9 +623,9 @@ impl Runtime {
                 Some(h) => wire.emit_host(h, p.local, p.remote, meta, MAX_PACKET, &mut |room| {
                     rdma_proto::wire::emit(&t.header, payload, room, None).unwrap_or(0)
                 }),
-                // UDP packets leave through `gather::transmit` above, which only a QP
-                // without a path for its port skips
-                None => Err(Error::InvalidArgument("no path for the QP's port")),
+                // UDP packets leave through `gather::transmit` above: here only those of a
+                // path the wire refused, lost (the transport retransmits them)
+                None => Err(Error::InvalidArgument("the wire refused the QP's path")),
             };
             match sent {
                 Ok(()) => stats.transmitted += 1,

@@ -19,14 +19,17 @@ pub(super) const HEADROOM: usize = 64;
 
 /// The next packet of `rc`, gathered into the batch slot of path `p` (at most `max` bytes)
 /// and queued: the transmit (for the caller's counters and trace) and whether the wire took
-/// it; `None` when the transport has nothing to send.
+/// it; `Ok(None)` when the transport has nothing to send. An error when the wire refused
+/// the path before asking for a packet (its address is not open, say): the transport still
+/// has it, and the caller takes it as lost (the transport retransmits, and in the end
+/// reports the failure).
 pub(super) fn transmit<M: MemoryTable + ?Sized>(
     wire: &mut dyn DatagramWire,
     rc: &mut RcQp,
     p: &WirePath,
     (now, mem): (u64, &mut M),
     max: usize,
-) -> Option<(Transmit, Result<()>)> {
+) -> Result<Option<(Transmit, Result<()>)>> {
     let meta = TxMeta {
         tclass: p.tclass,
         placement: TxPlacement::Inline,
@@ -50,7 +53,10 @@ pub(super) fn transmit<M: MemoryTable + ?Sized>(
             .unwrap_or(0);
         start..start + n
     });
-    sent.flatten().map(|t| (t, r))
+    match (sent, r) {
+        (None, Err(e)) => Err(e),
+        (sent, r) => Ok(sent.flatten().map(|t| (t, r))),
+    }
 }
 
 #[cfg(test)]
