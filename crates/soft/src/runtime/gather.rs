@@ -61,8 +61,51 @@ pub(super) fn transmit<M: MemoryTable + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::HEADROOM;
+    use super::*;
+    use crate::io::{UdpConfig, UdpWire, WireAddr};
+    use rdma_proto::memory::InMemoryTable;
+    use rdma_proto::rc::RcConfig;
+    use rdma_proto::sim::{connect, ConnParams};
+    use rdma_proto::verbs::{AccessFlags, PdId, SendOp, SendWr};
     use rdma_wire::opcode::Opcode;
+
+    /// A path whose address the wire has not open is refused before a packet is asked
+    /// for: the error comes back and the transport still has the packet (the runtime then
+    /// takes it as lost, so the QP's sending does not stop unnoticed).
+    #[test]
+    fn a_refused_path_leaves_the_packet_with_the_transport() {
+        let pd = PdId(1);
+        let mut mem = InMemoryTable::new(0x10000, 1 << 16);
+        let k = mem.register(pd, 0x10000, 4096, AccessFlags::all()).unwrap();
+        let mut qp = RcQp::new(RcConfig::new(0x11, pd));
+        connect(&mut qp, 0x22, 1000, 0, &ConnParams::default());
+        let wr = SendWr::new(1, SendOp::Send).with_sge(rdma_proto::verbs::Sge {
+            addr: 0x10000,
+            length: 64,
+            lkey: k.lkey,
+        });
+        qp.post_send(&mem, &wr).unwrap();
+        let mut wire = UdpWire::new(UdpConfig {
+            port: 47933,
+            share: false,
+            ..UdpConfig::default()
+        })
+        .unwrap();
+        let addr = |s: &str| s.parse::<WireAddr>().unwrap();
+        let path = WirePath {
+            local: addr("127.0.9.31"), // never opened
+            remote: addr("127.0.9.32"),
+            port: 1,
+            tclass: 0,
+            sport: 0,
+        };
+        let r = transmit(&mut wire, &mut qp, &path, (0, &mut mem), 4096 + 128);
+        assert!(r.is_err(), "refused: {r:?}");
+        assert!(qp.may_transmit(), "the packet is still the transport's");
+        let mut buf = [0u8; 4096];
+        let t = qp.poll_transmit(0, &mut mem, &mut buf).expect("the SEND");
+        assert_eq!(t.header.bth.opcode, Opcode::RcSendOnly);
+    }
 
     /// Every opcode's headers fit before the payload: a packet whose headers did not would
     /// be taken from the transport and never sent.
