@@ -241,16 +241,18 @@ impl QpCtx {
 
     /// Moves the transport's completions to the CQs.
     fn drain_completions(&mut self, stats: &mut RuntimeStats) {
-        while let Some(c) = self.rc.poll_send_completion() {
-            if self.send_cq.push(c).is_err() {
-                stats.cq_overflows += 1;
-            }
-        }
-        while let Some(c) = self.rc.poll_recv_completion() {
-            if self.srq.is_some() {
-                self.srq_held = self.srq_held.saturating_sub(1);
-            }
-            if self.recv_cq.push(c).is_err() {
+        // successes first: a receive that completed before the QP failed (in the same batch
+        // as the NAK that failed it) is not reported after the failure
+        while let Some((c, send)) = self.rc.poll_completion_in_order() {
+            let cq = if send {
+                &self.send_cq
+            } else {
+                if self.srq.is_some() {
+                    self.srq_held = self.srq_held.saturating_sub(1);
+                }
+                &self.recv_cq
+            };
+            if cq.push(c).is_err() {
                 stats.cq_overflows += 1;
             }
         }

@@ -282,6 +282,9 @@ fn completion_channel_wait_drives_progress() {
     qp.post_recv(&RecvWr::new(1).with_sge(mr.sge(0, 1 << 20).unwrap()))
         .unwrap();
     fill(&a.mr, 0, 1 << 20, 3);
+    // armed before the SEND leaves: a completion that came before the arming would give no
+    // event (under load the sender can finish before this thread runs again)
+    cq.req_notify(true).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
             let wr = SendWr::new(1, SendOp::Send)
@@ -290,7 +293,6 @@ fn completion_channel_wait_drives_progress() {
             a.qp.post_send(&wr).unwrap();
             a.next_ok();
         });
-        cq.req_notify(true).unwrap();
         let got = ch
             .wait_event(Some(std::time::Duration::from_secs(30)))
             .unwrap()

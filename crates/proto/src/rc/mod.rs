@@ -597,6 +597,23 @@ impl RcQp {
             .pop_front()
             .or_else(|| self.recv_cq.pop_front())
     }
+
+    /// The next completion of either queue, and whether it is the send queue's, the
+    /// successes of both queues before any error or flush: a receive that completed before
+    /// the QP failed (in the same batch of packets as the NAK that failed it, say) is
+    /// reported before the failure. Each queue keeps its order (a QP completes nothing
+    /// successfully once it has failed); among equals the send queue goes first.
+    pub fn poll_completion_in_order(&mut self) -> Option<(Completion, bool)> {
+        let ok =
+            |q: &VecDeque<Completion>| q.front().is_some_and(|c| c.status == WcStatus::Success);
+        let send = ok(&self.send_cq) || !(ok(&self.recv_cq) || self.send_cq.is_empty());
+        let c = if send {
+            self.send_cq.pop_front()
+        } else {
+            self.recv_cq.pop_front()
+        };
+        c.map(|c| (c, send))
+    }
 }
 
 #[cfg(test)]
@@ -793,6 +810,46 @@ mod tests {
         // 1008 - 1005 = 3 < 4: the SEND may go now
         assert_eq!(drain(&mut qp, &mut mem), vec![(Opcode::RcSendOnly, 1008)]);
         assert!(!qp.send_window_full());
+    }
+
+    /// A receive that completed before the QP failed is reported before the failure's
+    /// completions, although the send queue's come first otherwise.
+    #[test]
+    fn completions_in_order_report_successes_before_the_failure() {
+        let (mut qp, mut mem, lkey) = setup(0);
+        let sge = Sge {
+            addr: 0x10000,
+            length: 64,
+            lkey,
+        };
+        qp.post_recv(&RecvWr::new(7).with_sge(sge)).unwrap();
+        let payload = [5u8; 64];
+        qp.handle_packet(
+            0,
+            &mut mem,
+            &Packet {
+                header: header(Opcode::RcSendOnly, 0x11, 0),
+                payload: &payload,
+            },
+        );
+        qp.post_send(&mem, &SendWr::new(1, SendOp::Send).with_sge(sge))
+            .unwrap();
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        qp.modify(&err, crate::verbs::QpAttrMask::STATE).unwrap();
+        let mut got = Vec::new();
+        while let Some((c, send)) = qp.poll_completion_in_order() {
+            got.push((c.wr_id, c.status, send));
+        }
+        assert_eq!(
+            got,
+            vec![
+                (7, WcStatus::Success, false),
+                (1, WcStatus::WrFlushErr, true)
+            ]
+        );
     }
 
     #[test]
