@@ -56,14 +56,7 @@ pub fn emit(
     out: &mut [u8],
     encap: Option<&Encap>,
 ) -> Result<usize, rdma_wire::Error> {
-    let pad = PacketRepr::pad_for(payload.len());
-    if h.bth.pad_cnt == pad {
-        // most payloads: no copy of the headers to set it
-        return h.emit(payload, out, encap);
-    }
-    let mut r = *h;
-    r.bth.pad_cnt = pad;
-    r.emit(payload, out, encap)
+    with_pad(h, payload.len(), |h| h.emit(payload, out, encap))
 }
 
 /// [`emit`] around a payload of `payload_len` bytes already at `out[h.header_len()..]`
@@ -74,13 +67,19 @@ pub fn emit_in_place(
     out: &mut [u8],
     encap: Option<&Encap>,
 ) -> Result<usize, rdma_wire::Error> {
+    with_pad(h, payload_len, |h| h.emit_in_place(payload_len, out, encap))
+}
+
+/// `f` of `h` with the pad count a payload of `payload_len` bytes needs (most payloads: `h`
+/// itself, no copy of the headers to set it).
+fn with_pad<R>(h: &PacketRepr, payload_len: usize, f: impl FnOnce(&PacketRepr) -> R) -> R {
     let pad = PacketRepr::pad_for(payload_len);
     if h.bth.pad_cnt == pad {
-        return h.emit_in_place(payload_len, out, encap);
+        return f(h);
     }
     let mut r = *h;
     r.bth.pad_cnt = pad;
-    r.emit_in_place(payload_len, out, encap)
+    f(&r)
 }
 
 /// Parses a datagram (BTH through ICRC), checking the ICRC as `check` says.

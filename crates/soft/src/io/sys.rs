@@ -4,7 +4,7 @@
 
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::WireAddr;
 use crate::{Error, Result};
@@ -67,7 +67,8 @@ pub(crate) fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> std::io::Resul
 
 /// Opens a non-blocking UDP socket bound to `local:port` that never fragments (DF set,
 /// `IP_PMTUDISC_DO`, so the kernel writes IPv4 Identification 0 on `sendto`) and reports the
-/// destination address, arrival interface, traffic class and hop limit of each datagram.
+/// destination address and arrival interface of each datagram, with `ip_meta` its traffic
+/// class and hop limit too ([`set_ip_meta`]).
 ///
 /// With `reuseport`, `SO_REUSEPORT` is set first, so that other processes of this user
 /// join the socket's group (see [`super::share`]).
@@ -76,8 +77,9 @@ pub(crate) fn open_udp(
     port: u16,
     buf_bytes: i32,
     reuseport: bool,
+    ip_meta: bool,
 ) -> Result<OwnedFd> {
-    let fd = new_udp(local, buf_bytes, reuseport)?;
+    let fd = new_udp(local, buf_bytes, reuseport, ip_meta)?;
     bind_udp(&fd, local, port)?;
     Ok(fd)
 }
@@ -143,7 +145,12 @@ fn set_opt(
 }
 
 /// The socket of [`open_udp`], options set, not yet bound.
-pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Result<OwnedFd> {
+pub(crate) fn new_udp(
+    local: WireAddr,
+    buf_bytes: i32,
+    reuseport: bool,
+    ip_meta: bool,
+) -> Result<OwnedFd> {
     let fd = udp_socket(local)?;
     let v6 = local.ip().is_ipv6();
     let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
@@ -154,22 +161,15 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
             libc::IPV6_RECVPKTINFO,
             1,
         )?;
-        opt(
-            "IPV6_RECVTCLASS",
-            libc::IPPROTO_IPV6,
-            libc::IPV6_RECVTCLASS,
-            1,
-        )?;
-        opt(
-            "IPV6_RECVHOPLIMIT",
-            libc::IPPROTO_IPV6,
-            libc::IPV6_RECVHOPLIMIT,
-            1,
-        )?;
     } else {
         opt("IP_PKTINFO", libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
-        opt("IP_RECVTOS", libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
-        opt("IP_RECVTTL", libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+    }
+    if ip_meta {
+        set_ip_meta(fd.as_fd(), v6, true).map_err(|source| Error::Os {
+            op: "IP_RECVTOS / IP_RECVTTL (IPv6: RECVTCLASS, RECVHOPLIMIT)",
+            addr: Some(local),
+            source,
+        })?;
     }
     if reuseport {
         opt("SO_REUSEPORT", libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
@@ -181,7 +181,8 @@ pub(crate) fn new_udp(local: WireAddr, buf_bytes: i32, reuseport: bool) -> Resul
 }
 
 /// Asks the kernel for (or stops asking for) each received datagram's IPv4 TOS / IPv6
-/// traffic class and TTL / hop limit, as control messages; `new_udp` turns them on.
+/// traffic class and TTL / hop limit, as control messages (off on a new socket; `new_udp`
+/// turns them on when asked).
 pub(crate) fn set_ip_meta(fd: BorrowedFd<'_>, v6: bool, on: bool) -> std::io::Result<()> {
     let v = i32::from(on);
     let fd = fd.as_raw_fd();
@@ -508,10 +509,10 @@ mod tests {
 
     #[test]
     fn sockets_never_fragment() {
-        let fd = open_udp("127.0.1.40".parse().unwrap(), 0, 1 << 20, false).unwrap();
+        let fd = open_udp("127.0.1.40".parse().unwrap(), 0, 1 << 20, false, true).unwrap();
         let v = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MTU_DISCOVER).unwrap();
         assert_eq!(v, libc::IP_PMTUDISC_DO);
-        let fd = open_udp("::1".parse().unwrap(), 0, 1 << 20, false).unwrap();
+        let fd = open_udp("::1".parse().unwrap(), 0, 1 << 20, false, true).unwrap();
         let v = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER);
         assert_eq!(v.unwrap(), libc::IPV6_PMTUDISC_DO);
         let v6only = getsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY);

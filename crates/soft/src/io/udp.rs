@@ -273,14 +273,16 @@ impl DatagramWire for UdpWire {
         let buf = i32::try_from(self.cfg.socket_buffer).unwrap_or(i32::MAX);
         let port = self.cfg.port;
         let (fd, member) = match self.claim_slot()? {
-            None => (sys::open_udp(local, port, buf, false)?, None),
+            None => (sys::open_udp(local, port, buf, false, self.ip_meta)?, None),
             Some(slot) => {
                 let key = GroupKey {
                     ns: share::current_netns(),
                     addr: local,
                     port,
                 };
-                let (fd, m) = share::join(key, slot, || sys::open_udp(local, port, buf, true))?;
+                let ip_meta = self.ip_meta;
+                let (fd, m) =
+                    share::join(key, slot, || sys::open_udp(local, port, buf, true, ip_meta))?;
                 (fd, Some(m))
             }
         };
@@ -294,10 +296,6 @@ impl DatagramWire for UdpWire {
         }
         if self.cfg.gro && sys::enable_udp_gro(fd.as_fd()) {
             self.gro = true;
-        }
-        if !self.ip_meta {
-            // best effort: a socket that keeps them only costs its receives a little
-            let _ = sys::set_ip_meta(fd.as_fd(), local.ip().is_ipv6(), false);
         }
         let ports = SportSockets::of_socket(fd.as_fd());
         let mut out = SendBatch::new(self.cfg.batch, self.cfg.max_packet);
