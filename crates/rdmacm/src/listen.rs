@@ -182,7 +182,7 @@ fn child(
         path.flow_label = p.flow_label;
         path.udp_sport = flow_label_to_udp_sport(p.flow_label);
     }
-    let mut s = IdSlot::new(lslot.channel, lslot.ps, lslot.qp_kind);
+    let mut s = Box::new(IdSlot::new(lslot.channel, lslot.ps, lslot.qp_kind));
     s.opts = lslot.opts;
     s.context = lslot.context;
     s.local = Some(SocketAddr::new(local, port));

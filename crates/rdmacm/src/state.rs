@@ -20,7 +20,7 @@ pub(crate) struct ChanState {
 
 /// Everything behind the context's lock.
 pub(crate) struct State {
-    pub ids: HashMap<IdNum, IdSlot>,
+    pub ids: HashMap<IdNum, Box<IdSlot>>,
     /// Threads in [`crate::inner::Inner::wait_acked`]: an ack wakes the condvar only then
     /// (a `notify_all` is a system call even with nobody waiting).
     pub ack_waiters: usize,

@@ -124,7 +124,7 @@ impl CmId {
         let mut st = inner.lock();
         let num = st.next_id;
         st.next_id += 1;
-        let mut slot = IdSlot::new(channel.num, ps, kind);
+        let mut slot = Box::new(IdSlot::new(channel.num, ps, kind));
         slot.opts.ha = inner.config.ha;
         slot.opts.ha_stay = inner.config.ha_stay;
         st.ids.insert(num, slot);
