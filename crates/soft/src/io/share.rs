@@ -158,6 +158,13 @@ impl Slot {
     /// just freed by a dead process is seldom the next one taken).
     pub(crate) fn claim() -> Result<Slot> {
         let dir = runtime_dir()?;
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            let n = sweep_dead_groups(&dir);
+            if n > 0 {
+                tracing::debug!(groups = n, dir = %dir.display(), "files of dead groups removed");
+            }
+        });
         let start = (std::process::id() as usize).wrapping_mul(37) % 255;
         for k in 0..255 {
             let n = ((start + k) % 255 + 1) as u8;
@@ -263,6 +270,58 @@ fn prune(dir: &Path, t: &mut Vec<Entry>) {
             remove_at(t, i);
         }
     }
+}
+
+/// Removes the files of every group in `dir` whose members are all dead: a group's last
+/// process killed before it could leave, or its network namespace gone, leaves them for
+/// good (a namespace's inode is seldom used again). A group whose lock someone holds is
+/// left alone; a live member's entry keeps its group. Returns how many groups went.
+pub(crate) fn sweep_dead_groups(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut gone = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name
+            .to_str()
+            .filter(|n| n.starts_with("grp-"))
+            .and_then(|n| n.strip_suffix(".lock"))
+        else {
+            continue;
+        };
+        let path = e.path();
+        let Ok(f) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+        else {
+            continue;
+        };
+        // Not waiting for anyone: a holder is at work on the group (joining, leaving).
+        if !matches!(lock(&f, true, false), Ok(true)) {
+            continue;
+        }
+        // Unlinked and made again meanwhile: the new file is someone else's.
+        let same = match (f.metadata(), std::fs::metadata(&path)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if !same {
+            continue;
+        }
+        let tab = dir.join(format!("{stem}.tab"));
+        let mut t = read_table(&tab);
+        prune(dir, &mut t);
+        if t.is_empty() {
+            // as `Member::leave` does: the table, a table half written, then the lock file
+            let _ = std::fs::remove_file(&tab);
+            let _ = std::fs::remove_file(tab.with_extension("tmp"));
+            let _ = std::fs::remove_file(&path);
+            gone += 1;
+        }
+    }
+    gone
 }
 
 /// How old the table must be before a misdelivered datagram counts as evidence.
@@ -515,6 +574,65 @@ mod tests {
         let n = a.get();
         drop(a);
         assert!(!slot_alive(&dir, n));
+    }
+
+    #[test]
+    fn the_sweep_removes_dead_groups_only() {
+        let dir = std::env::temp_dir().join(format!("rdma-soft-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = std::process::id();
+        let group = |stem: &str, tab: &str| {
+            std::fs::write(dir.join(format!("{stem}.lock")), "").unwrap();
+            std::fs::write(dir.join(format!("{stem}.tab")), tab).unwrap();
+        };
+        // A live member: slot 7 held by this process, its entry names us.
+        let slot7 = open_rw(&dir.join("slot-7")).unwrap();
+        assert!(lock(&slot7, true, false).unwrap());
+        std::fs::write(dir.join("slot-7"), format!("{me}\n")).unwrap();
+        group("grp-1-192.0.2.1-4791", &format!("7 {me}\n"));
+        // Dead members only: slot 9 held by nobody; slot 7's earlier owner.
+        group("grp-2-192.0.2.2-4791", "9 4000000\n");
+        group(
+            "grp-3-2001:db8::1-4791",
+            &format!("7 {}\n", me.wrapping_add(1)),
+        );
+        std::fs::write(dir.join("grp-3-2001:db8::1-4791.tmp"), "").unwrap();
+        // No table at all (made, never written): nobody.
+        std::fs::write(dir.join("grp-4-192.0.2.4-4791.lock"), "").unwrap();
+        // Dead entries, but someone holds the lock: left alone.
+        group("grp-5-192.0.2.5-4791", "9 4000000\n");
+        let held = open_rw(&dir.join("grp-5-192.0.2.5-4791.lock")).unwrap();
+        assert!(lock(&held, true, false).unwrap());
+        // Not a group's.
+        std::fs::write(dir.join("claim-1-x"), "keep").unwrap();
+
+        assert_eq!(sweep_dead_groups(&dir), 3);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "claim-1-x",
+                "grp-1-192.0.2.1-4791.lock",
+                "grp-1-192.0.2.1-4791.tab",
+                "grp-5-192.0.2.5-4791.lock",
+                "grp-5-192.0.2.5-4791.tab",
+                "slot-7",
+            ]
+        );
+        // The live group's table is as it was (the sweep does not write).
+        assert_eq!(
+            read_table(&dir.join("grp-1-192.0.2.1-4791.tab")),
+            vec![Entry { slot: 7, pid: me }]
+        );
+        drop(held);
+        assert_eq!(sweep_dead_groups(&dir), 1);
+        drop(slot7);
+        assert_eq!(sweep_dead_groups(&dir), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
