@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
-use super::share::{self, current_netns, held, lock, lock_path, open_rw, runtime_dir};
+use super::share::{
+    self, current_netns, held, lock, lock_path, open_rw, runtime_dir, try_lock_existing,
+};
 use crate::{Error, Result};
 
 /// A port held across processes; released on drop (or when the process dies).
@@ -109,6 +111,47 @@ fn live_claims(ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
             None
         })
         .collect()
+}
+
+/// Removes the lock file of every port without a live claim (its last claimant killed, or
+/// its namespace gone), with the dead claims found on the way. A port whose lock someone
+/// holds is left alone. Returns how many ports' lock files went.
+pub(crate) fn sweep_dead_ports(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let names: Vec<String> = rd
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    let mut gone = 0;
+    for name in &names {
+        let Some(key) = name
+            .strip_prefix("port-")
+            .and_then(|n| n.strip_suffix(".lock"))
+        else {
+            continue;
+        };
+        let path = dir.join(name);
+        let Some(_lock) = try_lock_existing(&path) else {
+            continue;
+        };
+        // claims are made and dropped under this lock: what is there now stays as it is
+        let prefix = format!("claim-{key}-");
+        let mut live = false;
+        for c in names.iter().filter(|c| c.starts_with(&prefix)) {
+            let claim = dir.join(c);
+            if held(&claim) {
+                live = true;
+            } else {
+                let _ = std::fs::remove_file(&claim);
+            }
+        }
+        if !live {
+            let _ = std::fs::remove_file(&path);
+            gone += 1;
+        }
+    }
+    gone
 }
 
 /// rdma_cm's `cma_check_port` between two listeners of one port.
@@ -244,6 +287,49 @@ pub(crate) fn listener_elsewhere(ns: u64, addr: IpAddr, sid: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweep_removes_ports_without_a_live_claim() {
+        let dir = std::env::temp_dir().join(format!("rdma-soft-ports-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let touch = |n: &str| std::fs::write(dir.join(n), "").unwrap();
+        // A live claim (held, as its owner holds it) keeps its port.
+        touch("port-1-0106-7471.lock");
+        let live = open_rw(&dir.join("claim-1-0106-7471-10-0")).unwrap();
+        assert!(lock(&live, true, false).unwrap());
+        // A dead claim (nobody holds it): it and its port go.
+        touch("port-1-0106-7472.lock");
+        touch("claim-1-0106-7472-11-0");
+        // No claim at all; and a port whose number the live one's starts with.
+        touch("port-1-0106-747.lock");
+        // Someone at work on the port (its lock held): left alone.
+        touch("port-2-0106-7471.lock");
+        touch("claim-2-0106-7471-12-0");
+        let busy = open_rw(&dir.join("port-2-0106-7471.lock")).unwrap();
+        assert!(lock(&busy, true, false).unwrap());
+
+        assert_eq!(sweep_dead_ports(&dir), 2);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "claim-1-0106-7471-10-0",
+                "claim-2-0106-7471-12-0",
+                "port-1-0106-7471.lock",
+                "port-2-0106-7471.lock",
+            ]
+        );
+        drop(busy);
+        assert_eq!(sweep_dead_ports(&dir), 1);
+        drop(live);
+        assert_eq!(sweep_dead_ports(&dir), 1);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn names_parse_and_garbage_does_not() {

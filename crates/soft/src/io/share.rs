@@ -160,9 +160,10 @@ impl Slot {
         let dir = runtime_dir()?;
         static SWEPT: std::sync::Once = std::sync::Once::new();
         SWEPT.call_once(|| {
-            let n = sweep_dead_groups(&dir);
-            if n > 0 {
-                tracing::debug!(groups = n, dir = %dir.display(), "files of dead groups removed");
+            let groups = sweep_dead_groups(&dir);
+            let ports = super::claim::sweep_dead_ports(&dir);
+            if groups + ports > 0 {
+                tracing::debug!(groups, ports, dir = %dir.display(), "files of the dead removed");
             }
         });
         let start = (std::process::id() as usize).wrapping_mul(37) % 255;
@@ -291,25 +292,10 @@ pub(crate) fn sweep_dead_groups(dir: &Path) -> usize {
             continue;
         };
         let path = e.path();
-        let Ok(f) = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-        else {
+        // a holder is at work on the group (joining, leaving): not ours to judge
+        let Some(_lock) = try_lock_existing(&path) else {
             continue;
         };
-        // Not waiting for anyone: a holder is at work on the group (joining, leaving).
-        if !matches!(lock(&f, true, false), Ok(true)) {
-            continue;
-        }
-        // Unlinked and made again meanwhile: the new file is someone else's.
-        let same = match (f.metadata(), std::fs::metadata(&path)) {
-            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-            _ => false,
-        };
-        if !same {
-            continue;
-        }
         let tab = dir.join(format!("{stem}.tab"));
         let mut t = read_table(&tab);
         prune(dir, &mut t);
@@ -322,6 +308,21 @@ pub(crate) fn sweep_dead_groups(dir: &Path) -> usize {
         }
     }
     gone
+}
+
+/// Takes the `flock` of the existing lock file `path` without waiting; `None` when another
+/// holds it, or when `path` no longer names the file locked (unlinked and made again).
+pub(crate) fn try_lock_existing(path: &Path) -> Option<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    if !matches!(lock(&f, true, false), Ok(true)) {
+        return None;
+    }
+    let (a, b) = (f.metadata().ok()?, std::fs::metadata(path).ok()?);
+    (a.ino() == b.ino() && a.dev() == b.dev()).then_some(f)
 }
 
 /// How old the table must be before a misdelivered datagram counts as evidence.
