@@ -539,6 +539,17 @@ pub(crate) fn refresh(ns: u64, addr: std::net::IpAddr) -> Result<()> {
     Ok(())
 }
 
+/// The names of the files in `dir`, sorted (for tests of what a sweep leaves).
+#[cfg(test)]
+pub(crate) fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -608,13 +619,8 @@ mod tests {
         std::fs::write(dir.join("claim-1-x"), "keep").unwrap();
 
         assert_eq!(sweep_dead_groups(&dir), 3);
-        let mut left: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
         assert_eq!(
-            left,
+            names_in(&dir),
             [
                 "claim-1-x",
                 "grp-1-192.0.2.1-4791.lock",
