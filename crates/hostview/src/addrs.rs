@@ -156,22 +156,115 @@ impl HostView {
 
     /// The ifindex of the link that holds `ip`, as [`HostView::link_holding`] finds it, without
     /// reading the link itself.
-    /// Answered from the kept addresses; without them, only `ip`'s family is dumped.
+    /// Answered from the kept addresses; without them, only `ip`'s family is dumped. An IPv6
+    /// address the kept ones lack is asked of the kernel at a question that brings them up to
+    /// date: the kernel lists a new IPv6 address before it announces it (see the cache), and
+    /// a bind right after `ip addr add` must find it.
     pub async fn index_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
-        let holds = |a: &Address| a.addr == ip && scope.is_none_or(|s| s == a.link);
-        let found = match self.kept_addresses() {
-            Some(kept) => kept?.iter().find(|a| holds(a)).map(|a| a.link),
-            None => {
-                let family = match ip {
-                    IpAddr::V4(_) => AddressFamily::Inet,
-                    IpAddr::V6(_) => AddressFamily::Inet6,
-                };
-                self.dump_addresses(family)?
-                    .into_iter()
-                    .find(|a| holds(a))
-                    .map(|a| a.link)
+        let family = match ip {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        let dump = || self.dump_addresses(family);
+        let found = match &self.cache {
+            Some(c) => {
+                let sync = self.sync_first();
+                let kept = c.addresses(sync, || self.dump_addresses(AddressFamily::Unspec))?;
+                let (found, fresh) = holder_in(&kept, ip, scope, sync, dump)?;
+                if fresh {
+                    // the kept list lacks it: the next question dumps again
+                    c.forget_addresses();
+                }
+                found
             }
+            None => find_holder(&dump()?, ip, scope),
         };
         found.ok_or(Error::AddressNotAvailable(ip))
+    }
+}
+
+fn find_holder(addrs: &[Address], ip: IpAddr, scope: Option<u32>) -> Option<u32> {
+    addrs
+        .iter()
+        .find(|a| a.addr == ip && scope.is_none_or(|s| s == a.link))
+        .map(|a| a.link)
+}
+
+/// The holder of `ip` in the kept addresses; for an IPv6 address they lack, at a question
+/// that synced (`sync`), in `dump`'s answer, and then true (the kept list is behind the
+/// kernel's). IPv4 addresses are announced inside the call that adds them: a synced miss
+/// is the kernel's answer.
+fn holder_in(
+    kept: &[Address],
+    ip: IpAddr,
+    scope: Option<u32>,
+    sync: bool,
+    dump: impl FnOnce() -> Result<Vec<Address>>,
+) -> Result<(Option<u32>, bool)> {
+    if let Some(i) = find_holder(kept, ip, scope) {
+        return Ok((Some(i), false));
+    }
+    if !(sync && ip.is_ipv6()) {
+        return Ok((None, false));
+    }
+    let found = find_holder(&dump()?, ip, scope);
+    Ok((found, found.is_some()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(link: u32, ip: &str) -> Address {
+        Address {
+            link,
+            addr: ip.parse().unwrap(),
+            prefix_len: 64,
+            scope: Scope::Global,
+        }
+    }
+
+    #[test]
+    fn a_synced_ipv6_miss_asks_the_kernel() {
+        let kept = [addr(2, "2001:db8:1::1"), addr(2, "192.0.2.1")];
+        let kernel = || Ok(vec![addr(2, "2001:db8:1::1"), addr(3, "2001:db8:9::7")]);
+        let new6: IpAddr = "2001:db8:9::7".parse().unwrap();
+        // kept: no dump
+        let asked = std::cell::Cell::new(false);
+        let r = holder_in(&kept, "2001:db8:1::1".parse().unwrap(), None, true, || {
+            asked.set(true);
+            kernel()
+        });
+        assert_eq!(r.unwrap(), (Some(2), false));
+        assert!(!asked.get());
+        // not kept yet, the kernel has it
+        assert_eq!(
+            holder_in(&kept, new6, None, true, kernel).unwrap(),
+            (Some(3), true)
+        );
+        assert_eq!(
+            holder_in(&kept, new6, Some(3), true, kernel).unwrap(),
+            (Some(3), true)
+        );
+        assert_eq!(
+            holder_in(&kept, new6, Some(2), true, kernel).unwrap(),
+            (None, false)
+        );
+        // a question that did not sync answers as of the view's first one
+        let r = holder_in(&kept, new6, None, false, || panic!("asked"));
+        assert_eq!(r.unwrap(), (None, false));
+        // an IPv4 miss is the kernel's answer
+        let r = holder_in(&kept, "198.51.100.7".parse().unwrap(), None, true, || {
+            panic!("asked")
+        });
+        assert_eq!(r.unwrap(), (None, false));
+        // nobody holds it
+        let r = holder_in(&kept, "2001:db8:5::1".parse().unwrap(), None, true, kernel);
+        assert_eq!(r.unwrap(), (None, false));
+        // the kernel's error is the answer's
+        let r = holder_in(&kept, new6, None, true, || {
+            Err(Error::Netlink("boom".into()))
+        });
+        assert!(r.is_err());
     }
 }

@@ -7,7 +7,9 @@
 //! completed since the dump it keeps: the answer is as current as a fresh dump would be.
 //! One exception: the kernel announces a new IPv6 address from its duplicate address
 //! detection work, a moment after the call that added it (with `nodad` too), while a dump
-//! lists it at once; until the announcement a kept view does not list it.
+//! lists it at once; until the announcement a kept view does not list it, except that a
+//! question for that one address (`HostView::index_holding`, a bind's) asks the kernel when
+//! the kept addresses lack it.
 //! Each query drains the socket first (one non-blocking `recv` when nothing changed); any link notification drops
 //! the kept links and addresses, any address notification drops the addresses, and an
 //! overrun (`ENOBUFS`: notifications lost) drops both. The next query dumps again, so the
@@ -107,6 +109,11 @@ impl Cache {
         dump: impl FnOnce() -> Result<Vec<Address>>,
     ) -> Result<Arc<[Address]>> {
         self.kept(sync, |k| &mut k.addrs, dump)
+    }
+
+    /// Drops the kept addresses (a dump found one they lack): the next question dumps.
+    pub(crate) fn forget_addresses(&self) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).addrs = None;
     }
 
     /// The dump `slot` keeps, or `dump`'s answer, then kept there.
