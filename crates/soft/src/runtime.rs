@@ -57,26 +57,25 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use rdma_proto::memory::MemoryTable;
-use rdma_proto::packet::{Packet, Placement};
-use rdma_proto::rc::RcQp;
 use rdma_proto::verbs::QpState;
-use rdma_wire::opcode::Opcode;
-use rdma_wire::packet::IcrcCheck;
 
 pub(crate) mod ack_hold;
 mod apm;
 mod gather;
+mod progress;
+mod qp_ctx;
 mod sched;
+mod table;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
+pub(crate) use qp_ctx::QpCtx;
 pub(crate) use ud::UdCtx;
 
-use crate::gsi::{Gsi, GSI_QPN, MAD_LEN};
+use crate::gsi::{Gsi, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
-use crate::io::{Arrival, DatagramWire, HostPeer, TxMeta, TxPlacement, WireAddr, WireStats};
+use crate::io::{DatagramWire, HostPeer, TxMeta, TxPlacement, WireAddr, WireStats};
 use crate::pull;
-use crate::ratelimit::warn_limited;
-use crate::verbs::{AsyncQueue, CompletionQueue, SharedReceiveQueue, MAX_PORTS};
+use crate::verbs::{AsyncQueue, MAX_PORTS};
 use crate::{Error, Result};
 
 /// Unacknowledged request PSNs an RC QP may have in flight: the transport's send window
@@ -122,141 +121,6 @@ pub struct RuntimeStats {
     pub qp_services: u64,
     /// Datagrams received per port of the address they arrived on (0: no port's address).
     pub rx_by_port: [u64; MAX_PORTS + 1],
-}
-
-/// The runtime's state for one QP.
-pub(crate) struct QpCtx {
-    pub qpn: u32,
-    pub rc: RcQp,
-    pub send_cq: CompletionQueue,
-    pub recv_cq: CompletionQueue,
-    pub srq: Option<SharedReceiveQueue>,
-    /// The wire addresses, traffic class (the IPv4 TOS / IPv6 traffic class of every
-    /// packet, as in rxe) and UDP source port ([`crate::io::flow`]) of the primary path (set
-    /// when the QP moves to RTR), the alternate path and the path migrated off last.
-    pub paths: Paths,
-    /// Receives moved from the SRQ into the transport and not yet completed.
-    srq_held: u32,
-    /// The device port the last packet for this QP arrived on (0: none yet), for path
-    /// migration to tell the primary path from the alternate.
-    pub rx_port: u8,
-    /// The QP's span (device, QPN, peer), entered while the runtime drives it; a disabled
-    /// span costs one branch.
-    pub span: tracing::Span,
-    /// The host-local peer its packets go to through shared memory instead of UDP
-    /// (`io::local`), when its CM chose it.
-    pub host: Option<HostPeer>,
-    /// On the runtime's work list (`runtime/sched.rs`).
-    queued: bool,
-    /// On the list of QPs whose host-local ring was full.
-    blocked: bool,
-    /// The earliest deadline this QP has in the runtime's timer heap.
-    armed: Option<u64>,
-    /// Its index in the runtime's `live` list.
-    live_pos: usize,
-}
-
-impl QpCtx {
-    pub fn new(
-        rc: RcQp,
-        send_cq: CompletionQueue,
-        recv_cq: CompletionQueue,
-        srq: Option<SharedReceiveQueue>,
-    ) -> QpCtx {
-        let qpn = rc.qpn();
-        QpCtx {
-            qpn,
-            rc,
-            send_cq,
-            recv_cq,
-            srq,
-            paths: Paths::default(),
-            srq_held: 0,
-            rx_port: 0,
-            span: tracing::Span::none(),
-            host: None,
-            queued: false,
-            blocked: false,
-            armed: None,
-            live_pos: 0,
-        }
-    }
-
-    /// Whether this request packet consumes a receive WR at the responder.
-    fn consumes_receive(op: Opcode) -> bool {
-        use Opcode::*;
-        // a SEND's first packet, an RDMA WRITE with immediate's last
-        matches!(
-            op,
-            RcSendFirst
-                | RcSendOnly
-                | RcSendOnlyImm
-                | RcSendOnlyInv
-                | RcRdmaWriteLastImm
-                | RcRdmaWriteOnlyImm
-        )
-    }
-
-    fn deliver<M: MemoryTable + ?Sized>(
-        &mut self,
-        now: u64,
-        mem: &mut M,
-        arr: &Arrival,
-        port: u8,
-        (pkt, placement): (&Packet<'_>, Placement<'_>),
-        stats: &mut RuntimeStats,
-    ) {
-        let path_port = match self.paths.admits(arr.local, arr.remote) {
-            Some(p) => p,
-            None => {
-                stats.wrong_path += 1;
-                warn_limited!(
-                    qpn = self.qpn,
-                    from = %arr.remote,
-                    to = %arr.local,
-                    "packet on none of the QP's paths dropped"
-                );
-                return;
-            }
-        };
-        // the arrival address's port; an address no GID table holds any more (removed
-        // while in use) counts as on the path it belongs to
-        let port = if port != 0 { port } else { path_port };
-        self.rx_port = port;
-        let _span = self.span.enter();
-        let op = pkt.header.bth.opcode;
-        tracing::trace!(?op, psn = pkt.header.bth.psn, len = pkt.payload.len(), "rx");
-        if !op.is_response() && Self::consumes_receive(op) && self.srq_held == 0 {
-            if let Some(wr) = self.srq.as_ref().and_then(|s| s.take()) {
-                if self.rc.post_recv(&wr).is_ok() {
-                    self.srq_held += 1;
-                }
-            }
-        }
-        // the path migration rules need the arrival port (a QP without an alternate path
-        // ignores it)
-        self.rc.handle_placed(now, mem, pkt, port, placement);
-        stats.delivered += 1;
-    }
-
-    /// Moves the transport's completions to the CQs.
-    fn drain_completions(&mut self, stats: &mut RuntimeStats) {
-        // successes first: a receive that completed before the QP failed (in the same batch
-        // as the NAK that failed it) is not reported after the failure
-        while let Some((c, send)) = self.rc.poll_completion_in_order() {
-            let cq = if send {
-                &self.send_cq
-            } else {
-                if self.srq.is_some() {
-                    self.srq_held = self.srq_held.saturating_sub(1);
-                }
-                &self.recv_cq
-            };
-            if cq.push(c).is_err() {
-                stats.cq_overflows += 1;
-            }
-        }
-    }
 }
 
 /// Preallocated transmit buffers.
@@ -414,114 +278,6 @@ impl Runtime {
 
     pub fn wire_stats(&self) -> WireStats {
         self.wire.stats()
-    }
-
-    /// Allocates a QP number: slot index in the low 16 bits (never 0 or 1), a generation
-    /// that changes on reuse in the high 8 bits (a sharing wire's slot instead: see
-    /// `io::steer`). Slots are handed out cyclically, as Linux
-    /// allocates QPNs: the next free slot after the last one handed out (a fresh one while
-    /// the table has room), wrapping to the lowest free slot at the end. A QPN therefore
-    /// comes back only after every other slot was used (or 256 reuses of a slot when few are
-    /// free), not at the next create after a destroy: a peer still in timewait for the old
-    /// connection would take the new one for a stale one (REJ 10). Not on the data path
-    /// (one scan of the free list per QP created).
-    pub fn alloc_qpn(&mut self, max_qp: usize) -> Result<u32> {
-        let limit = SLOTS.min(max_qp + 2);
-        let after = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, &i)| i as usize > self.last_slot)
-            .min_by_key(|(_, &i)| i)
-            .map(|(pos, _)| pos);
-        let idx = if let Some(pos) = after {
-            self.free.swap_remove(pos) as usize
-        } else if self.next_slot < limit {
-            self.next_slot += 1;
-            self.next_slot - 1
-        } else if let Some(pos) = self
-            .free
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, &i)| i)
-            .map(|(pos, _)| pos)
-        {
-            self.free.swap_remove(pos) as usize
-        } else {
-            return Err(Error::Exhausted {
-                what: "queue pairs",
-                max: max_qp,
-            });
-        };
-        self.last_slot = idx;
-        if self.slots.len() <= idx {
-            self.slots.resize_with(idx + 1, || None);
-            self.generation.resize(idx + 1, 0);
-        }
-        self.generation[idx] = self.generation[idx].wrapping_add(1);
-        // A sharing wire's slot takes the generation's place: the steering reads it there.
-        let high = match self.wire.share_slot()? {
-            Some(slot) => slot,
-            None => self.generation[idx],
-        };
-        Ok((u32::from(high) << 16) | idx as u32)
-    }
-
-    pub fn insert(&mut self, mut ctx: QpCtx) {
-        let idx = (ctx.qpn & 0xFFFF) as usize;
-        if let Some(slot) = self.slots.get_mut(idx) {
-            ctx.live_pos = self.live.len();
-            *slot = Some(Box::new(ctx));
-            self.live.push(idx as u16);
-        }
-    }
-
-    pub fn remove(&mut self, qpn: u32) -> Option<Box<QpCtx>> {
-        let idx = (qpn & 0xFFFF) as usize;
-        let ctx = self.slots.get_mut(idx)?.take_if(|c| c.qpn == qpn)?;
-        // O(1): the last live QP takes its place
-        self.live.swap_remove(ctx.live_pos);
-        if let Some(&moved) = self.live.get(ctx.live_pos) {
-            if let Some(m) = self.slots[moved as usize].as_deref_mut() {
-                m.live_pos = ctx.live_pos;
-            }
-        }
-        self.free.push(idx as u16);
-        crate::inspect::device::add_rc(&mut self.retired, &ctx.rc.stats());
-        for local in ctx.paths.locals() {
-            self.close_if_unused(local);
-        }
-        Some(ctx)
-    }
-
-    /// Closes the wire address `local` if no QP uses it any more.
-    pub(crate) fn close_if_unused(&mut self, local: WireAddr) {
-        let used = self.gsi.is_open(local)
-            || self.ud.uses(local)
-            || self.live.iter().any(|&i| {
-                self.slots[i as usize]
-                    .as_ref()
-                    .is_some_and(|c| c.paths.uses(local))
-            });
-        if !used {
-            self.wire.close(local);
-        }
-    }
-
-    /// The live RC QPs and the counters of those destroyed, for inspection.
-    pub fn qps(&self) -> (impl Iterator<Item = &QpCtx> + '_, rdma_proto::rc::RcStats) {
-        let live = self.live.iter();
-        (
-            live.filter_map(|&i| self.slots.get(i as usize)?.as_deref()),
-            self.retired,
-        )
-    }
-
-    pub fn get(&mut self, qpn: u32) -> Option<&mut QpCtx> {
-        self.slots
-            .get_mut((qpn & 0xFFFF) as usize)?
-            .as_deref_mut()
-            .filter(|c| c.qpn == qpn)
     }
 
     /// Opens now, in the caller's network namespace, the socket datagrams from `local` with
@@ -682,152 +438,6 @@ impl Runtime {
     pub fn set_port_map(&mut self, map: Vec<(WireAddr, u8)>) {
         self.port_map = map;
         self.port_hint = None;
-    }
-
-    /// One receive round: delivers what the wire has; returns how many datagrams.
-    fn receive<M: MemoryTable + ?Sized>(&mut self, now: u64, mem: &mut M) -> Result<usize> {
-        let Runtime {
-            wire,
-            slots,
-            stats,
-            gsi,
-            ud,
-            port_map,
-            port_hint,
-            sched,
-            ..
-        } = self;
-        wire.recv(&mut |arr, bytes| {
-            let port = match *port_hint {
-                Some((a, p)) if a == arr.local => p,
-                _ => {
-                    let p = port_in(port_map, arr.local);
-                    *port_hint = Some((arr.local, p));
-                    p
-                }
-            };
-            stats.rx_by_port[port as usize] += 1;
-            let Ok(mut pkt) = rdma_proto::wire::parse(bytes, IcrcCheck::Skip) else {
-                stats.unparsable += 1;
-                warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
-                return;
-            };
-            // a pulled WRITE (`pull.rs`): the wire resolved where its data is
-            let placement = match Placement::decode(arr.placement, pkt.payload) {
-                Some(Placement::Pull { source, .. }) if source.len() % pull::RESOLVED != 0 => {
-                    stats.unparsable += 1;
-                    return;
-                }
-                Some(p) => p,
-                None => {
-                    stats.unparsable += 1;
-                    warn_limited!(from = %arr.remote, "malformed pulled WRITE dropped");
-                    return;
-                }
-            };
-            if placement != Placement::Inline {
-                pkt.payload = &[];
-            }
-            let qpn = pkt.header.bth.dest_qp;
-            if qpn == GSI_QPN {
-                gsi.deliver(arr, &pkt);
-                return;
-            }
-            let ctx = slots
-                .get_mut((qpn & 0xFFFF) as usize)
-                .and_then(|s| s.as_deref_mut())
-                .filter(|c| c.qpn == qpn);
-            match ctx {
-                Some(ctx) => {
-                    ctx.deliver(now, mem, arr, port, (&pkt, placement), stats);
-                    if !ctx.queued {
-                        ctx.queued = true;
-                        sched.push_work(qpn as u16);
-                    }
-                }
-                None => {
-                    if !ud.deliver(now, mem, arr, &pkt, stats) {
-                        stats.no_such_qp += 1;
-                        warn_limited!(qpn, from = %arr.remote, "packet for an unknown QPN dropped");
-                    }
-                }
-            }
-        })
-    }
-
-    /// Drives every QP: receive, timers, transmit, completions. Returns the datagrams
-    /// received.
-    pub fn progress<M: MemoryTable + ?Sized>(&mut self, mem: &mut M) -> Result<usize> {
-        let now = self.now();
-        self.progress_at(now, mem)
-    }
-
-    fn progress_at<M: MemoryTable + ?Sized>(&mut self, now: u64, mem: &mut M) -> Result<usize> {
-        self.stats.progress_calls += 1;
-        self.last_now = now;
-        let mut total = 0;
-        // Only QPs with work or a due timer are looked at (`runtime/sched.rs`).
-        self.requeue_blocked();
-        self.run_due_timers(now);
-        for _ in 0..ROUNDS {
-            let n = self.receive(now, mem)?;
-            total += n;
-            let more = self.service_queued(now, mem);
-            if self.hold.hold_round() {
-                self.stats.acks_held += 1;
-            } else {
-                self.wire.flush()?;
-            }
-            // Another round only if a queue gave a full batch (more may be waiting) or a QP
-            // has more to send: after a partial batch the next `recvmmsg` would most likely
-            // find nothing, and the completions would wait for it.
-            if (n == 0 || self.wire.recv_drained()) && !more {
-                break;
-            }
-        }
-        if total > 0 || self.wire.next_deadline().is_some() {
-            self.timers_touched = true;
-        }
-        Ok(total)
-    }
-
-    /// [`Runtime::progress`] for a caller that busy-polls, in two halves: this one needs no
-    /// memory table (a busy poller takes none when nothing came): held ACKs leave, and true
-    /// when this poll has nothing to do; else [`Runtime::busy_round`] follows (the wire may
-    /// look at its slower sources less often: [`DatagramWire::busy_poll`]).
-    /// `clock` is the caller's reading when it took one for this poll (every
-    /// `CLOCK_EVERY`th poll); after a call that received something the clock is
-    /// read here; the others reuse the last reading (a few µs old: timers are hundreds of
-    /// µs and more, and a packet's time stamps are read fresh after it).
-    pub fn busy_idle(&mut self, clock: Option<Instant>) -> Result<bool> {
-        // ACKs held by the last poll leave now, whatever this one does.
-        if self.hold.take_held() {
-            self.wire.flush()?;
-        }
-        // Nothing arrived and nothing is due: the round (every QP's timers and transmit,
-        // the flush) is skipped unless the caller read the clock for this poll; posts
-        // transmit themselves, and timers are hundreds of µs and more.
-        Ok(clock.is_none() && !self.fresh_clock && self.wire.idle_poll())
-    }
-
-    /// The round of a busy poll, after [`Runtime::busy_idle`] said false.
-    pub fn busy_round<M: MemoryTable + ?Sized>(
-        &mut self,
-        mem: &mut M,
-        clock: Option<Instant>,
-    ) -> Result<usize> {
-        self.wire.busy_poll(true);
-        self.hold.on = true;
-        let now = match clock {
-            Some(t) => t.saturating_duration_since(self.epoch).as_nanos() as u64,
-            None if self.fresh_clock => self.now(),
-            None => self.last_now,
-        };
-        let r = self.progress_at(now, mem);
-        self.hold.on = false;
-        self.fresh_clock = r.as_ref().is_ok_and(|&n| n > 0);
-        self.wire.busy_poll(false);
-        r
     }
 
     /// Whether the wire's batch holds ACKs for the next send or poll (`runtime/ack_hold.rs`):
