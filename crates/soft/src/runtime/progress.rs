@@ -123,7 +123,8 @@ impl Runtime {
     /// [`Runtime::progress`] for a caller that busy-polls, in two halves: this one needs no
     /// memory table (a busy poller takes none when nothing came): held ACKs leave, and true
     /// when this poll has nothing to do; else [`Runtime::busy_round`] follows (the wire may
-    /// look at its slower sources less often: [`DatagramWire::busy_poll`]).
+    /// look at its slower sources less often:
+    /// [`DatagramWire::busy_poll`](crate::io::DatagramWire::busy_poll)).
     /// `clock` is the caller's reading when it took one for this poll (every
     /// `CLOCK_EVERY`th poll); after a call that received something the clock is
     /// read here; the others reuse the last reading (a few µs old: timers are hundreds of

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, TryLockError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 
@@ -13,126 +13,17 @@ use super::cq::{CompletionChannel, CompletionQueue};
 use super::cq_wake;
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
-use super::port::{PortAttr, PortConfig, PortState};
+use super::port::{PortAttr, PortState};
 use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
-use crate::engine::{self, Registration, Run, Source};
+use crate::engine::{self, Registration, Source};
 use crate::io::{DatagramWire, UdpConfig, UdpWire, WireAddr, WireStats};
 use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result};
 
-/// Worst-case bytes around a full-MTU payload: IPv6 (40) + UDP (8) + BTH (12) + RETH (16) +
-/// ImmDt (4) + ICRC (4), as carried by RDMA WRITE ONLY with immediate over IPv6. Linux rxe
-/// subtracts a fixed 80; ours is the exact worst case.
-pub const ROCE_MAX_HEADERS: u32 = 40 + 8 + 12 + 16 + 4 + 4;
-
-/// The active MTU for a netdev MTU, as rxe derives it: the largest IB MTU (256 to 4096) that
-/// fits the netdev MTU less the RoCEv2 headers; `None` below 256.
-///
-/// ```
-/// use rdma_soft::verbs::{active_mtu, Mtu};
-/// assert_eq!(active_mtu(1500), Some(Mtu::Mtu1024));
-/// assert_eq!(active_mtu(9000), Some(Mtu::Mtu4096));
-/// assert_eq!(active_mtu(65536), Some(Mtu::Mtu4096)); // lo
-/// assert_eq!(active_mtu(4180), Some(Mtu::Mtu4096));
-/// assert_eq!(active_mtu(4179), Some(Mtu::Mtu2048));
-/// assert_eq!(active_mtu(300), None);
-/// ```
-pub fn active_mtu(netdev_mtu: u32) -> Option<Mtu> {
-    Mtu::fitting(netdev_mtu.checked_sub(ROCE_MAX_HEADERS)?)
-}
-
-/// Device attributes (`ibv_device_attr`, the fields a RoCEv2 device fills).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceAttr {
-    /// Firmware version string.
-    pub fw_ver: String,
-    /// Node GUID (EUI-64 style, from the config).
-    pub node_guid: u64,
-    /// System image GUID.
-    pub sys_image_guid: u64,
-    /// Largest memory region.
-    pub max_mr_size: u64,
-    /// Supported page sizes.
-    pub page_size_cap: u64,
-    /// Vendor id (0: software).
-    pub vendor_id: u32,
-    /// Vendor part id.
-    pub vendor_part_id: u32,
-    /// Queue pairs.
-    pub max_qp: u32,
-    /// Work requests per queue.
-    pub max_qp_wr: u32,
-    /// Scatter/gather elements per work request.
-    pub max_sge: u32,
-    /// Scatter/gather elements per RDMA READ.
-    pub max_sge_rd: u32,
-    /// Completion queues.
-    pub max_cq: u32,
-    /// Entries per completion queue.
-    pub max_cqe: u32,
-    /// Memory regions.
-    pub max_mr: u32,
-    /// Protection domains.
-    pub max_pd: u32,
-    /// Outstanding READ/atomic requests a QP accepts as responder.
-    pub max_qp_rd_atom: u32,
-    /// Outstanding READ/atomic requests a QP issues as requester.
-    pub max_qp_init_rd_atom: u32,
-    /// Shared receive queues.
-    pub max_srq: u32,
-    /// Work requests per SRQ.
-    pub max_srq_wr: u32,
-    /// Scatter/gather elements per SRQ work request.
-    pub max_srq_sge: u32,
-    /// P_Keys.
-    pub max_pkeys: u16,
-    /// Physical ports.
-    pub phys_port_cnt: u8,
-    /// Atomics are atomic against every access through this device (`IBV_ATOMIC_HCA`).
-    pub atomic_hca: bool,
-    /// Bytes of inline data per send work request.
-    pub max_inline_data: u32,
-    /// Largest message.
-    pub max_msg_sz: u32,
-}
-
-/// How to open a [`Device`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceConfig {
-    /// Device name (by default the netdev's name, as the design says).
-    pub name: String,
-    /// The netdev it is attached to.
-    pub netdev: String,
-    /// That netdev's MTU.
-    pub netdev_mtu: u32,
-    /// Whether the netdev is up.
-    pub up: bool,
-    /// The GID table: the netdev's addresses.
-    pub gids: Vec<WireAddr>,
-    /// Node GUID.
-    pub node_guid: u64,
-    /// Ports 2, 3, ...: a device group ([`DeviceConfig::group`]); empty for a one-port
-    /// device. The fields above are port 1.
-    pub more_ports: Vec<PortConfig>,
-}
-
-impl DeviceConfig {
-    /// A device named after `netdev`, with its MTU read from the kernel, up, no GIDs yet
-    /// (the layer that knows the host's addresses fills them in).
-    pub fn for_netdev(netdev: &str) -> Result<DeviceConfig> {
-        let netdev_mtu = crate::io::netdev_mtu(netdev)?;
-        Ok(DeviceConfig {
-            name: netdev.to_owned(),
-            netdev: netdev.to_owned(),
-            netdev_mtu,
-            up: true,
-            gids: Vec::new(),
-            node_guid: 0,
-            more_ports: Vec::new(),
-        })
-    }
-}
+mod config;
+mod drive;
+pub use config::{active_mtu, DeviceAttr, DeviceConfig, ROCE_MAX_HEADERS};
 
 /// Largest GID table (a GID index is a `u8`).
 pub const MAX_GIDS: usize = 256;
@@ -234,138 +125,6 @@ impl DeviceShared {
         &self.attr
     }
 
-    /// Runs the runtime once in the caller's thread (see [`Device::progress`]).
-    pub(crate) fn progress(&self) -> Result<usize> {
-        let mut rt = self.runtime();
-        self.progress_locked(&mut rt)
-    }
-
-    /// A busy-polling caller drives the device inline: like `progress`, but does nothing
-    /// when another thread (the engine) is running it, and tells the engine to leave the
-    /// device to this caller for [`HANDOFF`].
-    pub(crate) fn try_progress(&self) -> Result<usize> {
-        // The engine's "busy poller" test needs ~100 µs resolution: a clock read every
-        // `CLOCK_EVERY`th poll, not every one (a poll of nothing costs less than the read).
-        // The same reading serves the runtime's timers (`Runtime::busy_round`).
-        // a load and a store, not a locked add: a count lost to a racing poller is harmless
-        let k = self.inline_polls.load(Ordering::Relaxed);
-        self.inline_polls
-            .store(k.wrapping_add(1), Ordering::Relaxed);
-        let clock =
-            (k % CLOCK_EVERY == 0 || self.inline_at.load(Ordering::Relaxed) == 0).then(|| {
-                let now = Instant::now();
-                let at = now.saturating_duration_since(self.created).as_nanos() as u64;
-                self.inline_at.store(at.max(1), Ordering::Relaxed);
-                now
-            });
-        let Some(mut rt) = self.try_runtime() else {
-            return Ok(0);
-        };
-        let r = self.drive_locked(&mut rt, Drive::Busy(clock));
-        if matches!(r, Ok(n) if n > 0) {
-            // the next poll reads the clock (it would anyway, for the packets' time stamps):
-            // a stream's polls are long, and the engine must see this poller within ACTIVE
-            self.inline_polls.store(0, Ordering::Relaxed);
-        }
-        r
-    }
-
-    /// Drives the device once in the caller's thread if no other thread is (the engine
-    /// keeps it: not a busy poller's hand-off).
-    pub(crate) fn try_drive(&self) -> Result<usize> {
-        let Some(mut rt) = self.try_runtime() else {
-            return Ok(0);
-        };
-        self.drive_locked(&mut rt, Drive::Plain)
-    }
-
-    /// The inline driver stopped (it is going to sleep): the engine drives the device again.
-    pub(crate) fn end_inline(&self) {
-        if self.inline_at.swap(0, Ordering::Relaxed) != 0 {
-            // left to us meanwhile: take it back now, not at the end of the hand-off
-            if let Some(r) = self.reg.get().filter(|r| r.is_deferred()) {
-                r.wake_by(Instant::now());
-            }
-        }
-    }
-
-    pub(crate) fn progress_locked(&self, rt: &mut Runtime) -> Result<usize> {
-        self.drive_locked(rt, Drive::Plain)
-    }
-
-    /// A watcher's drive ([`Device::drive_inline`]).
-    pub(crate) fn drive_watched(&self, rt: &mut Runtime) -> Result<usize> {
-        self.drive_locked(rt, Drive::Watcher)
-    }
-
-    /// A thread other than the engine drives the device.
-    fn drive_locked(&self, rt: &mut Runtime, how: Drive) -> Result<usize> {
-        let r = match how {
-            Drive::Busy(clock) => {
-                // the memory table's lock only when something is to be done
-                let r = match rt.busy_idle(clock) {
-                    Ok(false) => rt.busy_round(&mut self.mrs.view(), clock),
-                    idle => idle.map(|_| 0),
-                };
-                if rt.acks_held() {
-                    // a poller that stops now would leave them: the engine sends them
-                    let now = clock.unwrap_or_else(Instant::now);
-                    self.wake_by(now + crate::runtime::ack_hold::ENGINE_WITHIN);
-                }
-                r
-            }
-            Drive::Plain | Drive::Watcher => rt.progress(&mut self.mrs.view()),
-        };
-        // If the engine sleeps now (not deferred to this thread), or an event loop sleeps
-        // on the wire fd (the engine defers to it), host-local peers must ring the bell
-        // for what comes next: this drive may have taken the datagram that was to wake it.
-        // Something published meanwhile, which rang nobody, is the engine's at once (a
-        // watcher's: it drives again).
-        let engine_sleeps = self.reg.get().is_some_and(|r| !r.is_deferred());
-        let mut again = false;
-        if (engine_sleeps || self.watch.watched()) && rt.arm_wait() {
-            if matches!(how, Drive::Watcher) {
-                // the watcher drives again (no thread hop through the engine)
-                again = true;
-            } else {
-                self.wake_by(Instant::now());
-            }
-        }
-        // Timers may have been armed (RNR waits) or moved: the engine must know the
-        // earliest before the caller goes away. Only when something happened.
-        if rt.take_timers_touched() {
-            if let Some(d) = rt.next_deadline() {
-                self.wake_by(d);
-            }
-        }
-        if again {
-            r.map(|n| n.max(1))
-        } else {
-            r
-        }
-    }
-
-    /// Whether the engine left the device to a busy poller (it answered `Deferred`): it
-    /// looks back within its hand-off time whatever its wake time says, and the poller
-    /// reads the clock and runs the timers meanwhile.
-    pub(crate) fn engine_deferred(&self) -> bool {
-        self.reg.get().is_some_and(|r| r.is_deferred())
-    }
-
-    /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
-    pub(crate) fn posted(&self, rt: &Runtime, qpn: u32) {
-        if let Some(t) = rt.post_deadline(qpn) {
-            self.wake_by(t);
-        }
-    }
-
-    /// Makes the engine run the device at `at` at the latest. Call with the runtime locked.
-    pub(crate) fn wake_by(&self, at: Instant) {
-        if let Some(r) = self.reg.get() {
-            r.wake_by(at);
-        }
-    }
-
     pub(crate) fn gsi_event_fd(&self) -> RawFd {
         self.gsi_event
     }
@@ -376,10 +135,6 @@ impl DeviceShared {
 
     pub(crate) fn wait_fd(&self) -> Option<RawFd> {
         self.wait_fd
-    }
-
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.runtime().next_deadline()
     }
 }
 
@@ -409,126 +164,6 @@ impl std::ops::Deref for RtGuard<'_> {
 impl std::ops::DerefMut for RtGuard<'_> {
     fn deref_mut(&mut self) -> &mut Runtime {
         &mut self.rt
-    }
-}
-
-/// How a thread other than the engine drives the device.
-enum Drive {
-    /// Once ([`Runtime::progress`]).
-    Plain,
-    /// Once, for a watcher ([`Device::drive_inline`]): what is pending after it is the
-    /// watcher's to drive next, not the engine's.
-    Watcher,
-    /// As a busy poller ([`Runtime::busy_idle`]), with the clock if it read it for
-    /// this poll.
-    Busy(Option<Instant>),
-}
-
-/// A busy poller reads the clock on every `CLOCK_EVERY`th poll (`try_progress`; the
-/// runtime's own clock likewise, `Runtime::busy_idle`).
-pub(crate) const CLOCK_EVERY: u32 = 32;
-
-/// Packets from the host-local rings in one engine run that make it a stream (see
-/// [`DeviceShared::spin_on_rings`]).
-const STREAM_BATCH: u64 = 64;
-/// How long the engine keeps polling a stream's rings after their last packet.
-const STREAM_SPIN: Duration = Duration::from_micros(20);
-/// How long one engine run polls a stream at most.
-const STREAM_SPIN_MAX: Duration = Duration::from_micros(500);
-
-impl DeviceShared {
-    /// The engine polls a device whose host-local rings carry a stream until they have been
-    /// quiet for [`STREAM_SPIN`] (the runtime's lock is released between polls, so posts
-    /// and inline drivers go on), until a thread drives the device inline, or for
-    /// [`STREAM_SPIN_MAX`] at most.
-    fn spin_on_rings(&self) {
-        let start = Instant::now();
-        let mut quiet_since = start;
-        loop {
-            std::hint::spin_loop();
-            if self.inline_at.load(Ordering::Relaxed) != 0 {
-                return;
-            }
-            let mut rt = self.runtime();
-            let before = rt.wire_stats().local.received;
-            let mut mem = self.mrs.view();
-            let _ = rt.progress(&mut mem);
-            let got = rt.wire_stats().local.received != before;
-            drop((rt, mem));
-            let now = Instant::now();
-            if got {
-                quiet_since = now;
-            } else if now.duration_since(quiet_since) >= STREAM_SPIN {
-                return;
-            }
-            // the engine's other sources (CMs, devices, timers) get their turn: the run
-            // after this one takes the stream up again at once (its rings are not empty)
-            if now.duration_since(start) >= STREAM_SPIN_MAX {
-                return;
-            }
-        }
-    }
-}
-
-/// How long the engine leaves a device to a thread that drives it inline (busy-polls a CQ)
-/// before it checks back.
-pub(crate) const HANDOFF: Duration = Duration::from_millis(1);
-/// A thread counts as busy-polling when it drove the device this recently at the moment the
-/// engine looks: a caller that polls now and then (every few hundred µs) is not one, and the
-/// engine does not wait for it.
-pub(crate) const ACTIVE: Duration = Duration::from_micros(100);
-
-impl Source for DeviceShared {
-    fn run(&self, now: Instant) -> Run {
-        let last = self.inline_at.load(Ordering::Relaxed);
-        if last != 0 {
-            let at = self.created + Duration::from_nanos(last);
-            if now.saturating_duration_since(at) < ACTIVE {
-                return Run::Deferred(now + HANDOFF);
-            }
-        }
-        let now_ns = self.created.elapsed().as_nanos() as u64;
-        if let Some(r) = self.watch.engine_run(self, now, now_ns) {
-            // Left to the event loop, which sleeps on the wire fd: host-local peers must
-            // ring it. What was published unrung meanwhile is the engine's to take now.
-            let pending = match self.rt_try_lock() {
-                Ok(mut rt) => rt.arm_wait(),
-                Err(_) => false,
-            };
-            if !pending {
-                return r;
-            }
-        }
-        let mut rt = self.runtime();
-        let mut mem = self.mrs.view();
-        // An error here is the wire's (a socket refused a batch): the transports see it as
-        // loss and retransmit; nobody else would see it either.
-        let rings = rt.wire_stats().local.received;
-        let _ = rt.progress(&mut mem);
-        if rt.wire_stats().local.received - rings >= STREAM_BATCH {
-            // A stream through the host-local rings: a sleep and a bell per batch would
-            // cost more than the batch; look again for a short while first.
-            drop((rt, mem));
-            self.spin_on_rings();
-            rt = self.runtime();
-            mem = self.mrs.view();
-            let _ = rt.progress(&mut mem);
-        }
-        rt.take_timers_touched();
-        // The engine sleeps next: host-local peers must ring; one that published meanwhile
-        // makes it run again at once.
-        let pending = rt.arm_wait();
-        // Lazy deadline: a wake time still ahead stays (it costs at most one early
-        // wake-up), so a timer cleared and re-armed per message rings no doorbell.
-        let next = match (rt.next_deadline(), self.reg.get().and_then(|r| r.wake())) {
-            (Some(a), Some(b)) if b > now => Some(a.min(b)),
-            (a, _) => a,
-        };
-        let next = if pending { Some(now) } else { next };
-        if let Some(r) = self.reg.get() {
-            r.set_wake(next);
-        }
-        Run::Idle
     }
 }
 
