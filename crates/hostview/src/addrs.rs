@@ -6,6 +6,7 @@ use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage, AddressScope};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
+use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::links::Link;
 use crate::{nl, HostView};
@@ -114,18 +115,15 @@ pub fn is_link_local(ip: &IpAddr) -> bool {
 impl HostView {
     /// Every address of every link, IPv4 and IPv6.
     pub async fn addresses(&self) -> Result<Vec<Address>> {
-        match self.kept_addresses() {
-            Some(kept) => Ok(kept?.to_vec()),
+        match &self.cache {
+            Some(c) => Ok(self.kept_addresses(c, self.sync_first())?.to_vec()),
             None => self.dump_addresses(AddressFamily::Unspec),
         }
     }
 
-    /// The kept addresses (dumped if stale); `None` for an uncached view.
-    fn kept_addresses(&self) -> Option<Result<std::sync::Arc<[Address]>>> {
-        let c = self.cache.as_ref()?;
-        Some(c.addresses(self.sync_first(), || {
-            self.dump_addresses(AddressFamily::Unspec)
-        }))
+    /// The addresses `c` keeps (dumped if stale, brought up to date first if `sync`).
+    fn kept_addresses(&self, c: &Cache, sync: bool) -> Result<std::sync::Arc<[Address]>> {
+        c.addresses(sync, || self.dump_addresses(AddressFamily::Unspec))
     }
 
     /// The addresses of one family (`Unspec`: both); the kernel dumps only that family.
@@ -161,15 +159,11 @@ impl HostView {
     /// date: the kernel lists a new IPv6 address before it announces it (see the cache), and
     /// a bind right after `ip addr add` must find it.
     pub async fn index_holding(&self, ip: IpAddr, scope: Option<u32>) -> Result<u32> {
-        let family = match ip {
-            IpAddr::V4(_) => AddressFamily::Inet,
-            IpAddr::V6(_) => AddressFamily::Inet6,
-        };
-        let dump = || self.dump_addresses(family);
+        let dump = || self.dump_addresses(family_of(&ip));
         let found = match &self.cache {
             Some(c) => {
                 let sync = self.sync_first();
-                let kept = c.addresses(sync, || self.dump_addresses(AddressFamily::Unspec))?;
+                let kept = self.kept_addresses(c, sync)?;
                 let (found, fresh) = holder_in(&kept, ip, scope, sync, dump)?;
                 if fresh {
                     // the kept list lacks it: the next question dumps again
@@ -183,11 +177,23 @@ impl HostView {
     }
 }
 
+/// The netlink family of `ip`.
+pub(crate) fn family_of(ip: &IpAddr) -> AddressFamily {
+    match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
+}
+
+impl Address {
+    /// Whether this is `ip` (on link `scope`, if given).
+    pub(crate) fn is(&self, ip: IpAddr, scope: Option<u32>) -> bool {
+        self.addr == ip && scope.is_none_or(|s| s == self.link)
+    }
+}
+
 fn find_holder(addrs: &[Address], ip: IpAddr, scope: Option<u32>) -> Option<u32> {
-    addrs
-        .iter()
-        .find(|a| a.addr == ip && scope.is_none_or(|s| s == a.link))
-        .map(|a| a.link)
+    addrs.iter().find(|a| a.is(ip, scope)).map(|a| a.link)
 }
 
 /// The holder of `ip` in the kept addresses; for an IPv6 address they lack, at a question

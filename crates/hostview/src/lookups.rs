@@ -6,8 +6,9 @@ use netlink_packet_core::{NetlinkDeserializable, NLM_F_DUMP};
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::route::RouteMessage;
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
 
+use crate::addrs::family_of;
 use crate::error::{Error, Result};
 use crate::route::{lookup_message, RouteAnswer};
 use crate::{Address, HostView, Link};
@@ -122,7 +123,7 @@ impl HostView {
                     if h.message_type == libc::RTM_NEWADDR && found.is_none() =>
                 {
                     *found = Address::from_raw(payload)
-                        .filter(|a| a.addr == *ip && scope.is_none_or(|s| s == a.link))
+                        .filter(|a| a.is(*ip, *scope))
                         .map(|a| a.link);
                 }
                 Some(Slot::Route(_, dst, found)) => {
@@ -177,12 +178,5 @@ impl HostView {
             .map(|r| r.unwrap_or_else(|| Err(Error::Netlink("lookups: no answer".into()))))
             .collect();
         Ok(out)
-    }
-}
-
-fn family_of(ip: &IpAddr) -> AddressFamily {
-    match ip {
-        IpAddr::V4(_) => AddressFamily::Inet,
-        IpAddr::V6(_) => AddressFamily::Inet6,
     }
 }

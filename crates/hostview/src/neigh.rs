@@ -8,8 +8,9 @@ use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
     NeighbourState as NlState,
 };
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
 
+use crate::addrs::family_of;
 use crate::error::{Error, Result};
 use crate::links::MacAddr;
 use crate::monitor::{Event, Monitor};
@@ -112,10 +113,7 @@ impl Neighbour {
 
 fn neigh_message(link: u32, ip: IpAddr) -> NeighbourMessage {
     let mut m = NeighbourMessage::default();
-    m.header.family = match ip {
-        IpAddr::V4(_) => AddressFamily::Inet,
-        IpAddr::V6(_) => AddressFamily::Inet6,
-    };
+    m.header.family = family_of(&ip);
     m.header.ifindex = link;
     m.attributes.push(NeighbourAttribute::Destination(match ip {
         IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
