@@ -105,13 +105,18 @@ pub(crate) fn lock_path(path: &Path) -> std::io::Result<File> {
     loop {
         let f = open_rw(path)?;
         lock(&f, true, true)?;
-        let same = match (f.metadata(), std::fs::metadata(path)) {
-            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-            _ => false,
-        };
-        if same {
+        if still_named(&f, path) {
             return Ok(f);
         }
+    }
+}
+
+/// Whether `path` still names the file `f` has open (a holder may have unlinked it, and
+/// someone made it again).
+fn still_named(f: &File, path: &Path) -> bool {
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+        _ => false,
     }
 }
 
@@ -318,11 +323,8 @@ pub(crate) fn try_lock_existing(path: &Path) -> Option<File> {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .ok()?;
-    if !matches!(lock(&f, true, false), Ok(true)) {
-        return None;
-    }
-    let (a, b) = (f.metadata().ok()?, std::fs::metadata(path).ok()?);
-    (a.ino() == b.ino() && a.dev() == b.dev()).then_some(f)
+    let locked = matches!(lock(&f, true, false), Ok(true));
+    (locked && still_named(&f, path)).then_some(f)
 }
 
 /// How old the table must be before a misdelivered datagram counts as evidence.
