@@ -57,6 +57,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use rdma_proto::memory::MemoryTable;
+use rdma_proto::packet::Transmit;
 use rdma_proto::verbs::QpState;
 
 pub(crate) mod ack_hold;
@@ -121,6 +122,24 @@ pub struct RuntimeStats {
     pub qp_services: u64,
     /// Datagrams received per port of the address they arrived on (0: no port's address).
     pub rx_by_port: [u64; MAX_PORTS + 1],
+}
+
+/// Counts a packet handed to the wire (`sent`: whether the wire took it) and tells the ACK
+/// hold (`udp`: it went over UDP; the QP's ACK `timeout`).
+fn handed_over(
+    stats: &mut RuntimeStats,
+    hold: &mut ack_hold::AckHold,
+    t: &Transmit,
+    sent: Result<()>,
+    udp: bool,
+    timeout: u8,
+) {
+    tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
+    match sent {
+        Ok(()) => stats.transmitted += 1,
+        Err(_) => stats.send_errors += 1,
+    }
+    hold.emitted(&t.header, udp, timeout);
 }
 
 /// Preallocated transmit buffers.
@@ -340,12 +359,7 @@ impl Runtime {
                 match gather::transmit(&mut **wire, &mut ctx.rc, p, (now, &mut *mem), MAX_PACKET) {
                     Ok(Some((t, r))) => {
                         budget -= 1;
-                        tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
-                        match r {
-                            Ok(()) => stats.transmitted += 1,
-                            Err(_) => stats.send_errors += 1,
-                        }
-                        hold.emitted(&t.header, true, ctx.rc.ack_timeout());
+                        handed_over(stats, hold, &t, r, true, ctx.rc.ack_timeout());
                         continue;
                     }
                     Ok(None) => break,
@@ -356,9 +370,9 @@ impl Runtime {
                 break;
             };
             budget -= 1;
-            tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
             // from the address of the port the transport sends on: its current primary
             let Some(p) = ctx.paths.for_port(t.port) else {
+                tracing::trace!(op = ?t.header.bth.opcode, psn = t.header.bth.psn, len = t.payload_len, "tx");
                 stats.send_errors += 1;
                 continue;
             };
@@ -385,11 +399,14 @@ impl Runtime {
                 // path the wire refused, lost (the transport retransmits them)
                 None => Err(Error::InvalidArgument("the wire refused the QP's path")),
             };
-            match sent {
-                Ok(()) => stats.transmitted += 1,
-                Err(_) => stats.send_errors += 1,
-            }
-            hold.emitted(&t.header, ctx.host.is_none(), ctx.rc.ack_timeout());
+            handed_over(
+                stats,
+                hold,
+                &t,
+                sent,
+                ctx.host.is_none(),
+                ctx.rc.ack_timeout(),
+            );
         }
         if left == sched::Serviced::Done && ctx.rc.send_window_full() {
             stats.window_stalls += 1;
