@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdma_soft::io::{DatagramWire, FaultSpec, TxMeta, UdpConfig, UdpWire, WireAddr};
+use rdma_soft::io::{Arrival, DatagramWire, FaultSpec, TxMeta, UdpConfig, UdpWire, WireAddr};
 
 mod common;
 use common::send_only as packet;
@@ -18,14 +18,15 @@ fn addr(s: &str) -> WireAddr {
 
 /// Sends `classes.len()` equal-size packets from `la` to `lb` in one batch (GSO would group
 /// them all), packet k with traffic class `classes[k]`; returns what `lb`'s wire (`b`, or
-/// `a` itself when `b` is `None`) received: tag -> traffic class seen in the IP header.
-fn exchange(
+/// `a` itself when `b` is `None`) received: tag -> `seen` of its arrival (the traffic class
+/// in the IP header, say).
+fn exchange<T>(
     a: &mut UdpWire,
     mut b: Option<&mut UdpWire>,
-    la: WireAddr,
-    lb: WireAddr,
+    (la, lb): (WireAddr, WireAddr),
     classes: &[u8],
-) -> HashMap<u16, u8> {
+    seen: impl Fn(&Arrival) -> T,
+) -> HashMap<u16, T> {
     for (k, &tclass) in classes.iter().enumerate() {
         a.send_with(
             la,
@@ -49,10 +50,7 @@ fn exchange(
         };
         rx.recv(&mut |arr, pkt| {
             let tag = u16::from_be_bytes([pkt[12], pkt[13]]);
-            assert!(
-                got.insert(tag, arr.tclass).is_none(),
-                "datagram {tag} twice"
-            );
+            assert!(got.insert(tag, seen(arr)).is_none(), "datagram {tag} twice");
         })
         .unwrap();
         std::thread::sleep(Duration::from_micros(200));
@@ -90,7 +88,7 @@ fn mixed_batch(la: &str, lb: &str, port: u16, faults: Option<FaultSpec>) {
         0x01, 0x48, 0xfc,
     ]
     .to_vec();
-    let got = exchange(&mut a, b.as_mut(), la, lb, &classes);
+    let got = exchange(&mut a, b.as_mut(), (la, lb), &classes, |arr| arr.tclass);
     assert_eq!(got.len(), classes.len(), "all datagrams arrived");
     for (k, &want) in classes.iter().enumerate() {
         assert_eq!(
@@ -184,23 +182,8 @@ fn ip_meta_of(
     la: WireAddr,
     lb: WireAddr,
 ) -> Vec<(u8, u8)> {
-    let meta = TxMeta {
-        tclass: 0x48,
-        ..Default::default()
-    };
-    a.send_with(la, lb, meta, &packet(1, 200)).unwrap();
-    a.flush().unwrap();
-    let rx = match b {
-        Some(b) => b,
-        None => a,
-    };
-    let mut got = Vec::new();
-    let end = Instant::now() + Duration::from_secs(5);
-    while got.is_empty() && Instant::now() < end {
-        rx.recv(&mut |arr, _| got.push((arr.tclass, arr.hop_limit)))
-            .unwrap();
-    }
-    got
+    let got = exchange(a, b, (la, lb), &[0x48], |arr| (arr.tclass, arr.hop_limit));
+    got.into_values().collect()
 }
 
 /// `set_ip_meta(false)` stops the kernel's TOS and TTL control messages: arrivals say 0 for
