@@ -78,6 +78,20 @@ pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         r.retry = param.retry_count.min(r.retry);
         r.rnr_retry = param.rnr_retry_count;
     }
+    // An alternate without a whole one in the REQ answers a rail offer (crate::rails): our
+    // address on it goes at the end of the REP's private data; no room, no alternate.
+    let answer = match s.alt.filter(|_| !s.alt_offered) {
+        Some(a) => {
+            let pd = crate::rails::with_answer(&param.private_data, &a);
+            if pd.is_none() {
+                tracing::info!(target: "rdmacm", id = id.num, "REP private data too long for the rail answer: no alternate path");
+                s.alt = None;
+                s.apm = false;
+            }
+            pd
+        }
+        None => None,
+    };
     let s = &st.ids[&id.num];
     qp_to_rts(st, s)?;
     let mut p = RepParams::new(qpn, rq_psn);
@@ -86,7 +100,7 @@ pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
     p.rnr_retry_count = param.rnr_retry_count.min(7);
     p.flow_control = param.flow_control;
     p.srq = param.srq;
-    p.private_data = param.private_data.clone();
+    p.private_data = answer.unwrap_or_else(|| param.private_data.clone());
     p.failover_accepted = st.ids.get(&id.num).map_or(0, |s| {
         crate::migrate::failover_accepted(s.alt_offered, s.alt.as_ref())
     });

@@ -333,6 +333,8 @@ impl Inner {
             };
             h.in_flight = true;
             let (arrival, local, peer) = (h.arrival(), h.hdr.dst, h.hdr.src);
+            // A REQ offering the peer's address on another rail (crate::rails).
+            let rail = crate::rails::passive_query(&st, i, &st.held[&i]);
             // what this round queued leaves before the lookup
             flush_gsi(&st, i);
             drop(st);
@@ -344,10 +346,17 @@ impl Inner {
             if let Some(hold) = hold {
                 hold.enter();
             }
-            let r = self.block(move |r| async move { r.accept_path(arrival, local, peer).await });
+            let (r, found) = self.block(move |r| async move {
+                let a = r.accept_path(arrival, local, peer).await;
+                let found = match (&a, rail) {
+                    (Ok(_), Some((offered, cands))) => r.alternate(offered, &cands).await,
+                    _ => None,
+                };
+                (a, found)
+            });
             st = self.lock();
             if let Some(h) = st.held.remove(&i) {
-                crate::listen::finish_held(self, &mut st, i, h, r);
+                crate::listen::finish_held(self, &mut st, i, h, r, found);
             }
             self.drain_agent(&mut st, i);
         }

@@ -113,7 +113,11 @@ pub(crate) fn connect(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
         p.local_cm_response_timeout = IbaTime::from_bits_truncate(rto);
         p.max_cm_retries = retries;
         p.private_data = pd.to_vec();
-        p.alternate_path = s.alt.as_ref().map(|a| crate::migrate::req_path(a, &p.path));
+        p.alternate_path = match (&s.alt, &s.rail_offer) {
+            (Some(a), _) => Some(crate::migrate::req_path(a, &p.path)),
+            (None, Some(o)) => Some(crate::rails::offer_path(o, &p.path)),
+            (None, None) => None,
+        };
         let c = d.agent.send_req(now, p)?;
         s.rq_psn = rq_psn;
         c
@@ -275,9 +279,19 @@ pub(crate) fn on_rep(
         return;
     };
     let rep = r.rep;
+    let mut private_data = rep.private_data.to_vec();
     if rep.failover_accepted != 0 {
         // The peer did not take our alternate path: none on our QP either.
         s.alt = None;
+    }
+    if let Some(o) = s.rail_offer.take().filter(|_| s.alt.is_none()) {
+        // Our offer's answer: the peer's address on the other rail (crate::rails).
+        let alt = crate::rails::take_answer(&o, rep.failover_accepted, &mut private_data);
+        s.alt = st
+            .devices
+            .get(&dev)
+            .and_then(|d| crate::migrate::checked(d, alt));
+        tracing::debug!(target: "rdmacm", id, alt = ?s.alt, "the peer's answer to our rail offer");
     }
     s.apm = s.alt.is_some();
     s.remote = Some(Remote {
@@ -290,7 +304,7 @@ pub(crate) fn on_rep(
         ca_guid: rep.local_ca_guid,
     });
     let param = ConnEventParam {
-        private_data: rep.private_data.to_vec(),
+        private_data,
         responder_resources: rep.responder_resources,
         initiator_depth: rep.initiator_depth,
         flow_control: rep.end_to_end_flow_control,

@@ -195,6 +195,7 @@ mod netns;
 mod params;
 mod ports;
 mod queue;
+mod rails;
 mod registry;
 mod resolve;
 mod route;

@@ -131,9 +131,10 @@ pub(crate) fn finish_held(
     dev: u32,
     h: HeldReq,
     addr: Result<ResolvedAddr>,
+    rail: Option<crate::migrate::AltPath>,
 ) {
     match h.mad {
-        HeldMad::Req(r) => req_with_path(inner, st, dev, r, &h.hdr, addr),
+        HeldMad::Req(r) => req_with_path(inner, st, dev, r, &h.hdr, addr, rail),
         HeldMad::Sidr(r) => sidr_with_path(inner, st, dev, r, &h.hdr, addr),
     }
 }
@@ -239,7 +240,8 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
     }
 }
 
-/// A REQ with its path: the child id and CONNECT_REQUEST, or the refusal.
+/// A REQ with its path (and, for a rail offer, the path found to the offered address):
+/// the child id and CONNECT_REQUEST, or the refusal.
 fn req_with_path(
     inner: &Arc<Inner>,
     st: &mut State,
@@ -247,6 +249,7 @@ fn req_with_path(
     r: ReqReceived,
     hdr: &IpCmHeaderRepr,
     addr: Result<ResolvedAddr>,
+    rail: Option<crate::migrate::AltPath>,
 ) {
     let conn = r.conn;
     let req_path = r.req.primary_path;
@@ -268,11 +271,18 @@ fn req_with_path(
     };
     let req = &r.req;
     let alt_req = &req.alternate_path;
-    let offered = !alt_req.local_port_gid.is_unspecified();
+    let offer = crate::rails::offered(alt_req).is_some();
+    let offered = !offer && !alt_req.local_port_gid.is_unspecified();
     let alt = st.ids.get(&num).and_then(|s| {
         let d = st.devices.get(&dev)?;
-        (s.opts.ha == crate::ha::HaPolicy::Migrate)
-            .then(|| crate::migrate::from_req(d, crate::connect::id_port(st, s), alt_req))?
+        let primary = crate::connect::id_port(st, s);
+        if s.opts.ha != crate::ha::HaPolicy::Migrate {
+            None
+        } else if offer {
+            crate::rails::answer_alt(d, primary, rail)
+        } else {
+            crate::migrate::from_req(d, primary, alt_req)
+        }
     });
     let alt = alt.filter(|a| Inner::open_gsi(st, dev, a.local).is_ok());
     if let Some(s) = st.ids.get_mut(&num) {

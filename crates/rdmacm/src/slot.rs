@@ -80,6 +80,9 @@ pub(crate) struct IdSlot {
     pub apm: bool,
     /// The alternate proposed in our LAP, until the APR.
     pub lap_alt: Option<crate::route::AltPath>,
+    /// Our address on another rail, offered in the REQ when no alternate path was found
+    /// (`crate::rails`), until the REP.
+    pub rail_offer: Option<crate::rails::RailOffer>,
     pub qp: Option<Arc<QueuePair>>,
     pub qp_kind: QpKind,
     pub conn: Option<ConnHandle>,
@@ -137,6 +140,7 @@ impl IdSlot {
             alt_offered: false,
             apm: false,
             lap_alt: None,
+            rail_offer: None,
             qp: None,
             qp_kind,
             conn: None,

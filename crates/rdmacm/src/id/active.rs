@@ -237,12 +237,20 @@ impl CmId {
             (a, params, cands)
         };
         let peer = addr.dst;
-        let r: Result<(RocePath, Option<crate::migrate::AltPath>)> =
-            self.inner.block(move |r| async move {
-                let p = r.resolve_route(&addr, &params).await?;
-                let alt = r.alternate(peer, &cands).await;
-                Ok((p, alt))
-            });
+        type Alt = (
+            Option<crate::migrate::AltPath>,
+            Option<crate::rails::RailOffer>,
+        );
+        let r: Result<(RocePath, Alt)> = self.inner.block(move |r| async move {
+            let p = r.resolve_route(&addr, &params).await?;
+            let alt = r.alternate(peer, &cands).await;
+            // No route through another port: offer our address there (crate::rails).
+            let offer = match alt {
+                None => r.rail_offer(peer, &cands).await,
+                Some(_) => None,
+            };
+            Ok((p, (alt, offer)))
+        });
         let mut st = self.inner.lock();
         let st = &mut *st;
         let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
@@ -250,17 +258,21 @@ impl CmId {
             return Err(bad_state("resolve_route", s.state));
         }
         match r {
-            Ok((p, alt)) => {
+            Ok((p, (alt, offer))) => {
                 s.path = Some(p);
                 let key = s.dev;
                 let dev = key.and_then(|k| st.devices.get(&k));
                 s.alt = dev.and_then(|d| crate::migrate::checked(d, alt));
+                s.rail_offer = offer
+                    .filter(|o| dev.is_some_and(|d| d.dev.gid_index_on(o.port, o.local).is_some()));
                 s.state = IdState::RouteResolved;
-                if let (Some(k), Some(a)) = (key, s.alt) {
+                let local = s.alt.map(|a| a.local).or(s.rail_offer.map(|o| o.local));
+                if let (Some(k), Some(a)) = (key, local) {
                     // MADs may come and go on the alternate's address after a migration.
-                    if Inner::open_gsi(st, k, a.local).is_err() {
+                    if Inner::open_gsi(st, k, a).is_err() {
                         if let Some(s) = st.ids.get_mut(&self.num) {
                             s.alt = None;
+                            s.rail_offer = None;
                         }
                     }
                 }
