@@ -21,7 +21,13 @@ use crate::slot::{IdNum, IdSlot, Remote};
 use crate::state::State;
 
 /// The listener (if any) that gets a request for `local` arriving on netdev `arrival`.
-fn find_listener(st: &State, dev: u32, sid: u64, arrival: u32, local: IpAddr) -> Option<IdNum> {
+pub(crate) fn find_listener(
+    st: &State,
+    dev: u32,
+    sid: u64,
+    arrival: u32,
+    local: IpAddr,
+) -> Option<IdNum> {
     let d = st.devices.get(&dev)?;
     d.listeners.get(&sid)?.iter().copied().find(|l| {
         st.ids.get(l).is_some_and(|s| {

@@ -110,8 +110,8 @@ pub(crate) fn offered(alt: &CmPathRepr) -> Option<IpAddr> {
         .then(|| Gid(alt.local_port_gid.octets()).to_ip())
 }
 
-/// For a held REQ on device `dev` with an offer that a `migrate` listener of a device
-/// group will see: the offered address and the group's other up ports (where the passive
+/// For a held REQ on device `dev` with an offer, for a `migrate` listener on a device
+/// group: the offered address and the group's other up ports (where the passive
 /// side looks for a path to it, without the lock).
 pub(crate) fn passive_query(st: &State, dev: u32, h: &HeldReq) -> Option<(IpAddr, Vec<(u8, u32)>)> {
     let HeldMad::Req(r) = &h.mad else {
@@ -119,14 +119,8 @@ pub(crate) fn passive_query(st: &State, dev: u32, h: &HeldReq) -> Option<(IpAddr
     };
     let peer_alt = offered(&r.req.alternate_path)?;
     let d = st.devices.get(&dev).filter(|d| d.links.len() > 1)?;
-    let migrate = d.listeners.get(&r.listener).is_some_and(|ls| {
-        ls.iter().any(|l| {
-            st.ids
-                .get(l)
-                .is_some_and(|s| s.opts.ha == crate::ha::HaPolicy::Migrate)
-        })
-    });
-    if !migrate {
+    let l = crate::listen::find_listener(st, dev, r.listener, h.arrival(), h.hdr.dst)?;
+    if st.ids.get(&l)?.opts.ha != crate::ha::HaPolicy::Migrate {
         return None;
     }
     let primary = d

@@ -14,7 +14,7 @@ mod ha;
 use std::net::IpAddr;
 use std::sync::mpsc;
 
-use ha::stream::{addr_change, message, path_mig, stream_until};
+use ha::stream::{addr_change, away_and_back, message, path_mig, stream_until};
 use ha::{cma, connect_h, listen_b, rt, tx_packets, within, B_ADDR};
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{require_root, topologies, Topology};
@@ -61,7 +61,8 @@ fn link_down_migrates_to_the_second_rail_without_cross_routes() {
         s.spawn(move || {
             b.run(move || {
                 rt().block_on(async move {
-                    let l = listen_b(addr, false, &ready_tx).await;
+                    let wildcard = format!("0.0.0.0:{}", addr.port()).parse().unwrap();
+                    let l = listen_b(wildcard, false, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let opts = AcceptOptions {
                         private_data: TOKEN.to_vec(),
@@ -147,6 +148,23 @@ fn link_down_migrates_to_the_second_rail_without_cross_routes() {
             })
         });
     });
+}
+
+/// h0 down, then up (its subnet's route comes back with it; still no cross route): the
+/// connection moves to h1, the restored rail is loaded as its new alternate by LAP / APR
+/// (a path to B's address through h0 again) and it returns to port 1, its datagrams
+/// leaving through h0; every message once, in order, byte-exact (`ha::stream`).
+#[test]
+fn the_restored_rail_brings_the_connection_back() {
+    if !require_root("the_restored_rail_brings_the_connection_back") {
+        return;
+    }
+    let down = |h: &rdma_testhosts::Host| common::sh(h, &["link", "set", "h0", "down"]);
+    let up = |h: &rdma_testhosts::Host| {
+        common::sh(h, &["link", "set", "h0", "up"]);
+        h.wait_carrier("h0");
+    };
+    away_and_back(&rails(), false, 7522, down, up);
 }
 
 /// B answers as a Linux peer does (a plain device, no `migrate`: `failover_accepted` 0 and

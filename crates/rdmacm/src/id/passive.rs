@@ -51,12 +51,26 @@ impl CmId {
             // of them: a request the listener does not take (the other family, AFONLY) is
             // then refused with REJ 28 as Linux does, not left unanswered.
             None => {
-                let addrs = self
+                let (addrs, links) = self
                     .inner
-                    .block(|r| async move { r.view().addresses().await })
+                    .block(|r| async move {
+                        Ok::<_, rdma_hostview::Error>((
+                            r.view().addresses().await?,
+                            r.view().links().await?,
+                        ))
+                    })
                     .map_err(Error::from)?;
+                // As Linux, on the devices there are: a netdev the configuration gives no
+                // device (RDMACM_DEVICES lists others) is left out, not an error.
+                let config = &self.inner.config;
+                let has_device = |link: u32| {
+                    links
+                        .iter()
+                        .find(|l| l.index == link)
+                        .is_some_and(|l| config.device_of(&l.name).is_some())
+                };
                 let mut by: std::collections::BTreeMap<u32, Vec<IpAddr>> = Default::default();
-                for a in addrs {
+                for a in addrs.into_iter().filter(|a| has_device(a.link)) {
                     by.entry(a.link).or_default().push(a.addr);
                 }
                 targets.extend(by);
