@@ -277,15 +277,15 @@ fn req_with_path(
     };
     let req = &r.req;
     let alt_req = &req.alternate_path;
-    let offer = crate::rails::offered(alt_req).is_some();
-    let offered = !offer && !alt_req.local_port_gid.is_unspecified();
+    let offer = crate::rails::offered(alt_req);
+    let offered = offer.is_none() && !alt_req.local_port_gid.is_unspecified();
     let alt = st.ids.get(&num).and_then(|s| {
         let d = st.devices.get(&dev)?;
         let primary = crate::connect::id_port(st, s);
         if s.opts.ha != crate::ha::HaPolicy::Migrate {
             None
-        } else if offer {
-            crate::rails::answer_alt(d, primary, rail)
+        } else if let Some(o) = offer {
+            crate::rails::answer_alt(d, primary, o, rail)
         } else {
             crate::migrate::from_req(d, primary, alt_req)
         }

@@ -134,9 +134,19 @@ pub(crate) fn passive_query(st: &State, dev: u32, h: &HeldReq) -> Option<(IpAddr
 }
 
 /// The passive side's alternate for an offer: the path found to the offered address
-/// (`found`), on a port other than `primary` whose GID table holds our address.
-pub(crate) fn answer_alt(d: &DevEntry, primary: u8, found: Option<AltPath>) -> Option<AltPath> {
-    crate::migrate::checked(d, found.filter(|a| a.port != primary))
+/// (`found`), on a port other than `primary` whose GID table holds our address, to the
+/// offered address itself (also when the route to it has a gateway).
+pub(crate) fn answer_alt(
+    d: &DevEntry,
+    primary: u8,
+    offered: IpAddr,
+    found: Option<AltPath>,
+) -> Option<AltPath> {
+    let alt = found.filter(|a| a.port != primary).map(|a| AltPath {
+        remote: offered,
+        ..a
+    });
+    crate::migrate::checked(d, alt)
 }
 
 /// The REP's private data with the answer for `alt` appended (our address on the other
