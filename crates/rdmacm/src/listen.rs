@@ -315,6 +315,7 @@ fn req_with_path(
             param,
             ud: None,
             listen_id: Some(l),
+            mc: None,
         },
     );
 }
@@ -389,6 +390,7 @@ fn sidr_with_path(
             param,
             ud: None,
             listen_id: Some(l),
+            mc: None,
         },
     );
 }

@@ -43,9 +43,10 @@ pub enum EventType {
     Disconnected,
     /// The id's device went away; destroy the id.
     DeviceRemoval,
-    /// Multicast join finished (not implemented yet).
+    /// A multicast join finished ([`crate::CmId::join_multicast`]; [`crate::Event::mcast`]).
     MulticastJoin,
-    /// Multicast join failed (not implemented yet).
+    /// A multicast join failed, or its group was lost (the netdev went down, the address
+    /// went away).
     MulticastError,
     /// The route, neighbour, source address or netdev under the id changed (a hint: the id
     /// keeps its device and path).
@@ -172,4 +173,6 @@ pub(crate) struct PendingEvent {
     pub param: ConnEventParam,
     pub ud: Option<UdParam>,
     pub listen_id: Option<u64>,
+    /// A MULTICAST_JOIN's group, context and address handle (`crate::mcast`).
+    pub mc: Option<Box<crate::mcast::McastJoined>>,
 }

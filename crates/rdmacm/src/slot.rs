@@ -116,6 +116,8 @@ pub(crate) struct IdSlot {
     pub align_status: Option<i32>,
     /// What the CM did for it (`rdma-soft resource show cm_id`).
     pub counters: IdCounters,
+    /// Its multicast joins (`crate::mcast`).
+    pub mc: Vec<crate::mcast::McJoin>,
 }
 
 impl IdSlot {
@@ -157,6 +159,7 @@ impl IdSlot {
             path_netdev: None,
             pin_dev: None,
             align_status: None,
+            mc: Vec::new(),
         }
     }
 
