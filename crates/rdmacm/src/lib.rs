@@ -205,8 +205,9 @@ mod watch;
 
 pub use async_api::{
     set_runtime_driver, AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection,
-    Incoming, Listener, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup, CONTROL_WINDOW,
-    DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
+    Datagram, Incoming, Listener, Multicast, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup,
+    CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA,
+    MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;

@@ -421,3 +421,88 @@ fn ipv6_group_reaches_every_member_once() {
     assert_once("b", &b.finish(), 9, n, qpn, src, group);
     assert_once("c", &c.finish(), 9, n, qpn, src, group);
 }
+
+/// The async layer: a `Multicast` on `b` receives what one on `a` sends, byte for byte,
+/// and the sender gets its own back (looped back by the kernel).
+#[test]
+fn async_multicast_sends_and_yields_datagrams() {
+    if !require_root("async_multicast_sends_and_yields_datagrams") {
+        return;
+    }
+    let t = bridged();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (res_tx, res_rx) = mpsc::channel();
+    let b = t.host("b").clone();
+    let recv = std::thread::spawn(move || {
+        b.run(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let cma = Cma::new().unwrap();
+                let mut m = rdmacm::Multicast::join_with(
+                    sa("192.0.2.2:0"),
+                    sa(GROUP),
+                    McJoinFlags::FullMember,
+                    false,
+                    Some(cma),
+                )
+                .await
+                .unwrap();
+                ready_tx.send(()).unwrap();
+                let mut got = Vec::new();
+                for _ in 0..3 {
+                    let d = tokio::time::timeout(T, m.recv())
+                        .await
+                        .expect("no datagram")
+                        .unwrap();
+                    got.push(d);
+                }
+                res_tx.send(got).unwrap();
+            })
+        })
+    });
+    ready_rx.recv_timeout(T).unwrap();
+    let (qpn, own) = t.host("a").run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let cma = Cma::new().unwrap();
+            let mut m = rdmacm::Multicast::join_with(
+                sa("192.0.2.1:0"),
+                sa(GROUP),
+                McJoinFlags::FullMember,
+                false,
+                Some(cma),
+            )
+            .await
+            .unwrap();
+            for i in 0..3u8 {
+                m.send(&vec![i; 100 + usize::from(i)]).await.unwrap();
+            }
+            let mut own = Vec::new();
+            for _ in 0..3 {
+                own.push(
+                    tokio::time::timeout(T, m.recv())
+                        .await
+                        .expect("no own copy")
+                        .unwrap(),
+                );
+            }
+            (m.qpn(), own)
+        })
+    });
+    let got = res_rx.recv_timeout(T).unwrap();
+    recv.join().unwrap();
+    for (i, d) in got.iter().chain(own.iter()).enumerate() {
+        let k = (i % 3) as u8;
+        assert_eq!(d.data, vec![k; 100 + usize::from(k)], "datagram {i}");
+        assert_eq!(
+            (d.src, d.src_qp, d.imm),
+            (sa("192.0.2.1:0").ip(), qpn, None)
+        );
+    }
+}
