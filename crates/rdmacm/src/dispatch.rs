@@ -202,7 +202,7 @@ impl Inner {
             return;
         }
         if !s.mc.is_empty() {
-            crate::mcast::on_notification(st, id, &n);
+            crate::mc_events::on_notification(st, id, &n);
         }
         let Some(s) = st.ids.get_mut(&id) else { return };
         match n {

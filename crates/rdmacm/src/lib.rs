@@ -190,6 +190,7 @@ mod inspect;
 mod lap;
 mod listen;
 mod local_wire;
+mod mc_events;
 mod mcast;
 mod migrate;
 mod netns;
@@ -221,8 +222,8 @@ pub use ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
 #[doc(hidden)]
 pub use held::LookupHold;
 pub use id::{CmId, CmOption};
-pub use mcast::{McJoinFlags, McastJoined, MULTICAST_QPN};
-pub use params::{ConnEventParam, ConnParam, EventType, UdParam};
+pub use mcast::McJoinFlags;
+pub use params::{ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN};
 /// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand
 /// them out (so an application needs no dependency on `rdma-soft` itself).
 ///

@@ -7,27 +7,20 @@
 //! to it ([`rdma_soft::verbs::QueuePair::attach_mcast`]: the device's socket joins the
 //! group, so the kernel sends the IGMP / MLD report) unless the join is send-only. The
 //! MULTICAST_JOIN event carries `ud.qp_num` 0xFFFFFF, `ud.qkey` `RDMA_UDP_QKEY` and the
-//! address handle attributes to send to the group ([`McastJoined::ah_attr`]); a join the
+//! address handle attributes to send to the group ([`crate::McastJoined::ah_attr`]); a join the
 //! device refuses, or a group lost later (the netdev went down, the source address went
 //! away), is MULTICAST_ERROR. IPv6 groups work too (Linux refuses them on RoCEv2 with
 //! `ENOTSUPP`). See `docs/CM.md`, "Multicast".
 
 use std::net::{IpAddr, SocketAddr};
 
-use rdma_soft::verbs::PathAttr;
+use rdma_hostview::MacAddr;
 
-use crate::connect::RDMA_UDP_QKEY;
 use crate::error::{Error, Result};
 use crate::id::CmId;
-use crate::inner::Inner;
-use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
-use crate::slot::{IdNum, IdState, QpKind};
-use crate::state::State;
-use crate::watch::{ChangeReason, Notification};
-use crate::MacAddr;
-
-/// The destination QPN of every datagram to a group.
-pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
+use crate::mc_events::{mc_event, mgid};
+use crate::params::EventType;
+use crate::slot::{IdState, McJoin, QpKind};
 
 /// How to join (`rdma_join_multicast_ex`'s `join_flags`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,62 +50,6 @@ impl McJoinFlags {
     }
 }
 
-/// One join of an id.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct McJoin {
-    pub group: IpAddr,
-    pub send_only: bool,
-    pub context: u64,
-}
-
-/// What a MULTICAST_JOIN (or MULTICAST_ERROR) event says about its join
-/// ([`crate::Event::mcast`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McastJoined {
-    /// The group's address.
-    pub group: IpAddr,
-    /// The context given to [`CmId::join_multicast`] (Linux: `param.ud.private_data`).
-    pub context: u64,
-    /// Address handle attributes to send to the group (`param.ud.ah_attr`): its MGID, the
-    /// id's source GID index, hop limit 64, the id's TOS.
-    pub ah_attr: PathAttr,
-    /// The device port (`ah_attr.port_num`): create the handle with
-    /// `ProtectionDomain::create_ah_on(port_num, &ah_attr)`.
-    pub port_num: u8,
-    /// The join was send-only.
-    pub send_only: bool,
-}
-
-/// The Ethernet address of group `ip`: IPv4 `01:00:5e` and its low 23 bits, IPv6 `33:33`
-/// and its last 32 bits.
-///
-/// ```
-/// let m = rdmacm::CmId::group_mac("239.129.2.3".parse().unwrap());
-/// assert_eq!(m.0, [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03]);
-/// let m = rdmacm::CmId::group_mac("ff0e::1:2:3:4".parse().unwrap());
-/// assert_eq!(m.0, [0x33, 0x33, 0, 3, 0, 4]);
-/// ```
-pub(crate) fn group_mac(ip: IpAddr) -> MacAddr {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            MacAddr([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]])
-        }
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            MacAddr([0x33, 0x33, o[12], o[13], o[14], o[15]])
-        }
-    }
-}
-
-/// A group's MGID.
-fn mgid(group: IpAddr) -> [u8; 16] {
-    match group {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
-}
-
 /// The group of a join's address (an IPv4-mapped IPv6 address as IPv4).
 fn group_of(addr: &SocketAddr) -> IpAddr {
     match addr.ip() {
@@ -121,80 +58,16 @@ fn group_of(addr: &SocketAddr) -> IpAddr {
     }
 }
 
-/// Queues a multicast event about `join` on id `id`.
-fn mc_event(st: &mut State, id: IdNum, kind: EventType, status: i32, j: &McJoin) {
-    let Some(s) = st.ids.get(&id) else { return };
-    let (port, sgid_index) = s
-        .dev
-        .and_then(|k| st.devices.get(&k))
-        .zip(s.local)
-        .and_then(|(d, l)| d.sgid(l.ip()))
-        .unwrap_or((1, 0));
-    let ah_attr = PathAttr {
-        dgid: mgid(j.group),
-        sgid_index,
-        hop_limit: 64,
-        traffic_class: s.opts.tos.unwrap_or(0),
-        flow_label: 0,
-    };
-    let ud = UdParam {
-        qp_num: MULTICAST_QPN,
-        qkey: RDMA_UDP_QKEY,
-        peer: SocketAddr::new(j.group, 0),
-    };
-    Inner::push_event(
-        st,
-        PendingEvent {
-            id,
-            kind,
-            status,
-            param: ConnEventParam::default(),
-            ud: Some(ud),
-            listen_id: None,
-            mc: Some(Box::new(McastJoined {
-                group: j.group,
-                context: j.context,
-                ah_attr,
-                port_num: port,
-                send_only: j.send_only,
-            })),
-        },
-    );
-}
-
-/// A host change for id `id`: a group is lost when the id's netdev went down or its source
-/// address went away (MULTICAST_ERROR, `-ENETRESET` as an IB SA group lost to a port
-/// event, once per join).
-pub(crate) fn on_notification(st: &mut State, id: IdNum, n: &Notification) {
-    let Notification::AddrChange { reason, .. } = n else {
-        return;
-    };
-    if !matches!(
-        reason,
-        ChangeReason::NetdevDown | ChangeReason::SourceAddressRemoved
-    ) {
-        return;
-    }
-    let joins = match st.ids.get(&id) {
-        Some(s) => s.mc.clone(),
-        None => return,
-    };
-    for j in &joins {
-        tracing::info!(id, group = %j.group, ?reason, "multicast group lost");
-        mc_event(st, id, EventType::MulticastError, -libc::ENETRESET, j);
-    }
-}
-
 impl CmId {
     /// The Ethernet address of multicast group `ip` (`01:00:5e` + low 23 bits for IPv4,
     /// `33:33` + low 32 bits for IPv6), as `ip_eth_mc_map` / `ipv6_eth_mc_map` give it.
     pub fn group_mac(ip: IpAddr) -> MacAddr {
-        group_mac(ip)
+        crate::addr::group_mac(ip)
     }
 
     /// `rdma_join_multicast_ex`: joins group `addr` (an IPv4 or IPv6 multicast address; the
     /// port is ignored) with `flags`; `context` comes back with the event
-    /// ([`McastJoined::context`]). The id must be a UD id (port space UDP) bound to a device
+    /// ([`crate::McastJoined::context`]). The id must be a UD id (port space UDP) bound to a device
     /// (bound to a local address, or resolved: `resolve_addr` to the group) and of the
     /// group's family, else `EINVAL`. Its QP, when it has one, is attached to the group
     /// (full member); MULTICAST_JOIN follows on the id's channel (queued before this

@@ -117,7 +117,7 @@ pub(crate) struct IdSlot {
     /// What the CM did for it (`rdma-soft resource show cm_id`).
     pub counters: IdCounters,
     /// Its multicast joins (`crate::mcast`).
-    pub mc: Vec<crate::mcast::McJoin>,
+    pub mc: Vec<McJoin>,
 }
 
 impl IdSlot {
@@ -255,4 +255,15 @@ pub enum QpKind {
     Rc,
     /// Unreliable datagram (UDP port space: SIDR).
     Ud,
+}
+
+/// One join of an id.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct McJoin {
+    /// The group joined.
+    pub group: std::net::IpAddr,
+    /// Send-only (not attached).
+    pub send_only: bool,
+    /// The join's context, reported with its events.
+    pub context: u64,
 }

@@ -201,7 +201,7 @@ impl Multicast {
             .with_sge(self.send_mr.sge(0, data.len() as u32)?)
             .with_ud(
                 self.ah
-                    .dest(crate::mcast::MULTICAST_QPN, crate::RDMA_UDP_QKEY),
+                    .dest(crate::params::MULTICAST_QPN, crate::RDMA_UDP_QKEY),
             )
             .signaled();
         self.qp.post_send(&wr)?;
@@ -214,34 +214,32 @@ impl Multicast {
 
     /// The next datagram from the group.
     pub async fn recv(&mut self) -> Result<Datagram> {
-        {
-            let c = self.take(WcOpcode::Recv).await?;
-            let slot = GRH + self.max;
-            let at = c.wr_id as usize * slot;
-            let d = if c.status == WcStatus::Success {
-                let len = (c.byte_len as usize).saturating_sub(GRH).min(self.max);
-                let mut raw = vec![0u8; GRH + len];
-                self.recv_mr.read(at, &mut raw)?;
-                let src = if raw[20] >> 4 == 4 {
-                    IpAddr::from(<[u8; 4]>::try_from(&raw[32..36]).unwrap_or_default())
-                } else {
-                    IpAddr::from(<[u8; 16]>::try_from(&raw[8..24]).unwrap_or_default())
-                };
-                Some(Datagram {
-                    data: raw.split_off(GRH),
-                    src,
-                    src_qp: c.src_qp,
-                    imm: c.imm(),
-                })
+        let c = self.take(WcOpcode::Recv).await?;
+        let slot = GRH + self.max;
+        let at = c.wr_id as usize * slot;
+        let d = if c.status == WcStatus::Success {
+            let len = (c.byte_len as usize).saturating_sub(GRH).min(self.max);
+            let mut raw = vec![0u8; GRH + len];
+            self.recv_mr.read(at, &mut raw)?;
+            let src = if raw[20] >> 4 == 4 {
+                IpAddr::from(<[u8; 4]>::try_from(&raw[32..36]).unwrap_or_default())
             } else {
-                None
+                IpAddr::from(<[u8; 16]>::try_from(&raw[8..24]).unwrap_or_default())
             };
-            let sge = self.recv_mr.sge(at, slot as u32)?;
-            self.qp.post_recv(&RecvWr::new(c.wr_id).with_sge(sge))?;
-            match d {
-                Some(d) => return Ok(d),
-                None => return Err(wc_error(c.status)),
-            }
+            Some(Datagram {
+                data: raw.split_off(GRH),
+                src,
+                src_qp: c.src_qp,
+                imm: c.imm(),
+            })
+        } else {
+            None
+        };
+        let sge = self.recv_mr.sge(at, slot as u32)?;
+        self.qp.post_recv(&RecvWr::new(c.wr_id).with_sge(sge))?;
+        match d {
+            Some(d) => Ok(d),
+            None => Err(wc_error(c.status)),
         }
     }
 

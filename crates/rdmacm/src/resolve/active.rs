@@ -108,7 +108,7 @@ impl Resolver {
         let netdev = Netdev::from_link(&c.netdev);
         let next_hop = c.gateway.unwrap_or(dst_ip);
         let dmac = if dst_ip.is_multicast() {
-            crate::mcast::group_mac(dst_ip)
+            crate::addr::group_mac(dst_ip)
         } else if c.loopback || netdev.loopback {
             netdev.mac
         } else if netdev.noarp {
