@@ -178,7 +178,7 @@ fn send_only_receives_nothing_and_leave_stops_delivery() {
             // phase 1: both members
             go_rx.recv().unwrap();
             let first = r.collect(Duration::from_millis(300));
-            let only = s.collect(Duration::from_millis(10));
+            let only = s.collect(Duration::from_millis(300));
             r.id.leave_multicast(sa(GROUP)).unwrap();
             assert!(r.qp.mcast_groups().is_empty());
             ready_tx.send(()).unwrap();
@@ -237,7 +237,7 @@ fn block_self_loopback_skips_only_the_qps_own_datagrams() {
             ("192.0.2.1".parse().unwrap(), "239.1.2.3".parse().unwrap());
         send_then(&l, 3, n);
         let at_o = o.collect(Duration::from_millis(300));
-        let at_l = l.collect(Duration::from_millis(10));
+        let at_l = l.collect(Duration::from_millis(300));
         assert_once("the other QP", &at_o, 3, n, l.qp.qpn(), src, group);
         assert!(
             at_l.is_empty(),
@@ -246,7 +246,7 @@ fn block_self_loopback_skips_only_the_qps_own_datagrams() {
         );
         send_then(&o, 4, n);
         let at_o = o.collect(Duration::from_millis(300));
-        let at_l = l.collect(Duration::from_millis(10));
+        let at_l = l.collect(Duration::from_millis(300));
         assert_once("own loopback", &at_o, 4, n, o.qp.qpn(), src, group);
         assert_once(
             "the blocking QP, from another",
@@ -277,8 +277,10 @@ fn send_then(m: &Member, tag: u32, n: u32) {
             .with_sge(src.sge(off, SIZE as u32).unwrap())
             .with_ud(ah.dest(0xFF_FFFF, 0x0123_4567));
         m.qp.post_send(&wr).unwrap();
-        if idx % 16 == 15 {
-            std::thread::sleep(Duration::from_millis(2));
+        // paced: two receiving devices in this process share one progress engine, and a
+        // full socket buffer drops datagrams as UD may (not the subject here)
+        if idx % 4 == 3 {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

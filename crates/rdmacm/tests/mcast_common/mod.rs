@@ -213,8 +213,8 @@ impl Member {
                 std::thread::yield_now();
             }
             // a little pacing: the receivers' socket buffers are not the subject here
-            if idx % 16 == 15 {
-                std::thread::sleep(Duration::from_millis(2));
+            if idx % 8 == 7 {
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     }
