@@ -208,3 +208,49 @@ fn our_group_datagrams_have_linux_layout() {
         );
     }
 }
+
+/// IGMP packets (IPv4 protocol 2) among captured IP packets.
+fn igmp(packets: &[Vec<u8>]) -> usize {
+    packets
+        .iter()
+        .filter(|p| p.first().is_some_and(|b| b >> 4 == 4) && p.get(9) == Some(&2))
+        .count()
+}
+
+/// A full-member join makes the host report the group (IGMP), a send-only join does not
+/// (as Linux since 2021); the id's TOS is the datagrams' IPv4 TOS, TTL 64, DF.
+#[test]
+fn full_join_reports_the_group_send_only_does_not_and_tos_goes_on_the_wire() {
+    if !require_root("full_join_reports_the_group_send_only_does_not_and_tos_goes_on_the_wire") {
+        return;
+    }
+    let t = vms();
+    t.host("vm1").run(|| {
+        // send-only, with TOS 0x48 (DSCP AF21)
+        let rec = Capture::open("eth0").unwrap().record();
+        let mut s = Member::new("192.0.2.2:0", "239.1.2.4:0", 0, false);
+        s.id.set_option(rdmacm::CmOption::Tos(0x48)).unwrap();
+        s.join(McJoinFlags::SendOnlyFullMember);
+        s.send(1, 0..3);
+        std::thread::sleep(Duration::from_millis(300));
+        let p = rec.stop();
+        assert_eq!(igmp(&p), 0, "a send-only join reported the group");
+        let ours: Vec<Roce> = p.iter().filter_map(|p| Roce::parse(p)).collect();
+        assert_eq!(ours.len(), 3);
+        for r in &ours {
+            assert_eq!(r.dst, IpAddr::from([239, 1, 2, 4]));
+            assert_eq!(
+                (r.tclass, r.ip[8], r.ip[6] & 0x40),
+                (0x48, 64, 0x40),
+                "TOS, TTL, DF"
+            );
+        }
+        // a full member: the kernel reports the group at once
+        let rec = Capture::open("eth0").unwrap().record();
+        let mut f = Member::new("192.0.2.2:0", "239.1.2.5:0", 4, false);
+        f.join(McJoinFlags::FullMember);
+        std::thread::sleep(Duration::from_millis(300));
+        let p = rec.stop();
+        assert!(igmp(&p) >= 1, "no IGMP report after a full-member join");
+    });
+}
