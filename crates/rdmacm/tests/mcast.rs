@@ -262,29 +262,6 @@ fn block_self_loopback_skips_only_the_qps_own_datagrams() {
     });
 }
 
-/// Sends from a member that also receives: its receive completions wait in the CQ (the
-/// sender's `send` wants none in between, so they go through `collect` later).
-fn send_then(m: &Member, tag: u32, n: u32) {
-    let ah = m.ah.as_ref().unwrap();
-    let src =
-        m.pd.alloc(SIZE * n as usize, rdmacm::verbs::AccessFlags::LOCAL_WRITE)
-            .unwrap();
-    let op = rdmacm::verbs::SendOp::SendWithImm { imm: m.qp.qpn() };
-    for idx in 0..n {
-        let off = idx as usize * SIZE;
-        src.write(off, &pattern(tag, idx)).unwrap();
-        let wr = rdmacm::verbs::SendWr::new(u64::from(idx), op)
-            .with_sge(src.sge(off, SIZE as u32).unwrap())
-            .with_ud(ah.dest(0xFF_FFFF, 0x0123_4567));
-        m.qp.post_send(&wr).unwrap();
-        // paced: two receiving devices in this process share one progress engine, and a
-        // full socket buffer drops datagrams as UD may (not the subject here)
-        if idx % 4 == 3 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
 #[test]
 fn bad_joins_are_einval_and_a_second_join_is_another_join() {
     if !require_root("bad_joins_are_einval_and_a_second_join_is_another_join") {

@@ -338,3 +338,26 @@ impl Got {
         }
     }
 }
+
+/// Sends from a member that also receives: its receive completions wait in the CQ (the
+/// sender's `send` wants none in between, so they go through `collect` later).
+pub fn send_then(m: &Member, tag: u32, n: u32) {
+    let ah = m.ah.as_ref().unwrap();
+    let src =
+        m.pd.alloc(SIZE * n as usize, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+    let op = SendOp::SendWithImm { imm: m.qp.qpn() };
+    for idx in 0..n {
+        let off = idx as usize * SIZE;
+        src.write(off, &pattern(tag, idx)).unwrap();
+        let wr = SendWr::new(u64::from(idx), op)
+            .with_sge(src.sge(off, SIZE as u32).unwrap())
+            .with_ud(ah.dest(0xFF_FFFF, 0x0123_4567));
+        m.qp.post_send(&wr).unwrap();
+        // paced: two receiving devices in this process share one progress engine, and a
+        // full socket buffer drops datagrams as UD may (not the subject here)
+        if idx % 4 == 3 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
