@@ -187,4 +187,25 @@ impl CmId {
         tracing::debug!(id = self.num, %group, "multicast left");
         Ok(())
     }
+
+    /// Ends every join of the id (its destruction, as Linux's `cma_leave_mc_groups`): the
+    /// QP, which the application may still hold, is detached from each group.
+    pub(crate) fn leave_all_multicast(&self) {
+        let (qp, joins) = {
+            let mut st = self.inner.lock();
+            match st.ids.get_mut(&self.num) {
+                Some(s) if !s.mc.is_empty() => (s.qp.clone(), std::mem::take(&mut s.mc)),
+                _ => return,
+            }
+        };
+        let Some(qp) = qp else { return };
+        let mut done: Vec<IpAddr> = Vec::new();
+        for j in joins.iter().filter(|j| !j.send_only) {
+            if !done.contains(&j.group) {
+                done.push(j.group);
+                // EINVAL: never attached (a QP made after the join)
+                let _ = qp.detach_mcast(mgid(j.group), 0);
+            }
+        }
+    }
 }

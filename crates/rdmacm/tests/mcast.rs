@@ -259,6 +259,13 @@ fn block_self_loopback_skips_only_the_qps_own_datagrams() {
         );
         let dev = l.id.device().unwrap();
         assert_eq!(dev.runtime_stats().mcast_loopback_blocked, u64::from(n));
+        // destroying the id leaves its groups, even while the QP lives on
+        let qp = o.qp.clone();
+        drop(o);
+        assert!(
+            qp.mcast_groups().is_empty(),
+            "destroying the id detaches its QP"
+        );
     });
 }
 

@@ -381,6 +381,7 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
+        self.leave_all_multicast();
         crate::cm_engine::destroy(&self.inner, self.num);
     }
 }
