@@ -7,7 +7,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_testhosts::Topology;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+
+use rdma_testhosts::{Host, Topology};
 use rdmacm::verbs::{
     AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr,
     QueuePair, RecvWr, SendOp, SendWr, WcStatus,
@@ -359,5 +363,76 @@ pub fn send_then(m: &Member, tag: u32, n: u32) {
         if idx % 4 == 3 {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+}
+
+/// A running member process and its report lines.
+pub struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// This test binary re-run in `h` as `child_member` with `MCAST_CHILD` = `spec`.
+    pub fn start(h: &Host, spec: &str) -> Proc {
+        let exe = std::env::current_exe().unwrap();
+        let mut child = h
+            .command(exe.to_str().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "child_member",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("MCAST_CHILD", spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines }
+    }
+
+    /// Waits for the READY line.
+    pub fn ready(&self) {
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(T)
+                .expect("member process never got ready");
+            // libtest's "test child_member ... " may start the line
+            if l.contains("READY ") {
+                return;
+            }
+        }
+    }
+
+    /// Tells it the sender is done; its report.
+    pub fn finish(mut self) -> Vec<Got> {
+        drop(self.child.stdin.take());
+        let mut got = Vec::new();
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(T)
+                .expect("member process never ended");
+            if l.ends_with("END") {
+                break;
+            }
+            if let Some(at) = l.find("GOT ") {
+                got.push(Got::parse(&l[at..]));
+            }
+        }
+        assert!(self.child.wait().unwrap().success());
+        got
     }
 }
