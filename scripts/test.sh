@@ -4,6 +4,7 @@
 #   RDMA_SOAK_SEEDS  seed pairs per fault mix in the real-socket soak (full run: 200)
 #   RDMA_SOAK_READS  READs served by a sleeping peer under loss (full run: 10000)
 #   RDMA_STORM_HOSTS client hosts of 100 connections each in the CM storm (full run: 1000)
+#   RDMA_MCAST_COUNT datagrams per multicast sender (default 32; full run: 1000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --all-targets --no-fail-fast

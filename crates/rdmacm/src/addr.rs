@@ -228,6 +228,28 @@ pub(crate) fn same_family(a: &IpAddr, b: &IpAddr) -> Result<()> {
     }
 }
 
+/// The Ethernet address of group `ip`: IPv4 `01:00:5e` and its low 23 bits, IPv6 `33:33`
+/// and its last 32 bits.
+///
+/// ```
+/// let m = rdmacm::CmId::group_mac("239.129.2.3".parse().unwrap());
+/// assert_eq!(m.0, [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03]);
+/// let m = rdmacm::CmId::group_mac("ff0e::1:2:3:4".parse().unwrap());
+/// assert_eq!(m.0, [0x33, 0x33, 0, 3, 0, 4]);
+/// ```
+pub(crate) fn group_mac(ip: IpAddr) -> rdma_hostview::MacAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            rdma_hostview::MacAddr([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]])
+        }
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            rdma_hostview::MacAddr([0x33, 0x33, o[12], o[13], o[14], o[15]])
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -201,6 +201,10 @@ impl Inner {
         if matches!(s.state, IdState::Destroying | IdState::DeviceRemoval) {
             return;
         }
+        if !s.mc.is_empty() {
+            crate::mc_events::on_notification(st, id, &n);
+        }
+        let Some(s) = st.ids.get_mut(&id) else { return };
         match n {
             Notification::DeviceRemoval { .. } => {
                 s.state = IdState::DeviceRemoval;

@@ -75,9 +75,16 @@ impl Event {
         &self.ev.param.private_data
     }
 
-    /// The UD parameters of an ESTABLISHED event of a UDP-port-space id.
+    /// The UD parameters of an ESTABLISHED event of a UDP-port-space id, or of a
+    /// MULTICAST_JOIN / MULTICAST_ERROR (`qp_num` 0xFFFFFF, the group's Q_Key, the group).
     pub fn ud(&self) -> Option<&UdParam> {
         self.ev.ud.as_ref()
+    }
+
+    /// The join a MULTICAST_JOIN or MULTICAST_ERROR is about: group, context, address
+    /// handle attributes ([`crate::CmId::join_multicast`]).
+    pub fn mcast(&self) -> Option<&crate::McastJoined> {
+        self.ev.mc.as_deref()
     }
 }
 

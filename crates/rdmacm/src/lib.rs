@@ -190,6 +190,8 @@ mod inspect;
 mod lap;
 mod listen;
 mod local_wire;
+mod mc_events;
+mod mcast;
 mod migrate;
 mod netns;
 mod params;
@@ -205,8 +207,9 @@ mod watch;
 
 pub use async_api::{
     set_runtime_driver, AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection,
-    Incoming, Listener, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup, CONTROL_WINDOW,
-    DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
+    Datagram, Incoming, Listener, Multicast, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup,
+    CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA,
+    MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;
@@ -220,7 +223,8 @@ pub use ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
 #[doc(hidden)]
 pub use held::LookupHold;
 pub use id::{CmId, CmOption};
-pub use params::{ConnEventParam, ConnParam, EventType, UdParam};
+pub use mcast::McJoinFlags;
+pub use params::{ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN};
 /// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand
 /// them out (so an application needs no dependency on `rdma-soft` itself).
 ///

@@ -331,6 +331,7 @@ fn req_with_path(
             param,
             ud: None,
             listen_id: Some(l),
+            mc: None,
         },
     );
 }
@@ -405,6 +406,7 @@ fn sidr_with_path(
             param,
             ud: None,
             listen_id: Some(l),
+            mc: None,
         },
     );
 }

@@ -43,9 +43,10 @@ pub enum EventType {
     Disconnected,
     /// The id's device went away; destroy the id.
     DeviceRemoval,
-    /// Multicast join finished (not implemented yet).
+    /// A multicast join finished ([`crate::CmId::join_multicast`]; [`crate::Event::mcast`]).
     MulticastJoin,
-    /// Multicast join failed (not implemented yet).
+    /// A multicast join failed, or its group was lost (the netdev went down, the address
+    /// went away).
     MulticastError,
     /// The route, neighbour, source address or netdev under the id changed (a hint: the id
     /// keeps its device and path).
@@ -172,4 +173,27 @@ pub(crate) struct PendingEvent {
     pub param: ConnEventParam,
     pub ud: Option<UdParam>,
     pub listen_id: Option<u64>,
+    /// A MULTICAST_JOIN's group, context and address handle (`crate::mcast`).
+    pub mc: Option<Box<McastJoined>>,
+}
+
+/// The destination QPN of every datagram to a group.
+pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
+
+/// What a MULTICAST_JOIN (or MULTICAST_ERROR) event says about its join
+/// ([`crate::Event::mcast`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McastJoined {
+    /// The group's address.
+    pub group: std::net::IpAddr,
+    /// The context given to [`crate::CmId::join_multicast`] (Linux: `param.ud.private_data`).
+    pub context: u64,
+    /// Address handle attributes to send to the group (`param.ud.ah_attr`): its MGID, the
+    /// id's source GID index, hop limit 64, the id's TOS.
+    pub ah_attr: rdma_soft::verbs::PathAttr,
+    /// The device port (`ah_attr.port_num`): create the handle with
+    /// `ProtectionDomain::create_ah_on(port_num, &ah_attr)`.
+    pub port_num: u8,
+    /// The join was send-only.
+    pub send_only: bool,
 }

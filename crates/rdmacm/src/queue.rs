@@ -44,6 +44,7 @@ impl Inner {
                 param,
                 ud: None,
                 listen_id: None,
+                mc: None,
             },
         );
     }
@@ -58,6 +59,7 @@ impl Inner {
                 param,
                 ud: Some(ud),
                 listen_id: None,
+                mc: None,
             },
         );
     }

@@ -119,6 +119,8 @@ pub(crate) struct IdSlot {
     pub align_status: Option<i32>,
     /// What the CM did for it (`rdma-soft resource show cm_id`).
     pub counters: IdCounters,
+    /// Its multicast joins (`crate::mcast`).
+    pub mc: Vec<McJoin>,
 }
 
 impl IdSlot {
@@ -161,6 +163,7 @@ impl IdSlot {
             path_netdev: None,
             pin_dev: None,
             align_status: None,
+            mc: Vec::new(),
         }
     }
 
@@ -256,4 +259,15 @@ pub enum QpKind {
     Rc,
     /// Unreliable datagram (UDP port space: SIDR).
     Ud,
+}
+
+/// One join of an id.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct McJoin {
+    /// The group joined.
+    pub group: std::net::IpAddr,
+    /// Send-only (not attached).
+    pub send_only: bool,
+    /// The join's context, reported with its events.
+    pub context: u64,
 }

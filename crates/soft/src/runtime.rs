@@ -63,6 +63,7 @@ use rdma_proto::verbs::QpState;
 pub(crate) mod ack_hold;
 mod apm;
 mod gather;
+mod mcast;
 mod progress;
 mod qp_ctx;
 mod sched;
@@ -122,6 +123,8 @@ pub struct RuntimeStats {
     pub qp_services: u64,
     /// Datagrams received per port of the address they arrived on (0: no port's address).
     pub rx_by_port: [u64; MAX_PORTS + 1],
+    /// Multicast datagrams a QP that blocks its own loopback did not take (its own sends).
+    pub mcast_loopback_blocked: u64,
 }
 
 /// Counts a packet handed to the wire (`sent`: whether the wire took it) and tells the ACK

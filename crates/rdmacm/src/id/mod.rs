@@ -274,23 +274,46 @@ impl CmId {
 
     /// `rdma_create_qp`: creates an RC QP on the id's device with `pd` and `init` (both of
     /// that device) and moves it to INIT; connect/accept then take it to RTR and RTS.
-    /// `EINVAL` without a device or on a UD id (UD QPs: give `qp_num` in [`crate::ConnParam`]).
+    /// On a UD id (`init` of type UD), as librdmacm: the UD QP goes to RTS at once, with
+    /// Q_Key `RDMA_UDP_QKEY`, receiving on the id's source address (for multicast:
+    /// [`CmId::join_multicast`]; SIDR still takes `qp_num` in [`crate::ConnParam`]).
+    /// `EINVAL` without a device, with a QP already, or for a QP type not the id's.
     pub fn create_qp(
         &self,
         pd: &ProtectionDomain,
         init: &QpInitAttr<'_>,
     ) -> Result<Arc<QueuePair>> {
-        let port = {
+        let (port, kind, sgid) = {
             let st = self.inner.lock();
             let s = st.ids.get(&self.num).ok_or(Error::Shutdown)?;
-            if s.dev.is_none() || s.qp.is_some() || s.qp_kind != QpKind::Rc {
+            let want = match init.qp_type {
+                rdma_soft::verbs::QpType::Ud => QpKind::Ud,
+                _ => QpKind::Rc,
+            };
+            if s.dev.is_none() || s.qp.is_some() || s.qp_kind != want {
                 return Err(Error::InvalidArgument(
-                    "create_qp needs an RC id with a device and no QP yet".into(),
+                    "create_qp needs an id with a device, no QP yet and a QP type of its \
+                     port space"
+                        .into(),
                 ));
             }
-            crate::connect::id_port(&st, s)
+            let sgid = s
+                .dev
+                .and_then(|k| st.devices.get(&k))
+                .zip(s.local)
+                .and_then(|(d, l)| d.sgid(l.ip()));
+            (crate::connect::id_port(&st, s), want, sgid)
         };
         let qp = pd.create_qp(init)?;
+        if kind == QpKind::Ud {
+            if let Some((_, index)) = sgid {
+                qp.set_ud_source(index)?;
+            }
+            qp.ud_ready_port(port, crate::connect::RDMA_UDP_QKEY)?;
+            let qp = Arc::new(qp);
+            self.with(|s| s.qp = Some(qp.clone()))?;
+            return Ok(qp);
+        }
         let (mut a, m) = QpAttr::init(QpAttr::RC_ACCESS);
         a.port_num = port;
         qp.modify(&a, m)?;
@@ -358,6 +381,7 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
+        self.leave_all_multicast();
         crate::cm_engine::destroy(&self.inner, self.num);
     }
 }

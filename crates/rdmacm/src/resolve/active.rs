@@ -42,12 +42,8 @@ impl Resolver {
     ) -> Result<ResolvedAddr> {
         let dst_ip = match dst.class() {
             AddrClass::Any => loopback_of(&dst.ip),
-            AddrClass::Multicast => {
-                return Err(Error::InvalidArgument(format!(
-                    "multicast destination {}: join instead",
-                    dst.ip
-                )))
-            }
+            // a group, to join (`crate::mcast`): routed as the kernel routes it (by the bound
+            // source's netdev), no neighbour to ask
             _ => dst.ip,
         };
         let src = src.filter(|s| !s.ip.is_unspecified());
@@ -111,7 +107,9 @@ impl Resolver {
         let c = self.choose_with(&query, bound_link, dst_route).await?;
         let netdev = Netdev::from_link(&c.netdev);
         let next_hop = c.gateway.unwrap_or(dst_ip);
-        let dmac = if c.loopback || netdev.loopback {
+        let dmac = if dst_ip.is_multicast() {
+            crate::addr::group_mac(dst_ip)
+        } else if c.loopback || netdev.loopback {
             netdev.mac
         } else if netdev.noarp {
             MacAddr::default()

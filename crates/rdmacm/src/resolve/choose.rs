@@ -85,7 +85,9 @@ impl Resolver {
             (None, Some(a)) => a,
             (None, None) => self.hv.route_get(dst, q.src, None).await?,
         };
-        if answer.kind != RouteType::Unicast {
+        // a group's route (multicast join): the kernel picks the netdev of the source
+        let group = dst.is_multicast() && answer.kind == RouteType::Multicast;
+        if answer.kind != RouteType::Unicast && !group {
             return Err(Error::InvalidArgument(format!(
                 "route to {dst} is of type {:?}",
                 answer.kind

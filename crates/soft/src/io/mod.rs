@@ -44,6 +44,7 @@ mod sys;
 mod udp;
 mod udp_config;
 mod udp_local;
+mod udp_mcast;
 mod udp_park;
 mod udp_rx;
 mod udp_tx;
@@ -277,6 +278,14 @@ pub trait DatagramWire: Send {
     fn prepare_path(&mut self, local: WireAddr, sport: u16, remote: WireAddr) {
         let _ = remote;
         self.prepare_port(local, sport);
+    }
+
+    /// Joins multicast group `group` on interface `ifindex` (`IP_ADD_MEMBERSHIP` /
+    /// `IPV6_ADD_MEMBERSHIP`: the kernel reports the membership with IGMP / MLD): datagrams
+    /// to the group then arrive with [`Arrival::local`] the group. Joining a group twice
+    /// does nothing; [`DatagramWire::close`] of the group leaves it. The default refuses.
+    fn join_group(&mut self, _group: WireAddr, _ifindex: u32) -> Result<()> {
+        Err(crate::Error::InvalidArgument("this wire has no multicast"))
     }
 
     /// Sends everything queued.

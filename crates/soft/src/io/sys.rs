@@ -84,6 +84,10 @@ pub(crate) fn open_udp(
     Ok(fd)
 }
 
+/// The IPv4 TTL / IPv6 hop limit of datagrams to a multicast group: what Linux rxe sends
+/// (the CM's `IPV6_DEFAULT_HOPLIMIT`), where a socket's default is 1.
+pub(crate) const MULTICAST_HOPS: i32 = 64;
+
 /// A non-blocking UDP socket of `local`'s family (a link-local address needs its scope),
 /// IPv6-only for IPv6, sending with don't-fragment.
 fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
@@ -117,12 +121,25 @@ fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
             libc::IPV6_MTU_DISCOVER,
             libc::IPV6_PMTUDISC_DO,
         )?;
+        // datagrams to a multicast group leave with the hop limit rxe gives them (64), not 1
+        opt(
+            "IPV6_MULTICAST_HOPS",
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MULTICAST_HOPS,
+            MULTICAST_HOPS,
+        )?;
     } else {
         opt(
             "IP_MTU_DISCOVER",
             libc::IPPROTO_IP,
             libc::IP_MTU_DISCOVER,
             libc::IP_PMTUDISC_DO,
+        )?;
+        opt(
+            "IP_MULTICAST_TTL",
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_TTL,
+            MULTICAST_HOPS,
         )?;
     }
     Ok(fd)

@@ -109,7 +109,7 @@ pub struct UdpWire {
     pub(super) park: super::udp_park::Parking,
     /// Received datagrams carry their TOS / traffic class and TTL / hop limit
     /// ([`DatagramWire::set_ip_meta`]).
-    ip_meta: bool,
+    pub(super) ip_meta: bool,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -472,6 +472,10 @@ impl DatagramWire for UdpWire {
                 tracing::debug!(%local, sport, peer = %to, error = %e, "no connected send socket")
             }
         }
+    }
+
+    fn join_group(&mut self, group: WireAddr, ifindex: u32) -> Result<()> {
+        self.join(group, ifindex)
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -101,6 +101,9 @@ impl UdpWire {
                 };
                 for (j, data) in whole.chunks_mut(seg).enumerate() {
                     let member = self.locals[i].member.as_ref();
+                    // a group's datagram (DQPN 0xFFFFFF) is every member's: the kernel
+                    // gave each joined socket its copy (`udp_mcast.rs`)
+                    let mine = mine.filter(|_| !bound.ip().is_multicast());
                     let other = match (mine, steer::dest(data)) {
                         (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
                         (Some(mine), Dest::Comm(s)) if s != mine => member

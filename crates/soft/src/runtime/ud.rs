@@ -53,6 +53,8 @@ pub(crate) struct UdState {
     ah_free: Vec<u32>,
     /// Reference counts of local addresses held by UD QPs and address handles.
     users: Vec<(WireAddr, u32)>,
+    /// Multicast groups and their QPs (`runtime/mcast.rs`).
+    pub(super) mcast: super::mcast::McastTable,
 }
 
 impl UdState {
@@ -80,7 +82,7 @@ impl UdState {
         false
     }
 
-    fn get(&mut self, qpn: u32) -> Option<&mut UdCtx> {
+    pub(super) fn get(&mut self, qpn: u32) -> Option<&mut UdCtx> {
         self.slots
             .get_mut((qpn & 0xFFFF) as usize)?
             .as_deref_mut()
@@ -107,6 +109,9 @@ impl UdState {
         stats: &mut RuntimeStats,
     ) -> bool {
         let qpn = pkt.header.bth.dest_qp;
+        if qpn == rdma_proto::ud::MULTICAST_QPN && arr.local.ip().is_multicast() {
+            return self.deliver_mcast(now, mem, arr, pkt, stats);
+        }
         let Some(ctx) = self.get(qpn) else {
             return false;
         };
@@ -141,7 +146,7 @@ pub(crate) fn grh_of(arr: &Arrival) -> GrhInfo {
     }
 }
 
-fn drain(ctx: &mut UdCtx, stats: &mut RuntimeStats) {
+pub(super) fn drain(ctx: &mut UdCtx, stats: &mut RuntimeStats) {
     while let Some(c) = ctx.ud.poll_send_completion() {
         if ctx.send_cq.push(c).is_err() {
             stats.cq_overflows += 1;
@@ -186,6 +191,7 @@ impl Runtime {
             return;
         };
         self.ud.live.retain(|&i| i as usize != idx);
+        self.mcast_forget(qpn);
         if self.ud.live.is_empty() {
             self.wire.set_ip_meta(false);
         }

@@ -90,9 +90,6 @@ impl AddressHandle {
                 "source and destination GIDs of different IP families",
             ));
         }
-        if remote.ip().is_multicast() {
-            return Err(Error::InvalidArgument("multicast UD is not implemented"));
-        }
         let id = dev.runtime().ah_create(local, remote, attr.traffic_class)?;
         Ok(AddressHandle {
             dev,
