@@ -177,5 +177,8 @@ impl Inner {
 /// 64 bits from the OS's random source: the seeds of the context and of each CM agent (comm
 /// ids, transaction ids, PSNs), which a peer must not be able to predict.
 pub(crate) fn os_seed() -> Result<u64> {
-    getrandom::u64().map_err(|e| Error::Io(std::io::Error::other(format!("getrandom: {e}"))))
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| Error::Io(std::io::Error::other(format!("getrandom: {e}"))))?;
+    Ok(u64::from_le_bytes(b))
 }

@@ -5,16 +5,16 @@
 //! the next ones. A real agent gets its seed from the OS (`rdmacm` draws it with
 //! `getrandom`).
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha12Rng;
 
 /// Unpredictable identifiers from a seed.
-#[derive(Debug)]
-pub(crate) struct IdRng(StdRng);
+#[derive(Debug, Clone)]
+pub(crate) struct IdRng(ChaCha12Rng);
 
 impl IdRng {
     pub(crate) fn new(seed: u64) -> Self {
-        IdRng(StdRng::seed_from_u64(seed))
+        IdRng(ChaCha12Rng::seed_from_u64(seed))
     }
 
     pub(crate) fn next_u32(&mut self) -> u32 {

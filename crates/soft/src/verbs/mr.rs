@@ -13,8 +13,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha12Rng as StdRng;
 
 use rdma_proto::memory::{AtomicOp, MemError, MemoryTable, RegionAccess};
 use rdma_proto::verbs::{AccessFlags, PdId, Sge};
@@ -149,7 +149,7 @@ static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 /// A per-process random byte (from the std hasher's random keys): the first key of each index.
 fn key_stream() -> StdRng {
     let mut seed = [0u8; 32];
-    if getrandom::fill(&mut seed).is_err() {
+    if getrandom::getrandom(&mut seed).is_err() {
         // No OS randomness (never on Linux): hash-seeded, still different per table.
         use std::hash::{BuildHasher, Hasher};
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
