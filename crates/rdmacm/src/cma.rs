@@ -70,18 +70,7 @@ impl Cma {
             .map_err(Error::Io)?;
         let handle = rt.handle().clone();
         let resolver = run_on(&handle, async { Resolver::new() })?;
-        let seed = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0),
-            );
-            h.write_u32(std::process::id());
-            h.finish()
-        };
+        let seed = crate::registry::os_seed()?;
         let inner = Arc::new(Inner {
             rt: Mutex::new(Some(rt)),
             rt_handle: handle,

@@ -38,6 +38,9 @@ pub enum RejectCause {
     InvalidServiceId,
     /// The path back to the requester cannot carry RoCE (e.g. the arrival netdev's MTU).
     PathUnusable,
+    /// The IP CM header names a source address other than the one the request came from:
+    /// answering it would aim our REPs and data at a third host.
+    SourceMismatch,
 }
 
 impl RejectCause {
@@ -70,11 +73,12 @@ impl RejectCause {
             RejectCause::BadIpCmHeader => "bad_ip_cm_header",
             RejectCause::InvalidServiceId => "invalid_service_id",
             RejectCause::PathUnusable => "path_unusable",
+            RejectCause::SourceMismatch => "source_mismatch",
         }
     }
 
     /// Every cause, for counters and tables.
-    pub const ALL: [RejectCause; 9] = [
+    pub const ALL: [RejectCause; 10] = [
         RejectCause::ArrivalNetdevDown,
         RejectCause::ArrivalNetdevGone,
         RejectCause::NotOnReverseRoute,
@@ -84,6 +88,7 @@ impl RejectCause {
         RejectCause::BadIpCmHeader,
         RejectCause::InvalidServiceId,
         RejectCause::PathUnusable,
+        RejectCause::SourceMismatch,
     ];
 }
 
@@ -103,6 +108,9 @@ impl std::fmt::Display for RejectCause {
             RejectCause::BadIpCmHeader => "the private data has no valid IP CM header",
             RejectCause::InvalidServiceId => "the service id is not an RDMA IP CM one",
             RejectCause::PathUnusable => "the path to the requester cannot carry RoCE",
+            RejectCause::SourceMismatch => {
+                "the IP CM header's source is not the address the request came from"
+            }
         })
     }
 }

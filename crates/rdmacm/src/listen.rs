@@ -240,6 +240,23 @@ pub(crate) fn on_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: ReqReceive
         );
         return;
     }
+    if let Some(arrived) = from.filter(|a| !same_address(*a, hdr.src)) {
+        tracing::warn!(
+            target: "rdmacm",
+            claimed = %hdr.src,
+            %arrived,
+            "REQ names a source address it did not come from"
+        );
+        refuse(
+            inner,
+            st,
+            dev,
+            conn,
+            (RejectCause::SourceMismatch, None),
+            from,
+        );
+        return;
+    }
     match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
         Ok(_) => hold(inner, st, dev, HeldMad::Req(r), hdr),
         Err(why) => refuse(inner, st, dev, conn, why, Some(hdr.src)),
@@ -354,6 +371,23 @@ pub(crate) fn on_sidr_req(inner: &Arc<Inner>, st: &mut State, dev: u32, r: SidrR
         refuse_sidr(st, dev, r.conn, (RejectCause::BadIpCmHeader, None), from);
         return;
     };
+    let from = crate::addr::Gid(r.path.remote_gid.octets()).to_ip();
+    if !same_address(from, hdr.src) {
+        tracing::warn!(
+            target: "rdmacm",
+            claimed = %hdr.src,
+            arrived = %from,
+            "SIDR_REQ names a source address it did not come from"
+        );
+        refuse_sidr(
+            st,
+            dev,
+            r.conn,
+            (RejectCause::SourceMismatch, None),
+            Some(from),
+        );
+        return;
+    }
     match admit(st, dev, r.listener, r.path.tag, hdr.dst) {
         Ok(_) => hold(inner, st, dev, HeldMad::Sidr(r), hdr),
         Err(why) => refuse_sidr(st, dev, r.conn, why, Some(hdr.src)),
@@ -455,4 +489,10 @@ pub(crate) fn has_wildcard_listener(st: &State) -> bool {
     st.ids
         .values()
         .any(|s| s.state == IdState::Listen && s.binding.as_ref().is_some_and(|b| b.is_wildcard()))
+}
+
+/// Whether the IP CM header's source is the address a request came from (an IPv4 address
+/// and its IPv4-mapped IPv6 form are the same).
+fn same_address(arrived: IpAddr, claimed: IpAddr) -> bool {
+    arrived.to_canonical() == claimed.to_canonical()
 }

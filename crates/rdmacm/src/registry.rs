@@ -106,18 +106,16 @@ impl Inner {
             None
         };
         let host = dev.host_local();
+        // Comm ids, TIDs and PSNs go on the wire: each agent draws them from its own seed.
+        let agent_seed = os_seed()?;
         let mut st = self.lock();
         if st.devices.contains_key(&index) {
             return Ok(index);
         }
-        st.seed = st
-            .seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
         // The CA GUID announces the device's host-local wire, when it has one (`local_wire`).
         let agent = CmAgent::new(AgentConfig {
             ca_guid: host.map_or(guid, |h| h.guid()),
-            seed: st.seed ^ u64::from(index),
+            seed: agent_seed,
             overload: OverloadPolicy::Drop,
             ..AgentConfig::default()
         });
@@ -174,4 +172,13 @@ impl Inner {
         d.open.insert(w);
         Ok(())
     }
+}
+
+/// 64 bits from the OS's random source: the seeds of the context and of each CM agent (comm
+/// ids, transaction ids, PSNs), which a peer must not be able to predict.
+pub(crate) fn os_seed() -> Result<u64> {
+    let mut b = [0u8; 8];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| Error::Io(std::io::Error::other(format!("getrandom: {e}"))))?;
+    Ok(u64::from_le_bytes(b))
 }

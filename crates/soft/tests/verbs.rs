@@ -206,6 +206,60 @@ fn keys_rotate_and_stale_keys_are_refused() {
     assert_eq!(d.mr_count(), 0, "dropping a region deregisters it");
 }
 
+/// Key bytes are drawn per registration from the OS's random source: 4,096 registrations
+/// (reusing one index, and holding many at once) show many distinct bytes, two devices do not
+/// share a sequence, and one known key does not give the next (it never just rotates).
+#[test]
+fn key_bytes_are_random_per_registration() {
+    let d = dev();
+    let pd = d.alloc_pd().unwrap();
+    let mut reused = std::collections::HashSet::new();
+    let mut steps = 0;
+    let mut buf = vec![0u8; 8];
+    let mut prev: Option<u32> = None;
+    for _ in 0..2048 {
+        let mr = pd.register(buf, RW).unwrap();
+        let k = mr.rkey();
+        reused.insert(k as u8);
+        if let Some(p) = prev {
+            assert_eq!(p >> 8, k >> 8, "one index, reused");
+            assert_ne!(p, k, "a reused index never gets its previous key back");
+            if (k as u8) == (p as u8).wrapping_add(1) {
+                steps += 1;
+            }
+        }
+        prev = Some(k);
+        buf = mr.deregister().unwrap().to_vec();
+    }
+    let held: Vec<_> = (0..2048)
+        .map(|_| pd.register(vec![0u8; 8], RW).unwrap())
+        .collect();
+    let fresh: std::collections::HashSet<u8> = held.iter().map(|m| m.rkey() as u8).collect();
+    assert!(
+        reused.len() >= 200,
+        "{} distinct bytes on a reused index",
+        reused.len()
+    );
+    assert!(
+        fresh.len() >= 200,
+        "{} distinct bytes on fresh indexes",
+        fresh.len()
+    );
+    assert!(
+        steps < 100,
+        "{steps} of 2047 keys were the previous one plus one"
+    );
+    let other = dev();
+    let opd = other.alloc_pd().unwrap();
+    let seq = |p: &rdma_soft::verbs::ProtectionDomain| -> Vec<u8> {
+        (0..32)
+            .map(|_| p.register(vec![0u8; 8], RW).unwrap())
+            .map(|m| m.rkey() as u8)
+            .collect()
+    };
+    assert_ne!(seq(&pd), seq(&opd), "two devices draw different key bytes");
+}
+
 #[test]
 fn registration_errors() {
     let d = dev();

@@ -10,7 +10,7 @@ use rdma_wire::cm::{
 
 use super::conn::{emit, pad_checked, Conn, MadBuf};
 use super::pace::ReqSlot;
-use super::rng::SplitMix64;
+use super::rng::IdRng;
 use super::timers::{cm_ns, request_timeout, Retx};
 use super::{
     AgentConfig, CmError, CmEvent, CmPath, CmState, CmTransmit, ConnHandle, Nanos, RepParams,
@@ -33,6 +33,9 @@ pub struct CmStats {
     /// REQs that waited for a slot of their peer's window before being sent
     /// ([`AgentConfig::req_window`]).
     pub paced: u64,
+    /// Destroyed connections dropped before their timewait ended, to make room for a new
+    /// connection at [`AgentConfig::max_conns`].
+    pub timewait_evicted: u64,
 }
 
 /// The IB CM of one port: every listener and connection, sans IO.
@@ -64,7 +67,7 @@ pub struct CmStats {
 #[derive(Debug)]
 pub struct CmAgent {
     pub(crate) config: AgentConfig,
-    pub(crate) rng: SplitMix64,
+    pub(crate) rng: IdRng,
     pub(crate) conns: BTreeMap<ConnHandle, Conn>,
     pub(crate) by_local_id: HashMap<u32, ConnHandle>,
     /// Peer's comm id → connections holding it (any state; callers check the rest).
@@ -95,7 +98,7 @@ pub struct CmAgent {
 impl CmAgent {
     /// A new agent with no listener and no connection.
     pub fn new(config: AgentConfig) -> Self {
-        let mut rng = SplitMix64::new(config.seed);
+        let mut rng = IdRng::new(config.seed);
         let tid_high = rng.next_u32();
         CmAgent {
             config,
@@ -318,7 +321,7 @@ impl CmAgent {
     /// connections.
     pub fn send_req(&mut self, now: Nanos, p: ReqParams) -> Result<ConnHandle, CmError> {
         let jitter = self.config.retry_jitter;
-        if self.conns.len() >= self.config.max_conns {
+        if self.full() {
             return Err(CmError::TooManyConnections);
         }
         let private_data = pad_checked::<REQ_PRIVATE_DATA_LEN>(&p.private_data)?;
@@ -777,7 +780,7 @@ impl CmAgent {
     /// [`CmEvent::SidrReqTimeout`].
     pub fn send_sidr_req(&mut self, now: Nanos, p: SidrReqParams) -> Result<ConnHandle, CmError> {
         let jitter = self.config.retry_jitter;
-        if self.conns.len() >= self.config.max_conns {
+        if self.full() {
             return Err(CmError::TooManyConnections);
         }
         let private_data = pad_checked::<SIDR_REQ_PRIVATE_DATA_LEN>(&p.private_data)?;
@@ -1013,6 +1016,30 @@ impl CmAgent {
         unindex(&mut self.by_remote_qpn, old_qpn, h);
         self.by_remote_id.entry(remote_id).or_default().push(h);
         self.by_remote_qpn.entry(remote_qpn).or_default().push(h);
+    }
+
+    /// Whether the table is at [`AgentConfig::max_conns`] once a destroyed connection's
+    /// timewait has made room: timewait only guards against stale packets, so the one
+    /// ending first (among the earliest timers) is dropped rather than refusing a new
+    /// connection.
+    pub(crate) fn full(&mut self) -> bool {
+        if self.conns.len() < self.config.max_conns {
+            return false;
+        }
+        self.sync_timers();
+        let victim = self.timers.iter().take(64).map(|&(_, h)| h).find(|h| {
+            self.conns
+                .get(h)
+                .is_some_and(|c| c.destroyed && c.state == CmState::Timewait)
+        });
+        match victim {
+            Some(h) => {
+                self.stats.timewait_evicted += 1;
+                self.remove(h);
+                false
+            }
+            None => true,
+        }
     }
 
     pub(crate) fn remove(&mut self, h: ConnHandle) {

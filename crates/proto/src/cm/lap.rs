@@ -24,7 +24,7 @@ use rdma_wire::cm::{
 use rdma_wire::time::IbaTime;
 
 use super::conn::{emit, pad_checked, MadBuf};
-use super::timers::{mra_timeout, Retx};
+use super::timers::Retx;
 use super::{CmAgent, CmError, CmPath, CmState, ConnHandle, Nanos, PathParams};
 
 /// The LAP sub-state of an established connection (Linux `enum ib_cm_lap_state`).
@@ -386,7 +386,7 @@ impl CmAgent {
         };
         match (c.state, c.ap.state) {
             (CmState::Established, LapState::LapSent) => {
-                let wait = mra_timeout(st, c.plt);
+                let wait = super::timers::peer_mra_ns(st, c.plt);
                 if let Some(r) = c.retx.as_mut() {
                     r.extend(now, wait);
                 }

@@ -92,7 +92,9 @@ pub enum OverloadPolicy {
 pub struct AgentConfig {
     /// The local CA GUID put in REQ/REP and in the ARI of a REJ "timeout".
     pub ca_guid: u64,
-    /// Seed of the PRNG that draws comm ids, transaction ids and PSNs.
+    /// Seed of the random source (a ChaCha stream) that draws comm ids, transaction ids
+    /// and PSNs; give it OS randomness outside tests (`rdmacm` does), as they go on the wire
+    /// and a peer that could predict them could forge CM messages.
     pub seed: u64,
     /// `rdma_cm`'s MRA behaviour: on a REQ (passive) or REP (active), prepare an MRA without
     /// sending it, and send it only when a duplicate arrives while the application has not

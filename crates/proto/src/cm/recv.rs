@@ -14,7 +14,7 @@ use rdma_wire::mad::method;
 
 use super::conn::{emit, issue_rej, Conn};
 use super::event::{RejReceived, RepReceived, ReqReceived};
-use super::timers::{cm_ns, mra_timeout};
+use super::timers::{peer_mra_ns, peer_response_ns, peer_timewait_ns};
 use super::{CmAgent, CmEvent, CmPath, CmState, ConnHandle, Nanos, OverloadPolicy};
 
 impl CmAgent {
@@ -180,10 +180,10 @@ impl CmAgent {
             remote_qpn: r.local_qpn,
             tid,
             retx: None,
-            response_timeout: cm_ns(r.local_cm_response_timeout),
+            response_timeout: peer_response_ns(r.local_cm_response_timeout),
             max_cm_retries: r.max_cm_retries,
             plt: self.config.packet_life_time,
-            timewait: cm_ns(r.primary_path.local_ack_timeout),
+            timewait: peer_timewait_ns(r.primary_path.local_ack_timeout),
             timewait_deadline: None,
             last_response: None,
             destroyed: false,
@@ -206,8 +206,8 @@ impl CmAgent {
 
     /// True if one more passive connection from `src` on `service_id` exceeds a limit.
     /// O(1): the counts are kept as connections enter and leave those states.
-    fn over_limits(&self, src: &CmPath, service_id: u64) -> bool {
-        if self.conns.len() >= self.config.max_conns {
+    fn over_limits(&mut self, src: &CmPath, service_id: u64) -> bool {
+        if self.full() {
             return true;
         }
         let (per_listener, per_peer) = self.pacing.half_open(service_id, &src.remote_gid);
@@ -294,7 +294,7 @@ impl CmAgent {
             self.stats.unmatched += 1;
             return;
         }
-        let wait = mra_timeout(x.service_timeout, c.plt);
+        let wait = peer_mra_ns(x.service_timeout, c.plt);
         if let Some(r) = c.retx.as_mut() {
             r.extend(now, wait);
         }

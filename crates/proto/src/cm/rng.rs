@@ -1,23 +1,38 @@
-//! A small deterministic PRNG (SplitMix64) for comm ids, transaction ids and PSNs.
+//! The agent's random source for comm ids, transaction ids and PSNs.
+//!
+//! A ChaCha stream cipher keyed by the agent's seed: deterministic for a given seed (the
+//! simulator replays a run), while its outputs, which go on the wire, say nothing about
+//! the next ones. A real agent gets its seed from the OS (`rdmacm` draws it with
+//! `getrandom`).
 
-/// SplitMix64: fast, tiny state, good enough for identifiers (not for secrets).
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+
+/// Unpredictable identifiers from a seed.
 #[derive(Debug, Clone)]
-pub(crate) struct SplitMix64(u64);
+pub(crate) struct IdRng(ChaCha12Rng);
 
-impl SplitMix64 {
+impl IdRng {
     pub(crate) fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        IdRng(ChaCha12Rng::seed_from_u64(seed))
     }
 
     pub(crate) fn next_u32(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
+        self.0.next_u32()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdRng;
+
+    #[test]
+    fn same_seed_same_stream_other_seed_other_stream() {
+        let take = |seed| {
+            let mut r = IdRng::new(seed);
+            (0..64).map(|_| r.next_u32()).collect::<Vec<_>>()
+        };
+        assert_eq!(take(7), take(7));
+        assert_ne!(take(7), take(8));
     }
 }

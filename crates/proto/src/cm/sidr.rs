@@ -21,7 +21,7 @@ impl CmAgent {
         }
         let refuse = if !self.listeners.contains_key(&x.service_id) {
             Some(SidrStatus::Unsupported)
-        } else if self.conns.len() >= self.config.max_conns {
+        } else if self.full() {
             self.stats.overload += 1;
             match self.config.overload {
                 OverloadPolicy::Drop => return,

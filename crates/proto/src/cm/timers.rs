@@ -13,6 +13,35 @@ pub(crate) fn cm_ns(t: IbaTime) -> Nanos {
     t.to_linux_cm_ms() * NS_PER_MS
 }
 
+/// Bounds on the timers a peer chooses for us (IBA time exponents, Linux's conversion:
+/// `1 << (t - 8)` ms). A REQ may ask for anything from 1 ms to 2.3 hours; outside these
+/// bounds a peer could make us resend every millisecond or hold a connection for hours.
+pub const PEER_RESPONSE_BOUNDS: (u8, u8) = (14, 22);
+/// Bounds on an MRA's service timeout (Linux's own MRAs ask for 24: 65 s).
+pub const PEER_MRA_BOUNDS: (u8, u8) = (14, 24);
+/// Longest timewait a peer's path may set (16 s; Linux's default is about 1 s).
+pub const PEER_TIMEWAIT_MAX: u8 = 22;
+
+fn clamp_time(t: IbaTime, (lo, hi): (u8, u8)) -> IbaTime {
+    IbaTime::from_bits_truncate(t.value().clamp(lo, hi))
+}
+
+/// Our retransmission interval for a response the peer said it would answer within `t`
+/// (a REQ's local CM response timeout), within [`PEER_RESPONSE_BOUNDS`].
+pub(crate) fn peer_response_ns(t: IbaTime) -> Nanos {
+    cm_ns(clamp_time(t, PEER_RESPONSE_BOUNDS))
+}
+
+/// The timewait a peer's path asks for, at most [`PEER_TIMEWAIT_MAX`].
+pub(crate) fn peer_timewait_ns(t: IbaTime) -> Nanos {
+    cm_ns(clamp_time(t, (0, PEER_TIMEWAIT_MAX)))
+}
+
+/// The wait an MRA asks for (its service timeout, within [`PEER_MRA_BOUNDS`], plus `plt`).
+pub(crate) fn peer_mra_ns(service_timeout: IbaTime, plt: IbaTime) -> Nanos {
+    mra_timeout(clamp_time(service_timeout, PEER_MRA_BOUNDS), plt)
+}
+
 /// The active side's wait for an answer to REQ (and DREQ): `2·PLT + remote response timeout`.
 pub(crate) fn request_timeout(plt: IbaTime, remote_response: IbaTime) -> Nanos {
     2 * cm_ns(plt) + cm_ns(remote_response)

@@ -11,8 +11,9 @@ use std::fs::File;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use super::share::{
     self, current_netns, held, lock, lock_path, open_rw, runtime_dir, try_lock_existing,
@@ -84,11 +85,27 @@ fn parse(ns: u64, name: &str, content: &str) -> Option<ClaimInfo> {
     })
 }
 
+/// Reads of the runtime directory for the live claims, by this process.
+static SCANS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times this process has read the runtime directory for the other processes'
+/// claims. The receive path asks only for verified datagrams, and then at most every
+/// [`CLAIMS_FRESH`] or when the directory changed: a flood of requests costs no file-system
+/// work in proportion to it.
+pub fn claim_scans() -> u64 {
+    SCANS.load(Ordering::Relaxed)
+}
+
+/// How long the receive path trusts what it read of the claims while the runtime
+/// directory is unchanged (a claim's owner may die without changing the directory).
+pub const CLAIMS_FRESH: Duration = Duration::from_millis(100);
+
 /// The live claims of namespace `ns`, with their file names.
 fn live_claims(ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
     let Ok(dir) = runtime_dir() else {
         return Vec::new();
     };
+    SCANS.fetch_add(1, Ordering::Relaxed);
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
@@ -265,10 +282,65 @@ pub(crate) fn services(ns: u64, addr: IpAddr) -> Vec<(u64, u32)> {
         .collect()
 }
 
+/// What the receive path last read of one namespace's claims.
+struct Seen {
+    ns: u64,
+    dir_mtime: Option<SystemTime>,
+    at: Instant,
+    /// `(file, address, afonly, service id, pid)` of every claim live when read.
+    claims: Vec<(PathBuf, IpAddr, bool, u64, u32)>,
+}
+
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
+
+/// [`services`] as last read, read again when older than [`CLAIMS_FRESH`] or when the
+/// runtime directory changed (a claim made or removed), each with its file: a claim's owner
+/// may have died since (its file stays until a read removes it), which [`held`] tells.
+pub(crate) fn recent_services(ns: u64, addr: IpAddr) -> Vec<(PathBuf, u64, u32)> {
+    let mtime = || {
+        runtime_dir()
+            .ok()
+            .and_then(|d| std::fs::metadata(d).ok())
+            .and_then(|m| m.modified().ok())
+    };
+    let now_mtime = mtime();
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let fresh = seen
+        .iter()
+        .position(|s| s.ns == ns)
+        .filter(|&k| seen[k].dir_mtime == now_mtime && seen[k].at.elapsed() < CLAIMS_FRESH);
+    let k = match fresh {
+        Some(k) => k,
+        None => {
+            let claims = live_claims(ns)
+                .into_iter()
+                .map(|(f, c)| (f, c.addr, c.afonly, service_id(c.ps, c.port), c.pid))
+                .collect();
+            // After the read: it may have removed dead claims.
+            let entry = Seen {
+                ns,
+                dir_mtime: mtime(),
+                at: Instant::now(),
+                claims,
+            };
+            seen.retain(|s| s.ns != ns);
+            seen.push(entry);
+            seen.len() - 1
+        }
+    };
+    seen[k]
+        .claims
+        .iter()
+        .filter(|c| covers(c.1, c.2, addr))
+        .map(|c| (c.0.clone(), c.3, c.4))
+        .collect()
+}
+
 /// Whether service `sid` on `addr` (namespace `ns`) is listened on by another live process
 /// and not by this one: a REQ for it that reached this process was misdelivered (its
 /// sender retransmits), and answering it REJ 8 would end a connection that has a listener.
-/// Reads the runtime directory only when this process has no claim covering it.
+/// Reads the runtime directory only when this process has no claim covering it, and then
+/// as [`recent_services`] does.
 pub(crate) fn listener_elsewhere(ns: u64, addr: IpAddr, sid: u64) -> bool {
     let own = OWN.lock().unwrap_or_else(|e| e.into_inner());
     if own
@@ -279,9 +351,9 @@ pub(crate) fn listener_elsewhere(ns: u64, addr: IpAddr, sid: u64) -> bool {
     }
     drop(own);
     let pid = std::process::id();
-    services(ns, addr)
+    recent_services(ns, addr)
         .into_iter()
-        .any(|(s, p)| s == sid && p != pid)
+        .any(|(f, s, p)| s == sid && p != pid && held(&f))
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 pub use addr::{ParseWireAddrError, WireAddr};
-pub use claim::PortClaim;
+pub use claim::{claim_scans, PortClaim, CLAIMS_FRESH};
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub use local::{HostPeer, LocalStats};
 pub(crate) use sys::netdev_mtu;

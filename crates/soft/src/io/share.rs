@@ -19,6 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Instant, SystemTime};
 
 use super::steer::{self, Table};
 use super::WireAddr;
@@ -337,7 +338,13 @@ pub(crate) struct Member {
     slot: u8,
     /// A duplicate of the wire's socket, to attach programs with (`None` once left).
     sock: Mutex<Option<OwnedFd>>,
+    /// The live slots of the group's table as last read, and when ([`Member::has_member`]).
+    seen: Mutex<Option<SeenSlots>>,
 }
+
+/// When a member last read its group's table, the table file's mtime then, and the live
+/// slots it held.
+type SeenSlots = (Instant, Option<SystemTime>, Vec<u8>);
 
 fn members() -> &'static Mutex<Vec<Weak<Member>>> {
     static M: OnceLock<Mutex<Vec<Weak<Member>>>> = OnceLock::new();
@@ -406,6 +413,7 @@ pub(crate) fn join(
         key,
         slot,
         sock: Mutex::new(Some(dup)),
+        seen: Mutex::new(None),
     });
     let mut all = members().lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|w| w.strong_count() > 0);
@@ -447,13 +455,28 @@ impl Member {
     }
 
     /// Whether `slot` is a live member of this group (its table, read without the lock: it
-    /// is replaced whole). Off the fast path: only for a CM message naming another slot.
+    /// is replaced whole). Off the fast path: only for a verified CM message naming another
+    /// slot, and read again at most every [`super::claim::CLAIMS_FRESH`].
     pub(crate) fn has_member(&self, slot: u8) -> bool {
         let Ok(dir) = runtime_dir() else {
             return true;
         };
-        let t = read_table(&dir.join(format!("{}.tab", self.key.stem())));
-        t.iter().any(|e| e.slot == slot) && slot_alive(&dir, slot)
+        let tab = dir.join(format!("{}.tab", self.key.stem()));
+        let mtime = std::fs::metadata(&tab).and_then(|m| m.modified()).ok();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let stale = !seen
+            .as_ref()
+            .is_some_and(|(at, m, _)| *m == mtime && at.elapsed() < super::claim::CLAIMS_FRESH);
+        if stale {
+            let live = read_table(&tab)
+                .iter()
+                .map(|e| e.slot)
+                .filter(|&s| slot_alive(&dir, s))
+                .collect();
+            *seen = Some((Instant::now(), mtime, live));
+        }
+        seen.as_ref()
+            .is_some_and(|(_, _, live)| live.contains(&slot))
     }
 
     /// Repairs the table from evidence: this member received a datagram the program sent to
@@ -472,10 +495,10 @@ impl Member {
     /// rebuilds the program from the table and the claims.
     pub(crate) fn service_evidence(&self, sid: u64) -> Result<()> {
         let me = std::process::id();
-        let owner = super::claim::services(self.key.ns, self.key.addr.ip())
+        let owner = super::claim::recent_services(self.key.ns, self.key.addr.ip())
             .into_iter()
-            .find(|&(s, pid)| s == sid && pid != me)
-            .map(|(_, pid)| pid);
+            .find(|(f, s, pid)| *s == sid && *pid != me && held(f))
+            .map(|(_, _, pid)| pid);
         self.swap_with(
             |t| owner.and_then(|pid| t.iter().position(|e| e.pid == pid)),
             true,

@@ -100,27 +100,49 @@ impl UdpWire {
                     s => s,
                 };
                 for (j, data) in whole.chunks_mut(seg).enumerate() {
-                    let member = self.locals[i].member.as_ref();
+                    let place = u16::try_from(j).unwrap_or(0);
                     // a group's datagram (DQPN 0xFFFFFF) is every member's: the kernel
                     // gave each joined socket its copy (`udp_mcast.rs`)
                     let mine = mine.filter(|_| !bound.ip().is_multicast());
-                    let other = match (mine, steer::dest(data)) {
-                        (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
-                        (Some(mine), Dest::Comm(s)) if s != mine => member
-                            .map_or(true, |m| m.has_member(s))
-                            .then_some(Misdelivered::Slot(s)),
-                        // A REQ whose listener is another process's (the program was stale:
-                        // a member came or went): not ours to refuse with REJ 8.
-                        (Some(_), Dest::Service(sid)) => member
-                            .is_some_and(|m| m.listener_elsewhere(sid))
-                            .then_some(Misdelivered::Service(sid)),
-                        _ => None,
+                    // Only a verified packet may be evidence of misdelivery or cost a look
+                    // at the other processes' tables and claims: a forged or corrupt one is
+                    // dropped as such (its ICRC), whatever it names.
+                    let suspect = match (mine, steer::dest(data)) {
+                        (Some(mine), Dest::Slot(s) | Dest::Comm(s)) => s != mine,
+                        (Some(_), Dest::Service(_)) => true,
+                        _ => false,
                     };
-                    if let Some(m) = other {
-                        self.stats.misdelivered += 1;
-                        tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
-                        evidence = Some(m);
-                        continue;
+                    let mut verified = false;
+                    if suspect {
+                        if !accept(
+                            &mut self.checker,
+                            &mut self.stats,
+                            port,
+                            (&arrival, src_port, place),
+                            data,
+                        ) {
+                            continue;
+                        }
+                        verified = true;
+                        let member = self.locals[i].member.as_ref();
+                        let other = match (mine, steer::dest(data)) {
+                            (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
+                            (Some(mine), Dest::Comm(s)) if s != mine => member
+                                .map_or(true, |m| m.has_member(s))
+                                .then_some(Misdelivered::Slot(s)),
+                            // A REQ whose listener is another process's (the program was
+                            // stale: a member came or went): not ours to refuse with REJ 8.
+                            (Some(_), Dest::Service(sid)) => member
+                                .is_some_and(|m| m.listener_elsewhere(sid))
+                                .then_some(Misdelivered::Service(sid)),
+                            _ => None,
+                        };
+                        if let Some(m) = other {
+                            self.stats.misdelivered += 1;
+                            tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
+                            evidence = Some(m);
+                            continue;
+                        }
                     }
                     let mut inj = (self.recv_faults.as_deref_mut())
                         .filter(|f| f.applies_to(arrival.local.ip()));
@@ -146,14 +168,15 @@ impl UdpWire {
                         if let Some(inj) = inj {
                             inj.passed();
                         }
-                        let place = u16::try_from(j).unwrap_or(0);
-                        if !accept(
-                            &mut self.checker,
-                            &mut self.stats,
-                            port,
-                            (&arrival, src_port, place),
-                            data,
-                        ) {
+                        if !verified
+                            && !accept(
+                                &mut self.checker,
+                                &mut self.stats,
+                                port,
+                                (&arrival, src_port, place),
+                                data,
+                            )
+                        {
                             continue;
                         }
                     }

@@ -6,12 +6,15 @@
 //! reference. Local access goes through copying methods that are sound while the device writes
 //! concurrently (see `shared_mem.rs` for why every access is atomic).
 //!
-//! Keys: `lkey == rkey == (index + 1) << 8 | key`, where `key` is a byte that rotates each time
-//! the index is reused, starting from a per-device random value (as hardware does): a stale or
-//! guessed key hits a different byte and is refused.
+//! Keys: `lkey == rkey == (index + 1) << 8 | key`, where `key` is a random byte drawn for each
+//! registration (as rxe does), never the byte the index had before: a stale key is refused,
+//! and one known key says nothing about the byte of the next.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha12Rng as StdRng;
 
 use rdma_proto::memory::{AtomicOp, MemError, MemoryTable, RegionAccess};
 use rdma_proto::verbs::{AccessFlags, PdId, Sge};
@@ -40,13 +43,14 @@ struct Slot {
 struct Slots {
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// Draws key bytes: a ChaCha stream keyed from the OS once per table.
+    keys: StdRng,
 }
 
 /// The device's table of memory regions, by key.
 pub(crate) struct MrTable {
     inner: RwLock<Slots>,
     max: usize,
-    key_seed: u8,
 }
 
 impl MrTable {
@@ -55,9 +59,9 @@ impl MrTable {
             inner: RwLock::new(Slots {
                 slots: Vec::new(),
                 free: Vec::new(),
+                keys: key_stream(),
             }),
             max: max.min(0xff_fffe),
-            key_seed: random_byte(),
         }
     }
 
@@ -71,7 +75,7 @@ impl MrTable {
             Some(i) => i,
             None if t.slots.len() < self.max => {
                 t.slots.push(Slot {
-                    key: self.key_seed,
+                    key: 0,
                     region: None,
                 });
                 t.slots.len() - 1
@@ -83,8 +87,12 @@ impl MrTable {
                 })
             }
         };
+        let mut byte = t.keys.next_u32() as u8;
         let slot = &mut t.slots[idx];
-        slot.key = slot.key.wrapping_add(1);
+        if byte == slot.key {
+            byte = byte.wrapping_add(1);
+        }
+        slot.key = byte;
         let key = ((idx as u32 + 1) << 8) | u32::from(slot.key);
         let region = Arc::new(Region {
             pd,
@@ -139,11 +147,16 @@ impl MrTable {
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
 /// A per-process random byte (from the std hasher's random keys): the first key of each index.
-fn random_byte() -> u8 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u8(0);
-    h.finish() as u8
+fn key_stream() -> StdRng {
+    let mut seed = [0u8; 32];
+    if getrandom::getrandom(&mut seed).is_err() {
+        // No OS randomness (never on Linux): hash-seeded, still different per table.
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(NEXT_TOKEN.load(Ordering::Relaxed));
+        return StdRng::seed_from_u64(h.finish());
+    }
+    StdRng::from_seed(seed)
 }
 
 /// The key table as the transport sees it: implements [`MemoryTable`], checking key,
