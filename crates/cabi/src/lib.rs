@@ -21,4 +21,5 @@ pub mod objects;
 pub mod ops;
 pub mod qp;
 pub mod types;
+pub mod unsupported;
 pub mod util;

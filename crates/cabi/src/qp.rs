@@ -267,3 +267,83 @@ pub unsafe extern "C" fn ibv_query_qp(
     }
     0
 }
+
+/// `ibv_qp_to_qp_ex`: NULL for a QP made without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, as in
+/// rdma-core (the `ibv_wr_*` interface is not offered yet: docs/CABI.md).
+#[no_mangle]
+pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut libc::c_void {
+    std::ptr::null_mut()
+}
+
+/// `ibv_create_ah_from_wc`: an AH back to the sender of a UD receive (its GRH).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    port: u8,
+) -> *mut ibv_ah {
+    let mut attr = ibv_ah_attr::default();
+    // SAFETY: the caller's pointers.
+    if unsafe { ibv_init_ah_from_wc((*pd.cast::<Pd>()).c.context, port, wc, grh, &mut attr) } != 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: forwarded.
+    unsafe { crate::objects::ibv_create_ah(pd, &mut attr) }
+}
+
+/// `ibv_init_ah_from_wc`: the reply path from a received GRH (the sender's GID is its
+/// source, ours its destination).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    c: *mut ibv_context,
+    port: u8,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    attr: *mut ibv_ah_attr,
+) -> c_int {
+    // SAFETY: the caller's pointers.
+    let (Some(ctx), Some(w), Some(a)) = (unsafe { ctx(c) }, unsafe { wc.as_ref() }, unsafe { attr.as_mut() }) else {
+        return minus_one(libc::EINVAL);
+    };
+    if grh.is_null() || w.wc_flags & 1 == 0 {
+        return minus_one(libc::EINVAL);
+    }
+    let mut sgid = [0u8; 16];
+    let mut dgid = [0u8; 16];
+    // SAFETY: the 40-byte GRH at the start of the receive buffer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(grh.add(8), sgid.as_mut_ptr(), 16);
+        std::ptr::copy_nonoverlapping(grh.add(24), dgid.as_mut_ptr(), 16);
+    }
+    // An IPv4 datagram's GRH holds the IPv4 header (20 bytes) at offset 20: its addresses
+    // are at 32 (source) and 36 (destination).
+    let v4 = sgid == [0; 16] || (sgid[..10] == [0; 10] && sgid[10..12] != [0xff, 0xff]);
+    if v4 {
+        let mut s = [0u8; 4];
+        let mut d = [0u8; 4];
+        // SAFETY: as above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(grh.add(32), s.as_mut_ptr(), 4);
+            std::ptr::copy_nonoverlapping(grh.add(36), d.as_mut_ptr(), 4);
+        }
+        sgid = std::net::Ipv4Addr::from(s).to_ipv6_mapped().octets();
+        dgid = std::net::Ipv4Addr::from(d).to_ipv6_mapped().octets();
+    }
+    let Some(idx) = ctx.dev.soft.gids_on(port).ok().and_then(|g| g.iter().position(|x| x.gid() == dgid)) else {
+        return minus_one(libc::ENOENT);
+    };
+    *a = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: sgid },
+            flow_label: 0,
+            sgid_index: idx as u8,
+            hop_limit: 64,
+            traffic_class: 0,
+        },
+        is_global: 1,
+        port_num: port,
+        ..Default::default()
+    };
+    0
+}
