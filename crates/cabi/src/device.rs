@@ -28,6 +28,8 @@ pub struct Dev {
 pub struct Ctx {
     pub v: verbs_context,
     pub dev: &'static Dev,
+    /// `async_fd`: the application's view of the device's async event fd.
+    pub async_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The process-wide connection manager the devices come from.
@@ -87,13 +89,12 @@ pub fn open(dev: &'static Dev) -> *mut ibv_context {
     v.context.device = &dev.c as *const ibv_device as *mut ibv_device;
     v.context.ops = crate::ops::context_ops();
     v.context.cmd_fd = -1;
-    v.context.async_fd = {
-        use std::os::fd::AsRawFd;
-        dev.soft.async_event_fd().as_raw_fd()
-    };
+    use std::os::fd::AsRawFd;
+    let async_fd = poll_proxy(dev.soft.async_event_fd().as_raw_fd()).ok();
+    v.context.async_fd = async_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
     v.context.num_comp_vectors = 1;
     v.context.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
-    let ctx = boxed(Ctx { v, dev });
+    let ctx = boxed(Ctx { v, dev, async_fd });
     // SAFETY: just made.
     unsafe { &mut (*ctx).v.context }
 }

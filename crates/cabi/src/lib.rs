@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod cm_types;
+pub mod cm;
 pub mod config;
 pub mod device;
 pub mod layout;

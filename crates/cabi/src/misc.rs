@@ -96,8 +96,7 @@ pub unsafe extern "C" fn ibv_get_async_event(c: *mut ibv_context, ev: *mut ibv_a
     let (Some(ctx), Some(out)) = (unsafe { ctx(c) }, unsafe { ev.as_mut() }) else {
         return minus_one(libc::EINVAL);
     };
-    // SAFETY: our fd.
-    let nonblock = unsafe { libc::fcntl(ctx.v.context.async_fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblock = is_nonblocking(ctx.v.context.async_fd);
     let got = if nonblock {
         Ok(ctx.dev.soft.poll_async_event())
     } else {

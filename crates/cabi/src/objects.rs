@@ -34,6 +34,8 @@ pub struct Chan {
     pub ch: CompletionChannel,
     /// The `ibv_cq` of each CQ number notifying this channel.
     pub cqs: Mutex<HashMap<u32, usize>>,
+    /// `c.fd`: the application's view of the channel's fd ([`poll_proxy`]).
+    pub fd: std::os::fd::OwnedFd,
 }
 
 #[repr(C)]
@@ -176,11 +178,15 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
     };
     match ctx.dev.soft.create_comp_channel() {
         Ok(ch) => {
-            let fd = ch.as_raw_fd();
+            let proxy = match poll_proxy(ch.as_raw_fd()) {
+                Ok(p) => p,
+                Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+            };
             boxed(Chan {
-                c: ibv_comp_channel { context: c, fd, refcnt: 0 },
+                c: ibv_comp_channel { context: c, fd: proxy.as_raw_fd(), refcnt: 0 },
                 ch,
                 cqs: Mutex::new(HashMap::new()),
+                fd: proxy,
             })
             .cast()
         }
@@ -273,8 +279,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         return minus_one(libc::EINVAL);
     };
     // A non-blocking fd (O_NONBLOCK set by the application) returns EAGAIN when empty.
-    // SAFETY: our fd.
-    let nonblock = unsafe { libc::fcntl(chan.c.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblock = is_nonblocking(chan.c.fd);
     loop {
         let got = if nonblock {
             chan.ch.get_event()

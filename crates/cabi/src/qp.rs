@@ -43,7 +43,20 @@ pub fn wrap(qp: Arc<QueuePair>, pd: *mut ibv_pd, init: &ibv_qp_init_attr, ud: bo
 ///
 /// # Safety
 /// The pointers in `init` are NULL or ours.
-pub unsafe fn make(pd: *mut ibv_pd, init: &mut ibv_qp_init_attr) -> Result<(QueuePair, bool), c_int> {
+pub unsafe fn make(pd: *mut ibv_pd, init: &mut ibv_qp_init_attr) -> Result<(Arc<QueuePair>, bool), c_int> {
+    // SAFETY: forwarded.
+    unsafe { make_with(pd, init, |pd, a| pd.create_qp(a).map(Arc::new).map_err(|e| soft_errno(&e))) }
+}
+
+/// [`make`] with the QP made by `create` (the CM makes an RC id's QP itself).
+///
+/// # Safety
+/// As [`make`].
+pub unsafe fn make_with(
+    pd: *mut ibv_pd,
+    init: &mut ibv_qp_init_attr,
+    create: impl FnOnce(&rdma_soft::verbs::ProtectionDomain, &QpInitAttr<'_>) -> Result<Arc<QueuePair>, c_int>,
+) -> Result<(Arc<QueuePair>, bool), c_int> {
     // SAFETY: the caller's pointers.
     let p = unsafe { obj::<_, Pd>(pd) }.ok_or(libc::EINVAL)?;
     let scq = unsafe { obj::<_, Cq>(init.send_cq) }.ok_or(libc::EINVAL)?;
@@ -74,7 +87,7 @@ pub unsafe fn make(pd: *mut ibv_pd, init: &mut ibv_qp_init_attr) -> Result<(Queu
         cap,
         sq_sig_all: init.sq_sig_all != 0,
     };
-    let qp = p.pd.create_qp(&attr).map_err(|e| soft_errno(&e))?;
+    let qp = create(&p.pd, &attr)?;
     let got = qp.cap();
     init.cap = ibv_qp_cap {
         max_send_wr: got.max_send_wr,
@@ -101,7 +114,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_a
     };
     // SAFETY: forwarded.
     match unsafe { make(pd, ia) } {
-        Ok((qp, ud)) => wrap(Arc::new(qp), pd, ia, ud),
+        Ok((qp, ud)) => wrap(qp, pd, ia, ud),
         Err(e) => null_err(e),
     }
 }

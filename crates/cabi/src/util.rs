@@ -54,3 +54,30 @@ pub unsafe fn unbox<T>(p: *mut T) -> T {
     // SAFETY: forwarded from the caller.
     *unsafe { Box::from_raw(p) }
 }
+
+/// The fd an application polls in place of one of the layers' own (non-blocking) eventfds:
+/// an epoll instance watching it, readable exactly when it is. Its own flags are the
+/// application's: it starts blocking, as rdma-core's fds do, and `O_NONBLOCK` set on it with
+/// `fcntl` makes the matching call return EAGAIN instead of waiting ([`is_nonblocking`]).
+pub fn poll_proxy(inner: libc::c_int) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain system calls; the new fd is owned by the result.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let owned = std::os::fd::OwnedFd::from_raw_fd(ep);
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
+        if libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, inner, &mut ev) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(owned)
+    }
+}
+
+/// Whether the application made `fd` non-blocking.
+pub fn is_nonblocking(fd: libc::c_int) -> bool {
+    // SAFETY: reads the fd's flags.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0 }
+}
