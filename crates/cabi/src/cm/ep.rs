@@ -166,6 +166,7 @@ pub unsafe extern "C" fn rdma_create_ep(
     let i = unsafe { id_ref(id) }.expect("just made");
     // SAFETY: the caller's attributes, or NULL.
     if let Some(qa) = unsafe { qp_init.as_mut() } {
+        qa.qp_type = ai.ai_qp_type; // as rdma-core: the QP type is the addrinfo's
         if ai.ai_flags & RAI_PASSIVE == 0 {
             // SAFETY: forwarded.
             if unsafe { rdma_create_qp(id, pd, qa) } != 0 {
