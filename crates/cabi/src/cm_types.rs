@@ -3,7 +3,9 @@
 
 use libc::{c_char, c_int, c_void, sockaddr, sockaddr_storage, socklen_t};
 
-use crate::types::{ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_srq};
+use crate::types::{
+    ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_srq,
+};
 
 #[repr(C)]
 pub struct rdma_event_channel {

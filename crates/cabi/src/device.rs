@@ -3,6 +3,10 @@
 //! The devices are the connection manager's (one process-wide [`rdmacm::Cma`]): a soft
 //! device per netdev with an address, named after it, as our `ibv_devices` shows them. Each
 //! `ibv_device` lives for the rest of the process (its pointer stays valid and the same).
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
 use std::mem::{offset_of, size_of, zeroed};
 use std::ptr::null_mut;
@@ -54,8 +58,14 @@ pub fn dev_for(soft: &Device) -> &'static Dev {
     c.transport_type = 0; // IBV_TRANSPORT_IB (RoCE reports IB)
     copy_cstr(&mut c.name, soft.name());
     copy_cstr(&mut c.dev_name, &format!("uverbs-soft-{}", soft.name()));
-    copy_cstr(&mut c.dev_path, &format!("/sys/class/infiniband_verbs/uverbs-soft-{}", soft.name()));
-    copy_cstr(&mut c.ibdev_path, &format!("/sys/class/infiniband/{}", soft.name()));
+    copy_cstr(
+        &mut c.dev_path,
+        &format!("/sys/class/infiniband_verbs/uverbs-soft-{}", soft.name()),
+    );
+    copy_cstr(
+        &mut c.ibdev_path,
+        &format!("/sys/class/infiniband/{}", soft.name()),
+    );
     let d: &'static Dev = Box::leak(Box::new(Dev {
         c,
         soft: soft.clone(),
@@ -229,7 +239,10 @@ fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_device(
+    c: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let (Some(ctx), Some(a)) = (unsafe { ctx(c) }, unsafe { attr.as_mut() }) else {
         return libc::EINVAL;
@@ -258,7 +271,13 @@ unsafe extern "C" fn query_device_ex_op(
     full.phys_port_cnt_ex = u32::from(full.orig_attr.phys_port_cnt);
     let n = size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: n bytes fit both.
-    unsafe { std::ptr::copy_nonoverlapping((&full as *const ibv_device_attr_ex).cast::<u8>(), attr.cast::<u8>(), n) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&full as *const ibv_device_attr_ex).cast::<u8>(),
+            attr.cast::<u8>(),
+            n,
+        )
+    };
     0
 }
 
@@ -293,7 +312,12 @@ fn fill_port(dev: &Device, port: u8, a: &mut ibv_port_attr) -> c_int {
     0
 }
 
-unsafe extern "C" fn query_port_ex(c: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: usize) -> c_int {
+unsafe extern "C" fn query_port_ex(
+    c: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let Some(ctx) = (unsafe { ctx(c) }) else {
         return libc::EINVAL;
@@ -311,7 +335,11 @@ unsafe extern "C" fn query_port_ex(c: *mut ibv_context, port: u8, attr: *mut ibv
 /// The exported `ibv_query_port` (the old, shorter struct: `flags` and `port_cap_flags2`
 /// are not written).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(c: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_port(
+    c: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let Some(ctx) = (unsafe { ctx(c) }) else {
         return libc::EINVAL;
@@ -324,7 +352,13 @@ pub unsafe extern "C" fn ibv_query_port(c: *mut ibv_context, port: u8, attr: *mu
     let r = fill_port(&ctx.dev.soft, port, &mut a);
     let n = offset_of!(ibv_port_attr, flags);
     // SAFETY: the compat struct holds the fields before `flags`.
-    unsafe { std::ptr::copy_nonoverlapping((&a as *const ibv_port_attr).cast::<u8>(), attr.cast::<u8>(), n) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&a as *const ibv_port_attr).cast::<u8>(),
+            attr.cast::<u8>(),
+            n,
+        )
+    };
     r
 }
 
@@ -333,7 +367,12 @@ fn gid_at(dev: &Device, port: u8, index: usize) -> Option<[u8; 16]> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid(c: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let Some(ctx) = (unsafe { ctx(c) }) else {
         return -1;
@@ -342,7 +381,12 @@ pub unsafe extern "C" fn ibv_query_gid(c: *mut ibv_context, port: u8, index: c_i
         return -1;
     }
     // rdma-core: an empty entry in range reads as zeros; beyond the table, -1.
-    let len = ctx.dev.soft.query_port(port).map(|p| p.gid_tbl_len as usize).unwrap_or(0);
+    let len = ctx
+        .dev
+        .soft
+        .query_port(port)
+        .map(|p| p.gid_tbl_len as usize)
+        .unwrap_or(0);
     if index as usize >= len {
         return -1;
     }
@@ -353,7 +397,12 @@ pub unsafe extern "C" fn ibv_query_gid(c: *mut ibv_context, port: u8, index: c_i
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_pkey(c: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub unsafe extern "C" fn ibv_query_pkey(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let Some(ctx) = (unsafe { ctx(c) }) else {
         return -1;
@@ -428,7 +477,12 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             unsafe { entry.write(gid_entry(ctx, port as u8, index as usize, raw)) };
             0
         }
-        None if ctx.dev.soft.query_port(port as u8).is_ok_and(|p| (index as usize) < p.gid_tbl_len as usize) => {
+        None if ctx
+            .dev
+            .soft
+            .query_port(port as u8)
+            .is_ok_and(|p| (index as usize) < p.gid_tbl_len as usize) =>
+        {
             libc::ENODATA
         }
         None => libc::EINVAL,
@@ -452,7 +506,14 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     }
     let mut n = 0usize;
     for port in 1..=ctx.dev.soft.port_count() {
-        for (i, g) in ctx.dev.soft.gids_on(port).unwrap_or_default().iter().enumerate() {
+        for (i, g) in ctx
+            .dev
+            .soft
+            .gids_on(port)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
             if n == max {
                 return -(libc::EINVAL as isize);
             }
@@ -473,7 +534,12 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
 /// rdma-core's private `ibv_query_gid_type` (`IBVERBS_PRIVATE_34`, used by Debian's
 /// `ibv_devinfo`): every GID of ours is RoCE v2 (`IBV_GID_TYPE_SYSFS_ROCE_V2` = 1).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid_type(c: *mut ibv_context, port: u8, index: libc::c_uint, ty: *mut c_int) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid_type(
+    c: *mut ibv_context,
+    port: u8,
+    index: libc::c_uint,
+    ty: *mut c_int,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let Some(ctx) = (unsafe { ctx(c) }) else {
         return libc::EINVAL;

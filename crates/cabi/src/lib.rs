@@ -12,8 +12,8 @@
 #![allow(clippy::missing_safety_doc)]
 #![warn(missing_docs)]
 
-pub mod cm_types;
 pub mod cm;
+pub mod cm_types;
 pub mod config;
 pub mod device;
 pub mod layout;

@@ -1,4 +1,8 @@
 //! The rest of libibverbs' small calls: strings, fork, async events, rates.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
 use std::ffi::CStr;
 
@@ -15,14 +19,27 @@ fn cs(s: &'static CStr) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     const S: [&CStr; 22] = [
-        c"success", c"local length error", c"local QP operation error",
-        c"local EE context operation error", c"local protection error",
-        c"Work Request Flushed Error", c"memory management operation error",
-        c"bad response error", c"local access error", c"remote invalid request error",
-        c"remote access error", c"remote operation error", c"transport retry counter exceeded",
-        c"RNR retry counter exceeded", c"local RDD violation error",
-        c"remote invalid RD request", c"aborted error", c"invalid EE context number",
-        c"invalid EE context state", c"fatal error", c"response timeout error",
+        c"success",
+        c"local length error",
+        c"local QP operation error",
+        c"local EE context operation error",
+        c"local protection error",
+        c"Work Request Flushed Error",
+        c"memory management operation error",
+        c"bad response error",
+        c"local access error",
+        c"remote invalid request error",
+        c"remote access error",
+        c"remote operation error",
+        c"transport retry counter exceeded",
+        c"RNR retry counter exceeded",
+        c"local RDD violation error",
+        c"remote invalid RD request",
+        c"aborted error",
+        c"invalid EE context number",
+        c"invalid EE context state",
+        c"fatal error",
+        c"response timeout error",
         c"general error",
     ];
     cs(S.get(status as usize).copied().unwrap_or(c"unknown"))
@@ -31,13 +48,28 @@ pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn ibv_event_type_str(ev: c_int) -> *const c_char {
     const S: [&CStr; 22] = [
-        c"CQ error", c"local work queue catastrophic error", c"invalid request local work queue error",
-        c"local access violation work queue error", c"communication established",
-        c"send queue drained", c"path migrated", c"path migration request error",
-        c"local catastrophic error", c"port active", c"port error", c"LID change",
-        c"P_Key change", c"SM change", c"SRQ catastrophic error", c"SRQ limit reached",
-        c"last WQE reached", c"client reregistration", c"GID table change",
-        c"WQ fatal", c"unknown", c"unknown",
+        c"CQ error",
+        c"local work queue catastrophic error",
+        c"invalid request local work queue error",
+        c"local access violation work queue error",
+        c"communication established",
+        c"send queue drained",
+        c"path migrated",
+        c"path migration request error",
+        c"local catastrophic error",
+        c"port active",
+        c"port error",
+        c"LID change",
+        c"P_Key change",
+        c"SM change",
+        c"SRQ catastrophic error",
+        c"SRQ limit reached",
+        c"last WQE reached",
+        c"client reregistration",
+        c"GID table change",
+        c"WQ fatal",
+        c"unknown",
+        c"unknown",
     ];
     cs(S.get(ev as usize).copied().unwrap_or(c"unknown"))
 }
@@ -91,7 +123,10 @@ pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(c: *mut ibv_context, ev: *mut ibv_async_event) -> c_int {
+pub unsafe extern "C" fn ibv_get_async_event(
+    c: *mut ibv_context,
+    ev: *mut ibv_async_event,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let (Some(ctx), Some(out)) = (unsafe { ctx(c) }, unsafe { ev.as_mut() }) else {
         return minus_one(libc::EINVAL);

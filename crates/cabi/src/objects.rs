@@ -1,4 +1,8 @@
 //! PDs, MRs, completion channels, CQs, SRQs, AHs.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
 use std::collections::HashMap;
 use std::mem::zeroed;
@@ -73,7 +77,11 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
     match ctx.dev.soft.alloc_pd() {
         Ok(pd) => {
             let handle = pd.id().0;
-            boxed(Pd { c: ibv_pd { context: c, handle }, pd }).cast()
+            boxed(Pd {
+                c: ibv_pd { context: c, handle },
+                pd,
+            })
+            .cast()
         }
         Err(e) => null_err(soft_errno(&e)),
     }
@@ -128,7 +136,12 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     // SAFETY: forwarded.
     unsafe { reg(pd, addr, len, access) }
 }
@@ -183,7 +196,11 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
                 Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
             };
             boxed(Chan {
-                c: ibv_comp_channel { context: c, fd: proxy.as_raw_fd(), refcnt: 0 },
+                c: ibv_comp_channel {
+                    context: c,
+                    fd: proxy.as_raw_fd(),
+                    refcnt: 0,
+                },
                 ch,
                 cqs: Mutex::new(HashMap::new()),
                 fd: proxy,
@@ -241,9 +258,16 @@ pub unsafe extern "C" fn ibv_create_cq(
     cc.handle = cq.id();
     cc.cqe = cq.capacity().min(i32::MAX as usize) as c_int;
     let id = cq.id();
-    let p = boxed(Cq { c: cc, cq, chan: channel.cast() });
+    let p = boxed(Cq {
+        c: cc,
+        cq,
+        chan: channel.cast(),
+    });
     if let Some(ch) = chan {
-        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(id, p as usize);
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, p as usize);
         // SAFETY: the channel is ours; refcnt is only touched under the caller's discipline
         // as in rdma-core (create/destroy of CQs on it).
         unsafe { (*channel).refcnt += 1 };
@@ -259,7 +283,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     };
     // SAFETY: the CQ's channel outlives it (EBUSY on destroying it first).
     if let Some(ch) = unsafe { q.chan.as_ref() } {
-        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&q.cq.id());
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&q.cq.id());
         // SAFETY: as in create.
         unsafe { (*q.chan).c.refcnt -= 1 };
     }
@@ -292,7 +319,13 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             Ok(None) => continue,
             Err(e) => return minus_one(soft_errno(&e)),
         };
-        let Some(p) = chan.cqs.lock().unwrap_or_else(|e| e.into_inner()).get(&cq.id()).copied() else {
+        let Some(p) = chan
+            .cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cq.id())
+            .copied()
+        else {
             continue; // its ibv_cq was destroyed meanwhile
         };
         let p = p as *mut Cq;
@@ -332,7 +365,10 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
     // SAFETY: the caller's pointers.
     let (Some(p), Some(ia)) = (unsafe { obj::<_, Pd>(pd) }, unsafe { init.as_mut() }) else {
         return null_err(libc::EINVAL);
@@ -342,10 +378,15 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
     let Some(ctx) = ctx_ref(c) else {
         return null_err(libc::EINVAL);
     };
-    let srq = match ctx.dev.soft.create_srq(&p.pd, ia.attr.max_wr as usize, ia.attr.max_sge as usize) {
-        Ok(s) => s,
-        Err(e) => return null_err(soft_errno(&e)),
-    };
+    let srq =
+        match ctx
+            .dev
+            .soft
+            .create_srq(&p.pd, ia.attr.max_wr as usize, ia.attr.max_sge as usize)
+        {
+            Ok(s) => s,
+            Err(e) => return null_err(soft_errno(&e)),
+        };
     if ia.attr.srq_limit > 0 {
         if let Err(e) = srq.arm_limit(ia.attr.srq_limit) {
             return null_err(soft_errno(&e));
@@ -363,7 +404,11 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let (Some(s), Some(a)) = (unsafe { obj::<_, Srq>(srq) }, unsafe { attr.as_ref() }) else {
         return libc::EINVAL;
@@ -386,7 +431,11 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         return libc::EINVAL;
     };
     let q = s.srq.query();
-    *a = ibv_srq_attr { max_wr: q.max_wr as u32, max_sge: q.max_sge as u32, srq_limit: q.srq_limit };
+    *a = ibv_srq_attr {
+        max_wr: q.max_wr as u32,
+        max_sge: q.max_sge as u32,
+        srq_limit: q.srq_limit,
+    };
     0
 }
 
@@ -442,7 +491,15 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             let handle = ah.handle();
             // SAFETY: pd is a Pd.
             let context = unsafe { (*pd).context };
-            boxed(Ah { c: ibv_ah { context, pd, handle }, ah }).cast()
+            boxed(Ah {
+                c: ibv_ah {
+                    context,
+                    pd,
+                    handle,
+                },
+                ah,
+            })
+            .cast()
         }
         Err(e) => null_err(soft_errno(&e)),
     }

@@ -1,14 +1,16 @@
 //! The fast path behind `ibv_context_ops`: post send / recv, poll, notify. No allocation
 //! and no lock of ours per work request: each call converts on the stack and calls straight
 //! into rdma-soft.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
 use std::mem::zeroed;
 
 use libc::c_int;
-use rdma_soft::verbs::{
-    Completion, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
-};
 use rdma_proto::verbs::SgList;
+use rdma_soft::verbs::{Completion, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::objects::{obj, Ah, Cq, Srq};
 use crate::qp::Qp;
@@ -40,8 +42,12 @@ unsafe fn sges(list: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     for i in 0..n as usize {
         // SAFETY: the caller's array of n.
         let s = unsafe { *list.add(i) };
-        sg.push(Sge { addr: s.addr, length: s.length, lkey: s.lkey })
-            .map_err(|_| libc::EINVAL)?;
+        sg.push(Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .map_err(|_| libc::EINVAL)?;
     }
     Ok(sg)
 }
@@ -55,11 +61,21 @@ pub unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Result<SendWr, c_int> {
     let (rdma, atomic) = unsafe { (w.wr.rdma, w.wr.atomic) };
     let imm = u32::from_be(w.imm_data);
     let op = match w.opcode {
-        0 => SendOp::RdmaWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-        1 => SendOp::RdmaWriteWithImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm },
+        0 => SendOp::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        1 => SendOp::RdmaWriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm,
+        },
         2 => SendOp::Send,
         3 => SendOp::SendWithImm { imm },
-        4 => SendOp::RdmaRead { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        4 => SendOp::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
         5 => SendOp::AtomicCmpAndSwp {
             remote_addr: atomic.remote_addr,
             rkey: atomic.rkey,
@@ -71,7 +87,9 @@ pub unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Result<SendWr, c_int> {
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
-        9 => SendOp::SendWithInv { invalidate_rkey: w.imm_data },
+        9 => SendOp::SendWithInv {
+            invalidate_rkey: w.imm_data,
+        },
         7 | 8 | 10 | 15 => return Err(libc::EOPNOTSUPP), // LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE
         _ => return Err(libc::EINVAL),
     };
@@ -83,7 +101,11 @@ pub unsafe fn send_wr(w: &ibv_send_wr, ud: bool) -> Result<SendWr, c_int> {
         // SAFETY: the UD part of the union; the AH is the caller's.
         let u = unsafe { w.wr.ud };
         let ah = unsafe { obj::<_, Ah>(u.ah) }.ok_or(libc::EINVAL)?;
-        wr.ud = Some(UdDest { ah: ah.ah.handle(), remote_qpn: u.remote_qpn, remote_qkey: u.remote_qkey });
+        wr.ud = Some(UdDest {
+            ah: ah.ah.handle(),
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        });
     }
     Ok(wr)
 }
@@ -101,18 +123,27 @@ pub fn post_one(q: &Qp, wr: &SendWr) -> Result<(), c_int> {
             if len > 0 {
                 // SAFETY: inline data is read from the application's address, no lkey check
                 // (as verbs does), at post time.
-                unsafe { std::ptr::copy_nonoverlapping(s.addr as *const u8, buf[n..].as_mut_ptr(), len) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(s.addr as *const u8, buf[n..].as_mut_ptr(), len)
+                };
             }
             n += len;
         }
         let mut w = *wr;
         w.flags = w.flags.difference(SendFlags::INLINE);
-        return q.qp.post_send_inline(&w, &buf[..n]).map_err(|e| soft_errno(&e));
+        return q
+            .qp
+            .post_send_inline(&w, &buf[..n])
+            .map_err(|e| soft_errno(&e));
     }
     q.qp.post_send(wr).map_err(|e| soft_errno(&e))
 }
 
-unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { obj::<_, Qp>(qp) }) else {
         return libc::EINVAL;
@@ -133,7 +164,11 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, mut wr: *mut ibv_send_wr, bad: *
     0
 }
 
-unsafe extern "C" fn post_recv(qp: *mut ibv_qp, mut wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { obj::<_, Qp>(qp) }) else {
         return libc::EINVAL;
@@ -141,8 +176,10 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, mut wr: *mut ibv_recv_wr, bad: *
     // SAFETY: a NULL-terminated list.
     while let Some(w) = unsafe { wr.as_ref() } {
         // SAFETY: the WR's SGE list.
-        let r = unsafe { sges(w.sg_list, w.num_sge) }
-            .and_then(|sg| q.qp.post_recv(&RecvWr { wr_id: w.wr_id, sg }).map_err(|e| soft_errno(&e)));
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg| {
+            q.qp.post_recv(&RecvWr { wr_id: w.wr_id, sg })
+                .map_err(|e| soft_errno(&e))
+        });
         if let Err(e) = r {
             if !bad.is_null() {
                 // SAFETY: the caller's out-pointer.
@@ -155,7 +192,11 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, mut wr: *mut ibv_recv_wr, bad: *
     0
 }
 
-unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, mut wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     // SAFETY: the caller's SRQ.
     let Some(s) = (unsafe { obj::<_, Srq>(srq) }) else {
         return libc::EINVAL;
@@ -163,8 +204,11 @@ unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, mut wr: *mut ibv_recv_wr, 
     // SAFETY: a NULL-terminated list.
     while let Some(w) = unsafe { wr.as_ref() } {
         // SAFETY: the WR's SGE list.
-        let r = unsafe { sges(w.sg_list, w.num_sge) }
-            .and_then(|sg| s.srq.post_recv(RecvWr { wr_id: w.wr_id, sg }).map_err(|e| soft_errno(&e)));
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg| {
+            s.srq
+                .post_recv(RecvWr { wr_id: w.wr_id, sg })
+                .map_err(|e| soft_errno(&e))
+        });
         if let Err(e) = r {
             if !bad.is_null() {
                 // SAFETY: the caller's out-pointer.
@@ -186,7 +230,11 @@ pub fn wc_of(c: &Completion) -> ibv_wc {
         opcode: c.opcode as c_int,
         vendor_err: 0,
         byte_len: c.byte_len,
-        imm_data: if flags & 8 != 0 { c.invalidated_rkey } else { c.imm_data.to_be() },
+        imm_data: if flags & 8 != 0 {
+            c.invalidated_rkey
+        } else {
+            c.imm_data.to_be()
+        },
         qp_num: c.qp_num,
         src_qp: c.src_qp,
         wc_flags: flags,

@@ -1,4 +1,8 @@
 //! QPs: create, modify, query, destroy.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
 use std::mem::zeroed;
 use std::sync::Arc;
@@ -22,7 +26,15 @@ pub struct Qp {
 }
 
 /// Wraps `qp` (made here or by the CM) as an `ibv_qp`.
-pub fn wrap(qp: Arc<QueuePair>, pd: *mut ibv_pd, init: &ibv_qp_init_attr, ud: bool) -> *mut ibv_qp {
+///
+/// # Safety
+/// `pd` is one of our PDs.
+pub unsafe fn wrap(
+    qp: Arc<QueuePair>,
+    pd: *mut ibv_pd,
+    init: &ibv_qp_init_attr,
+    ud: bool,
+) -> *mut ibv_qp {
     // SAFETY: plain data, zeroed mutex/cond.
     let mut c: ibv_qp = unsafe { zeroed() };
     // SAFETY: pd is one of ours.
@@ -43,9 +55,16 @@ pub fn wrap(qp: Arc<QueuePair>, pd: *mut ibv_pd, init: &ibv_qp_init_attr, ud: bo
 ///
 /// # Safety
 /// The pointers in `init` are NULL or ours.
-pub unsafe fn make(pd: *mut ibv_pd, init: &mut ibv_qp_init_attr) -> Result<(Arc<QueuePair>, bool), c_int> {
+pub unsafe fn make(
+    pd: *mut ibv_pd,
+    init: &mut ibv_qp_init_attr,
+) -> Result<(Arc<QueuePair>, bool), c_int> {
     // SAFETY: forwarded.
-    unsafe { make_with(pd, init, |pd, a| pd.create_qp(a).map(Arc::new).map_err(|e| soft_errno(&e))) }
+    unsafe {
+        make_with(pd, init, |pd, a| {
+            pd.create_qp(a).map(Arc::new).map_err(|e| soft_errno(&e))
+        })
+    }
 }
 
 /// [`make`] with the QP made by `create` (the CM makes an RC id's QP itself).
@@ -55,7 +74,10 @@ pub unsafe fn make(pd: *mut ibv_pd, init: &mut ibv_qp_init_attr) -> Result<(Arc<
 pub unsafe fn make_with(
     pd: *mut ibv_pd,
     init: &mut ibv_qp_init_attr,
-    create: impl FnOnce(&rdma_soft::verbs::ProtectionDomain, &QpInitAttr<'_>) -> Result<Arc<QueuePair>, c_int>,
+    create: impl FnOnce(
+        &rdma_soft::verbs::ProtectionDomain,
+        &QpInitAttr<'_>,
+    ) -> Result<Arc<QueuePair>, c_int>,
 ) -> Result<(Arc<QueuePair>, bool), c_int> {
     // SAFETY: the caller's pointers.
     let p = unsafe { obj::<_, Pd>(pd) }.ok_or(libc::EINVAL)?;
@@ -107,14 +129,18 @@ impl Pd {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
     // SAFETY: the caller's pointer.
     let Some(ia) = (unsafe { init.as_mut() }) else {
         return null_err(libc::EINVAL);
     };
     // SAFETY: forwarded.
     match unsafe { make(pd, ia) } {
-        Ok((qp, ud)) => wrap(qp, pd, ia, ud),
+        // SAFETY: make() checked pd.
+        Ok((qp, ud)) => unsafe { wrap(qp, pd, ia, ud) },
         Err(e) => null_err(e),
     }
 }
@@ -230,7 +256,11 @@ pub fn attr_to_c(q: &QpAttr, cap: QpCap) -> ibv_qp_attr {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let (Some(q), Some(a)) = (unsafe { obj::<_, Qp>(qp) }, unsafe { attr.as_ref() }) else {
         return libc::EINVAL;
@@ -316,7 +346,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     attr: *mut ibv_ah_attr,
 ) -> c_int {
     // SAFETY: the caller's pointers.
-    let (Some(ctx), Some(w), Some(a)) = (unsafe { ctx(c) }, unsafe { wc.as_ref() }, unsafe { attr.as_mut() }) else {
+    let (Some(ctx), Some(w), Some(a)) = (unsafe { ctx(c) }, unsafe { wc.as_ref() }, unsafe {
+        attr.as_mut()
+    }) else {
         return minus_one(libc::EINVAL);
     };
     if grh.is_null() || w.wc_flags & 1 == 0 {
@@ -343,7 +375,13 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         sgid = std::net::Ipv4Addr::from(s).to_ipv6_mapped().octets();
         dgid = std::net::Ipv4Addr::from(d).to_ipv6_mapped().octets();
     }
-    let Some(idx) = ctx.dev.soft.gids_on(port).ok().and_then(|g| g.iter().position(|x| x.gid() == dgid)) else {
+    let Some(idx) = ctx
+        .dev
+        .soft
+        .gids_on(port)
+        .ok()
+        .and_then(|g| g.iter().position(|x| x.gid() == dgid))
+    else {
         return minus_one(libc::ENOENT);
     };
     *a = ibv_ah_attr {

@@ -68,7 +68,10 @@ pub fn poll_proxy(inner: libc::c_int) -> std::io::Result<std::os::fd::OwnedFd> {
             return Err(std::io::Error::last_os_error());
         }
         let owned = std::os::fd::OwnedFd::from_raw_fd(ep);
-        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
         if libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, inner, &mut ev) != 0 {
             return Err(std::io::Error::last_os_error());
         }

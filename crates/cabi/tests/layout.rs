@@ -8,7 +8,11 @@ use std::process::Command;
 #[test]
 fn every_struct_and_field_matches_rdma_core_headers() {
     let facts = rdma_cabi::layout::facts();
-    assert!(facts.len() > 300, "the table covers every field we use: {}", facts.len());
+    assert!(
+        facts.len() > 300,
+        "the table covers every field we use: {}",
+        facts.len()
+    );
     let dir = std::env::temp_dir().join(format!("rdma-cabi-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut src = String::from(

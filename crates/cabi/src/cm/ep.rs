@@ -1,6 +1,9 @@
 //! `rdma_getaddrinfo`, endpoints (`rdma_create_ep`, synchronous ids), `rdma_get_request`.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
-use std::ffi::CStr;
 use std::net::SocketAddr;
 use std::ptr::null_mut;
 
@@ -9,7 +12,9 @@ use rdmacm::EventType;
 
 use super::addr;
 use super::event::{rdma_ack_cm_event, to_c};
-use super::{id_ref, rdma_create_id, rdma_create_qp, rdma_destroy_id, rdma_destroy_qp, refresh, Chan};
+use super::{
+    id_ref, rdma_create_id, rdma_create_qp, rdma_destroy_id, rdma_destroy_qp, refresh, Chan,
+};
 use crate::cm_types::*;
 use crate::types::*;
 use crate::util::*;
@@ -17,7 +22,12 @@ use crate::util::*;
 const RAI_PASSIVE: c_int = 1;
 const RAI_NUMERICHOST: c_int = 2;
 
-fn resolve(node: *const c_char, service: *const c_char, family: c_int, flags: c_int) -> Result<Vec<SocketAddr>, c_int> {
+fn resolve(
+    node: *const c_char,
+    service: *const c_char,
+    family: c_int,
+    flags: c_int,
+) -> Result<Vec<SocketAddr>, c_int> {
     // SAFETY: plain data.
     let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
     hints.ai_family = family;
@@ -85,9 +95,19 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     // SAFETY: plain data.
     let mut ai: rdma_addrinfo = unsafe { std::mem::zeroed() };
     ai.ai_flags = flags;
-    ai.ai_family = if a.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    ai.ai_family = if a.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     ai.ai_qp_type = h.map_or(2, |h| if h.ai_qp_type != 0 { h.ai_qp_type } else { 2 });
-    ai.ai_port_space = h.map_or(0x0106, |h| if h.ai_port_space != 0 { h.ai_port_space } else { 0x0106 });
+    ai.ai_port_space = h.map_or(0x0106, |h| {
+        if h.ai_port_space != 0 {
+            h.ai_port_space
+        } else {
+            0x0106
+        }
+    });
     if flags & RAI_PASSIVE != 0 {
         ai.ai_src_addr = c_addr(&a);
         ai.ai_src_len = addr::c_len(&a);
@@ -114,7 +134,7 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
         for a in [ai.ai_src_addr, ai.ai_dst_addr] {
             if !a.is_null() {
                 // SAFETY: boxed sockaddr_storage from c_addr.
-                drop(unsafe { unbox(a.cast::<libc::sockaddr_storage>()) });
+                unsafe { unbox(a.cast::<libc::sockaddr_storage>()) };
             }
         }
         p = ai.ai_next;
@@ -141,7 +161,9 @@ pub unsafe extern "C" fn rdma_create_ep(
         return -1;
     }
     let fail = |id: *mut rdma_cm_id| {
-        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
         // SAFETY: our id.
         unsafe { rdma_destroy_id(id) };
         minus_one(e)
@@ -176,7 +198,10 @@ pub unsafe extern "C" fn rdma_create_ep(
             // A listener keeps the attributes for its requests' ids (rdma_get_request).
             i.c.pd = pd;
             i.c.qp_type = qa.qp_type;
-            LISTEN_ATTRS.lock().unwrap_or_else(|e| e.into_inner()).push((id as usize, Attr(*qa)));
+            LISTEN_ATTRS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((id as usize, Attr(*qa)));
         }
     }
     i.c.pd = if pd.is_null() { i.c.pd } else { pd };
@@ -197,7 +222,10 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     if id.is_null() {
         return;
     }
-    LISTEN_ATTRS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(p, _)| *p != id as usize);
+    LISTEN_ATTRS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(p, _)| *p != id as usize);
     // SAFETY: our id.
     unsafe {
         rdma_destroy_qp(id);
@@ -206,7 +234,10 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    out: *mut *mut rdma_cm_id,
+) -> c_int {
     // SAFETY: the caller's id.
     let Some(l) = (unsafe { id_ref(listen) }) else {
         return minus_one(libc::EINVAL);
@@ -257,7 +288,9 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mu
         if let Some(mut qa) = attr {
             // SAFETY: our new id and the listener's PD.
             if unsafe { rdma_create_qp(id, l.c.pd, &mut qa) } != 0 {
-                let err = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                let err = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EINVAL);
                 // SAFETY: ours.
                 unsafe { rdma_destroy_id(id) };
                 return minus_one(err);
@@ -279,9 +312,15 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_voi
     // pd follow it.
     unsafe {
         let base = attr.cast::<ibv_qp_init_attr>();
-        let tail = attr.cast::<u8>().add(std::mem::size_of::<ibv_qp_init_attr>());
+        let tail = attr
+            .cast::<u8>()
+            .add(std::mem::size_of::<ibv_qp_init_attr>());
         let comp_mask = tail.cast::<u32>().read_unaligned();
-        let pd = if comp_mask & 1 != 0 { tail.add(8).cast::<*mut ibv_pd>().read_unaligned() } else { null_mut() };
+        let pd = if comp_mask & 1 != 0 {
+            tail.add(8).cast::<*mut ibv_pd>().read_unaligned()
+        } else {
+            null_mut()
+        };
         if comp_mask & !1 & !(1 << 6) != 0 {
             return minus_one(libc::EOPNOTSUPP); // XRC, create flags, RSS ...
         }
@@ -299,20 +338,52 @@ macro_rules! rsocket_stubs {
     )*};
 }
 rsocket_stubs!(
-    raccept, rbind, rclose, rconnect, rfcntl, rgetpeername, rgetsockname, rgetsockopt, riomap,
-    riounmap, riowrite, rlisten, rpoll, rread, rreadv, rrecv, rrecvfrom, rrecvmsg, rselect,
-    rsend, rsendmsg, rsendto, rsetsockopt, rshutdown, rsocket, rwrite, rwritev,
+    raccept,
+    rbind,
+    rclose,
+    rconnect,
+    rfcntl,
+    rgetpeername,
+    rgetsockname,
+    rgetsockopt,
+    riomap,
+    riounmap,
+    riowrite,
+    rlisten,
+    rpoll,
+    rread,
+    rreadv,
+    rrecv,
+    rrecvfrom,
+    rrecvmsg,
+    rselect,
+    rsend,
+    rsendmsg,
+    rsendto,
+    rsetsockopt,
+    rshutdown,
+    rsocket,
+    rwrite,
+    rwritev,
 );
 
 /// Multicast: not yet (issue 33): ENOSYS as a kernel without it.
 #[no_mangle]
-pub extern "C" fn rdma_join_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr, _ctx: *mut c_void) -> c_int {
+pub extern "C" fn rdma_join_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut sockaddr,
+    _ctx: *mut c_void,
+) -> c_int {
     minus_one(libc::ENOSYS)
 }
 
 /// Multicast: not yet (issue 33).
 #[no_mangle]
-pub extern "C" fn rdma_join_multicast_ex(_id: *mut rdma_cm_id, _attr: *mut c_void, _ctx: *mut c_void) -> c_int {
+pub extern "C" fn rdma_join_multicast_ex(
+    _id: *mut rdma_cm_id,
+    _attr: *mut c_void,
+    _ctx: *mut c_void,
+) -> c_int {
     minus_one(libc::ENOSYS)
 }
 
@@ -336,14 +407,22 @@ pub extern "C" fn rdma_get_remote_ece(_id: *mut rdma_cm_id, _ece: *mut c_void) -
 
 /// Rejects with a reason but no ECE.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+pub unsafe extern "C" fn rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
     // SAFETY: forwarded.
     unsafe { super::rdma_reject(id, data, len) }
 }
 
 /// SRQs through the CM: EOPNOTSUPP (create the SRQ with ibv_create_srq).
 #[no_mangle]
-pub extern "C" fn rdma_create_srq(_id: *mut rdma_cm_id, _pd: *mut ibv_pd, _attr: *mut c_void) -> c_int {
+pub extern "C" fn rdma_create_srq(
+    _id: *mut rdma_cm_id,
+    _pd: *mut ibv_pd,
+    _attr: *mut c_void,
+) -> c_int {
     minus_one(libc::EOPNOTSUPP)
 }
 
@@ -356,4 +435,3 @@ pub extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -
 /// Nothing to destroy (no CM-made SRQ).
 #[no_mangle]
 pub extern "C" fn rdma_destroy_srq(_id: *mut rdma_cm_id) {}
-

@@ -1,4 +1,8 @@
 //! `rdma_get_cm_event` / `rdma_ack_cm_event` and the event strings.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
 
 use std::ptr::null_mut;
 
@@ -46,15 +50,20 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
     let kind = ev.kind();
     let listen = ev.listen_id().and_then(id_by_num);
     let id: *mut Id = if kind == EventType::ConnectRequest {
-        let Some(l) = listen else { return Err(libc::EINVAL) };
-        let Some(new) = ev.take_id() else { return Err(libc::EINVAL) };
+        let Some(l) = listen else {
+            return Err(libc::EINVAL);
+        };
+        let Some(new) = ev.take_id() else {
+            return Err(libc::EINVAL);
+        };
         // SAFETY: a live listener of ours.
         let lc = unsafe { &(*l).c };
         new_id(new, lc.channel, lc.context, lc.ps, None)
     } else {
         id_by_num(ev.id_num()).ok_or(libc::EINVAL)?
     };
-    refresh(id);
+    // SAFETY: a live id of ours.
+    refresh(unsafe { &mut *id });
     let p = ev.param().clone();
     let mut e = Box::new(Ev {
         // SAFETY: plain data.
@@ -66,21 +75,27 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
     e.c.listen_id = listen.map_or(null_mut(), |l| l.cast());
     e.c.event = type_num(kind);
     e.c.status = ev.status();
-    let pd = if e.pdata.is_empty() { std::ptr::null() } else { e.pdata.as_ptr().cast() };
+    let pd = if e.pdata.is_empty() {
+        std::ptr::null()
+    } else {
+        e.pdata.as_ptr().cast()
+    };
     let pdlen = e.pdata.len().min(255) as u8;
     if let Some(ud) = ev.ud() {
         // SAFETY: a live id of ours.
         let i = unsafe { &*id };
         let port = i.id.port_num().unwrap_or(1);
-        let sgid = i.id.local_addr().and_then(|l| {
-            i.id.device().and_then(|d| d.gid_index_on(port, l.ip()))
-        });
+        let sgid =
+            i.id.local_addr()
+                .and_then(|l| i.id.device().and_then(|d| d.gid_index_on(port, l.ip())));
         e.c.param.ud = rdma_ud_param {
             private_data: pd,
             private_data_len: pdlen,
             ah_attr: ibv_ah_attr {
                 grh: ibv_global_route {
-                    dgid: ibv_gid { raw: super::addr::gid_of(&ud.peer) },
+                    dgid: ibv_gid {
+                        raw: super::addr::gid_of(&ud.peer),
+                    },
                     flow_label: 0,
                     sgid_index: sgid.unwrap_or(0),
                     hop_limit: 64,
@@ -111,7 +126,10 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_cm_event(ch: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) -> c_int {
+pub unsafe extern "C" fn rdma_get_cm_event(
+    ch: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_event,
+) -> c_int {
     // SAFETY: the caller's channel.
     let Some(c) = (unsafe { ch.cast::<Chan>().as_ref() }) else {
         return minus_one(libc::EINVAL);
@@ -121,7 +139,11 @@ pub unsafe extern "C" fn rdma_get_cm_event(ch: *mut rdma_event_channel, out: *mu
     }
     let nonblock = is_nonblocking(c.c.fd);
     loop {
-        let got = if nonblock { c.ch.try_get_event() } else { c.ch.get_event() };
+        let got = if nonblock {
+            c.ch.try_get_event()
+        } else {
+            c.ch.get_event()
+        };
         let ev = match got {
             Ok(ev) => ev,
             Err(e) => return minus_one(cm_errno(&e)),
@@ -178,8 +200,10 @@ pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_cont
         Ok(l) => l,
         Err(e) => return null_err(cm_errno(&e)),
     };
-    let mut v: Vec<*mut ibv_context> =
-        list.iter().map(|d| crate::device::cm_context(crate::device::dev_for(d))).collect();
+    let mut v: Vec<*mut ibv_context> = list
+        .iter()
+        .map(|d| crate::device::cm_context(crate::device::dev_for(d)))
+        .collect();
     if !num.is_null() {
         // SAFETY: the caller's int.
         unsafe { *num = v.len() as c_int };

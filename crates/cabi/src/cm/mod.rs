@@ -20,7 +20,9 @@ use rdmacm::{CmId, CmOption, ConnParam, EventChannel, PortSpace};
 
 use crate::cm_types::*;
 use crate::device::{cm_context, cma, dev_for};
-use crate::objects::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq, obj};
+use crate::objects::{
+    ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq, obj,
+};
 use crate::qp::{make, make_with, wrap, Qp};
 use crate::types::*;
 use crate::util::*;
@@ -53,7 +55,11 @@ fn ids() -> &'static Mutex<HashMap<u64, usize>> {
 
 /// The id of `num`, if it is ours.
 pub fn id_by_num(num: u64) -> Option<*mut Id> {
-    ids().lock().unwrap_or_else(|e| e.into_inner()).get(&num).map(|p| *p as *mut Id)
+    ids()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&num)
+        .map(|p| *p as *mut Id)
 }
 
 fn ps_of(ps: c_int) -> Option<PortSpace> {
@@ -67,7 +73,13 @@ fn ps_of(ps: c_int) -> Option<PortSpace> {
 }
 
 /// Makes the C id around `id`, registered for events.
-pub fn new_id(id: CmId, channel: *mut rdma_event_channel, context: *mut c_void, ps: c_int, sync: Option<Box<Chan>>) -> *mut Id {
+pub fn new_id(
+    id: CmId,
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: c_int,
+    sync: Option<Box<Chan>>,
+) -> *mut Id {
     // SAFETY: plain data.
     let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
     c.channel = match &sync {
@@ -78,16 +90,23 @@ pub fn new_id(id: CmId, channel: *mut rdma_event_channel, context: *mut c_void, 
     c.ps = ps;
     c.qp_type = if ps == 0x0111 || ps == 0x0002 { 4 } else { 2 };
     let num = id.num();
-    let p = boxed(Id { c, id, sync, made_cqs: false });
-    ids().lock().unwrap_or_else(|e| e.into_inner()).insert(num, p as usize);
-    refresh(p);
+    let p = boxed(Id {
+        c,
+        id,
+        sync,
+        made_cqs: false,
+    });
+    ids()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(num, p as usize);
+    // SAFETY: just made.
+    refresh(unsafe { &mut *p });
     p
 }
 
 /// Brings the C id's fields (`verbs`, `port_num`, `route.addr`) up to date.
-pub fn refresh(p: *mut Id) {
-    // SAFETY: a live id of ours.
-    let i = unsafe { &mut *p };
+pub fn refresh(i: &mut Id) {
     if let Some(dev) = i.id.device() {
         i.c.verbs = cm_context(dev_for(&dev));
     }
@@ -133,7 +152,12 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
         Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
     use std::os::fd::AsRawFd;
-    boxed(Chan { c: rdma_event_channel { fd: fd.as_raw_fd() }, ch, fd }).cast()
+    boxed(Chan {
+        c: rdma_event_channel { fd: fd.as_raw_fd() },
+        ch,
+        fd,
+    })
+    .cast()
 }
 
 #[no_mangle]
@@ -194,7 +218,10 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         unsafe { event::rdma_ack_cm_event(i.c.event) };
         i.c.event = null_mut();
     }
-    ids().lock().unwrap_or_else(|e| e.into_inner()).remove(&i.id.num());
+    ids()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&i.id.num());
     // SAFETY: made by new_id.
     drop(unsafe { unbox(id.cast::<Id>()) });
     0
@@ -211,7 +238,11 @@ pub fn sync_wait(i: &mut Id, want: &[rdmacm::EventType]) -> c_int {
             if want.contains(&kind) {
                 0
             } else {
-                let e = if status < 0 { -status } else { libc::ECONNREFUSED };
+                let e = if status < 0 {
+                    -status
+                } else {
+                    libc::ECONNREFUSED
+                };
                 minus_one(e)
             }
         }
@@ -258,7 +289,9 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
     let Some(i) = (unsafe { id_ref(id) }) else {
         return minus_one(libc::EINVAL);
     };
-    let r = ret(i.id.resolve_route(Duration::from_millis(timeout_ms.max(1) as u64)));
+    let r = ret(i
+        .id
+        .resolve_route(Duration::from_millis(timeout_ms.max(1) as u64)));
     refresh(i);
     if r != 0 {
         return r;
@@ -272,7 +305,9 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_i
     let Some(i) = (unsafe { id_ref(id) }) else {
         return minus_one(libc::EINVAL);
     };
-    let r = ret(i.id.listen(if backlog <= 0 { 1024 } else { backlog as usize }));
+    let r = ret(i
+        .id
+        .listen(if backlog <= 0 { 1024 } else { backlog as usize }));
     refresh(i);
     r
 }
@@ -287,7 +322,10 @@ pub unsafe fn conn_param(p: *const rdma_conn_param, qp_num: Option<u32>) -> Conn
     if let Some(p) = unsafe { p.as_ref() } {
         if !p.private_data.is_null() && p.private_data_len > 0 {
             // SAFETY: private_data_len bytes.
-            c.private_data = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len as usize) }.to_vec();
+            c.private_data = unsafe {
+                std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len as usize)
+            }
+            .to_vec();
         }
         c.responder_resources = p.responder_resources;
         c.initiator_depth = p.initiator_depth;
@@ -393,7 +431,11 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_in
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int {
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let (Some(i), Some(a)) = (unsafe { id_ref(id) }, unsafe { attr.as_mut() }) else {
         return minus_one(libc::EINVAL);
@@ -432,7 +474,9 @@ pub unsafe extern "C" fn rdma_set_option(
         return minus_one(libc::EINVAL);
     }
     // SAFETY: optlen bytes at optval, read by size.
-    let int = || -> Option<c_int> { (optlen >= 4).then(|| unsafe { optval.cast::<c_int>().read_unaligned() }) };
+    let int = || -> Option<c_int> {
+        (optlen >= 4).then(|| unsafe { optval.cast::<c_int>().read_unaligned() })
+    };
     let byte = || -> Option<u8> { (optlen >= 1).then(|| unsafe { *optval.cast::<u8>() }) };
     let opt = match (level, optname) {
         (0, 0) => byte().map(CmOption::Tos),
@@ -449,9 +493,14 @@ pub unsafe extern "C" fn rdma_set_option(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
     // SAFETY: the caller's pointers.
-    let (Some(i), Some(ch)) = (unsafe { id_ref(id) }, unsafe { channel.cast::<Chan>().as_ref() }) else {
+    let (Some(i), Some(ch)) = (unsafe { id_ref(id) }, unsafe {
+        channel.cast::<Chan>().as_ref()
+    }) else {
         return minus_one(libc::EINVAL);
     };
     let r = ret(i.id.migrate(&ch.ch));
@@ -465,21 +514,30 @@ pub unsafe extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
     // SAFETY: the caller's id.
-    unsafe { id_ref(id) }.and_then(|i| i.id.local_addr()).map_or(0, |a| a.port().to_be())
+    unsafe { id_ref(id) }
+        .and_then(|i| i.id.local_addr())
+        .map_or(0, |a| a.port().to_be())
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
     // SAFETY: the caller's id.
-    unsafe { id_ref(id) }.and_then(|i| i.id.peer_addr()).map_or(0, |a| a.port().to_be())
+    unsafe { id_ref(id) }
+        .and_then(|i| i.id.peer_addr())
+        .map_or(0, |a| a.port().to_be())
 }
 
 /// A PD per device for QPs made without one (rdma-core keeps one per device too).
 fn default_pd(verbs: *mut ibv_context) -> *mut ibv_pd {
     static M: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
-    let mut m = M.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = M
+        .get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     // SAFETY: our context.
-    *m.entry(verbs as usize).or_insert_with(|| unsafe { crate::objects::ibv_alloc_pd(verbs) } as usize) as *mut ibv_pd
+    *m.entry(verbs as usize)
+        .or_insert_with(|| unsafe { crate::objects::ibv_alloc_pd(verbs) } as usize)
+        as *mut ibv_pd
 }
 
 /// Makes the send and receive CQs (each with its channel) an id's QP lacks.
@@ -488,7 +546,15 @@ unsafe fn make_cqs(i: &mut Id, attr: &mut ibv_qp_init_attr) -> c_int {
     if attr.recv_cq.is_null() {
         // SAFETY: our context.
         let ch = unsafe { ibv_create_comp_channel(v) };
-        let cq = unsafe { ibv_create_cq(v, attr.cap.max_recv_wr.max(1) as c_int, i as *mut Id as *mut c_void, ch, 0) };
+        let cq = unsafe {
+            ibv_create_cq(
+                v,
+                attr.cap.max_recv_wr.max(1) as c_int,
+                i as *mut Id as *mut c_void,
+                ch,
+                0,
+            )
+        };
         if cq.is_null() {
             return -1;
         }
@@ -500,7 +566,15 @@ unsafe fn make_cqs(i: &mut Id, attr: &mut ibv_qp_init_attr) -> c_int {
     if attr.send_cq.is_null() {
         // SAFETY: our context.
         let ch = unsafe { ibv_create_comp_channel(v) };
-        let cq = unsafe { ibv_create_cq(v, attr.cap.max_send_wr.max(1) as c_int, i as *mut Id as *mut c_void, ch, 0) };
+        let cq = unsafe {
+            ibv_create_cq(
+                v,
+                attr.cap.max_send_wr.max(1) as c_int,
+                i as *mut Id as *mut c_void,
+                ch,
+                0,
+            )
+        };
         if cq.is_null() {
             return -1;
         }
@@ -513,7 +587,11 @@ unsafe fn make_cqs(i: &mut Id, attr: &mut ibv_qp_init_attr) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int {
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
     // SAFETY: the caller's pointers.
     let (Some(i), Some(a)) = (unsafe { id_ref(id) }, unsafe { attr.as_mut() }) else {
         return minus_one(libc::EINVAL);
@@ -522,7 +600,11 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, at
     if i.c.verbs.is_null() {
         return minus_one(libc::EINVAL); // no device yet: bind or resolve first
     }
-    let pd = if pd.is_null() { default_pd(i.c.verbs) } else { pd };
+    let pd = if pd.is_null() {
+        default_pd(i.c.verbs)
+    } else {
+        pd
+    };
     // SAFETY: our PD.
     if pd.is_null() || unsafe { (*pd).context } != i.c.verbs {
         return minus_one(libc::EINVAL); // a PD of another device
@@ -536,17 +618,23 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, at
         // SAFETY: the pointers in `a` are ours.
         unsafe { make(pd, a) }.and_then(|(qp, ud)| {
             let port = i.id.port_num().unwrap_or(1);
-            qp.ud_ready_port(port, 0x0123_4567).map_err(|e| soft_errno(&e))?;
+            qp.ud_ready_port(port, 0x0123_4567)
+                .map_err(|e| soft_errno(&e))?;
             Ok((qp, ud))
         })
     } else {
         let cmid = &i.id;
         // SAFETY: as above.
-        unsafe { make_with(pd, a, |pd, ia| cmid.create_qp(pd, ia).map_err(|e| cm_errno(&e))) }
+        unsafe {
+            make_with(pd, a, |pd, ia| {
+                cmid.create_qp(pd, ia).map_err(|e| cm_errno(&e))
+            })
+        }
     };
     match made {
         Ok((qp, ud)) => {
-            i.c.qp = wrap(qp, pd, a, ud);
+            // SAFETY: pd is ours (checked above).
+            i.c.qp = unsafe { wrap(qp, pd, a, ud) };
             i.c.pd = pd;
             i.c.qp_type = a.qp_type;
             0
@@ -558,7 +646,9 @@ pub unsafe extern "C" fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, at
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: the caller's id.
-    let Some(i) = (unsafe { id_ref(id) }) else { return };
+    let Some(i) = (unsafe { id_ref(id) }) else {
+        return;
+    };
     if !i.c.qp.is_null() {
         // SAFETY: our QP.
         unsafe { crate::qp::ibv_destroy_qp(i.c.qp) };
@@ -567,7 +657,10 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     if i.made_cqs {
         // SAFETY: the CQs and channels made by make_cqs.
         unsafe {
-            for (cq, ch) in [(i.c.send_cq, i.c.send_cq_channel), (i.c.recv_cq, i.c.recv_cq_channel)] {
+            for (cq, ch) in [
+                (i.c.send_cq, i.c.send_cq_channel),
+                (i.c.recv_cq, i.c.recv_cq_channel),
+            ] {
                 if !cq.is_null() {
                     ibv_destroy_cq(cq);
                 }
@@ -583,4 +676,3 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         i.made_cqs = false;
     }
 }
-
