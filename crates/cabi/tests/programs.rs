@@ -316,3 +316,61 @@ fn rping_between_two_namespace_hosts() {
     );
     assert_eq!(out.matches("ping data: rdma-ping-").count(), 5, "{out}");
 }
+
+/// Our Rust `rping` (crates/tools), from the same target directory as this test.
+fn rust_rping() -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("rping");
+    assert!(
+        path.exists(),
+        "{} is missing: cargo build -p rdma-tools --bin rping (cargo test --workspace builds it)",
+        path.display()
+    );
+    Command::new(path)
+}
+
+#[test]
+fn c_rping_against_rust_rping_both_ways() {
+    let (_, out) = pair(
+        with(
+            rust_rping(),
+            &["-s", "-a", "127.0.0.1", "-p", "17511", "-C", "5"],
+        ),
+        with(
+            prog("rping"),
+            &[
+                "-c",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                "17511",
+                "-C",
+                "5",
+                "-v",
+                "-V",
+            ],
+        ),
+    );
+    assert_eq!(out.matches("ping data: rdma-ping-").count(), 5, "{out}");
+    let (_, out) = pair(
+        with(
+            prog("rping"),
+            &["-s", "-a", "127.0.0.1", "-p", "17512", "-C", "5"],
+        ),
+        with(
+            rust_rping(),
+            &[
+                "-c",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                "17512",
+                "-C",
+                "5",
+                "-v",
+                "-V",
+            ],
+        ),
+    );
+    assert_eq!(out.matches("ping data: rdma-ping-").count(), 5, "{out}");
+}
