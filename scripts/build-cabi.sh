@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # Builds the drop-in libibverbs.so.1 and librdmacm.so.1 (docs/CABI.md):
-#   bash scripts/build-cabi.sh [--debug]
+#   bash scripts/build-cabi.sh [--debug] [--no-build]
 #   export LD_LIBRARY_PATH=$PWD/target/release/cabi     (target/debug/cabi with --debug)
 # One shared object, SONAME libibverbs.so.1, with rdma-core 44's symbol versions
 # (crates/cabi/cabi.map); librdmacm.so.1 is a symlink to it, so that both names map one file
 # and one runtime (one connection manager, one device registry) per process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --no-build: link the static library cargo already built (the tests do this).
 profile=release
 flag=--release
-if [[ ${1:-} == --debug ]]; then
-    profile=debug
-    flag=
+build=1
+for a in "$@"; do
+    case $a in
+    --debug) profile=debug flag= ;;
+    --no-build) build=0 ;;
+    *) echo "usage: $0 [--debug] [--no-build]" >&2; exit 2 ;;
+    esac
+done
+target=${CARGO_TARGET_DIR:-target}
+if ((build)); then
+    cargo build $flag -p rdma-cabi
 fi
-cargo build $flag -p rdma-cabi
-out=target/$profile/cabi
-lib=target/$profile/librdma_cabi.a
+out=$target/$profile/cabi
+lib=$target/$profile/librdma_cabi.a
 mkdir -p "$out"
 # Symbols rdma-core exports at two versions (the compat one and the default one): the
 # archive's definition is renamed __cabi_impl_<name> and two trampolines jump to it, bound
@@ -51,4 +59,4 @@ gcc -shared -o "$out/libibverbs.so.1" -Wl,-soname,libibverbs.so.1 \
 ln -sf libibverbs.so.1 "$out/librdmacm.so.1"
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 ln -sf librdmacm.so.1 "$out/librdmacm.so"
-echo "built $out/libibverbs.so.1 (librdmacm.so.1 -> it); export LD_LIBRARY_PATH=$PWD/$out"
+echo "built $out/libibverbs.so.1 (librdmacm.so.1 -> it); export LD_LIBRARY_PATH=$(cd "$out" && pwd)"

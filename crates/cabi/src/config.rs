@@ -1,21 +1,25 @@
 //! The environment this library reads, in one place (see docs/CABI.md, "Configuration").
 //!
-//! Beyond these, the layers below read their own variables as they do for Rust programs:
-//! `RDMACM_DEVICES`, `RDMACM_HA` (rdmacm), `RDMA_SOFT_*` (the device), `RUST_LOG`.
+//! - `RUST_LOG`: a `tracing` filter (`RUST_LOG=rdmacm=info,rdma_soft=debug`); the logs go to
+//!   stderr, as with our Rust tools. Unset: no logs.
+//!
+//! The layers below read their own variables, as they do for Rust programs:
+//! `RDMACM_DEVICES`, `RDMACM_HA` (rdmacm), `RDMA_SOFT_*` (the device). rdma-core's
+//! `RDMAV_DRIVERS`, `RDMAV_FORK_SAFE` and `IBV_FORK_SAFE` have nothing to act on here: there
+//! are no providers to load and our memory is never pinned.
 
-use std::sync::OnceLock;
+use std::sync::Once;
 
-/// What the environment asked for, read once.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// `RDMAV_CABI_LOG` (or `RUST_LOG`): a `tracing` filter for logs on stderr.
-    pub log: Option<String>,
-}
-
-/// The configuration, read at the first call.
-pub fn get() -> &'static Config {
-    static C: OnceLock<Config> = OnceLock::new();
-    C.get_or_init(|| Config {
-        log: std::env::var("RDMAV_CABI_LOG").ok(),
-    })
+/// Reads the environment once (at the first device or CM call): installs the log
+/// subscriber when `RUST_LOG` is set.
+pub fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = std::env::var("RUST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
 }

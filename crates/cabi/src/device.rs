@@ -38,6 +38,7 @@ pub struct Ctx {
 
 /// The process-wide connection manager the devices come from.
 pub fn cma() -> Result<rdmacm::Cma, rdmacm::Error> {
+    crate::config::init();
     rdmacm::Cma::global()
 }
 
