@@ -485,3 +485,77 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// `objdump -T` of a library: its defined (symbol, version) pairs, the version in
+/// parentheses for a non-default (compat) one as objdump prints it.
+fn exports(lib: &Path) -> std::collections::BTreeSet<(String, String)> {
+    let o = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump (binutils)");
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains(" .text") || l.contains(" .bss") || l.contains(" .data"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3).then(|| (f[f.len() - 1].to_string(), f[f.len() - 2].to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_export_has_rdma_cores_symbol_version() {
+    let ours = exports(&lib_dir().join("libibverbs.so.1"));
+    let mut debian = exports(Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1"));
+    debian.extend(exports(Path::new(
+        "/usr/lib/x86_64-linux-gnu/librdmacm.so.1",
+    )));
+    assert!(ours.len() > 200, "{} exports", ours.len());
+    // Every symbol we export carries a version Debian's libraries give it …
+    let foreign: Vec<_> = ours.difference(&debian).collect();
+    assert!(
+        foreign.is_empty(),
+        "exports rdma-core does not have: {foreign:?}"
+    );
+    // … and every version of a symbol we define is there (compat and default alike).
+    let names: std::collections::BTreeSet<&String> = ours.iter().map(|(n, _)| n).collect();
+    let missing: Vec<_> = debian
+        .iter()
+        .filter(|(n, _)| names.contains(n))
+        .filter(|p| !ours.contains(*p))
+        .collect();
+    assert!(missing.is_empty(), "versions missing: {missing:?}");
+    assert!(ours.contains(&("ibv_get_device_list".into(), "IBVERBS_1.1".into())));
+    assert!(ours.contains(&("ibv_get_device_list".into(), "(IBVERBS_1.0)".into())));
+}
+
+#[test]
+fn both_names_map_one_library() {
+    // librdmacm.so.1 is a symlink to libibverbs.so.1: one file, mapped once, one runtime.
+    let link = std::fs::read_link(lib_dir().join("librdmacm.so.1")).unwrap();
+    assert_eq!(link, Path::new("libibverbs.so.1"));
+    let s = start(with(
+        prog("rping"),
+        &["-s", "-a", "127.0.0.1", "-p", "17540"],
+    ));
+    let end = Instant::now() + LIMIT;
+    while !listening(Ready::Cm(17540)) {
+        assert!(Instant::now() < end, "rping never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.child.id())).unwrap();
+    let (_, _) = finish(s, true);
+    let libs: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.contains("libibverbs") || p.contains("librdmacm"))
+        .collect();
+    let ours = lib_dir().join("libibverbs.so.1");
+    assert_eq!(libs.len(), 1, "{libs:?}");
+    assert_eq!(
+        Path::new(libs.iter().next().unwrap()),
+        std::fs::canonicalize(ours).unwrap()
+    );
+}
