@@ -501,7 +501,12 @@ impl MemoryRegion {
         let ptr = std::ptr::NonNull::new(addr)
             .ok_or(Error::InvalidArgument("cannot register a NULL address"))?;
         // SAFETY: the caller keeps `len` bytes at `addr` valid while registered.
-        Self::insert(pd, table, unsafe { SharedBytes::borrowed(ptr, len) }, access)
+        Self::insert(
+            pd,
+            table,
+            unsafe { SharedBytes::borrowed(ptr, len) },
+            access,
+        )
     }
 
     pub(crate) fn alloc(
