@@ -56,6 +56,7 @@ gcc -shared -o "$out/libibverbs.so.1" -Wl,-soname,libibverbs.so.1 \
     -Wl,--version-script=crates/cabi/cabi.map \
     "$out/compat.o" -Wl,--whole-archive "$lib" -Wl,--no-whole-archive \
     -lpthread -ldl -lm -lrt -lgcc_s -lc
+rm -f "$out/librdma_cabi.a" # the renamed copy, linked in now
 ln -sf libibverbs.so.1 "$out/librdmacm.so.1"
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 ln -sf librdmacm.so.1 "$out/librdmacm.so"
