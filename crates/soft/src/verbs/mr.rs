@@ -501,6 +501,27 @@ impl MemoryRegion {
         Self::insert(pd, table, SharedBytes::new(buf), access)
     }
 
+    /// # Safety
+    /// As [`ProtectionDomain::register_raw`].
+    pub(crate) unsafe fn register_raw(
+        pd: &ProtectionDomain,
+        table: &Arc<MrTable>,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        Self::check_args(len, access)?;
+        let ptr = std::ptr::NonNull::new(addr)
+            .ok_or(Error::InvalidArgument("cannot register a NULL address"))?;
+        // SAFETY: the caller keeps `len` bytes at `addr` valid while registered.
+        Self::insert(
+            pd,
+            table,
+            unsafe { SharedBytes::borrowed(ptr, len) },
+            access,
+        )
+    }
+
     pub(crate) fn alloc(
         pd: &ProtectionDomain,
         table: &Arc<MrTable>,

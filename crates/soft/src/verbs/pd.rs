@@ -60,6 +60,39 @@ impl ProtectionDomain {
         MemoryRegion::register(self, &self.inner.dev.mrs, buf.into(), access)
     }
 
+    /// Registers `len` bytes at `addr` that the caller owns (the C ABI's `ibv_reg_mr`): the
+    /// device reads and writes them in place, atomically per byte or aligned word, as for
+    /// [`ProtectionDomain::register`]. Dropping the region deregisters it and leaves the
+    /// memory to the caller; [`MemoryRegion::deregister`] gives back an empty buffer.
+    /// Errors as [`ProtectionDomain::register`], and EINVAL for a NULL `addr`.
+    ///
+    /// # Safety
+    /// `addr` must be valid for reads and writes of `len` bytes for as long as the region is
+    /// registered (until the [`MemoryRegion`] and every work request using it are gone), and
+    /// the caller must not rely on the bytes staying unchanged while a peer may write them.
+    ///
+    /// ```
+    /// use rdma_soft::verbs::{AccessFlags, Device, DeviceConfig};
+    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let mut buf = vec![0u8; 64];
+    /// // SAFETY: `buf` outlives the region.
+    /// let mr = unsafe { pd.register_raw(buf.as_mut_ptr(), buf.len(), AccessFlags::LOCAL_WRITE) }.unwrap();
+    /// assert_eq!(mr.addr(), buf.as_ptr() as u64);
+    /// mr.write(0, b"in place").unwrap();
+    /// drop(mr);
+    /// assert_eq!(&buf[..8], b"in place");
+    /// ```
+    pub unsafe fn register_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: forwarded from the caller.
+        unsafe { MemoryRegion::register_raw(self, &self.inner.dev.mrs, addr, len, access) }
+    }
+
     /// Registers `len` zero bytes that the region allocates itself: the usual way to get
     /// registered memory. Of 16 KiB or more it lives in shared memory while the host-local
     /// wire is on (no copy, whatever its size; 256 such regions per process at most, then

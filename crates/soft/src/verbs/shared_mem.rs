@@ -41,6 +41,8 @@ pub(crate) struct SharedBytes {
     /// A memfd holding the bytes, which peer processes on the host map to read them
     /// (pulled WRITEs, `pull.rs`); `None`: a boxed slice.
     file: Option<OwnedFd>,
+    /// The caller's memory (`SharedBytes::borrowed`): never freed here.
+    borrowed: bool,
 }
 
 // SAFETY: the buffer is owned and all access after construction is atomic.
@@ -64,6 +66,25 @@ impl SharedBytes {
             mid_start,
             mid_end,
             file: None,
+            borrowed: false,
+        }
+    }
+
+    /// `len` bytes at `ptr` that the caller owns and frees (the C ABI's `ibv_reg_mr`).
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` (non-zero) bytes until this value
+    /// is dropped.
+    pub unsafe fn borrowed(ptr: NonNull<u8>, len: usize) -> SharedBytes {
+        let addr = ptr.as_ptr() as usize;
+        let mid_start = (addr.next_multiple_of(8) - addr).min(len);
+        SharedBytes {
+            ptr,
+            len,
+            mid_start,
+            mid_end: mid_start + (len - mid_start) / 8 * 8,
+            file: None,
+            borrowed: true,
         }
     }
 
@@ -88,6 +109,7 @@ impl SharedBytes {
                     mid_start: 0,
                     mid_end: len / 8 * 8,
                     file: Some(fd),
+                    borrowed: false,
                 }
             }
             Err(e) => {
@@ -118,6 +140,10 @@ impl SharedBytes {
     /// Gives the buffer back. Needs `self` by value: no other access can be in flight.
     pub fn into_inner(self) -> Box<[u8]> {
         let mut me = std::mem::ManuallyDrop::new(self);
+        if me.borrowed {
+            // the caller keeps its memory: nothing to give back
+            return Box::new([]);
+        }
         if me.file.is_some() {
             let mut out = vec![0u8; me.len].into_boxed_slice();
             // SAFETY: `len` mapped bytes; no other access is in flight (`self` by value).
@@ -269,6 +295,9 @@ impl SharedBytes {
 
 impl Drop for SharedBytes {
     fn drop(&mut self) {
+        if self.borrowed {
+            return;
+        }
         if self.file.is_some() {
             self.unmap();
             return;

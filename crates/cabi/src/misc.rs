@@ -1,0 +1,228 @@
+//! The rest of libibverbs' small calls: strings, fork, async events, rates.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
+
+use std::ffi::CStr;
+
+use libc::{c_char, c_int, c_void};
+
+use crate::device::ctx;
+use crate::types::*;
+use crate::util::*;
+
+fn cs(s: &'static CStr) -> *const c_char {
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
+    const S: [&CStr; 22] = [
+        c"success",
+        c"local length error",
+        c"local QP operation error",
+        c"local EE context operation error",
+        c"local protection error",
+        c"Work Request Flushed Error",
+        c"memory management operation error",
+        c"bad response error",
+        c"local access error",
+        c"remote invalid request error",
+        c"remote access error",
+        c"remote operation error",
+        c"transport retry counter exceeded",
+        c"RNR retry counter exceeded",
+        c"local RDD violation error",
+        c"remote invalid RD request",
+        c"aborted error",
+        c"invalid EE context number",
+        c"invalid EE context state",
+        c"fatal error",
+        c"response timeout error",
+        c"general error",
+    ];
+    cs(S.get(status as usize).copied().unwrap_or(c"unknown"))
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_event_type_str(ev: c_int) -> *const c_char {
+    const S: [&CStr; 22] = [
+        c"CQ error",
+        c"local work queue catastrophic error",
+        c"invalid request local work queue error",
+        c"local access violation work queue error",
+        c"communication established",
+        c"send queue drained",
+        c"path migrated",
+        c"path migration request error",
+        c"local catastrophic error",
+        c"port active",
+        c"port error",
+        c"LID change",
+        c"P_Key change",
+        c"SM change",
+        c"SRQ catastrophic error",
+        c"SRQ limit reached",
+        c"last WQE reached",
+        c"client reregistration",
+        c"GID table change",
+        c"WQ fatal",
+        c"unknown",
+        c"unknown",
+    ];
+    cs(S.get(ev as usize).copied().unwrap_or(c"unknown"))
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_node_type_str(t: c_int) -> *const c_char {
+    cs(match t {
+        1 => c"InfiniBand channel adapter",
+        2 => c"InfiniBand switch",
+        3 => c"InfiniBand router",
+        4 => c"iWARP NIC",
+        5 => c"usNIC",
+        6 => c"usNIC UDP",
+        7 => c"unspecified",
+        _ => c"unknown",
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_port_state_str(s: c_int) -> *const c_char {
+    cs(match s {
+        0 => c"PORT_NOP",
+        1 => c"PORT_DOWN",
+        2 => c"PORT_INIT",
+        3 => c"PORT_ARMED",
+        4 => c"PORT_ACTIVE",
+        5 => c"PORT_ACTIVE_DEFER",
+        _ => c"invalid state",
+    })
+}
+
+/// Nothing to do: our memory is never pinned by a kernel (always "initialized").
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2 // IBV_FORK_UNNEEDED
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    c: *mut ibv_context,
+    ev: *mut ibv_async_event,
+) -> c_int {
+    // SAFETY: the caller's pointers.
+    let (Some(ctx), Some(out)) = (unsafe { ctx(c) }, unsafe { ev.as_mut() }) else {
+        return minus_one(libc::EINVAL);
+    };
+    let nonblock = is_nonblocking(ctx.v.context.async_fd);
+    let got = if nonblock {
+        Ok(ctx.dev.soft.poll_async_event())
+    } else {
+        ctx.dev.soft.wait_async_event(None)
+    };
+    match got {
+        Ok(Some(e)) => {
+            out.event_type = e.event_type() as c_int;
+            // Port events carry the port; QP events the QP number (our QPs are not mapped
+            // back to their ibv_qp yet: see docs/CABI.md).
+            out.element = e.port().map_or_else(
+                || e.qpn().unwrap_or(0) as usize as *mut c_void,
+                |p| p as usize as *mut c_void,
+            );
+            0
+        }
+        Ok(None) => minus_one(libc::EAGAIN),
+        Err(e) => minus_one(soft_errno(&e)),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
+    match rate {
+        2 => 1,
+        5 => 2,
+        3 => 4,
+        6 => 8,
+        7 => 12,
+        8 => 16,
+        9 => 24,
+        _ => -1,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
+    match mult {
+        1 => 2,
+        2 => 5,
+        4 => 3,
+        8 => 6,
+        12 => 7,
+        16 => 8,
+        24 => 9,
+        _ => 0,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
+    match rate {
+        2 => 2500,
+        5 => 5000,
+        3 => 10000,
+        6 => 20000,
+        7 => 30000,
+        8 => 40000,
+        9 => 60000,
+        10 => 80000,
+        11 => 120000,
+        12 => 14062,
+        13 => 56250,
+        14 => 112500,
+        15 => 168750,
+        16 => 25781,
+        17 => 103125,
+        18 => 206250,
+        19 => 309375,
+        20 => 300000,
+        _ => -1,
+    }
+}
+
+/// Our devices have no sysfs directory: every read fails with ENOENT (callers such as
+/// `ibv_devinfo` then leave the field out).
+#[no_mangle]
+pub extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
+    minus_one(libc::ENOENT)
+}
+
+/// The sysfs root rdma-core reports (`SYSFS_PATH` or `/sys`).
+#[no_mangle]
+pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    c"/sys".as_ptr()
+}

@@ -1,0 +1,516 @@
+//! PDs, MRs, completion channels, CQs, SRQs, AHs.
+//!
+//! Each `extern "C"` function here is rdma-core's function of the same name, with its
+//! documented behaviour (its man page); only what differs is commented.
+#![allow(missing_docs)]
+
+use std::collections::HashMap;
+use std::mem::zeroed;
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+
+use libc::{c_int, c_void};
+use rdma_soft::verbs::{
+    AccessFlags, AddressHandle, CompletionChannel, CompletionQueue, MemoryRegion, PathAttr,
+    ProtectionDomain, SharedReceiveQueue,
+};
+
+use crate::device::{ctx, Ctx};
+use crate::types::*;
+use crate::util::*;
+
+/// A PD: `ibv_pd` first.
+#[repr(C)]
+pub struct Pd {
+    pub c: ibv_pd,
+    pub pd: ProtectionDomain,
+}
+
+#[repr(C)]
+pub struct Mr {
+    pub c: ibv_mr,
+    pub mr: MemoryRegion,
+}
+
+#[repr(C)]
+pub struct Chan {
+    pub c: ibv_comp_channel,
+    pub ch: CompletionChannel,
+    /// The `ibv_cq` of each CQ number notifying this channel.
+    pub cqs: Mutex<HashMap<u32, usize>>,
+    /// `c.fd`: the application's view of the channel's fd ([`poll_proxy`]).
+    pub fd: std::os::fd::OwnedFd,
+}
+
+#[repr(C)]
+pub struct Cq {
+    pub c: ibv_cq,
+    pub cq: CompletionQueue,
+    pub chan: *mut Chan,
+}
+
+#[repr(C)]
+pub struct Srq {
+    pub c: ibv_srq,
+    pub srq: SharedReceiveQueue,
+}
+
+#[repr(C)]
+pub struct Ah {
+    pub c: ibv_ah,
+    pub ah: AddressHandle,
+}
+
+/// # Safety
+/// NULL or an object of this library of type `T` whose C struct is `C` (its first field).
+pub unsafe fn obj<'a, C, T>(p: *mut C) -> Option<&'a T> {
+    // SAFETY: forwarded.
+    unsafe { p.cast::<T>().as_ref() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
+    // SAFETY: the caller's context.
+    let Some(ctx) = (unsafe { ctx(c) }) else {
+        return null_err(libc::EINVAL);
+    };
+    match ctx.dev.soft.alloc_pd() {
+        Ok(pd) => {
+            let handle = pd.id().0;
+            boxed(Pd {
+                c: ibv_pd { context: c, handle },
+                pd,
+            })
+            .cast()
+        }
+        Err(e) => null_err(soft_errno(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: made by ibv_alloc_pd.
+    drop(unsafe { unbox(pd.cast::<Pd>()) });
+    0
+}
+
+fn access_of(a: c_int) -> Result<AccessFlags, c_int> {
+    // MW_BIND, ZERO_BASED, ON_DEMAND, HUGETLB … are not supported.
+    let known = 0xf;
+    let optional = 0x3ff0_0000u32 as c_int; // IBV_ACCESS_OPTIONAL_RANGE: may be ignored
+    if a & !known & !optional & !(1 << 7) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(AccessFlags::from_bits_truncate(a as u32 & 0xf))
+}
+
+unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+    // SAFETY: the caller's PD.
+    let Some(p) = (unsafe { obj::<_, Pd>(pd) }) else {
+        return null_err(libc::EINVAL);
+    };
+    let access = match access_of(access) {
+        Ok(a) => a,
+        Err(e) => return null_err(e),
+    };
+    // SAFETY: the application keeps its buffer while registered, as verbs requires.
+    match unsafe { p.pd.register_raw(addr.cast(), len, access) } {
+        Ok(mr) => {
+            let c = ibv_mr {
+                // SAFETY: pd is a Pd.
+                context: unsafe { (*pd).context },
+                pd,
+                addr,
+                length: len,
+                handle: mr.lkey(),
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            };
+            boxed(Mr { c, mr }).cast()
+        }
+        Err(e) => null_err(soft_errno(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { reg(pd, addr, len, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    if iova != addr as u64 {
+        return null_err(libc::EOPNOTSUPP); // only iova == addr
+    }
+    // SAFETY: forwarded.
+    unsafe { reg(pd, addr, len, access as c_int) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded.
+    unsafe { ibv_reg_mr_iova2(pd, addr, len, iova, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: made by reg(); dropping deregisters and leaves the memory to the caller.
+    drop(unsafe { unbox(mr.cast::<Mr>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel {
+    // SAFETY: the caller's context.
+    let Some(ctx) = (unsafe { ctx(c) }) else {
+        return null_err(libc::EINVAL);
+    };
+    match ctx.dev.soft.create_comp_channel() {
+        Ok(ch) => {
+            let proxy = match poll_proxy(ch.as_raw_fd()) {
+                Ok(p) => p,
+                Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+            };
+            boxed(Chan {
+                c: ibv_comp_channel {
+                    context: c,
+                    fd: proxy.as_raw_fd(),
+                    refcnt: 0,
+                },
+                ch,
+                cqs: Mutex::new(HashMap::new()),
+                fd: proxy,
+            })
+            .cast()
+        }
+        Err(e) => null_err(soft_errno(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: the caller's channel.
+    let Some(chan) = (unsafe { obj::<_, Chan>(ch) }) else {
+        return libc::EINVAL;
+    };
+    if chan.c.refcnt > 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: made by ibv_create_comp_channel.
+    drop(unsafe { unbox(ch.cast::<Chan>()) });
+    0
+}
+
+fn ctx_ref(c: *mut ibv_context) -> Option<&'static Ctx> {
+    // SAFETY: contexts live until closed; the caller gives one of ours.
+    unsafe { ctx(c) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    c: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _vector: c_int,
+) -> *mut ibv_cq {
+    let Some(ctx) = ctx_ref(c) else {
+        return null_err(libc::EINVAL);
+    };
+    if cqe <= 0 {
+        return null_err(libc::EINVAL);
+    }
+    // SAFETY: the caller's channel, or NULL.
+    let chan = unsafe { obj::<_, Chan>(channel) };
+    let cq = match ctx.dev.soft.create_cq(cqe as usize, chan.map(|c| &c.ch)) {
+        Ok(cq) => cq,
+        Err(e) => return null_err(soft_errno(&e)),
+    };
+    // SAFETY: plain data and a zeroed (initializer) mutex/cond.
+    let mut cc: ibv_cq = unsafe { zeroed() };
+    cc.context = c;
+    cc.channel = channel;
+    cc.cq_context = cq_context;
+    cc.handle = cq.id();
+    cc.cqe = cq.capacity().min(i32::MAX as usize) as c_int;
+    let id = cq.id();
+    let p = boxed(Cq {
+        c: cc,
+        cq,
+        chan: channel.cast(),
+    });
+    if let Some(ch) = chan {
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, p as usize);
+        // SAFETY: the channel is ours; refcnt is only touched under the caller's discipline
+        // as in rdma-core (create/destroy of CQs on it).
+        unsafe { (*channel).refcnt += 1 };
+    }
+    p.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    // SAFETY: the caller's CQ.
+    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: the CQ's channel outlives it (EBUSY on destroying it first).
+    if let Some(ch) = unsafe { q.chan.as_ref() } {
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&q.cq.id());
+        // SAFETY: as in create.
+        unsafe { (*q.chan).c.refcnt -= 1 };
+    }
+    // SAFETY: made by ibv_create_cq.
+    drop(unsafe { unbox(cq.cast::<Cq>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's channel.
+    let Some(chan) = (unsafe { obj::<_, Chan>(ch) }) else {
+        return minus_one(libc::EINVAL);
+    };
+    // A non-blocking fd (O_NONBLOCK set by the application) returns EAGAIN when empty.
+    let nonblock = is_nonblocking(chan.c.fd);
+    loop {
+        let got = if nonblock {
+            chan.ch.get_event()
+        } else {
+            chan.ch.wait_event(None)
+        };
+        let cq = match got {
+            Ok(Some(cq)) => cq,
+            Ok(None) if nonblock => return minus_one(libc::EAGAIN),
+            Ok(None) => continue,
+            Err(e) => return minus_one(soft_errno(&e)),
+        };
+        let Some(p) = chan
+            .cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&cq.id())
+            .copied()
+        else {
+            continue; // its ibv_cq was destroyed meanwhile
+        };
+        let p = p as *mut Cq;
+        // SAFETY: the caller's out-pointers; p is a live Cq (removed from the map on destroy).
+        unsafe {
+            if !cq_out.is_null() {
+                *cq_out = p.cast();
+            }
+            if !ctx_out.is_null() {
+                *ctx_out = (*p).c.cq_context;
+            }
+        }
+        return 0;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: the caller's CQ.
+    unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: the caller's CQ.
+    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
+        return libc::EINVAL;
+    };
+    // The ring cannot grow: as large as asked is fine, larger is EINVAL.
+    if cqe <= 0 || cqe as usize > q.cq.capacity() {
+        return libc::EINVAL;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    // SAFETY: the caller's pointers.
+    let (Some(p), Some(ia)) = (unsafe { obj::<_, Pd>(pd) }, unsafe { init.as_mut() }) else {
+        return null_err(libc::EINVAL);
+    };
+    // SAFETY: pd is a Pd.
+    let c = unsafe { (*pd).context };
+    let Some(ctx) = ctx_ref(c) else {
+        return null_err(libc::EINVAL);
+    };
+    let srq =
+        match ctx
+            .dev
+            .soft
+            .create_srq(&p.pd, ia.attr.max_wr as usize, ia.attr.max_sge as usize)
+        {
+            Ok(s) => s,
+            Err(e) => return null_err(soft_errno(&e)),
+        };
+    if ia.attr.srq_limit > 0 {
+        if let Err(e) = srq.arm_limit(ia.attr.srq_limit) {
+            return null_err(soft_errno(&e));
+        }
+    }
+    let q = srq.query();
+    ia.attr.max_wr = q.max_wr as u32;
+    ia.attr.max_sge = q.max_sge as u32;
+    // SAFETY: plain data, zeroed mutex/cond.
+    let mut cs: ibv_srq = unsafe { zeroed() };
+    cs.context = c;
+    cs.srq_context = ia.srq_context;
+    cs.pd = pd;
+    boxed(Srq { c: cs, srq }).cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller's pointers.
+    let (Some(s), Some(a)) = (unsafe { obj::<_, Srq>(srq) }, unsafe { attr.as_ref() }) else {
+        return libc::EINVAL;
+    };
+    if mask & 1 != 0 {
+        return libc::EOPNOTSUPP; // IBV_SRQ_MAX_WR: no resize
+    }
+    if mask & 2 != 0 {
+        if let Err(e) = s.srq.arm_limit(a.srq_limit) {
+            return soft_errno(&e);
+        }
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    // SAFETY: the caller's pointers.
+    let (Some(s), Some(a)) = (unsafe { obj::<_, Srq>(srq) }, unsafe { attr.as_mut() }) else {
+        return libc::EINVAL;
+    };
+    let q = s.srq.query();
+    *a = ibv_srq_attr {
+        max_wr: q.max_wr as u32,
+        max_sge: q.max_sge as u32,
+        srq_limit: q.srq_limit,
+    };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: made by ibv_create_srq.
+    drop(unsafe { unbox(srq.cast::<Srq>()) });
+    0
+}
+
+/// Our path from an `ibv_ah_attr` (RoCE: the GRH is the address).
+pub fn path_of(a: &ibv_ah_attr) -> PathAttr {
+    PathAttr {
+        dgid: a.grh.dgid.raw,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+    }
+}
+
+/// An `ibv_ah_attr` from our path.
+pub fn ah_attr_of(p: &PathAttr, port: u8) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: p.dgid },
+            flow_label: p.flow_label,
+            sgid_index: p.sgid_index,
+            hop_limit: p.hop_limit,
+            traffic_class: p.traffic_class,
+        },
+        is_global: 1,
+        port_num: port,
+        ..Default::default()
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    // SAFETY: the caller's pointers.
+    let (Some(p), Some(a)) = (unsafe { obj::<_, Pd>(pd) }, unsafe { attr.as_ref() }) else {
+        return null_err(libc::EINVAL);
+    };
+    if a.is_global == 0 {
+        return null_err(libc::EINVAL); // RoCE needs a GRH
+    }
+    let port = if a.port_num == 0 { 1 } else { a.port_num };
+    match p.pd.create_ah_on(port, &path_of(a)) {
+        Ok(ah) => {
+            let handle = ah.handle();
+            // SAFETY: pd is a Pd.
+            let context = unsafe { (*pd).context };
+            boxed(Ah {
+                c: ibv_ah {
+                    context,
+                    pd,
+                    handle,
+                },
+                ah,
+            })
+            .cast()
+        }
+        Err(e) => null_err(soft_errno(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: made by ibv_create_ah.
+    drop(unsafe { unbox(ah.cast::<Ah>()) });
+    0
+}

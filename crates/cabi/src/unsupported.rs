@@ -1,0 +1,131 @@
+//! What we do not support, failing as rdma-core does for a device without it (docs/CABI.md,
+//! "Unsupported"), and the provider-side symbols Debian's provider libraries (libmlx5,
+//! libefa, which perftest links) need to load: a provider never registers with us, so those
+//! are never reached through our devices.
+#![allow(missing_docs)]
+
+use libc::{c_int, c_void};
+
+use crate::types::*;
+use crate::util::*;
+
+/// Multicast attach: not yet (issue 33).
+#[no_mangle]
+pub extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// Multicast detach: not yet (issue 33).
+#[no_mangle]
+pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// No kernel neighbour resolution through verbs: EOPNOTSUPP.
+#[no_mangle]
+pub extern "C" fn ibv_resolve_eth_l2_from_gid(
+    _c: *mut ibv_context,
+    _attr: *mut ibv_ah_attr,
+    _eth_mac: *mut u8,
+    _vid: *mut u16,
+) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+macro_rules! int_stubs {
+    ($($name:ident),* $(,)?) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name() -> c_int {
+            libc::EOPNOTSUPP
+        }
+    )*};
+}
+
+macro_rules! ptr_stubs {
+    ($($name:ident),* $(,)?) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name() -> *mut c_void {
+            null_err(libc::EOPNOTSUPP)
+        }
+    )*};
+}
+
+macro_rules! void_stubs {
+    ($($name:ident),* $(,)?) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name() {}
+    )*};
+}
+
+// Provider interface (IBVERBS_PRIVATE_34): the kernel command helpers fail as without a
+// kernel device.
+int_stubs!(
+    execute_ioctl,
+    ibv_cmd_advise_mr,
+    ibv_cmd_alloc_dm,
+    ibv_cmd_alloc_mw,
+    ibv_cmd_alloc_pd,
+    ibv_cmd_attach_mcast,
+    ibv_cmd_close_xrcd,
+    ibv_cmd_create_ah,
+    ibv_cmd_create_counters,
+    ibv_cmd_create_cq_ex,
+    ibv_cmd_create_flow,
+    ibv_cmd_create_flow_action_esp,
+    ibv_cmd_create_qp_ex,
+    ibv_cmd_create_qp_ex2,
+    ibv_cmd_create_rwq_ind_table,
+    ibv_cmd_create_srq,
+    ibv_cmd_create_srq_ex,
+    ibv_cmd_create_wq,
+    ibv_cmd_dealloc_mw,
+    ibv_cmd_dealloc_pd,
+    ibv_cmd_dereg_mr,
+    ibv_cmd_destroy_ah,
+    ibv_cmd_destroy_counters,
+    ibv_cmd_destroy_cq,
+    ibv_cmd_destroy_flow,
+    ibv_cmd_destroy_flow_action,
+    ibv_cmd_destroy_qp,
+    ibv_cmd_destroy_rwq_ind_table,
+    ibv_cmd_destroy_srq,
+    ibv_cmd_destroy_wq,
+    ibv_cmd_detach_mcast,
+    ibv_cmd_free_dm,
+    ibv_cmd_get_context,
+    ibv_cmd_modify_cq,
+    ibv_cmd_modify_flow_action_esp,
+    ibv_cmd_modify_qp,
+    ibv_cmd_modify_qp_ex,
+    ibv_cmd_modify_srq,
+    ibv_cmd_modify_wq,
+    ibv_cmd_open_qp,
+    ibv_cmd_open_xrcd,
+    ibv_cmd_query_context,
+    ibv_cmd_query_device_any,
+    ibv_cmd_query_mr,
+    ibv_cmd_query_port,
+    ibv_cmd_query_qp,
+    ibv_cmd_query_srq,
+    ibv_cmd_read_counters,
+    ibv_cmd_reg_dm_mr,
+    ibv_cmd_reg_dmabuf_mr,
+    ibv_cmd_reg_mr,
+    ibv_cmd_rereg_mr,
+    ibv_cmd_resize_cq,
+    ibv_cmd_create_cq,
+    ibv_cmd_query_device_ex,
+    ibv_cmd_alloc_async_fd,
+);
+ptr_stubs!(_verbs_init_and_alloc_context, verbs_open_device);
+void_stubs!(
+    __verbs_log,
+    verbs_register_driver_34,
+    verbs_set_ops,
+    verbs_uninit_context,
+    verbs_init_cq,
+);
+
+/// rdma-core's flag for providers; never read here.
+#[no_mangle]
+pub static mut verbs_allow_disassociate_destroy: bool = false;

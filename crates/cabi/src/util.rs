@@ -1,0 +1,86 @@
+//! errno, NULL checks and small conversions shared by both halves.
+
+use std::ptr::null_mut;
+
+/// Sets the calling thread's `errno`.
+pub fn set_errno(e: i32) {
+    // SAFETY: glibc's thread-local errno location is always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `NULL` with `errno = e` (the C ABI's failure for calls returning a pointer).
+pub fn null_err<T>(e: i32) -> *mut T {
+    set_errno(e);
+    null_mut()
+}
+
+/// `-1` with `errno = e` (librdmacm's failure convention).
+pub fn minus_one(e: i32) -> libc::c_int {
+    set_errno(e);
+    -1
+}
+
+/// Copies `s` into a C char array, NUL-terminated and truncated to fit.
+pub fn copy_cstr(dst: &mut [libc::c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as libc::c_char;
+    }
+    if let Some(z) = dst.get_mut(n) {
+        *z = 0;
+    }
+}
+
+/// The errno of an `rdma-soft` error.
+pub fn soft_errno(e: &rdma_soft::Error) -> i32 {
+    e.errno()
+}
+
+/// The errno of an `rdmacm` error.
+pub fn cm_errno(e: &rdmacm::Error) -> i32 {
+    e.errno()
+}
+
+/// Moves `v` to the heap for C and returns the pointer (freed by [`unbox`]).
+pub fn boxed<T>(v: T) -> *mut T {
+    Box::into_raw(Box::new(v))
+}
+
+/// Takes back a value made by [`boxed`].
+///
+/// # Safety
+/// `p` came from [`boxed`] for this `T` and is not used again.
+pub unsafe fn unbox<T>(p: *mut T) -> T {
+    // SAFETY: forwarded from the caller.
+    *unsafe { Box::from_raw(p) }
+}
+
+/// The fd an application polls in place of one of the layers' own (non-blocking) eventfds:
+/// an epoll instance watching it, readable exactly when it is. Its own flags are the
+/// application's: it starts blocking, as rdma-core's fds do, and `O_NONBLOCK` set on it with
+/// `fcntl` makes the matching call return EAGAIN instead of waiting ([`is_nonblocking`]).
+pub fn poll_proxy(inner: libc::c_int) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain system calls; the new fd is owned by the result.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let owned = std::os::fd::OwnedFd::from_raw_fd(ep);
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        if libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, inner, &mut ev) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(owned)
+    }
+}
+
+/// Whether the application made `fd` non-blocking.
+pub fn is_nonblocking(fd: libc::c_int) -> bool {
+    // SAFETY: reads the fd's flags.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0 }
+}
