@@ -15,7 +15,7 @@
 //! Our server accepts requests from the start and takes an out-of-band connection when one
 //! comes (then it serves that run and exits), so it serves both. Our client falls back to a
 //! run without sync when the server refuses the out-of-band connection (an older server),
-//! or skips it with [`Sync::Off`].
+//! or skips it with [`SyncMode::Off`].
 //!
 //! ```text
 //! step              total ms     max ms     min us  us / conn
@@ -69,13 +69,13 @@ pub struct ClientOpts {
     /// Resolution timeout, also the basis of the CM response timeout (`-t`).
     pub timeout: Duration,
     /// Whether to keep in step with the server over an out-of-band connection.
-    pub sync: Sync,
+    pub sync: SyncMode,
 }
 
 /// The client's out-of-band sync with the server (rdma-core 52's cmtime has it, older ones
 /// do not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Sync {
+pub enum SyncMode {
     /// Sync when the server takes the out-of-band connection; run without when it refuses
     /// it (an rdma-core 51 or older server, which has no such socket).
     #[default]
@@ -268,8 +268,8 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
     // rdma-core's cmtime: an out-of-band TCP connection to the server's address and CM port
     // keeps the two in step, and tells the server when the run is over.
     let mut oob = match opts.sync {
-        Sync::Auto => Oob::connect(opts.dst, cm_limit + SERVER_SYNC_LIMIT)?,
-        Sync::Off => None,
+        SyncMode::Auto => Oob::connect(opts.dst, cm_limit + SERVER_SYNC_LIMIT)?,
+        SyncMode::Off => None,
     };
     if let Some(o) = oob.as_mut() {
         o.sync(SYNC_START)?;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use rdma_tools::cli::Tool;
-use rdma_tools::cmtime::{run_client, run_server, ClientOpts, Sync};
+use rdma_tools::cmtime::{run_client, run_server, ClientOpts, SyncMode};
 
 const TOOL: Tool = Tool {
     name: "cmtime",
@@ -31,7 +31,7 @@ fn main() {
     let (mut server, mut bind) = (None, None);
     let (mut conns, mut port, mut retries, mut timeout) = (100usize, 7471u16, 2u8, 2000u64);
     let mut debug = 0u8;
-    let mut sync = Sync::Auto;
+    let mut sync = SyncMode::Auto;
     for o in &opts {
         let v = o.value.as_deref().unwrap_or("");
         match o.name {
@@ -41,7 +41,7 @@ fn main() {
             'p' => port = TOOL.num('p', v),
             'r' => retries = TOOL.num('r', v),
             't' => timeout = TOOL.num('t', v),
-            'O' => sync = Sync::Off,
+            'O' => sync = SyncMode::Off,
             'd' => debug = debug.saturating_add(1),
             _ => {}
         }

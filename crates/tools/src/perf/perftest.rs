@@ -1,6 +1,7 @@
-//! perftest's `-R` messages, as perftest (6.29) puts them on its rdma_cm communication QP:
-//! every one is a SEND of exactly the bytes of a C object, so their sizes and byte order are
-//! fixed here and nowhere else. `docs/PERFTEST.md` lists the whole exchange.
+//! perftest's `-R` messages, as perftest (6.29, and 6.06: Debian 12's) puts them on its
+//! rdma_cm communication QP: every one is a SEND of exactly the bytes of a C object, so their
+//! sizes and byte order are fixed here and nowhere else. `docs/PERFTEST.md` lists the whole
+//! exchange.
 
 /// The version we announce: the perftest whose exchange this implements.
 pub const VERSION: &str = "6.29";
