@@ -289,6 +289,15 @@ fn exchange(comm: &mut Comm, p: &Params, follow: bool) -> Result<Settled, String
         ));
     }
     comm.dest_len = pt::dest_len(rem_version);
+    if rem_version < NEGOTIATE_FROM {
+        tracing::warn!(
+            "the peer's perftest {rem_version} does not negotiate: both sides run their own \
+             parameters (size {}, iterations {}, QPs {}); give both the same -s, -n, -q",
+            p.size,
+            p.iters,
+            p.qps
+        );
+    }
     let (mut cycle, mut cache_line) = (CYCLE, CACHE_LINE);
     if rem_version >= 5.32 {
         let b = comm.xchg(&(CYCLE as u32).to_be_bytes(), &[4], "cycle buffer")?;
