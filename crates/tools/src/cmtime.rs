@@ -4,10 +4,18 @@
 //! table reports per step: the total time, the slowest and the fastest connection, and
 //! the total divided by the number of connections.
 //!
-//! As in rdma-core's cmtime, the client and the server keep in step over an out-of-band
-//! TCP connection to the server's address and CM port (one byte per sync point: before the
-//! first step, after connect, after disconnect), and the server serves one client's run:
-//! it exits when that run is over, so the address and port are free for the next one.
+//! Two generations of rdma-core's cmtime are in use, and both are spoken:
+//! - rdma-core 52 and later: the client and the server keep in step over an out-of-band
+//!   TCP connection to the server's address and CM port (one byte per sync point: before
+//!   the first step, after connect, after disconnect), and the server serves one client's
+//!   run: it exits when that run is over, so the address and port are free for the next.
+//! - rdma-core 51 and earlier (Debian 12 ships 44): no out-of-band connection; the server
+//!   accepts every request and disconnects when its client does, until it is killed.
+//!
+//! Our server accepts requests from the start and takes an out-of-band connection when one
+//! comes (then it serves that run and exits), so it serves both. Our client falls back to a
+//! run without sync when the server refuses the out-of-band connection (an older server),
+//! or skips it with [`SyncMode::Off`].
 //!
 //! ```text
 //! step              total ms     max ms     min us  us / conn
@@ -60,6 +68,20 @@ pub struct ClientOpts {
     pub retries: u8,
     /// Resolution timeout, also the basis of the CM response timeout (`-t`).
     pub timeout: Duration,
+    /// Whether to keep in step with the server over an out-of-band connection.
+    pub sync: SyncMode,
+}
+
+/// The client's out-of-band sync with the server (rdma-core 52's cmtime has it, older ones
+/// do not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// Sync when the server takes the out-of-band connection; run without when it refuses
+    /// it (an rdma-core 51 or older server, which has no such socket).
+    #[default]
+    Auto,
+    /// Never open the out-of-band connection (as rdma-core 51 and older's client).
+    Off,
 }
 
 /// Per-connection start and end times of one step.
@@ -245,8 +267,13 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
     let cm_limit = Duration::from_secs(30) + opts.timeout * (u32::from(opts.retries) + 2) * 2;
     // rdma-core's cmtime: an out-of-band TCP connection to the server's address and CM port
     // keeps the two in step, and tells the server when the run is over.
-    let mut oob = Oob::connect(opts.dst, cm_limit + SERVER_SYNC_LIMIT)?;
-    oob.sync(SYNC_START)?;
+    let mut oob = match opts.sync {
+        SyncMode::Auto => Oob::connect(opts.dst, cm_limit + SERVER_SYNC_LIMIT)?,
+        SyncMode::Off => None,
+    };
+    if let Some(o) = oob.as_mut() {
+        o.sync(SYNC_START)?;
+    }
 
     t.begin(CREATE_ID);
     let mut ids = Vec::with_capacity(n);
@@ -304,7 +331,9 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
             .map_err(|e| format!("connect: {e}"))?;
     }
     wait_all(&ch, &mut t, CONNECT, EventType::Established, n, cm_limit)?;
-    oob.sync(SYNC_CONNECT)?;
+    if let Some(o) = oob.as_mut() {
+        o.sync(SYNC_CONNECT)?;
+    }
 
     t.begin(DISCONNECT);
     for (c, id) in ids.iter().enumerate() {
@@ -319,7 +348,9 @@ pub fn run_client(opts: &ClientOpts) -> Result<Timings, String> {
         n,
         cm_limit,
     )?;
-    oob.sync(SYNC_DISCONNECT)?;
+    if let Some(o) = oob.as_mut() {
+        o.sync(SYNC_DISCONNECT)?;
+    }
 
     t.begin(DESTROY);
     for (c, id) in ids.into_iter().enumerate() {
@@ -434,13 +465,21 @@ const SERVER_SYNC_LIMIT: Duration = Duration::from_secs(10);
 struct Oob(TcpStream);
 
 impl Oob {
-    fn connect(dst: SocketAddr, limit: Duration) -> Result<Oob, String> {
-        let s = TcpStream::connect_timeout(&dst, limit)
-            .map_err(|e| format!("connect to {dst} (out-of-band socket): {e}"))?;
+    /// `None` when the server refuses the connection: a server without the out-of-band
+    /// socket (rdma-core 51 or older), which needs no sync.
+    fn connect(dst: SocketAddr, limit: Duration) -> Result<Option<Oob>, String> {
+        let s = match TcpStream::connect_timeout(&dst, limit) {
+            Ok(s) => s,
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                tracing::info!(%dst, "no out-of-band socket at the server: running without sync");
+                return Ok(None);
+            }
+            Err(e) => return Err(format!("connect to {dst} (out-of-band socket): {e}")),
+        };
         let _ = s.set_nodelay(true);
         s.set_read_timeout(Some(limit))
             .map_err(|e| format!("out-of-band socket: {e}"))?;
-        Ok(Oob(s))
+        Ok(Some(Oob(s)))
     }
 
     /// Sends `step` and waits for the server to echo it.
@@ -463,12 +502,14 @@ impl Oob {
     }
 }
 
-/// Runs the server for one client's run, as rdma-core's cmtime does: listens on `addr`,
-/// then waits for the client's out-of-band TCP connection on the same address and port,
-/// accepts every connection request, disconnects and destroys each connection when its
-/// client disconnects, and answers the client's sync points. Returns when the client's run
-/// is over (its last sync point), so the address and port are free again; fails when the
-/// client closes the out-of-band connection before that (its run failed).
+/// Runs the server: listens on `addr` and accepts every connection request from the start,
+/// disconnects and destroys each connection when its client disconnects, and takes an
+/// out-of-band TCP connection on the same address and port when one comes. With one
+/// (rdma-core 52's client) it answers the client's sync points and returns when that run is
+/// over (its last sync point), so the address and port are free again; it fails when the
+/// client closes the out-of-band connection before that (its run failed). Without one
+/// (rdma-core 51's client, which never opens it) it serves until killed, as that
+/// generation's server does.
 pub fn run_server(addr: SocketAddr) -> Result<(), String> {
     let cma = Cma::new().map_err(|e| format!("rdma_cm context: {e}"))?;
     let ch = EventChannel::with_cma(&cma).map_err(|e| format!("event channel: {e}"))?;
@@ -478,22 +519,20 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
         .map_err(|e| format!("bind addr {addr}: {e}"))?;
     listen.listen(0).map_err(|e| format!("listen: {e}"))?;
     // Ready for connection requests before the client can start (as rdma-core: listen first,
-    // then the out-of-band socket).
+    // then the out-of-band socket). Requests are answered while no out-of-band connection is
+    // there: an older client never makes one, and a request must never wait on it.
     let oob = TcpListener::bind(addr).map_err(|e| format!("out-of-band socket {addr}: {e}"))?;
-    let (mut sock, _) = oob
-        .accept()
-        .map_err(|e| format!("out-of-band socket {addr}: accept: {e}"))?;
-    drop(oob);
-    let _ = sock.set_nodelay(true);
-    sock.set_nonblocking(true)
+    oob.set_nonblocking(true)
         .map_err(|e| format!("out-of-band socket: {e}"))?;
+    let mut oob = Some(oob);
+    let mut sock: Option<TcpStream> = None;
 
     let mut verbs = Verbs::default();
     let mut live: HashMap<u64, CmId> = HashMap::new();
     let mut established: HashSet<u64> = HashSet::new();
     // The sync point the client waits at, and since when.
     let mut waiting: Option<(u8, Instant)> = None;
-    // The out-of-band socket is read when no event is queued or every OOB_EVERY: not once
+    // The out-of-band sockets are read when no event is queued or every OOB_EVERY: not once
     // per event (a system call each, in a storm of thousands).
     let mut oob_at = Instant::now();
     loop {
@@ -504,8 +543,26 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
         if let Some(ev) = ev {
             server_event(ev, &mut verbs, &mut live, &mut established);
         }
-        if waiting.is_none() && (idle || oob_at.elapsed() >= OOB_EVERY) {
+        let look = idle || oob_at.elapsed() >= OOB_EVERY;
+        if look {
             oob_at = Instant::now();
+        }
+        if let (true, Some(l)) = (look, oob.as_ref()) {
+            match l.accept() {
+                Ok((s, peer)) => {
+                    tracing::debug!(%peer, "out-of-band connection: serving its run");
+                    let _ = s.set_nodelay(true);
+                    s.set_nonblocking(true)
+                        .map_err(|e| format!("out-of-band socket: {e}"))?;
+                    sock = Some(s);
+                    oob = None;
+                }
+                Err(e) if would_block(&e) => {}
+                Err(e) => return Err(format!("out-of-band socket {addr}: accept: {e}")),
+            }
+        }
+        let Some(sock) = sock.as_mut() else { continue };
+        if waiting.is_none() && look {
             let mut b = [0u8];
             match sock.read(&mut b) {
                 Ok(0) => {
@@ -514,8 +571,7 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
                     )
                 }
                 Ok(_) => waiting = Some((b[0], Instant::now())),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if would_block(&e) => {}
                 Err(e) => return Err(format!("out-of-band socket: {e}")),
             }
         }
@@ -549,6 +605,11 @@ pub fn run_server(addr: SocketAddr) -> Result<(), String> {
             return Ok(());
         }
     }
+}
+
+/// A non-blocking socket's "nothing now" (or an interrupted call).
+fn would_block(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
 }
 
 /// How often a busy server looks at the out-of-band socket.

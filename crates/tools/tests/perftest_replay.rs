@@ -8,6 +8,10 @@
 //! access of ours outside them fails, and its data loops (`run_iter_lat_send`,
 //! `run_iter_lat_write`, `run_iter_lat`, `run_iter_bw`, `run_iter_bw_server`). The peer is
 //! the real `rdma-perf` process on another loopback address. See `docs/PERFTEST.md`.
+//!
+//! The `old_*` cases model perftest 4.5 (Debian 12's, which announces 6.06): no parameter
+//! negotiation and a 56-byte `pingpong_dest` (no `tail_markers_vaddr`), checked against
+//! Linux's `ib_send_lat -R` / `ib_write_bw -R` in the reference VM.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Output, Stdio};
@@ -42,6 +46,8 @@ struct Case {
     size: usize,
     iters: u64,
     qps: u32,
+    /// perftest 6.06 (Debian 12's perftest 4.5) rather than 6.29.
+    old: bool,
 }
 
 fn case(name: &'static str, size: usize, iters: u64, qps: u32) -> Case {
@@ -57,7 +63,13 @@ fn case(name: &'static str, size: usize, iters: u64, qps: u32) -> Case {
         size,
         iters,
         qps,
+        old: false,
     }
+}
+
+/// The same case as perftest 6.06 runs it.
+fn old(c: Case) -> Case {
+    Case { old: true, ..c }
 }
 
 struct Proc(Child);
@@ -87,11 +99,13 @@ struct ModelComm {
     cq: CompletionQueue,
     mr: MemoryRegion,
     client: bool,
+    /// sizeof(struct pingpong_dest) in the modelled version.
+    dest_len: usize,
     _pd: ProtectionDomain,
 }
 
 impl ModelComm {
-    fn new(ch: EventChannel, id: CmId, client: bool) -> ModelComm {
+    fn new(ch: EventChannel, id: CmId, client: bool, c: &Case) -> ModelComm {
         let dev = id.device().expect("device");
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(8, None).unwrap();
@@ -110,6 +124,7 @@ impl ModelComm {
             cq,
             mr,
             client,
+            dest_len: if c.old { 56 } else { 64 },
             _pd: pd,
         };
         c.post_one_recv_wqe();
@@ -194,9 +209,18 @@ impl ModelComm {
         b
     }
 
+    /// The model keeps 6.29's 64-byte layout; 6.06's has no bytes 32..40 on the wire.
     fn hand_shake(&self, mine: &[u8; 64]) -> [u8; 64] {
-        let b = self.xchg(mine, 64, "pingpong_dest");
-        b.try_into().unwrap()
+        if self.dest_len == 64 {
+            let b = self.xchg(mine, 64, "pingpong_dest");
+            return b.try_into().unwrap();
+        }
+        let wire: Vec<u8> = mine[..32].iter().chain(&mine[40..]).copied().collect();
+        let b = self.xchg(&wire, 56, "pingpong_dest (6.06)");
+        let mut out = [0u8; 64];
+        out[..32].copy_from_slice(&b[..32]);
+        out[40..].copy_from_slice(&b[32..]);
+        out
     }
 }
 
@@ -243,7 +267,7 @@ fn negotiate(c: &Case) -> Vec<u8> {
 /// sent.
 fn model_exchange(comm: &ModelComm, c: &Case) {
     let mut v = [0u8; 16];
-    v[..4].copy_from_slice(b"6.29");
+    v[..4].copy_from_slice(if c.old { b"6.06" } else { b"6.29" });
     let r = comm.xchg(&v, 16, "version");
     let s: String = r
         .iter()
@@ -259,6 +283,10 @@ fn model_exchange(comm: &ModelComm, c: &Case) {
     assert_eq!(be32(&r, 0), 64);
     let r = comm.xchg(b"5\0", 2, "mtu");
     assert!((b'1'..=b'5').contains(&r[0]) && r[1] == 0, "mtu {r:?}");
+    if c.old {
+        // negotiate_params came with 6.28: a 6.06 peer goes on to the first sync.
+        return;
+    }
     let r = comm.xchg(&negotiate(c), 312, "negotiate");
     let mine = negotiate(c);
     // Every compared field equal: the first 80 bytes but the padding at 28.
@@ -652,7 +680,7 @@ fn model_client(c: Case, me: &str, srv: &str, port: u16) {
         drop(wait_ev(&ch, EventType::AddrResolved));
         id.resolve_route(Duration::from_secs(2)).unwrap();
         drop(wait_ev(&ch, EventType::RouteResolved));
-        let comm = ModelComm::new(ch, id, true);
+        let comm = ModelComm::new(ch, id, true, &c);
         comm.id.connect(&test_param(&c, 0, 0)).unwrap();
         let ev = comm
             .ch
@@ -765,7 +793,7 @@ fn model_server(c: Case, me: &str, port: u16, ready: std::sync::mpsc::Sender<()>
     assert_eq!(ev.param().responder_resources, 0);
     let id = ev.take_id().unwrap();
     drop(ev);
-    let comm = ModelComm::new(ch, id, false);
+    let comm = ModelComm::new(ch, id, false, &c);
     comm.id.accept(&test_param(&c, 0, 0)).unwrap();
     drop(control);
     model_exchange(&comm, &c);
@@ -774,8 +802,8 @@ fn model_server(c: Case, me: &str, port: u16, ready: std::sync::mpsc::Sender<()>
     // first connects may be refused and retried, as with perftest).
     let mut pending = None;
     let z = comm.read(&mut pending);
-    assert_eq!(z, vec![0u8; 64], "first sync");
-    comm.write(&[0; 64], &mut pending);
+    assert_eq!(z, vec![0u8; comm.dest_len], "first sync");
+    comm.write(&vec![0; comm.dest_len], &mut pending);
     let listen = CmId::new(&tch, PortSpace::Tcp).unwrap();
     listen.bind_addr(addr).unwrap();
     listen.listen(c.qps as usize).unwrap();
@@ -865,7 +893,13 @@ fn check_output(o: &Output, c: &Case, rows: bool) {
 /// perftest client → rdma-perf server (no -R on our side, as in the report).
 fn perftest_client(c: Case, me: &str, srv: &str, port: u16) {
     // As in the report: the server with its defaults; it follows the client's negotiation.
-    let args = [c.name, "--bind", srv, "-p", &port.to_string()].map(String::from);
+    // perftest before 6.28 does not negotiate: both sides are given the same parameters.
+    let mut args = if c.old {
+        perf_args(&c)
+    } else {
+        vec![c.name.to_string()]
+    };
+    args.extend(["--bind", srv, "-p", &port.to_string()].map(String::from));
     let child = Command::new(PERF)
         .args(&args)
         .stdout(Stdio::piped())
@@ -987,4 +1021,44 @@ both!(
     "127.0.45.2",
     "127.0.45.3",
     "127.0.45.4"
+);
+
+/// perftest 4.5 (6.10) as Debian 12 ships it, both ways.
+macro_rules! both_old {
+    ($t:ident, $name:literal, $size:expr, $iters:expr, $qps:expr, $a:literal, $b:literal, $c:literal, $d:literal) => {
+        mod $t {
+            use super::*;
+            #[test]
+            fn perftest_client_our_server() {
+                perftest_client(old(case($name, $size, $iters, $qps)), $a, $b, 18515);
+            }
+            #[test]
+            fn our_client_perftest_server() {
+                perftest_server(old(case($name, $size, $iters, $qps)), $c, $d, 18515);
+            }
+        }
+    };
+}
+
+both_old!(
+    old_send_lat,
+    "send_lat",
+    64,
+    200,
+    1,
+    "127.0.48.1",
+    "127.0.48.2",
+    "127.0.48.3",
+    "127.0.48.4"
+);
+both_old!(
+    old_write_bw,
+    "write_bw",
+    1000,
+    400,
+    2,
+    "127.0.49.1",
+    "127.0.49.2",
+    "127.0.49.3",
+    "127.0.49.4"
 );

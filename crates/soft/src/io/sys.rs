@@ -89,7 +89,10 @@ pub(crate) fn open_udp(
 pub(crate) const MULTICAST_HOPS: i32 = 64;
 
 /// A non-blocking UDP socket of `local`'s family (a link-local address needs its scope),
-/// IPv6-only for IPv6, sending with don't-fragment.
+/// IPv6-only for IPv6, sending with don't-fragment. An IPv6 socket takes datagrams with a
+/// zero UDP checksum (`UDP_NO_CHECK6_RX`): Linux rxe sends RoCEv2 over IPv6 with checksum 0
+/// (the ICRC covers the packet; RFC 6935/6936 allow it for tunnels), which the kernel
+/// otherwise drops before the socket.
 fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
     if local.is_link_local() && local.scope_id() == 0 {
         return Err(Error::ScopeRequired { addr: local });
@@ -115,6 +118,7 @@ fn udp_socket(local: WireAddr) -> Result<OwnedFd> {
     let opt = |op, level, name, value| set_opt(&fd, local, op, level, name, value);
     if local.ip().is_ipv6() {
         opt("IPV6_V6ONLY", libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+        opt("UDP_NO_CHECK6_RX", libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
         opt(
             "IPV6_MTU_DISCOVER",
             libc::IPPROTO_IPV6,

@@ -1,11 +1,12 @@
 //! `cmtime`: per-step timing of RDMA CM connection setup and teardown over many
-//! connections (rdma-core's `cmtime`). Server when no `-s` is given; the server serves one
-//! client's run (kept in step over an out-of-band TCP connection) and exits with it.
+//! connections (rdma-core's `cmtime`). Server when no `-s` is given. Speaks both cmtime
+//! generations: with an out-of-band TCP sync (rdma-core 52 and later; the server then serves
+//! that one client's run and exits with it) and without (rdma-core 51 and older).
 
 use std::time::Duration;
 
 use rdma_tools::cli::Tool;
-use rdma_tools::cmtime::{run_client, run_server, ClientOpts};
+use rdma_tools::cmtime::{run_client, run_server, ClientOpts, SyncMode};
 
 const TOOL: Tool = Tool {
     name: "cmtime",
@@ -17,6 +18,8 @@ options:
    -p port_number (default 7471)
    -r retries (default 2)
    -t timeout_ms (default 2000)
+   -O client: no out-of-band sync with the server (as rdma-core 51 and older's cmtime;
+      without -O the client syncs, or runs without when the server refuses the socket)
    -d debug logs on stderr (-dd: per packet; RUST_LOG wins)
    -h this help
 server mode when no -s is given
@@ -24,10 +27,11 @@ server mode when no -s is given
 };
 
 fn main() {
-    let opts = TOOL.parse_args("s:b:c:p:r:t:dh");
+    let opts = TOOL.parse_args("s:b:c:p:r:t:Odh");
     let (mut server, mut bind) = (None, None);
     let (mut conns, mut port, mut retries, mut timeout) = (100usize, 7471u16, 2u8, 2000u64);
     let mut debug = 0u8;
+    let mut sync = SyncMode::Auto;
     for o in &opts {
         let v = o.value.as_deref().unwrap_or("");
         match o.name {
@@ -37,6 +41,7 @@ fn main() {
             'p' => port = TOOL.num('p', v),
             'r' => retries = TOOL.num('r', v),
             't' => timeout = TOOL.num('t', v),
+            'O' => sync = SyncMode::Off,
             'd' => debug = debug.saturating_add(1),
             _ => {}
         }
@@ -53,6 +58,7 @@ fn main() {
                 connections: conns,
                 retries,
                 timeout: Duration::from_millis(timeout.max(1)),
+                sync,
             };
             match run_client(&o) {
                 Ok(t) => print!("{}", t.table()),

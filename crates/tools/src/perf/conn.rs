@@ -273,8 +273,10 @@ pub fn client(p: &Params, hook: Hook<'_>) -> Result<Link, String> {
             .map_err(|e| format!("connect: {e}"))?;
         let ev = wait(&ch, EventType::Established, limit * 3, hook)
             .map_err(|e| format!("connect to {dst}: {e}"))?;
-        let r = decode_remote(ev.private_data())
-            .ok_or("connect: the server's answer is not rdma-perf's")?;
+        let r = decode_remote(ev.private_data()).ok_or(
+            "connect: the server's answer is not rdma-perf's (no parameters in its REP): \
+                 a perftest server (ib_* -R) needs rdma-perf's -R",
+        )?;
         drop(ev);
         if r.len < p.region_len() as u32 {
             return Err("connect: the server's buffer is too small".into());

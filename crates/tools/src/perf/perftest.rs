@@ -1,13 +1,28 @@
-//! perftest's `-R` messages, as perftest (6.29) puts them on its rdma_cm communication QP:
-//! every one is a SEND of exactly the bytes of a C object, so their sizes and byte order are
-//! fixed here and nowhere else. `docs/PERFTEST.md` lists the whole exchange.
+//! perftest's `-R` messages, as perftest (6.29, and 6.06: Debian 12's) puts them on its
+//! rdma_cm communication QP: every one is a SEND of exactly the bytes of a C object, so their
+//! sizes and byte order are fixed here and nowhere else. `docs/PERFTEST.md` lists the whole
+//! exchange.
 
 /// The version we announce: the perftest whose exchange this implements.
 pub const VERSION: &str = "6.29";
 /// `char version[MAX_VERSION]`: the version message's size.
 pub const VERSION_LEN: usize = 16;
-/// `sizeof(struct pingpong_dest)`.
+/// `sizeof(struct pingpong_dest)` from 6.29 (with `tail_markers_vaddr`).
 pub const DEST_LEN: usize = 64;
+/// `sizeof(struct pingpong_dest)` before 6.29 (Debian 12's perftest 4.5 announces 6.06).
+pub const DEST_LEN_OLD: usize = 56;
+/// The first version whose `pingpong_dest` has `tail_markers_vaddr`.
+pub const TAIL_MARKERS_FROM: f64 = 6.29;
+
+/// The size of the `pingpong_dest` a peer announcing `rem_version` sends and reads: perftest
+/// does not gate it by version, so each side must match the other's build.
+pub fn dest_len(rem_version: f64) -> usize {
+    if rem_version >= TAIL_MARKERS_FROM {
+        DEST_LEN
+    } else {
+        DEST_LEN_OLD
+    }
+}
 /// `sizeof(struct perftest_parameters_negotiate)` without the mlx5dv comp mask (a build with
 /// mlx5dv sends 8 more bytes, which we accept).
 pub const NEGOTIATE_LEN: usize = 312;
@@ -74,7 +89,9 @@ pub fn parse_mtu(b: &[u8]) -> Option<u8> {
 }
 
 /// `struct pingpong_dest` (each field `htobe32`/`htobe64`, the GID as bytes; the 4 bytes
-/// after `rkey` are the C struct's padding, zero from us and ignored from the peer).
+/// after `rkey` are the C struct's padding, zero from us and ignored from the peer). Before
+/// 6.29 it has no `tail_markers_vaddr` and is 56 bytes: the GID at 32, `srqn` 48,
+/// `gid_index` 52.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Dest {
     /// LID (0 on RoCE).
@@ -116,15 +133,31 @@ impl Dest {
         b
     }
 
-    /// Decodes 64 bytes.
-    pub fn decode(b: &[u8]) -> Option<Dest> {
-        if b.len() < DEST_LEN {
-            return None;
+    /// The bytes on the wire in the layout of `len` ([`DEST_LEN`] or [`DEST_LEN_OLD`], which
+    /// has no `tail_markers_vaddr`).
+    pub fn encode_len(&self, len: usize) -> Vec<u8> {
+        let new = self.encode();
+        if len != DEST_LEN_OLD {
+            return new.to_vec();
         }
+        // The old layout is the new one without bytes 32..40.
+        let mut b = Vec::with_capacity(DEST_LEN_OLD);
+        b.extend_from_slice(&new[..32]);
+        b.extend_from_slice(&new[40..]);
+        b
+    }
+
+    /// Decodes 64 bytes, or 56 (the layout before 6.29: `tail_markers_vaddr` is 0).
+    pub fn decode(b: &[u8]) -> Option<Dest> {
+        let (tail, rest) = match b.len() {
+            DEST_LEN_OLD => (None, 32),
+            n if n >= DEST_LEN => (Some(32), 40),
+            _ => return None,
+        };
         let u = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let q = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
         let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[40..56]);
+        gid.copy_from_slice(&b[rest..rest + 16]);
         Some(Dest {
             lid: u(0),
             out_reads: u(4),
@@ -132,10 +165,10 @@ impl Dest {
             psn: u(12),
             rkey: u(16),
             vaddr: q(24),
-            tail_markers_vaddr: q(32),
+            tail_markers_vaddr: tail.map_or(0, q),
             gid,
-            srqn: u(56),
-            gid_index: u(60),
+            srqn: u(rest + 16),
+            gid_index: u(rest + 20),
         })
     }
 }
@@ -419,6 +452,14 @@ mod tests {
         assert_eq!(&e[16..24], &[0x12, 0x34, 0x56, 0x78, 0, 0, 0, 0]);
         assert_eq!(&e[24..32], &0x7f00_0000_1000u64.to_be_bytes());
         assert_eq!(Dest::decode(&e), Some(d));
+        // perftest 6.06 (Debian 12): 56 bytes, the GID right after vaddr.
+        let o = d.encode_len(dest_len(6.06));
+        assert_eq!(o.len(), 56);
+        assert_eq!(&o[24..32], &0x7f00_0000_1000u64.to_be_bytes());
+        assert_eq!(&o[32..48], &[1; 16]);
+        assert_eq!(&o[52..56], &[0, 0, 0, 3]);
+        assert_eq!(Dest::decode(&o), Some(d));
+        assert_eq!(d.encode_len(dest_len(6.29)), e.to_vec());
         let n = Negotiate {
             verb: verb::READ,
             tst: 1,

@@ -50,6 +50,8 @@ pub struct Comm {
     client: bool,
     stash: Option<Vec<u8>>,
     limit: Duration,
+    /// The peer's `pingpong_dest` size (by its version, once exchanged).
+    dest_len: usize,
     _pd: ProtectionDomain,
 }
 
@@ -76,6 +78,7 @@ impl Comm {
             client,
             stash: None,
             limit,
+            dest_len: pt::DEST_LEN,
             _pd: pd,
         };
         // perftest's post_one_recv_wqe, before rdma_connect / rdma_accept.
@@ -203,9 +206,10 @@ impl Comm {
         Ok(b)
     }
 
-    /// `ctx_hand_shake`: 64-byte `pingpong_dest`s.
+    /// `ctx_hand_shake`: `pingpong_dest`s of the peer's version's size.
     pub fn hand_shake(&mut self, mine: &Dest) -> Result<Dest, String> {
-        let b = self.xchg(&mine.encode(), &[pt::DEST_LEN], "pingpong_dest")?;
+        let len = self.dest_len;
+        let b = self.xchg(&mine.encode_len(len), &[len], "pingpong_dest")?;
         Dest::decode(&b).ok_or_else(|| "bad pingpong_dest".into())
     }
 }
@@ -283,6 +287,16 @@ fn exchange(comm: &mut Comm, p: &Params, follow: bool) -> Result<Settled, String
         return Err(format!(
             "the peer's perftest version {rem_version} is older than 5.70"
         ));
+    }
+    comm.dest_len = pt::dest_len(rem_version);
+    if rem_version < NEGOTIATE_FROM {
+        tracing::warn!(
+            "the peer's perftest {rem_version} does not negotiate: both sides run their own \
+             parameters (size {}, iterations {}, QPs {}); give both the same -s, -n, -q",
+            p.size,
+            p.iters,
+            p.qps
+        );
     }
     let (mut cycle, mut cache_line) = (CYCLE, CACHE_LINE);
     if rem_version >= 5.32 {
@@ -1326,10 +1340,12 @@ pub fn serve(
     let s = exchange(&mut comm, p, true)?;
     // The first sync: we listen for the test QPs before answering it.
     let b = comm.recv()?;
-    if b.len() != pt::DEST_LEN {
+    if b.len() != comm.dest_len {
         return Err(format!(
-            "perftest exchange: pingpong_dest: got {} bytes, expected 64",
-            b.len()
+            "perftest exchange: pingpong_dest: got {} bytes, expected {} (perftest {})",
+            b.len(),
+            comm.dest_len,
+            s.rem_version
         ));
     }
     let tch = EventChannel::with_cma(&cma).map_err(err("event channel"))?;
@@ -1341,7 +1357,7 @@ pub fn serve(
     tl.bind_addr(addr)
         .map_err(|e| format!("bind {addr}: {e}"))?;
     tl.listen(s.p.qps as usize).map_err(err("listen"))?;
-    comm.send(&Dest::default().encode())?;
+    comm.send(&Dest::default().encode_len(comm.dest_len))?;
     let d = accept_tests(tch, tl, &s, &mut *hook)?;
     comm.hand_shake(&Dest::default())?;
     let mine = my_dests(&d, &s);
