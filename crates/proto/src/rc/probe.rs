@@ -25,9 +25,12 @@ use crate::psn::{psn_add, psn_diff};
 use crate::verbs::QpState;
 
 /// The smallest probe timeout in ns, whatever the measured round trip: above the scheduling
-/// hiccups of a loaded host and the few milliseconds an ACK may be held (`rdma-soft`'s ACK
-/// hold), so a clean link sees no early retransmission.
-pub const PROBE_FLOOR_NS: u64 = 2_000_000;
+/// hiccups of a loaded host and the few milliseconds a peer's ACK may wait (`rdma-soft`'s ACK
+/// hold, an engine that left the device to a polling thread: up to about 4 ms seen on a
+/// loaded 2-core host, where 2 ms fired on 1 exchange in 20 of a clean rping), so a clean
+/// link sees no early retransmission. Retransmissions on such delays are ambiguous, so the
+/// round trip estimate cannot learn them (Karn's rule): the floor must cover them.
+pub const PROBE_FLOOR_NS: u64 = 5_000_000;
 
 /// Doublings of the probe timeout without progress, at most.
 const MAX_BACKOFF: u32 = 8;
@@ -216,7 +219,13 @@ impl RcQp {
             if let Some(psn) = self.rewind_to_last() {
                 self.stats.retransmitted += 1;
                 self.stats.early_retransmits += 1;
-                tracing::debug!(qpn = self.cfg.qpn, psn, "probe: last packet resent");
+                tracing::debug!(
+                    qpn = self.cfg.qpn,
+                    psn,
+                    srtt_us = self.probe.srtt.map(|s| s / 1000),
+                    rttvar_us = self.probe.rttvar / 1000,
+                    "probe: last packet resent"
+                );
                 self.arm_probe(now);
                 return;
             }
@@ -225,6 +234,7 @@ impl RcQp {
             qpn = self.cfg.qpn,
             psn = c,
             backoff = self.probe.backoff,
+            srtt_us = self.probe.srtt.map(|s| s / 1000),
             "probe: go-back-N"
         );
         self.stats.early_retransmits += self.go_back(c);
