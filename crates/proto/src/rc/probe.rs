@@ -18,7 +18,9 @@
 //! PSN. The negotiated local ACK timeout is untouched: it restarts only on progress, and
 //! `retry_cnt` expiries in a row still end in `RetryExcErr` after the same time. Probes
 //! stop once the next one would come after that timer, and never run while an RNR wait is
-//! pending or with an infinite ACK timeout.
+//! pending or with an infinite ACK timeout. RNR waits are unchanged: a lost RNR NAK is
+//! answered by the probe's resend (another RNR NAK, charged to `rnr_retry` as the resend
+//! after a timeout was), a lost resend after the wait by the next probe.
 
 use super::{ack_timeout_ns, RcQp};
 use crate::psn::{psn_add, psn_diff};
@@ -26,10 +28,11 @@ use crate::verbs::QpState;
 
 /// The smallest probe timeout in ns, whatever the measured round trip: above the scheduling
 /// hiccups of a loaded host and the few milliseconds a peer's ACK may wait (`rdma-soft`'s ACK
-/// hold, an engine that left the device to a polling thread: up to about 4 ms seen on a
-/// loaded 2-core host, where 2 ms fired on 1 exchange in 20 of a clean rping), so a clean
-/// link sees no early retransmission. Retransmissions on such delays are ambiguous, so the
-/// round trip estimate cannot learn them (Karn's rule): the floor must cover them.
+/// hold, an engine that left the device to a polling thread: 2-4 ms seen on a loaded 2-core
+/// host, where a 2 ms floor fired in 2 of 5 clean rping runs), so a clean link sees (almost)
+/// no early retransmission. A resend on such a delay makes the late ACK ambiguous, so the
+/// round trip estimate cannot learn it (Karn's rule): the floor must cover it. See
+/// `docs/BENCHMARKS.md`, "Loss recovered by probes".
 pub const PROBE_FLOOR_NS: u64 = 5_000_000;
 
 /// Doublings of the probe timeout without progress, at most.
