@@ -1016,6 +1016,9 @@ fn replay_requester(d: &Dir<'_>) -> RequesterRun {
     let mut cfg = RcConfig::new(d.req_qpn, PD);
     cfg.max_send_wr = wrs.len().max(1) as u32;
     let mut qp = RcQp::new(cfg);
+    // Linux's requester resends on its ACK timer only: so does ours here, for the packets to
+    // compare (a TCG VM's responses come later than our probe would wait)
+    qp.set_early_retransmit(false);
     let params = ConnParams {
         mtu: Mtu::Mtu1024,
         // 4.096 µs * 2^19 = 2.15 s: what rdma_cm gives RoCE QPs (packet life time 18 + 1),

@@ -10,6 +10,7 @@
 //! seeds may end so. Each mix asserts that its faults were really injected, that every
 //! corrupted datagram was refused and that the simulator could emit every packet.
 
+use rdma_proto::rc::{ack_timeout_ns, RcStats};
 use rdma_proto::sim::{ConnParams, Faults, NetStats, RcPair, Rng, BASE_A, BASE_B, MEM_SIZE};
 use rdma_proto::verbs::{
     Completion, Mtu, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -40,12 +41,35 @@ enum Exceeded {
 }
 
 fn run_mix(name: &str, faults: Faults, retry_cnt: u8, exceeded_bound: Exceeded) {
+    let timeout = ConnParams::default().timeout;
+    run_mix_timeout(name, faults, retry_cnt, timeout, exceeded_bound);
+}
+
+/// What the seeds of a mix did, summed (the transport's counters of both QPs) and at most
+/// (the virtual time a seed took).
+#[derive(Debug, Default)]
+struct MixTotals {
+    qp: RcStats,
+    longest_ns: u64,
+    total_ns: u64,
+    seeds: u64,
+}
+
+/// [`run_mix`] with local ACK timeout exponent `timeout`.
+fn run_mix_timeout(
+    name: &str,
+    faults: Faults,
+    retry_cnt: u8,
+    timeout: u8,
+    exceeded_bound: Exceeded,
+) -> MixTotals {
     let t = std::time::Instant::now();
     let seeds = seeds();
     let mut stats = NetStats::default();
+    let mut totals = MixTotals::default();
     let mut exceeded = Vec::new();
     for &seed in &seeds {
-        let r = workload(seed, faults, retry_cnt).map(|o| match o {
+        let r = workload(seed, faults, retry_cnt, timeout).map(|o| match o {
             Outcome::Done(s) => s,
             Outcome::RetryExceeded(s) => {
                 exceeded.push(seed);
@@ -53,7 +77,15 @@ fn run_mix(name: &str, faults: Faults, retry_cnt: u8, exceeded_bound: Exceeded) 
             }
         });
         match r {
-            Ok(s) => stats.add(&s),
+            Ok(end) => {
+                stats.add(&end.net);
+                for q in [&end.a, &end.b] {
+                    add_qp(&mut totals.qp, q);
+                }
+                totals.longest_ns = totals.longest_ns.max(end.now);
+                totals.total_ns += end.now;
+                totals.seeds += 1;
+            }
             Err(e) => panic!(
                 "fault mix {name}: seed {seed} failed: {e}\nreplay with RDMA_SIM_SEED={seed}"
             ),
@@ -127,6 +159,15 @@ fn run_mix(name: &str, faults: Faults, retry_cnt: u8, exceeded_bound: Exceeded) 
             "mix {name}: no corruption ever hit an ICRC-covered bit"
         );
     }
+    totals
+}
+
+fn add_qp(a: &mut RcStats, b: &RcStats) {
+    a.retransmitted += b.retransmitted;
+    a.timeouts += b.timeouts;
+    a.tail_probes += b.tail_probes;
+    a.early_retransmits += b.early_retransmits;
+    a.duplicates += b.duplicates;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -163,19 +204,38 @@ fn check(c: bool, msg: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
+/// The counters of a seed's run and the virtual time it ended at.
+struct SeedEnd {
+    net: NetStats,
+    a: RcStats,
+    b: RcStats,
+    now: u64,
+}
+
+impl SeedEnd {
+    fn of(s: &RcPair) -> SeedEnd {
+        SeedEnd {
+            net: s.stats,
+            a: s.a.qp.stats(),
+            b: s.b.qp.stats(),
+            now: s.now,
+        }
+    }
+}
+
 /// How a seed ended.
 enum Outcome {
     /// Everything completed and checked.
-    Done(rdma_proto::sim::NetStats),
+    Done(SeedEnd),
     /// A requester ended in `RetryExcErr` after `retry_cnt + 1` rounds in a row without
     /// progress (the simulator's round counter says so): bad luck on a lossy network, not a
     /// transport bug. Everything completed before the error was checked
     /// ([`check_partial`]).
-    RetryExceeded(rdma_proto::sim::NetStats),
+    RetryExceeded(SeedEnd),
 }
 
 /// A mixed workload from A to B (SEND, WRITE, READ, atomics), plus SENDs from B to A.
-fn workload(seed: u64, faults: Faults, retry_cnt: u8) -> Result<Outcome, String> {
+fn workload(seed: u64, faults: Faults, retry_cnt: u8, timeout: u8) -> Result<Outcome, String> {
     let mut rng = Rng::new(seed.wrapping_mul(0x9E37_79B9) ^ 0xA5A5);
     let mtu = [
         Mtu::Mtu256,
@@ -199,6 +259,7 @@ fn workload(seed: u64, faults: Faults, retry_cnt: u8) -> Result<Outcome, String>
         rd_atomic: 1 + rng.below(8) as u8,
         max_outstanding_psns: window,
         retry_cnt,
+        timeout,
         ..ConnParams::default()
     };
     let mut s = RcPair::with_attrs(seed, faults, &params);
@@ -465,7 +526,7 @@ fn workload(seed: u64, faults: Faults, retry_cnt: u8) -> Result<Outcome, String>
                 atomic_slots: &atomic_slots,
             };
             check_partial(&s, &p, [&send_a, &recv_a, &send_b, &recv_b])?;
-            return Ok(Outcome::RetryExceeded(s.stats));
+            return Ok(Outcome::RetryExceeded(SeedEnd::of(&s)));
         }
         let errs: Vec<Completion> = [&send_a, &recv_a, &send_b, &recv_b]
             .into_iter()
@@ -603,7 +664,7 @@ fn workload(seed: u64, faults: Faults, retry_cnt: u8) -> Result<Outcome, String>
         format!("counter {fin:#x} want {counter_model:#x}")
     })?;
     check_canaries(&s)?;
-    Ok(Outcome::Done(s.stats))
+    Ok(Outcome::Done(SeedEnd::of(&s)))
 }
 
 /// Canaries: nothing outside the registered buffers changed.
@@ -1024,5 +1085,57 @@ fn sim_retry_exhausted() {
         },
         2,
         Exceeded::Often(10),
+    );
+}
+
+/// The issue's fault mix (loss 5 %, duplication 2 %, reordering 5 %, with jitter) on QPs with
+/// a CM-made QP's ACK timeout (exponent 17, 537 ms): every loss is recovered by the probe
+/// timer in milliseconds of virtual time, never by a timeout, and what the probes resend
+/// twice is taken once (every seed's data is checked exactly once and byte exact, as in
+/// every mix).
+#[test]
+fn sim_issue_mix_recovers_by_probes() {
+    let timeout = 17;
+    let t = run_mix_timeout(
+        "issue30",
+        Faults {
+            loss: 0.05,
+            dup: 0.02,
+            reorder: 0.05,
+            corrupt: 0.0,
+            delay_ns: 20_000,
+            jitter_ns: 30_000,
+        },
+        7,
+        timeout,
+        Exceeded::AtMostOneIn(100),
+    );
+    let ack = ack_timeout_ns(timeout).unwrap();
+    let mean = t.total_ns / t.seeds.max(1);
+    eprintln!(
+        "issue30: {:?}, seeds took {} µs on average, the longest {} µs",
+        t.qp,
+        mean / 1000,
+        t.longest_ns / 1000
+    );
+    assert!(
+        t.qp.tail_probes > 0 && t.qp.early_retransmits > 0,
+        "{:?}",
+        t.qp
+    );
+    assert!(t.qp.duplicates > 0, "nothing resent twice: {:?}", t.qp);
+    assert_eq!(
+        t.qp.timeouts, 0,
+        "a loss waited for the ACK timeout: {:?}",
+        t.qp
+    );
+    // with a timeout per lost tail a seed takes 0.7 s on average (50 seeds without probes);
+    // with them 40-50 ms (200 seeds; a seed whose probes back off through a burst of losses
+    // takes a few hundred ms)
+    assert!(
+        mean < ack / 4,
+        "seeds took {} µs on average (ACK timeout {} µs)",
+        mean / 1000,
+        ack / 1000
     );
 }

@@ -166,8 +166,8 @@ pub(crate) struct Runtime {
     stats: RuntimeStats,
     gsi: Gsi,
     ud: ud::UdState,
-    /// Set by a `progress` that received something or ran timers: the earliest deadline
-    /// may have moved (see [`Runtime::take_timers_touched`]).
+    /// Set by a `progress` that received something, ran timers or gave a QP an earlier
+    /// deadline: the earliest deadline may have moved (see [`Runtime::take_timers_touched`]).
     timers_touched: bool,
     /// The device's asynchronous events (`verbs/async_event.rs`).
     events: AsyncQueue,

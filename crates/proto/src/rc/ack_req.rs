@@ -11,7 +11,7 @@
 //! With an infinite ACK timeout every message asks, as before.
 
 use super::{ack_timeout_ns, RcQp, SendWqe};
-use crate::psn::{psn_add, psn_diff};
+use crate::psn::psn_diff;
 use crate::verbs::{QpState, SendFlags};
 
 /// The requester's ACK-request bookkeeping.
@@ -89,22 +89,9 @@ impl RcQp {
         {
             return;
         }
-        let (idx, off) = if self.req_off > 0 {
-            (self.req_idx, self.req_off - 1)
-        } else if self.req_idx > 0 {
-            (self.req_idx - 1, self.sq[self.req_idx - 1].npkts.max(1) - 1)
-        } else {
+        let Some(psn) = self.rewind_to_last() else {
             return;
         };
-        let w = &self.sq[idx];
-        if !w.started || w.wr.op.is_read_or_atomic() {
-            return;
-        }
-        let psn = psn_add(w.first_psn, off);
-        self.req_idx = idx;
-        self.req_off = off;
-        self.unpull_from(idx);
-        self.ask.force = true;
         self.stats.ack_probes += 1;
         tracing::debug!(qpn = self.cfg.qpn, psn, "ACK probe");
     }

@@ -206,6 +206,7 @@ impl RcQp {
         self.apm.alt_loaded = false;
         self.apm.prev_port = Some(from_port);
         self.apm.migrations += 1;
+        self.probe.new_path();
         self.retry_left = self.attr.retry_cnt;
         let outstanding =
             self.sq.front().is_some_and(|w| w.started) && self.comp_psn != self.next_psn;

@@ -106,6 +106,7 @@ impl RcQp {
         self.rnr_left = self.attr.rnr_retry;
         self.gbn_guard = None;
         self.arm_retrans(now);
+        self.probe_progress(now);
     }
 
     /// Goes back to `psn` unless a go-back to it is still being resent; `count` charges the

@@ -21,10 +21,12 @@
 mod ack_req;
 mod apm;
 mod completer;
+mod probe;
 mod requester;
 mod responder;
 
 pub use apm::{MigrationCause, QpEvent};
+pub use probe::PROBE_FLOOR_NS;
 
 use crate::memory::MemoryTable;
 use crate::packet::{Packet, Placement, Transmit};
@@ -81,10 +83,15 @@ impl RcConfig {
 pub struct RcStats {
     /// Request packets sent (including retransmissions).
     pub req_packets_sent: u64,
-    /// Request packets resent by go-back-N or timeouts.
+    /// Request packets resent by go-back-N, timeouts or the probe timer.
     pub retransmitted: u64,
     /// Local ACK timer expiries.
     pub timeouts: u64,
+    /// Probe timer expiries that resent something before the local ACK timeout (see
+    /// [`PROBE_FLOOR_NS`]; they charge no retry).
+    pub tail_probes: u64,
+    /// Of [`retransmitted`](Self::retransmitted), request packets resent by the probe timer.
+    pub early_retransmits: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// PSN sequence error NAKs received.
@@ -167,6 +174,7 @@ pub struct RcQp {
     rnr_until: Option<u64>,
     gbn_guard: Option<(u32, u32)>,
     ask: ack_req::AckAsk,
+    probe: probe::Probe,
     send_cq: VecDeque<Completion>,
     // responder
     resp: Responder,
@@ -203,6 +211,7 @@ impl RcQp {
             rnr_until: None,
             gbn_guard: None,
             ask: ack_req::AckAsk::default(),
+            probe: probe::Probe::default(),
             send_cq: VecDeque::with_capacity(sq_cap),
             resp: Responder::new(rq_cap),
             recv_cq: VecDeque::with_capacity(rq_cap),
@@ -342,6 +351,7 @@ impl RcQp {
         if mask.contains(M::SQ_PSN) {
             self.next_psn = attr.sq_psn;
             self.comp_psn = attr.sq_psn;
+            self.probe.start(attr.sq_psn);
         }
         if mask.contains(M::MAX_QP_RD_ATOMIC) {
             a.max_rd_atomic = attr.max_rd_atomic;
@@ -358,8 +368,9 @@ impl RcQp {
     }
 
     fn reset(&mut self) {
-        let cfg = self.cfg;
+        let (cfg, early) = (self.cfg, self.early_retransmit());
         *self = RcQp::new(cfg);
+        self.set_early_retransmit(early);
     }
 
     /// Moves the QP to Err: the send queue and receive queue are flushed (after `first`, an
@@ -377,6 +388,7 @@ impl RcQp {
         self.retrans_deadline = None;
         self.rnr_until = None;
         self.ask.probe_at = None;
+        self.probe.at = None;
         let qpn = self.cfg.qpn;
         let mut status = first;
         while let Some(w) = self.sq.pop_front() {
@@ -559,12 +571,12 @@ impl RcQp {
         };
         min(
             min(self.retrans_deadline, self.rnr_until),
-            self.ask.probe_at,
+            min(self.ask.probe_at, self.probe.at),
         )
     }
 
-    /// Runs expired timers: the local ACK timer (retransmit or [`WcStatus::RetryExcErr`]) and
-    /// the end of an RNR wait.
+    /// Runs expired timers: the local ACK timer (retransmit or [`WcStatus::RetryExcErr`]),
+    /// the end of an RNR wait, the ACK probe and the early-retransmission probe.
     pub fn handle_timeout(&mut self, now: u64) {
         if let Some(t) = self.rnr_until {
             if now >= t {
@@ -574,8 +586,13 @@ impl RcQp {
         }
         if let Some(t) = self.retrans_deadline {
             if now >= t {
+                // it resends everything: a probe due as well has nothing to add
+                self.probe.at = None;
                 self.on_retrans_timeout(now);
             }
+        }
+        if self.probe.at.is_some_and(|t| now >= t) {
+            self.on_probe(now);
         }
         if self.ask.probe_at.is_some_and(|t| now >= t) {
             self.on_ack_probe();

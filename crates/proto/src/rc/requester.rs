@@ -224,15 +224,16 @@ impl RcQp {
         };
     }
 
-    /// Restarts transmission at `psn` (which must be in the oldest WR).
-    pub(super) fn go_back(&mut self, psn: u32) {
-        let Some(w) = self.sq.front() else { return };
+    /// Restarts transmission at `psn` (which must be in the oldest WR). Returns how many
+    /// packets that resends.
+    pub(super) fn go_back(&mut self, psn: u32) -> u64 {
+        let Some(w) = self.sq.front() else { return 0 };
         if !w.started {
-            return;
+            return 0;
         }
         let d = psn_diff(psn, w.first_psn);
         if d < 0 || d as u32 >= w.npkts {
-            return;
+            return 0;
         }
         // count what is resent: everything from psn to the last PSN sent
         let until = self.current_req_psn();
@@ -249,6 +250,7 @@ impl RcQp {
         self.unpull_from(0);
         // ignore further evidence of the same gap until everything in flight was resent
         self.gbn_guard = Some((psn, until));
+        resent
     }
 
     /// Whether the send window lets a request packet with PSN `psn` go out.
@@ -508,6 +510,13 @@ impl RcQp {
         if self.retrans_deadline.is_none() {
             self.arm_retrans(now);
         }
+        let read = matches!(w.wr.op, SendOp::RdmaRead { .. });
+        let end = if read {
+            psn_add(first_psn, w.npkts.max(1) - 1)
+        } else {
+            psn_add(psn, psns - 1)
+        };
+        self.probe_sent(now, psn, end, h.bth.ack_req, read);
         Some(Transmit {
             header: h,
             payload_len,

@@ -282,6 +282,13 @@ pub struct RcPair {
     pub rng: Rng,
     /// Counters.
     pub stats: NetStats,
+    /// Jitter never reorders: a datagram arrives no earlier than the one its sender sent
+    /// before it (the reordering fault still reorders). Off by default.
+    pub in_order: bool,
+    /// Datagrams to drop once each: (sent by A, BTH PSN) ([`RcPair::drop_once`]).
+    drops: Vec<(bool, u32)>,
+    /// The latest arrival time scheduled per direction (to B, to A), for `in_order`.
+    last_at: [u64; 2],
     flight: Vec<InFlight>,
     trace: bool,
     seq: u64,
@@ -446,6 +453,9 @@ impl RcPair {
             alt_faults: None,
             rng,
             stats: NetStats::default(),
+            in_order: false,
+            drops: Vec::new(),
+            last_at: [0; 2],
             flight: Vec::new(),
             trace: std::env::var_os("RDMA_SIM_TRACE").is_some(),
             seq: 0,
@@ -483,7 +493,12 @@ impl RcPair {
             if port == 2 {
                 self.stats.sent_alt += 1;
             }
-            let lost = self.rng.chance(f.loss);
+            let mut lost = self.rng.chance(f.loss);
+            let psn = t.header.bth.psn;
+            if let Some(i) = self.drops.iter().position(|&d| d == (from_a, psn)) {
+                self.drops.swap_remove(i);
+                lost = true;
+            }
             if self.trace {
                 let h = &t.header;
                 eprintln!(
@@ -528,10 +543,14 @@ impl RcPair {
                     };
                 }
                 let mut at = self.now + f.delay_ns + self.rng.below(f.jitter_ns);
+                let dir = usize::from(!from_a);
                 if self.rng.chance(f.reorder) {
                     self.stats.reordered += 1;
                     at += self.rng.below(20_000);
+                } else if self.in_order {
+                    at = at.max(self.last_at[dir]);
                 }
+                self.last_at[dir] = self.last_at[dir].max(at);
                 self.seq += 1;
                 self.flight.push(InFlight {
                     at,
@@ -636,6 +655,12 @@ impl RcPair {
             }
             Err(_) => self.stats.rejected += 1,
         }
+    }
+
+    /// Drops the next datagram host A (`from_a`) or B sends with BTH PSN `psn` (a request,
+    /// or a response to the other side's request), counted as lost.
+    pub fn drop_once(&mut self, from_a: bool, psn: u32) {
+        self.drops.push((from_a, psn));
     }
 
     /// Feeds raw bytes to a host as if they came from the other one (for security tests).

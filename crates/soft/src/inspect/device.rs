@@ -13,6 +13,8 @@ pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
     a.req_packets_sent += b.req_packets_sent;
     a.retransmitted += b.retransmitted;
     a.timeouts += b.timeouts;
+    a.tail_probes += b.tail_probes;
+    a.early_retransmits += b.early_retransmits;
     a.rnr_naks_received += b.rnr_naks_received;
     a.seq_naks_received += b.seq_naks_received;
     a.responses_sent += b.responses_sent;
@@ -40,6 +42,8 @@ fn rc_counters(s: &RcStats) -> Value {
         "req_packets_sent": s.req_packets_sent,
         "retransmitted": s.retransmitted,
         "ack_timeouts": s.timeouts,
+        "tail_probes": s.tail_probes,
+        "early_retransmits": s.early_retransmits,
         "rnr_naks_rcvd": s.rnr_naks_received,
         "seq_naks_rcvd": s.seq_naks_received,
         "naks_sent": s.naks_sent,

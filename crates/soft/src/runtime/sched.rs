@@ -85,6 +85,9 @@ impl Runtime {
         if none_or_later(ctx.armed, t) {
             ctx.armed = Some(t);
             self.sched.timers.push(Reverse((t, idx as u16, ctx.qpn)));
+            // an earlier deadline than the heap had for this QP: whoever drove this
+            // progress tells the engine (a transmit alone can arm a timer)
+            self.timers_touched = true;
         }
         if self.sched.timers.len() > 2 * self.live.len() + 64 {
             self.rebuild_timers();

@@ -1,0 +1,270 @@
+//! Early retransmission: a probe timer fitted to the measured round trip, so a lost tail
+//! packet or a lost ACK costs a few milliseconds instead of a whole local ACK timeout.
+//!
+//! Each QP keeps an RTT estimate (RFC 6298: SRTT and RTTVAR) from request packets that asked
+//! for an ACK and were sent once (Karn's rule: no sample once anything was resent). When a
+//! packet asking for an ACK leaves, the probe timer is set to
+//! `PTO = 2 SRTT + max(4 RTTVAR, PROBE_FLOOR_NS)` (before the first sample a
+//! conservative eighth of the ACK timeout), doubled for each probe without progress. When
+//! it fires with an asked-for acknowledgement still missing, the requester resends without
+//! charging `retry_cnt`: first the last packet it sent, asking for an ACK (a tail-loss probe,
+//! as TCP's RACK-TLP: the responder answers a duplicate with an ACK, a gap with a sequence
+//! NAK, and takes a lost last packet), then on later probes everything from the oldest
+//! unacknowledged PSN (go-back-N; a READ is asked again from its first missing response,
+//! an atomic is replayed by the responder). A READ or atomic at the tail is always resent
+//! the second way.
+//!
+//! Resending before the negotiated timeout is allowed: the responder handles duplicates by
+//! PSN. The negotiated local ACK timeout is untouched: it restarts only on progress, and
+//! `retry_cnt` expiries in a row still end in `RetryExcErr` after the same time. Probes
+//! stop once the next one would come after that timer, and never run while an RNR wait is
+//! pending or with an infinite ACK timeout. RNR waits are unchanged: a lost RNR NAK is
+//! answered by the probe's resend (another RNR NAK, charged to `rnr_retry` as the resend
+//! after a timeout was), a lost resend after the wait by the next probe.
+
+use super::{ack_timeout_ns, RcQp};
+use crate::psn::{psn_add, psn_diff};
+use crate::verbs::QpState;
+
+/// The smallest probe timeout in ns, whatever the measured round trip: above the scheduling
+/// hiccups of a loaded host and the few milliseconds a peer's ACK may wait (`rdma-soft`'s ACK
+/// hold, an engine that left the device to a polling thread: 2-4 ms seen on a loaded 2-core
+/// host, where a 2 ms floor fired in 2 of 5 clean rping runs), so a clean link sees (almost)
+/// no early retransmission. A resend on such a delay makes the late ACK ambiguous, so the
+/// round trip estimate cannot learn it (Karn's rule): the floor must cover it. See
+/// `docs/BENCHMARKS.md`, "Loss recovered by probes".
+pub const PROBE_FLOOR_NS: u64 = 5_000_000;
+
+/// Doublings of the probe timeout without progress, at most.
+const MAX_BACKOFF: u32 = 8;
+
+/// The RTT estimate and the probe timer of one requester.
+#[derive(Debug, Default)]
+pub(super) struct Probe {
+    /// Smoothed round trip in ns (`None`: no sample yet).
+    srtt: Option<u64>,
+    /// Round-trip variation in ns.
+    rttvar: u64,
+    /// The packet being timed: the PSN its acknowledgement covers, and when it left.
+    timed: Option<(u32, u64)>,
+    /// One past the highest request PSN sent: a packet before it is a resend.
+    sent_high: u32,
+    /// The newest PSN whose acknowledgement was asked for and has not come.
+    awaited: Option<u32>,
+    /// When the probe timer fires.
+    pub at: Option<u64>,
+    /// Probes since the last progress.
+    backoff: u32,
+    /// Early retransmission switched off ([`RcQp::set_early_retransmit`]).
+    off: bool,
+}
+
+impl Probe {
+    /// A fresh requester starting at `psn`.
+    pub fn start(&mut self, psn: u32) {
+        *self = Probe {
+            sent_high: psn,
+            off: self.off,
+            ..Probe::default()
+        };
+    }
+
+    /// Forgets the round trip (a new path).
+    pub fn new_path(&mut self) {
+        self.srtt = None;
+        self.rttvar = 0;
+        self.timed = None;
+    }
+
+    /// The smoothed round trip, once measured.
+    pub fn srtt(&self) -> Option<u64> {
+        self.srtt
+    }
+
+    fn sample(&mut self, r: u64) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(s) => {
+                self.rttvar = (3 * self.rttvar + s.abs_diff(r)) / 4;
+                self.srtt = Some((7 * s + r) / 8);
+            }
+        }
+    }
+
+    /// The probe timeout for an ACK timeout of `ack_ns`, backoff included.
+    fn pto(&self, ack_ns: u64) -> u64 {
+        let base = match self.srtt {
+            Some(s) => 2 * s + (4 * self.rttvar).max(PROBE_FLOOR_NS),
+            None => (ack_ns / 8).max(PROBE_FLOOR_NS),
+        };
+        base.saturating_mul(1 << self.backoff.min(MAX_BACKOFF))
+    }
+}
+
+impl RcQp {
+    /// The smoothed round trip the probe timer is fitted to (ns), once measured.
+    ///
+    /// ```
+    /// use rdma_proto::rc::{RcConfig, RcQp};
+    /// use rdma_proto::verbs::PdId;
+    /// assert_eq!(RcQp::new(RcConfig::new(0x11, PdId(1))).srtt_ns(), None);
+    /// ```
+    pub fn srtt_ns(&self) -> Option<u64> {
+        self.probe.srtt()
+    }
+
+    /// Switches early retransmission on (the default) or off. Off, only the local ACK timer
+    /// resends what was lost, as Linux rxe does (a test comparing our packets with a Linux
+    /// capture needs that); the round trip is still measured.
+    ///
+    /// ```
+    /// use rdma_proto::rc::{RcConfig, RcQp};
+    /// use rdma_proto::verbs::PdId;
+    /// let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
+    /// assert!(qp.early_retransmit());
+    /// qp.set_early_retransmit(false);
+    /// assert!(!qp.early_retransmit());
+    /// ```
+    pub fn set_early_retransmit(&mut self, on: bool) {
+        self.probe.off = !on;
+        if !on {
+            self.probe.at = None;
+        }
+    }
+
+    /// Whether early retransmission is on ([`RcQp::set_early_retransmit`]).
+    pub fn early_retransmit(&self) -> bool {
+        !self.probe.off
+    }
+
+    /// Arms the probe timer `now` plus the probe timeout, unless the local ACK timer would
+    /// come first (or is infinite).
+    fn arm_probe(&mut self, now: u64) {
+        let Some(ack_ns) = ack_timeout_ns(self.attr.timeout).filter(|_| !self.probe.off) else {
+            self.probe.at = None;
+            return;
+        };
+        let at = now.saturating_add(self.probe.pto(ack_ns));
+        let before_timeout = match self.retrans_deadline {
+            Some(d) => at < d,
+            None => at < now.saturating_add(ack_ns),
+        };
+        self.probe.at = before_timeout.then_some(at);
+    }
+
+    /// Records a request packet sent: `psn` its PSN, `end` the last PSN its answer covers (a
+    /// READ's last response), `asked` whether it asks for an ACK, `read` whether it is a
+    /// READ request (timed to its first response).
+    pub(super) fn probe_sent(&mut self, now: u64, psn: u32, end: u32, asked: bool, read: bool) {
+        let p = &mut self.probe;
+        if psn_diff(psn, p.sent_high) >= 0 {
+            p.sent_high = psn_add(end, 1);
+            if asked && p.timed.is_none() {
+                p.timed = Some((if read { psn } else { end }, now));
+            }
+        } else {
+            // Karn: an answer may now be to either copy
+            p.timed = None;
+        }
+        if asked {
+            if p.awaited.map_or(true, |a| psn_diff(end, a) > 0) {
+                p.awaited = Some(end);
+            }
+            self.arm_probe(now);
+        }
+    }
+
+    /// The oldest unacknowledged PSN moved forward: takes the RTT sample it completes,
+    /// resets the backoff and restarts the probe timer if an asked-for ACK is still missing.
+    pub(super) fn probe_progress(&mut self, now: u64) {
+        let c = self.comp_psn;
+        let p = &mut self.probe;
+        if let Some((psn, at)) = p.timed {
+            if psn_diff(c, psn) > 0 {
+                p.timed = None;
+                p.sample(now.saturating_sub(at));
+            }
+        }
+        p.backoff = 0;
+        if p.awaited.is_some_and(|a| psn_diff(c, a) > 0) {
+            p.awaited = None;
+        }
+        if p.awaited.is_some() {
+            self.arm_probe(now);
+        } else {
+            p.at = None;
+        }
+    }
+
+    /// The probe timer fired: resends early (see the module docs).
+    pub(super) fn on_probe(&mut self, now: u64) {
+        self.probe.at = None;
+        let c = self.comp_psn;
+        if self.probe.awaited.is_some_and(|a| psn_diff(c, a) > 0) {
+            self.probe.awaited = None;
+        }
+        let outstanding = self.sq.front().is_some_and(|w| w.started) && c != self.next_psn;
+        if self.probe.awaited.is_none()
+            || !outstanding
+            || !matches!(self.state, QpState::Rts | QpState::Sqd)
+            || self.rnr_until.is_some()
+        {
+            return;
+        }
+        self.probe.timed = None;
+        let first = self.probe.backoff == 0;
+        self.probe.backoff += 1;
+        self.stats.tail_probes += 1;
+        if first {
+            if let Some(psn) = self.rewind_to_last() {
+                self.stats.retransmitted += 1;
+                self.stats.early_retransmits += 1;
+                tracing::debug!(
+                    qpn = self.cfg.qpn,
+                    psn,
+                    srtt_us = self.probe.srtt.map(|s| s / 1000),
+                    rttvar_us = self.probe.rttvar / 1000,
+                    "probe: last packet resent"
+                );
+                self.arm_probe(now);
+                return;
+            }
+        }
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn = c,
+            backoff = self.probe.backoff,
+            srtt_us = self.probe.srtt.map(|s| s / 1000),
+            "probe: go-back-N"
+        );
+        self.stats.early_retransmits += self.go_back(c);
+        // the resend arms the timer again when it leaves; this covers a resend that cannot
+        // leave at once (send window, READ credits)
+        self.arm_probe(now);
+    }
+
+    /// Rewinds to the last request packet sent, to go again asking for an ACK, if it is a
+    /// SEND or WRITE packet (a pulled WRITE goes with its data). Returns its PSN.
+    pub(super) fn rewind_to_last(&mut self) -> Option<u32> {
+        let (idx, off) = if self.req_off > 0 {
+            (self.req_idx, self.req_off - 1)
+        } else if self.req_idx > 0 {
+            (self.req_idx - 1, self.sq[self.req_idx - 1].npkts.max(1) - 1)
+        } else {
+            return None;
+        };
+        let w = &self.sq[idx];
+        if !w.started || w.wr.op.is_read_or_atomic() {
+            return None;
+        }
+        let psn = psn_add(w.first_psn, off);
+        self.req_idx = idx;
+        self.req_off = off;
+        self.unpull_from(idx);
+        self.ask.force = true;
+        Some(psn)
+    }
+}
