@@ -20,25 +20,6 @@ use crate::slot::IdState;
 use crate::slot::{IdNum, IdSlot, Remote};
 use crate::state::State;
 
-/// The listener (if any) that gets a request for `local` arriving on netdev `arrival`.
-pub(crate) fn find_listener(
-    st: &State,
-    dev: u32,
-    sid: u64,
-    arrival: u32,
-    local: IpAddr,
-) -> Option<IdNum> {
-    let d = st.devices.get(&dev)?;
-    d.listeners.get(&sid)?.iter().copied().find(|l| {
-        st.ids.get(l).is_some_and(|s| {
-            s.state == IdState::Listen
-                && s.binding
-                    .as_ref()
-                    .is_some_and(|b| b.accepts(arrival, local, s.afonly()))
-        })
-    })
-}
-
 /// Why a request was refused, and the listener it matched if it got that far.
 type Refused = (RejectCause, Option<IdNum>);
 
@@ -103,7 +84,7 @@ fn admit(
     arrival: u32,
     local: IpAddr,
 ) -> std::result::Result<IdNum, Refused> {
-    let Some(l) = find_listener(st, dev, sid, arrival, local) else {
+    let Some(l) = st.find_listener(dev, sid, arrival, local) else {
         // A listener on the port but not for this address (or none matching): REJ 28 as
         // Linux (the agent itself answers REJ 8 when nobody listens on the service id).
         return Err((RejectCause::NoListenerForAddress, None));

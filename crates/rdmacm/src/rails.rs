@@ -43,16 +43,7 @@ pub(crate) const ANSWER_LEN: usize = 4 + 16;
 /// Where the answer starts in the REP's private data.
 const ANSWER_AT: usize = REP_USER_PRIVATE_DATA_MAX - ANSWER_LEN;
 
-/// The active side's own address on the other rail, offered in the REQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RailOffer {
-    /// The port of our device on that rail.
-    pub port: u8,
-    /// Our address on it.
-    pub local: IpAddr,
-    /// Its prefix length: the peer's answer must be on the same subnet.
-    pub prefix_len: u8,
-}
+pub(crate) use crate::slot::RailOffer;
 
 fn gid(ip: IpAddr) -> Ipv6Addr {
     Ipv6Addr::from(Gid::from_ip(ip).0)
@@ -119,7 +110,7 @@ pub(crate) fn passive_query(st: &State, dev: u32, h: &HeldReq) -> Option<(IpAddr
     };
     let peer_alt = offered(&r.req.alternate_path)?;
     let d = st.devices.get(&dev).filter(|d| d.links.len() > 1)?;
-    let l = crate::listen::find_listener(st, dev, r.listener, h.arrival(), h.hdr.dst)?;
+    let l = st.find_listener(dev, r.listener, h.arrival(), h.hdr.dst)?;
     if st.ids.get(&l)?.opts.ha != crate::ha::HaPolicy::Migrate {
         return None;
     }

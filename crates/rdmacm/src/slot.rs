@@ -82,7 +82,7 @@ pub(crate) struct IdSlot {
     pub lap_alt: Option<crate::route::AltPath>,
     /// Our address on another rail, offered in the REQ when no alternate path was found
     /// (`crate::rails`), until the REP.
-    pub rail_offer: Option<crate::rails::RailOffer>,
+    pub rail_offer: Option<RailOffer>,
     pub qp: Option<Arc<QueuePair>>,
     pub qp_kind: QpKind,
     pub conn: Option<ConnHandle>,
@@ -270,4 +270,15 @@ pub(crate) struct McJoin {
     pub send_only: bool,
     /// The join's context, reported with its events.
     pub context: u64,
+}
+
+/// The active side's own address on the other rail, offered in the REQ (`crate::rails`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RailOffer {
+    /// The port of our device on that rail.
+    pub port: u8,
+    /// Our address on it.
+    pub local: std::net::IpAddr,
+    /// Its prefix length: the peer's answer must be on the same subnet.
+    pub prefix_len: u8,
 }

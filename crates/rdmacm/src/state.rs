@@ -48,6 +48,26 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// The listener (if any) on device `dev` that gets a request for service `sid` to
+    /// `local` arriving on netdev `arrival`.
+    pub(crate) fn find_listener(
+        &self,
+        dev: u32,
+        sid: u64,
+        arrival: u32,
+        local: std::net::IpAddr,
+    ) -> Option<IdNum> {
+        let d = self.devices.get(&dev)?;
+        d.listeners.get(&sid)?.iter().copied().find(|l| {
+            self.ids.get(l).is_some_and(|s| {
+                s.state == crate::slot::IdState::Listen
+                    && s.binding
+                        .as_ref()
+                        .is_some_and(|b| b.accepts(arrival, local, s.afonly()))
+            })
+        })
+    }
+
     /// The device key of netdev `link`: the group's key for a member of a device group,
     /// the netdev's own ifindex otherwise (opened or not).
     pub fn key_of(&self, link: u32) -> u32 {
