@@ -160,6 +160,23 @@ impl HostView {
         })
     }
 
+    /// How many dumps (whole link, address, route or neighbour lists) this view and its
+    /// clones asked the kernel for: what keeping answers saves. A view that keeps them asks
+    /// again only after a change; [`HostView::uncached`] asks at every question.
+    ///
+    /// ```no_run
+    /// # async fn f() -> rdma_hostview::Result<()> {
+    /// let hv = rdma_hostview::HostView::new()?;
+    /// hv.links().await?;
+    /// let dumps = hv.kernel_dumps();
+    /// hv.links().await?; // nothing changed: kept
+    /// assert_eq!(hv.kernel_dumps(), dumps);
+    /// # Ok(()) }
+    /// ```
+    pub fn kernel_dumps(&self) -> u64 {
+        self.nl.dumps()
+    }
+
     /// A change monitor in the same namespace (see [`Monitor::new`]).
     pub async fn monitor(&self) -> Result<Monitor> {
         Monitor::new().await

@@ -44,6 +44,8 @@ struct State {
     port: u32,
     buf: Vec<u8>,
     out: Vec<u8>,
+    /// Dump requests sent (link, address, route, neighbour lists).
+    dumps: u64,
 }
 
 impl Requester {
@@ -61,8 +63,14 @@ impl Requester {
                 port: addr.port_number(),
                 buf: vec![0; RECV_BUF],
                 out: Vec::with_capacity(256),
+                dumps: 0,
             }),
         })
+    }
+
+    /// Dump requests sent on this socket so far.
+    pub(crate) fn dumps(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).dumps
     }
 
     /// Sends `msg` with `NLM_F_REQUEST | flags` and collects the answers (a dump's parts, the
@@ -131,6 +139,7 @@ impl Requester {
             kinds.push((flags & NLM_F_DUMP == NLM_F_DUMP, flags & NLM_F_ACK != 0));
         }
         let sent = st.sock.send(&st.out, 0).map_err(Error::Io)?;
+        st.dumps += kinds.iter().filter(|(dump, _)| *dump).count() as u64;
         if sent != st.out.len() {
             return Err(Error::Netlink(format!("{op}: short send")));
         }

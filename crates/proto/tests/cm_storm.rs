@@ -9,7 +9,9 @@
 //! REP at once. Timeouts are rdma_cm's defaults (response timeout 20, 15 retries).
 //!
 //! The invariant: every connection is established on both sides, nothing times out or is
-//! rejected, and the run ends (no hang). The report gives the time until the last one, the
+//! rejected, and the run ends (no hang); a storm larger than the server's socket buffer
+//! and backlog together (the default size is) must have overflowed both, each dropped REQ
+//! coming back by a retransmission. The report gives the time until the last one, the
 //! drops and the retransmissions.
 //!
 //! `RDMA_STORM_HOSTS` (default 100; full run 1000) hosts of `RDMA_STORM_CONNS` (default
@@ -357,4 +359,18 @@ fn every_connection_of_a_storm_is_established() {
         "established (server, clients)"
     );
     assert_eq!(s.agents[0].conn_count() as u64, total);
+    // A storm larger than what the server holds at once (its socket buffer and its
+    // backlog) overloads both, and every REQ the backlog dropped came back by a client's
+    // retransmission: the invariant above was met under overload, not around it.
+    let backlog = AgentConfig::default().listen_backlog;
+    if total > (QUEUE + backlog) as u64 {
+        let dropped = s.agents[0].stats().overload;
+        let client_retransmits: u64 = s.agents[1..].iter().map(|a| a.stats().retransmits).sum();
+        assert!(s.socket_drops > 0, "the server's socket buffer overflowed");
+        assert!(dropped > 0, "the server's backlog overflowed");
+        assert!(
+            client_retransmits >= dropped,
+            "each REQ dropped for the backlog was retransmitted: {client_retransmits} < {dropped}"
+        );
+    }
 }

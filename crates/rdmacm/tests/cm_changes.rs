@@ -16,7 +16,7 @@ use common::*;
 use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{AccessFlags, MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, WcStatus};
 use rdma_testhosts::{require_root, topologies, Host, Topology};
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -79,14 +79,15 @@ fn wait_all_up(t: &Topology) {
 
 /// A listener in `h` on `addr` that must not see a CONNECT_REQUEST: its CM is paused until
 /// `go` (requests wait in the GSI queue, as they would for a busy CM), then it waits for
-/// events for `dur`.
+/// events for `dur`. Returns the causes its CM refused requests for (the REJ's reason, 28,
+/// is the same for several).
 fn refusing_server(
     h: &Host,
     addr: &'static str,
     ready: mpsc::Sender<()>,
     go: mpsc::Receiver<()>,
     dur: Duration,
-) {
+) -> Vec<(RejectCause, u64)> {
     h.run(move || {
         let cma = Cma::new().unwrap();
         let ch = EventChannel::with_cma(&cma).unwrap();
@@ -103,7 +104,16 @@ fn refusing_server(
                 panic!("the listener got {}", ev.kind());
             }
         }
-    });
+        cma.reject_counts()
+    })
+}
+
+/// Only `cause` refused the request (once, or again for a retransmission of it).
+fn refused_for(counts: &[(RejectCause, u64)], cause: RejectCause) {
+    assert!(
+        counts.len() == 1 && counts[0].0 == cause && counts[0].1 >= 1,
+        "refused for {cause} only: {counts:?}"
+    );
 }
 
 /// Connects from `src` to `dst` in `h` and returns the status of REJECTED.
@@ -186,7 +196,7 @@ fn passive_side_rejects_not_on_reverse_route() {
     let (go_tx, go_rx) = mpsc::channel();
     let (sent_tx, _sent_rx) = mpsc::channel();
     std::thread::scope(|s| {
-        s.spawn(|| {
+        let server = s.spawn(|| {
             refusing_server(
                 a,
                 "198.51.100.1:7471",
@@ -199,6 +209,7 @@ fn passive_side_rejects_not_on_reverse_route() {
         go_tx.send(()).unwrap();
         let status = rejected_connect(c, Some("192.0.2.50:0"), "198.51.100.1:7471", sent_tx);
         assert_eq!(status, 28, "REJ reason 28 (consumer defined), as Linux");
+        refused_for(&server.join().unwrap(), RejectCause::NotOnReverseRoute);
     });
 }
 
@@ -248,7 +259,7 @@ fn passive_side_rejects_arrival_netdev_down() {
     let (go_tx, go_rx) = mpsc::channel();
     let (sent_tx, sent_rx) = mpsc::channel();
     std::thread::scope(|s| {
-        s.spawn(|| {
+        let server = s.spawn(|| {
             refusing_server(
                 a,
                 "198.51.100.1:7471",
@@ -267,6 +278,7 @@ fn passive_side_rejects_arrival_netdev_down() {
         go_tx.send(()).unwrap();
         let status = client.join().unwrap();
         assert_eq!(status, 28, "REJ reason 28 (consumer defined), as Linux");
+        refused_for(&server.join().unwrap(), RejectCause::ArrivalNetdevDown);
     });
 }
 

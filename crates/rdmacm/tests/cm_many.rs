@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
 use rdmacm::{
     CmId, Cma, ConnParam, ConnectOptions, Connection, Event, EventChannel, EventType, Listener,
-    PortSpace,
+    PortSpace, RejectCause,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -179,6 +179,14 @@ fn backlog_overflow_drops_the_req_silently_and_the_retry_succeeds() {
             panic!("no event expected on the active side, got {}", ev.kind());
         }
     }
+    // Two taken, the others refused for the full backlog (a retry that came meanwhile is
+    // refused again: nobody took a request yet), none for another cause.
+    let s = cma.statistics();
+    assert_eq!(s.requests_accepted, 2, "{s:?}");
+    assert!(
+        s.refused.len() == 1 && s.refused[0].0 == RejectCause::BacklogFull && s.refused[0].1 >= 2,
+        "two requests refused for the full backlog: {s:?}"
+    );
     // The backlog drains: the two dropped requests come back with their retries.
     let mut servers = Vec::new();
     let mut server_est = 0;
@@ -204,6 +212,14 @@ fn backlog_overflow_drops_the_req_silently_and_the_retry_succeeds() {
         assert_eq!(ev.kind(), EventType::Established, "status {}", ev.status());
         est += 1;
     }
+    // The dropped two came in by their retransmissions (no REJ was sent: none received).
+    let s = cma.statistics();
+    assert_eq!(s.requests_accepted, 4, "{s:?}");
+    let dropped = s.refused[0].1;
+    assert!(
+        s.retransmits >= dropped,
+        "each dropped REQ was retransmitted: {s:?}"
+    );
     drop(ids);
     drop(servers);
 }

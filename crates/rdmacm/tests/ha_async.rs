@@ -133,6 +133,30 @@ fn align_closes_and_reconnect_continues_over_h1() {
                         c.send(&message(seq)).await.unwrap();
                         seq += 1;
                     }
+                    within("flush", c.flush()).await;
+                    // From here H's datagrams over h0 go to a MAC nobody has (B's kernel
+                    // drops them): the next messages are posted and never acknowledged, so
+                    // that the close must hand them back (without this the stream may be
+                    // all acknowledged when the close comes, and nothing handed back).
+                    common::sh(
+                        h,
+                        &[
+                            "neigh",
+                            "replace",
+                            B_ADDR,
+                            "lladdr",
+                            "02:00:00:00:00:99",
+                            "dev",
+                            "h0",
+                            "nud",
+                            "permanent",
+                        ],
+                    );
+                    let stalled = seq;
+                    while seq < stalled + 4 {
+                        c.send(&message(seq)).await.unwrap();
+                        seq += 1;
+                    }
                     phase_tx.send(()).unwrap();
                     // Keep sending while the route moves: some sends are in flight when
                     // the CM ends the connection.
@@ -175,7 +199,12 @@ fn align_closes_and_reconnect_continues_over_h1() {
                     assert_eq!((mr.lkey(), mr.rkey()), keys);
                     assert!(r.unread.is_empty());
                     let next = u32::from_le_bytes(c2.peer_private_data()[..4].try_into().unwrap());
-                    // Nothing lost: every message B lacks was handed back, in order.
+                    // Nothing lost: every message B lacks was handed back, in order; and
+                    // B lacks the stalled ones at least: the hand-back ran.
+                    assert!(
+                        next <= stalled,
+                        "B got {next} messages, {stalled} before the stall"
+                    );
                     let resend: Vec<&Vec<u8>> =
                         r.unfinished.iter().filter(|m| seq_of(m) >= next).collect();
                     let want: Vec<u32> = (next..seq).collect();

@@ -209,6 +209,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
                 let addr = format!("{B_ADDR}:7496").parse().unwrap();
                 let c = ha::connect_h(addr, false).await;
                 assert_eq!(c.qp().query().unwrap().alt_port_num, 2);
+                let (dev, qpn) = (c.device().unwrap(), c.qp().qpn());
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 20, || true).await;
                 // h1 first: the alternate is dead before the primary goes.
@@ -230,9 +231,25 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
                         status: rdmacm::ALIGN_PATH_MOVED
                     }
                 );
+                // the device said why: the QP's migration to port 2 failed
+                assert_eq!(
+                    path_mig_err(&dev),
+                    AsyncEvent::PathMigrationFailed { qpn, port: 2 }
+                );
             })
         });
     });
+}
+
+/// The first PATH_MIG_ERR of `dev` (other async events, the port errors, skipped).
+fn path_mig_err(dev: &rdma_soft::verbs::Device) -> AsyncEvent {
+    loop {
+        match dev.wait_async_event(Some(ha::HANG)).unwrap() {
+            Some(e @ AsyncEvent::PathMigrationFailed { .. }) => return e,
+            Some(e) => eprintln!("{}: {e:?}", dev.name()),
+            None => panic!("hang guard: no PATH_MIG_ERR"),
+        }
+    }
 }
 
 /// Connections in [`many_connections_migrate_at_once`] (`RDMA_HA_CONNS`; 8 by default, the

@@ -40,8 +40,23 @@ fn loss_on_the_surviving_path_loses_nothing() {
     let w = &out.h_wire;
     let (sent, recv) = (&w.faults_send, &w.faults_recv);
     eprintln!("faults on H's second link: sent {sent:?}, received {recv:?}");
-    assert!(
-        sent.dropped > 0 && recv.dropped > 0,
-        "the surviving path lost datagrams both ways"
-    );
+    // every fault the spec asks for happened, in each direction it names
+    let faults: rdma_soft::io::FaultSpec = spec.parse().unwrap();
+    for (way, on, f) in [
+        ("sent", faults.on_send(), sent),
+        ("received", faults.on_recv(), recv),
+    ] {
+        for (kind, p, n) in [
+            ("lost", faults.loss, f.dropped),
+            ("duplicated", faults.dup, f.duplicated),
+            ("reordered", faults.reorder, f.reordered),
+            ("corrupted", faults.corrupt, f.corrupted),
+        ] {
+            assert_eq!(
+                n > 0,
+                on && p > 0.0,
+                "datagrams {kind} on the surviving path, {way}: {n}"
+            );
+        }
+    }
 }

@@ -8,9 +8,13 @@ use std::time::{Duration, Instant};
 use rdma_soft::io::{DatagramWire, TxMeta, UdpConfig, UdpWire, WireAddr};
 use rdma_wire::icrc::Encap;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+/// Root, or a skip (a failure under `RDMA_REQUIRE_ROOT=1`) naming what needs it.
+fn root_for(test: &str, what: &str) -> bool {
+    if rdma_testhosts::is_root() {
+        return true;
+    }
+    rdma_testhosts::skip(test, &format!("needs root for {what}"));
+    false
 }
 
 /// A packet socket on `lo` that sees IP packets of `ethertype` from the network header on.
@@ -78,8 +82,7 @@ fn roce_packet(tag: u8) -> Vec<u8> {
 
 #[test]
 fn kernel_sends_identification_zero() {
-    if !is_root() {
-        println!("SKIPPED: kernel_sends_identification_zero needs root for an AF_PACKET socket");
+    if !root_for("kernel_sends_identification_zero", "an AF_PACKET socket") {
         return;
     }
     let cap = capture_lo(libc::ETH_P_IP as u16);
@@ -133,8 +136,7 @@ fn kernel_sends_identification_zero() {
 
 #[test]
 fn ipv6_icrc_over_the_real_header() {
-    if !is_root() {
-        println!("SKIPPED: ipv6_icrc_over_the_real_header needs root for an AF_PACKET socket");
+    if !root_for("ipv6_icrc_over_the_real_header", "an AF_PACKET socket") {
         return;
     }
     let cap = capture_lo(libc::ETH_P_IPV6 as u16);
@@ -179,10 +181,10 @@ fn ipv6_icrc_over_the_real_header() {
 /// over the real header.
 #[test]
 fn an_ipv4_path_keeps_identification_zero() {
-    if !is_root() {
-        println!(
-            "SKIPPED: an_ipv4_path_keeps_identification_zero needs root for an AF_PACKET socket"
-        );
+    if !root_for(
+        "an_ipv4_path_keeps_identification_zero",
+        "an AF_PACKET socket",
+    ) {
         return;
     }
     let cap = capture_lo(libc::ETH_P_IP as u16);
@@ -312,8 +314,10 @@ fn sized_packet(tag: u8, payload: usize) -> Vec<u8> {
 
 #[test]
 fn gso_segments_carry_their_identification() {
-    if !is_root() {
-        println!("SKIPPED: gso_segments_carry_their_identification needs root");
+    if !root_for(
+        "gso_segments_carry_their_identification",
+        "a network namespace",
+    ) {
         return;
     }
     // A private network namespace (this thread only): its `lo` is ours to reconfigure.

@@ -390,7 +390,12 @@ fn child_server() {
     let mut v = [0u8; 8];
     me.mr.read(2 * n, &mut v).unwrap();
     eprintln!("server: word {}", u64::from_ne_bytes(v));
-    eprintln!("server wire: {:?}", me.dev.wire_stats());
+    let wire = me.dev.wire_stats();
+    eprintln!("server wire: {wire:?}");
+    // the faults this process injected (RDMA_SOFT_FAULTS), for the client to check
+    let f = wire.faults_send;
+    r.get_ref().set_nonblocking(false).unwrap();
+    writeln!(w, "{} {} {}", f.dropped, f.duplicated, f.reordered).unwrap();
 }
 
 fn two_processes(faults: Option<&str>, default_bytes: usize, (server, client): (&str, &str)) {
@@ -458,9 +463,37 @@ fn two_processes(faults: Option<&str>, default_bytes: usize, (server, client): (
         assert_eq!(u64::from_ne_bytes(v), i);
     }
     writeln!(w, "bye").unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
     let st = child.wait().unwrap();
     assert!(st.success(), "server process failed: {st:?}");
-    eprintln!("client wire: {:?}", me.dev.wire_stats());
+    let server_faults: Vec<u64> = line
+        .split_whitespace()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let wire = me.dev.wire_stats();
+    let t = me.qp.transport_stats().unwrap();
+    eprintln!("client wire: {wire:?}\nclient transport: {t:?}");
+    let f = wire.faults_send;
+    let client_faults = vec![f.dropped, f.duplicated, f.reordered];
+    if faults.is_some() {
+        // every kind of fault happened on both sides, and the losses were recovered
+        assert!(
+            client_faults.iter().all(|&k| k > 0),
+            "client injected (dropped, duplicated, reordered) {client_faults:?}"
+        );
+        assert!(
+            server_faults.iter().all(|&k| k > 0),
+            "server injected (dropped, duplicated, reordered) {server_faults:?}"
+        );
+        assert!(
+            t.retransmitted > 0,
+            "the client's losses were retransmitted"
+        );
+    } else {
+        assert_eq!(client_faults, [0, 0, 0], "no faults asked for");
+        assert_eq!(server_faults, [0, 0, 0], "no faults asked for");
+    }
 }
 
 #[test]

@@ -786,9 +786,9 @@ impl End {
         }
     }
 
-    /// Takes every completion the CQ holds.
+    /// Takes every completion the CQ holds (queued by the engine: nothing driven here).
     fn drain(&self, got: &mut Vec<Completion>) {
-        while self.cq.poll(got, 64) > 0 {}
+        while self.cq.poll_queued(got, 64) > 0 {}
     }
 
     /// A failed completion is legitimate only as the simulator's `Outcome::RetryExceeded`:

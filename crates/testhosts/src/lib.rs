@@ -13,7 +13,8 @@
 //! ([`Host::command`]: `ip netns exec`).
 //!
 //! Building namespaces needs root: tests call [`require_root`] first and return early, printing
-//! `SKIPPED`, when not root.
+//! `SKIPPED`, when not root; with `RDMA_REQUIRE_ROOT=1` (CI) a skip fails instead
+//! ([`skip`]).
 //!
 //! ```no_run
 //! use rdma_testhosts::{require_root, topologies};
@@ -39,5 +40,5 @@ pub mod topologies;
 mod topology;
 
 pub use host::Host;
-pub use ns::{is_root, require_root, sweep_stale, NAME_PREFIX};
+pub use ns::{is_root, require_root, skip, skips_fail, sweep_stale, NAME_PREFIX, REQUIRE_ROOT_ENV};
 pub use topology::{Error, Topology, TopologyBuilder};

@@ -20,7 +20,36 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Returns true when root; otherwise prints `SKIPPED: <test> needs root` and returns false.
+/// The environment variable that turns a skip into a failure: with `RDMA_REQUIRE_ROOT=1`
+/// (CI sets it), [`require_root`] and [`skip`] panic instead of letting a test pass having
+/// tested nothing.
+pub const REQUIRE_ROOT_ENV: &str = "RDMA_REQUIRE_ROOT";
+
+/// Whether skips are failures here ([`REQUIRE_ROOT_ENV`] set to anything but `0` or empty).
+pub fn skips_fail() -> bool {
+    std::env::var(REQUIRE_ROOT_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// A test that cannot run here: prints `SKIPPED: <test>: <why>` and returns, or panics with
+/// that text when [`REQUIRE_ROOT_ENV`] is set (a CI run that skips is a failed run).
+///
+/// ```no_run
+/// let have_feature = false;
+/// if !have_feature {
+///     rdma_testhosts::skip("my_test", "this kernel lacks the feature");
+///     return;
+/// }
+/// ```
+pub fn skip(test: &str, why: &str) {
+    if skips_fail() {
+        panic!("SKIPPED: {test}: {why}, and {REQUIRE_ROOT_ENV} makes a skip a failure");
+    }
+    eprintln!("SKIPPED: {test}: {why}; not run");
+    println!("SKIPPED: {test}: {why}; not run");
+}
+
+/// Returns true when root; otherwise prints `SKIPPED: <test> needs root` and returns false
+/// (panics instead when [`REQUIRE_ROOT_ENV`] is set: see [`skip`]).
 ///
 /// ```
 /// if !rdma_testhosts::require_root("my_test") {
@@ -31,8 +60,7 @@ pub fn require_root(test: &str) -> bool {
     if is_root() {
         true
     } else {
-        eprintln!("SKIPPED: {test} needs root (network namespaces); not run");
-        println!("SKIPPED: {test} needs root (network namespaces); not run");
+        skip(test, "needs root (network namespaces)");
         false
     }
 }

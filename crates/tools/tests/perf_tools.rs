@@ -19,16 +19,73 @@ impl Drop for Server {
     }
 }
 
-fn spawn(mut c: Command) -> Server {
-    let s = Server(
+/// Starts the server `c` and waits until its CM listener on `port` is up.
+fn spawn(mut c: Command, port: u16) -> Server {
+    let mut s = Server(
         c.stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn server"),
     );
-    std::thread::sleep(Duration::from_millis(400));
+    wait_listening(&mut s.0, port);
     s
 }
+
+/// Until process `p` has a listener on `port` in the inspection view (`rdma-soft resource
+/// show cm_id`, state LISTEN): a client that comes earlier is refused (REJ 8, as a TCP
+/// connect before `listen`), and one that comes later must not be. Panics if `p` exits
+/// first, or after [`HANG`].
+fn wait_listening(p: &mut Child, port: u16) {
+    let (pid, port) = (p.id().to_string(), format!(":{port}"));
+    let end = std::time::Instant::now() + HANG;
+    while std::time::Instant::now() < end {
+        let text = Command::new(env!("CARGO_BIN_EXE_rdma-soft"))
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let listening = text.lines().any(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            t.windows(2).any(|w| w == ["state", "LISTEN"])
+                && t.windows(2).any(|w| w[0] == "pid" && w[1] == pid)
+                && t.windows(2)
+                    .any(|w| w[0] == "src-addr" && w[1].ends_with(&port))
+        });
+        if listening {
+            return;
+        }
+        if let Ok(Some(st)) = p.try_wait() {
+            panic!("the server exited ({st}) before listening on {port}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no listener on {port} within {HANG:?}");
+}
+
+/// Until cmtime server `p` also listens on its out-of-band TCP socket on `port` (opened
+/// just after its CM listener; its client connects there first), as `/proc/PID/net/tcp`
+/// shows it (the process's own network namespace).
+fn wait_oob(p: &mut Child, port: u16) {
+    let (path, port) = (format!("/proc/{}/net/tcp", p.id()), format!(":{port:04X}"));
+    let end = std::time::Instant::now() + HANG;
+    while std::time::Instant::now() < end {
+        let tcp = std::fs::read_to_string(&path).unwrap_or_default();
+        if tcp.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1).is_some_and(|a| a.ends_with(&port)) && f.get(3) == Some(&"0A")
+        }) {
+            return;
+        }
+        if let Ok(Some(st)) = p.try_wait() {
+            panic!("the server exited ({st}) before its out-of-band socket listened");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no out-of-band socket on {port} within {HANG:?}");
+}
+
+/// A stop for a wait that would otherwise hang, not a speed target.
+const HANG: Duration = Duration::from_secs(60);
 
 fn cmd(bin: &str, args: &[&str]) -> Command {
     let mut c = Command::new(bin);
@@ -132,19 +189,15 @@ fn check_perf(out: &str, lat: bool, rows: usize) {
 }
 
 fn perf_pair(test: &str, srv: &str, cli: &str, port: &str, extra: &[&str], rows: usize) {
-    let _s = spawn(cmd(PERF, &[test, "--bind", srv, "-p", port]));
+    let _s = spawn(
+        cmd(PERF, &[test, "--bind", srv, "-p", port]),
+        port.parse().unwrap(),
+    );
     let mut args = vec![test, "--bind", cli, "-p", port, "-F"];
     args.extend_from_slice(extra);
     args.push(srv);
-    // A server still starting (loaded machine) rejects with reason 8: try again.
-    let mut o = run(cmd(PERF, &args));
-    for _ in 0..5 {
-        if o.status.success() || !text(&o).1.contains("error 8") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-        o = run(cmd(PERF, &args));
-    }
+    // The server listens: one try (a REJ now is a steering or listener defect).
+    let o = run(cmd(PERF, &args));
     let (out, err) = text(&o);
     assert!(o.status.success(), "{test}: {err}\n{out}");
     check_perf(&out, test.ends_with("_lat"), rows);
@@ -152,7 +205,8 @@ fn perf_pair(test: &str, srv: &str, cli: &str, port: &str, extra: &[&str], rows:
 
 #[test]
 fn cmtime_table_over_loopback() {
-    let _s = spawn(cmd(CMTIME, &["-b", "127.0.0.141", "-p", "7601"]));
+    let mut s = spawn(cmd(CMTIME, &["-b", "127.0.0.141", "-p", "7601"]), 7601);
+    wait_oob(&mut s.0, 7601);
     let o = run(cmd(
         CMTIME,
         &[
@@ -437,7 +491,7 @@ fn demo_in_one_process() {
 
 #[test]
 fn demo_in_two_processes() {
-    let _s = spawn(cmd(DEMO, &["--server", "127.0.0.161", "-p", "7612"]));
+    let _s = spawn(cmd(DEMO, &["--server", "127.0.0.161", "-p", "7612"]), 7612);
     let o = run(cmd(
         DEMO,
         &[
@@ -470,7 +524,7 @@ fn namespaces_two_hosts() {
     let (a, b) = (topo.host("a"), topo.host("b"));
     let mut s = a.command(PERF);
     s.args(["write_bw", "--bind", "192.0.2.1", "-p", "18610"]);
-    let _s = spawn(s);
+    let _s = spawn(s, 18610);
     let mut c = b.command(PERF);
     c.args([
         "write_bw",
@@ -489,7 +543,8 @@ fn namespaces_two_hosts() {
 
     let mut s = a.command(CMTIME);
     s.args(["-p", "7620"]);
-    let _s2 = spawn(s);
+    let mut s2 = spawn(s, 7620);
+    wait_oob(&mut s2.0, 7620);
     let mut c = b.command(CMTIME);
     c.args(["-s", "192.0.2.1", "-p", "7620", "-c", "20"]);
     let o = run(c);

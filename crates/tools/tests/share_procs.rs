@@ -87,6 +87,34 @@ fn wait_listening(ip: &str, ports: impl IntoIterator<Item = u16>) {
     panic!("not every one of {want:?} is listening within {HANG:?}");
 }
 
+/// Until process `pid`'s QP has had `n` requests answered (`rdma-soft statistic qp`: its
+/// `responses_sent` count, an RC QP in RTS): it is connected and moving data.
+fn pinging(pid: u32, n: u64) {
+    let pid = pid.to_string();
+    let end = Instant::now() + HANG;
+    while Instant::now() < end {
+        let text = Command::new(env!("CARGO_BIN_EXE_rdma-soft"))
+            .args(["statistic", "qp"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let answered = text.lines().any(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let field = |k: &str| t.windows(2).find(|w| w[0] == k).map(|w| w[1]);
+            field("pid") == Some(&pid)
+                && field("state") == Some("RTS")
+                && field("responses_sent")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|v| v >= n)
+        });
+        if answered {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("process {pid} did not move data within {HANG:?}");
+}
+
 fn server(addr: &str, port: u16, extra: &[&str]) -> Proc {
     let p = port.to_string();
     let mut args = vec!["-s", "-a", addr, "-p", &p, "-v", "-V"];
@@ -174,8 +202,8 @@ fn a_server_killed_mid_transfer_leaves_the_others_going() {
         "doomed client",
     );
     let lucky = client(srv_ip, 7421, Some(cli_ip), 400);
-    // Mid-transfer: the victim's client has pinged a while.
-    std::thread::sleep(Duration::from_millis(300));
+    // Mid-transfer: the victim's client is connected and its pings have gone through.
+    pinging(doomed.id(), 20);
     let killed = victim.kill();
     // The survivor's pair finishes, every ping validated.
     let l = lucky.wait(HANG);

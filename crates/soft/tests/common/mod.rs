@@ -380,8 +380,11 @@ pub fn connect_with(
     .unwrap();
 }
 
-/// Waits on `ch` (armed CQ `cq`, no busy polling: the progress engine fills the CQ) until
-/// `want` completions have arrived or `limit` has passed; returns those that came, in order.
+/// Waits on `ch` as a user sleeping on a completion channel does (arm `cq`, sleep in
+/// `wait_event`, take what is queued) until `want` completions have arrived or `limit` has
+/// passed; returns those that came, in order. It never drives the device itself: every
+/// completion it returns was queued by the progress engine, so a stalled engine or a lost
+/// wake-up shows as missing completions, not as a pass.
 pub fn wait_completions(
     cq: &CompletionQueue,
     ch: &CompletionChannel,
@@ -390,27 +393,24 @@ pub fn wait_completions(
 ) -> Vec<Completion> {
     let end = Instant::now() + limit;
     let mut got = Vec::with_capacity(want);
-    let more = |got: &mut Vec<Completion>| {
-        let room = want - got.len();
-        cq.poll(got, room)
-    };
+    // only what the engine queued: `poll` would drive the device inline
+    let take = |got: &mut Vec<Completion>| cq.poll_queued(got, want - got.len());
     loop {
-        more(&mut got);
+        take(&mut got);
         if got.len() >= want {
             return got;
         }
         cq.req_notify(false).unwrap();
-        // a completion that came between the poll and the arming gives no event
-        if more(&mut got) > 0 {
+        // a completion queued between the take and the arming gives no event
+        if take(&mut got) > 0 {
             continue;
         }
         let now = Instant::now();
         if now >= end {
             return got;
         }
-        // the event only wakes us; what it announces is taken by the poll above
+        // the event only wakes us; what it announces is taken above
         if ch.wait_event(Some(end - now)).unwrap().is_none() {
-            more(&mut got);
             return got;
         }
     }

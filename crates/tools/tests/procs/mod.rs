@@ -103,6 +103,11 @@ impl Drop for Proc {
 }
 
 impl Proc {
+    /// The child's process id (for the inspection view's `pid`).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits until its stdout holds `pat` (a [`spawn_streamed`] process); false after `t`
     /// or when it exited without it.
     pub fn wait_for_stdout(&mut self, pat: &str, t: Duration) -> bool {
