@@ -134,7 +134,11 @@ mod tests {
         if re >= 0 {
             // SAFETY: a fresh descriptor owned here.
             let re = unsafe { OwnedFd::from_raw_fd(re) };
-            assert_eq!(map(re.as_raw_fd(), rw), libc::MAP_FAILED, "reopen: no mapping");
+            assert_eq!(
+                map(re.as_raw_fd(), rw),
+                libc::MAP_FAILED,
+                "reopen: no mapping"
+            );
             // SAFETY: pwrite from a live buffer.
             let n = unsafe { libc::pwrite(re.as_raw_fd(), b"x".as_ptr().cast(), 1, 4096) };
             assert!(n < 0, "reopen: no pwrite");

@@ -653,13 +653,18 @@ impl HostLocal {
                     Some(s) if s.uid == uid => new.push((from, fd)),
                     _ => tracing::warn!(?from, ?sender, "host-local ring of another user refused"),
                 },
-                MSG_EFD => efds.push((from, fd)),
+                // a wake-up eventfd: from our own user, and an eventfd (a pipe or a
+                // socket could block our writes under the device lock)
+                MSG_EFD => match (sender, bell::eventfd(fd)) {
+                    (Some(s), Some(efd)) if s.uid == uid => efds.push((from, efd)),
+                    _ => tracing::warn!(?from, ?sender, "host-local wake-up fd refused"),
+                },
                 _ => {}
             }
         });
-        for (from, fd) in efds {
+        for (from, efd) in efds {
             if let Some(o) = self.outbound.iter_mut().find(|o| o.peer == from) {
-                o.efd = Some(EventFd::from(fd));
+                o.efd = Some(efd);
             }
         }
         for (from, fd) in new {
