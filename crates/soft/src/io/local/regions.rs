@@ -3,8 +3,8 @@
 //!
 //! A region's file starts with a header page whose first word is 1 while the sender has the
 //! region registered; one found at 0 is unmapped and forgotten. At most [`MAX_REGIONS`] per
-//! peer are mapped (the oldest goes first): the memory a peer can make us map is bounded,
-//! and the sender, which remembers as many in the same order, hands an evicted one over
+//! peer are mapped, [`MAX_BYTES`] in all (the oldest goes first): the address space a peer
+//! can make us map is bounded (a sparse file costs its maker nothing), and the sender, which remembers as many in the same order, hands an evicted one over
 //! again at its next use.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -14,6 +14,8 @@ use crate::pull::{self, Piece, RESOLVED};
 
 /// Regions mapped per peer at most.
 pub(crate) const MAX_REGIONS: usize = 256;
+/// Bytes of region files mapped per peer at most; a larger file is refused.
+pub(crate) const MAX_BYTES: usize = 1 << 36;
 /// The header page before a region's bytes (`SharedBytes::new_shared_zeroed`).
 const HEADER: usize = 4096;
 
@@ -62,6 +64,9 @@ impl Regions {
             return false;
         }
         let size = st.st_size as usize;
+        if size > MAX_BYTES {
+            return false;
+        }
         // SAFETY: a read-only shared mapping of the whole file; checked.
         let map = unsafe {
             libc::mmap(
@@ -77,6 +82,9 @@ impl Regions {
             return false;
         }
         if self.maps.len() >= MAX_REGIONS {
+            self.maps.remove(0);
+        }
+        while self.maps.iter().map(|m| HEADER + m.len).sum::<usize>() + size > MAX_BYTES {
             self.maps.remove(0);
         }
         self.maps.push(Mapped {
@@ -271,5 +279,19 @@ pub(crate) mod tests {
         assert_eq!(regs.maps.len(), MAX_REGIONS);
         assert!(!regs.knows(1), "the oldest went");
         assert!(regs.knows(MAX_REGIONS as u64 + 1));
+        // and in bytes: sparse files cost their maker nothing, our address space is bounded
+        let big = MAX_BYTES / 2 - HEADER;
+        let mut regs = Regions::default();
+        assert!(
+            !regs.insert(1, region_file(MAX_BYTES)),
+            "larger than the bound"
+        );
+        for k in 2..=4 {
+            assert!(regs.insert(k, region_file(big)));
+        }
+        assert!(!regs.knows(2), "the oldest went");
+        assert!(regs.knows(3) && regs.knows(4));
+        let mapped: usize = regs.maps.iter().map(|m| HEADER + m.len).sum();
+        assert!(mapped <= MAX_BYTES, "{mapped}");
     }
 }
