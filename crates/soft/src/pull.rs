@@ -128,7 +128,9 @@ pub(crate) fn copy_range(
     }
     let (mut at, mut done) = (0u64, 0usize);
     for (addr, n) in resolved(source) {
-        let (from, to) = (at.max(skip), (at + n).min(end));
+        // saturating: a piece's length is the peer's number (one left unresolved is
+        // never read, but still counted)
+        let (from, to) = (at.max(skip), at.saturating_add(n).min(end));
         if from < to {
             // `addr` is `n` readable bytes of a live mapping (see above) and `[from, to)`
             // lies inside this piece; the peer may change them meanwhile, which makes them
@@ -137,7 +139,7 @@ pub(crate) fn copy_range(
             write(done, (addr + (from - at)) as usize as *const u8, n);
             done += n;
         }
-        at += n;
+        at = at.saturating_add(n);
         if at >= end {
             break;
         }
@@ -186,6 +188,17 @@ mod tests {
             out[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(src, n) })
         })?;
         Ok(out)
+    }
+
+    #[test]
+    fn a_piece_of_any_length_never_overflows_the_count() {
+        let a: Vec<u8> = (0..5).collect();
+        let b: Vec<u8> = (5..15).collect();
+        let mut source = Vec::new();
+        source.extend_from_slice(&pair(a.as_ptr() as u64, 5));
+        source.extend_from_slice(&pair(b.as_ptr() as u64, u64::MAX));
+        assert_eq!(copied(&source, 0, 10).unwrap(), (0..10).collect::<Vec<u8>>());
+        assert_eq!(copied(&source, 7, 3).unwrap(), [7, 8, 9]);
     }
 
     #[test]
