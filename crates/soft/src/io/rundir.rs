@@ -188,7 +188,7 @@ mod tests {
         // nothing of ours went into the squatter's directory
         assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
         // none of ours at all: a fresh private one
-        let p = choose(&[theirs.clone()], 0, &base).unwrap();
+        let p = choose(std::slice::from_ref(&theirs), 0, &base).unwrap();
         assert_ne!(p.name, theirs);
         let md = std::fs::metadata(&p.name).unwrap();
         assert_eq!((md.uid(), md.mode() & 0o777), (0, 0o700));

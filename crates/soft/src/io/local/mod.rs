@@ -30,7 +30,11 @@ use crate::fd::EventFd;
 use std::path::PathBuf;
 
 use bell::Bell;
+#[cfg(feature = "fuzzing")]
+pub(crate) use regions::fuzz_rewrite as fuzz_pull_rewrite;
 use regions::Regions;
+#[cfg(feature = "fuzzing")]
+pub(crate) use ring::fuzz_consume as fuzz_ring_consume;
 use ring::{Malformed, RecordMeta, Ring};
 
 use super::{Arrival, TxMeta, TxPlacement, WireAddr};

@@ -150,6 +150,54 @@ impl Regions {
     }
 }
 
+/// Fuzzing: `payload` as a pull payload from a peer that handed over regions 1 (4 KiB) and
+/// 2 (8 KiB): rewritten, then copied from as the responder does. Every resolved address
+/// must lie inside a mapping; the copy reads only there.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_rewrite(payload: &[u8]) {
+    let mut regs = Regions::default();
+    for (token, len) in [(1u64, 4096usize), (2, 8192)] {
+        let Ok(f) = crate::memfd::sealed(c"fuzz-region", HEADER + len) else {
+            return;
+        };
+        let one = 1u32.to_ne_bytes();
+        // SAFETY: a plain call on our descriptor, a live buffer.
+        unsafe { libc::pwrite(f.as_raw_fd(), one.as_ptr().cast(), 4, 0) };
+        assert!(regs.insert(token, f));
+    }
+    let _ = regs.missing(payload);
+    let mut out = [0u8; 4096];
+    let Some(n) = regs.rewrite(payload, &mut out) else {
+        return;
+    };
+    let source = &out[pull::PREFIX..n];
+    let inside = |addr: u64, len: u64| {
+        regs.maps.iter().any(|m| {
+            let start = m.map as u64 + HEADER as u64;
+            addr >= start
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|e| e <= start + m.len as u64)
+        })
+    };
+    for c in source.chunks_exact(RESOLVED) {
+        let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
+        assert!(
+            u(0) == 0 || inside(u(0), u(8)),
+            "resolved outside a mapping"
+        );
+    }
+    let len = u32::from_le_bytes(payload[..4].try_into().unwrap_or_default()) as u64;
+    let mut sum = 0u8;
+    let _ = pull::copy_range(source, 0, len.min(1 << 16), |_, src, k| {
+        assert!(inside(src as u64, k as u64), "a copy outside a mapping");
+        // SAFETY: checked above: `k` bytes of a live read-only mapping.
+        let b = unsafe { std::slice::from_raw_parts(src, k) };
+        sum = b.iter().fold(sum, |a, &x| a.wrapping_add(x));
+    });
+    std::hint::black_box(sum);
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -393,6 +393,43 @@ impl Ring {
     }
 }
 
+/// Fuzzing: a ring whose header words and records are `input` (tail, head less tail, then
+/// the buffer), attached and read to the end as a consumer would.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_consume(input: &[u8]) {
+    let word = |i: usize| {
+        input
+            .get(i..i + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
+    let Ok(p) = Ring::create(MIN_CAPACITY) else {
+        return;
+    };
+    let tail = word(0);
+    let data = input.get(16..).unwrap_or(&[]);
+    let n = data.len().min(MIN_CAPACITY);
+    // SAFETY: `n` bytes into the producer's own buffer, as a hostile producer writes them.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.data(), n) };
+    p.word(TAIL).store(tail, Ordering::Relaxed);
+    p.word(HEAD)
+        .store(tail.wrapping_add(word(8) & 0x3_ffff), Ordering::Release);
+    let Ok(fd) = p.fd().try_clone_to_owned() else {
+        return;
+    };
+    let Ok(mut c) = Ring::attach(fd) else {
+        return;
+    };
+    for _ in 0..1024 {
+        match c.peek() {
+            Ok(Some((_, pkt))) => {
+                assert!(pkt.len() + RECORD <= MIN_CAPACITY);
+                c.advance();
+            }
+            Ok(None) | Err(_) => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
