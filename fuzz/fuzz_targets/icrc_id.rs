@@ -17,10 +17,12 @@ fuzz_target!(|data: &[u8]| {
     let seal = data[2] & 1 != 0;
     let mut pkt = data[3..].to_vec();
     let base = Ipv4Info::new([127, 0, 0, 1], [127, 0, 0, 2]);
-    let with = |identification| IpInfo::V4(Ipv4Info {
-        identification,
-        ..base
-    });
+    let with = |identification| {
+        IpInfo::V4(Ipv4Info {
+            identification,
+            ..base
+        })
+    };
     if seal && pkt.len() >= 16 {
         let n = pkt.len();
         if let Ok(crc) = compute(&with(id), 49152, 4791, &pkt[..n - 4]) {

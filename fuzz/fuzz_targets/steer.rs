@@ -42,7 +42,12 @@ fuzz_target!(|data: &[u8]| {
         services: services.clone(),
     };
     let prog = program(&t);
-    let member = |s: u8| slots.iter().position(|&x| x == s).map_or(NONE, |i| i as u32);
+    let member = |s: u8| {
+        slots
+            .iter()
+            .position(|&x| x == s)
+            .map_or(NONE, |i| i as u32)
+    };
     let want = match dest(pkt) {
         Dest::Slot(s) | Dest::Comm(s) => member(s),
         Dest::Service(sid) => services.iter().find(|x| x.0 == sid).map_or(NONE, |x| x.1),
