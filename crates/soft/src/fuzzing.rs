@@ -16,3 +16,9 @@ pub fn pull_rewrite(payload: &[u8]) {
 pub fn copy_range(source: &[u8], skip: u64, len: u64) {
     crate::pull::fuzz_copy_range(source, skip, len);
 }
+
+/// Bell datagrams from a same-user process, each with a descriptor of some kind
+/// (eventfd, ring, region file, pipe, socket), read by the host-local wire.
+pub fn drain_bell(input: &[u8]) {
+    crate::io::local::fuzz_drain_bell(input);
+}

@@ -21,6 +21,8 @@
 //! ring belongs to one incarnation of a wire: the nonce).
 
 mod bell;
+#[cfg(feature = "fuzzing")]
+mod fuzz;
 mod regions;
 mod ring;
 
@@ -30,6 +32,8 @@ use crate::fd::EventFd;
 use std::path::PathBuf;
 
 use bell::Bell;
+#[cfg(feature = "fuzzing")]
+pub(crate) use fuzz::drain_bell as fuzz_drain_bell;
 #[cfg(feature = "fuzzing")]
 pub(crate) use regions::fuzz_rewrite as fuzz_pull_rewrite;
 use regions::Regions;
