@@ -16,18 +16,29 @@ use std::path::{Path, PathBuf};
 pub(crate) struct Pinned {
     /// The path it had when chosen (for messages).
     pub name: PathBuf,
-    fd: OwnedFd,
+    /// `/proc/self/fd/N` when `/proc` shows this very directory there, else `name`.
+    via: PathBuf,
+    /// Held open: what `via` names.
+    _fd: OwnedFd,
 }
 
 impl Pinned {
-    /// The path that reaches this very directory: `/proc/self/fd/N` when `/proc` shows it,
-    /// else its name.
-    pub fn path(&self) -> PathBuf {
-        let via = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
-        match (fstat(&self.fd), std::fs::metadata(&via)) {
-            (Some(a), Ok(b)) if same(&a, &b) => via,
-            _ => self.name.clone(),
+    fn new(name: &Path, fd: OwnedFd, st: &libc::stat) -> Pinned {
+        let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let via = match std::fs::metadata(&via) {
+            Ok(b) if same(st, &b) => via,
+            _ => name.to_path_buf(),
+        };
+        Pinned {
+            name: name.to_path_buf(),
+            via,
+            _fd: fd,
         }
+    }
+
+    /// The path that reaches this very directory (computed once: no system call).
+    pub fn path(&self) -> PathBuf {
+        self.via.clone()
     }
 }
 
@@ -72,10 +83,7 @@ pub(crate) fn open_private(dir: &Path, uid: u32) -> Result<Pinned, String> {
             shown()
         ));
     }
-    Ok(Pinned {
-        name: dir.to_path_buf(),
-        fd,
-    })
+    Ok(Pinned::new(dir, fd, &st))
 }
 
 /// The first of `candidates` that is a private directory of `uid`; when none is, a fresh

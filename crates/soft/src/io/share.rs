@@ -39,10 +39,14 @@ pub fn runtime_dir() -> Result<PathBuf> {
     let r = DIR.get_or_init(|| {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
-        match std::env::var_os(RUNDIR_ENV) {
+        let r = match std::env::var_os(RUNDIR_ENV) {
             Some(d) => super::rundir::open_private(Path::new(&d), uid),
             None => super::rundir::choose(&super::rundir::candidates(uid), uid, Path::new("/tmp")),
+        };
+        if let Ok(p) = &r {
+            tracing::debug!(dir = %p.name.display(), via = %p.path().display(), "rdma-soft runtime directory");
         }
+        r
     });
     match r {
         Ok(p) => Ok(p.path()),
