@@ -347,7 +347,11 @@ fn nonce() -> u32 {
 impl HostLocal {
     /// The host-local part of the wire holding `slot`, in network namespace `netns`.
     pub fn new(slot: u8, netns: u64, capacity: usize) -> crate::Result<HostLocal> {
-        let dir = super::share::runtime_dir()?;
+        Self::in_dir(super::share::runtime_dir()?, slot, netns, capacity)
+    }
+
+    /// [`HostLocal::new`] with its bells in `dir` (the pinned runtime directory's path).
+    fn in_dir(dir: PathBuf, slot: u8, netns: u64, capacity: usize) -> crate::Result<HostLocal> {
         let ns = (netns ^ (netns >> 8) ^ (netns >> 16) ^ (netns >> 24)) as u8;
         let me = HostPeer {
             slot,

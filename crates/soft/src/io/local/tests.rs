@@ -441,3 +441,42 @@ fn a_wake_up_fd_that_is_not_an_eventfd_is_refused() {
     }
     drop(rd);
 }
+
+#[test]
+fn a_renamed_directory_and_a_strangers_bell_in_its_place_get_nothing() {
+    let base = std::env::temp_dir().join(format!("rdma-soft-bell-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir(&base).unwrap();
+    let dir = base.join("d");
+    // SAFETY: geteuid cannot fail.
+    let pinned = crate::io::rundir::open_private(&dir, unsafe { libc::geteuid() }).unwrap();
+    let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
+    let mut a = HostLocal::in_dir(pinned.path(), sa.get(), 1, ring::MIN_CAPACITY).unwrap();
+    let mut b = HostLocal::in_dir(pinned.path(), sb.get(), 1, ring::MIN_CAPACITY).unwrap();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    // the directory moves away; a stranger's directory and bell take its name
+    std::fs::rename(&dir, base.join("moved")).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let stranger = Bell::bind(dir.join(b.me().bell_name())).unwrap();
+    assert!(!b.arm());
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"for b"));
+    a.flush();
+    assert!(readable(b.bell_fd()), "b's own bell rang");
+    b.drain_bell();
+    assert_eq!(take(&mut b).len(), 1);
+    let mut p = libc::pollfd {
+        fd: stranger.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no wait.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 0) },
+        0,
+        "the stranger got nothing"
+    );
+    drop((a, b, stranger));
+    std::fs::remove_dir_all(&base).unwrap();
+}
