@@ -22,6 +22,9 @@
 pub mod engine;
 mod error;
 pub mod fd;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gsi;
 pub mod inspect;
 pub mod io;

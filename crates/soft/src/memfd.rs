@@ -3,6 +3,10 @@
 //! shrink it afterwards, a read of the mapping past the new end would kill the reader
 //! (`SIGBUS`). So the maker seals the size (`F_SEAL_SHRINK`, `F_SEAL_GROW`, then
 //! `F_SEAL_SEAL`) before handing the file over, and a reader maps only a sealed file.
+//!
+//! A region file peers only read ([`mapped_for_readers`]) is also sealed against writes
+//! (`F_SEAL_FUTURE_WRITE`) once its maker has its own writable mapping: a peer holding the
+//! descriptor can neither map it writable, `pwrite` it, nor write through a reopen of it.
 
 use std::ffi::CStr;
 use std::io;
@@ -13,6 +17,50 @@ const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
 /// A memfd of `size` zero bytes whose size is sealed.
 pub(crate) fn sealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
+    let fd = sized(name, size)?;
+    add_seals(&fd, SIZE_SEALS | libc::F_SEAL_SEAL)?;
+    Ok(fd)
+}
+
+/// A memfd of `size` zero bytes mapped read-write here, then sealed so that nobody else
+/// can write it: its size, new writable mappings and `write`s (`F_SEAL_FUTURE_WRITE`).
+/// Our own mapping stays writable.
+pub(crate) fn mapped_for_readers(name: &CStr, size: usize) -> io::Result<(OwnedFd, *mut u8)> {
+    let fd = sized(name, size)?;
+    // SAFETY: a plain call on our descriptor; the result is checked.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let seals = SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+    if let Err(e) = add_seals(&fd, seals) {
+        // SAFETY: unmapping what was just mapped, nothing refers to it.
+        unsafe { libc::munmap(map, size) };
+        return Err(e);
+    }
+    Ok((fd, map.cast()))
+}
+
+/// Adds `seals` to our memfd.
+fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: a plain call on our descriptor; the result is checked.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A memfd of `size` zero bytes that allows sealing, not sealed yet.
+fn sized(name: &CStr, size: usize) -> io::Result<OwnedFd> {
     // SAFETY: a C string name; the result is checked.
     let raw =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -23,12 +71,9 @@ pub(crate) fn sealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let len =
         libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: plain calls on our descriptor; results checked.
+    // SAFETY: a plain call on our descriptor; the result is checked.
     unsafe {
         if libc::ftruncate(raw, len) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if libc::fcntl(raw, libc::F_ADD_SEALS, SIZE_SEALS | libc::F_SEAL_SEAL) < 0 {
             return Err(io::Error::last_os_error());
         }
     }
@@ -63,5 +108,56 @@ mod tests {
         // SAFETY: fresh descriptor.
         let plain = unsafe { OwnedFd::from_raw_fd(plain) };
         assert!(!size_sealed(plain.as_fd()));
+    }
+
+    /// What a peer can do with a region file it was handed: read it, nothing else.
+    #[test]
+    fn a_region_file_handed_to_peers_cannot_be_written_through() {
+        let region = crate::verbs::shared_mem::SharedBytes::new_shared_zeroed(8192);
+        region.write(10, b"ours");
+        let fd = region.file().expect("a memfd region");
+        let raw = fd.as_raw_fd();
+        let size = 4096 + 8192;
+        let map = |fd: i32, prot| {
+            // SAFETY: a fresh shared mapping of a live descriptor; the result is checked.
+            unsafe { libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0) }
+        };
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        assert_eq!(map(raw, rw), libc::MAP_FAILED, "no writable mapping");
+        // SAFETY: pwrite from a live buffer.
+        let n = unsafe { libc::pwrite(raw, b"x".as_ptr().cast(), 1, 4096) };
+        assert!(n < 0, "no pwrite");
+        // a reopen through /proc is a new open file, with the same seals
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{raw}")).unwrap();
+        // SAFETY: a C string path; the result is checked.
+        let re = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if re >= 0 {
+            // SAFETY: a fresh descriptor owned here.
+            let re = unsafe { OwnedFd::from_raw_fd(re) };
+            assert_eq!(
+                map(re.as_raw_fd(), rw),
+                libc::MAP_FAILED,
+                "reopen: no mapping"
+            );
+            // SAFETY: pwrite from a live buffer.
+            let n = unsafe { libc::pwrite(re.as_raw_fd(), b"x".as_ptr().cast(), 1, 4096) };
+            assert!(n < 0, "reopen: no pwrite");
+        }
+        // reading works, sees our writes, and cannot be turned into writing
+        let ro = map(raw, libc::PROT_READ);
+        assert_ne!(ro, libc::MAP_FAILED);
+        // SAFETY: in bounds of the read-only mapping.
+        let seen = unsafe { std::slice::from_raw_parts(ro.cast::<u8>().add(4096 + 10), 4) };
+        assert_eq!(seen, b"ours");
+        // SAFETY: our mapping; the results are checked.
+        unsafe {
+            assert!(libc::mprotect(ro, size, rw) < 0, "no mprotect to writable");
+            libc::munmap(ro, size);
+        }
+        // we still write our region
+        region.write(10, b"more");
+        let mut got = [0u8; 4];
+        region.read(10, &mut got);
+        assert_eq!(&got, b"more");
     }
 }

@@ -118,7 +118,8 @@ pub(crate) fn copy_range(
     let mut at = 0u64;
     for (addr, n) in resolved(source) {
         let next = at.saturating_add(n);
-        if next > skip && at < end && addr == 0 {
+        // unresolved, or a pair no mapping could be (its end past the address space)
+        if next > skip && at < end && (addr == 0 || addr.checked_add(n).is_none()) {
             return Err(MemError::Unavailable);
         }
         at = next;
@@ -128,7 +129,9 @@ pub(crate) fn copy_range(
     }
     let (mut at, mut done) = (0u64, 0usize);
     for (addr, n) in resolved(source) {
-        let (from, to) = (at.max(skip), (at + n).min(end));
+        // saturating: a piece's length is the peer's number (one left unresolved is
+        // never read, but still counted)
+        let (from, to) = (at.max(skip), at.saturating_add(n).min(end));
         if from < to {
             // `addr` is `n` readable bytes of a live mapping (see above) and `[from, to)`
             // lies inside this piece; the peer may change them meanwhile, which makes them
@@ -137,7 +140,7 @@ pub(crate) fn copy_range(
             write(done, (addr + (from - at)) as usize as *const u8, n);
             done += n;
         }
-        at += n;
+        at = at.saturating_add(n);
         if at >= end {
             break;
         }
@@ -168,6 +171,30 @@ pub(crate) fn copy_into(
     copy_range(source, 0, len, write)
 }
 
+/// Fuzzing: [`copy_range`] over arbitrary pairs (never dereferenced): on success the
+/// writes cover `[0, len)` in order, each inside one resolved pair at the right place.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_copy_range(source: &[u8], skip: u64, len: u64) {
+    let pairs: Vec<(u64, u64)> = if source.len() % RESOLVED == 0 {
+        resolved(source).collect()
+    } else {
+        Vec::new()
+    };
+    let mut next = 0usize;
+    let r = copy_range(source, skip, len, |at, src, n| {
+        assert_eq!(at, next, "writes in order, without a gap");
+        next += n;
+        let src = src as usize as u64;
+        let ok = pairs
+            .iter()
+            .any(|&(a, l)| a != 0 && src >= a && src - a < l && (n as u64) <= l - (src - a));
+        assert!(ok, "a read outside every resolved pair");
+    });
+    if r.is_ok() {
+        assert_eq!(next as u64, len, "the whole range");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +213,19 @@ mod tests {
             out[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(src, n) })
         })?;
         Ok(out)
+    }
+
+    #[test]
+    fn a_piece_of_any_length_never_overflows_the_count() {
+        let b: Vec<u8> = (5..15).collect();
+        let mut source = Vec::new();
+        // an unresolved piece of nearly 2^64 bytes (the peer's number) before a real one
+        source.extend_from_slice(&pair(0, u64::MAX - 2));
+        source.extend_from_slice(&pair(b.as_ptr() as u64, 10));
+        assert_eq!(copied(&source, u64::MAX - 1, 1).unwrap(), [6]);
+        // a pair whose end is past the address space is no mapping: nothing is read
+        let wrap = pair(u64::MAX - 10, 100);
+        assert_eq!(copied(&wrap, 20, 5), Err(MemError::Unavailable));
     }
 
     #[test]

@@ -98,8 +98,13 @@ impl CmId {
                     // A specific listener has only this address: not being able to open it
                     // (e.g. another process holds UDP 4791 there) fails the listen.
                     Err(e) if specific => return Err(e),
-                    // A wildcard listener skips such an address and works on the others.
-                    Err(_) => {}
+                    // A wildcard listener skips such an address and works on the others,
+                    // saying so: another user may hold UDP 4791 there and get its traffic.
+                    Err(e) => tracing::warn!(
+                        addr = %a,
+                        error = %e,
+                        "wildcard listen: address skipped (is UDP 4791 held by another process?)"
+                    ),
                 }
             }
             let Some(d) = st.devices.get_mut(&i) else {

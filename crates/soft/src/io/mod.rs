@@ -37,6 +37,7 @@ mod icrc;
 pub mod local;
 mod peers;
 pub mod ports;
+mod rundir;
 mod send_batch;
 pub mod share;
 pub mod steer;

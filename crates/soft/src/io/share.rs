@@ -16,7 +16,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Instant, SystemTime};
@@ -28,42 +28,34 @@ use crate::{Error, Result};
 /// Environment variable naming the runtime directory (tests; default below).
 pub const RUNDIR_ENV: &str = "RDMA_SOFT_RUNDIR";
 
-/// The per-user directory of slots, groups and port claims: `$RDMA_SOFT_RUNDIR`, else
-/// `$XDG_RUNTIME_DIR/rdma-soft`, else `/tmp/rdma-soft-$UID`; made 0700, and refused when
-/// another user owns it or others may write to it.
+/// The per-user directory of slots, groups and port claims: `$RDMA_SOFT_RUNDIR` (refused
+/// when not a private directory of ours), else the first private directory of ours among
+/// `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft` and `/tmp/rdma-soft-$UID`
+/// (made 0700), else a fresh private one in `/tmp` (another user may have made ours first).
+/// Chosen once, opened, and reached through `/proc/self/fd/N` from then on: renaming or
+/// replacing the path later moves nothing of ours.
 pub fn runtime_dir() -> Result<PathBuf> {
-    static DIR: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    static DIR: OnceLock<std::result::Result<super::rundir::Pinned, String>> = OnceLock::new();
     let r = DIR.get_or_init(|| {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
-        let dir = match (
-            std::env::var_os(RUNDIR_ENV),
-            std::env::var_os("XDG_RUNTIME_DIR"),
-        ) {
-            (Some(d), _) => PathBuf::from(d),
-            (None, Some(x)) if Path::new(&x).is_dir() => Path::new(&x).join("rdma-soft"),
-            _ => PathBuf::from(format!("/tmp/rdma-soft-{uid}")),
+        let r = match std::env::var_os(RUNDIR_ENV) {
+            Some(d) => super::rundir::open_private(Path::new(&d), uid),
+            None => super::rundir::choose(&super::rundir::candidates(uid), uid, Path::new("/tmp")),
         };
-        let made = std::fs::DirBuilder::new().mode(0o700).create(&dir);
-        if let Err(e) = made {
-            if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(format!("{}: {e}", dir.display()));
-            }
+        if let Ok(p) = &r {
+            tracing::debug!(dir = %p.name.display(), via = %p.path().display(), "rdma-soft runtime directory");
         }
-        let md = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        if !md.is_dir() || md.uid() != uid || md.mode() & 0o022 != 0 {
-            return Err(format!(
-                "{} is not a private directory of uid {uid}",
-                dir.display()
-            ));
-        }
-        Ok(dir)
+        r
     });
-    r.clone().map_err(|reason| Error::Os {
-        op: "rdma-soft runtime directory",
-        addr: None,
-        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, reason),
-    })
+    match r {
+        Ok(p) => Ok(p.path()),
+        Err(reason) => Err(Error::Os {
+            op: "rdma-soft runtime directory",
+            addr: None,
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, reason.clone()),
+        }),
+    }
 }
 
 /// `flock` without blocking (`LOCK_NB`) or blocking; false when another holds it.

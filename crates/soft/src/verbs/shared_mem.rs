@@ -320,27 +320,10 @@ fn claim(count: &std::sync::atomic::AtomicUsize, cap: usize) -> bool {
         .is_ok()
 }
 
-/// A memfd of [`SHARED_HEADER`] + `len` bytes, mapped read-write here.
+/// A memfd of [`SHARED_HEADER`] + `len` bytes, mapped read-write here and read-only for
+/// anyone else: peers map it and must never find it shorter, nor write our memory.
 fn map_file(len: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
-    let size = SHARED_HEADER + len;
-    // its size sealed: peers map it and must never find it shorter
-    let fd = crate::memfd::sealed(c"rdma-mr", size)?;
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    // SAFETY: a plain call on our descriptor; the result is checked.
-    unsafe {
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            raw,
-            0,
-        );
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((fd, map.cast()))
-    }
+    crate::memfd::mapped_for_readers(c"rdma-mr", SHARED_HEADER + len)
 }
 
 #[cfg(test)]

@@ -229,6 +229,24 @@ impl Bell {
     }
 }
 
+/// `fd` as an eventfd we may write without blocking, or `None` when it is anything else
+/// (a pipe, a socket, a file: a peer's `MSG_EFD` is untrusted). It is made non-blocking
+/// here; a same-user peer that clears `O_NONBLOCK` on the shared file later is not caught.
+pub(crate) fn eventfd(fd: OwnedFd) -> Option<crate::fd::EventFd> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        return None;
+    }
+    // SAFETY: plain flag calls on a live descriptor; results checked.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if fl < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+            return None;
+        }
+    }
+    Some(crate::fd::EventFd::from(fd))
+}
+
 /// Who sent a bell message, as the kernel reports it (`SCM_CREDENTIALS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sender {

@@ -21,6 +21,8 @@
 //! ring belongs to one incarnation of a wire: the nonce).
 
 mod bell;
+#[cfg(feature = "fuzzing")]
+mod fuzz;
 mod regions;
 mod ring;
 
@@ -30,7 +32,13 @@ use crate::fd::EventFd;
 use std::path::PathBuf;
 
 use bell::Bell;
+#[cfg(feature = "fuzzing")]
+pub(crate) use fuzz::drain_bell as fuzz_drain_bell;
+#[cfg(feature = "fuzzing")]
+pub(crate) use regions::fuzz_rewrite as fuzz_pull_rewrite;
 use regions::Regions;
+#[cfg(feature = "fuzzing")]
+pub(crate) use ring::fuzz_consume as fuzz_ring_consume;
 use ring::{Malformed, RecordMeta, Ring};
 
 use super::{Arrival, TxMeta, TxPlacement, WireAddr};
@@ -339,7 +347,11 @@ fn nonce() -> u32 {
 impl HostLocal {
     /// The host-local part of the wire holding `slot`, in network namespace `netns`.
     pub fn new(slot: u8, netns: u64, capacity: usize) -> crate::Result<HostLocal> {
-        let dir = super::share::runtime_dir()?;
+        Self::in_dir(super::share::runtime_dir()?, slot, netns, capacity)
+    }
+
+    /// [`HostLocal::new`] with its bells in `dir` (the pinned runtime directory's path).
+    fn in_dir(dir: PathBuf, slot: u8, netns: u64, capacity: usize) -> crate::Result<HostLocal> {
         let ns = (netns ^ (netns >> 8) ^ (netns >> 16) ^ (netns >> 24)) as u8;
         let me = HostPeer {
             slot,
@@ -653,13 +665,18 @@ impl HostLocal {
                     Some(s) if s.uid == uid => new.push((from, fd)),
                     _ => tracing::warn!(?from, ?sender, "host-local ring of another user refused"),
                 },
-                MSG_EFD => efds.push((from, fd)),
+                // a wake-up eventfd: from our own user, and an eventfd (a pipe or a
+                // socket could block our writes under the device lock)
+                MSG_EFD => match (sender, bell::eventfd(fd)) {
+                    (Some(s), Some(efd)) if s.uid == uid => efds.push((from, efd)),
+                    _ => tracing::warn!(?from, ?sender, "host-local wake-up fd refused"),
+                },
                 _ => {}
             }
         });
-        for (from, fd) in efds {
+        for (from, efd) in efds {
             if let Some(o) = self.outbound.iter_mut().find(|o| o.peer == from) {
-                o.efd = Some(EventFd::from(fd));
+                o.efd = Some(efd);
             }
         }
         for (from, fd) in new {

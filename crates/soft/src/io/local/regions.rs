@@ -3,8 +3,8 @@
 //!
 //! A region's file starts with a header page whose first word is 1 while the sender has the
 //! region registered; one found at 0 is unmapped and forgotten. At most [`MAX_REGIONS`] per
-//! peer are mapped (the oldest goes first): the memory a peer can make us map is bounded,
-//! and the sender, which remembers as many in the same order, hands an evicted one over
+//! peer are mapped, [`MAX_BYTES`] in all (the oldest goes first): the address space a peer
+//! can make us map is bounded (a sparse file costs its maker nothing), and the sender, which remembers as many in the same order, hands an evicted one over
 //! again at its next use.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -14,6 +14,8 @@ use crate::pull::{self, Piece, RESOLVED};
 
 /// Regions mapped per peer at most.
 pub(crate) const MAX_REGIONS: usize = 256;
+/// Bytes of region files mapped per peer at most; a larger file is refused.
+pub(crate) const MAX_BYTES: usize = 1 << 36;
 /// The header page before a region's bytes (`SharedBytes::new_shared_zeroed`).
 const HEADER: usize = 4096;
 
@@ -62,6 +64,9 @@ impl Regions {
             return false;
         }
         let size = st.st_size as usize;
+        if size > MAX_BYTES {
+            return false;
+        }
         // SAFETY: a read-only shared mapping of the whole file; checked.
         let map = unsafe {
             libc::mmap(
@@ -77,6 +82,9 @@ impl Regions {
             return false;
         }
         if self.maps.len() >= MAX_REGIONS {
+            self.maps.remove(0);
+        }
+        while self.maps.iter().map(|m| HEADER + m.len).sum::<usize>() + size > MAX_BYTES {
             self.maps.remove(0);
         }
         self.maps.push(Mapped {
@@ -140,6 +148,54 @@ impl Regions {
         }
         Some(at)
     }
+}
+
+/// Fuzzing: `payload` as a pull payload from a peer that handed over regions 1 (4 KiB) and
+/// 2 (8 KiB): rewritten, then copied from as the responder does. Every resolved address
+/// must lie inside a mapping; the copy reads only there.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_rewrite(payload: &[u8]) {
+    let mut regs = Regions::default();
+    for (token, len) in [(1u64, 4096usize), (2, 8192)] {
+        let Ok(f) = crate::memfd::sealed(c"fuzz-region", HEADER + len) else {
+            return;
+        };
+        let one = 1u32.to_ne_bytes();
+        // SAFETY: a plain call on our descriptor, a live buffer.
+        unsafe { libc::pwrite(f.as_raw_fd(), one.as_ptr().cast(), 4, 0) };
+        assert!(regs.insert(token, f));
+    }
+    let _ = regs.missing(payload);
+    let mut out = [0u8; 4096];
+    let Some(n) = regs.rewrite(payload, &mut out) else {
+        return;
+    };
+    let source = &out[pull::PREFIX..n];
+    let inside = |addr: u64, len: u64| {
+        regs.maps.iter().any(|m| {
+            let start = m.map as u64 + HEADER as u64;
+            addr >= start
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|e| e <= start + m.len as u64)
+        })
+    };
+    for c in source.chunks_exact(RESOLVED) {
+        let u = |o: usize| u64::from_le_bytes(c[o..o + 8].try_into().unwrap_or_default());
+        assert!(
+            u(0) == 0 || inside(u(0), u(8)),
+            "resolved outside a mapping"
+        );
+    }
+    let len = u32::from_le_bytes(payload[..4].try_into().unwrap_or_default()) as u64;
+    let mut sum = 0u8;
+    let _ = pull::copy_range(source, 0, len.min(1 << 16), |_, src, k| {
+        assert!(inside(src as u64, k as u64), "a copy outside a mapping");
+        // SAFETY: checked above: `k` bytes of a live read-only mapping.
+        let b = unsafe { std::slice::from_raw_parts(src, k) };
+        sum = b.iter().fold(sum, |a, &x| a.wrapping_add(x));
+    });
+    std::hint::black_box(sum);
 }
 
 #[cfg(test)]
@@ -271,5 +327,19 @@ pub(crate) mod tests {
         assert_eq!(regs.maps.len(), MAX_REGIONS);
         assert!(!regs.knows(1), "the oldest went");
         assert!(regs.knows(MAX_REGIONS as u64 + 1));
+        // and in bytes: sparse files cost their maker nothing, our address space is bounded
+        let big = MAX_BYTES / 2 - HEADER;
+        let mut regs = Regions::default();
+        assert!(
+            !regs.insert(1, region_file(MAX_BYTES)),
+            "larger than the bound"
+        );
+        for k in 2..=4 {
+            assert!(regs.insert(k, region_file(big)));
+        }
+        assert!(!regs.knows(2), "the oldest went");
+        assert!(regs.knows(3) && regs.knows(4));
+        let mapped: usize = regs.maps.iter().map(|m| HEADER + m.len).sum();
+        assert!(mapped <= MAX_BYTES, "{mapped}");
     }
 }

@@ -162,7 +162,11 @@ impl Ring {
         {
             return Err(bad());
         }
+        // the consumer reads records at 8-aligned offsets from here on
         let tail = r.word(TAIL).load(Ordering::Acquire);
+        if tail % 8 != 0 {
+            return Err(bad());
+        }
         Ok(Ring { pos: tail, ..r })
     }
 
@@ -193,6 +197,16 @@ impl Ring {
 
     // ---- producer ----
 
+    /// Whether `more` bytes past `pos` stay within a capacity of the consumer's `tail` as
+    /// last read (`limit`). A `tail` the consumer moved past what was written, or back more
+    /// than a capacity, is no room (the consumer is broken or hostile), never an underflow.
+    fn fits(&self, more: u64) -> bool {
+        self.pos
+            .checked_sub(self.limit)
+            .and_then(|used| used.checked_add(more))
+            .is_some_and(|n| n <= self.cap)
+    }
+
     /// Whether a packet of `max` bytes fits now.
     pub fn has_room(&mut self, max: usize) -> bool {
         let need = (RECORD + max).next_multiple_of(8) as u64;
@@ -202,11 +216,11 @@ impl Ring {
         } else {
             0
         };
-        if self.pos + wrap + need - self.limit <= self.cap {
+        if self.fits(wrap + need) {
             return true;
         }
         self.limit = self.word(TAIL).load(Ordering::Acquire);
-        self.pos + wrap + need - self.limit <= self.cap
+        self.fits(wrap + need)
     }
 
     /// The producer waits for room: the consumer rings its bell after freeing some
@@ -230,9 +244,9 @@ impl Ring {
         } else {
             0
         };
-        if self.pos + wrap + need - self.limit > self.cap {
+        if !self.fits(wrap + need) {
             self.limit = self.word(TAIL).load(Ordering::Acquire);
-            if self.pos + wrap + need - self.limit > self.cap {
+            if !self.fits(wrap + need) {
                 return None;
             }
         }
@@ -309,7 +323,7 @@ impl Ring {
                 if rest > avail {
                     return Err(Malformed("wrap past head"));
                 }
-                self.pos += rest;
+                self.pos = self.pos.wrapping_add(rest);
                 self.word(TAIL).store(self.pos, Ordering::Release);
                 continue;
             }
@@ -353,7 +367,7 @@ impl Ring {
     /// Frees the record [`Ring::peek`] returned last (the producer may reuse its room).
     pub fn advance(&mut self) {
         // the length peek validated, not the shared word (the producer could change it)
-        self.pos += std::mem::take(&mut self.limit);
+        self.pos = self.pos.wrapping_add(std::mem::take(&mut self.limit));
         self.word(TAIL).store(self.pos, Ordering::Release);
     }
 
@@ -376,6 +390,43 @@ impl Ring {
         self.waiting().store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         self.pending()
+    }
+}
+
+/// Fuzzing: a ring whose header words and records are `input` (tail, head less tail, then
+/// the buffer), attached and read to the end as a consumer would.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_consume(input: &[u8]) {
+    let word = |i: usize| {
+        input
+            .get(i..i + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
+    let Ok(p) = Ring::create(MIN_CAPACITY) else {
+        return;
+    };
+    let tail = word(0);
+    let data = input.get(16..).unwrap_or(&[]);
+    let n = data.len().min(MIN_CAPACITY);
+    // SAFETY: `n` bytes into the producer's own buffer, as a hostile producer writes them.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.data(), n) };
+    p.word(TAIL).store(tail, Ordering::Relaxed);
+    p.word(HEAD)
+        .store(tail.wrapping_add(word(8) & 0x3_ffff), Ordering::Release);
+    let Ok(fd) = p.fd().try_clone_to_owned() else {
+        return;
+    };
+    let Ok(mut c) = Ring::attach(fd) else {
+        return;
+    };
+    for _ in 0..1024 {
+        match c.peek() {
+            Ok(Some((_, pkt))) => {
+                assert!(pkt.len() + RECORD <= MIN_CAPACITY);
+                c.advance();
+            }
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 
@@ -479,6 +530,43 @@ mod tests {
         p.word(HEAD)
             .store(MIN_CAPACITY as u64 * 3, Ordering::Release);
         assert_eq!(c.peek().unwrap_err(), Malformed("head out of range"));
+    }
+
+    #[test]
+    fn a_hostile_consumer_cannot_make_the_producer_overflow() {
+        let mut p = Ring::create(MIN_CAPACITY).unwrap();
+        let c = attach(&p);
+        // full: the producer rereads the consumer's tail at every try
+        while push(&mut p, &[1u8; 100]) {}
+        let written = p.word(HEAD).load(Ordering::Acquire);
+        // a tail past what was written (an underflow of pos - tail): no room, no panic
+        for bad in [written + 8, 1 << 40, u64::MAX - 7] {
+            c.word(TAIL).store(bad, Ordering::Release);
+            assert!(!p.has_room(100), "tail {bad}");
+            assert!(p.reserve(100).is_none(), "tail {bad}");
+        }
+        // an honest tail (all consumed): room again
+        c.word(TAIL).store(written, Ordering::Release);
+        assert!(push(&mut p, b"two"));
+    }
+
+    #[test]
+    fn a_consumer_attaches_only_at_an_aligned_tail() {
+        let mut p = Ring::create(MIN_CAPACITY).unwrap();
+        assert!(push(&mut p, b"hello"));
+        // a producer that set a misaligned tail before handing the ring over: refused
+        // (records would be read at unaligned offsets)
+        p.word(TAIL).store(3, Ordering::Release);
+        let fd = p.fd().try_clone_to_owned().unwrap();
+        let e = Ring::attach(fd).err().unwrap();
+        assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
+        // near the end of the counter: attached, reads as malformed or empty, never panics
+        p.word(TAIL).store(u64::MAX - 7, Ordering::Release);
+        p.word(HEAD)
+            .store((u64::MAX - 7).wrapping_add(64), Ordering::Release);
+        let mut c = attach(&p);
+        // the last 8 bytes of the buffer hold no record: refused without an overflow
+        assert_eq!(c.peek().unwrap_err(), Malformed("record length"));
     }
 
     #[test]

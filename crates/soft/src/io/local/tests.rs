@@ -399,3 +399,84 @@ fn a_region_the_receiver_let_go_is_handed_over_again() {
     b.drain_bell();
     assert!(b.inbound[0].regions.knows(1));
 }
+
+/// A pipe made blocking and full: a write to it would block.
+fn full_pipe() -> (OwnedFd, OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let mut p = [0i32; 2];
+    // SAFETY: a live two-int array; the results are checked.
+    unsafe {
+        assert_eq!(
+            libc::pipe2(p.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC),
+            0
+        );
+        while libc::write(p[1], [0u8; 4096].as_ptr().cast(), 4096) > 0 {}
+        libc::fcntl(p[1], libc::F_SETFL, 0);
+        (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1]))
+    }
+}
+
+#[test]
+fn a_wake_up_fd_that_is_not_an_eventfd_is_refused() {
+    let (mut a, _sa, mut b, _sb) = pair();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    // a stranger (same user) hands `a` a full, blocking pipe as b's wake-up eventfd
+    let (rd, wr) = full_pipe();
+    let stranger = Bell::bind(a.dir.join("test-stranger-bell")).unwrap();
+    let to = a.dir.join(a.me().bell_name());
+    stranger
+        .send(&to, &b.me().bell_msg(MSG_EFD), Some(wr.as_fd()))
+        .unwrap();
+    a.drain_bell();
+    // two wake-ups: the first always rings the bell, the second would use the eventfd
+    for k in 0..2u8 {
+        assert!(!b.arm());
+        assert!(a.send(b.me(), x, y, TxMeta::default(), &[k]));
+        a.flush(); // with the pipe taken, this blocks forever
+        assert!(readable(b.bell_fd()), "wake-up {k} rang b's bell");
+        b.drain_bell();
+        assert_eq!(take(&mut b).len(), 1);
+    }
+    drop(rd);
+}
+
+#[test]
+fn a_renamed_directory_and_a_strangers_bell_in_its_place_get_nothing() {
+    let base = std::env::temp_dir().join(format!("rdma-soft-bell-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir(&base).unwrap();
+    let dir = base.join("d");
+    // SAFETY: geteuid cannot fail.
+    let pinned = crate::io::rundir::open_private(&dir, unsafe { libc::geteuid() }).unwrap();
+    let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
+    let mut a = HostLocal::in_dir(pinned.path(), sa.get(), 1, ring::MIN_CAPACITY).unwrap();
+    let mut b = HostLocal::in_dir(pinned.path(), sb.get(), 1, ring::MIN_CAPACITY).unwrap();
+    let (x, y) = addrs();
+    a.connect(b.me()).unwrap();
+    b.drain_bell();
+    // the directory moves away; a stranger's directory and bell take its name
+    std::fs::rename(&dir, base.join("moved")).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let stranger = Bell::bind(dir.join(b.me().bell_name())).unwrap();
+    assert!(!b.arm());
+    assert!(a.send(b.me(), x, y, TxMeta::default(), b"for b"));
+    a.flush();
+    assert!(readable(b.bell_fd()), "b's own bell rang");
+    b.drain_bell();
+    assert_eq!(take(&mut b).len(), 1);
+    let mut p = libc::pollfd {
+        fd: stranger.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no wait.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 0) },
+        0,
+        "the stranger got nothing"
+    );
+    drop((a, b, stranger));
+    std::fs::remove_dir_all(&base).unwrap();
+}

@@ -1,0 +1,130 @@
+//! Another user holds UDP 4791 on one of our addresses (UDP ports are unprivileged): a
+//! wildcard listener skips that address and says so (a warn event naming it), and still
+//! works on the others. Issue 34, item 3. Root: a namespace of its own (127.0.0.1 and
+//! 127.0.0.5/32 on its `lo`), the squatter is this binary run as uid 65534 (`setpriv`).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+const T: Duration = Duration::from_secs(10);
+const SQUAT_ENV: &str = "RDMACM_TEST_SQUAT_ADDR";
+
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Fields(String);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={:?}", field.name(), value));
+    }
+}
+
+/// Keeps every warn event as ` field=value ...`.
+struct Capture;
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut f = Fields(String::new());
+            event.record(&mut f);
+            WARNINGS.lock().unwrap().push(f.0);
+        }
+    }
+}
+
+/// The squatter: binds `$RDMACM_TEST_SQUAT_ADDR` (UDP, no `SO_REUSEPORT`), says so, and
+/// holds it until its stdin closes. Run by the test below, as another user.
+#[test]
+#[ignore = "run by wildcard_listener_reports_a_squatted_address as its squatter"]
+fn squatter_child() {
+    let addr = std::env::var(SQUAT_ENV).expect("run by the test");
+    let _s = std::net::UdpSocket::bind(&addr).expect("bind");
+    println!("bound");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn wildcard_listener_reports_a_squatted_address() {
+    if !rdma_testhosts::require_root("wildcard_listener_reports_a_squatted_address") {
+        return;
+    }
+    let t = rdma_testhosts::Topology::builder("squat")
+        .host("a")
+        .addr("a", "lo", "127.0.0.5/32")
+        .build()
+        .expect("namespace");
+    let a = t.host("a");
+    let exe = std::env::current_exe().unwrap();
+    let mut squatter = Command::new("ip")
+        .args(["netns", "exec", a.netns(), "setpriv"])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--ignored", "--exact", "squatter_child", "--nocapture"])
+        .env(SQUAT_ENV, "127.0.0.1:4791")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    let mut out = BufReader::new(squatter.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("bound") {
+        line.clear();
+    }
+    assert!(line.contains("bound"), "the squatter holds 127.0.0.1:4791");
+
+    let sub = tracing_subscriber::registry().with(Capture);
+    tracing::subscriber::set_global_default(sub).unwrap();
+    a.run(|| {
+        let cma = Cma::new().unwrap();
+        let lch = EventChannel::with_cma(&cma).unwrap();
+        let l = CmId::new(&lch, PortSpace::Tcp).unwrap();
+        l.bind_addr("0.0.0.0:7471".parse().unwrap()).unwrap();
+        l.listen(0).unwrap();
+        let warned = WARNINGS.lock().unwrap().clone();
+        assert!(
+            warned
+                .iter()
+                .any(|w| w.contains("addr=127.0.0.1 ") && w.contains("wildcard listen")),
+            "a warning names the squatted address: {warned:?}"
+        );
+        assert!(
+            !warned.iter().any(|w| w.contains("addr=127.0.0.5 ")),
+            "{warned:?}"
+        );
+        // the other address still takes connections
+        let ch = EventChannel::with_cma(&cma).unwrap();
+        let c = CmId::new(&ch, PortSpace::Tcp).unwrap();
+        let dst: SocketAddr = "127.0.0.5:7471".parse().unwrap();
+        c.resolve_addr(Some("127.0.0.5:0".parse().unwrap()), dst, T)
+            .unwrap();
+        expect(&ch, EventType::AddrResolved);
+        c.resolve_route(T).unwrap();
+        expect(&ch, EventType::RouteResolved);
+        c.create_qp_default().unwrap();
+        c.connect(&ConnParam::default()).unwrap();
+        let s = expect(&lch, EventType::ConnectRequest).take_id().unwrap();
+        s.create_qp_default().unwrap();
+        s.accept(&ConnParam::default()).unwrap();
+        expect(&ch, EventType::Established);
+    });
+    drop(squatter.stdin.take());
+    squatter.wait().unwrap();
+}
+
+fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::Event {
+    let ev = ch
+        .get_event_timeout(T)
+        .unwrap()
+        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
+    assert_eq!(ev.kind(), kind, "status {}", ev.status());
+    ev
+}

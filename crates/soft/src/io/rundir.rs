@@ -1,0 +1,228 @@
+//! Choosing and pinning the per-user runtime directory ([`super::share::runtime_dir`]).
+//!
+//! Another user may have made our usual directory first (`/tmp` is shared): then the next
+//! candidate is taken, and when none is ours, a fresh private directory. The one chosen is
+//! opened once and used through `/proc/self/fd/N` from then on: a rename or replacement of
+//! its path afterwards (by anyone) does not move us to another directory.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+/// A directory of ours, open.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    /// The path it had when chosen (for messages).
+    pub name: PathBuf,
+    /// `/proc/self/fd/N` when `/proc` shows this very directory there, else `name`.
+    via: PathBuf,
+    /// Held open: what `via` names.
+    _fd: OwnedFd,
+}
+
+impl Pinned {
+    fn new(name: &Path, fd: OwnedFd, st: &libc::stat) -> Pinned {
+        let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let via = match std::fs::metadata(&via) {
+            Ok(b) if same(st, &b) => via,
+            _ => name.to_path_buf(),
+        };
+        Pinned {
+            name: name.to_path_buf(),
+            via,
+            _fd: fd,
+        }
+    }
+
+    /// The path that reaches this very directory (computed once: no system call).
+    pub fn path(&self) -> PathBuf {
+        self.via.clone()
+    }
+}
+
+fn same(a: &libc::stat, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.st_dev == b.dev() && a.st_ino == b.ino()
+}
+
+fn fstat(fd: &OwnedFd) -> Option<libc::stat> {
+    // SAFETY: fstat into a zeroed struct on a live descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st)
+}
+
+/// Opens `dir` (made 0700 when absent) if it is a directory of `uid` that nobody else may
+/// write to; the reason otherwise.
+pub(crate) fn open_private(dir: &Path, uid: u32) -> Result<Pinned, String> {
+    let shown = || dir.display().to_string();
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("{}: {e}", shown())),
+    }
+    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|e| format!("{}: {e}", shown()))?;
+    // SAFETY: a C string path; the result is checked. O_NOFOLLOW: a symlink is refused.
+    let raw = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return Err(format!("{}: {}", shown(), std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // checked on the open directory itself: no window between the check and its use
+    let st = fstat(&fd).ok_or_else(|| format!("{}: fstat failed", shown()))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_uid != uid || st.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "{} is not a private directory of uid {uid}",
+            shown()
+        ));
+    }
+    Ok(Pinned::new(dir, fd, &st))
+}
+
+/// The first of `candidates` that is a private directory of `uid`; when none is, a fresh
+/// one made under `tmp` (logged at warn: host-local peers of ours that chose elsewhere
+/// are not found).
+pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pinned, String> {
+    let mut why = Vec::new();
+    for c in candidates {
+        match open_private(c, uid) {
+            Ok(p) => {
+                if !why.is_empty() {
+                    tracing::warn!(dir = %c.display(), refused = ?why, "rdma-soft runtime directory: fell back");
+                }
+                return Ok(p);
+            }
+            Err(e) => why.push(e),
+        }
+    }
+    let mut template = tmp
+        .join(format!("rdma-soft-{uid}-XXXXXX"))
+        .into_os_string()
+        .into_vec();
+    template.push(0);
+    // SAFETY: a NUL-terminated, writable template; mkdtemp makes the directory 0700.
+    let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if made.is_null() {
+        why.push(format!("mkdtemp: {}", std::io::Error::last_os_error()));
+        return Err(why.join("; "));
+    }
+    template.pop();
+    let dir = PathBuf::from(std::ffi::OsString::from_vec(template));
+    tracing::warn!(dir = %dir.display(), refused = ?why, "rdma-soft runtime directory: none of ours, using a fresh private one (processes of ours elsewhere do not share with this one)");
+    open_private(&dir, uid)
+}
+
+/// The usual candidates, in order: `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`,
+/// `/tmp/rdma-soft-$UID` (each only when its parent exists).
+pub(crate) fn candidates(uid: u32) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
+        if Path::new(&x).is_dir() {
+            v.push(Path::new(&x).join("rdma-soft"));
+        }
+    }
+    let run = PathBuf::from(format!("/run/user/{uid}"));
+    if run.is_dir() && !v.contains(&run.join("rdma-soft")) {
+        v.push(run.join("rdma-soft"));
+    }
+    v.push(PathBuf::from(format!("/tmp/rdma-soft-{uid}")));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn require_root() -> bool {
+        // SAFETY: no arguments.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (setpriv to another user)");
+            return false;
+        }
+        true
+    }
+
+    /// `dir` made by uid 65534 (nobody), as a squatter would: `setpriv --reuid=65534`.
+    fn squat(dir: &Path) {
+        let ok = std::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "mkdir",
+                "-m",
+                "0777",
+            ])
+            .arg(dir)
+            .status()
+            .expect("setpriv (util-linux)")
+            .success();
+        assert!(ok, "setpriv mkdir {}", dir.display());
+        assert_eq!(std::fs::metadata(dir).unwrap().uid(), 65534);
+    }
+
+    /// A world-searchable scratch directory for the test (nobody must be able to mkdir).
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "rdma-soft-rundir-test-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::DirBuilder::new().mode(0o1777).create(&d).unwrap();
+        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_squatted_directory_is_refused_and_the_next_one_taken() {
+        if !require_root() {
+            return;
+        }
+        let base = scratch("next");
+        let (theirs, ours) = (base.join("theirs"), base.join("ours"));
+        squat(&theirs);
+        let e = open_private(&theirs, 0).unwrap_err();
+        assert!(e.contains("not a private directory"), "{e}");
+        let p = choose(&[theirs.clone(), ours.clone()], 0, &base).unwrap();
+        assert_eq!(p.name, ours);
+        // nothing of ours went into the squatter's directory
+        assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
+        // none of ours at all: a fresh private one
+        let p = choose(std::slice::from_ref(&theirs), 0, &base).unwrap();
+        assert_ne!(p.name, theirs);
+        let md = std::fs::metadata(&p.name).unwrap();
+        assert_eq!((md.uid(), md.mode() & 0o777), (0, 0o700));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn the_chosen_directory_stays_the_same_after_a_rename() {
+        if !require_root() {
+            return;
+        }
+        let base = scratch("pin");
+        let dir = base.join("d");
+        let p = open_private(&dir, 0).unwrap();
+        let path = p.path();
+        assert!(path.starts_with("/proc/self/fd"), "{}", path.display());
+        std::fs::write(path.join("mine"), b"1").unwrap();
+        // someone renames it away and puts their own in its place
+        std::fs::rename(&dir, base.join("moved")).unwrap();
+        squat(&dir);
+        std::fs::write(path.join("after"), b"2").unwrap();
+        assert!(
+            base.join("moved/after").exists(),
+            "still the directory we chose"
+        );
+        assert!(!dir.join("after").exists(), "nothing in the squatter's");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}
