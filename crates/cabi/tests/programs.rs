@@ -46,7 +46,7 @@ fn prog(name: &str) -> Command {
     let path = Path::new("/usr/bin").join(name);
     assert!(
         path.exists(),
-        "{name} is missing: apt-get install ibverbs-utils rdmacm-utils perftest qperf libfabric-bin (CI does)"
+        "{name} is missing: apt-get install ibverbs-utils rdmacm-utils perftest qperf libfabric-bin fio (CI does)"
     );
     let mut c = Command::new(path);
     c.env("LD_LIBRARY_PATH", lib_dir());
@@ -595,4 +595,31 @@ fn qperf_rc_lat_over_rdma_cm() {
     );
     let (_, out) = pair_with(server, client, Ready::Tcp(17561), false);
     assert!(out.contains("rc_lat:") && out.contains("latency"), "{out}");
+}
+
+/// fio's rdma engine (Debian's fio 3.33), RDMA writes: a short job, 4 MiB in 64 KiB blocks.
+#[test]
+fn fio_rdma_write_job() {
+    let job = [
+        "--ioengine=rdma",
+        "--port=17562",
+        "--bs=64k",
+        "--size=4m",
+        "--iodepth=4",
+    ];
+    let server = with(with(prog("fio"), &job), &["--name=recv", "--rw=read"]);
+    let client = with(
+        with(prog("fio"), &job),
+        &[
+            "--name=send",
+            "--hostname=127.0.0.1",
+            "--verb=write",
+            "--rw=write",
+        ],
+    );
+    let (_, out) = pair(server, client, Ready::Cm(17562));
+    assert!(
+        out.contains("WRITE: bw=") && out.contains("io=4096KiB"),
+        "{out}"
+    );
 }
