@@ -21,6 +21,20 @@ pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid:
     libc::EOPNOTSUPP
 }
 
+/// dma-buf memory regions: no dma-buf exporter reaches our device; NULL with
+/// `errno = EOPNOTSUPP`, as rdma-core for a device without them (libfabric links it).
+#[no_mangle]
+pub extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut ibv_pd,
+    _offset: u64,
+    _length: usize,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut ibv_mr {
+    null_err(libc::EOPNOTSUPP)
+}
+
 /// No kernel neighbour resolution through verbs: EOPNOTSUPP.
 #[no_mangle]
 pub extern "C" fn ibv_resolve_eth_l2_from_gid(

@@ -46,7 +46,7 @@ fn prog(name: &str) -> Command {
     let path = Path::new("/usr/bin").join(name);
     assert!(
         path.exists(),
-        "{name} is missing: apt-get install ibverbs-utils rdmacm-utils (CI does)"
+        "{name} is missing: apt-get install ibverbs-utils rdmacm-utils perftest qperf libfabric-bin fio (CI does)"
     );
     let mut c = Command::new(path);
     c.env("LD_LIBRARY_PATH", lib_dir());
@@ -557,5 +557,69 @@ fn both_names_map_one_library() {
     assert_eq!(
         Path::new(libs.iter().next().unwrap()),
         std::fs::canonicalize(ours).unwrap()
+    );
+}
+
+/// libfabric's verbs provider (Debian's libfabric-bin) over our libibverbs: its UD
+/// (`FI_EP_DGRAM`) endpoints; `fi_pingpong` exchanges addresses over its own TCP socket.
+#[test]
+fn libfabric_verbs_dgram_pingpong() {
+    let o = with(prog("fi_info"), &["-p", "verbs"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("domain: lo-dgram"), "{}", text(&o));
+    let common = ["-p", "verbs", "-e", "dgram", "-I", "20"];
+    let server = with(with(prog("fi_pingpong"), &common), &["-B", "17560"]);
+    let client = with(
+        with(prog("fi_pingpong"), &common),
+        &["-P", "17560", "127.0.0.1"],
+    );
+    let (_, out) = pair(server, client, Ready::Tcp(17560));
+    // bytes, #sent, #ack: every size's 20 messages acknowledged
+    let rows = out
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 2 && f[1] == "20" && f[2] == "=20"
+        })
+        .count();
+    assert!(rows >= 4, "{out}");
+}
+
+/// qperf's RC latency with its connection through rdma_cm (`-cm1`).
+#[test]
+fn qperf_rc_lat_over_rdma_cm() {
+    let server = with(prog("qperf"), &["-lp", "17561"]);
+    let client = with(
+        prog("qperf"),
+        &["-lp", "17561", "127.0.0.1", "-cm1", "-t", "1", "rc_lat"],
+    );
+    let (_, out) = pair_with(server, client, Ready::Tcp(17561), false);
+    assert!(out.contains("rc_lat:") && out.contains("latency"), "{out}");
+}
+
+/// fio's rdma engine (Debian's fio 3.33), RDMA writes: a short job, 4 MiB in 64 KiB blocks.
+#[test]
+fn fio_rdma_write_job() {
+    let job = [
+        "--ioengine=rdma",
+        "--port=17562",
+        "--bs=64k",
+        "--size=4m",
+        "--iodepth=4",
+    ];
+    let server = with(with(prog("fio"), &job), &["--name=recv", "--rw=read"]);
+    let client = with(
+        with(prog("fio"), &job),
+        &[
+            "--name=send",
+            "--hostname=127.0.0.1",
+            "--verb=write",
+            "--rw=write",
+        ],
+    );
+    let (_, out) = pair(server, client, Ready::Cm(17562));
+    assert!(
+        out.contains("WRITE: bw=") && out.contains("io=4096KiB"),
+        "{out}"
     );
 }

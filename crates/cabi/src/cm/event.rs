@@ -9,7 +9,7 @@ use std::ptr::null_mut;
 use libc::{c_char, c_int};
 use rdmacm::{Event, EventType};
 
-use super::{id_by_num, new_id, refresh, Chan, Id};
+use super::{id_by_num, new_id, refresh, Id};
 use crate::cm_types::*;
 use crate::types::*;
 use crate::util::*;
@@ -131,7 +131,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
     // SAFETY: the caller's channel.
-    let Some(c) = (unsafe { ch.cast::<Chan>().as_ref() }) else {
+    let Some(c) = (unsafe { super::chan_ref(ch) }) else {
         return minus_one(libc::EINVAL);
     };
     if out.is_null() {

@@ -10,7 +10,7 @@ pub mod addr;
 pub mod ep;
 pub mod event;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ptr::null_mut;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -45,6 +45,48 @@ pub struct Id {
     pub sync: Option<Box<Chan>>,
     /// CQs and channels `rdma_create_qp` made for the id (destroyed with its QP).
     pub made_cqs: bool,
+}
+
+/// The addresses of our live ids and channels: a pointer the application passes is
+/// dereferenced only when it is one of them, so that an id or channel used after its
+/// destruction (or never ours) is `EINVAL`, never a crash.
+static LIVE_IDS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+static LIVE_CHANS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+fn live_set(m: &Mutex<Option<HashSet<usize>>>, p: usize, add: bool) -> bool {
+    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+    let set = g.get_or_insert_with(HashSet::new);
+    if add {
+        set.insert(p)
+    } else {
+        set.remove(&p)
+    }
+}
+
+fn is_live(m: &Mutex<Option<HashSet<usize>>>, p: usize) -> bool {
+    m.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|s| s.contains(&p))
+}
+
+/// Dropped in place (its box's address): a private channel with its id, or
+/// [`rdma_destroy_event_channel`].
+impl Drop for Chan {
+    fn drop(&mut self) {
+        live_set(&LIVE_CHANS, self as *mut Chan as usize, false);
+    }
+}
+
+/// # Safety
+/// NULL, or a pointer the application got from us as a channel (a destroyed one or any
+/// other value gives `None`).
+pub unsafe fn chan_ref<'a>(p: *mut rdma_event_channel) -> Option<&'a Chan> {
+    if p.is_null() || !is_live(&LIVE_CHANS, p as usize) {
+        return None;
+    }
+    // SAFETY: one of our live channels.
+    unsafe { p.cast::<Chan>().as_ref() }
 }
 
 /// Our ids by number, for events.
@@ -96,6 +138,7 @@ pub fn new_id(
         sync,
         made_cqs: false,
     });
+    live_set(&LIVE_IDS, p as usize, true);
     ids()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -127,9 +170,13 @@ pub fn refresh(i: &mut Id) {
 }
 
 /// # Safety
-/// NULL or one of our ids.
+/// NULL, or a pointer the application got from us as an id (a destroyed one or any other
+/// value gives `None`: perftest 4.5's retry path reuses destroyed ids).
 pub unsafe fn id_ref<'a>(p: *mut rdma_cm_id) -> Option<&'a mut Id> {
-    // SAFETY: forwarded.
+    if p.is_null() || !is_live(&LIVE_IDS, p as usize) {
+        return None;
+    }
+    // SAFETY: one of our live ids.
     unsafe { p.cast::<Id>().as_mut() }
 }
 
@@ -152,19 +199,21 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
         Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
     use std::os::fd::AsRawFd;
-    boxed(Chan {
+    let p = boxed(Chan {
         c: rdma_event_channel { fd: fd.as_raw_fd() },
         ch,
         fd,
-    })
-    .cast()
+    });
+    live_set(&LIVE_CHANS, p as usize, true);
+    p.cast()
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
-    if !ch.is_null() {
-        // SAFETY: made by rdma_create_event_channel.
-        drop(unsafe { unbox(ch.cast::<Chan>()) });
+    // SAFETY: checked against our live channels.
+    if unsafe { chan_ref(ch) }.is_some() {
+        // SAFETY: made by rdma_create_event_channel; dropped in its box.
+        drop(unsafe { Box::from_raw(ch.cast::<Chan>()) });
     }
 }
 
@@ -178,7 +227,8 @@ pub unsafe extern "C" fn rdma_create_id(
     let Some(pspace) = ps_of(ps) else {
         return minus_one(libc::EINVAL);
     };
-    if out.is_null() {
+    // SAFETY: checked against our live channels.
+    if out.is_null() || (!channel.is_null() && unsafe { chan_ref(channel) }.is_none()) {
         return minus_one(libc::EINVAL);
     }
     let sync = if channel.is_null() {
@@ -222,6 +272,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&i.id.num());
+    live_set(&LIVE_IDS, id as usize, false);
     // SAFETY: made by new_id.
     drop(unsafe { unbox(id.cast::<Id>()) });
     0
@@ -498,9 +549,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
     channel: *mut rdma_event_channel,
 ) -> c_int {
     // SAFETY: the caller's pointers.
-    let (Some(i), Some(ch)) = (unsafe { id_ref(id) }, unsafe {
-        channel.cast::<Chan>().as_ref()
-    }) else {
+    let (Some(i), Some(ch)) = (unsafe { id_ref(id) }, unsafe { chan_ref(channel) }) else {
         return minus_one(libc::EINVAL);
     };
     let r = ret(i.id.migrate(&ch.ch));

@@ -16,6 +16,7 @@ impl CmId {
     /// (no REJ: the requester's CM retries its REQ after its timeout, and the retry is a new
     /// request once the application has taken queued ones).
     pub fn listen(&self, backlog: usize) -> Result<()> {
+        tracing::debug!(target: "rdmacm", id = self.num, "listen");
         if self.state() == IdState::Idle {
             let any = self.with(|s| match s.local {
                 Some(SocketAddr::V6(_)) => "[::]:0",
@@ -124,6 +125,7 @@ impl CmId {
             regs,
         });
         s.state = IdState::Listen;
+        tracing::debug!(target: "rdmacm", id = self.num, service_id = sid, "listening");
         Ok(())
     }
 
