@@ -378,14 +378,16 @@ fn ack_timeout_sets_the_retransmission_interval() {
                 gaps.iter().map(|g| g / 1_000_000).collect::<Vec<_>>()
             );
             assert!(seen.len() >= 2, "the SEND was retransmitted: {seen:?}");
-            for g in &gaps {
-                // a retransmission never comes before the ACK timeout (lower bound only:
-                // a busy machine makes gaps longer, never shorter)
-                assert!(
-                    *g >= timeout_ns - timeout_ns / 100,
-                    "retransmitted after {g} ns, before the {timeout_ns} ns ACK timeout"
-                );
-            }
+            // Early retransmissions (tail-loss probes) may come before the ACK timeout;
+            // the give-up bound is the option's: retry_count 2 means a retransmission at
+            // each of the first two timeouts without progress, RetryExcErr at the third.
+            // Lower bound only: a busy machine makes the span longer, never shorter.
+            let span = seen.last().unwrap() - seen.first().unwrap();
+            assert!(
+                span >= 2 * timeout_ns - timeout_ns / 50,
+                "the last retransmission came {span} ns after the first, before two \
+                 {timeout_ns} ns ACK timeouts"
+            );
             stop_tx.send(()).unwrap();
         });
     });

@@ -60,10 +60,17 @@ fn a_poller_that_stops_after_a_receive_still_acknowledges_it() {
         held > 0,
         "no exchange held its ACK: the test did not test it"
     );
+    // A never waited out an ACK B held: no ACK timeout, and at most a stray tail-loss
+    // probe (5 ms: a scheduling hiccup on a loaded machine); an ACK held until A asks
+    // again would cost a probe in every exchange that held one.
     let t = a.qp.transport_stats().unwrap();
     assert_eq!(
-        (t.timeouts, t.retransmitted),
-        (0, 0),
-        "A waited for an ACK B held ({held} holds)"
+        t.timeouts, 0,
+        "A waited for an ACK B held ({held} holds): {t:?}"
+    );
+    assert_eq!(t.retransmitted, t.early_retransmits, "{t:?}");
+    assert!(
+        t.tail_probes <= 1 + held / 10,
+        "A asked again for ACKs B held ({held} holds): {t:?}"
     );
 }

@@ -450,6 +450,10 @@ mod tests {
         // Dead (its lock released): nobody's again.
         drop(f);
         assert!(!listener_elsewhere(ns, a, sid(47994)));
+        // The claims are read again once the kept view is older than CLAIMS_FRESH: that
+        // read finds the dead claim and removes it.
+        std::thread::sleep(CLAIMS_FRESH);
+        assert!(!listener_elsewhere(ns, a, sid(47994)));
         assert!(!path.exists(), "a dead claim is removed when found");
     }
 }
