@@ -2,6 +2,7 @@
 
 use std::sync::MutexGuard;
 
+use crate::error::Error;
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::slot::{IdNum, IdState};
@@ -45,6 +46,7 @@ impl Inner {
                 ud: None,
                 listen_id: None,
                 mc: None,
+                addr: None,
             },
         );
     }
@@ -60,6 +62,33 @@ impl Inner {
                 ud: Some(ud),
                 listen_id: None,
                 mc: None,
+                addr: None,
+            },
+        );
+    }
+
+    /// A wildcard listener could not open `addr` (another process holds UDP 4791 there):
+    /// logged at warn and reported to the listener as ADDR_CHANGE with `-errno` and the
+    /// address ([`crate::Event::addr`]).
+    pub(crate) fn listen_addr_lost(st: &mut State, id: IdNum, addr: std::net::IpAddr, e: &Error) {
+        tracing::warn!(
+            target: "rdmacm",
+            id,
+            addr = %addr,
+            error = %e,
+            "wildcard listen: address skipped (is UDP 4791 held by another process?)"
+        );
+        Inner::push_event(
+            st,
+            PendingEvent {
+                id,
+                kind: EventType::AddrChange,
+                status: -e.errno(),
+                param: ConnEventParam::default(),
+                ud: None,
+                listen_id: None,
+                mc: None,
+                addr: Some(addr),
             },
         );
     }
