@@ -1,0 +1,116 @@
+//! Another user made our usual runtime directory first (`/tmp` is shared): rping still
+//! connects on 127.0.0.1 and `rdma-soft` still finds the server, because every process of
+//! ours takes the same fallback (issue 34, item 3). Root: the processes run as uid 54321
+//! (`setpriv`; nobody else's, so `/tmp/rdma-soft-54321` is this test's alone), in a network
+//! namespace of their own (UDP 4791 on its lo), without `XDG_RUNTIME_DIR`; uid 65534 made
+//! `/tmp/rdma-soft-54321` beforehand.
+
+mod procs;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use procs::{lines_with, spawn, wait_udp_4791};
+use rdma_testhosts::{require_root, Topology};
+
+const RPING: &str = env!("CARGO_BIN_EXE_rping");
+const RDMA_SOFT: &str = env!("CARGO_BIN_EXE_rdma-soft");
+const T: Duration = Duration::from_secs(30);
+/// The user the processes run as.
+const U: u32 = 54_321;
+
+/// Our fresh directories (`/tmp/rdma-soft-U-*`).
+fn fresh_dirs() -> Vec<PathBuf> {
+    let prefix = format!("rdma-soft-{U}-");
+    std::fs::read_dir("/tmp")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+fn clean(usual: &PathBuf) {
+    let _ = std::fs::remove_dir_all(usual);
+    for d in fresh_dirs() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn rping_and_rdma_soft_work_when_another_user_made_the_runtime_directory() {
+    if !require_root("rping_and_rdma_soft_work_when_another_user_made_the_runtime_directory") {
+        return;
+    }
+    let usual = PathBuf::from(format!("/tmp/rdma-soft-{U}"));
+    clean(&usual);
+    let ok = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["mkdir", "-m", "0777"])
+        .arg(&usual)
+        .status()
+        .expect("setpriv (util-linux)")
+        .success();
+    assert!(ok, "uid 65534 makes {}", usual.display());
+    let t = Topology::builder("sqdir")
+        .host("a")
+        .build()
+        .expect("namespace");
+    let ns = t.host("a").netns().to_string();
+    let as_user = |prog: &str, args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns, "setpriv"])
+            .arg(format!("--reuid={U}"))
+            .arg(format!("--regid={U}"))
+            .arg("--clear-groups")
+            .arg(prog)
+            .args(args)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("RDMA_SOFT_RUNDIR")
+            .env_remove("RDMA_SOFT_INSPECT_DIR")
+            .env("HOME", "/");
+        c
+    };
+
+    let srv = spawn(
+        as_user(RPING, &["-s", "-a", "127.0.0.1", "-C", "3", "-v"]),
+        "rping server",
+    );
+    wait_udp_4791("127.0.0.1".parse().unwrap(), Some(&ns));
+    // inspection finds the server through the same fallback
+    let out = as_user(RDMA_SOFT, &["-j", "resource", "show", "cm_id"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "rdma-soft: {out:?}");
+    // `ip netns exec` and `setpriv` exec: the spawned pid is rping's
+    let pid = format!("\"pid\":{}", srv.id());
+    assert!(text.contains(&pid), "{pid} in {text}");
+    assert!(text.contains("127.0.0.1"), "{text}");
+
+    let cli = spawn(
+        as_user(RPING, &["-c", "-a", "127.0.0.1", "-C", "3", "-v"]),
+        "rping client",
+    )
+    .wait(T);
+    cli.ok("rping client");
+    let s = srv.wait(T);
+    s.ok("rping server");
+    assert_eq!(lines_with(&cli.stdout, "ping data: ").len(), 3, "{cli:#?}");
+    assert_eq!(
+        lines_with(&s.stdout, "server ping data: ").len(),
+        3,
+        "{s:#?}"
+    );
+
+    // one fresh private directory for all of them; nothing in the squatter's
+    let fresh = fresh_dirs();
+    assert_eq!(fresh.len(), 1, "{fresh:?}");
+    let md = std::fs::metadata(&fresh[0]).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o777), (U, 0o700));
+    assert_eq!(std::fs::metadata(&usual).unwrap().uid(), 65534);
+    assert_eq!(std::fs::read_dir(&usual).unwrap().count(), 0);
+    clean(&usual);
+}
