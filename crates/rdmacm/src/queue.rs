@@ -67,9 +67,11 @@ impl Inner {
         );
     }
 
-    /// A wildcard listener could not open `addr` (another process holds UDP 4791 there):
-    /// logged at warn and reported to the listener as ADDR_CHANGE with `-errno` and the
-    /// address ([`crate::Event::addr`]).
+    /// A wildcard listener could not open `addr`: logged at warn and, when another process
+    /// holds UDP 4791 there (`EADDRINUSE`), reported to the listener as ADDR_CHANGE with
+    /// `-EADDRINUSE` and the address ([`crate::Event::addr`]). Other errors (an IPv6
+    /// address still tentative, one gone meanwhile) pass: the address is opened when it
+    /// appears (again).
     pub(crate) fn listen_addr_lost(st: &mut State, id: IdNum, addr: std::net::IpAddr, e: &Error) {
         tracing::warn!(
             target: "rdmacm",
@@ -78,6 +80,9 @@ impl Inner {
             error = %e,
             "wildcard listen: address skipped (is UDP 4791 held by another process?)"
         );
+        if e.errno() != libc::EADDRINUSE {
+            return;
+        }
         Inner::push_event(
             st,
             PendingEvent {

@@ -1,15 +1,18 @@
-//! Another user made our usual runtime directory first (`/tmp` is shared): rping still
-//! connects on 127.0.0.1 and `rdma-soft` still finds the server, because every process of
-//! ours takes the same fallback (issue 34, item 3). Root: the processes run as uid 54321
-//! (`setpriv`; nobody else's, so `/tmp/rdma-soft-54321` is this test's alone), in a network
-//! namespace of their own (UDP 4791 on its lo), without `XDG_RUNTIME_DIR`; uid 65534 made
-//! `/tmp/rdma-soft-54321` beforehand.
+//! Another user squats what is ours (issue 34, item 3). Root, network namespaces of their
+//! own:
+//! - our usual runtime directory, made first by uid 65534 (`/tmp` is shared): rping still
+//!   connects on 127.0.0.1 and `rdma-soft` still finds the server, because every process of
+//!   ours takes the same fallback. The processes run as uid 54321 (`setpriv`; nobody
+//!   else's, so `/tmp/rdma-soft-54321` is this test's alone), without `XDG_RUNTIME_DIR`;
+//! - UDP 4791 on 127.0.0.1, held by uid 65534: a wildcard rping server says so and serves
+//!   a client on 127.0.0.5.
 
 mod procs;
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use procs::{lines_with, spawn, wait_udp_4791};
@@ -113,4 +116,66 @@ fn rping_and_rdma_soft_work_when_another_user_made_the_runtime_directory() {
     assert_eq!(std::fs::metadata(&usual).unwrap().uid(), 65534);
     assert_eq!(std::fs::read_dir(&usual).unwrap().count(), 0);
     clean(&usual);
+}
+
+const SQUAT_ENV: &str = "RDMA_TOOLS_TEST_SQUAT_ADDR";
+
+/// The squatter: binds `$RDMA_TOOLS_TEST_SQUAT_ADDR` (UDP, no `SO_REUSEPORT`), says so,
+/// and holds it until its stdin closes. Run by the test below, as another user.
+#[test]
+#[ignore = "run by a_wildcard_rping_server_serves_the_addresses_left"]
+fn squatter_child() {
+    let addr = std::env::var(SQUAT_ENV).expect("run by the test");
+    let _s = std::net::UdpSocket::bind(&addr).expect("bind");
+    println!("bound");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn a_wildcard_rping_server_serves_the_addresses_left() {
+    if !require_root("a_wildcard_rping_server_serves_the_addresses_left") {
+        return;
+    }
+    let t = Topology::builder("sqrp")
+        .host("a")
+        .addr("a", "lo", "127.0.0.5/32")
+        .build()
+        .expect("namespace");
+    let a = t.host("a");
+    let mut squatter = Command::new("ip")
+        .args(["netns", "exec", a.netns(), "setpriv"])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "squatter_child", "--nocapture"])
+        .env(SQUAT_ENV, "127.0.0.1:4791")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    let mut out = BufReader::new(squatter.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("bound") {
+        line.clear();
+    }
+    assert!(line.contains("bound"), "the squatter holds 127.0.0.1:4791");
+
+    let mut s = a.command(RPING);
+    s.args(["-s", "-a", "0.0.0.0", "-C", "2", "-v"]);
+    let srv = spawn(s, "rping server");
+    wait_udp_4791("127.0.0.5".parse().unwrap(), Some(a.netns()));
+    let mut c = a.command(RPING);
+    c.args(["-c", "-a", "127.0.0.5", "-C", "2", "-v"]);
+    let cli = spawn(c, "rping client").wait(T);
+    let s = srv.wait(T);
+    drop(squatter.stdin.take());
+    squatter.wait().unwrap();
+    cli.ok("rping client");
+    s.ok("rping server");
+    assert_eq!(lines_with(&cli.stdout, "ping data: ").len(), 2, "{cli:#?}");
+    assert!(
+        s.stderr
+            .contains("unhandled event: RDMA_CM_EVENT_ADDR_CHANGE, ignoring"),
+        "{s:#?}"
+    );
 }
