@@ -83,6 +83,19 @@ impl Inner {
         if e.errno() != libc::EADDRINUSE {
             return;
         }
+        // once while one is queued (address events may repeat after a table re-read)
+        let queued = st
+            .ids
+            .get(&id)
+            .and_then(|s| st.channels.get(&s.channel))
+            .is_some_and(|c| {
+                c.queue
+                    .iter()
+                    .any(|e| e.id == id && e.kind == EventType::AddrChange && e.addr == Some(addr))
+            });
+        if queued {
+            return;
+        }
         Inner::push_event(
             st,
             PendingEvent {

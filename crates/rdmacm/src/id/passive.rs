@@ -106,8 +106,8 @@ impl CmId {
                     // (e.g. another process holds UDP 4791 there) fails the listen.
                     Err(e) if specific => return Err(e),
                     // A wildcard listener skips such an address and works on the others,
-                    // saying so (warn, and ADDR_CHANGE -errno naming it): another user may
-                    // hold UDP 4791 there and get its traffic.
+                    // saying so (warn, and ADDR_CHANGE -EADDRINUSE naming it): another user
+                    // may hold UDP 4791 there and get its traffic.
                     Err(e) => Inner::listen_addr_lost(st, self.num, a, &e),
                 }
             }
