@@ -16,9 +16,10 @@ pub const DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The per-user directory of the inspection sockets: `$RDMA_SOFT_INSPECT_DIR`, else the
-/// runtime directory the sharing wires use ([`crate::io::share::runtime_dir`]: the first
-/// private one of ours among `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`,
-/// `/tmp/rdma-soft-$UID`, else our fresh one in `/tmp`), else `/tmp/rdma-soft-<uid>`.
+/// runtime directory the sharing wires use ([`crate::io::share::runtime_dir`]:
+/// `$RDMA_SOFT_RUNDIR`, else the first private one of ours among
+/// `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`, `/tmp/rdma-soft-$UID`, else
+/// our fresh one in `/tmp`), else `/tmp/rdma-soft-<uid>`.
 ///
 /// ```
 /// let d = rdma_soft::inspect::runtime_dir();
