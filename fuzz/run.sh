@@ -16,7 +16,7 @@ secs=${1:?usage: fuzz/run.sh SECONDS}
 cd "$(dirname "$0")"
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
-half=" icrc_id local_bell local_ring pull steer "
+half=" gro gsi icrc_id local_bell local_ring pull steer ud_qp "
 failed=()
 for t in $(cargo fuzz list); do
     t_secs=$secs

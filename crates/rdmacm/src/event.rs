@@ -33,6 +33,7 @@ impl fmt::Debug for Event {
             .field("status", &self.ev.status)
             .field("id", &self.ev.id)
             .field("listen_id", &self.ev.listen_id)
+            .field("addr", &self.ev.addr)
             .finish()
     }
 }
@@ -85,6 +86,22 @@ impl Event {
     /// handle attributes ([`crate::CmId::join_multicast`]).
     pub fn mcast(&self) -> Option<&crate::McastJoined> {
         self.ev.mc.as_deref()
+    }
+
+    /// The local address an ADDR_CHANGE with an error status names: on a wildcard
+    /// listener, an address it cannot hear on (status `-EADDRINUSE`: another process holds
+    /// UDP 4791 there). `None` for every other event.
+    ///
+    /// ```no_run
+    /// # fn f(ch: &rdmacm::EventChannel) -> rdmacm::Result<()> {
+    /// let ev = ch.get_event()?;
+    /// if let (rdmacm::EventType::AddrChange, Some(a)) = (ev.kind(), ev.addr()) {
+    ///     eprintln!("not listening on {a}: errno {}", -ev.status());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn addr(&self) -> Option<std::net::IpAddr> {
+        self.ev.addr
     }
 }
 

@@ -330,6 +330,7 @@ fn req_with_path(
             ud: None,
             listen_id: Some(l),
             mc: None,
+            addr: None,
         },
     );
 }
@@ -422,6 +423,7 @@ fn sidr_with_path(
             ud: None,
             listen_id: Some(l),
             mc: None,
+            addr: None,
         },
     );
 }
@@ -460,8 +462,13 @@ pub(crate) fn wildcard_listen_on(st: &mut State, dev: u32, addr: IpAddr) {
         }
     }
     if !ls.is_empty() {
-        // Every address, as at listen; one held by another process is skipped.
-        let _ = Inner::open_gsi(st, dev, addr);
+        // Every address, as at listen; one held by another process is skipped, and each
+        // wildcard listener told.
+        if let Err(e) = Inner::open_gsi(st, dev, addr) {
+            for &(n, _) in &ls {
+                Inner::listen_addr_lost(st, n, addr, &e);
+            }
+        }
     }
 }
 

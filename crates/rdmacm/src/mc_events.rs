@@ -57,6 +57,7 @@ pub(crate) fn mc_event(st: &mut State, id: IdNum, kind: EventType, status: i32, 
                 port_num: port,
                 send_only: j.send_only,
             })),
+            addr: None,
         },
     );
 }

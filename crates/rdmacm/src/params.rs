@@ -49,7 +49,12 @@ pub enum EventType {
     /// went away).
     MulticastError,
     /// The route, neighbour, source address or netdev under the id changed (a hint: the id
-    /// keeps its device and path).
+    /// keeps its device and path; status 0). On a wildcard listener, with status
+    /// `-EADDRINUSE`: an address it cannot hear on, named by
+    /// [`Event::addr`](crate::Event::addr), because another process (another user: UDP 4791
+    /// is unprivileged) holds UDP 4791 there; requests to that address do not reach this
+    /// listener, the others still do. That use is rdmacm-specific (Linux has no such
+    /// event: its UDP port belongs to the kernel).
     AddrChange,
     /// The timewait after a disconnect is over: the QP may be reused.
     TimewaitExit,
@@ -175,6 +180,8 @@ pub(crate) struct PendingEvent {
     pub listen_id: Option<u64>,
     /// A MULTICAST_JOIN's group, context and address handle (`crate::mcast`).
     pub mc: Option<Box<McastJoined>>,
+    /// The local address a listener's ADDR_CHANGE with an error status is about.
+    pub addr: Option<std::net::IpAddr>,
 }
 
 /// The destination QPN of every datagram to a group.

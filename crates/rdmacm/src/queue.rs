@@ -2,6 +2,7 @@
 
 use std::sync::MutexGuard;
 
+use crate::error::Error;
 use crate::inner::Inner;
 use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::slot::{IdNum, IdState};
@@ -45,6 +46,7 @@ impl Inner {
                 ud: None,
                 listen_id: None,
                 mc: None,
+                addr: None,
             },
         );
     }
@@ -60,6 +62,51 @@ impl Inner {
                 ud: Some(ud),
                 listen_id: None,
                 mc: None,
+                addr: None,
+            },
+        );
+    }
+
+    /// A wildcard listener could not open `addr`: logged at warn and, when another process
+    /// holds UDP 4791 there (`EADDRINUSE`), reported to the listener as ADDR_CHANGE with
+    /// `-EADDRINUSE` and the address ([`crate::Event::addr`]). Other errors (an IPv6
+    /// address still tentative, one gone meanwhile) pass: the address is opened when it
+    /// appears (again).
+    pub(crate) fn listen_addr_lost(st: &mut State, id: IdNum, addr: std::net::IpAddr, e: &Error) {
+        tracing::warn!(
+            target: "rdmacm",
+            id,
+            addr = %addr,
+            error = %e,
+            "wildcard listen: address skipped (is UDP 4791 held by another process?)"
+        );
+        if e.errno() != libc::EADDRINUSE {
+            return;
+        }
+        // once while one is queued (address events may repeat after a table re-read)
+        let queued = st
+            .ids
+            .get(&id)
+            .and_then(|s| st.channels.get(&s.channel))
+            .is_some_and(|c| {
+                c.queue
+                    .iter()
+                    .any(|e| e.id == id && e.kind == EventType::AddrChange && e.addr == Some(addr))
+            });
+        if queued {
+            return;
+        }
+        Inner::push_event(
+            st,
+            PendingEvent {
+                id,
+                kind: EventType::AddrChange,
+                status: -e.errno(),
+                param: ConnEventParam::default(),
+                ud: None,
+                listen_id: None,
+                mc: None,
+                addr: Some(addr),
             },
         );
     }

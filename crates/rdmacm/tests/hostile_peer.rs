@@ -75,7 +75,9 @@ fn a_req_naming_another_source_is_refused() {
     use rdma_proto::cm::{AgentConfig, CmAgent, CmPath, ReqParams};
     use rdma_soft::io::WireAddr;
     use rdma_soft::verbs::{Device, DeviceConfig};
+    use rdma_wire::cm::{CmMessage, MessageRef, RejectReason};
     use rdma_wire::ip_cm::{IpCmHeaderRepr, PortSpace as Ps, ServiceId};
+    use rdma_wire::mad::Mad;
     use rdmacm::RejectCause;
     use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 
@@ -118,32 +120,39 @@ fn a_req_naming_another_source_is_refused() {
     p.private_data = pd;
     agent.send_req(0, p).unwrap();
     let t = agent.poll_transmit().expect("the REQ");
+    let sent = CmMessage::parse_mad(&Mad::new_cm_checked(&t.mad[..]).unwrap()).unwrap();
+    let CmMessage::Req(req) = sent else {
+        panic!("not a REQ: {sent:?}");
+    };
     dev.gsi_send(&from, &to, &t.mad).unwrap();
 
     // The answer comes back to the attacker's real address: a REJ, consumer defined (28).
     let deadline = std::time::Instant::now() + T;
-    let rej = loop {
+    let (got, msg) = loop {
         assert!(std::time::Instant::now() < deadline, "no answer to the REQ");
         match dev.gsi_recv().unwrap() {
-            Some(m) if u16::from_be_bytes([m.mad[16], m.mad[17]]) == 0x0012 => break m,
-            Some(m) => panic!(
-                "not a REJ: attribute {:#x}",
-                u16::from_be_bytes([m.mad[16], m.mad[17]])
-            ),
+            Some(m) => {
+                let mad = Mad::new_cm_checked(&m.mad[..]).expect("a CM MAD");
+                let msg = CmMessage::parse_mad(&mad).expect("a CM message");
+                break (m, msg);
+            }
             None => std::thread::sleep(Duration::from_millis(5)),
         }
     };
-    assert_eq!(rej.remote.ip(), IpAddr::V4(us));
+    assert_eq!(got.remote.ip(), IpAddr::V4(us));
     assert_eq!(
-        rej.local.ip(),
+        got.local.ip(),
         IpAddr::V4(attacker),
         "answered where it came from"
     );
-    let rej = rdma_wire::cm::RejRepr::parse(&rej.mad[24..]).unwrap();
+    let CmMessage::Rej(rej) = msg else {
+        panic!("not a REJ: {msg:?}");
+    };
+    assert_eq!(rej.reason, RejectReason::ConsumerDefined, "REJ 28");
     assert_eq!(
-        rej.reason,
-        rdma_wire::cm::RejectReason::ConsumerDefined,
-        "REJ 28"
+        (rej.remote_comm_id, rej.message_rejected),
+        (req.local_comm_id, MessageRef::Req),
+        "the REJ answers this REQ"
     );
     let counted = cma
         .reject_counts()

@@ -1,7 +1,9 @@
 //! Another user holds UDP 4791 on one of our addresses (UDP ports are unprivileged): a
-//! wildcard listener skips that address and says so (a warn event naming it), and still
-//! works on the others. Issue 34, item 3. Root: a namespace of its own (127.0.0.1 and
-//! 127.0.0.5/32 on its `lo`), the squatter is this binary run as uid 65534 (`setpriv`).
+//! wildcard listener skips that address and says so (ADDR_CHANGE `-EADDRINUSE` naming it,
+//! and a warning), also for an address that appears after the listen, and still works on
+//! the others; a specific listen or an active id on that address fails with `EADDRINUSE`.
+//! Issue 34, item 3. Root: a namespace of its own (127.0.0.1 and 127.0.0.5/32 on its `lo`,
+//! 127.0.0.6/32 added later), the squatter is this binary run as uid 65534 (`setpriv`).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -40,13 +42,17 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
     }
 }
 
-/// The squatter: binds `$RDMACM_TEST_SQUAT_ADDR` (UDP, no `SO_REUSEPORT`), says so, and
-/// holds it until its stdin closes. Run by the test below, as another user.
+/// The squatter: binds each of `$RDMACM_TEST_SQUAT_ADDR` (comma separated; UDP, no
+/// `SO_REUSEPORT`), says so, and holds them until its stdin closes. Run by the test below,
+/// as another user.
 #[test]
 #[ignore = "run by wildcard_listener_reports_a_squatted_address as its squatter"]
 fn squatter_child() {
-    let addr = std::env::var(SQUAT_ENV).expect("run by the test");
-    let _s = std::net::UdpSocket::bind(&addr).expect("bind");
+    let addrs = std::env::var(SQUAT_ENV).expect("run by the test");
+    let _s: Vec<_> = addrs
+        .split(',')
+        .map(|a| std::net::UdpSocket::bind(a).expect("bind"))
+        .collect();
     println!("bound");
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
@@ -69,7 +75,8 @@ fn wildcard_listener_reports_a_squatted_address() {
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(&exe)
         .args(["--ignored", "--exact", "squatter_child", "--nocapture"])
-        .env(SQUAT_ENV, "127.0.0.1:4791")
+        // 127.0.0.6 is local through lo's 127/8 route before it is an address of lo
+        .env(SQUAT_ENV, "127.0.0.1:4791,127.0.0.6:4791")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -89,6 +96,17 @@ fn wildcard_listener_reports_a_squatted_address() {
         let l = CmId::new(&lch, PortSpace::Tcp).unwrap();
         l.bind_addr("0.0.0.0:7471".parse().unwrap()).unwrap();
         l.listen(0).unwrap();
+        // the squatted address is reported to the listener, before listen returned
+        let ev = lch
+            .try_get_event()
+            .expect("an event for the squatted address");
+        assert_eq!(ev.kind(), EventType::AddrChange);
+        assert_eq!(ev.status(), -libc::EADDRINUSE);
+        assert_eq!(ev.addr(), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(ev.id_num(), l.num());
+        drop(ev);
+        // and only that one (127.0.0.5 and ::1 are open)
+        assert!(lch.try_get_event().is_err(), "one event only");
         let warned = WARNINGS.lock().unwrap().clone();
         assert!(
             warned
@@ -100,6 +118,41 @@ fn wildcard_listener_reports_a_squatted_address() {
             !warned.iter().any(|w| w.contains("addr=127.0.0.5 ")),
             "{warned:?}"
         );
+        // a specific listen there fails, so does an active id from there
+        let sp = CmId::new(&lch, PortSpace::Tcp).unwrap();
+        sp.bind_addr("127.0.0.1:7472".parse().unwrap()).unwrap();
+        let e = sp.listen(0).unwrap_err();
+        assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
+        let ach = EventChannel::with_cma(&cma).unwrap();
+        let act = CmId::new(&ach, PortSpace::Tcp).unwrap();
+        let e = act
+            .resolve_addr(
+                Some("127.0.0.1:0".parse().unwrap()),
+                "127.0.0.5:7471".parse().unwrap(),
+                T,
+            )
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
+        // an address that appears later, squatted too: reported the same way
+        let ok = Command::new("ip")
+            .args(["-n", a.netns(), "addr", "add", "127.0.0.6/32", "dev", "lo"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip addr add");
+        let ev = lch
+            .get_event_timeout(T)
+            .unwrap()
+            .expect("an event for the address added later");
+        assert_eq!(
+            (ev.kind(), ev.status(), ev.addr()),
+            (
+                EventType::AddrChange,
+                -libc::EADDRINUSE,
+                Some("127.0.0.6".parse().unwrap())
+            )
+        );
+        drop(ev);
         // the other address still takes connections
         let ch = EventChannel::with_cma(&cma).unwrap();
         let c = CmId::new(&ch, PortSpace::Tcp).unwrap();

@@ -15,6 +15,12 @@ impl CmId {
     /// yet taken (0: 1024); requests beyond it are dropped without an answer, as Linux does
     /// (no REJ: the requester's CM retries its REQ after its timeout, and the retry is a new
     /// request once the application has taken queued ones).
+    ///
+    /// An address this process cannot open (another process, of another user, holds UDP
+    /// 4791 there) fails a specific listen with `EADDRINUSE`; a wildcard listener skips it,
+    /// logs a warning and queues [`EventType::AddrChange`](crate::EventType::AddrChange)
+    /// with status `-EADDRINUSE` naming it ([`Event::addr`](crate::Event::addr)), before
+    /// this returns. An address that appears later is reported the same way.
     pub fn listen(&self, backlog: usize) -> Result<()> {
         tracing::debug!(target: "rdmacm", id = self.num, "listen");
         if self.state() == IdState::Idle {
@@ -100,12 +106,9 @@ impl CmId {
                     // (e.g. another process holds UDP 4791 there) fails the listen.
                     Err(e) if specific => return Err(e),
                     // A wildcard listener skips such an address and works on the others,
-                    // saying so: another user may hold UDP 4791 there and get its traffic.
-                    Err(e) => tracing::warn!(
-                        addr = %a,
-                        error = %e,
-                        "wildcard listen: address skipped (is UDP 4791 held by another process?)"
-                    ),
+                    // saying so (warn, and ADDR_CHANGE -EADDRINUSE naming it): another user
+                    // may hold UDP 4791 there and get its traffic.
+                    Err(e) => Inner::listen_addr_lost(st, self.num, a, &e),
                 }
             }
             let Some(d) = st.devices.get_mut(&i) else {

@@ -15,8 +15,11 @@ pub const DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
 /// How long a query waits for one process's answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The per-user directory of the inspection sockets: `$RDMA_SOFT_INSPECT_DIR`, else
-/// `$XDG_RUNTIME_DIR/rdma-soft`, else `/tmp/rdma-soft-<uid>`.
+/// The per-user directory of the inspection sockets: `$RDMA_SOFT_INSPECT_DIR`, else the
+/// runtime directory the sharing wires use ([`crate::io::share::runtime_dir`]:
+/// `$RDMA_SOFT_RUNDIR`, else the first private one of ours among
+/// `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`, `/tmp/rdma-soft-$UID`, else
+/// our fresh one in `/tmp`), else `/tmp/rdma-soft-<uid>`.
 ///
 /// ```
 /// let d = rdma_soft::inspect::runtime_dir();
@@ -26,11 +29,8 @@ pub fn runtime_dir() -> PathBuf {
     if let Some(d) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let x = PathBuf::from(x);
-        if x.is_dir() {
-            return x.join("rdma-soft");
-        }
+    if let Ok(d) = crate::io::share::runtime_dir() {
+        return d;
     }
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
@@ -38,8 +38,15 @@ pub fn runtime_dir() -> PathBuf {
 }
 
 /// Makes the directory (mode 0700) and checks it is ours: a directory of another user (or
-/// a symlink) in /tmp is refused rather than used.
+/// a symlink) in /tmp is refused rather than used. The shared runtime directory was made
+/// and checked when chosen.
 pub(super) fn ensure_dir() -> std::io::Result<PathBuf> {
+    if std::env::var_os(DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .is_none()
+    {
+        return crate::io::share::runtime_dir().map_err(std::io::Error::other);
+    }
     let dir = runtime_dir();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}

@@ -60,6 +60,8 @@ pub use local::{HostPeer, LocalStats};
 pub(crate) use sys::netdev_mtu;
 pub use udp::UdpWire;
 pub use udp_config::{UdpConfig, ROCE_PORT};
+#[cfg(feature = "fuzzing")]
+pub(crate) use udp_rx::fuzz::gro_receive as fuzz_gro_receive;
 
 use crate::Result;
 pub use rdma_proto::packet::TxPlacement;

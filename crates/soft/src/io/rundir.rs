@@ -1,7 +1,8 @@
 //! Choosing and pinning the per-user runtime directory ([`super::share::runtime_dir`]).
 //!
 //! Another user may have made our usual directory first (`/tmp` is shared): then the next
-//! candidate is taken, and when none is ours, a fresh private directory. The one chosen is
+//! candidate is taken, and when none is ours, a fresh private directory (the same one for
+//! every process of ours: the oldest such directory is reused). The one chosen is
 //! opened once and used through `/proc/self/fd/N` from then on: a rename or replacement of
 //! its path afterwards (by anyone) does not move us to another directory.
 
@@ -56,12 +57,17 @@ fn fstat(fd: &OwnedFd) -> Option<libc::stat> {
 /// Opens `dir` (made 0700 when absent) if it is a directory of `uid` that nobody else may
 /// write to; the reason otherwise.
 pub(crate) fn open_private(dir: &Path, uid: u32) -> Result<Pinned, String> {
-    let shown = || dir.display().to_string();
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("{}: {e}", shown())),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
     }
+    open_existing(dir, uid)
+}
+
+/// [`open_private`] without making it.
+fn open_existing(dir: &Path, uid: u32) -> Result<Pinned, String> {
+    let shown = || dir.display().to_string();
     let c = CString::new(dir.as_os_str().as_bytes()).map_err(|e| format!("{}: {e}", shown()))?;
     // SAFETY: a C string path; the result is checked. O_NOFOLLOW: a symlink is refused.
     let raw = unsafe {
@@ -86,9 +92,24 @@ pub(crate) fn open_private(dir: &Path, uid: u32) -> Result<Pinned, String> {
     Ok(Pinned::new(dir, fd, &st))
 }
 
-/// The first of `candidates` that is a private directory of `uid`; when none is, a fresh
-/// one made under `tmp` (logged at warn: host-local peers of ours that chose elsewhere
-/// are not found).
+/// The oldest (birth time, then name) private directory of `uid` named
+/// `rdma-soft-UID-*` in `tmp`: the fresh one a process of ours made before.
+fn oldest_fresh(tmp: &Path, uid: u32) -> Option<Pinned> {
+    let prefix = format!("rdma-soft-{uid}-");
+    let mut found: Vec<(Option<std::time::SystemTime>, PathBuf)> = std::fs::read_dir(tmp)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().as_bytes().starts_with(prefix.as_bytes()))
+        .map(|e| (e.metadata().and_then(|m| m.created()).ok(), e.path()))
+        .collect();
+    found.sort();
+    found.iter().find_map(|(_, p)| open_existing(p, uid).ok())
+}
+
+/// The first of `candidates` that is a private directory of `uid`; when none is, the
+/// oldest fresh one (`rdma-soft-UID-XXXXXX` under `tmp`, private and ours), made when there
+/// is none (logged at warn). Processes of ours agree on it: two that make one each at once
+/// both keep the older (by birth time) and the other's maker removes its own.
 pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pinned, String> {
     let mut why = Vec::new();
     for c in candidates {
@@ -101,6 +122,10 @@ pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pin
             }
             Err(e) => why.push(e),
         }
+    }
+    if let Some(p) = oldest_fresh(tmp, uid) {
+        tracing::warn!(dir = %p.name.display(), refused = ?why, "rdma-soft runtime directory: none of the usual ones is ours, using our earlier private one");
+        return Ok(p);
     }
     let mut template = tmp
         .join(format!("rdma-soft-{uid}-XXXXXX"))
@@ -115,8 +140,16 @@ pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pin
     }
     template.pop();
     let dir = PathBuf::from(std::ffi::OsString::from_vec(template));
-    tracing::warn!(dir = %dir.display(), refused = ?why, "rdma-soft runtime directory: none of ours, using a fresh private one (processes of ours elsewhere do not share with this one)");
-    open_private(&dir, uid)
+    // another process of ours may have made one at the same time: both take the older
+    let p = match oldest_fresh(tmp, uid) {
+        Some(p) => p,
+        None => open_existing(&dir, uid)?,
+    };
+    if p.name != dir {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    tracing::warn!(dir = %p.name.display(), refused = ?why, "rdma-soft runtime directory: none of the usual ones is ours, using a fresh private one");
+    Ok(p)
 }
 
 /// The usual candidates, in order: `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`,
@@ -200,6 +233,50 @@ mod tests {
         assert_ne!(p.name, theirs);
         let md = std::fs::metadata(&p.name).unwrap();
         assert_eq!((md.uid(), md.mode() & 0o777), (0, 0o700));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn processes_of_ours_agree_on_the_fresh_directory() {
+        // SAFETY: no arguments.
+        let uid = unsafe { libc::geteuid() };
+        let base =
+            std::env::temp_dir().join(format!("rdma-soft-rundir-fresh-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir(&base).unwrap();
+        // the usual one is not a directory of ours (a file in its place)
+        let theirs = base.join("theirs");
+        std::fs::write(&theirs, b"").unwrap();
+        let first = choose(std::slice::from_ref(&theirs), uid, &base).unwrap();
+        assert!(first
+            .name
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(&format!("rdma-soft-{uid}-")));
+        // a second process of ours takes the same one
+        let again = choose(std::slice::from_ref(&theirs), uid, &base).unwrap();
+        assert_eq!(again.name, first.name);
+        // a newer one (made by a process that raced us) is not taken
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let newer = base.join(format!("rdma-soft-{uid}-000000"));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&newer)
+            .unwrap();
+        if std::fs::metadata(&newer).unwrap().created().is_ok() {
+            let third = choose(std::slice::from_ref(&theirs), uid, &base).unwrap();
+            assert_eq!(third.name, first.name, "the older one");
+        }
+        // one another user could write to is skipped
+        std::fs::set_permissions(
+            &first.name,
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let fourth = choose(std::slice::from_ref(&theirs), uid, &base).unwrap();
+        assert_eq!(fourth.name, newer);
         std::fs::remove_dir_all(&base).unwrap();
     }
 

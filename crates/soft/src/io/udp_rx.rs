@@ -95,12 +95,7 @@ impl UdpWire {
                     self.stats.malformed += 1;
                     continue;
                 }
-                let seg = match usize::from(d.anc.gro_size) {
-                    0 => whole.len(),
-                    s => s,
-                };
-                for (j, data) in whole.chunks_mut(seg).enumerate() {
-                    let place = u16::try_from(j).unwrap_or(0);
+                for (place, data) in segments(whole, d.anc.gro_size) {
                     // a group's datagram (DQPN 0xFFFFFF) is every member's: the kernel
                     // gave each joined socket its copy (`udp_mcast.rs`)
                     let mine = mine.filter(|_| !bound.ip().is_multicast());
@@ -209,6 +204,24 @@ impl UdpWire {
         Ok(delivered)
     }
 }
+
+/// The datagrams of one receive with their places: under UDP GRO (`gro_size` > 0) a run of
+/// one flow's datagrams, each `gro_size` bytes long but the last (at most that); else the
+/// whole receive, at place 0.
+fn segments(whole: &mut [u8], gro_size: u16) -> impl Iterator<Item = (u16, &mut [u8])> {
+    let seg = match usize::from(gro_size) {
+        0 => whole.len().max(1),
+        s => s,
+    };
+    whole
+        .chunks_mut(seg)
+        .enumerate()
+        .map(|(j, d)| (u16::try_from(j).unwrap_or(u16::MAX), d))
+}
+
+#[cfg(feature = "fuzzing")]
+#[path = "udp_rx_fuzz.rs"]
+pub(crate) mod fuzz;
 
 /// Checks the ICRC of a received datagram, counting what it finds; `place` is its position in
 /// a UDP GRO receive (0: first or alone).

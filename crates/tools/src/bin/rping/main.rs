@@ -133,6 +133,12 @@ fn run_server(
             .map_err(|e| format!("rdma_get_cm_event: {e}"))?;
         log.show(&ev);
         if ev.kind() != EventType::ConnectRequest {
+            // as rdma-core's rping: a wildcard listener that cannot hear on one address
+            // (UDP 4791 held by another process) still serves the others
+            if ev.kind() == EventType::AddrChange && ev.id_num() == listen.num() {
+                eprintln!("unhandled event: {}, ignoring", ev.kind());
+                continue;
+            }
             if ev.id_num() == listen.num() {
                 return Err(format!("cma event {}", describe(&ev)));
             }
