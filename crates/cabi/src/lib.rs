@@ -21,6 +21,7 @@ pub mod misc;
 pub mod objects;
 pub mod ops;
 pub mod qp;
+pub mod qp_ex;
 pub mod types;
 pub mod unsupported;
 pub mod util;
