@@ -159,7 +159,13 @@ fn last(st: &mut State) -> Option<&mut Pending> {
     st.wrs.last_mut()
 }
 
-unsafe extern "C" fn wr_atomic_cmp_swp(p: *mut ibv_qp_ex, rkey: u32, addr: u64, cmp: u64, swap: u64) {
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    p: *mut ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    cmp: u64,
+    swap: u64,
+) {
     let op = SendOp::AtomicCmpAndSwp {
         remote_addr: addr,
         rkey,
@@ -317,7 +323,11 @@ unsafe extern "C" fn wr_set_inline_data(p: *mut ibv_qp_ex, addr: *mut c_void, le
     set_inline(b, st, &mut std::iter::once((addr as *const u8, len)));
 }
 
-unsafe extern "C" fn wr_set_inline_data_list(p: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
+unsafe extern "C" fn wr_set_inline_data_list(
+    p: *mut ibv_qp_ex,
+    n: usize,
+    list: *const ibv_data_buf,
+) {
     // SAFETY: the caller's QP.
     let Some((_, b, st)) = (unsafe { parts(p) }) else {
         return;

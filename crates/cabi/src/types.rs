@@ -84,7 +84,8 @@ pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_at
 pub type QueryDeviceEx =
     unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int;
 
-pub type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type CreateQpEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 
 /// `struct verbs_context`: the extended ops before the embedded `ibv_context`.
 #[repr(C)]
