@@ -221,7 +221,7 @@ pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
     RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
 }
 
-/// `IBV_RATE_MAX` (0) for a rate that is not one of [`RATES`].
+/// `IBV_RATE_MAX` (0) for a figure that is no rate's (the table above).
 #[no_mangle]
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
     RATES.iter().find(|r| r.1 == mbps).map_or(0, |r| r.0)

@@ -207,7 +207,10 @@ void_stubs!(ibv_unimport_pd, ibv_unimport_mr, ibv_unimport_dm);
 /// provider registers with us; the old call is ignored with a warning, as rdma-core ignores
 /// providers too old for it.
 #[no_mangle]
-pub extern "C" fn __cabi_ibv_register_driver_1_1(name: *const libc::c_char, _init: *mut c_void) {
+pub unsafe extern "C" fn __cabi_ibv_register_driver_1_1(
+    name: *const libc::c_char,
+    _init: *mut c_void,
+) {
     let name = if name.is_null() {
         String::new()
     } else {
