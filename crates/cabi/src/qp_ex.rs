@@ -28,6 +28,18 @@ pub const RC_SEND_OPS: u64 = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x200;
 /// On UD QPs: send and send with immediate, as rxe.
 pub const UD_SEND_OPS: u64 = 0x4 | 0x8;
 
+/// Whether a QP of `qp_type` (`IBV_QPT_*`) can have the send ops `flags`
+/// (`IBV_QP_EX_WITH_*`): what `ibv_create_qp_ex` (and `rdma_create_qp_ex`) accept before
+/// [`crate::qp::enable_send_ops`].
+pub fn send_ops_supported(qp_type: c_int, flags: u64) -> bool {
+    let ok = match qp_type {
+        2 => RC_SEND_OPS,
+        4 => UD_SEND_OPS,
+        _ => 0,
+    };
+    flags & !ok == 0
+}
+
 /// One WR of the open batch: the WR and, when it carries inline data, its range in the
 /// batch's inline buffer.
 #[derive(Clone, Copy)]
@@ -490,19 +502,10 @@ pub unsafe extern "C" fn create_qp_ex(
     if unsafe { (*a.pd).context } != c {
         return null_err(libc::EINVAL);
     }
-    let ops = if a.comp_mask & 0x40 != 0 {
-        let ok = match a.qp_type {
-            2 => RC_SEND_OPS,
-            4 => UD_SEND_OPS,
-            _ => 0,
-        };
-        if a.send_ops_flags & !ok != 0 {
-            return null_err(libc::EOPNOTSUPP);
-        }
-        Some(a.send_ops_flags)
-    } else {
-        None
-    };
+    let ops = a.comp_mask & 0x40 != 0;
+    if ops && !send_ops_supported(a.qp_type, a.send_ops_flags) {
+        return null_err(libc::EOPNOTSUPP);
+    }
     let mut init = ibv_qp_init_attr {
         qp_context: a.qp_context,
         send_cq: a.send_cq,
@@ -515,7 +518,7 @@ pub unsafe extern "C" fn create_qp_ex(
     // SAFETY: forwarded.
     let qp = unsafe { crate::qp::ibv_create_qp(a.pd, &mut init) };
     a.cap = init.cap;
-    if !qp.is_null() && ops.is_some() {
+    if !qp.is_null() && ops {
         // SAFETY: just made by us.
         unsafe { crate::qp::enable_send_ops(qp) };
     }
