@@ -18,7 +18,8 @@ fn fi_info(h: &rdma_testhosts::Host, args: &[&str]) -> String {
     let mut c = h.command(bin("fi_info").to_str().unwrap());
     c.args(["-p", "verbs", "-t", "FI_EP_MSG", "-v"])
         .args(args)
-        .env("LD_LIBRARY_PATH", lib_dir());
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("FI_PROVIDER", "verbs"); // no other provider's start-up
     let o = c.output().unwrap();
     let t = format!(
         "{}{}",
