@@ -532,6 +532,68 @@ else
 fi
 row "$CM" "-" "libfabric tcp, UCX tcp" "-" conn/s "-" "no packaged tool measures their connection setup"
 
+# ----------------------------------------------------------------------------------------
+# C ABI rows (issue 32): Debian's perftest over our libibverbs.so.1 (crates/cabi, built by
+# scripts/build-cabi.sh) against rdma-perf's same test, run next to it on the same wire. Our
+# CM picks the host-local wire, so there perftest connects through rdma_cm (-R; Debian's
+# perftest 4.5 races its own second listen, docs/CABI.md: a failed pair runs once more); on
+# RoCEv2/UDP it exchanges QP data over TCP (-x 0: GID ::ffff:127.0.0.1). The ratio is
+# perftest's figure over rdma-perf's (goal: within 10 %: latency at most 1.10x, bandwidth at
+# least 0.90x).
+CABI="C ABI: Debian's perftest over our libraries against rdma-perf, same wire (ratio to rdma-perf)"
+say "bash scripts/build-cabi.sh"
+CABI_DIR=""
+if bash "$ROOT/scripts/build-cabi.sh" >"$LOG/build-cabi" 2>&1; then
+    CABI_DIR=$BIN/cabi
+else
+    say "the C ABI libraries do not build: $(grep -m1 '^error' "$LOG/build-cabi")"
+fi
+# cabi_perf WIRE TEST SIZE ITERS -> the client's output (Debian's perftest over our libraries).
+cabi_perf() {
+    local wire=$1 test=$2 size=$3 iters=$4 spid out rc lw=1 try args
+    for try in 1 2; do
+        next_port
+        args=(-d lo -F -s "$size" -n "$iters" -p "$PORT")
+        if [ "$wire" = udp ]; then lw=0 args+=(-x 0); else args+=(-R); fi
+        LD_LIBRARY_PATH=$CABI_DIR RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_SRV[@]}" timeout "$TOOL_TIMEOUT" \
+            "$test" "${args[@]}" >"$LOG/cabi-srv" 2>&1 &
+        spid=$!
+        if [ "$wire" = udp ]; then wait_port tcp "$PORT"; else wait_listen "$PORT" "$spid" || sleep 0.3; fi
+        out=$(LD_LIBRARY_PATH=$CABI_DIR RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_CLI[@]}" timeout "$TOOL_TIMEOUT" \
+            "$test" "${args[@]}" 127.0.0.1 2>&1)
+        rc=$?
+        stop_bg "$spid"
+        [ "$rc" = 0 ] && break
+        [ "$try" = 1 ] && say "$test ($wire) failed, once more: $(tail -n1 <<<"$out")"
+    done
+    printf '%s\n' "$out"
+    return $rc
+}
+# cabi_row WIRE TEST SIZE ITERS COLUMN UNIT: rdma-perf's TEST, then perftest's ib_TEST.
+cabi_row() {
+    local wire=$1 test=$2 size=$3 iters=$4 col=$5 unit=$6 out ref v d=2 what
+    [ "$unit" = MB/s ] && d=0
+    what="ib_$test $(human "$size"), $([ "$wire" = udp ] && echo "RoCEv2/UDP" || echo "host-local")"
+    if [ -z "$RDMA_PERF" ] || [ -z "$CABI_DIR" ] || ! command -v "ib_$test" >/dev/null; then
+        row "$CABI" "$what" "perftest over our libraries" "-" "$unit" "-" "needs rdma-perf, the C ABI libraries and Debian's perftest"
+        return
+    fi
+    say "rdma-perf $test and ib_$test $size B ($wire)"
+    ref=""
+    if out=$(ours_perf "$wire" "$test" "$size" "$iters"); then ref=$(perftest_field "$out" "$col"); fi
+    row "$CABI" "$what" "$(wire_label "$wire")" "$(fmt "${ref:-failed}" "$d")" "$unit" "1.00x" "the reference"
+    if out=$(cabi_perf "$wire" "ib_$test" "$size" "$iters") && v=$(perftest_field "$out" "$col") && [ -n "$v" ]; then
+        row "$CABI" "$what" "Debian's ib_$test over crates/cabi" "$(fmt "$v" "$d")" "$unit" "$(ratio "$v" "$ref")" "same figure as the reference's (median or BW average)"
+    else
+        row "$CABI" "$what" "Debian's ib_$test over crates/cabi" failed "$unit" "-" "$(tail -n1 <<<"$out" | cut -c1-80)"
+    fi
+}
+for wire in local udp; do
+    cabi_row "$wire" send_lat 64 "$LAT_ITERS" 5 µs
+    cabi_row "$wire" read_lat 64 "$LAT_ITERS" 5 µs
+    cabi_row "$wire" write_bw 65536 "$BW_ITERS_64K" 4 MB/s
+done
+
 END_S=$(date +%s)
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 ELAPSED=$((END_S - START_S))
@@ -631,6 +693,9 @@ if [ "$WRITE" = 1 ]; then
         echo "  device restriction UCX also stripes over eth0's address, which is local too) and with"
         echo "  \`UCX_TLS=posix,sysv,cma,self\` (shared memory); latency tests report the median,"
         echo "  bandwidth tests the overall figure."
+        echo "- **C ABI**: Debian's perftest (\`ib_send_lat\`, \`ib_read_lat\`, \`ib_write_bw\`) over"
+        echo "  our \`libibverbs.so.1\` (\`scripts/build-cabi.sh\`), QP data over its TCP exchange,"
+        echo "  next to \`rdma-perf\`'s same test on the same wire; its ratio is to \`rdma-perf\`."
         echo "- Latency runs: $LAT_ITERS iterations; bandwidth: $BW_ITERS_64K x 64 KiB, $BW_ITERS_1M x 1 MiB"
         echo "  (TCP: ${BW_SECS} s); connections: $CONNS."
         if [ ${#PKG_NOTES[@]} -gt 0 ]; then

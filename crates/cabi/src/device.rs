@@ -96,6 +96,7 @@ pub fn open(dev: &'static Dev) -> *mut ibv_context {
     let mut v: verbs_context = unsafe { zeroed() };
     v.query_port = Some(query_port_ex);
     v.query_device_ex = Some(query_device_ex_op);
+    v.create_qp_ex = Some(crate::qp_ex::create_qp_ex);
     v.sz = size_of::<verbs_context>();
     v.context.device = &dev.c as *const ibv_device as *mut ibv_device;
     v.context.ops = crate::ops::context_ops();

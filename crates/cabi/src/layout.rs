@@ -35,7 +35,7 @@ pub fn facts() -> Vec<Fact> {
         struct ibv_device { node_type, transport_type, name, dev_name, dev_path, ibdev_path }
         struct ibv_context_ops { poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv, _compat_async_event }
         struct ibv_context { device, ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
-        struct verbs_context { query_port, priv_ => "priv", query_device_ex, _abi_placeholder3 => "_ABI_placeholder3", sz, context }
+        struct verbs_context { query_port, create_cq_ex, priv_ => "priv", query_device_ex, create_qp_ex, _unused3 => "get_srq_num", _abi_placeholder3 => "_ABI_placeholder3", sz, context }
         struct ibv_device_attr { fw_ver, node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id,
             vendor_part_id, hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd, max_cq,
             max_cqe, max_mr, max_pd, max_qp_rd_atom, max_ee_rd_atom, max_res_rd_atom,
@@ -58,6 +58,16 @@ pub fn facts() -> Vec<Fact> {
         struct ibv_qp { context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex, cond, events_completed }
         struct ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
         struct ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+        struct ibv_rx_hash_conf { rx_hash_function, rx_hash_key_len, rx_hash_key, rx_hash_fields_mask }
+        struct ibv_qp_init_attr_ex { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all,
+            comp_mask, pd, xrcd, create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf,
+            source_qpn, send_ops_flags }
+        struct ibv_data_buf { addr, length }
+        struct ibv_qp_ex { qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp,
+            wr_atomic_fetch_add, wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write,
+            wr_rdma_write_imm, wr_send, wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr,
+            wr_set_xrc_srqn, wr_set_inline_data, wr_set_inline_data_list, wr_set_sge,
+            wr_set_sge_list, wr_start, wr_complete, wr_abort, wr_atomic_write }
         struct ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
         struct ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
         struct ibv_qp_attr { qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,

@@ -156,57 +156,75 @@ pub unsafe extern "C" fn ibv_get_async_event(
 #[no_mangle]
 pub extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}
 
+/// `enum ibv_rate` values with their link rate in Mb/s (`IBV_RATE_2_5_GBPS` = 2 … the
+/// InfiniBand data rates, FDR/EDR/HDR/NDR ones at their signalling rate, as rdma-core).
+const RATES: [(c_int, c_int); 23] = [
+    (2, 2500),
+    (5, 5000),
+    (3, 10000),
+    (6, 20000),
+    (4, 30000),
+    (7, 40000),
+    (8, 60000),
+    (9, 80000),
+    (10, 120000),
+    (11, 14062),
+    (12, 56250),
+    (13, 112500),
+    (14, 168750),
+    (15, 25781),
+    (16, 103125),
+    (17, 206250),
+    (18, 309375),
+    (19, 28125),
+    (20, 53125),
+    (21, 425000),
+    (22, 637500),
+    (23, 850000),
+    (24, 1275000),
+];
+
+/// The rates rdma-core gives a multiple of 2.5 Gb/s (28 and 50 Gb/s rounded: 11, 20).
+const MULTS: [(c_int, c_int); 15] = [
+    (2, 1),
+    (5, 2),
+    (3, 4),
+    (6, 8),
+    (4, 12),
+    (7, 16),
+    (8, 24),
+    (9, 32),
+    (10, 48),
+    (19, 11),
+    (20, 20),
+    (21, 160),
+    (22, 240),
+    (23, 320),
+    (24, 480),
+];
+
+/// -1 for a rate that is no multiple of 2.5 Gb/s.
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
-    match rate {
-        2 => 1,
-        5 => 2,
-        3 => 4,
-        6 => 8,
-        7 => 12,
-        8 => 16,
-        9 => 24,
-        _ => -1,
-    }
+    MULTS.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
 }
 
+/// `IBV_RATE_MAX` (0) for an unknown multiple.
 #[no_mangle]
 pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
-    match mult {
-        1 => 2,
-        2 => 5,
-        4 => 3,
-        8 => 6,
-        12 => 7,
-        16 => 8,
-        24 => 9,
-        _ => 0,
-    }
+    MULTS.iter().find(|r| r.1 == mult).map_or(0, |r| r.0)
 }
 
+/// -1 for an unknown rate.
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
-    match rate {
-        2 => 2500,
-        5 => 5000,
-        3 => 10000,
-        6 => 20000,
-        7 => 30000,
-        8 => 40000,
-        9 => 60000,
-        10 => 80000,
-        11 => 120000,
-        12 => 14062,
-        13 => 56250,
-        14 => 112500,
-        15 => 168750,
-        16 => 25781,
-        17 => 103125,
-        18 => 206250,
-        19 => 309375,
-        20 => 300000,
-        _ => -1,
-    }
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
+}
+
+/// `IBV_RATE_MAX` (0) for a figure that is no rate's (the table above).
+#[no_mangle]
+pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
+    RATES.iter().find(|r| r.1 == mbps).map_or(0, |r| r.0)
 }
 
 /// Our devices have no sysfs directory: every read fails with ENOENT (callers such as

@@ -97,7 +97,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     0
 }
 
-fn access_of(a: c_int) -> Result<AccessFlags, c_int> {
+pub(crate) fn access_of(a: c_int) -> Result<AccessFlags, c_int> {
     // MW_BIND, ZERO_BASED, ON_DEMAND, HUGETLB … are not supported.
     let known = 0xf;
     let optional = 0x3ff0_0000u32 as c_int; // IBV_ACCESS_OPTIONAL_RANGE: may be ignored

@@ -17,12 +17,14 @@ use crate::objects::{ah_attr_of, obj, path_of, Cq, Pd, Srq};
 use crate::types::*;
 use crate::util::*;
 
-/// A QP: `ibv_qp` first.
+/// A QP: `ibv_qp_ex` (which starts with `ibv_qp`) first.
 #[repr(C)]
 pub struct Qp {
-    pub c: ibv_qp,
+    pub c: ibv_qp_ex,
     pub qp: Arc<QueuePair>,
     pub ud: bool,
+    /// The `ibv_wr_*` batch: Some for QPs made with send ops ([`enable_send_ops`]).
+    pub batch: Option<Box<crate::qp_ex::Batch>>,
 }
 
 /// Wraps `qp` (made here or by the CM) as an `ibv_qp`.
@@ -35,8 +37,9 @@ pub unsafe fn wrap(
     init: &ibv_qp_init_attr,
     ud: bool,
 ) -> *mut ibv_qp {
-    // SAFETY: plain data, zeroed mutex/cond.
-    let mut c: ibv_qp = unsafe { zeroed() };
+    // SAFETY: plain data, zeroed mutex/cond, NULL function pointers.
+    let mut x: ibv_qp_ex = unsafe { zeroed() };
+    let c = &mut x.qp_base;
     // SAFETY: pd is one of ours.
     c.context = unsafe { (*pd).context };
     c.qp_context = init.qp_context;
@@ -48,7 +51,30 @@ pub unsafe fn wrap(
     c.qp_num = qp.qpn();
     c.state = qp.state() as c_int;
     c.qp_type = init.qp_type;
-    boxed(Qp { c, qp, ud }).cast()
+    boxed(Qp {
+        c: x,
+        qp,
+        ud,
+        batch: None,
+    })
+    .cast()
+}
+
+/// Gives `qp` the `ibv_qp_ex` interface (`ibv_qp_to_qp_ex` returns it from now on).
+///
+/// # Safety
+/// `qp` is a QP of ours, just made (no other thread uses it yet).
+pub unsafe fn enable_send_ops(qp: *mut ibv_qp) {
+    // SAFETY: ours, not shared yet.
+    let q = unsafe { &mut *qp.cast::<Qp>() };
+    let cap = q.qp.cap();
+    let max_sge = (cap.max_send_sge as usize).min(rdma_proto::verbs::MAX_SGE) as u32;
+    q.batch = Some(Box::new(crate::qp_ex::Batch::new(
+        cap.max_send_wr,
+        max_sge,
+        cap.max_inline_data,
+    )));
+    crate::qp_ex::fill_ops(&mut q.c);
 }
 
 /// Creates the soft QP for `init` in `pd` (not yet wrapped).
@@ -300,22 +326,27 @@ pub unsafe extern "C" fn ibv_query_qp(
     *a = attr_to_c(&qa, q.qp.cap());
     // SAFETY: the caller's pointer, or NULL.
     if let Some(i) = unsafe { init.as_mut() } {
-        i.qp_context = q.c.qp_context;
-        i.send_cq = q.c.send_cq;
-        i.recv_cq = q.c.recv_cq;
-        i.srq = q.c.srq;
+        let c = &q.c.qp_base;
+        i.qp_context = c.qp_context;
+        i.send_cq = c.send_cq;
+        i.recv_cq = c.recv_cq;
+        i.srq = c.srq;
         i.cap = a.cap;
-        i.qp_type = q.c.qp_type;
+        i.qp_type = c.qp_type;
         i.sq_sig_all = 0;
     }
     0
 }
 
-/// `ibv_qp_to_qp_ex`: NULL for a QP made without `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, as in
-/// rdma-core (the `ibv_wr_*` interface is not offered yet: docs/CABI.md).
+/// `ibv_qp_to_qp_ex`: the `ibv_wr_*` interface of a QP made by `ibv_create_qp_ex` with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`; NULL for any other QP, as in rdma-core.
 #[no_mangle]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut libc::c_void {
-    std::ptr::null_mut()
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: the caller's QP.
+    match unsafe { obj::<_, Qp>(qp) } {
+        Some(q) if q.batch.is_some() => qp.cast(),
+        _ => std::ptr::null_mut(),
+    }
 }
 
 /// `ibv_create_ah_from_wc`: an AH back to the sender of a UD receive (its GRH).
@@ -396,5 +427,13 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         port_num: port,
         ..Default::default()
     };
+    0
+}
+
+/// `ibv_query_qp_data_in_order`: 0, no ordering promised (our device gathers and scatters
+/// with `memcpy`, whose store order within a message is unspecified), as rxe. Unknown
+/// flags give 0 too, as rdma-core.
+#[no_mangle]
+pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: c_int, _flags: u32) -> c_int {
     0
 }

@@ -130,6 +130,12 @@ int_stubs!(
     ibv_cmd_create_cq,
     ibv_cmd_query_device_ex,
     ibv_cmd_alloc_async_fd,
+    ibv_cmd_create_qp,
+    ibv_cmd_poll_cq,
+    ibv_cmd_post_recv,
+    ibv_cmd_post_send,
+    ibv_cmd_post_srq_recv,
+    ibv_cmd_req_notify_cq,
 );
 ptr_stubs!(_verbs_init_and_alloc_context, verbs_open_device);
 void_stubs!(
@@ -143,3 +149,78 @@ void_stubs!(
 /// rdma-core's flag for providers; never read here.
 #[no_mangle]
 pub static mut verbs_allow_disassociate_destroy: bool = false;
+
+/// The provider-side ioctl helper: the attribute count it is given (never reached).
+#[no_mangle]
+pub extern "C" fn __ioctl_final_num_attrs(
+    num_attrs: libc::c_uint,
+    _link: *mut c_void,
+) -> libc::c_uint {
+    num_attrs
+}
+
+/// Our devices have no sysfs directory: `-1`, `errno = ENOENT` (as `ibv_read_sysfs_file`).
+#[no_mangle]
+pub extern "C" fn ibv_read_ibdev_sysfs_file(
+    _buf: *mut libc::c_char,
+    _size: usize,
+    _dev: *mut c_void,
+    _fnfmt: *const libc::c_char,
+) -> c_int {
+    minus_one(libc::ENOENT)
+}
+
+/// Enhanced connection establishment: our device has none; `EOPNOTSUPP` (as rdma-core's
+/// default op), errno too.
+#[no_mangle]
+pub extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    set_errno(libc::EOPNOTSUPP);
+    libc::EOPNOTSUPP
+}
+
+/// As [`ibv_query_ece`].
+#[no_mangle]
+pub extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    set_errno(libc::EOPNOTSUPP);
+    libc::EOPNOTSUPP
+}
+
+/// Importing a context from a uverbs command fd: our contexts have none (`cmd_fd` is -1).
+/// An fd that is not a character device is `EINVAL`; any other is no device of ours,
+/// `ENODEV`.
+#[no_mangle]
+pub extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    // SAFETY: fstat into a local.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(cmd_fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+        return null_err(libc::EINVAL);
+    }
+    null_err(libc::ENODEV)
+}
+
+// Sharing PDs, MRs and DM between processes through a uverbs fd: NULL with
+// errno = EOPNOTSUPP (rdma-core's default ops); unimport does nothing.
+ptr_stubs!(ibv_import_pd, ibv_import_mr, ibv_import_dm);
+void_stubs!(ibv_unimport_pd, ibv_unimport_mr, ibv_unimport_dm);
+
+/// The pre-2018 provider registration (`ibv_register_driver@IBVERBS_1.1`, compat only): no
+/// provider registers with us; the old call is ignored with a warning, as rdma-core ignores
+/// providers too old for it.
+#[no_mangle]
+pub unsafe extern "C" fn __cabi_ibv_register_driver_1_1(
+    name: *const libc::c_char,
+    _init: *mut c_void,
+) {
+    let name = if name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the caller's C string.
+        unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    tracing::warn!(driver = %name, "ibv_register_driver: old provider interface, not loaded");
+}
+
+// Bound to the compat (non-default) version only, as rdma-core exports it.
+std::arch::global_asm!(".symver __cabi_ibv_register_driver_1_1, ibv_register_driver@IBVERBS_1.1");

@@ -624,3 +624,34 @@ fn fio_rdma_write_job() {
         "{out}"
     );
 }
+
+/// fio's rdma engine, RDMA reads. The engine's roles follow `--rw`, whatever the verb: the
+/// `--rw=read` job listens, the `--rw=write` job connects (`--hostname`) and issues the
+/// verb, here RDMA READs of the listener's buffer (fio's examples/rdmaio-*.fio). The reverse
+/// (`--rw=write` without a hostname) crashes fio itself in `inet_aton(NULL)` while the other
+/// job waits for a connection forever: the "hang" once seen.
+#[test]
+fn fio_rdma_read_job() {
+    let job = [
+        "--ioengine=rdma",
+        "--port=17563",
+        "--bs=64k",
+        "--size=4m",
+        "--iodepth=4",
+    ];
+    let server = with(with(prog("fio"), &job), &["--name=target", "--rw=read"]);
+    let client = with(
+        with(prog("fio"), &job),
+        &[
+            "--name=reader",
+            "--hostname=127.0.0.1",
+            "--verb=read",
+            "--rw=write",
+        ],
+    );
+    let (_, out) = pair(server, client, Ready::Cm(17563));
+    assert!(
+        out.contains("err= 0:") && out.contains("io=4096KiB"),
+        "{out}"
+    );
+}

@@ -1,0 +1,129 @@
+//! Debian's perftest (4.5+0.17) over our libraries, by both of its post-send paths: the
+//! default and `--use_old_post_send`, QP data over perftest's TCP exchange (`-R`, its
+//! rdma_cm connection, is tested elsewhere): both between two namespace hosts (root), the
+//! old one on 127.0.0.1 (programs.rs runs the default there).
+//!
+//! Which path the default takes: perftest 4.5's `verify_params_with_device_context` turns the
+//! `ibv_wr_*` path off for every device but mlx5 and EFA ones (by vendor id), so on ours (as
+//! on rxe) both runs post with `ibv_post_send`, and perftest says so ("ibv_wr* API : OFF").
+//! Our `ibv_wr_*` interface itself is tested by `qp_ex.rs`.
+//!
+//! Iterations: `PERFTEST_PATHS_ITERS` (default 20, which CI runs; 1000 for a longer run).
+
+mod support;
+
+use std::process::Command;
+
+use support::{bin, lib_dir, prog, tcp_pair};
+
+const TESTS: [&str; 7] = [
+    "ib_send_lat",
+    "ib_send_bw",
+    "ib_write_lat",
+    "ib_write_bw",
+    "ib_read_lat",
+    "ib_read_bw",
+    "ib_atomic_lat",
+];
+
+/// The two tests run one after the other: each pair busy-polls both CPUs of a small machine,
+/// and four pollers at once starve each other's progress.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn iters() -> String {
+    std::env::var("PERFTEST_PATHS_ITERS").unwrap_or_else(|_| "20".into())
+}
+
+/// Checks one run's output: its results line (a size, then the iterations asked for) and the
+/// post-send path perftest reports.
+fn check(test: &str, old: bool, out: &str) {
+    let n = iters();
+    assert!(
+        out.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 2 && f[0].parse::<u32>().is_ok() && f[1] == n
+        }),
+        "{test} (old post send: {old}): no results line in\n{out}"
+    );
+    let api = out
+        .lines()
+        .find(|l| l.contains("ibv_wr* API"))
+        .unwrap_or_else(|| panic!("{test}: no 'ibv_wr* API' line in\n{out}"));
+    // --use_old_post_send must give OFF; so does the default on a non-mlx5 device.
+    assert!(api.contains("OFF"), "{test} (old: {old}): {api}");
+}
+
+fn args<'a>(dev: &'a str, gid: &'a str, port: &'a str, n: &'a str, old: bool) -> Vec<&'a str> {
+    let mut a = vec!["-d", dev, "-x", gid, "-p", port, "-n", n];
+    if old {
+        a.push("--use_old_post_send");
+    }
+    a
+}
+
+#[test]
+fn perftest_old_post_send_path_on_loopback() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let n = iters();
+    let mut port = 17580u16;
+    // The default path on 127.0.0.1 is programs.rs's perftest_latency_and_bandwidth.
+    for test in TESTS {
+        port += 1;
+        let p = port.to_string();
+        let a = args("lo", "0", &p, &n, true);
+        let mut client = prog(test);
+        client.args(&a).arg("127.0.0.1");
+        let mut server = prog(test);
+        server.args(&a);
+        check(test, true, &tcp_pair(server, client, port));
+    }
+}
+
+/// The GID index of `::ffff:<v4>` on `dev` in `h`'s namespace, from Debian's `ibv_devinfo`
+/// over our libraries.
+fn gid_index(h: &rdma_testhosts::Host, dev: &str, v4: &str) -> String {
+    let mut c = h.command(bin("ibv_devinfo").to_str().unwrap());
+    c.args(["-v", "-d", dev]).env("LD_LIBRARY_PATH", lib_dir());
+    let o = c.output().unwrap();
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    // "GID[  1]:\t\t::ffff:192.0.2.1, RoCE v2"
+    let want = format!("::ffff:{v4},");
+    t.lines()
+        .find(|l| l.contains("GID[") && l.contains(&want))
+        .and_then(|l| l.split('[').nth(1)?.split(']').next())
+        .map(|i| i.trim().to_string())
+        .unwrap_or_else(|| panic!("no GID {v4} on {dev}:\n{t}"))
+}
+
+#[test]
+fn perftest_both_post_send_paths_between_namespace_hosts() {
+    if !rdma_testhosts::require_root("perftest_both_post_send_paths_between_namespace_hosts") {
+        return;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (&topo.hosts()[0], &topo.hosts()[1]);
+    a.wait_carrier("eth0");
+    b.wait_carrier("eth0");
+    let (ga, gb) = (
+        gid_index(a, "eth0", "192.0.2.1"),
+        gid_index(b, "eth0", "192.0.2.2"),
+    );
+    let n = iters();
+    let mut port = 17600u16;
+    let run = |h: &rdma_testhosts::Host, test: &str, args: &[&str]| -> Command {
+        let mut c = h.command(bin(test).to_str().unwrap());
+        c.args(args).env("LD_LIBRARY_PATH", lib_dir());
+        c
+    };
+    for test in TESTS {
+        for old in [false, true] {
+            port += 1;
+            let p = port.to_string();
+            let server = run(b, test, &args("eth0", &gb, &p, &n, old));
+            let mut client = run(a, test, &args("eth0", &ga, &p, &n, old));
+            client.arg("192.0.2.2");
+            check(test, old, &tcp_pair(server, client, port));
+        }
+    }
+}

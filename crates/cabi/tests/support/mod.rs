@@ -1,0 +1,139 @@
+//! Shared by the tests that run C programs over our libraries (`qp_ex.rs`,
+//! `perftest_paths.rs`): the library directory (linked once per run from the static library
+//! cargo built, `scripts/build-cabi.sh --no-build`), Debian's programs, server/client pairs.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long one program may run.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// The directory holding our libibverbs.so.1 / librdmacm.so.1.
+pub fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // target/<profile>/deps/<test>-<hash>
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap();
+        let target = profile_dir.parent().unwrap();
+        let profile = profile_dir.file_name().unwrap().to_str().unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut cmd = Command::new("bash");
+        cmd.arg(root.join("scripts/build-cabi.sh"))
+            .arg("--no-build")
+            .env("CARGO_TARGET_DIR", target);
+        if profile != "release" {
+            cmd.arg("--debug");
+        }
+        let out = cmd.current_dir(&root).output().expect("bash");
+        assert!(
+            out.status.success(),
+            "link step failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = profile_dir.join("cabi");
+        assert!(dir.join("libibverbs.so.1").exists());
+        dir
+    })
+}
+
+/// The path of Debian's program `name`, which must be installed.
+pub fn bin(name: &str) -> PathBuf {
+    let path = Path::new("/usr/bin").join(name);
+    assert!(
+        path.exists(),
+        "{name} is missing: apt-get install perftest ibverbs-utils (CI does)"
+    );
+    path
+}
+
+/// Debian's program `name` over our libraries.
+pub fn prog(name: &str) -> Command {
+    let mut c = Command::new(bin(name));
+    c.env("LD_LIBRARY_PATH", lib_dir());
+    c
+}
+
+/// A running program whose output goes to a file (a pipe nobody reads would stall it).
+pub struct Run {
+    child: Child,
+    out: PathBuf,
+}
+
+impl Run {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Starts `c`.
+pub fn start(mut c: Command) -> Run {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("rdma-cabi-t-{}-{n}.out", std::process::id()));
+    let f = std::fs::File::create(&out).unwrap();
+    let child = c
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    Run { child, out }
+}
+
+/// Waits for the program (killed past LIMIT): its status and output.
+pub fn finish(mut r: Run) -> (ExitStatus, String) {
+    let end = Instant::now() + LIMIT;
+    while r.child.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            r.child.kill().ok();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = r.child.wait().unwrap();
+    let text = String::from_utf8_lossy(&std::fs::read(&r.out).unwrap_or_default()).into_owned();
+    std::fs::remove_file(&r.out).ok();
+    (status, text)
+}
+
+/// Whether the process `pid` (in its own network namespace) has a TCP socket listening on
+/// `port`.
+pub fn tcp_listening(pid: u32, port: u16) -> bool {
+    // local_address is HEX_IP:HEX_PORT, state 0A is LISTEN
+    let want = format!(":{port:04X}");
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() > 3 && w[1].ends_with(&want) && w[3] == "0A"
+            })
+    })
+}
+
+/// Runs a server and, once it listens on TCP `port`, a client; both must exit 0. Returns
+/// the client's output.
+pub fn tcp_pair(server: Command, client: Command, port: u16) -> String {
+    let s = start(server);
+    let end = Instant::now() + LIMIT;
+    while !tcp_listening(s.pid(), port) {
+        assert!(Instant::now() < end, "the server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (cs, ct) = finish(start(client));
+    let (ss, st) = finish(s);
+    let cut = |t: &str| t.chars().take(4000).collect::<String>();
+    assert!(
+        cs.success() && ss.success(),
+        "client {cs:?}:\n{}\nserver {ss:?}:\n{}",
+        cut(&ct),
+        cut(&st)
+    );
+    ct
+}
