@@ -39,7 +39,7 @@ pub struct Ctx {
 /// The process-wide connection manager the devices come from.
 pub fn cma() -> Result<rdmacm::Cma, rdmacm::Error> {
     crate::config::init();
-    rdmacm::Cma::global()
+    rdmacm::Cma::global_with(crate::config::cma_config)
 }
 
 fn registry() -> &'static Mutex<Vec<&'static Dev>> {

@@ -54,14 +54,25 @@ static GLOBAL: OnceLock<Cma> = OnceLock::new();
 impl Cma {
     /// A new context in the calling thread's network namespace. It owns a small tokio
     /// runtime (one worker thread, asleep in `epoll` unless netlink answers or host changes
-    /// arrive) for address resolution and the change watcher. Devices as
-    /// [`CmaConfig::from_env`] says (`RDMACM_DEVICES`; `EINVAL` if malformed).
+    /// arrive) for address resolution and the change watcher. Configured by
+    /// [`CmaConfig::from_env`] (`RDMACM_*`, `RDMA_SOFT_*`; `EINVAL` if malformed).
     pub fn new() -> Result<Cma> {
         Cma::with_config(CmaConfig::from_env()?)
     }
 
-    /// A new context with an explicit configuration (the environment is not read).
+    /// A new context with an explicit configuration (the environment is not read). Its
+    /// devices get `config.soft`; its process-wide settings (inspection, runtime directory)
+    /// become the process's unless a context or device set them before
+    /// ([`rdma_soft::SoftConfig::apply_process`]).
+    ///
+    /// ```no_run
+    /// use rdmacm::{Cma, CmaConfig};
+    /// let cfg = CmaConfig::builder().devices("lo")?.async_driver(true).build();
+    /// let cma = Cma::with_config(cfg)?;
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
     pub fn with_config(config: CmaConfig) -> Result<Cma> {
+        config.soft.apply_process();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("rdmacm-netlink")
@@ -116,12 +127,24 @@ impl Cma {
         Ok(Cma { inner })
     }
 
-    /// The process-wide context, created on first use.
+    /// The process-wide context, created on first use ([`Cma::new`]: configured from the
+    /// environment) unless [`Cma::global_with`] made it first.
     pub fn global() -> Result<Cma> {
+        Cma::global_with(CmaConfig::from_env)
+    }
+
+    /// The process-wide context; when there is none yet, made with the configuration `config`
+    /// returns (a C library that builds its configuration its own way).
+    ///
+    /// ```no_run
+    /// let cma = rdmacm::Cma::global_with(|| Ok(rdmacm::CmaConfig::default()))?;
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
+    pub fn global_with(config: impl FnOnce() -> Result<CmaConfig>) -> Result<Cma> {
         if let Some(c) = GLOBAL.get() {
             return Ok(c.clone());
         }
-        let c = Cma::new()?;
+        let c = Cma::with_config(config()?)?;
         Ok(GLOBAL.get_or_init(|| c).clone())
     }
 

@@ -206,16 +206,15 @@ mod state;
 mod watch;
 
 pub use async_api::{
-    set_runtime_driver, AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection,
-    Datagram, Incoming, Listener, Multicast, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup,
-    CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA,
-    MAX_REQ_PRIVATE_DATA, WINDOW,
+    AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Datagram, Incoming,
+    Listener, Multicast, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup, CONTROL_WINDOW,
+    DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA, WINDOW,
 };
 pub use channel::{EventChannel, EventStream};
 pub use cma::Cma;
 #[doc(hidden)]
 pub use cma::PauseGuard;
-pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV, HA_RETURN_ENV};
+pub use config::{CmaConfig, CmaConfigBuilder, DeviceSpec, DEVICES_ENV, DRIVER_ENV, HA_RETURN_ENV};
 pub use connect::RDMA_UDP_QKEY;
 pub use counters::CmStatistics;
 pub use event::Event;
@@ -281,3 +280,8 @@ mod tests {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// docs/CONFIG.md's code blocks, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/CONFIG.md")]
+struct ConfigDoctests;

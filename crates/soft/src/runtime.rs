@@ -481,9 +481,10 @@ impl Runtime {
     /// error leaves the QP on UDP.
     pub fn set_host_peer(&mut self, qpn: u32, peer: HostPeer) -> Result<()> {
         self.wire.host_connect(peer)?;
+        let min = self.wire.pull_min();
         let ctx = self.get(qpn).ok_or(Error::InvalidArgument("no such QP"))?;
         ctx.host = Some(peer);
-        ctx.rc.set_pull_min(pull::min_len());
+        ctx.rc.set_pull_min(min);
         Ok(())
     }
 

@@ -306,7 +306,10 @@ impl Connection {
             AsyncFd::register_with_interest(parts.cc.clone(), tokio::io::Interest::READABLE)
         }
         .map_err(|e| Error::Io(std::io::Error::from(e)))?;
-        let driver = id.device().and_then(|d| super::driver::for_device(&d));
+        let driver = id
+            .device()
+            .filter(|_| id.inner.config.async_driver)
+            .and_then(|d| super::driver::for_device(&d));
         let id = Arc::new(id);
         let sh = Arc::new(Shared {
             parts,

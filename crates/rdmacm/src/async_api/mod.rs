@@ -67,7 +67,6 @@ use std::time::Duration;
 
 pub use completions::CompletionStream;
 pub use connection::{ConnectOptions, Connection, Resolved};
-pub use driver::set_runtime_driver;
 pub use listener::{AcceptOptions, Incoming, Listener};
 pub use multicast::{Datagram, Multicast};
 pub use owned::{Buf, BufPool};

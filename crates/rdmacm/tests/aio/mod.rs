@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::{Cma, ConnectOptions, Connection, Listener};
+use rdmacm::{Cma, CmaConfig, ConnectOptions, Connection, Listener};
 
 /// Hang guard: a stop, not a speed target.
 pub const HANG: Duration = Duration::from_secs(120);
@@ -19,7 +19,12 @@ pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
 
 /// A connected (client, server) pair on `ip`, one context for both.
 pub async fn pair(ip: &str) -> (Connection, Connection) {
-    let cma = Cma::new().unwrap();
+    pair_with(ip, CmaConfig::from_env().unwrap()).await
+}
+
+/// [`pair`] in a context configured by `cfg`.
+pub async fn pair_with(ip: &str, cfg: CmaConfig) -> (Connection, Connection) {
+    let cma = Cma::with_config(cfg).unwrap();
     let l = Listener::bind_with(format!("{ip}:0").parse().unwrap(), Some(cma.clone()))
         .await
         .unwrap();

@@ -34,16 +34,25 @@ pub fn rt() -> tokio::runtime::Runtime {
 /// A context with one device `name` over `first` (port 1) and `second` (port 2), ids
 /// starting with `ha` (and `stay` as `CmaConfig::ha_stay`).
 pub fn group(name: &str, first: &str, second: &str, ha: HaPolicy, stay: bool) -> Cma {
-    Cma::with_config(CmaConfig {
-        devices: Some(vec![DeviceSpec {
-            netdev: first.into(),
-            name: Some(name.into()),
-            more: vec![second.into()],
-        }]),
-        ha,
-        ha_stay: stay,
-    })
+    let spec = DeviceSpec {
+        netdev: first.into(),
+        name: Some(name.into()),
+        more: vec![second.into()],
+    };
+    Cma::with_config(
+        CmaConfig::builder()
+            .device_specs(Some(vec![spec]))
+            .ha(ha)
+            .ha_stay(stay)
+            .soft(soft())
+            .build(),
+    )
     .unwrap()
+}
+
+/// The devices' settings: the environment's (`RDMA_SOFT_FAULTS` in `ha_migrate_loss`).
+fn soft() -> rdma_soft::SoftConfig {
+    rdma_soft::SoftConfig::from_env().unwrap()
 }
 
 /// B's listener on `addr`, its device group hb (b0 + b1) under migrate (`stay` as
@@ -73,11 +82,7 @@ pub async fn connect_h(addr: std::net::SocketAddr, stay: bool) -> Connection {
 
 /// A context whose ids start with `ha`.
 pub fn cma(ha: HaPolicy) -> Cma {
-    Cma::with_config(CmaConfig {
-        ha,
-        ..CmaConfig::default()
-    })
-    .unwrap()
+    Cma::with_config(CmaConfig::builder().ha(ha).soft(soft()).build()).unwrap()
 }
 
 /// H and B with two links, B's address over h0 (metric 10) and h1 (metric 100), reverse

@@ -104,11 +104,16 @@ impl Drop for Server {
 
 /// A client connection to the child on `port`, in a context of its own.
 pub async fn connect(port: u16) -> Connection {
+    connect_with(port, rdmacm::CmaConfig::from_env().unwrap()).await
+}
+
+/// [`connect`] from a context configured by `cfg`.
+pub async fn connect_with(port: u16, cfg: rdmacm::CmaConfig) -> Connection {
     // no bind: the source is chosen as for any 127.0.0.1 destination; a context (and so a
     // device, whose counters the test reads) per test
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let opts = ConnectOptions {
-        cma: Some(Cma::new().unwrap()),
+        cma: Some(Cma::with_config(cfg).unwrap()),
         ..ConnectOptions::default()
     };
     within("connect", Connection::connect(addr, opts))

@@ -15,19 +15,19 @@ pub const DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
 /// How long a query waits for one process's answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The per-user directory of the inspection sockets: `$RDMA_SOFT_INSPECT_DIR`, else
+/// The per-user directory of the inspection sockets: the process's
+/// [`crate::SoftConfig::inspect_dir`] (`$RDMA_SOFT_INSPECT_DIR`), else
 /// `$XDG_RUNTIME_DIR/rdma-soft`, else `/tmp/rdma-soft-<uid>`.
 ///
 /// ```
 /// let d = rdma_soft::inspect::runtime_dir();
-/// assert!(d.is_absolute() || std::env::var_os(rdma_soft::inspect::DIR_ENV).is_some());
+/// assert!(d.is_absolute() || rdma_soft::SoftConfig::from_env().unwrap().inspect_dir.is_some());
 /// ```
 pub fn runtime_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+    if let Some(d) = &crate::config::process().inspect_dir {
+        return d.clone();
     }
-    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let x = PathBuf::from(x);
+    if let Some(x) = crate::config::xdg_runtime_dir() {
         if x.is_dir() {
             return x.join("rdma-soft");
         }
