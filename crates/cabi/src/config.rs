@@ -5,7 +5,7 @@
 //!
 //! The connection manager's and the devices' settings (`RDMACM_*`, `RDMA_SOFT_*`, see
 //! docs/CONFIG.md) come from [`cma_config`], through the same values a Rust program
-//! uses (`rdmacm::CmaConfig`, which carries `rdma_soft::SoftConfig`). rdma-core's
+//! uses (`rdmacm::cm::CmaConfig`, which carries `rdma_soft::SoftConfig`). rdma-core's
 //! `RDMAV_DRIVERS`, `RDMAV_FORK_SAFE` and `IBV_FORK_SAFE` have nothing to act on here: there
 //! are no providers to load and our memory is never pinned.
 
@@ -26,7 +26,7 @@ pub fn init() {
 }
 
 /// The configuration of the process-wide connection manager and its devices: the
-/// environment's, read once by the context ([`rdmacm::CmaConfig::from_env`]).
-pub fn cma_config() -> rdmacm::Result<rdmacm::CmaConfig> {
-    rdmacm::CmaConfig::from_env()
+/// environment's, read once by the context ([`rdmacm::cm::CmaConfig::from_env`]).
+pub fn cma_config() -> rdmacm::Result<rdmacm::cm::CmaConfig> {
+    rdmacm::cm::CmaConfig::from_env()
 }

@@ -495,8 +495,8 @@ async fn rewatch(
     link: u32,
 ) {
     let scoped = |ip: IpAddr| match ip {
-        IpAddr::V6(v6) if v6.is_unicast_link_local() => crate::ScopedIp::with_index(ip, link),
-        _ => crate::ScopedIp::new(ip),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => crate::host::ScopedIp::with_index(ip, link),
+        _ => crate::host::ScopedIp::new(ip),
     };
     let r = resolver
         .resolve_addr(

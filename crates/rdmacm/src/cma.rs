@@ -24,18 +24,18 @@ use rdma_soft::fd::EventFd;
 /// first use), their IB CM agents, the port tables, the resolver and watcher, every id and
 /// every event channel.
 ///
-/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`](crate::EventChannel::new); tests
+/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`](crate::cm::EventChannel::new); tests
 /// and embedders may make their own with [`Cma::new`] (created in the network namespace it
 /// should see).
 ///
 /// The process's progress engine (one thread, asleep in `epoll` while nothing happens)
 /// drives the CM whatever the application does: it answers MADs, runs the CM's timers and
-/// host changes and queues events, so [`EventChannel::get_event`](crate::EventChannel::get_event) and the channel's fd only
+/// host changes and queues events, so [`EventChannel::get_event`](crate::cm::EventChannel::get_event) and the channel's fd only
 /// wait.
 ///
 /// ```no_run
-/// let cma = rdmacm::Cma::new()?;
-/// let ch = rdmacm::EventChannel::with_cma(&cma)?;
+/// let cma = rdmacm::cm::Cma::new()?;
+/// let ch = rdmacm::cm::EventChannel::with_cma(&cma)?;
 /// # Ok::<(), rdmacm::Error>(())
 /// ```
 #[derive(Clone)]
@@ -66,7 +66,7 @@ impl Cma {
     /// ([`rdma_soft::SoftConfig::apply_process`]).
     ///
     /// ```no_run
-    /// use rdmacm::{Cma, CmaConfig};
+    /// use rdmacm::cm::{Cma, CmaConfig};
     /// let cfg = CmaConfig::builder().devices("lo")?.async_driver(true).build();
     /// let cma = Cma::with_config(cfg)?;
     /// # Ok::<(), rdmacm::Error>(())
@@ -137,7 +137,7 @@ impl Cma {
     /// returns (a C library that builds its configuration its own way).
     ///
     /// ```no_run
-    /// let cma = rdmacm::Cma::global_with(|| Ok(rdmacm::CmaConfig::default()))?;
+    /// let cma = rdmacm::cm::Cma::global_with(|| Ok(rdmacm::cm::CmaConfig::default()))?;
     /// # Ok::<(), rdmacm::Error>(())
     /// ```
     pub fn global_with(config: impl FnOnce() -> Result<CmaConfig>) -> Result<Cma> {
@@ -236,7 +236,7 @@ impl Cma {
     /// never seen are left out). Each refusal is also logged (`tracing`, target `rdmacm`).
     ///
     /// ```no_run
-    /// let cma = rdmacm::Cma::new()?;
+    /// let cma = rdmacm::cm::Cma::new()?;
     /// for (cause, n) in cma.reject_counts() {
     ///     println!("{n} refused: {cause}");
     /// }
@@ -263,7 +263,7 @@ impl Cma {
     /// above 31 or retries above 15.
     ///
     /// ```no_run
-    /// let cma = rdmacm::Cma::new()?;
+    /// let cma = rdmacm::cm::Cma::new()?;
     /// cma.set_cm_timeouts(14, 3)?; // ~0.6 s per try, 4 tries
     /// # Ok::<(), rdmacm::Error>(())
     /// ```

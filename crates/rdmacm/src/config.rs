@@ -19,22 +19,22 @@ use crate::ha::{HaPolicy, HA_ENV};
 /// one PD, MR and key space (docs/HA.md); an id on an address of any member gets it.
 ///
 /// ```
-/// let c = rdmacm::CmaConfig::parse_devices("ha0=h0+h1, lo").unwrap();
+/// let c = rdmacm::cm::CmaConfig::parse_devices("ha0=h0+h1, lo").unwrap();
 /// let d = c.devices.unwrap();
 /// assert_eq!((d[0].netdev.as_str(), d[0].name.as_deref()), ("h0", Some("ha0")));
 /// assert_eq!(d[0].more, ["h1"]);
 /// assert!(d[1].more.is_empty());
 /// // a netdev in two devices, or twice in one group
-/// assert!(rdmacm::CmaConfig::parse_devices("g=h0+h1,h1").is_err());
-/// assert!(rdmacm::CmaConfig::parse_devices("g=h0+h0").is_err());
+/// assert!(rdmacm::cm::CmaConfig::parse_devices("g=h0+h1,h1").is_err());
+/// assert!(rdmacm::cm::CmaConfig::parse_devices("g=h0+h0").is_err());
 /// ```
 ///
 /// ```
-/// let c = rdmacm::CmaConfig::parse_devices("lo=soft_lo, eth0").unwrap();
+/// let c = rdmacm::cm::CmaConfig::parse_devices("lo=soft_lo, eth0").unwrap();
 /// let d = c.devices.unwrap();
 /// assert_eq!((d[0].netdev.as_str(), d[0].name.as_deref()), ("lo", Some("soft_lo")));
 /// assert_eq!((d[1].netdev.as_str(), d[1].name.as_deref()), ("eth0", None));
-/// assert_eq!(rdmacm::CmaConfig::parse_devices("=x").unwrap_err().errno(), libc::EINVAL);
+/// assert_eq!(rdmacm::cm::CmaConfig::parse_devices("=x").unwrap_err().errno(), libc::EINVAL);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
@@ -42,7 +42,7 @@ pub struct CmaConfig {
     /// `None`: every netdev with an address, named after it. `Some`: only these.
     pub devices: Option<Vec<DeviceSpec>>,
     /// The HA policy every new id of the context starts with (`RDMACM_HA`; default
-    /// [`HaPolicy::Notify`]); [`crate::CmId::set_ha_policy`] changes one id's.
+    /// [`HaPolicy::Notify`]); [`crate::cm::CmId::set_ha_policy`] changes one id's.
     pub ha: HaPolicy,
     /// Under [`HaPolicy::Migrate`], stay on the alternate after a migration when the
     /// primary's port comes back (`RDMACM_HA_RETURN=stay`) instead of returning to it (the
@@ -64,7 +64,7 @@ pub struct CmaConfig {
 /// Builds a [`CmaConfig`]; starts from the defaults (nothing read from the environment).
 ///
 /// ```
-/// use rdmacm::{CmaConfig, HaPolicy};
+/// use rdmacm::cm::{CmaConfig, HaPolicy};
 /// let soft = rdma_soft::SoftConfig::builder().host_local(false).build().unwrap();
 /// let cfg = CmaConfig::builder()
 ///     .devices("lo")?
@@ -181,7 +181,7 @@ impl CmaConfig {
     /// own lookup).
     ///
     /// ```
-    /// use rdmacm::{CmaConfig, HaPolicy};
+    /// use rdmacm::cm::{CmaConfig, HaPolicy};
     /// let vars = [("RDMACM_HA", "align"), ("RDMACM_ASYNC_DRIVER", "on"), ("RDMA_SOFT_GRO", "off")];
     /// let get = |n: &str| vars.iter().find(|v| v.0 == n).map(|v| v.1.into());
     /// let c = CmaConfig::from_vars(get).unwrap();
@@ -234,7 +234,7 @@ impl CmaConfig {
     /// Parses a `RDMACM_HA` value (empty: the default, `notify`); errors name the variable.
     ///
     /// ```
-    /// use rdmacm::{CmaConfig, HaPolicy};
+    /// use rdmacm::cm::{CmaConfig, HaPolicy};
     /// assert_eq!(CmaConfig::parse_ha("align").unwrap(), HaPolicy::Align);
     /// assert_eq!(CmaConfig::parse_ha("").unwrap(), HaPolicy::Notify);
     /// let e = CmaConfig::parse_ha("aligned").unwrap_err();

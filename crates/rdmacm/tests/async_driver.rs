@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aio::{pair_with, within, HANG};
-use rdmacm::{Cma, CmaConfig, ConnectOptions, Connection, Listener, RemoteBuf};
+use rdmacm::cm::{Cma, CmaConfig};
+use rdmacm::{ConnectOptions, Connection, Listener, RemoteBuf};
 
 /// A context configuration with the runtime driver `on` (the rest from the environment).
 fn driver(on: bool) -> CmaConfig {
@@ -51,22 +52,19 @@ fn a_blocked_runtime_does_not_stall_its_device() {
         .unwrap();
     let written = Arc::new(AtomicBool::new(false));
     rt.block_on(async {
-        let l = Listener::bind_with(
-            "127.0.63.3:0".parse().unwrap(),
-            Some(Cma::with_config(driver(true)).unwrap()),
-        )
-        .await
-        .unwrap();
+        let l = Listener::builder()
+            .cma(Cma::with_config(driver(true)).unwrap())
+            .bind("127.0.63.3:0".parse().unwrap())
+            .await
+            .unwrap();
         let addr = l.local_addr().unwrap();
         let w = written.clone();
         let client = std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async move {
-                let opts = ConnectOptions {
-                    src: Some(SocketAddr::new("127.0.63.4".parse().unwrap(), 0)),
-                    cma: Some(Cma::with_config(driver(true)).unwrap()),
-                    ..Default::default()
-                };
+                let opts = ConnectOptions::new()
+                    .src(SocketAddr::new("127.0.63.4".parse().unwrap(), 0))
+                    .cma(Cma::with_config(driver(true)).unwrap());
                 let c = within("connect", Connection::connect(addr, opts))
                     .await
                     .unwrap();

@@ -9,7 +9,7 @@ use rdmacm::{Buf, RemoteBuf};
 mod aio;
 
 use aio::{pair, pair_with, within};
-use rdmacm::CmaConfig;
+use rdmacm::cm::CmaConfig;
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -114,7 +114,8 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
 /// beside it); a READ with a wrong rkey leaves the reader's buffer as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_accesses_touch_no_memory_on_either_side() {
-    use rdmacm::{CloseReason, Error, WcStatus};
+    use rdmacm::verbs::WcStatus;
+    use rdmacm::{CloseReason, Error};
     let refused = |r: rdmacm::Result<()>| match r {
         Err(Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))) => {}
         other => panic!("not a remote access error: {other:?}"),

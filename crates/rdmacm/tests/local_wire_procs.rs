@@ -120,7 +120,7 @@ async fn a_killed_server_fails_the_client_and_the_next_takes_its_port_at_once() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runtime_driver_is_woken_by_the_rings_on_both_sides() {
     let server = Server::start(7652, &[("RDMACM_ASYNC_DRIVER", "on")]);
-    let cfg = rdmacm::CmaConfig::from_env().unwrap();
+    let cfg = rdmacm::cm::CmaConfig::from_env().unwrap();
     let c = connect_with(7652, cfg.into_builder().async_driver(true).build()).await;
     assert!(c.qp().host_peer().is_some());
     // ping-pong: every message waits for the other side's driver to be woken

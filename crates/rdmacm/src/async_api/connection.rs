@@ -22,14 +22,22 @@ use crate::id::CmId;
 use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
-/// How [`Connection::connect`] connects.
+/// How [`Connection::connect`] connects: a builder ([`ConnectOptions::new`], then a method
+/// per setting); the fields are readable, and [`Resolved::options_mut`] changes them
+/// between resolution and connect.
 ///
 /// ```
-/// let o = rdmacm::ConnectOptions { private_data: b"hello".to_vec(), ..Default::default() };
-/// assert_eq!(o.timeout, std::time::Duration::from_secs(2));
-/// assert_eq!(o.connect_timeout, None);
+/// use std::time::Duration;
+/// let o = rdmacm::ConnectOptions::new()
+///     .private_data(b"hello".to_vec())
+///     .src("127.0.0.1:0".parse().unwrap())
+///     .connect_timeout(Duration::from_secs(5));
+/// assert_eq!(o.timeout, Duration::from_secs(2));
+/// assert_eq!(o.connect_timeout, Some(Duration::from_secs(5)));
+/// assert_eq!(o.private_data, b"hello");
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ConnectOptions {
     /// Private data for the REQ (at most [`super::MAX_REQ_PRIVATE_DATA`], 56 bytes; more is
     /// `EINVAL`).
@@ -49,7 +57,7 @@ pub struct ConnectOptions {
     /// The context (`None`: [`Cma::global`]).
     pub cma: Option<Cma>,
     /// The id's HA policy (`None`: the context's, `RDMACM_HA`); with
-    /// [`crate::HaPolicy::Align`] the connection closes with [`CloseReason::PathMoved`]
+    /// [`crate::cm::HaPolicy::Align`] the connection closes with [`CloseReason::PathMoved`]
     /// when its path moves off its netdev, and [`Connection::reconnect`] follows it.
     pub ha: Option<HaPolicy>,
 }
@@ -66,6 +74,62 @@ impl Default for ConnectOptions {
             cma: None,
             ha: None,
         }
+    }
+}
+
+impl ConnectOptions {
+    /// The defaults: no private data, 2 s per resolution step, no bound on the whole
+    /// connect, no source address, the global context and its HA policy.
+    pub fn new() -> ConnectOptions {
+        ConnectOptions::default()
+    }
+
+    /// Private data for the REQ ([`ConnectOptions::private_data`]).
+    pub fn private_data(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.private_data = data.into();
+        self
+    }
+
+    /// Address and route resolution timeout, each step ([`ConnectOptions::timeout`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A bound on the whole connect ([`ConnectOptions::connect_timeout`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// The source address to bind first ([`ConnectOptions::src`]).
+    pub fn src(mut self, src: SocketAddr) -> Self {
+        self.src = Some(src);
+        self
+    }
+
+    /// The rest of the REQ ([`ConnectOptions::conn_param`]).
+    pub fn conn_param(mut self, param: ConnParam) -> Self {
+        self.conn_param = param;
+        self
+    }
+
+    /// PD, CQ and QP sizes ([`ConnectOptions::setup`]).
+    pub fn setup(mut self, setup: Setup) -> Self {
+        self.setup = setup;
+        self
+    }
+
+    /// The context ([`ConnectOptions::cma`]; default: [`Cma::global`]).
+    pub fn cma(mut self, cma: Cma) -> Self {
+        self.cma = Some(cma);
+        self
+    }
+
+    /// The id's HA policy ([`ConnectOptions::ha`]).
+    pub fn ha(mut self, policy: HaPolicy) -> Self {
+        self.ha = Some(policy);
+        self
     }
 }
 
@@ -87,8 +151,9 @@ async fn until<T>(
 ///
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
-/// use rdmacm::{AccessFlags, ConnectOptions, Connection, RemoteBuf, Setup};
-/// let opts = ConnectOptions { src: Some("127.0.0.2:0".parse().unwrap()), ..Default::default() };
+/// use rdmacm::verbs::AccessFlags;
+/// use rdmacm::{ConnectOptions, Connection, RemoteBuf, Setup};
+/// let opts = ConnectOptions::new().src("127.0.0.2:0".parse().unwrap());
 /// let mut r = Connection::resolve("127.0.0.1:7471".parse().unwrap(), opts).await?;
 /// let pd = r.device().alloc_pd()?;
 /// let mr = pd.register(vec![0u8; 1 << 20], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -196,11 +261,9 @@ pub(super) async fn wait_established(ch: &EventChannel) -> Result<Event> {
 ///
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
-/// let opts = rdmacm::ConnectOptions {
-///     private_data: b"hi".to_vec(),
-///     src: Some("127.0.0.2:0".parse().unwrap()), // one process per address: bind another
-///     ..Default::default()
-/// };
+/// let opts = rdmacm::ConnectOptions::new()
+///     .private_data(b"hi".to_vec())
+///     .src("127.0.0.2:0".parse().unwrap()); // any local address: processes share them
 /// let c = rdmacm::Connection::connect("127.0.0.1:7471".parse().unwrap(), opts).await?;
 /// c.send(b"ping").await?;
 /// let reply = c.recv().await?;

@@ -1,4 +1,4 @@
-//! Opt-in ([`crate::CmaConfig::async_driver`], `RDMACM_ASYNC_DRIVER=on`): one tokio task per device that
+//! Opt-in ([`crate::cm::CmaConfig::async_driver`], `RDMACM_ASYNC_DRIVER=on`): one tokio task per device that
 //! drives the device when its wire is readable, so that a datagram wakes the runtime
 //! directly instead of the progress engine first (see
 //! `rdma_soft::verbs::WireWatch`: the engine leaves fresh datagrams to this task and

@@ -67,7 +67,7 @@ use std::time::Duration;
 
 pub use completions::CompletionStream;
 pub use connection::{ConnectOptions, Connection, Resolved};
-pub use listener::{AcceptOptions, Incoming, Listener};
+pub use listener::{AcceptOptions, Incoming, Listener, ListenerBuilder};
 pub use multicast::{Datagram, Multicast};
 pub use owned::{Buf, BufPool};
 pub use reconnect::Reconnected;

@@ -5,7 +5,8 @@
 pub mod stream;
 
 use rdma_testhosts::{topologies, Host, Topology};
-use rdmacm::{Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, HaPolicy, Listener};
+use rdmacm::cm::{Cma, CmaConfig, DeviceSpec, HaPolicy};
+use rdmacm::{ConnectOptions, Connection, Listener};
 
 use crate::common::{wait_running, with_resolver};
 
@@ -63,7 +64,7 @@ pub async fn listen_b(
     ready: &std::sync::mpsc::Sender<()>,
 ) -> Listener {
     let cma = group("hb", "b0", "b1", HaPolicy::Migrate, stay);
-    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
+    let l = Listener::builder().cma(cma).bind(addr).await.unwrap();
     ready.send(()).unwrap();
     l
 }
@@ -71,10 +72,7 @@ pub async fn listen_b(
 /// H's connection to `addr` over its device group ha (h0 + h1) under migrate (`stay` as
 /// `CmaConfig::ha_stay`).
 pub async fn connect_h(addr: std::net::SocketAddr, stay: bool) -> Connection {
-    let opts = ConnectOptions {
-        cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, stay)),
-        ..Default::default()
-    };
+    let opts = ConnectOptions::new().cma(group("ha", "h0", "h1", HaPolicy::Migrate, stay));
     within("connect", Connection::connect(addr, opts))
         .await
         .unwrap()

@@ -11,7 +11,7 @@ use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr,
     QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
-use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 
 use super::conn::{wait, Hook};
 use super::perftest::{self as pt, BwReport, Dest, Negotiate};
