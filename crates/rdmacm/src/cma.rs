@@ -10,7 +10,6 @@ use rdma_soft::engine::Source;
 use rdma_soft::verbs::Device;
 
 use crate::bridge::run_on;
-use crate::cm_engine::start_watcher;
 use crate::config::CmaConfig;
 use crate::error::{Error, Result};
 use crate::inner::CmSource;
@@ -18,6 +17,7 @@ use crate::inner::Inner;
 use crate::ports::PortTables;
 use crate::resolve::Resolver;
 use crate::state::State;
+use crate::watch_task::start_watcher;
 use rdma_soft::fd::EventFd;
 
 /// The connection-manager context: owns the software devices (one per netdev, created on

@@ -190,6 +190,7 @@ mod inspect;
 mod lap;
 mod listen;
 mod local_wire;
+mod mad_out;
 mod mc_events;
 mod mcast;
 mod migrate;
@@ -204,6 +205,7 @@ mod route;
 mod slot;
 mod state;
 mod watch;
+mod watch_task;
 
 pub use async_api::{
     AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Datagram, Incoming,
