@@ -3,8 +3,9 @@
 //! - `RUST_LOG`: a `tracing` filter (`RUST_LOG=rdmacm=info,rdma_soft=debug`); the logs go to
 //!   stderr, as with our Rust tools. Unset: no logs.
 //!
-//! The layers below read their own variables, as they do for Rust programs:
-//! `RDMACM_DEVICES`, `RDMACM_HA` (rdmacm), `RDMA_SOFT_*` (the device). rdma-core's
+//! The connection manager's and the devices' settings (`RDMACM_*`, `RDMA_SOFT_*`, see
+//! docs/CONFIG.md) come from [`cma_config`], through the same values a Rust program
+//! uses (`rdmacm::cm::CmaConfig`, which carries `rdma_soft::SoftConfig`). rdma-core's
 //! `RDMAV_DRIVERS`, `RDMAV_FORK_SAFE` and `IBV_FORK_SAFE` have nothing to act on here: there
 //! are no providers to load and our memory is never pinned.
 
@@ -22,4 +23,10 @@ pub fn init() {
                 .try_init();
         }
     });
+}
+
+/// The configuration of the process-wide connection manager and its devices: the
+/// environment's, read once by the context ([`rdmacm::cm::CmaConfig::from_env`]).
+pub fn cma_config() -> rdmacm::Result<rdmacm::cm::CmaConfig> {
+    rdmacm::cm::CmaConfig::from_env()
 }

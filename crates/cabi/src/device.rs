@@ -1,6 +1,6 @@
 //! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`, the queries.
 //!
-//! The devices are the connection manager's (one process-wide [`rdmacm::Cma`]): a soft
+//! The devices are the connection manager's (one process-wide [`rdmacm::cm::Cma`]): a soft
 //! device per netdev with an address, named after it, as our `ibv_devices` shows them. Each
 //! `ibv_device` lives for the rest of the process (its pointer stays valid and the same).
 //!
@@ -37,9 +37,9 @@ pub struct Ctx {
 }
 
 /// The process-wide connection manager the devices come from.
-pub fn cma() -> Result<rdmacm::Cma, rdmacm::Error> {
+pub fn cma() -> Result<rdmacm::cm::Cma, rdmacm::Error> {
     crate::config::init();
-    rdmacm::Cma::global()
+    rdmacm::cm::Cma::global_with(crate::config::cma_config)
 }
 
 fn registry() -> &'static Mutex<Vec<&'static Dev>> {

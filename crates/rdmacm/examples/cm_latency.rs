@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use rdma_hostview::{Event as NlEvent, HostView};
 use rdma_testhosts::{require_root, topologies};
-use rdmacm::{
-    BlockingResolver, CmId, Cma, ConnParam, EventChannel, EventType, PortSpace, ScopedIp,
-};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::host::{BlockingResolver, ScopedIp};
 
 const T: Duration = Duration::from_secs(10);
 

@@ -250,10 +250,7 @@ async fn two_process(secs: f64, tcp: bool) -> ([Figure; 2], [Figure; 3]) {
     };
 
     let (mut child, port) = spawn_server("rdma");
-    let opts = ConnectOptions {
-        src: Some(format!("{CLIENT}:0").parse().unwrap()),
-        ..Default::default()
-    };
+    let opts = ConnectOptions::new().src(format!("{CLIENT}:0").parse().unwrap());
     let addr = format!("{SERVER}:{port}").parse().unwrap();
     let c = Connection::connect(addr, opts).await.unwrap();
     let rdma = rdma_client(&c, secs, Some(child.id())).await;
@@ -278,10 +275,7 @@ async fn one_process(secs: f64) -> ([Figure; 2], [Figure; 3]) {
         .unwrap();
     let addr = l.local_addr().unwrap();
     let server = tokio::spawn(async move { rdma_server(l.accept().await.unwrap()).await });
-    let opts = ConnectOptions {
-        src: Some(format!("{ONE}:0").parse().unwrap()),
-        ..Default::default()
-    };
+    let opts = ConnectOptions::new().src(format!("{ONE}:0").parse().unwrap());
     let c = Connection::connect(addr, opts).await.unwrap();
     let rdma = rdma_client(&c, secs, None).await;
     c.disconnect().await.unwrap();

@@ -28,7 +28,7 @@ impl fmt::Display for ScopeId {
 /// An IP address with an optional scope id, as rdma_cm callers give it in a `sockaddr`.
 ///
 /// ```
-/// use rdmacm::{ScopeId, ScopedIp};
+/// use rdmacm::host::{ScopeId, ScopedIp};
 /// let a: ScopedIp = "fe80::1%eth0".parse().unwrap();
 /// assert_eq!(a.scope, Some(ScopeId::Name("eth0".into())));
 /// let b: ScopedIp = "fe80::1%3".parse().unwrap();
@@ -142,7 +142,7 @@ pub enum AddrClass {
 /// Classifies `ip`.
 ///
 /// ```
-/// use rdmacm::{classify, AddrClass};
+/// use rdmacm::host::{classify, AddrClass};
 /// assert_eq!(classify(&"0.0.0.0".parse().unwrap()), AddrClass::Any);
 /// assert_eq!(classify(&"127.0.0.2".parse().unwrap()), AddrClass::Loopback);
 /// assert_eq!(classify(&"::1".parse().unwrap()), AddrClass::Loopback);
@@ -183,7 +183,7 @@ pub fn any_of(ip: &IpAddr) -> IpAddr {
 /// (`::ffff:a.b.c.d`, `rdma_ip2gid`).
 ///
 /// ```
-/// use rdmacm::Gid;
+/// use rdmacm::host::Gid;
 /// let g = Gid::from_ip("192.0.2.1".parse().unwrap());
 /// assert_eq!(g.to_string(), "::ffff:192.0.2.1");
 /// assert_eq!(g.to_ip(), "192.0.2.1".parse::<std::net::IpAddr>().unwrap());
@@ -232,9 +232,9 @@ pub(crate) fn same_family(a: &IpAddr, b: &IpAddr) -> Result<()> {
 /// and its last 32 bits.
 ///
 /// ```
-/// let m = rdmacm::CmId::group_mac("239.129.2.3".parse().unwrap());
+/// let m = rdmacm::cm::CmId::group_mac("239.129.2.3".parse().unwrap());
 /// assert_eq!(m.0, [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03]);
-/// let m = rdmacm::CmId::group_mac("ff0e::1:2:3:4".parse().unwrap());
+/// let m = rdmacm::cm::CmId::group_mac("ff0e::1:2:3:4".parse().unwrap());
 /// assert_eq!(m.0, [0x33, 0x33, 0, 3, 0, 4]);
 /// ```
 pub(crate) fn group_mac(ip: IpAddr) -> rdma_hostview::MacAddr {

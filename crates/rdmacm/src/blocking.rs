@@ -15,7 +15,7 @@ use crate::watch::Watcher;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// let r = rdmacm::BlockingResolver::new().unwrap();
+/// let r = rdmacm::host::BlockingResolver::new().unwrap();
 /// let a = r
 ///     .resolve_addr(None, &"::1".parse().unwrap(), None, Duration::from_secs(2))
 ///     .unwrap();
@@ -74,7 +74,7 @@ impl BlockingResolver {
     /// A [`Watcher`] bound to this runtime; drive it with [`BlockingResolver::block_on`].
     ///
     /// ```no_run
-    /// let r = rdmacm::BlockingResolver::new().unwrap();
+    /// let r = rdmacm::host::BlockingResolver::new().unwrap();
     /// let mut w = r.watcher().unwrap();
     /// let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
     /// let n = r.block_on(w.next_before(deadline));

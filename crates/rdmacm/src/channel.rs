@@ -1,7 +1,7 @@
 //! `EventChannel`: where an id's events are queued; blocking, fd and async use.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ use rdma_soft::fd::EventFd;
 /// * [`EventChannel::next_event`] is the async form.
 ///
 /// ```no_run
-/// let ch = rdmacm::EventChannel::new()?;
+/// let ch = rdmacm::cm::EventChannel::new()?;
 /// if let Some(ev) = ch.get_event_timeout(std::time::Duration::from_millis(10))? {
 ///     println!("{}", ev.kind());
 /// }
@@ -140,7 +140,7 @@ impl EventChannel {
     /// events come, or an `Err` if the fd registration fails.
     ///
     /// ```no_run
-    /// # async fn f(ch: rdmacm::EventChannel) -> rdmacm::Result<()> {
+    /// # async fn f(ch: rdmacm::cm::EventChannel) -> rdmacm::Result<()> {
     /// use futures_core::Stream;
     /// let mut events = std::pin::pin!(ch.events());
     /// let ev = std::future::poll_fn(|cx| events.as_mut().poll_next(cx)).await;
@@ -211,6 +211,27 @@ impl futures_core::Stream for EventStream<'_> {
 impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
         self.efd.raw()
+    }
+}
+
+/// The channel's fd, borrowed for as long as the channel lives: readable while an event is
+/// queued (register it with `epoll`, `poll` or tokio's `AsyncFd`).
+///
+/// ```
+/// use std::os::fd::{AsFd, AsRawFd};
+/// use rdmacm::cm::{CmId, EventChannel, EventType, PortSpace};
+/// let ch = EventChannel::new()?;
+/// let id = CmId::new(&ch, PortSpace::Tcp)?;
+/// id.resolve_addr(None, "127.0.0.1:7471".parse().unwrap(), std::time::Duration::from_secs(2))?;
+/// let mut p = libc::pollfd { fd: ch.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+/// // SAFETY: one valid pollfd.
+/// assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "readable: an event is queued");
+/// assert_eq!(ch.get_event()?.kind(), EventType::AddrResolved);
+/// # Ok::<(), rdmacm::Error>(())
+/// ```
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.efd.as_fd()
     }
 }
 

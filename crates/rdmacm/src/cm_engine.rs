@@ -5,18 +5,14 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rdma_proto::cm::{CmEvent, CmPath, CmTransmit, ConnHandle};
+use rdma_proto::cm::{CmEvent, CmPath, ConnHandle};
 use rdma_soft::engine::{Run, Source};
 
-use crate::addr::Gid;
-use crate::bridge::run_on;
-use crate::devices::{gid_of, DevEntry};
 use crate::inner::{CmSource, Inner};
+use crate::mad_out::{count_retransmits, flush_gsi, mad_attr, send};
 use crate::slot::{IdNum, IdState};
 use crate::state::State;
-use crate::state::WatchCmd;
 use crate::watch::Notification;
-use crate::watch::Watcher;
 
 impl Source for CmSource {
     fn run(&self, now: Instant) -> Run {
@@ -407,73 +403,6 @@ impl Inner {
     }
 }
 
-/// Sends the MADs queued on device `i` (a failure is lost MADs, as in [`send`]).
-fn flush_gsi(st: &State, i: u32) {
-    if let Some(d) = st.devices.get(&i) {
-        if let Err(e) = d.dev.gsi_flush() {
-            tracing::debug!(target: "rdmacm::mad", error = %e, "MADs not sent");
-        }
-    }
-}
-
-/// Queues one MAD of an agent in its device's send batch ([`flush_gsi`] sends it). The
-/// path names both ends; the tag is the netdev (the scope of link-local addresses). A send
-/// error (e.g. the address went away) is a lost MAD: the CM's retries and timeouts handle
-/// it.
-fn send(d: &DevEntry, t: &CmTransmit) {
-    let local = gid_of(Gid(t.path.local_gid.octets()).to_ip(), t.path.tag);
-    let remote = gid_of(Gid(t.path.remote_gid.octets()).to_ip(), t.path.tag);
-    let meta = rdma_soft::io::TxMeta {
-        tclass: t.path.traffic_class,
-        ..Default::default()
-    };
-    tracing::trace!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), "MAD sent");
-    if let Err(e) = d.dev.gsi_queue_with(&local, &remote, meta, &t.mad) {
-        // a lost MAD: the CM's retransmissions (or the peer's) cover it
-        tracing::debug!(target: "rdmacm::mad", %local, %remote, attr = mad_attr(&t.mad), error = %e, "MAD not sent");
-    }
-}
-
-/// The attribute id of a MAD (REQ 0x10, REP 0x13, DREQ 0x15, DREP 0x16, ...), for logs.
-fn mad_attr(mad: &[u8]) -> u16 {
-    mad.get(16..18)
-        .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
-}
-
-/// Sends what the agent of device `i` queued in its timers: retransmissions only (MADs and
-/// API calls are drained at once, so nothing else waits), each counted for the id whose
-/// REQ, REP or DREQ it is.
-fn count_retransmits(st: &mut State, i: u32) {
-    let Some(d) = st.devices.get_mut(&i) else {
-        return;
-    };
-    let mut ids = Vec::new();
-    while let Some(t) = d.agent.poll_transmit() {
-        send(d, &t);
-        let conn = sender_comm_id(&t.mad).and_then(|c| d.agent.conn_by_local_comm_id(c));
-        ids.extend(conn.and_then(|c| d.conns.get(&c).copied()));
-    }
-    flush_gsi(st, i);
-    for id in ids {
-        if let Some(s) = st.ids.get_mut(&id) {
-            s.counters.retransmits += 1;
-        }
-    }
-}
-
-/// Our communication id in a REQ, REP or DREQ we send (through rdma-wire's CM views).
-fn sender_comm_id(mad: &[u8]) -> Option<u32> {
-    use rdma_wire::cm::{CmAttributeId as A, Dreq, Rep, Req};
-    let m = rdma_wire::mad::Mad::new_cm_checked(mad).ok()?;
-    let data = m.data();
-    match A(m.attribute_id()) {
-        A::REQ => Req::new_checked(data).ok().map(|v| v.local_comm_id()),
-        A::REP => Rep::new_checked(data).ok().map(|v| v.local_comm_id()),
-        A::DREQ => Dreq::new_checked(data).ok().map(|v| v.local_comm_id()),
-        _ => None,
-    }
-}
-
 /// Lets a destroyed id's connection linger in its agent (timewait) and forgets it.
 pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) {
     if let Some(d) = st.devices.get_mut(&dev) {
@@ -481,145 +410,6 @@ pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) 
         // DREQ, a REJ) leaves on it after the id is gone.
         let _ = d.agent.destroy(now, conn);
         d.conns.remove(&conn);
-    }
-}
-
-/// Resolves a migrated connection's new path and watches it (nothing watched when it
-/// does not resolve: logged).
-async fn rewatch(
-    w: &mut Watcher,
-    resolver: &crate::resolve::Resolver,
-    id: u64,
-    local: IpAddr,
-    remote: IpAddr,
-    link: u32,
-) {
-    let scoped = |ip: IpAddr| match ip {
-        IpAddr::V6(v6) if v6.is_unicast_link_local() => crate::ScopedIp::with_index(ip, link),
-        _ => crate::ScopedIp::new(ip),
-    };
-    let r = resolver
-        .resolve_addr(
-            Some(&scoped(local)),
-            &scoped(remote),
-            None,
-            Duration::from_secs(1),
-        )
-        .await;
-    match r {
-        Ok(a) => w.watch(id, &a),
-        Err(e) => {
-            tracing::warn!(target: "rdmacm", id, %local, %remote, error = %e, "migrated path not watched: it does not resolve");
-        }
-    }
-}
-
-/// Starts the change watcher task: host events and per-id notifications for the CM.
-pub(crate) fn start_watcher(inner: &Arc<Inner>) {
-    let weak = Arc::downgrade(inner);
-    let resolver = inner.resolver.clone();
-    let rewatch_resolver = inner.resolver.clone();
-    let notify = inner.watch_notify.clone();
-    // Subscribed before the context is handed out, so no host change made after
-    // `Cma::new` returns can be missed (it used to subscribe whenever the task first ran).
-    let w = run_on(
-        &inner.rt_handle,
-        async move { Watcher::new(&resolver).await },
-    );
-    inner.rt_handle.spawn(async move {
-        let Ok(mut w) = w else {
-            return;
-        };
-        w.track_host();
-        let mut rewatches = Vec::new();
-        loop {
-            {
-                let Some(inner) = weak.upgrade() else { return };
-                apply_watch_cmds(&inner, &mut w, &mut rewatches);
-                let host = w.take_host_events();
-                let mut notes = Vec::new();
-                while let Some(n) = w.pop() {
-                    notes.push(n);
-                }
-                if !host.is_empty() || !notes.is_empty() {
-                    inner
-                        .host_events
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .extend(host);
-                    inner
-                        .notifications
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .extend(notes);
-                    inner.wake.signal();
-                }
-            }
-            if !rewatches.is_empty() {
-                // outside the block above: the resolution may wait for a neighbour
-                for (id, local, remote, link) in rewatches.drain(..) {
-                    rewatch(&mut w, &rewatch_resolver, id, local, remote, link).await;
-                }
-                continue;
-            }
-            // Only the wait is raced with watch requests (it is cancel-safe); the processing
-            // of a host change runs to completion, so a request arriving mid-way cannot
-            // cancel it and lose the change.
-            let ev = tokio::select! {
-                _ = notify.notified() => continue,
-                ev = w.next_event() => ev,
-            };
-            match ev {
-                Ok(ev) => {
-                    // The requests queued without a wake-up first: an id resolved before
-                    // this change is judged by it.
-                    let Some(inner) = weak.upgrade() else { return };
-                    apply_watch_cmds(&inner, &mut w, &mut rewatches);
-                    drop(inner);
-                    // Host events reach the CM at once (a link down sets its port's state,
-                    // which migrates the group's connections), before the watched ids are
-                    // judged (route and neighbour lookups that may wait).
-                    w.note_host(&ev);
-                    let host = w.take_host_events();
-                    if !host.is_empty() {
-                        let Some(inner) = weak.upgrade() else { return };
-                        inner
-                            .host_events
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .extend(host);
-                        inner.wake.signal();
-                    }
-                    if w.handle_event(ev).await.is_err() {
-                        return;
-                    }
-                }
-                Err(_) => return,
-            }
-        }
-    });
-}
-
-/// Applies the watch requests queued for the watcher task (rewatches are collected for
-/// the task to resolve).
-fn apply_watch_cmds(
-    inner: &Inner,
-    w: &mut Watcher,
-    rewatches: &mut Vec<(IdNum, std::net::IpAddr, std::net::IpAddr, u32)>,
-) {
-    let cmds: Vec<WatchCmd> =
-        std::mem::take(&mut *inner.watch_cmds.lock().unwrap_or_else(|e| e.into_inner()));
-    for c in cmds {
-        match c {
-            WatchCmd::Watch(id, a) => w.watch(id, &a),
-            WatchCmd::Rewatch(id, local, remote, link) => {
-                rewatches.push((id, local, remote, link));
-            }
-            WatchCmd::Unwatch(id) => {
-                rewatches.retain(|r| r.0 != id);
-                w.unwatch(id);
-            }
-        }
     }
 }
 

@@ -10,7 +10,6 @@ use rdma_soft::engine::Source;
 use rdma_soft::verbs::Device;
 
 use crate::bridge::run_on;
-use crate::cm_engine::start_watcher;
 use crate::config::CmaConfig;
 use crate::error::{Error, Result};
 use crate::inner::CmSource;
@@ -18,24 +17,25 @@ use crate::inner::Inner;
 use crate::ports::PortTables;
 use crate::resolve::Resolver;
 use crate::state::State;
+use crate::watch_task::start_watcher;
 use rdma_soft::fd::EventFd;
 
 /// The connection-manager context: owns the software devices (one per netdev, created on
 /// first use), their IB CM agents, the port tables, the resolver and watcher, every id and
 /// every event channel.
 ///
-/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`](crate::EventChannel::new); tests
+/// Most applications use [`Cma::global`] implicitly through [`EventChannel::new`](crate::cm::EventChannel::new); tests
 /// and embedders may make their own with [`Cma::new`] (created in the network namespace it
 /// should see).
 ///
 /// The process's progress engine (one thread, asleep in `epoll` while nothing happens)
 /// drives the CM whatever the application does: it answers MADs, runs the CM's timers and
-/// host changes and queues events, so [`EventChannel::get_event`](crate::EventChannel::get_event) and the channel's fd only
+/// host changes and queues events, so [`EventChannel::get_event`](crate::cm::EventChannel::get_event) and the channel's fd only
 /// wait.
 ///
 /// ```no_run
-/// let cma = rdmacm::Cma::new()?;
-/// let ch = rdmacm::EventChannel::with_cma(&cma)?;
+/// let cma = rdmacm::cm::Cma::new()?;
+/// let ch = rdmacm::cm::EventChannel::with_cma(&cma)?;
 /// # Ok::<(), rdmacm::Error>(())
 /// ```
 #[derive(Clone)]
@@ -54,14 +54,25 @@ static GLOBAL: OnceLock<Cma> = OnceLock::new();
 impl Cma {
     /// A new context in the calling thread's network namespace. It owns a small tokio
     /// runtime (one worker thread, asleep in `epoll` unless netlink answers or host changes
-    /// arrive) for address resolution and the change watcher. Devices as
-    /// [`CmaConfig::from_env`] says (`RDMACM_DEVICES`; `EINVAL` if malformed).
+    /// arrive) for address resolution and the change watcher. Configured by
+    /// [`CmaConfig::from_env`] (`RDMACM_*`, `RDMA_SOFT_*`; `EINVAL` if malformed).
     pub fn new() -> Result<Cma> {
         Cma::with_config(CmaConfig::from_env()?)
     }
 
-    /// A new context with an explicit configuration (the environment is not read).
+    /// A new context with an explicit configuration (the environment is not read). Its
+    /// devices get `config.soft`; its process-wide settings (inspection, runtime directory)
+    /// become the process's unless a context or device set them before
+    /// ([`rdma_soft::SoftConfig::apply_process`]).
+    ///
+    /// ```no_run
+    /// use rdmacm::cm::{Cma, CmaConfig};
+    /// let cfg = CmaConfig::builder().devices("lo")?.async_driver(true).build();
+    /// let cma = Cma::with_config(cfg)?;
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
     pub fn with_config(config: CmaConfig) -> Result<Cma> {
+        config.soft.apply_process();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("rdmacm-netlink")
@@ -116,12 +127,24 @@ impl Cma {
         Ok(Cma { inner })
     }
 
-    /// The process-wide context, created on first use.
+    /// The process-wide context, created on first use ([`Cma::new`]: configured from the
+    /// environment) unless [`Cma::global_with`] made it first.
     pub fn global() -> Result<Cma> {
+        Cma::global_with(CmaConfig::from_env)
+    }
+
+    /// The process-wide context; when there is none yet, made with the configuration `config`
+    /// returns (a C library that builds its configuration its own way).
+    ///
+    /// ```no_run
+    /// let cma = rdmacm::cm::Cma::global_with(|| Ok(rdmacm::cm::CmaConfig::default()))?;
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
+    pub fn global_with(config: impl FnOnce() -> Result<CmaConfig>) -> Result<Cma> {
         if let Some(c) = GLOBAL.get() {
             return Ok(c.clone());
         }
-        let c = Cma::new()?;
+        let c = Cma::with_config(config()?)?;
         Ok(GLOBAL.get_or_init(|| c).clone())
     }
 
@@ -213,7 +236,7 @@ impl Cma {
     /// never seen are left out). Each refusal is also logged (`tracing`, target `rdmacm`).
     ///
     /// ```no_run
-    /// let cma = rdmacm::Cma::new()?;
+    /// let cma = rdmacm::cm::Cma::new()?;
     /// for (cause, n) in cma.reject_counts() {
     ///     println!("{n} refused: {cause}");
     /// }
@@ -240,7 +263,7 @@ impl Cma {
     /// above 31 or retries above 15.
     ///
     /// ```no_run
-    /// let cma = rdmacm::Cma::new()?;
+    /// let cma = rdmacm::cm::Cma::new()?;
     /// cma.set_cm_timeouts(14, 3)?; // ~0.6 s per try, 4 tries
     /// # Ok::<(), rdmacm::Error>(())
     /// ```

@@ -1,6 +1,10 @@
-//! Which netdevs get a software device (`RDMACM_DEVICES`, [`CmaConfig`]).
+//! The context's configuration ([`CmaConfig`]): which netdevs get a software device
+//! (`RDMACM_DEVICES`), the HA policy, the async driver, and the devices' own settings; its
+//! `from_env` is the one reader of the environment (docs/CONFIG.md).
 
 use crate::error::{Error, Result};
+use rdma_soft::SoftConfig;
+
 use crate::ha::{HaPolicy, HA_ENV};
 
 /// Which netdevs get a software device, and under which names: the `RDMACM_DEVICES`
@@ -15,34 +19,110 @@ use crate::ha::{HaPolicy, HA_ENV};
 /// one PD, MR and key space (docs/HA.md); an id on an address of any member gets it.
 ///
 /// ```
-/// let c = rdmacm::CmaConfig::parse_devices("ha0=h0+h1, lo").unwrap();
+/// let c = rdmacm::cm::CmaConfig::parse_devices("ha0=h0+h1, lo").unwrap();
 /// let d = c.devices.unwrap();
 /// assert_eq!((d[0].netdev.as_str(), d[0].name.as_deref()), ("h0", Some("ha0")));
 /// assert_eq!(d[0].more, ["h1"]);
 /// assert!(d[1].more.is_empty());
 /// // a netdev in two devices, or twice in one group
-/// assert!(rdmacm::CmaConfig::parse_devices("g=h0+h1,h1").is_err());
-/// assert!(rdmacm::CmaConfig::parse_devices("g=h0+h0").is_err());
+/// assert!(rdmacm::cm::CmaConfig::parse_devices("g=h0+h1,h1").is_err());
+/// assert!(rdmacm::cm::CmaConfig::parse_devices("g=h0+h0").is_err());
 /// ```
 ///
 /// ```
-/// let c = rdmacm::CmaConfig::parse_devices("lo=soft_lo, eth0").unwrap();
+/// let c = rdmacm::cm::CmaConfig::parse_devices("lo=soft_lo, eth0").unwrap();
 /// let d = c.devices.unwrap();
 /// assert_eq!((d[0].netdev.as_str(), d[0].name.as_deref()), ("lo", Some("soft_lo")));
 /// assert_eq!((d[1].netdev.as_str(), d[1].name.as_deref()), ("eth0", None));
-/// assert_eq!(rdmacm::CmaConfig::parse_devices("=x").unwrap_err().errno(), libc::EINVAL);
+/// assert_eq!(rdmacm::cm::CmaConfig::parse_devices("=x").unwrap_err().errno(), libc::EINVAL);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct CmaConfig {
     /// `None`: every netdev with an address, named after it. `Some`: only these.
     pub devices: Option<Vec<DeviceSpec>>,
     /// The HA policy every new id of the context starts with (`RDMACM_HA`; default
-    /// [`HaPolicy::Notify`]); [`crate::CmId::set_ha_policy`] changes one id's.
+    /// [`HaPolicy::Notify`]); [`crate::cm::CmId::set_ha_policy`] changes one id's.
     pub ha: HaPolicy,
     /// Under [`HaPolicy::Migrate`], stay on the alternate after a migration when the
     /// primary's port comes back (`RDMACM_HA_RETURN=stay`) instead of returning to it (the
     /// default, `return`). Either way the restored path is loaded as the new alternate.
     pub ha_stay: bool,
+    /// The async layer's runtime driver (`RDMACM_ASYNC_DRIVER`; default off): one tokio task
+    /// per device drives the device of the context's connections when its wire fd is
+    /// readable, and the engine leaves the device to it (taking it back within 2 ms from a
+    /// blocked runtime). Off, the progress engine drives every device and wakes a waiting
+    /// connection future directly. On a quiet 2-core machine the engine alone is a little
+    /// faster (docs/BENCHMARKS.md, "async wake-ups"); the driver helps when the cores are
+    /// busy.
+    pub async_driver: bool,
+    /// The software devices' configuration (`RDMA_SOFT_*`), carried down to every device
+    /// the context opens; its process-wide part is applied when the context is created.
+    pub soft: SoftConfig,
+}
+
+/// Builds a [`CmaConfig`]; starts from the defaults (nothing read from the environment).
+///
+/// ```
+/// use rdmacm::cm::{CmaConfig, HaPolicy};
+/// let soft = rdma_soft::SoftConfig::builder().host_local(false).build().unwrap();
+/// let cfg = CmaConfig::builder()
+///     .devices("lo")?
+///     .ha(HaPolicy::Align)
+///     .async_driver(true)
+///     .soft(soft)
+///     .build();
+/// assert_eq!(cfg.devices.unwrap()[0].netdev, "lo");
+/// assert!(cfg.async_driver && !cfg.soft.wire.host_local);
+/// # Ok::<(), rdmacm::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CmaConfigBuilder {
+    cfg: CmaConfig,
+}
+
+impl CmaConfigBuilder {
+    /// The devices, as an `RDMACM_DEVICES` value ([`CmaConfig::parse_devices`]; empty:
+    /// every netdev with an address).
+    pub fn devices(mut self, spec: &str) -> Result<Self> {
+        self.cfg.devices = CmaConfig::parse_devices(spec)?.devices;
+        Ok(self)
+    }
+
+    /// The devices, as values (`None`: every netdev with an address).
+    pub fn device_specs(mut self, specs: Option<Vec<DeviceSpec>>) -> Self {
+        self.cfg.devices = specs;
+        self
+    }
+
+    /// The HA policy of new ids ([`CmaConfig::ha`]).
+    pub fn ha(mut self, policy: HaPolicy) -> Self {
+        self.cfg.ha = policy;
+        self
+    }
+
+    /// Stay on the alternate after a migration ([`CmaConfig::ha_stay`]).
+    pub fn ha_stay(mut self, stay: bool) -> Self {
+        self.cfg.ha_stay = stay;
+        self
+    }
+
+    /// The async layer's runtime driver ([`CmaConfig::async_driver`]).
+    pub fn async_driver(mut self, on: bool) -> Self {
+        self.cfg.async_driver = on;
+        self
+    }
+
+    /// The software devices' configuration ([`CmaConfig::soft`]).
+    pub fn soft(mut self, soft: SoftConfig) -> Self {
+        self.cfg.soft = soft;
+        self
+    }
+
+    /// The configuration.
+    pub fn build(self) -> CmaConfig {
+        self.cfg
+    }
 }
 
 /// One entry of [`CmaConfig::devices`].
@@ -72,19 +152,62 @@ pub const DEVICES_ENV: &str = "RDMACM_DEVICES";
 /// The environment variable that sets [`CmaConfig::ha_stay`] (`stay` or `return`).
 pub const HA_RETURN_ENV: &str = "RDMACM_HA_RETURN";
 
+/// The environment variable that sets [`CmaConfig::async_driver`] (on or off).
+pub const DRIVER_ENV: &str = "RDMACM_ASYNC_DRIVER";
+
 impl CmaConfig {
-    /// The configuration from the environment: `RDMACM_DEVICES` (unset or empty: the
-    /// embedded default) and `RDMACM_HA` (`notify`, `align` or `migrate`; unset or empty:
-    /// `notify`). A malformed value is `EINVAL`, with a message naming the variable.
+    /// A builder starting from the defaults.
+    pub fn builder() -> CmaConfigBuilder {
+        CmaConfigBuilder::default()
+    }
+
+    /// A builder starting from this configuration.
+    pub fn into_builder(self) -> CmaConfigBuilder {
+        CmaConfigBuilder { cfg: self }
+    }
+
+    /// The configuration from the environment, the only place the library reads it
+    /// (docs/CONFIG.md has the table): `RDMACM_DEVICES` (unset or empty: the embedded
+    /// default), `RDMACM_HA` (`notify`, `align` or `migrate`; unset or empty: `notify`),
+    /// `RDMACM_HA_RETURN` (`stay` or `return`), `RDMACM_ASYNC_DRIVER` (on or off: `1`/`0`,
+    /// `on`/`off`, `true`/`false`, `yes`/`no`), and the software device's `RDMA_SOFT_*`
+    /// ([`SoftConfig::from_env`]). A malformed value is `EINVAL`, with a message naming the
+    /// variable.
     pub fn from_env() -> Result<CmaConfig> {
-        let mut c = match std::env::var(DEVICES_ENV) {
-            Ok(v) => CmaConfig::parse_devices(&v)?,
-            Err(_) => CmaConfig::default(),
+        CmaConfig::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`CmaConfig::from_env`] over any source of variables (a test's table, a C library's
+    /// own lookup).
+    ///
+    /// ```
+    /// use rdmacm::cm::{CmaConfig, HaPolicy};
+    /// let vars = [("RDMACM_HA", "align"), ("RDMACM_ASYNC_DRIVER", "on"), ("RDMA_SOFT_GRO", "off")];
+    /// let get = |n: &str| vars.iter().find(|v| v.0 == n).map(|v| v.1.into());
+    /// let c = CmaConfig::from_vars(get).unwrap();
+    /// assert_eq!(c.ha, HaPolicy::Align);
+    /// assert!(c.async_driver && !c.soft.wire.gro);
+    /// let bad = [("RDMACM_ASYNC_DRIVER", "sometimes")];
+    /// let e = CmaConfig::from_vars(|n| bad.iter().find(|v| v.0 == n).map(|v| v.1.into()));
+    /// assert!(e.unwrap_err().to_string().contains("RDMACM_ASYNC_DRIVER"));
+    /// ```
+    pub fn from_vars(get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<CmaConfig> {
+        let text = |var: &str| -> Result<Option<String>> {
+            get(var)
+                .map(|v| {
+                    v.into_string()
+                        .map_err(|_| Error::InvalidArgument(format!("{var}: not valid UTF-8")))
+                })
+                .transpose()
         };
-        if let Ok(v) = std::env::var(HA_ENV) {
+        let mut c = match text(DEVICES_ENV)? {
+            Some(v) => CmaConfig::parse_devices(&v)?,
+            None => CmaConfig::default(),
+        };
+        if let Some(v) = text(HA_ENV)? {
             c.ha = CmaConfig::parse_ha(&v)?;
         }
-        if let Ok(v) = std::env::var(HA_RETURN_ENV) {
+        if let Some(v) = text(HA_RETURN_ENV)? {
             c.ha_stay = match v.trim().to_ascii_lowercase().as_str() {
                 "" | "return" => false,
                 "stay" => true,
@@ -95,13 +218,23 @@ impl CmaConfig {
                 }
             };
         }
+        if let Some(v) = text(DRIVER_ENV)?.filter(|v| !v.trim().is_empty()) {
+            c.async_driver = rdma_soft::config::parse_switch(DRIVER_ENV, &v)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        }
+        c.soft = SoftConfig::from_vars(&get).map_err(|e| match e {
+            rdma_soft::Error::Config { .. } | rdma_soft::Error::FaultSpec { .. } => {
+                Error::InvalidArgument(e.to_string())
+            }
+            e => Error::Device(e),
+        })?;
         Ok(c)
     }
 
     /// Parses a `RDMACM_HA` value (empty: the default, `notify`); errors name the variable.
     ///
     /// ```
-    /// use rdmacm::{CmaConfig, HaPolicy};
+    /// use rdmacm::cm::{CmaConfig, HaPolicy};
     /// assert_eq!(CmaConfig::parse_ha("align").unwrap(), HaPolicy::Align);
     /// assert_eq!(CmaConfig::parse_ha("").unwrap(), HaPolicy::Notify);
     /// let e = CmaConfig::parse_ha("aligned").unwrap_err();

@@ -1,7 +1,7 @@
 //! The connection manager's counters: per id (what its connection sent and received,
 //! its events) and per context (the requests its listeners took or refused, by cause, and
 //! the CM agents' MAD counters). Shown by `rdma-soft resource show cm_id` and
-//! `rdma-soft statistic` (`crate::inspect`), and by [`crate::Cma::statistics`].
+//! `rdma-soft statistic` (`crate::inspect`), and by [`crate::cm::Cma::statistics`].
 
 use serde_json::{json, Value};
 
@@ -68,10 +68,10 @@ pub(crate) struct CmCounters {
     pub rejects: std::collections::BTreeMap<RejectCause, u64>,
 }
 
-/// A context's connection-manager statistics ([`crate::Cma::statistics`]).
+/// A context's connection-manager statistics ([`crate::cm::Cma::statistics`]).
 ///
 /// ```no_run
-/// let cma = rdmacm::Cma::new()?;
+/// let cma = rdmacm::cm::Cma::new()?;
 /// let s = cma.statistics();
 /// println!("{} taken, {} refused", s.requests_accepted, s.requests_refused());
 /// for (cause, n) in &s.refused {

@@ -118,7 +118,7 @@ impl Inner {
         }
     }
 
-    /// Under [`crate::HaPolicy::Align`], ends a connected id's connection when `reason`
+    /// Under [`crate::cm::HaPolicy::Align`], ends a connected id's connection when `reason`
     /// moved its path off its netdev: QP to ERR, DREQ (it leaves if any route still
     /// carries it; its retries end in nothing more for the id), DISCONNECTED with the
     /// policy's status. False (nothing done) otherwise.

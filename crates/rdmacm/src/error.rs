@@ -6,11 +6,11 @@ use std::net::IpAddr;
 /// but [`RejectCause::InvalidServiceId`] is REJ reason 28 ("consumer defined"), as Linux
 /// sends when its listener lookup fails, and [`RejectCause::BacklogFull`] is no answer at all
 /// (the requester retries). The server logs each refusal with its cause (`tracing`, target
-/// `rdmacm`, level `info`) and counts it ([`crate::Cma::reject_counts`]): "why was my connect
+/// `rdmacm`, level `info`) and counts it ([`crate::cm::Cma::reject_counts`]): "why was my connect
 /// rejected" is answered on the server.
 ///
 /// ```
-/// use rdmacm::RejectCause;
+/// use rdmacm::cm::RejectCause;
 /// assert_eq!(RejectCause::NoListenerForAddress.wire_reason(), Some(28));
 /// assert_eq!(RejectCause::BacklogFull.wire_reason(), None);
 /// assert!(RejectCause::NotOnReverseRoute.to_string().contains("reverse route"));
@@ -60,7 +60,7 @@ impl RejectCause {
     /// A short name for counters: `no_listener_for_address` etc.
     ///
     /// ```
-    /// assert_eq!(rdmacm::RejectCause::BacklogFull.name(), "backlog_full");
+    /// assert_eq!(rdmacm::cm::RejectCause::BacklogFull.name(), "backlog_full");
     /// ```
     pub fn name(self) -> &'static str {
         match self {
@@ -220,7 +220,8 @@ impl Error {
     /// The positive errno for this error.
     ///
     /// ```
-    /// use rdmacm::{Error, RejectCause};
+    /// use rdmacm::Error;
+    /// use rdmacm::cm::RejectCause;
     /// assert_eq!(Error::Rejected(RejectCause::NotOnReverseRoute).errno(), libc::EHOSTUNREACH);
     /// assert_eq!(Error::InvalidArgument("x".into()).errno(), libc::EINVAL);
     /// ```
@@ -293,7 +294,8 @@ impl From<rdma_proto::cm::CmError> for Error {
 /// Why a [`crate::Connection`] closed ([`crate::Connection::closed`], [`Error::Closed`]).
 ///
 /// ```
-/// use rdmacm::{CloseReason, WcStatus};
+/// use rdmacm::CloseReason;
+/// use rdmacm::verbs::WcStatus;
 /// let why = CloseReason::Failed(WcStatus::RetryExcErr);
 /// assert!(why.to_string().contains("retry"), "{why}");
 /// ```
@@ -309,12 +311,12 @@ pub enum CloseReason {
     /// A work request completed with an error (the QP is in Err).
     Failed(rdma_soft::verbs::WcStatus),
     /// The CM reported this event (UNREACHABLE, CONNECT_ERROR, DEVICE_REMOVAL).
-    Event(crate::EventType),
+    Event(crate::cm::EventType),
     /// The device refused a post (e.g. the QP was destroyed).
     PostFailed(String),
     /// The CM ended the connection because its path moved off its netdev (HA policy
-    /// [`crate::HaPolicy::Align`]): `status` is the DISCONNECTED event's,
-    /// [`crate::ALIGN_PATH_MOVED`] or [`crate::ALIGN_ADDR_GONE`].
+    /// [`crate::cm::HaPolicy::Align`]): `status` is the DISCONNECTED event's,
+    /// [`crate::cm::ALIGN_PATH_MOVED`] or [`crate::cm::ALIGN_ADDR_GONE`].
     /// [`crate::Connection::reconnect`] makes a new connection on the new path.
     PathMoved {
         /// The DISCONNECTED status (a negative errno).
@@ -350,9 +352,9 @@ impl std::fmt::Display for CloseReason {
 /// name, with what it usually means for an rdma_cm application.
 ///
 /// ```
-/// let t = rdmacm::reject_reason_text(28);
+/// let t = rdmacm::cm::reject_reason_text(28);
 /// assert!(t.starts_with("28 consumer defined"), "{t}");
-/// assert!(rdmacm::reject_reason_text(34).starts_with("34"));
+/// assert!(rdmacm::cm::reject_reason_text(34).starts_with("34"));
 /// ```
 pub fn reject_reason_text(reason: u16) -> String {
     let (name, meaning) = match reason {

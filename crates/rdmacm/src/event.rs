@@ -11,7 +11,7 @@ use crate::slot::IdNum;
 /// destroying its id waits until then.
 ///
 /// ```no_run
-/// # fn f(ch: &rdmacm::EventChannel) -> rdmacm::Result<()> {
+/// # fn f(ch: &rdmacm::cm::EventChannel) -> rdmacm::Result<()> {
 /// let ev = ch.get_event()?;
 /// println!("{} status {} on id {}", ev.kind(), ev.status(), ev.id_num());
 /// drop(ev); // ack
@@ -49,19 +49,19 @@ impl Event {
         self.ev.status
     }
 
-    /// The number of the id the event is about ([`CmId::num`](crate::CmId::num)); for CONNECT_REQUEST the
+    /// The number of the id the event is about ([`CmId::num`](crate::cm::CmId::num)); for CONNECT_REQUEST the
     /// new id's.
     pub fn id_num(&self) -> u64 {
         self.ev.id
     }
 
-    /// The context set with [`CmId::set_context`](crate::CmId::set_context) on the id (for CONNECT_REQUEST: the
+    /// The context set with [`CmId::set_context`](crate::cm::CmId::set_context) on the id (for CONNECT_REQUEST: the
     /// listener's).
     pub fn context(&self) -> u64 {
         self.context
     }
 
-    /// The listener of a CONNECT_REQUEST (its [`CmId::num`](crate::CmId::num)).
+    /// The listener of a CONNECT_REQUEST (its [`CmId::num`](crate::cm::CmId::num)).
     pub fn listen_id(&self) -> Option<u64> {
         self.ev.listen_id
     }
@@ -83,8 +83,8 @@ impl Event {
     }
 
     /// The join a MULTICAST_JOIN or MULTICAST_ERROR is about: group, context, address
-    /// handle attributes ([`crate::CmId::join_multicast`]).
-    pub fn mcast(&self) -> Option<&crate::McastJoined> {
+    /// handle attributes ([`crate::cm::CmId::join_multicast`]).
+    pub fn mcast(&self) -> Option<&crate::cm::McastJoined> {
         self.ev.mc.as_deref()
     }
 

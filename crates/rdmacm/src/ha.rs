@@ -7,11 +7,11 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 use crate::watch::ChangeReason;
 
-/// The environment variable [`crate::CmaConfig::from_env`] reads for the default policy.
+/// The environment variable [`crate::cm::CmaConfig::from_env`] reads for the default policy.
 pub const HA_ENV: &str = "RDMACM_HA";
 
-/// What the CM does when the path of a connected RC id changes ([`crate::CmId::set_ha_policy`],
-/// [`crate::CmOption::HaPolicy`], `RDMACM_HA`).
+/// What the CM does when the path of a connected RC id changes ([`crate::cm::CmId::set_ha_policy`],
+/// [`crate::cm::CmOption::HaPolicy`], `RDMACM_HA`).
 ///
 /// - [`HaPolicy::Notify`] (the default): an ADDR_CHANGE event, nothing torn down.
 /// - [`HaPolicy::Align`]: when the path's netdev moves (the route to the peer now leaves
@@ -34,7 +34,7 @@ pub const HA_ENV: &str = "RDMACM_HA";
 ///   group, the same device). See docs/HA.md.
 ///
 /// ```
-/// use rdmacm::HaPolicy;
+/// use rdmacm::cm::HaPolicy;
 /// assert_eq!("align".parse::<HaPolicy>().unwrap(), HaPolicy::Align);
 /// assert_eq!(HaPolicy::parse(" Notify ").unwrap(), HaPolicy::Notify);
 /// assert_eq!(HaPolicy::parse("migrate").unwrap(), HaPolicy::Migrate);
@@ -90,7 +90,8 @@ impl HaPolicy {
     /// ADDR_CHANGE.
     ///
     /// ```
-    /// use rdmacm::{ChangeReason, HaPolicy};
+    /// use rdmacm::host::ChangeReason;
+    /// use rdmacm::cm::HaPolicy;
     /// let moved = ChangeReason::RouteChanged { netdev: Some(3), gateway: None };
     /// assert_eq!(HaPolicy::Align.ends(&moved, 2), Some(-libc::ENETUNREACH));
     /// assert_eq!(HaPolicy::Align.ends(&moved, 3), None); // same netdev, new gateway

@@ -1,5 +1,5 @@
 //! A connection request between its arrival and its route lookup. The passive side's path
-//! needs netlink ([`crate::Resolver::accept_path`]); that runs without the context's lock,
+//! needs netlink ([`crate::host::Resolver::accept_path`]); that runs without the context's lock,
 //! so a request that passed the listener checks is held here (one per device: the device's
 //! later CM events wait behind it, in order) while the CM engine looks its path up, and is
 //! finished under the lock again (`listen::finish_held`).
@@ -75,7 +75,7 @@ impl HoldShared {
     }
 }
 
-/// Test hook ([`crate::Cma::hold_passive_lookups`]): the next passive route lookups stop,
+/// Test hook ([`crate::cm::Cma::hold_passive_lookups`]): the next passive route lookups stop,
 /// with the context's lock released, until [`LookupHold::release`] (or the guard's drop).
 /// Not for applications.
 pub struct LookupHold {

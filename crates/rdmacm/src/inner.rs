@@ -1,4 +1,4 @@
-//! The shared state of a context ([`crate::Cma`]): the lock over the id table, devices and
+//! The shared state of a context ([`crate::cm::Cma`]): the lock over the id table, devices and
 //! channels, the resolver's runtime, the watcher's queues, the engine registration.
 
 use crate::bridge::run_on;
@@ -40,7 +40,7 @@ pub(crate) struct Inner {
     pub(crate) netns: Option<crate::netns::NetNs>,
     /// Tests only ([`Cma::pause_progress`]): the engine leaves the CM alone.
     pub(crate) paused: std::sync::atomic::AtomicBool,
-    /// Tests only ([`crate::Cma::hold_passive_lookups`]): passive route lookups wait here.
+    /// Tests only ([`crate::cm::Cma::hold_passive_lookups`]): passive route lookups wait here.
     pub(crate) lookup_hold: Mutex<Option<Arc<crate::held::HoldShared>>>,
     /// The inspection providers of the ids and the statistics (`crate::inspect`; dropped
     /// first).
@@ -151,7 +151,7 @@ pub(crate) fn watch_id(key: u64) -> (IdNum, u16) {
     (key & ((1 << 48) - 1), (key >> 48) as u16)
 }
 
-/// An id as the CM's internals take it: its context and number (what a [`crate::CmId`]
+/// An id as the CM's internals take it: its context and number (what a [`crate::cm::CmId`]
 /// holds), so that the CM never depends on the public handle type.
 #[derive(Clone, Copy)]
 pub(crate) struct IdRef<'a> {

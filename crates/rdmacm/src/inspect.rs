@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::cm::PortSpace;
 use crate::counters::CmStatistics;
 use crate::inner::Inner;
 use crate::slot::QpKind;
 use crate::state::State;
-use crate::PortSpace;
 
 /// Registers the context's ids under `"cm_ids"` and its statistics under `"cm"`. Store the
 /// providers in `inner` and drop them first in `Inner`'s drop.

@@ -8,19 +8,19 @@
 //!
 //! # Connection manager
 //!
-//! * [`Cma`]: the process-wide context (devices, CM agents, ports, ids), driven by the
+//! * [`Cma`](cm::Cma): the process-wide context (devices, CM agents, ports, ids), driven by the
 //!   process's progress engine (one thread asleep in `epoll`; no application call is
 //!   needed for the CM to answer its peers).
-//!   Its counters: [`Cma::statistics`] ([`CmStatistics`]: requests taken, refused by
-//!   [`RejectCause`], MADs dropped), and per id in the inspection view
+//!   Its counters: [`Cma::statistics`](cm::Cma::statistics) ([`CmStatistics`](cm::CmStatistics): requests taken, refused by
+//!   [`RejectCause`](cm::RejectCause), MADs dropped), and per id in the inspection view
 //!   (`rdma-soft resource show cm_id`; `docs/INSPECT.md`).
-//! * [`EventChannel`]: blocking [`EventChannel::get_event`], its fd, async
-//!   [`EventChannel::next_event`]. [`Event`]: [`EventType`] (Display = `rdma_event_str`),
+//! * [`EventChannel`](cm::EventChannel): blocking [`EventChannel::get_event`](cm::EventChannel::get_event), its fd, async
+//!   [`EventChannel::next_event`](cm::EventChannel::next_event). [`Event`](cm::Event): [`EventType`](cm::EventType) (Display = `rdma_event_str`),
 //!   status, private data; dropping it acknowledges it.
-//! * [`CmId`]: [`IdState`] machine, [`CmId::bind_addr`], [`CmId::resolve_addr`],
-//!   [`CmId::resolve_route`], [`CmId::listen`], [`CmId::create_qp`], [`CmId::connect`],
-//!   [`CmId::accept`], [`CmId::reject`], [`CmId::disconnect`], [`CmId::establish`],
-//!   [`CmId::migrate`], [`CmId::set_option`], address / device getters.
+//! * [`CmId`](cm::CmId): [`IdState`](cm::IdState) machine, [`CmId::bind_addr`](cm::CmId::bind_addr), [`CmId::resolve_addr`](cm::CmId::resolve_addr),
+//!   [`CmId::resolve_route`](cm::CmId::resolve_route), [`CmId::listen`](cm::CmId::listen), [`CmId::create_qp`](cm::CmId::create_qp), [`CmId::connect`](cm::CmId::connect),
+//!   [`CmId::accept`](cm::CmId::accept), [`CmId::reject`](cm::CmId::reject), [`CmId::disconnect`](cm::CmId::disconnect), [`CmId::establish`](cm::CmId::establish),
+//!   [`CmId::migrate`](cm::CmId::migrate), [`CmId::set_option`](cm::CmId::set_option), address / device getters.
 //! * Async (tokio; `docs/ASYNC.md` walks through it with runnable examples): [`Listener`],
 //!   [`Connection`] (messages: [`Connection::send`], [`Connection::recv`]; a byte stream:
 //!   [`RdmaStream`]; no-copy [`Buf`]s: [`Connection::send_buf`], [`Connection::write_buf`],
@@ -46,7 +46,7 @@
 //!     conn.closed().await;                              // the client is done
 //!     Ok::<_, rdmacm::Error>((hello, mr.to_vec()))
 //! });
-//! let opts = ConnectOptions { src: Some("127.0.64.9:0".parse().unwrap()), ..Default::default() };
+//! let opts = ConnectOptions::new().src("127.0.64.9:0".parse().unwrap());
 //! let conn = Connection::connect(addr, opts).await?;
 //! let remote = RemoteBuf::from_bytes(&conn.recv().await?).expect("16 bytes");
 //! conn.write(&remote, b"written by the client").await?;  // one-sided, completes when placed
@@ -60,7 +60,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+//! use rdmacm::cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 //! # fn f() -> rdmacm::Result<()> {
 //! let ch = EventChannel::new()?;
 //! let id = CmId::new(&ch, PortSpace::Tcp)?;
@@ -80,31 +80,31 @@
 //! its neighbour resolution in the call; DISCONNECTED is still reported after DEVICE_REMOVAL; `Event::take_id` acknowledges the
 //! CONNECT_REQUEST for the new id; any
 //! 127.0.0.0/8 address is usable through the `lo` device; CM timeouts are settable
-//! ([`Cma::set_cm_timeouts`]).
+//! ([`Cma::set_cm_timeouts`](cm::Cma::set_cm_timeouts)).
 //!
 //! Devices: one per netdev that has an address, `lo` included, named after it
-//! ([`Cma::device_list`]); `RDMACM_DEVICES` or [`CmaConfig`] restricts and renames them.
+//! ([`Cma::device_list`](cm::Cma::device_list)); `RDMACM_DEVICES` or [`CmaConfig`](cm::CmaConfig) restricts and renames them.
 //! Their GID tables follow the host's addresses, and wildcard listeners follow new
 //! devices.
 //!
 //! # Resolution layer
 //!
-//! * [`Resolver::bind`]: a specific address binds the netdev holding it; a wildcard binds
+//! * [`Resolver::bind`](host::Resolver::bind): a specific address binds the netdev holding it; a wildcard binds
 //!   none; link-local addresses need a scope id, which selects the netdev.
-//! * [`Resolver::resolve_addr`]: the full-tuple route lookup, loopback connections, the
-//!   fail-fast rule for bound ids, neighbour resolution → [`ResolvedAddr`].
-//! * [`Resolver::resolve_route`]: the RoCE path computed locally → [`RocePath`].
-//! * [`Resolver::accept_path`]: the passive side's path from where a request arrived, or a
+//! * [`Resolver::resolve_addr`](host::Resolver::resolve_addr): the full-tuple route lookup, loopback connections, the
+//!   fail-fast rule for bound ids, neighbour resolution → [`ResolvedAddr`](host::ResolvedAddr).
+//! * [`Resolver::resolve_route`](host::Resolver::resolve_route): the RoCE path computed locally → [`RocePath`](host::RocePath).
+//! * [`Resolver::accept_path`](host::Resolver::accept_path): the passive side's path from where a request arrived, or a
 //!   rejection ([`Error::Rejected`], REJ reason 28).
-//! * [`Watcher`]: per-id [`Notification`]s (ADDR_CHANGE / DEVICE_REMOVAL) from host changes.
-//! * [`PortTables`]: per-port-space bind tables with rdma_cm's conflict rules.
-//! * [`BlockingResolver`]: the same for blocking callers.
+//! * [`Watcher`](host::Watcher): per-id [`Notification`](host::Notification)s (ADDR_CHANGE / DEVICE_REMOVAL) from host changes.
+//! * `PortTables`: per-port-space bind tables with rdma_cm's conflict rules.
+//! * [`BlockingResolver`](host::BlockingResolver): the same for blocking callers.
 //! * [`Error`]: typed errors; [`Error::errno`] is the errno rdma_cm would give.
 //!
 //! ```no_run
 //! # async fn f() -> rdmacm::Result<()> {
 //! use std::time::Duration;
-//! use rdmacm::{Resolver, RouteParams};
+//! use rdmacm::host::{Resolver, RouteParams};
 //! let r = Resolver::new()?;
 //! let bound = r.bind(&"192.0.2.1".parse()?).await?;
 //! let oif = bound.netdev.as_ref().map(|n| n.index);
@@ -142,26 +142,26 @@
 //!
 //! | decision | API | tests (`crates/rdmacm/tests/`) |
 //! | --- | --- | --- |
-//! | An address belongs to the host; a device's GID table holds its netdev's addresses | [`Resolver::gid_table`], [`Gid`] | `gid_table_holds_netdev_addresses_ipv4_mapped` |
-//! | bind: specific → its netdev; wildcard → none; loopback → `lo`; link-local needs scope | [`Resolver::bind`] | `bind_specific_address_binds_its_netdev`, `bind_address_held_by_no_netdev_is_eaddrnotavail`, `wildcard_bind_binds_no_device`, `loopback_bind_binds_the_device_on_lo`, `link_local_bind_needs_scope_and_scope_selects_netdev` |
-//! | specific listener gets its address only, wildcard gets all | [`Binding::accepts`] | `specific_listener_gets_only_its_address_wildcard_gets_all` |
-//! | resolve_addr: full-tuple lookup, neighbour with the caller's timeout | [`Resolver::resolve_addr`] | `resolve_uses_full_tuple_route_lookup`, `routed_path_through_gateway_resolves_gateway_mac`, `neighbour_timeout_is_etimedout` |
-//! | local route through `lo` is a loopback connection (seed 001) | [`Resolver::resolve_addr`] | `local_route_through_lo_is_loopback_seed_001` |
-//! | bound netdev without a route: EHOSTUNREACH at once | [`Resolver::resolve_addr`] | `bound_netdev_without_route_fails_fast_ehostunreach`, `bound_netdev_constrains_lookup_two_nics_same_subnet` |
-//! | 127.0.0.0/8 and ::1 through `lo` | [`Resolver::resolve_addr`] | `loopback_127_and_ipv6_1_resolve_through_lo` |
-//! | link-local needs a scope id, which selects the netdev | [`Resolver::resolve_addr`] | `link_local_without_scope_is_einval`, `link_local_scope_selects_the_netdev` |
-//! | RoCE route computed locally | [`Resolver::resolve_route`], [`RocePath`] | `resolve_route_computes_roce_path_locally` (+ unit tests) |
-//! | passive side: path from the arrival netdev; REJ 28 when down / not on the reverse route | [`Resolver::accept_path`] | `passive_side_path_from_arrival_netdev_without_neighbour`, `passive_side_rejects_arrival_netdev_down`, `passive_side_rejects_not_on_reverse_route`, `passive_side_accepts_loopback_peer` |
-//! | routing changes: ADDR_CHANGE / DEVICE_REMOVAL hints, sticky ids | [`Watcher`] | `addr_change_on_route_replace`, `addr_change_on_neighbour_mac_change`, `addr_change_when_source_address_removed`, `addr_change_when_netdev_goes_down`, `addr_change_when_local_mac_changes`, `device_removal_when_netdev_deleted`, `recheck_after_lost_notifications_finds_changes` |
-//! | port spaces (section (a).6) | [`PortTables`] | unit tests in `ports.rs` |
+//! | An address belongs to the host; a device's GID table holds its netdev's addresses | [`Resolver::gid_table`](host::Resolver::gid_table), [`Gid`](host::Gid) | `gid_table_holds_netdev_addresses_ipv4_mapped` |
+//! | bind: specific → its netdev; wildcard → none; loopback → `lo`; link-local needs scope | [`Resolver::bind`](host::Resolver::bind) | `bind_specific_address_binds_its_netdev`, `bind_address_held_by_no_netdev_is_eaddrnotavail`, `wildcard_bind_binds_no_device`, `loopback_bind_binds_the_device_on_lo`, `link_local_bind_needs_scope_and_scope_selects_netdev` |
+//! | specific listener gets its address only, wildcard gets all | [`Binding::accepts`](host::Binding::accepts) | `specific_listener_gets_only_its_address_wildcard_gets_all` |
+//! | resolve_addr: full-tuple lookup, neighbour with the caller's timeout | [`Resolver::resolve_addr`](host::Resolver::resolve_addr) | `resolve_uses_full_tuple_route_lookup`, `routed_path_through_gateway_resolves_gateway_mac`, `neighbour_timeout_is_etimedout` |
+//! | local route through `lo` is a loopback connection (seed 001) | [`Resolver::resolve_addr`](host::Resolver::resolve_addr) | `local_route_through_lo_is_loopback_seed_001` |
+//! | bound netdev without a route: EHOSTUNREACH at once | [`Resolver::resolve_addr`](host::Resolver::resolve_addr) | `bound_netdev_without_route_fails_fast_ehostunreach`, `bound_netdev_constrains_lookup_two_nics_same_subnet` |
+//! | 127.0.0.0/8 and ::1 through `lo` | [`Resolver::resolve_addr`](host::Resolver::resolve_addr) | `loopback_127_and_ipv6_1_resolve_through_lo` |
+//! | link-local needs a scope id, which selects the netdev | [`Resolver::resolve_addr`](host::Resolver::resolve_addr) | `link_local_without_scope_is_einval`, `link_local_scope_selects_the_netdev` |
+//! | RoCE route computed locally | [`Resolver::resolve_route`](host::Resolver::resolve_route), [`RocePath`](host::RocePath) | `resolve_route_computes_roce_path_locally` (+ unit tests) |
+//! | passive side: path from the arrival netdev; REJ 28 when down / not on the reverse route | [`Resolver::accept_path`](host::Resolver::accept_path) | `passive_side_path_from_arrival_netdev_without_neighbour`, `passive_side_rejects_arrival_netdev_down`, `passive_side_rejects_not_on_reverse_route`, `passive_side_accepts_loopback_peer` |
+//! | routing changes: ADDR_CHANGE / DEVICE_REMOVAL hints, sticky ids | [`Watcher`](host::Watcher) | `addr_change_on_route_replace`, `addr_change_on_neighbour_mac_change`, `addr_change_when_source_address_removed`, `addr_change_when_netdev_goes_down`, `addr_change_when_local_mac_changes`, `device_removal_when_netdev_deleted`, `recheck_after_lost_notifications_finds_changes` |
+//! | port spaces (section (a).6) | `PortTables` | unit tests in `ports.rs` |
 //!
-//! | connect / accept / reject / disconnect, events | [`CmId`], [`EventChannel`] | `cm_loopback.rs`, `cm_hosts.rs` (`two_hosts_connect_accept_reject_disconnect_both_directions`) |
-//! | bind / resolve rows through the CM | [`CmId::bind_addr`], [`CmId::resolve_addr`] | `cm_seeds.rs` (`loopback_127_0_0_1_and_ipv6_1_connect_through_the_device_on_lo`, `link_local_without_scope_is_einval_and_rolls_back`, `wildcard_bind_binds_no_device_specific_binds_lo`), `cm_hosts.rs` (`cm_bound_netdev_without_route_fails_fast_ehostunreach`, `listener_on_specific_address_only_accepts_that_address`) |
-//! | sticky connections: changes are hints, a vanished peer times out | [`EventType::AddrChange`], [`EventType::DeviceRemoval`] | `peer_vanishes_gives_unreachable_or_disconnected_never_a_hang` |
+//! | connect / accept / reject / disconnect, events | [`CmId`](cm::CmId), [`EventChannel`](cm::EventChannel) | `cm_loopback.rs`, `cm_hosts.rs` (`two_hosts_connect_accept_reject_disconnect_both_directions`) |
+//! | bind / resolve rows through the CM | [`CmId::bind_addr`](cm::CmId::bind_addr), [`CmId::resolve_addr`](cm::CmId::resolve_addr) | `cm_seeds.rs` (`loopback_127_0_0_1_and_ipv6_1_connect_through_the_device_on_lo`, `link_local_without_scope_is_einval_and_rolls_back`, `wildcard_bind_binds_no_device_specific_binds_lo`), `cm_hosts.rs` (`cm_bound_netdev_without_route_fails_fast_ehostunreach`, `listener_on_specific_address_only_accepts_that_address`) |
+//! | sticky connections: changes are hints, a vanished peer times out | [`EventType::AddrChange`](cm::EventType::AddrChange), [`EventType::DeviceRemoval`](cm::EventType::DeviceRemoval) | `peer_vanishes_gives_unreachable_or_disconnected_never_a_hang` |
 //! | scale, backlog, timewait, async | [`Listener`], [`Connection`] | `cm_many.rs`, `two_hosts_many_connections` (`RDMA_CM_CONNS`) |
 //! | async data path: messages with credits, one-sided WRITE/READ, TCP-like teardown, error text | [`Connection::send`], [`Connection::recv`], [`Connection::write`], [`Connection::read`], [`RemoteBuf`], [`Connection::closed`], [`Connection::disconnect`], [`CloseReason`] | `async_data.rs`, README's async echo (a doctest) |
 //! | async byte stream, owned buffers, setup hooks, completion stream, connect errors | [`RdmaStream`], [`Buf`], [`BufPool`], [`Incoming`], [`Resolved`], [`Setup`], [`CompletionStream`], [`ConnectOptions::connect_timeout`] | `async_stream.rs`, `async_owned.rs`, `async_setup.rs`, `async_completions.rs`, `async_errors.rs`, docs/ASYNC.md (doctests) |
-//! | SIDR, hostile MADs | [`CmId::connect`] (UDP port space) | `udp_port_space_resolves_peer_qpn_and_qkey_with_sidr`, `hostile_mads_change_no_connection` |
+//! | SIDR, hostile MADs | [`CmId::connect`](cm::CmId::connect) (UDP port space) | `udp_port_space_resolves_peer_qpn_and_qkey_with_sidr`, `hostile_mads_change_no_connection` |
 //!
 //! Namespace tests need root and print `SKIPPED` otherwise.
 
@@ -190,6 +190,7 @@ mod inspect;
 mod lap;
 mod listen;
 mod local_wire;
+mod mad_out;
 mod mc_events;
 mod mcast;
 mod migrate;
@@ -204,29 +205,79 @@ mod route;
 mod slot;
 mod state;
 mod watch;
+mod watch_task;
 
 pub use async_api::{
-    set_runtime_driver, AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection,
-    Datagram, Incoming, Listener, Multicast, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup,
+    AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Datagram, Incoming,
+    Listener, ListenerBuilder, Multicast, RdmaStream, Reconnected, RemoteBuf, Resolved, Setup,
     CONTROL_WINDOW, DISCONNECT_WAIT, MAX_MESSAGE, MAX_RDMA_OPS, MAX_REP_PRIVATE_DATA,
     MAX_REQ_PRIVATE_DATA, WINDOW,
 };
-pub use channel::{EventChannel, EventStream};
-pub use cma::Cma;
-#[doc(hidden)]
-pub use cma::PauseGuard;
-pub use config::{CmaConfig, DeviceSpec, DEVICES_ENV, HA_RETURN_ENV};
-pub use connect::RDMA_UDP_QKEY;
-pub use counters::CmStatistics;
-pub use event::Event;
-pub use ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
-#[doc(hidden)]
-pub use held::LookupHold;
-pub use id::{CmId, CmOption};
-pub use mcast::McJoinFlags;
-pub use params::{ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN};
-/// The software device's verbs objects and vocabulary, as [`Connection`] and [`CmId`] hand
-/// them out (so an application needs no dependency on `rdma-soft` itself).
+pub use error::{CloseReason, Error, Result};
+
+/// The rdma_cm model, as librdmacm users know it: the context ([`cm::Cma`], configured by
+/// [`cm::CmaConfig`]), event channels and events, ids and their states, connection parameters,
+/// port spaces, HA policies and the CM's counters.
+///
+/// ```no_run
+/// use rdmacm::cm::{CmId, EventChannel, EventType, PortSpace};
+/// let ch = EventChannel::new()?;
+/// let id = CmId::new(&ch, PortSpace::Tcp)?;
+/// id.resolve_addr(None, "127.0.0.1:7471".parse().unwrap(), std::time::Duration::from_secs(2))?;
+/// assert_eq!(ch.get_event()?.kind(), EventType::AddrResolved);
+/// # Ok::<(), rdmacm::Error>(())
+/// ```
+pub mod cm {
+    pub use crate::cma::Cma;
+    #[doc(hidden)]
+    pub use crate::cma::PauseGuard;
+    pub use crate::config::{
+        CmaConfig, CmaConfigBuilder, DeviceSpec, DEVICES_ENV, DRIVER_ENV, HA_RETURN_ENV,
+    };
+    pub use crate::connect::RDMA_UDP_QKEY;
+    pub use crate::counters::CmStatistics;
+    pub use crate::error::{reject_reason_text, RejectCause};
+    pub use crate::event::Event;
+    pub use crate::ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
+    #[doc(hidden)]
+    pub use crate::held::LookupHold;
+    pub use crate::id::{CmId, CmOption};
+    pub use crate::mcast::McJoinFlags;
+    pub use crate::params::{
+        ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN,
+    };
+    pub use crate::ports::PortSpace;
+    pub use crate::slot::{IdState, QpKind};
+    pub use crate::{channel::EventChannel, channel::EventStream};
+}
+
+/// The layer under the CM: how an address picks a netdev and a path from the host's real
+/// network state (the [`host::Resolver`] and its blocking twin, the change
+/// [`host::Watcher`]), and the
+/// values it answers with. The CM uses it; tools and tests that look at resolution itself
+/// may too.
+///
+/// ```no_run
+/// use rdmacm::host::BlockingResolver;
+/// let r = BlockingResolver::new()?;
+/// let bound = r.bind(&"127.0.0.1".parse().unwrap())?;
+/// assert_eq!(bound.netdev.unwrap().name, "lo");
+/// # Ok::<(), rdmacm::Error>(())
+/// ```
+pub mod host {
+    pub use crate::addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
+    pub use crate::blocking::BlockingResolver;
+    pub use crate::resolve::{Binding, GidEntry, Netdev, ResolvedAddr, Resolver, RouteQuery};
+    pub use crate::route::{
+        flow_label, IbMtu, RocePath, RouteParams, DEFAULT_PACKET_LIFETIME, ROCE_HEADROOM,
+        ROCE_UDP_SPORT_MIN,
+    };
+    pub use crate::watch::{ChangeReason, Notification, WatchId, WatchKey, Watcher};
+    pub use rdma_hostview::MacAddr;
+}
+
+/// The software device's verbs objects and vocabulary, as [`Connection`] and
+/// [`cm::CmId`] hand them out (so an application needs no dependency on `rdma-soft` itself).
 ///
 /// ```
 /// use rdmacm::verbs::{AccessFlags, QpState, WcStatus};
@@ -235,25 +286,6 @@ pub use params::{ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MUL
 /// assert_ne!(QpState::Rts, QpState::Err);
 /// ```
 pub use rdma_soft::verbs;
-pub use rdma_soft::verbs::{
-    AccessFlags, Completion, CompletionChannel, CompletionQueue, Device, MemoryRegion,
-    ProtectionDomain, QpCap, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-};
-pub use slot::{IdState, QpKind};
-
-pub use addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
-pub use blocking::BlockingResolver;
-pub use error::{reject_reason_text, CloseReason, Error, RejectCause, Result};
-pub use ports::{
-    read_local_port_range, BindHandle, BindRequest, PortConfig, PortSpace, PortTables,
-};
-pub use rdma_hostview::MacAddr;
-pub use resolve::{Binding, GidEntry, Netdev, ResolvedAddr, Resolver, RouteQuery};
-pub use route::{
-    flow_label, flow_label_to_udp_sport, IbMtu, RocePath, RouteParams, DEFAULT_PACKET_LIFETIME,
-    ROCE_HEADROOM, ROCE_UDP_SPORT_MIN,
-};
-pub use watch::{ChangeReason, Notification, WatchId, WatchKey, Watcher};
 
 #[cfg(test)]
 mod tests {
@@ -262,16 +294,16 @@ mod tests {
 
     #[test]
     fn handles_cross_threads() {
-        send_sync::<crate::Resolver>();
-        send_sync::<crate::ResolvedAddr>();
-        send_sync::<crate::PortTables>();
+        send_sync::<crate::host::Resolver>();
+        send_sync::<crate::host::ResolvedAddr>();
+        send_sync::<crate::ports::PortTables>();
         send_sync::<crate::Error>();
-        send::<crate::Watcher>();
-        send::<crate::BlockingResolver>();
-        send_sync::<crate::Cma>();
-        send_sync::<crate::CmId>();
-        send_sync::<crate::EventChannel>();
-        send::<crate::Event>();
+        send::<crate::host::Watcher>();
+        send::<crate::host::BlockingResolver>();
+        send_sync::<crate::cm::Cma>();
+        send_sync::<crate::cm::CmId>();
+        send_sync::<crate::cm::EventChannel>();
+        send::<crate::cm::Event>();
         send_sync::<crate::Connection>();
         send_sync::<crate::Listener>();
     }
@@ -281,3 +313,8 @@ mod tests {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// docs/CONFIG.md's code blocks, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/CONFIG.md")]
+struct ConfigDoctests;

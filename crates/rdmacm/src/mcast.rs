@@ -7,7 +7,7 @@
 //! to it ([`rdma_soft::verbs::QueuePair::attach_mcast`]: the device's socket joins the
 //! group, so the kernel sends the IGMP / MLD report) unless the join is send-only. The
 //! MULTICAST_JOIN event carries `ud.qp_num` 0xFFFFFF, `ud.qkey` `RDMA_UDP_QKEY` and the
-//! address handle attributes to send to the group ([`crate::McastJoined::ah_attr`]); a join the
+//! address handle attributes to send to the group ([`crate::cm::McastJoined::ah_attr`]); a join the
 //! device refuses, or a group lost later (the netdev went down, the source address went
 //! away), is MULTICAST_ERROR. IPv6 groups work too (Linux refuses them on RoCEv2 with
 //! `ENOTSUPP`). See `docs/CM.md`, "Multicast".
@@ -37,7 +37,7 @@ impl McJoinFlags {
     /// From the C value; `EINVAL` for others.
     ///
     /// ```
-    /// use rdmacm::McJoinFlags;
+    /// use rdmacm::cm::McJoinFlags;
     /// assert_eq!(McJoinFlags::from_raw(1).unwrap(), McJoinFlags::SendOnlyFullMember);
     /// assert!(McJoinFlags::from_raw(2).is_err());
     /// ```
@@ -67,7 +67,7 @@ impl CmId {
 
     /// `rdma_join_multicast_ex`: joins group `addr` (an IPv4 or IPv6 multicast address; the
     /// port is ignored) with `flags`; `context` comes back with the event
-    /// ([`crate::McastJoined::context`]). The id must be a UD id (port space UDP) bound to a device
+    /// ([`crate::cm::McastJoined::context`]). The id must be a UD id (port space UDP) bound to a device
     /// (bound to a local address, or resolved: `resolve_addr` to the group) and of the
     /// group's family, else `EINVAL`. Its QP, when it has one, is attached to the group
     /// (full member); MULTICAST_JOIN follows on the id's channel (queued before this
@@ -78,7 +78,7 @@ impl CmId {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// use rdmacm::{CmId, EventChannel, EventType, McJoinFlags, PortSpace};
+    /// use rdmacm::cm::{CmId, EventChannel, EventType, McJoinFlags, PortSpace};
     /// # fn f() -> rdmacm::Result<()> {
     /// let ch = EventChannel::new()?;
     /// let id = CmId::new(&ch, PortSpace::Udp)?;

@@ -169,7 +169,7 @@ pub(crate) fn failover_accepted(req_had_alt: bool, alt: Option<&AltPath>) -> u8 
 ///
 /// A migration that failed (`PathMigrationFailed`: the alternate exhausted its retries too,
 /// e.g. a Linux peer that accepted the alternate but never moves to it) ends the
-/// connection as `align` does (DISCONNECTED, [`crate::ALIGN_PATH_MOVED`]), so that the
+/// connection as `align` does (DISCONNECTED, [`crate::cm::ALIGN_PATH_MOVED`]), so that the
 /// application reconnects on the path that works.
 pub(crate) fn on_device_events(inner: &Arc<Inner>, st: &mut State, dev: u32) {
     let Some(d) = st.devices.get(&dev) else {

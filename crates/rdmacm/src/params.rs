@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 /// `rdma_event_str` prints.
 ///
 /// ```
-/// use rdmacm::EventType;
+/// use rdmacm::cm::EventType;
 /// assert_eq!(EventType::AddrResolved.to_string(), "RDMA_CM_EVENT_ADDR_RESOLVED");
 /// assert_eq!(EventType::TimewaitExit.to_string(), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
 /// ```
@@ -22,11 +22,11 @@ pub enum EventType {
     /// Route resolution failed (status `-errno`).
     RouteError,
     /// A connection request arrived on a listener: the event carries a new id
-    /// ([`Event::take_id`](crate::Event::take_id)) and the listener ([`Event::listen_id`](crate::Event::listen_id)).
+    /// ([`Event::take_id`](crate::cm::Event::take_id)) and the listener ([`Event::listen_id`](crate::cm::Event::listen_id)).
     ConnectRequest,
     /// A REP arrived for an id without a QP of ours (a user QP given by
-    /// [`ConnParam::qp_num`]): set the QP up from [`Event::param`](crate::Event::param), then
-    /// [`CmId::establish`](crate::CmId::establish).
+    /// [`ConnParam::qp_num`]): set the QP up from [`Event::param`](crate::cm::Event::param), then
+    /// [`CmId::establish`](crate::cm::CmId::establish).
     ConnectResponse,
     /// Setting up the QP after the REP failed (status `-errno`).
     ConnectError,
@@ -43,7 +43,7 @@ pub enum EventType {
     Disconnected,
     /// The id's device went away; destroy the id.
     DeviceRemoval,
-    /// A multicast join finished ([`crate::CmId::join_multicast`]; [`crate::Event::mcast`]).
+    /// A multicast join finished ([`crate::cm::CmId::join_multicast`]; [`crate::cm::Event::mcast`]).
     MulticastJoin,
     /// A multicast join failed, or its group was lost (the netdev went down, the address
     /// went away).
@@ -93,7 +93,7 @@ impl fmt::Display for EventType {
 /// `struct rdma_conn_param`: what connect and accept put in the REQ / REP.
 ///
 /// ```
-/// let p = rdmacm::ConnParam { private_data: b"hello".to_vec(), ..Default::default() };
+/// let p = rdmacm::cm::ConnParam { private_data: b"hello".to_vec(), ..Default::default() };
 /// assert_eq!((p.retry_count, p.rnr_retry_count), (7, 7));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub struct ConnParam {
     pub rnr_retry_count: u8,
     /// The QP uses an SRQ.
     pub srq: bool,
-    /// A QP the application manages itself (no [`CmId::create_qp`](crate::CmId::create_qp)): its number goes in
+    /// A QP the application manages itself (no [`CmId::create_qp`](crate::cm::CmId::create_qp)): its number goes in
     /// the REQ/REP, and the active side gets CONNECT_RESPONSE instead of ESTABLISHED.
     pub qp_num: Option<u32>,
 }
@@ -188,12 +188,12 @@ pub(crate) struct PendingEvent {
 pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
 
 /// What a MULTICAST_JOIN (or MULTICAST_ERROR) event says about its join
-/// ([`crate::Event::mcast`]).
+/// ([`crate::cm::Event::mcast`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McastJoined {
     /// The group's address.
     pub group: std::net::IpAddr,
-    /// The context given to [`crate::CmId::join_multicast`] (Linux: `param.ud.private_data`).
+    /// The context given to [`crate::cm::CmId::join_multicast`] (Linux: `param.ud.private_data`).
     pub context: u64,
     /// Address handle attributes to send to the group (`param.ud.ah_attr`): its MGID, the
     /// id's source GID index, hop limit 64, the id's TOS.

@@ -92,7 +92,7 @@ impl Inner {
             ])
             ^ u64::from(index);
         cfg.node_guid = guid;
-        let dev = Device::open(cfg)?;
+        let dev = Device::open_with_config(cfg, &self.config.soft)?;
         // Room for a burst of requests from one peer (a client opening hundreds of
         // connections at once); the per-peer share still bounds a flooding peer.
         dev.gsi_set_limits(rdma_soft::gsi::GsiLimits {

@@ -20,7 +20,7 @@ pub const ROCE_UDP_SPORT_MIN: u16 = rdma_soft::io::flow::ROCE_SPORT_MIN;
 /// An InfiniBand path MTU.
 ///
 /// ```
-/// use rdmacm::IbMtu;
+/// use rdmacm::host::IbMtu;
 /// assert_eq!(IbMtu::for_netdev_mtu(1500), Some(IbMtu::Mtu1024));
 /// assert_eq!(IbMtu::for_netdev_mtu(65536), Some(IbMtu::Mtu4096));
 /// assert_eq!(IbMtu::for_netdev_mtu(9000).map(IbMtu::bytes), Some(4096));
@@ -84,9 +84,9 @@ impl IbMtu {
 /// `(src_port * 31 + dst_port)` in 20 bits.
 ///
 /// ```
-/// assert_eq!(rdmacm::flow_label(1, 2, None), 33);
-/// assert_eq!(rdmacm::flow_label(1, 2, Some(0x12345)), 0x12345);
-/// assert_eq!(rdmacm::flow_label(1, 2, Some(0)), 33);
+/// assert_eq!(rdmacm::host::flow_label(1, 2, None), 33);
+/// assert_eq!(rdmacm::host::flow_label(1, 2, Some(0x12345)), 0x12345);
+/// assert_eq!(rdmacm::host::flow_label(1, 2, Some(0)), 33);
 /// ```
 pub fn flow_label(src_port: u16, dst_port: u16, ipv6_flow_label: Option<u32>) -> u32 {
     match ipv6_flow_label.map(|f| f & 0xF_FFFF) {
@@ -96,14 +96,8 @@ pub fn flow_label(src_port: u16, dst_port: u16, ipv6_flow_label: Option<u32>) ->
 }
 
 /// The UDP source port for a flow label (`rdma_flow_label_to_udp_sport`): the low 14 bits
-/// XOR the high 6 bits, in 0xC000..=0xFFFF.
-///
-/// ```
-/// assert_eq!(rdmacm::flow_label_to_udp_sport(0), 0xC000);
-/// assert_eq!(rdmacm::flow_label_to_udp_sport(0x4001), 0xC000);
-/// assert_eq!(rdmacm::flow_label_to_udp_sport(0x3FFF), 0xFFFF);
-/// ```
-pub fn flow_label_to_udp_sport(fl: u32) -> u16 {
+/// XOR the high 6 bits, in 0xC000..=0xFFFF (`rdma_soft::io::flow` has it with examples).
+pub(crate) fn flow_label_to_udp_sport(fl: u32) -> u16 {
     // The device's rule, the one that reaches the wire.
     rdma_soft::io::flow::flow_label_to_udp_sport(fl)
 }
@@ -128,10 +122,10 @@ pub struct RouteParams {
 /// ```no_run
 /// # fn f() -> rdmacm::Result<()> {
 /// use std::time::Duration;
-/// let r = rdmacm::BlockingResolver::new()?;
+/// let r = rdmacm::host::BlockingResolver::new()?;
 /// let a = r.resolve_addr(None, &"127.0.0.1".parse()?, None, Duration::from_secs(1))?;
-/// let p = r.resolve_route(&a, &rdmacm::RouteParams { src_port: 40000, dst_port: 7471, ..Default::default() })?;
-/// assert_eq!(p.mtu, rdmacm::IbMtu::Mtu4096); // lo: MTU 65536
+/// let p = r.resolve_route(&a, &rdmacm::host::RouteParams { src_port: 40000, dst_port: 7471, ..Default::default() })?;
+/// assert_eq!(p.mtu, rdmacm::host::IbMtu::Mtu4096); // lo: MTU 65536
 /// assert!(p.udp_sport >= 0xC000);
 /// # Ok(()) }
 /// ```
@@ -172,8 +166,8 @@ impl RocePath {
     /// id's parameters. `EINVAL` if the netdev MTU is too small for RoCE.
     ///
     /// ```
-    /// # fn f(a: &rdmacm::ResolvedAddr) -> rdmacm::Result<()> {
-    /// let p = rdmacm::RocePath::compute(a, &a.netdev, &rdmacm::RouteParams::default())?;
+    /// # fn f(a: &rdmacm::host::ResolvedAddr) -> rdmacm::Result<()> {
+    /// let p = rdmacm::host::RocePath::compute(a, &a.netdev, &rdmacm::host::RouteParams::default())?;
     /// assert_eq!(p.packet_lifetime, 16);
     /// # Ok(()) }
     /// ```

@@ -41,7 +41,7 @@ pub(crate) struct IdOptions {
     /// What the CM does when the connection's path changes (inherited by a listener's
     /// children with the other options).
     pub ha: crate::ha::HaPolicy,
-    /// Migrate: stay on the alternate when the primary comes back ([`crate::CmaConfig::ha_stay`]).
+    /// Migrate: stay on the alternate when the primary comes back ([`crate::cm::CmaConfig::ha_stay`]).
     pub ha_stay: bool,
 }
 

@@ -64,7 +64,7 @@ pub enum ChangeReason {
 /// A per-id notification; the CM turns it into an event on the id's channel.
 ///
 /// ```
-/// use rdmacm::{ChangeReason, Notification};
+/// use rdmacm::host::{ChangeReason, Notification};
 /// let n = Notification::AddrChange { id: 3, reason: ChangeReason::NetdevDown };
 /// assert_eq!(n.id(), 3);
 /// ```
@@ -121,9 +121,9 @@ struct Watched {
 /// address removal also removes its prefix route): the CM may coalesce them.
 ///
 /// ```no_run
-/// # async fn f(a: rdmacm::ResolvedAddr) -> rdmacm::Result<()> {
-/// let r = rdmacm::Resolver::new()?;
-/// let mut w = rdmacm::Watcher::new(&r).await?;
+/// # async fn f(a: rdmacm::host::ResolvedAddr) -> rdmacm::Result<()> {
+/// let r = rdmacm::host::Resolver::new()?;
+/// let mut w = rdmacm::host::Watcher::new(&r).await?;
 /// w.watch(1, &a);
 /// let n = w.next().await?;
 /// println!("id {} {:?}", n.id(), n);

@@ -7,13 +7,14 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 use rdmacm::verbs::{AccessFlags, QpInitAttr, RecvWr, SendOp, SendWr, WcOpcode};
-use rdmacm::{CmId, Cma, CompletionStream, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::CompletionStream;
 
 mod aio;
 use aio::*;
 
-async fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::Event {
+async fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::cm::Event {
     let ev = within("event", ch.next_event()).await.unwrap();
     assert_eq!(ev.kind(), kind, "status {}", ev.status());
     ev

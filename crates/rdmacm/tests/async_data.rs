@@ -6,10 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdmacm::{
-    CloseReason, Cma, ConnectOptions, Connection, Error, EventType, QpState, RemoteBuf, WcStatus,
-    MAX_MESSAGE, WINDOW,
-};
+use rdmacm::cm::{Cma, EventType};
+use rdmacm::verbs::{QpState, WcStatus};
+use rdmacm::{CloseReason, ConnectOptions, Connection, Error, RemoteBuf, MAX_MESSAGE, WINDOW};
 
 mod aio;
 
@@ -233,11 +232,9 @@ async fn dropped_peer_fails_a_send_blocked_on_credits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connection_names_the_reason() {
     let cma = Cma::new().unwrap();
-    let opts = ConnectOptions {
-        src: Some("127.0.60.9:0".parse().unwrap()),
-        cma: Some(cma),
-        ..Default::default()
-    };
+    let opts = ConnectOptions::new()
+        .src("127.0.60.9:0".parse().unwrap())
+        .cma(cma);
     // Nobody listens on this port: REJ 8.
     let e = within(
         "connect",

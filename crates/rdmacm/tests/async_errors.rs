@@ -5,17 +5,16 @@
 
 use std::time::Duration;
 
-use rdmacm::{Cma, ConnectOptions, Connection, Error, Listener};
+use rdmacm::cm::Cma;
+use rdmacm::{ConnectOptions, Connection, Error, Listener};
 
 mod aio;
 use aio::*;
 
 fn opts(cma: &Cma, src: &str) -> ConnectOptions {
-    ConnectOptions {
-        src: Some(src.parse().unwrap()),
-        cma: Some(cma.clone()),
-        ..Default::default()
-    }
+    ConnectOptions::new()
+        .src(src.parse().unwrap())
+        .cma(cma.clone())
 }
 
 /// Nobody listens on the port: ECONNREFUSED, named (REJ 8, invalid service id).
@@ -23,7 +22,9 @@ fn opts(cma: &Cma, src: &str) -> ConnectOptions {
 async fn connect_to_a_port_nobody_listens_on_is_refused_with_the_reason() {
     let cma = Cma::new().unwrap();
     // A listener on another port: the device is up, the port is not listened on.
-    let _l = Listener::bind_with("127.0.61.30:7000".parse().unwrap(), Some(cma.clone()))
+    let _l = Listener::builder()
+        .cma(cma.clone())
+        .bind("127.0.61.30:7000".parse().unwrap())
         .await
         .unwrap();
     let e = within(
@@ -44,11 +45,15 @@ async fn connect_to_a_port_nobody_listens_on_is_refused_with_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listener_on_an_address_in_use_is_eaddrinuse() {
     let cma = Cma::new().unwrap();
-    let l = Listener::bind_with("127.0.61.31:0".parse().unwrap(), Some(cma.clone()))
+    let l = Listener::builder()
+        .cma(cma.clone())
+        .bind("127.0.61.31:0".parse().unwrap())
         .await
         .unwrap();
     let addr = l.local_addr().unwrap();
-    let e = Listener::bind_with(addr, Some(cma.clone()))
+    let e = Listener::builder()
+        .cma(cma.clone())
+        .bind(addr)
         .await
         .unwrap_err();
     assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
@@ -90,10 +95,7 @@ async fn a_peer_that_never_answers_times_out() {
 async fn connect_timeout_bounds_the_whole_connect() {
     let _hole = std::net::UdpSocket::bind("127.0.61.34:4791").unwrap();
     let cma = Cma::new().unwrap();
-    let o = ConnectOptions {
-        connect_timeout: Some(Duration::from_millis(300)),
-        ..opts(&cma, "127.0.61.35:0")
-    };
+    let o = opts(&cma, "127.0.61.35:0").connect_timeout(Duration::from_millis(300));
     let e = within(
         "connect",
         Connection::connect("127.0.61.34:7471".parse().unwrap(), o),
@@ -102,7 +104,9 @@ async fn connect_timeout_bounds_the_whole_connect() {
     .unwrap_err();
     assert!(matches!(e, Error::TimedOut), "{e:?}");
     // Nothing is left stuck: a connection on the same context works.
-    let l = Listener::bind_with("127.0.61.35:0".parse().unwrap(), Some(cma.clone()))
+    let l = Listener::builder()
+        .cma(cma.clone())
+        .bind("127.0.61.35:0".parse().unwrap())
         .await
         .unwrap();
     let addr = l.local_addr().unwrap();

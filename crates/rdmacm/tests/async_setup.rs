@@ -6,9 +6,11 @@
 
 use std::net::SocketAddr;
 
+use rdmacm::cm::Cma;
+use rdmacm::verbs::{AccessFlags, QpCap};
 use rdmacm::{
-    AcceptOptions, AccessFlags, Buf, Cma, ConnectOptions, Connection, Error, Listener, QpCap,
-    RemoteBuf, Setup, MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA,
+    AcceptOptions, Buf, ConnectOptions, Connection, Error, Listener, RemoteBuf, Setup,
+    MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA,
 };
 
 mod aio;
@@ -16,14 +18,14 @@ use aio::*;
 
 async fn listener(ip: &str) -> (Cma, Listener, ConnectOptions) {
     let cma = Cma::new().unwrap();
-    let l = Listener::bind_with(format!("{ip}:0").parse().unwrap(), Some(cma.clone()))
+    let l = Listener::builder()
+        .cma(cma.clone())
+        .bind(format!("{ip}:0").parse().unwrap())
         .await
         .unwrap();
-    let opts = ConnectOptions {
-        src: Some(SocketAddr::new(l.local_addr().unwrap().ip(), 0)),
-        cma: Some(cma.clone()),
-        ..Default::default()
-    };
+    let opts = ConnectOptions::new()
+        .src(SocketAddr::new(l.local_addr().unwrap().ip(), 0))
+        .cma(cma.clone());
     (cma, l, opts)
 }
 
@@ -70,10 +72,7 @@ async fn server_registers_before_accept_and_sends_its_rkey_in_196_bytes() {
         assert_eq!(c.recv().await.unwrap(), b"written");
         (c, mr)
     });
-    let opts = ConnectOptions {
-        private_data: b"hello".to_vec(),
-        ..opts
-    };
+    let opts = opts.private_data(b"hello".to_vec());
     let c = within("connect", Connection::connect(addr, opts))
         .await
         .unwrap();

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use rdma_testhosts::{require_root, topologies};
-use rdmacm::Gid;
+use rdmacm::host::Gid;
 
 /// Row 1: addresses belong to the host; a device's GID table holds its netdev's addresses,
 /// IPv4 as IPv4-mapped IPv6, IPv6 including link-local.

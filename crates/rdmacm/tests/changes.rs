@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use rdma_testhosts::{require_root, topologies};
-use rdmacm::{ChangeReason, MacAddr, Notification};
+use rdmacm::host::{ChangeReason, MacAddr, Notification};
 
 const T: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(5);

@@ -4,11 +4,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(10);
 
-async fn next(s: &mut rdmacm::EventStream<'_>, kind: EventType) -> rdmacm::Event {
+async fn next(s: &mut rdmacm::cm::EventStream<'_>, kind: EventType) -> rdmacm::cm::Event {
     let ev = tokio::time::timeout(T, s.next())
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {kind}"))

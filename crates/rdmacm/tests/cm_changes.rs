@@ -16,7 +16,7 @@ use common::*;
 use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{AccessFlags, MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, WcStatus};
 use rdma_testhosts::{require_root, topologies, Host, Topology};
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -418,7 +418,7 @@ fn run_steps(
             Step::Send(m) => side.send(m),
             Step::Recv(m) => assert_eq!(side.recv(), m),
             Step::Sticky => {
-                assert_eq!(id.state(), rdmacm::IdState::Connect);
+                assert_eq!(id.state(), rdmacm::cm::IdState::Connect);
                 assert_eq!(side.qp.state(), rdma_soft::verbs::QpState::Rts);
                 if let Ok(Some(ev)) = ch.get_event_timeout(Duration::from_millis(50)) {
                     assert_eq!(ev.kind(), EventType::AddrChange, "only hints, no teardown");

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(5);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdma_testhosts::{require_root, topologies, Host};
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -403,7 +403,7 @@ fn cm_bound_netdev_without_route_fails_fast_ehostunreach() {
             .resolve_addr(None, sa("198.51.100.3:7471"), T)
             .unwrap_err();
         assert_eq!(e.errno(), libc::EHOSTUNREACH);
-        assert_eq!(id.state(), rdmacm::IdState::AddrBound);
+        assert_eq!(id.state(), rdmacm::cm::IdState::AddrBound);
         assert!(ch
             .get_event_timeout(Duration::from_millis(50))
             .unwrap()

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace};
 
 const T: Duration = Duration::from_secs(5);
 

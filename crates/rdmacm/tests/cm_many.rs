@@ -7,10 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
-use rdmacm::{
-    CmId, Cma, ConnParam, ConnectOptions, Connection, Event, EventChannel, EventType, Listener,
-    PortSpace, RejectCause,
-};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
+use rdmacm::{ConnectOptions, Connection, Listener};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -283,19 +281,19 @@ fn async_listener_and_connection() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let l = Listener::bind_with("127.0.0.135:0".parse().unwrap(), Some(cma.clone()))
+        let l = Listener::builder()
+            .cma(cma.clone())
+            .bind("127.0.0.135:0".parse().unwrap())
             .await
             .unwrap();
         let addr = l.local_addr().unwrap();
         let l = Arc::new(l);
         let l2 = l.clone();
         let server = tokio::spawn(async move { l2.accept().await.unwrap() });
-        let opts = ConnectOptions {
-            private_data: b"async hello".to_vec(),
-            src: Some("127.0.0.135:0".parse().unwrap()),
-            cma: Some(cma.clone()),
-            ..Default::default()
-        };
+        let opts = ConnectOptions::new()
+            .private_data(b"async hello".to_vec())
+            .src("127.0.0.135:0".parse().unwrap())
+            .cma(cma.clone());
         let c = tokio::time::timeout(T, Connection::connect(addr, opts))
             .await
             .unwrap()

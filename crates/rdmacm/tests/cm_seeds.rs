@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rdma_soft::io::{UdpConfig, UdpWire, WireAddr};
 use rdma_soft::verbs::{Device, DeviceConfig, QpState};
-use rdmacm::{
+use rdmacm::cm::{
     CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace, RDMA_UDP_QKEY,
 };
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::{CmId, Cma, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(5);
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdma_testhosts::{require_root, topologies, Host};
-use rdmacm::{CmId, Cma, CmaConfig, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, CmaConfig, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(10);
 

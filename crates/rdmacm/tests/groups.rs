@@ -13,9 +13,9 @@ use std::sync::mpsc;
 use ha::{group, rt, topo, within, HANG};
 use rdma_soft::verbs::{AsyncEvent, PortState};
 use rdma_testhosts::require_root;
-use rdmacm::{
-    AcceptOptions, AccessFlags, ConnectOptions, Connection, HaPolicy, Listener, RemoteBuf,
-};
+use rdmacm::cm::HaPolicy;
+use rdmacm::verbs::AccessFlags;
+use rdmacm::{AcceptOptions, ConnectOptions, Connection, Listener, RemoteBuf};
 
 /// What B writes over the connection from `src`.
 fn payload(src: &str) -> Vec<u8> {
@@ -35,7 +35,7 @@ fn a_group_device_carries_a_connection_on_each_link_with_one_mr() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = "0.0.0.0:7490".parse().unwrap();
-                    let l = Listener::bind_with(addr, None).await.unwrap();
+                    let l = Listener::bind(addr).await.unwrap();
                     ready_tx.send(()).unwrap();
                     let mut conns = Vec::new();
                     for n in 0..2 {
@@ -80,12 +80,10 @@ fn a_group_device_carries_a_connection_on_each_link_with_one_mr() {
                 .enumerate()
                 {
                     let region = whole.slice(n as u32 * 128, 128).unwrap();
-                    let opts = ConnectOptions {
-                        cma: Some(cma.clone()),
-                        src: Some(format!("{src}:0").parse().unwrap()),
-                        private_data: region.to_bytes().to_vec(),
-                        ..Default::default()
-                    };
+                    let opts = ConnectOptions::new()
+                        .cma(cma.clone())
+                        .src(format!("{src}:0").parse().unwrap())
+                        .private_data(region.to_bytes().to_vec());
                     let addr = format!("{dst}:7490").parse().unwrap();
                     let mut r = within("resolve", Connection::resolve(addr, opts))
                         .await

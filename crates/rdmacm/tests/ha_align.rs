@@ -21,7 +21,7 @@ use rdma_soft::verbs::{
     QueuePair, RecvWr, SendOp, SendWr,
 };
 use rdma_testhosts::{require_root, Host};
-use rdmacm::{
+use rdmacm::cm::{
     CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, HaPolicy, IdState, PortSpace,
     ALIGN_ADDR_GONE, ALIGN_PATH_MOVED,
 };

@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use ha::{cma, route_to_h1, rt, topo, tx_packets, within, B_ADDR, HANG};
 use rdma_testhosts::require_root;
-use rdmacm::{
-    AcceptOptions, AccessFlags, CloseReason, ConnectOptions, Connection, Error, EventType,
-    HaPolicy, Listener, RemoteBuf, ALIGN_PATH_MOVED,
-};
+use rdmacm::cm::{EventType, HaPolicy, ALIGN_PATH_MOVED};
+use rdmacm::verbs::AccessFlags;
+use rdmacm::{AcceptOptions, CloseReason, ConnectOptions, Connection, Error, Listener, RemoteBuf};
 
 const TOKEN: &[u8; 8] = b"session7";
 const LEN: usize = 1024;
@@ -67,7 +66,9 @@ fn align_closes_and_reconnect_continues_over_h1() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = format!("{B_ADDR}:7471").parse().unwrap();
-                    let l = Listener::bind_with(addr, Some(cma(HaPolicy::Notify)))
+                    let l = Listener::builder()
+                        .cma(cma(HaPolicy::Notify))
+                        .bind(addr)
                         .await
                         .unwrap();
                     ready_tx.send(()).unwrap();
@@ -107,11 +108,9 @@ fn align_closes_and_reconnect_continues_over_h1() {
         let client = s.spawn(move || {
             h.run(move || {
                 rt().block_on(async move {
-                    let opts = ConnectOptions {
-                        ha: Some(HaPolicy::Align),
-                        cma: Some(cma(HaPolicy::Notify)),
-                        ..Default::default()
-                    };
+                    let opts = ConnectOptions::new()
+                        .ha(HaPolicy::Align)
+                        .cma(cma(HaPolicy::Notify));
                     let addr = format!("{B_ADDR}:7471").parse().unwrap();
                     let mut r = within("resolve", Connection::resolve(addr, opts))
                         .await

@@ -1,7 +1,7 @@
 //! `RDMACM_HA` and `RDMACM_HA_RETURN` read by `Cma::new` (one test: the process
 //! environment is shared).
 
-use rdmacm::{CmId, Cma, CmaConfig, EventChannel, HaPolicy, PortSpace, HA_ENV, HA_RETURN_ENV};
+use rdmacm::cm::{CmId, Cma, CmaConfig, EventChannel, HaPolicy, PortSpace, HA_ENV, HA_RETURN_ENV};
 
 fn policy_of_new_id() -> HaPolicy {
     let cma = Cma::new().unwrap();

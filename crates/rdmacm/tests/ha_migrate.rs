@@ -18,7 +18,8 @@ use ha::stream::{
 use ha::{rt, topo, within, B_ADDR};
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{require_root, Host};
-use rdmacm::{AcceptOptions, Cma, ConnectOptions, Connection, HaPolicy, Listener};
+use rdmacm::cm::{Cma, HaPolicy};
+use rdmacm::{AcceptOptions, ConnectOptions, Connection, Listener};
 
 /// A context with one device over `first` and `second`, ids starting with migrate.
 fn group(name: &str, first: &str, second: &str) -> Cma {
@@ -85,7 +86,7 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = format!("{B_ADDR}:7495").parse().unwrap();
-                    let l = Listener::bind_with(addr, None).await.unwrap();
+                    let l = Listener::bind(addr).await.unwrap();
                     ready_tx.send(()).unwrap();
                     let inc = within("request 1", l.incoming()).await.unwrap();
                     let c1 = inc.accept(AcceptOptions::default()).await.unwrap();
@@ -119,17 +120,14 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
         let host = h;
         h.run(move || {
             rt().block_on(async move {
-                let opts = ConnectOptions {
-                    cma: Some(group("ha", "h0", "h1")),
-                    ..Default::default()
-                };
+                let opts = ConnectOptions::new().cma(group("ha", "h0", "h1"));
                 let addr = format!("{B_ADDR}:7495").parse().unwrap();
                 let mut r = within("resolve", Connection::resolve(addr, opts))
                     .await
                     .unwrap();
                 let pd = r.device().alloc_pd().unwrap();
                 let mr = pd
-                    .register(vec![7u8; 64], rdmacm::AccessFlags::LOCAL_WRITE)
+                    .register(vec![7u8; 64], rdmacm::verbs::AccessFlags::LOCAL_WRITE)
                     .unwrap();
                 r.options_mut().setup.pd = Some(pd);
                 let c = within("connect", r.connect()).await.unwrap();
@@ -228,7 +226,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
                 assert_eq!(
                     why,
                     rdmacm::CloseReason::PathMoved {
-                        status: rdmacm::ALIGN_PATH_MOVED
+                        status: rdmacm::cm::ALIGN_PATH_MOVED
                     }
                 );
                 // the device said why: the QP's migration to port 2 failed
@@ -307,10 +305,7 @@ fn many_connections_migrate_at_once() {
                 let addr: std::net::SocketAddr = format!("{B_ADDR}:7497").parse().unwrap();
                 let mut cs = Vec::new();
                 for _ in 0..n {
-                    let opts = ConnectOptions {
-                        cma: Some(cma.clone()),
-                        ..Default::default()
-                    };
+                    let opts = ConnectOptions::new().cma(cma.clone());
                     let c = within("connect", Connection::connect(addr, opts))
                         .await
                         .unwrap();

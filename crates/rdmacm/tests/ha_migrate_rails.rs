@@ -18,7 +18,8 @@ use ha::stream::{addr_change, away_and_back, message, path_mig, stream_until};
 use ha::{cma, connect_h, listen_b, rt, tx_packets, within, B_ADDR};
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{require_root, topologies, Topology};
-use rdmacm::{AcceptOptions, CloseReason, HaPolicy, Listener};
+use rdmacm::cm::HaPolicy;
+use rdmacm::{AcceptOptions, CloseReason, Listener};
 
 /// The two rails, as the topology builds them: one subnet per link, no cross routes.
 fn rails() -> Topology {
@@ -188,7 +189,9 @@ fn a_peer_that_does_not_answer_the_offer_gets_align() {
         s.spawn(move || {
             b.run(move || {
                 rt().block_on(async move {
-                    let l = Listener::bind_with(addr, Some(cma(HaPolicy::Notify)))
+                    let l = Listener::builder()
+                        .cma(cma(HaPolicy::Notify))
+                        .bind(addr)
                         .await
                         .unwrap();
                     ready_tx.send(()).unwrap();
@@ -232,7 +235,7 @@ fn a_peer_that_does_not_answer_the_offer_gets_align() {
                 assert_eq!(
                     why,
                     CloseReason::PathMoved {
-                        status: rdmacm::ALIGN_PATH_MOVED
+                        status: rdmacm::cm::ALIGN_PATH_MOVED
                     }
                 );
             })

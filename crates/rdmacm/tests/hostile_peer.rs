@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -78,7 +78,7 @@ fn a_req_naming_another_source_is_refused() {
     use rdma_wire::cm::{CmMessage, MessageRef, RejectReason};
     use rdma_wire::ip_cm::{IpCmHeaderRepr, PortSpace as Ps, ServiceId};
     use rdma_wire::mad::Mad;
-    use rdmacm::RejectCause;
+    use rdmacm::cm::RejectCause;
     use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 
     let (us, attacker, victim) = (

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use rdma_testhosts::{require_root, Topology};
-use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(10);
 

@@ -1,12 +1,15 @@
 //! Same-host connections take the host-local wire (shared-memory rings, `rdma_soft::io::local`)
 //! instead of UDP; what stays on UDP (the CM's MADs) still does. Between processes:
-//! `crates/tools/tests/share_procs.rs`; with the wire turned off: `local_wire_off.rs`.
+//! `crates/tools/tests/share_procs.rs`; with the wire turned off (`SoftConfig::host_local`,
+//! `RDMA_SOFT_LOCAL_WIRE=off`): every connection stays on UDP, what the benchmarks of the
+//! RoCEv2 path and the lossy suites rely on.
 
 use rdmacm::{Buf, RemoteBuf};
 
 mod aio;
 
-use aio::{pair, within};
+use aio::{pair, pair_with, within};
+use rdmacm::cm::CmaConfig;
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -111,7 +114,8 @@ async fn a_loopback_connection_moves_its_data_through_shared_memory() {
 /// beside it); a READ with a wrong rkey leaves the reader's buffer as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_accesses_touch_no_memory_on_either_side() {
-    use rdmacm::{CloseReason, Error, WcStatus};
+    use rdmacm::verbs::WcStatus;
+    use rdmacm::{CloseReason, Error};
     let refused = |r: rdmacm::Result<()>| match r {
         Err(Error::Closed(CloseReason::Failed(WcStatus::RemAccessErr))) => {}
         other => panic!("not a remote access error: {other:?}"),
@@ -179,4 +183,64 @@ async fn refused_accesses_touch_no_memory_on_either_side() {
         "the reader's buffer changed"
     );
     assert!(mr.to_vec().iter().all(|&b| b == 0x77));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_local_wire_off_a_loopback_connection_stays_on_udp() {
+    let cfg = CmaConfig::from_env().unwrap();
+    let soft = cfg
+        .soft
+        .clone()
+        .into_builder()
+        .host_local(false)
+        .build()
+        .unwrap();
+    let (c, s) = pair_with("127.0.62.2", cfg.into_builder().soft(soft).build()).await;
+    let dev = c.device().unwrap();
+    assert_eq!(dev.host_local(), None);
+    assert_eq!((c.qp().host_peer(), s.qp().host_peer()), (None, None));
+    let before = dev.wire_stats().sent;
+    for i in 0..50u8 {
+        within("send", c.send(&[i; 3000])).await.unwrap();
+        assert_eq!(within("recv", s.recv()).await.unwrap(), vec![i; 3000]);
+    }
+    let after = dev.wire_stats();
+    assert!(after.sent - before >= 50, "the data went through UDP");
+    assert_eq!(after.local.sent, 0);
+    // IPv4: no socket connected to the peer (see rdma-soft's io/peers.rs)
+    assert_eq!(
+        (after.peer_sockets, after.sent_connected),
+        (0, 0),
+        "{after:?}"
+    );
+}
+
+/// `UdpConfig::local_pull` off (`RDMA_SOFT_LOCAL_PULL=off`) in one context's configuration:
+/// its connections stay on the rings, and a WRITE from a region its device allocated goes
+/// with its data instead of being pulled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pulls_off_a_write_from_an_allocated_region_carries_its_data() {
+    let cfg = CmaConfig::from_env().unwrap();
+    let soft = cfg
+        .soft
+        .clone()
+        .into_builder()
+        .local_pull(None)
+        .build()
+        .unwrap();
+    let (c, s) = pair_with("127.0.62.3", cfg.into_builder().soft(soft).build()).await;
+    assert!(c.qp().host_peer().is_some(), "still on the host-local wire");
+    const MIB: usize = 1 << 20;
+    let mr = s.register_remote(MIB).unwrap();
+    s.send(&RemoteBuf::of(&mr).to_bytes()).await.unwrap();
+    let remote = RemoteBuf::from_bytes(&within("rkey", c.recv()).await.unwrap()).unwrap();
+    let src = c.register_remote(MIB).unwrap();
+    let data = pattern(9, MIB);
+    src.write(0, &data).unwrap();
+    let (r, _src) = within("write_from", c.write_from(&remote, src, 0, MIB)).await;
+    r.unwrap();
+    assert!(mr.to_vec() == data, "server memory differs after the WRITE");
+    let t = c.qp().transport_stats().unwrap();
+    assert_eq!(t.pulls_sent, 0, "{t:?}");
+    assert!(c.device().unwrap().wire_stats().local.sent > 0);
 }

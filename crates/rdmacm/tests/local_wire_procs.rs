@@ -2,7 +2,9 @@
 //! server child on 127.0.0.1; the parent connects without a bind, checks every byte of
 //! messages, a 1 MiB WRITE and READ, that both QPs took the rings and that the data never
 //! touched UDP; then a SIGKILLed server: the client gets an error instead of a hang and
-//! the next server process takes the same address and port at once.
+//! the next server process takes the same address and port at once. Under the runtime's
+//! device driver (`RDMACM_ASYNC_DRIVER=on` in the server child, `CmaConfig::async_driver`
+//! here) a tokio task, not the engine, sleeps on the wire fd, so the rings must ring it.
 //!
 //! Ports 7650-7659 on 127.0.0.1 (nobody else's).
 
@@ -14,7 +16,7 @@ mod aio;
 mod local_child;
 
 use aio::within;
-use local_child::{ask, connect, pattern, Server, MIB};
+use local_child::{ask, connect, connect_with, pattern, Server, MIB};
 
 #[test]
 #[ignore = "run by the tests below as their server process"]
@@ -113,4 +115,39 @@ async fn a_killed_server_fails_the_client_and_the_next_takes_its_port_at_once() 
     let m = pattern(5, 50_000);
     assert!(ask(&c2, &m).await == m);
     next.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_driver_is_woken_by_the_rings_on_both_sides() {
+    let server = Server::start(7652, &[("RDMACM_ASYNC_DRIVER", "on")]);
+    let cfg = rdmacm::cm::CmaConfig::from_env().unwrap();
+    let c = connect_with(7652, cfg.into_builder().async_driver(true).build()).await;
+    assert!(c.qp().host_peer().is_some());
+    // ping-pong: every message waits for the other side's driver to be woken
+    for i in 0..500u32 {
+        let m = pattern(i, 1 + (i as usize * 613) % 9000);
+        assert!(ask(&c, &m).await == m, "echo {i} differs");
+    }
+    let remote = RemoteBuf::from_bytes(&ask(&c, b"rkey?").await).unwrap();
+    let data = pattern(3, MIB);
+    let (r, _) = within("write", c.write_buf(&remote, Buf::from(data.clone()))).await;
+    r.unwrap();
+    let (r, back) = within("read", c.read_buf(&remote, Buf::zeroed(MIB))).await;
+    r.unwrap();
+    assert!(back[..] == data[..], "READ after WRITE differs");
+    let dev = c.device().unwrap();
+    assert!(
+        dev.watch_stats().drives > 0,
+        "the driver task drove the device"
+    );
+    assert_eq!(dev.wire_stats().local.ring_full, 0);
+    // No wake-up was lost and waited out: no ACK timeout, and no more than a stray
+    // tail-loss probe (5 ms, a scheduling hiccup on a loaded machine); a lost wake-up
+    // would cost a probe in most of the 500 exchanges.
+    let t = c.qp().transport_stats().unwrap();
+    assert_eq!(t.timeouts, 0, "{t:?}");
+    assert_eq!(t.retransmitted, t.early_retransmits, "{t:?}");
+    assert!(t.tail_probes <= 5, "{t:?}");
+    within("disconnect", c.disconnect()).await.unwrap();
+    server.kill();
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use mcast_common::*;
 use rdma_testhosts::{require_root, Host};
-use rdmacm::{CmId, Cma, EventChannel, EventType, McJoinFlags, PortSpace};
+use rdmacm::cm::{CmId, Cma, EventChannel, EventType, McJoinFlags, PortSpace};
 
 const GROUP: &str = "239.1.2.3:0";
 

@@ -14,8 +14,8 @@ use std::time::Duration;
 use mcast_common::*;
 use rdma_testhosts::capture::{Capture, Roce};
 use rdma_testhosts::{require_root, Topology};
+use rdmacm::cm::McJoinFlags;
 use rdmacm::verbs::{AccessFlags, SendOp, SendWr};
-use rdmacm::McJoinFlags;
 
 fn captures_dir() -> PathBuf {
     if let Ok(d) = std::env::var("RDMA_CAPTURES_DIR") {
@@ -50,7 +50,7 @@ fn linux_datagrams() -> Vec<Vec<u8>> {
         // to the group's MAC: 01:00:5e and the group's low 23 bits
         assert_eq!(f[..6], [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03]);
         assert_eq!(
-            rdmacm::CmId::group_mac("239.1.2.3".parse().unwrap()).0,
+            rdmacm::cm::CmId::group_mac("239.1.2.3".parse().unwrap()).0,
             f[..6]
         );
     }
@@ -229,7 +229,7 @@ fn full_join_reports_the_group_send_only_does_not_and_tos_goes_on_the_wire() {
         // send-only, with TOS 0x48 (DSCP AF21)
         let rec = Capture::open("eth0").unwrap().record();
         let mut s = Member::new("192.0.2.2:0", "239.1.2.4:0", 0, false);
-        s.id.set_option(rdmacm::CmOption::Tos(0x48)).unwrap();
+        s.id.set_option(rdmacm::cm::CmOption::Tos(0x48)).unwrap();
         s.join(McJoinFlags::SendOnlyFullMember);
         s.send(1, 0..3);
         std::thread::sleep(Duration::from_millis(300));

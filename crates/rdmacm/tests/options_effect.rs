@@ -21,7 +21,7 @@ use common::*;
 use rdma_soft::verbs::{AccessFlags, SendOp, SendWr, WcStatus};
 use rdma_testhosts::capture::Capture;
 use rdma_testhosts::{require_root, topologies, Host, Topology};
-use rdmacm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -175,7 +175,7 @@ fn afonly_v6_listener_gets_no_v4_request() {
                 // the server knows why it refused
                 assert_eq!(
                     cma.reject_counts(),
-                    [(rdmacm::RejectCause::NoListenerForAddress, 1)]
+                    [(rdmacm::cm::RejectCause::NoListenerForAddress, 1)]
                 );
             })
         });

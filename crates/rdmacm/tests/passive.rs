@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use rdma_testhosts::{require_root, topologies};
-use rdmacm::{Error, RejectCause};
+use rdmacm::cm::RejectCause;
+use rdmacm::Error;
 
 #[test]
 fn passive_side_path_from_arrival_netdev_without_neighbour() {

@@ -8,7 +8,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::{CmId, Cma, ConnParam, Error, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::Error;
 
 const T: Duration = Duration::from_secs(5);
 /// Hang guard: the engine reaching the hold.
@@ -123,6 +124,6 @@ fn listener_destroyed_during_the_lookup_refuses_the_request() {
     drop(ev);
     assert_eq!(
         server.reject_counts(),
-        vec![(rdmacm::RejectCause::NoListenerForAddress, 1)]
+        vec![(rdmacm::cm::RejectCause::NoListenerForAddress, 1)]
     );
 }

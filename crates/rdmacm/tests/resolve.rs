@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdma_testhosts::{require_root, topologies};
-use rdmacm::{Gid, IbMtu, MacAddr, RouteParams};
+use rdmacm::host::{Gid, IbMtu, MacAddr, RouteParams};
 
 const T: Duration = Duration::from_secs(3);
 
@@ -344,7 +344,10 @@ fn resolve_route_computes_roce_path_locally() {
         // IPv4: the flow label comes from the ports, never from an IPv6 flow label.
         let fl = (40000 * 31 + 7471) & 0xF_FFFF;
         assert_eq!(p.flow_label, fl);
-        assert_eq!(p.udp_sport, rdmacm::flow_label_to_udp_sport(fl));
+        assert_eq!(
+            p.udp_sport,
+            rdma_soft::io::flow::flow_label_to_udp_sport(fl)
+        );
         assert!(!p.routed);
         // IPv6: a given flow label wins.
         let a6 = r

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
@@ -173,7 +173,7 @@ fn wildcard_listener_reports_a_squatted_address() {
     squatter.wait().unwrap();
 }
 
-fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::Event {
+fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::cm::Event {
     let ev = ch
         .get_event_timeout(T)
         .unwrap()

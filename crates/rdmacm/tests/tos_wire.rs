@@ -18,7 +18,7 @@ use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
 use rdma_testhosts::capture::{Capture, Roce};
 use rdma_testhosts::{require_root, topologies, Host};
 use rdma_wire::icrc::Encap;
-use rdmacm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 const T: Duration = Duration::from_secs(10);
 /// A hang guard, not a speed target: a wait that passes it has stopped, not slowed.

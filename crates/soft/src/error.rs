@@ -68,6 +68,14 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A configuration value (an environment variable's, or one given in code) is invalid.
+    #[error("{var}: {reason}")]
+    Config {
+        /// The variable (or the setting named after it).
+        var: &'static str,
+        /// What is wrong with the value.
+        reason: String,
+    },
     /// An argument is out of range or inconsistent.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
@@ -118,6 +126,7 @@ impl Error {
             Error::ScopeRequired { .. }
             | Error::NotOpen { .. }
             | Error::FaultSpec { .. }
+            | Error::Config { .. }
             | Error::InvalidArgument(_) => libc::EINVAL,
             Error::TooLong { .. } => libc::EMSGSIZE,
             Error::Exhausted { .. } | Error::QueueFull(_) => libc::ENOMEM,

@@ -4,6 +4,8 @@
 //! - [`io`]: the datagram wire under the transport ([`io::DatagramWire`]), its UDP port 4791
 //!   implementation ([`io::UdpWire`]) with batched `recvmmsg`/`sendmmsg` into preallocated
 //!   buffers, and the fault injector switched on by `RDMA_SOFT_FAULTS`.
+//! - [`config`]: every setting as one value ([`SoftConfig`]); [`SoftConfig::from_env`] is
+//!   the one reader of the `RDMA_SOFT_*` variables (docs/CONFIG.md).
 //! - [`verbs`]: device attributes, protection domains, memory regions (keys, bounds, access),
 //!   completion queues with a completion channel, shared receive queues, queue pairs.
 //! - the runtime ([`engine`]): a device always makes progress, as a NIC does. One engine
@@ -19,6 +21,7 @@
 //! ([`Error::errno`]).
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod engine;
 mod error;
 pub mod fd;
@@ -35,6 +38,7 @@ mod ratelimit;
 mod runtime;
 pub mod verbs;
 
+pub use config::{SoftConfig, SoftConfigBuilder};
 pub use error::{Error, Result};
 pub use pull::{DEFAULT_MIN as PULL_DEFAULT_MIN, PULL_ENV};
 pub use runtime::{RuntimeStats, ROUNDS, SEND_WINDOW};

@@ -1,9 +1,9 @@
 //! Pulled RDMA WRITEs between two of our processes on one host: one copy.
 //!
-//! A memory region of at least [`min_len`] bytes made by `ProtectionDomain::alloc` lives in
+//! A memory region of at least the configured minimum of bytes made by `ProtectionDomain::alloc` lives in
 //! a memfd (`SharedBytes::new_shared_zeroed`) while the host-local wire is on (a buffer the
 //! application registers stays its own memory: moved in, never copied). On the host-local
-//! wire (`io::local`) a WRITE of at least [`min_len`] bytes from such a region then carries
+//! wire (`io::local`) a WRITE of at least that many bytes from such a region then carries
 //! no data: it is one packet standing for the whole message and its PSNs, which names the
 //! sender's regions and ranges ([`Piece`]), and the sender's wire hands each region's memfd
 //! to the peer's bell once (`MSG_MR`, before the first packet that names it).
@@ -15,16 +15,17 @@
 //! region deregistered) makes the responder ask again (PSN sequence NAK) and the WRITE comes
 //! with its data; a sender stops pulling on a QP after a few such rewinds.
 //!
-//! `RDMA_SOFT_LOCAL_PULL=0` turns pulls off (regions stay private); a number of bytes sets
-//! [`min_len`].
+//! The device's wire configuration says which WRITEs are pulled
+//! ([`crate::io::UdpConfig::local_pull`], `RDMA_SOFT_LOCAL_PULL`: `off` turns pulls off,
+//! regions stay private; a number of bytes is the shortest WRITE pulled).
 
 use std::os::fd::RawFd;
-use std::sync::OnceLock;
 
 use rdma_proto::memory::MemError;
 
-/// Environment variable: `0` or `off` turns pulled WRITEs off; a number of bytes is the
-/// shortest WRITE pulled and region shared (default [`DEFAULT_MIN`]).
+/// Environment variable: `off` (or `0`) turns pulled WRITEs off; a number of bytes is the
+/// shortest WRITE pulled and region shared (default [`DEFAULT_MIN`]). Read by
+/// [`crate::SoftConfig::from_env`].
 pub const PULL_ENV: &str = "RDMA_SOFT_LOCAL_PULL";
 /// The shortest WRITE pulled by default: below it the copies through the ring cost less
 /// than mapping lookups and the extra packet work.
@@ -73,27 +74,6 @@ pub(crate) const PREFIX: usize = 8;
 pub(crate) fn pieces(payload: &[u8]) -> Option<impl Iterator<Item = Piece> + '_> {
     let rest = payload.get(PREFIX..)?;
     (rest.len() % PIECE == 0).then(|| rest.chunks_exact(PIECE).map(Piece::parse))
-}
-
-/// The shortest WRITE a host-local QP pulls, and the smallest region shared; `None`: off.
-pub(crate) fn min_len() -> Option<u32> {
-    static MIN: OnceLock<Option<u32>> = OnceLock::new();
-    *MIN.get_or_init(|| {
-        if !crate::io::local::enabled_by_env() {
-            return None;
-        }
-        match std::env::var(PULL_ENV).ok().as_deref().map(str::trim) {
-            None | Some("") => Some(DEFAULT_MIN),
-            Some("0" | "off") => None,
-            Some(v) => match v.parse::<u32>() {
-                Ok(n) => Some(n.max(1)),
-                Err(_) => {
-                    tracing::warn!(value = v, "{PULL_ENV}: not a number of bytes; default used");
-                    Some(DEFAULT_MIN)
-                }
-            },
-        }
-    })
 }
 
 /// Copies `len` bytes, from byte `skip` of what the resolved pairs in `source` name, with

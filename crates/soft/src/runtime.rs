@@ -33,25 +33,8 @@
 //! as its peer's socket buffer takes it, so applications keep READs in flight to a few MiB
 //! (several WRs of at most 1 MiB, `max_rd_atomic` bounding how many).
 //!
-//! Measured on loopback (2 shared cores, release; 64 KiB messages for `rc_perf`, 1 GiB for
-//! `RDMA_SOFT_BYTES=1G cargo test --release --test qp_rc`):
-//!
-//! | send window                               | rc_perf SEND / WRITE | qp_rc 1 GiB SEND / WRITE / READ |
-//! |-------------------------------------------|----------------------|---------------------------------|
-//! | runtime's own inferred window (256, old)  | 448 / 313 MiB/s      | 871 / 893 / 894 MiB/s           |
-//! | transport window 256                      | 878 / 881 MiB/s      | 907 / 913 / 922 MiB/s           |
-//! | transport window 128 (chosen)             | 851 / 901 MiB/s      | 865 / 878 / 877 MiB/s           |
-//!
-//! Clean-path figures of 128 and 256 are within run-to-run noise; with injected faults
-//! (`loss=0.05,dup=0.02,reorder=0.05`, 16 MiB) 128 resends half as much after a loss (go-back-N
-//! resends the window: 100k vs 199k retransmitted packets) and was as fast or faster, so it
-//! is the default. Under faults the time went to retransmission timeouts, not to the window:
-//! with `QueuePair::connect`'s old local ACK timeout 14 (67 ms) the faulted qp_rc tests ran
-//! at 3–10 MiB/s (SEND/WRITE 3, READ 10; 6–10 MiB/s with window 128); timeout 12 (17 ms) gave
-//! 21–51, 11 (8.4 ms) 37–51, 10 (4.2 ms) 48–56 MiB/s. `connect` went to 12 for that, then
-//! back to 14: at 1 GiB on a loaded 2-core machine (load 4-5) 12 let a peer that was not
-//! scheduled for 134 ms fail the transfer with `RetryExcErr`; a slower recovery from injected
-//! loss is the better trade than failing transfers on a busy host. Connections made by the CM use the timeout the CM sets.
+//! The window's size and the local ACK timeout were chosen by measurement
+//! (docs/BENCHMARKS.md, "The send window and the ACK timeout").
 
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
@@ -481,9 +464,10 @@ impl Runtime {
     /// error leaves the QP on UDP.
     pub fn set_host_peer(&mut self, qpn: u32, peer: HostPeer) -> Result<()> {
         self.wire.host_connect(peer)?;
+        let min = self.wire.pull_min();
         let ctx = self.get(qpn).ok_or(Error::InvalidArgument("no such QP"))?;
         ctx.host = Some(peer);
-        ctx.rc.set_pull_min(pull::min_len());
+        ctx.rc.set_pull_min(min);
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 use std::fmt::Display;
 use std::net::SocketAddr;
 
-use rdmacm::{Cma, EventChannel};
+use rdmacm::cm::{Cma, EventChannel};
 
 use crate::cli::Tool;
 

@@ -29,7 +29,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use rdma_soft::verbs::{CompletionQueue, ProtectionDomain, QpCap, QpInitAttr};
-use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 
 use crate::events::describe;
 use crate::progress::{Line, Progress};
@@ -617,7 +617,7 @@ const OOB_EVERY: Duration = Duration::from_millis(1);
 
 /// The server's answer to one CM event.
 fn server_event(
-    mut ev: rdmacm::Event,
+    mut ev: rdmacm::cm::Event,
     verbs: &mut Verbs,
     live: &mut HashMap<u64, CmId>,
     established: &mut HashSet<u64>,

@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rdmacm::Event;
+use rdmacm::cm::Event;
 
 use crate::perf::report::Outcome;
 use crate::perf::run::{client_with, server_with};

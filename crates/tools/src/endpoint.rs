@@ -14,7 +14,7 @@ use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
     QpCap, QpInitAttr, QpType, QueuePair,
 };
-use rdmacm::{CmId, Event, EventChannel};
+use rdmacm::cm::{CmId, Event, EventChannel};
 
 use crate::events::EventLog;
 

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use rdmacm::{Event, EventChannel, EventType};
+use rdmacm::cm::{Event, EventChannel, EventType};
 
 /// `NAME, error STATUS`: how rdma-core's tools report an unexpected or failing event.
 pub fn describe(ev: &Event) -> String {

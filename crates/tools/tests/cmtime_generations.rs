@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdmacm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 
 const CMTIME: &str = env!("CARGO_BIN_EXE_cmtime");
 /// Connections per run.

@@ -236,3 +236,44 @@ fn inspection_tools_show_a_live_process() {
     assert_eq!(after, serde_json::json!([]));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `RDMA_SOFT_INSPECT=off` (any off value of docs/CONFIG.md): the same child serves no
+/// socket, and the tools find no process.
+#[test]
+fn inspection_off_serves_no_socket() {
+    let dir = std::env::temp_dir().join(format!("rdma-inspect-off-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_with_a_connected_pair",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, "1")
+        .env(rdma_soft::inspect::DIR_ENV, &dir)
+        .env("RDMA_SOFT_INSPECT", "off")
+        .env_remove("RDMA_SOFT_FAULTS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("READY"));
+    // devices open and QPs connected: a socket would be there by now
+    let served = dir.join(format!("{pid}.sock")).exists();
+    let listed: serde_json::Value =
+        serde_json::from_str(&tool("rdma-soft", &dir, &["-j"])).unwrap();
+    drop(child.stdin.take());
+    let status = child.wait().unwrap();
+    assert!(ready.is_some(), "the child got ready");
+    assert!(status.success(), "child: {status}");
+    assert!(!served, "no inspection socket with RDMA_SOFT_INSPECT=off");
+    assert_eq!(listed, serde_json::json!([]));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -22,7 +22,7 @@ use rdma_soft::verbs::{
     AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair, RecvWr,
     SendOp, SendWr, WcOpcode,
 };
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 const PERF: &str = env!("CARGO_BIN_EXE_rdma-perf");
 const SYNC_SPEC_ID: u64 = 5;

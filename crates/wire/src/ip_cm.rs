@@ -235,7 +235,7 @@ fn private_data_with_header<const N: usize>(
     Ok(out)
 }
 
-/// An rdma_cm port space: the upper bits of an IP-based service id (also `rdmacm::PortSpace`,
+/// An rdma_cm port space: the upper bits of an IP-based service id (also `rdmacm::cm::PortSpace`,
 /// which keys its bind tables by it).
 ///
 /// ```

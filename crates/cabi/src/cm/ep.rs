@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::ptr::null_mut;
 
 use libc::{c_char, c_int, c_void, sockaddr};
-use rdmacm::EventType;
+use rdmacm::cm::EventType;
 
 use super::addr;
 use super::event::{rdma_ack_cm_event, to_c};

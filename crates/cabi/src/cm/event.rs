@@ -7,7 +7,7 @@
 use std::ptr::null_mut;
 
 use libc::{c_char, c_int};
-use rdmacm::{Event, EventType};
+use rdmacm::cm::{Event, EventType};
 
 use super::{id_by_num, new_id, refresh, Id};
 use crate::cm_types::*;

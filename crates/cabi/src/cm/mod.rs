@@ -1,6 +1,6 @@
 //! librdmacm over the `rdmacm` crate: event channels, ids, events (RDMACM_1.x).
 //!
-//! One process-wide [`rdmacm::Cma`] serves every channel; an id's `verbs` is the shared
+//! One process-wide [`rdmacm::cm::Cma`] serves every channel; an id's `verbs` is the shared
 //! context of its device ([`crate::device::cm_context`]), the same pointer for every id on
 //! that device. An id made without a channel is synchronous (rdma-core's rule): each call
 //! waits on a private channel for its own event.
@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use libc::{c_int, c_void, sockaddr};
-use rdmacm::{CmId, CmOption, ConnParam, EventChannel, PortSpace};
+use rdmacm::cm::{CmId, CmOption, ConnParam, EventChannel, PortSpace};
 
 use crate::cm_types::*;
 use crate::device::{cm_context, cma, dev_for};
@@ -279,7 +279,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 }
 
 /// Waits, for a synchronous id, for its next event: Ok if it is `want`.
-pub fn sync_wait(i: &mut Id, want: &[rdmacm::EventType]) -> c_int {
+pub fn sync_wait(i: &mut Id, want: &[rdmacm::cm::EventType]) -> c_int {
     let Some(s) = &i.sync else { return 0 };
     match s.ch.get_event() {
         Ok(ev) => {
@@ -331,7 +331,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     if r != 0 {
         return r;
     }
-    sync_wait(i, &[rdmacm::EventType::AddrResolved])
+    sync_wait(i, &[rdmacm::cm::EventType::AddrResolved])
 }
 
 #[no_mangle]
@@ -347,7 +347,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
     if r != 0 {
         return r;
     }
-    sync_wait(i, &[rdmacm::EventType::RouteResolved])
+    sync_wait(i, &[rdmacm::cm::EventType::RouteResolved])
 }
 
 #[no_mangle]
@@ -414,7 +414,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     if r != 0 {
         return r;
     }
-    sync_wait(i, &[rdmacm::EventType::Established])
+    sync_wait(i, &[rdmacm::cm::EventType::Established])
 }
 
 #[no_mangle]
@@ -437,7 +437,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
     if r != 0 || i.c.qp_type == 4 {
         return r;
     }
-    sync_wait(i, &[rdmacm::EventType::Established])
+    sync_wait(i, &[rdmacm::cm::EventType::Established])
 }
 
 #[no_mangle]

@@ -290,7 +290,9 @@ pub struct RcPair {
     /// The latest arrival time scheduled per direction (to B, to A), for `in_order`.
     last_at: [u64; 2],
     flight: Vec<InFlight>,
-    trace: bool,
+    /// Print every datagram's fate to stderr (off by default; a test may turn it on while
+    /// it looks into a failure). The simulator reads no environment: it is sans-IO.
+    pub trace: bool,
     seq: u64,
     buf: Vec<u8>,
     dgram: Vec<u8>,
@@ -457,7 +459,7 @@ impl RcPair {
             drops: Vec::new(),
             last_at: [0; 2],
             flight: Vec::new(),
-            trace: std::env::var_os("RDMA_SIM_TRACE").is_some(),
+            trace: false,
             seq: 0,
             buf: vec![0; 4096],
             dgram: vec![0; 4096 + 128],

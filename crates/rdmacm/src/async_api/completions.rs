@@ -1,5 +1,5 @@
 //! [`CompletionStream`]: a CQ's completions as a `futures_core::Stream`, for applications
-//! that post their own work requests (on a [`crate::CmId`]'s QP, say).
+//! that post their own work requests (on a [`crate::cm::CmId`]'s QP, say).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 /// spins. The channel should serve this CQ only (its events are consumed here).
 ///
 /// ```no_run
-/// # async fn f(id: &rdmacm::CmId) -> rdmacm::Result<()> {
+/// # async fn f(id: &rdmacm::cm::CmId) -> rdmacm::Result<()> {
 /// use futures::StreamExt;
 /// use rdmacm::verbs::{AccessFlags, QpInitAttr, RecvWr};
 /// // A resolved or requested id: make the CQ with a channel, then the QP.

@@ -2,72 +2,24 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rdma_soft::verbs::{CompletionQueue, Device, ProtectionDomain, QueuePair};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::options::ConnectOptions;
 use super::reconnect::Redial;
-use super::setup::{Parts, Setup};
+use super::setup::Parts;
 use super::shared::{run, Shared, State};
 use super::{blocking, event_error, DISCONNECT_WAIT};
 use crate::channel::EventChannel;
 use crate::cma::Cma;
 use crate::error::{CloseReason, Error, Result};
 use crate::event::Event;
-use crate::ha::HaPolicy;
 use crate::id::CmId;
-use crate::params::{ConnParam, EventType};
+use crate::params::EventType;
 use crate::ports::PortSpace;
-
-/// How [`Connection::connect`] connects.
-///
-/// ```
-/// let o = rdmacm::ConnectOptions { private_data: b"hello".to_vec(), ..Default::default() };
-/// assert_eq!(o.timeout, std::time::Duration::from_secs(2));
-/// assert_eq!(o.connect_timeout, None);
-/// ```
-#[derive(Debug, Clone)]
-pub struct ConnectOptions {
-    /// Private data for the REQ (at most [`super::MAX_REQ_PRIVATE_DATA`], 56 bytes; more is
-    /// `EINVAL`).
-    pub private_data: Vec<u8>,
-    /// Address and route resolution timeout (each step).
-    pub timeout: Duration,
-    /// A bound on the whole connect, resolution to ESTABLISHED (`ETIMEDOUT` after it;
-    /// `None`: the CM's own retries bound the REQ, with the default CM timeouts about 74 s
-    /// for a peer that never answers).
-    pub connect_timeout: Option<Duration>,
-    /// Source address to bind first (`None`: chosen by the route).
-    pub src: Option<SocketAddr>,
-    /// Everything else of the REQ (its `private_data` is replaced by the field above).
-    pub conn_param: ConnParam,
-    /// PD, CQ and QP sizes.
-    pub setup: Setup,
-    /// The context (`None`: [`Cma::global`]).
-    pub cma: Option<Cma>,
-    /// The id's HA policy (`None`: the context's, `RDMACM_HA`); with
-    /// [`crate::HaPolicy::Align`] the connection closes with [`CloseReason::PathMoved`]
-    /// when its path moves off its netdev, and [`Connection::reconnect`] follows it.
-    pub ha: Option<HaPolicy>,
-}
-
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        ConnectOptions {
-            private_data: Vec::new(),
-            timeout: Duration::from_secs(2),
-            connect_timeout: None,
-            src: None,
-            conn_param: ConnParam::default(),
-            setup: Setup::default(),
-            cma: None,
-            ha: None,
-        }
-    }
-}
 
 async fn until<T>(
     deadline: Option<Instant>,
@@ -87,8 +39,9 @@ async fn until<T>(
 ///
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
-/// use rdmacm::{AccessFlags, ConnectOptions, Connection, RemoteBuf, Setup};
-/// let opts = ConnectOptions { src: Some("127.0.0.2:0".parse().unwrap()), ..Default::default() };
+/// use rdmacm::verbs::AccessFlags;
+/// use rdmacm::{ConnectOptions, Connection, RemoteBuf, Setup};
+/// let opts = ConnectOptions::new().src("127.0.0.2:0".parse().unwrap());
 /// let mut r = Connection::resolve("127.0.0.1:7471".parse().unwrap(), opts).await?;
 /// let pd = r.device().alloc_pd()?;
 /// let mr = pd.register(vec![0u8; 1 << 20], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -112,7 +65,7 @@ impl std::fmt::Debug for Resolved {
 }
 
 impl Resolved {
-    /// The device the connection will use (allocate a [`Setup::pd`] on it).
+    /// The device the connection will use (allocate a [`Setup::pd`](super::Setup::pd) on it).
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -196,11 +149,9 @@ pub(super) async fn wait_established(ch: &EventChannel) -> Result<Event> {
 ///
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
-/// let opts = rdmacm::ConnectOptions {
-///     private_data: b"hi".to_vec(),
-///     src: Some("127.0.0.2:0".parse().unwrap()), // one process per address: bind another
-///     ..Default::default()
-/// };
+/// let opts = rdmacm::ConnectOptions::new()
+///     .private_data(b"hi".to_vec())
+///     .src("127.0.0.2:0".parse().unwrap()); // any local address: processes share them
 /// let c = rdmacm::Connection::connect("127.0.0.1:7471".parse().unwrap(), opts).await?;
 /// c.send(b"ping").await?;
 /// let reply = c.recv().await?;
@@ -306,7 +257,10 @@ impl Connection {
             AsyncFd::register_with_interest(parts.cc.clone(), tokio::io::Interest::READABLE)
         }
         .map_err(|e| Error::Io(std::io::Error::from(e)))?;
-        let driver = id.device().and_then(|d| super::driver::for_device(&d));
+        let driver = id
+            .device()
+            .filter(|_| id.inner.config.async_driver)
+            .and_then(|d| super::driver::for_device(&d));
         let id = Arc::new(id);
         let sh = Arc::new(Shared {
             parts,
@@ -340,7 +294,7 @@ impl Connection {
         &self.sh.parts.cq
     }
 
-    /// The PD of the QP (the one given in [`Setup::pd`], if any).
+    /// The PD of the QP (the one given in [`Setup::pd`](super::Setup::pd), if any).
     pub fn pd(&self) -> &ProtectionDomain {
         self.sh.parts.qp.pd()
     }

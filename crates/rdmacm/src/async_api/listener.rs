@@ -57,7 +57,8 @@ impl std::fmt::Debug for Listener {
 ///
 /// ```no_run
 /// # async fn f(l: &rdmacm::Listener) -> rdmacm::Result<()> {
-/// use rdmacm::{AcceptOptions, AccessFlags, RemoteBuf, Setup};
+/// use rdmacm::{AcceptOptions, RemoteBuf, Setup};
+/// use rdmacm::verbs::AccessFlags;
 /// let req = l.incoming().await?;
 /// let pd = req.device().alloc_pd()?;
 /// let mr = pd.register(vec![0u8; 1 << 20], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -159,15 +160,40 @@ impl Drop for Incoming {
     }
 }
 
-impl Listener {
-    /// Binds and listens on `addr` (backlog 1024) on the global context. `EADDRINUSE`
-    /// when another listener holds it.
-    pub async fn bind(addr: SocketAddr) -> Result<Listener> {
-        Listener::bind_with(addr, None).await
+/// How [`Listener`]s are made: the context and the backlog ([`Listener::builder`]).
+///
+/// ```no_run
+/// # async fn f() -> rdmacm::Result<()> {
+/// let cma = rdmacm::cm::Cma::new()?;
+/// let l = rdmacm::Listener::builder()
+///     .cma(cma)
+///     .backlog(64)
+///     .bind("127.0.0.1:7471".parse().unwrap())
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ListenerBuilder {
+    cma: Option<Cma>,
+    backlog: usize,
+}
+
+impl ListenerBuilder {
+    /// The context to listen in (default: [`Cma::global`]).
+    pub fn cma(mut self, cma: Cma) -> Self {
+        self.cma = Some(cma);
+        self
     }
 
-    /// Binds and listens on `addr` on `cma` (`None`: the global context).
-    pub async fn bind_with(addr: SocketAddr, cma: Option<Cma>) -> Result<Listener> {
+    /// Requests waiting to be taken at most (`rdma_listen`'s backlog; 0, the default: 1024).
+    pub fn backlog(mut self, backlog: usize) -> Self {
+        self.backlog = backlog;
+        self
+    }
+
+    /// Binds and listens on `addr`. `EADDRINUSE` when another listener holds it.
+    pub async fn bind(self, addr: SocketAddr) -> Result<Listener> {
+        let ListenerBuilder { cma, backlog } = self;
         let (ch, id) = blocking(move || {
             let cma = match cma {
                 Some(c) => c,
@@ -176,7 +202,7 @@ impl Listener {
             let ch = EventChannel::with_cma(&cma)?;
             let id = CmId::new(&ch, PortSpace::Tcp)?;
             id.bind_addr(addr)?;
-            id.listen(0)?;
+            id.listen(backlog)?;
             Ok((ch, id))
         })
         .await?;
@@ -184,6 +210,19 @@ impl Listener {
             ch: Arc::new(ch),
             id: Some(id),
         })
+    }
+}
+
+impl Listener {
+    /// Binds and listens on `addr` (backlog 1024) on the global context. `EADDRINUSE`
+    /// when another listener holds it.
+    pub async fn bind(addr: SocketAddr) -> Result<Listener> {
+        Listener::builder().bind(addr).await
+    }
+
+    /// A builder for a listener in another context or with another backlog.
+    pub fn builder() -> ListenerBuilder {
+        ListenerBuilder::default()
     }
 
     /// The bound address (with the chosen port).

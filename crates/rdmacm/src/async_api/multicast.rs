@@ -47,7 +47,8 @@ pub struct Datagram {
 ///
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
-/// use rdmacm::{McJoinFlags, Multicast};
+/// use rdmacm::cm::McJoinFlags;
+/// use rdmacm::Multicast;
 /// let bind = "192.0.2.1:0".parse().unwrap();
 /// let mut m = Multicast::join(bind, "239.1.2.3:0".parse().unwrap()).await?;
 /// m.send(b"hello, group").await?;
@@ -182,7 +183,7 @@ impl Multicast {
     }
 
     /// The id's CM events (MULTICAST_ERROR when the group is lost, ADDR_CHANGE ...).
-    pub async fn next_event(&self) -> Result<crate::Event> {
+    pub async fn next_event(&self) -> Result<crate::cm::Event> {
         self.ch.next_event().await
     }
 
@@ -201,7 +202,7 @@ impl Multicast {
             .with_sge(self.send_mr.sge(0, data.len() as u32)?)
             .with_ud(
                 self.ah
-                    .dest(crate::params::MULTICAST_QPN, crate::RDMA_UDP_QKEY),
+                    .dest(crate::params::MULTICAST_QPN, crate::cm::RDMA_UDP_QKEY),
             )
             .signaled();
         self.qp.post_send(&wr)?;
@@ -261,7 +262,7 @@ impl Multicast {
 }
 
 /// An event where another was expected: its errno when it has one.
-fn event_error(ev: &crate::Event) -> Error {
+fn event_error(ev: &crate::cm::Event) -> Error {
     if ev.status() < 0 {
         return Error::Io(std::io::Error::from_raw_os_error(-ev.status()));
     }

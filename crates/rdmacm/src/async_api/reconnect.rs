@@ -36,7 +36,7 @@ pub struct Reconnected {
 
 impl Connection {
     /// Connects again to the same peer after the connection closed (typically
-    /// [`crate::CloseReason::PathMoved`] under [`crate::HaPolicy::Align`]), on the route
+    /// [`crate::CloseReason::PathMoved`] under [`crate::cm::HaPolicy::Align`]), on the route
     /// the IP stack uses now, keeping the PD, the CQ and every memory region: no
     /// re-registration, a [`crate::RemoteBuf`] handed out before stays valid. A new id
     /// (with the old one's HA policy) and a new QP are made; `private_data` goes in the

@@ -53,7 +53,7 @@ pub(crate) fn scoped(sa: &SocketAddr) -> ScopedIp {
 /// Active side:
 /// ```no_run
 /// use std::time::Duration;
-/// use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+/// use rdmacm::cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 /// # fn f() -> rdmacm::Result<()> {
 /// let ch = EventChannel::new()?;
 /// let id = CmId::new(&ch, PortSpace::Tcp)?;
@@ -70,7 +70,7 @@ pub(crate) fn scoped(sa: &SocketAddr) -> ScopedIp {
 ///
 /// Passive side:
 /// ```no_run
-/// use rdmacm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+/// use rdmacm::cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
 /// # fn f() -> rdmacm::Result<()> {
 /// let ch = EventChannel::new()?;
 /// let listener = CmId::new(&ch, PortSpace::Tcp)?;
@@ -132,7 +132,7 @@ impl CmId {
         Ok(CmId { inner, num })
     }
 
-    /// The id's number (what [`crate::Event::id_num`] refers to).
+    /// The id's number (what [`crate::cm::Event::id_num`] refers to).
     pub fn num(&self) -> u64 {
         self.num
     }
@@ -148,7 +148,7 @@ impl CmId {
         self.with(|s| s.state).unwrap_or(IdState::Destroying)
     }
 
-    /// The user context reported with this id's events ([`crate::Event::context`]).
+    /// The user context reported with this id's events ([`crate::cm::Event::context`]).
     pub fn set_context(&self, ctx: u64) {
         let _ = self.with(|s| s.context = ctx);
     }
@@ -191,8 +191,8 @@ impl CmId {
     /// requests. Same as `set_option(CmOption::HaPolicy(p))`.
     ///
     /// ```no_run
-    /// # fn f(ch: &rdmacm::EventChannel) -> rdmacm::Result<()> {
-    /// use rdmacm::{CmId, HaPolicy, PortSpace};
+    /// # fn f(ch: &rdmacm::cm::EventChannel) -> rdmacm::Result<()> {
+    /// use rdmacm::cm::{CmId, HaPolicy, PortSpace};
     /// let id = CmId::new(ch, PortSpace::Tcp)?;
     /// id.set_ha_policy(HaPolicy::Align)?;
     /// assert_eq!(id.ha_policy(), HaPolicy::Align);
@@ -276,7 +276,7 @@ impl CmId {
     /// that device) and moves it to INIT; connect/accept then take it to RTR and RTS.
     /// On a UD id (`init` of type UD), as librdmacm: the UD QP goes to RTS at once, with
     /// Q_Key `RDMA_UDP_QKEY`, receiving on the id's source address (for multicast:
-    /// [`CmId::join_multicast`]; SIDR still takes `qp_num` in [`crate::ConnParam`]).
+    /// [`CmId::join_multicast`]; SIDR still takes `qp_num` in [`crate::cm::ConnParam`]).
     /// `EINVAL` without a device, with a QP already, or for a QP type not the id's.
     pub fn create_qp(
         &self,

@@ -4,11 +4,6 @@
 use crate::error::{Error, Result};
 
 /// Where ports come from and who may take low ones.
-///
-/// ```
-/// let c = rdmacm::PortConfig { ephemeral: (32768, 60999), privileged_below: 1024, may_bind_privileged: false };
-/// assert_eq!(c.ephemeral.1, 60999);
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortConfig {
     /// Inclusive range ephemeral ports are taken from (`net.ipv4.ip_local_port_range`).
@@ -45,7 +40,7 @@ impl PortConfig {
 }
 
 /// `net.ipv4.ip_local_port_range` of the calling thread's namespace.
-pub fn read_local_port_range() -> Result<(u16, u16)> {
+pub(crate) fn read_local_port_range() -> Result<(u16, u16)> {
     let s = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
     parse_port_range(&s)
 }

@@ -12,20 +12,15 @@ mod config;
 #[cfg(test)]
 mod tests;
 
-pub use config::{read_local_port_range, PortConfig};
+#[cfg(test)]
+use config::read_local_port_range;
+pub use config::PortConfig;
 
 /// An rdma_cm port space (`enum rdma_ucm_port_space`); each has its own bind table. The
 /// one type of the workspace, defined next to the service ids that encode it.
 pub use rdma_wire::ip_cm::PortSpace;
 
-/// What an id asks to bind.
-///
-/// ```
-/// use rdmacm::BindRequest;
-/// let r = BindRequest::new("0.0.0.0".parse().unwrap(), 0).reuseaddr(true);
-/// assert!(r.afonly); // IPv4 ids are AF-only
-/// assert!(!BindRequest::new("::".parse().unwrap(), 0).afonly);
-/// ```
+/// What an id asks to bind (IPv4 ids are AF-only: `tests.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BindRequest {
     /// Local address: wildcard or specific. Loopback addresses are specific here (Linux
@@ -67,6 +62,7 @@ impl BindRequest {
     }
 
     /// Sets the peer (connect-time ephemeral allocation).
+    #[cfg(test)]
     pub fn connecting_to(mut self, peer: SocketAddr) -> Self {
         self.peer = Some(peer);
         self
@@ -94,21 +90,9 @@ struct Owner {
 /// (a).6): skipped if both set REUSEADDR (a listening id counts as not reusing), or both
 /// are AF-only of different families; otherwise either address a wildcard ⇒
 /// `EADDRNOTAVAIL`, identical addresses ⇒ `EADDRINUSE`, different addresses coexist.
-/// Explicit ports below 1024 need `CAP_NET_BIND_SERVICE` (`EACCES`).
-///
-/// ```
-/// use rdmacm::{BindRequest, PortConfig, PortSpace, PortTables};
-/// let mut t = PortTables::new(PortConfig::default());
-/// let (h, port) = t.bind(PortSpace::Tcp, &BindRequest::new("192.0.2.1".parse().unwrap(), 7471)).unwrap();
-/// assert_eq!(port, 7471);
-/// let again = t.bind(PortSpace::Tcp, &BindRequest::new("192.0.2.1".parse().unwrap(), 7471));
-/// assert_eq!(again.unwrap_err().errno(), libc::EADDRINUSE);
-/// // Another port space is another table.
-/// assert!(t.bind(PortSpace::Udp, &BindRequest::new("192.0.2.1".parse().unwrap(), 7471)).is_ok());
-/// t.release(h);
-/// ```
+/// Explicit ports below 1024 need `CAP_NET_BIND_SERVICE` (`EACCES`). Examples: `tests.rs`.
 #[derive(Debug)]
-pub struct PortTables {
+pub(crate) struct PortTables {
     config: PortConfig,
     ports: HashMap<(PortSpace, u16), Vec<Owner>>,
     handles: HashMap<u64, (PortSpace, u16)>,
@@ -141,6 +125,7 @@ impl PortTables {
     }
 
     /// The configuration in use.
+    #[cfg(test)]
     pub fn config(&self) -> &PortConfig {
         &self.config
     }
@@ -228,6 +213,7 @@ impl PortTables {
     }
 
     /// The port space and port of a binding.
+    #[cfg(test)]
     pub fn port_of(&self, h: BindHandle) -> Option<(PortSpace, u16)> {
         self.handles.get(&h.0).copied()
     }

@@ -223,3 +223,22 @@ fn connect_time_ephemeral_port_shared_when_tuple_unique() {
         libc::EADDRNOTAVAIL
     );
 }
+
+#[test]
+fn one_table_per_port_space_and_ipv4_ids_are_af_only() {
+    let r = BindRequest::new("0.0.0.0".parse().unwrap(), 0).reuseaddr(true);
+    assert!(r.afonly);
+    assert!(!BindRequest::new("::".parse().unwrap(), 0).afonly);
+    let mut t = PortTables::new(PortConfig::default());
+    let a = || BindRequest::new("192.0.2.1".parse().unwrap(), 7471);
+    let (h, port) = t.bind(PortSpace::Tcp, &a()).unwrap();
+    assert_eq!(port, 7471);
+    assert_eq!(
+        t.bind(PortSpace::Tcp, &a()).unwrap_err().errno(),
+        libc::EADDRINUSE
+    );
+    // another port space is another table
+    assert!(t.bind(PortSpace::Udp, &a()).is_ok());
+    t.release(h);
+    assert!(t.bind(PortSpace::Tcp, &a()).is_ok());
+}

@@ -30,14 +30,14 @@ pub use types::{Binding, GidEntry, Netdev, ResolvedAddr, RouteQuery};
 /// ```no_run
 /// # async fn f() -> rdmacm::Result<()> {
 /// use std::time::Duration;
-/// use rdmacm::{Resolver, ScopedIp};
+/// use rdmacm::host::{Resolver, ScopedIp};
 /// let r = Resolver::new()?;
 /// let b = r.bind(&"127.0.0.1".parse()?).await?;
 /// assert_eq!(b.netdev.as_ref().map(|n| n.name.as_str()), Some("lo"));
 /// let dst: ScopedIp = "127.0.0.1".parse()?;
 /// let a = r.resolve_addr(None, &dst, None, Duration::from_secs(2)).await?;
 /// assert!(a.loopback);
-/// let path = r.resolve_route(&a, &rdmacm::RouteParams::default()).await?;
+/// let path = r.resolve_route(&a, &rdmacm::host::RouteParams::default()).await?;
 /// println!("{} -> {} mtu {:?}", path.sgid, path.dgid, path.mtu);
 /// # Ok(()) }
 /// ```
@@ -65,7 +65,7 @@ impl Resolver {
     /// [`HostView::at_once`]).
     ///
     /// ```no_run
-    /// # async fn f(r: &rdmacm::Resolver) -> rdmacm::Result<()> {
+    /// # async fn f(r: &rdmacm::host::Resolver) -> rdmacm::Result<()> {
     /// let b = r.at_once().bind(&"127.0.0.1".parse()?).await?;
     /// # let _ = b;
     /// # Ok(()) }

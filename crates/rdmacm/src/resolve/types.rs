@@ -50,11 +50,11 @@ impl Netdev {
     }
 }
 
-/// The result of [`crate::Resolver::bind`]: the local address and, for a specific address, the
+/// The result of [`crate::host::Resolver::bind`]: the local address and, for a specific address, the
 /// netdev (device) the id is bound to.
 ///
 /// ```
-/// use rdmacm::Binding;
+/// use rdmacm::host::Binding;
 /// let wild = Binding { addr: "0.0.0.0".parse().unwrap(), scope: None, netdev: None };
 /// assert!(wild.is_wildcard());
 /// assert!(wild.accepts(7, "192.0.2.1".parse().unwrap(), true));
@@ -98,7 +98,7 @@ pub struct GidEntry {
 }
 
 /// The route lookup behind a resolution: `ip route get DST [from SRC] [oif OIF]`. Kept so
-/// that the [`crate::Watcher`] can ask the same question again when routes change.
+/// that the [`crate::host::Watcher`] can ask the same question again when routes change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteQuery {
     /// Destination (the peer).
@@ -111,13 +111,13 @@ pub struct RouteQuery {
     pub oif: Option<u32>,
 }
 
-/// The outcome of address resolution (active side) or of [`crate::Resolver::accept_path`]
+/// The outcome of address resolution (active side) or of [`crate::host::Resolver::accept_path`]
 /// (passive side): the netdev and everything the route and the CM need.
 ///
 /// ```no_run
 /// # fn f() -> rdmacm::Result<()> {
 /// use std::time::Duration;
-/// let r = rdmacm::BlockingResolver::new()?;
+/// let r = rdmacm::host::BlockingResolver::new()?;
 /// let a = r.resolve_addr(None, &"192.0.2.2".parse()?, None, Duration::from_secs(2))?;
 /// println!(
 ///     "device {} ({}), {} -> {} via {:?}, dmac {:?}, loopback {}",
@@ -155,7 +155,7 @@ pub struct ResolvedAddr {
     pub dmac: Option<MacAddr>,
     /// MTU of `netdev` in bytes.
     pub mtu: u32,
-    /// Hop limit / TTL for the path (see [`crate::Resolver::resolve_addr`]).
+    /// Hop limit / TTL for the path (see [`crate::host::Resolver::resolve_addr`]).
     pub hop_limit: u8,
     /// The peer is one of this host's addresses: the connection stays on the host.
     pub loopback: bool,
@@ -163,7 +163,7 @@ pub struct ResolvedAddr {
     pub query: RouteQuery,
 }
 
-/// What [`crate::Resolver::choose`] picked for a query.
+/// What [`crate::host::Resolver::choose`] picked for a query.
 #[derive(Debug, Clone)]
 pub(crate) struct Choice {
     pub(crate) netdev: Link,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rdma_hostview::{Link, MacAddr};
 use rdma_testhosts::Host;
-use rdmacm::{BlockingResolver, Notification, ScopedIp, Watcher};
+use rdmacm::host::{BlockingResolver, Notification, ScopedIp, Watcher};
 
 /// Runs `f` inside `h` with a fresh blocking resolver.
 pub fn with_resolver<R: Send>(h: &Host, f: impl FnOnce(&BlockingResolver) -> R + Send) -> R {

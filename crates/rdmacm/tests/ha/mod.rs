@@ -5,7 +5,8 @@
 pub mod stream;
 
 use rdma_testhosts::{topologies, Host, Topology};
-use rdmacm::{Cma, CmaConfig, ConnectOptions, Connection, DeviceSpec, HaPolicy, Listener};
+use rdmacm::cm::{Cma, CmaConfig, DeviceSpec, HaPolicy};
+use rdmacm::{ConnectOptions, Connection, Listener};
 
 use crate::common::{wait_running, with_resolver};
 
@@ -34,16 +35,25 @@ pub fn rt() -> tokio::runtime::Runtime {
 /// A context with one device `name` over `first` (port 1) and `second` (port 2), ids
 /// starting with `ha` (and `stay` as `CmaConfig::ha_stay`).
 pub fn group(name: &str, first: &str, second: &str, ha: HaPolicy, stay: bool) -> Cma {
-    Cma::with_config(CmaConfig {
-        devices: Some(vec![DeviceSpec {
-            netdev: first.into(),
-            name: Some(name.into()),
-            more: vec![second.into()],
-        }]),
-        ha,
-        ha_stay: stay,
-    })
+    let spec = DeviceSpec {
+        netdev: first.into(),
+        name: Some(name.into()),
+        more: vec![second.into()],
+    };
+    Cma::with_config(
+        CmaConfig::builder()
+            .device_specs(Some(vec![spec]))
+            .ha(ha)
+            .ha_stay(stay)
+            .soft(soft())
+            .build(),
+    )
     .unwrap()
+}
+
+/// The devices' settings: the environment's (`RDMA_SOFT_FAULTS` in `ha_migrate_loss`).
+fn soft() -> rdma_soft::SoftConfig {
+    rdma_soft::SoftConfig::from_env().unwrap()
 }
 
 /// B's listener on `addr`, its device group hb (b0 + b1) under migrate (`stay` as
@@ -54,7 +64,7 @@ pub async fn listen_b(
     ready: &std::sync::mpsc::Sender<()>,
 ) -> Listener {
     let cma = group("hb", "b0", "b1", HaPolicy::Migrate, stay);
-    let l = Listener::bind_with(addr, Some(cma)).await.unwrap();
+    let l = Listener::builder().cma(cma).bind(addr).await.unwrap();
     ready.send(()).unwrap();
     l
 }
@@ -62,10 +72,7 @@ pub async fn listen_b(
 /// H's connection to `addr` over its device group ha (h0 + h1) under migrate (`stay` as
 /// `CmaConfig::ha_stay`).
 pub async fn connect_h(addr: std::net::SocketAddr, stay: bool) -> Connection {
-    let opts = ConnectOptions {
-        cma: Some(group("ha", "h0", "h1", HaPolicy::Migrate, stay)),
-        ..Default::default()
-    };
+    let opts = ConnectOptions::new().cma(group("ha", "h0", "h1", HaPolicy::Migrate, stay));
     within("connect", Connection::connect(addr, opts))
         .await
         .unwrap()
@@ -73,11 +80,7 @@ pub async fn connect_h(addr: std::net::SocketAddr, stay: bool) -> Connection {
 
 /// A context whose ids start with `ha`.
 pub fn cma(ha: HaPolicy) -> Cma {
-    Cma::with_config(CmaConfig {
-        ha,
-        ..CmaConfig::default()
-    })
-    .unwrap()
+    Cma::with_config(CmaConfig::builder().ha(ha).soft(soft()).build()).unwrap()
 }
 
 /// H and B with two links, B's address over h0 (metric 10) and h1 (metric 100), reverse

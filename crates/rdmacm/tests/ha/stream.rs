@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{Host, Topology};
-use rdmacm::{AcceptOptions, Connection, EventType, HaPolicy};
+use rdmacm::cm::{EventType, HaPolicy};
+use rdmacm::{AcceptOptions, Connection};
 
 use super::{connect_h, listen_b, rt, within, B_ADDR, HANG};
 

@@ -7,7 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
-use rdmacm::{Cma, ConnectOptions, Connection, Listener, RemoteBuf};
+use rdmacm::cm::Cma;
+use rdmacm::{ConnectOptions, Connection, Listener, RemoteBuf};
 
 use crate::aio::within;
 
@@ -104,13 +105,15 @@ impl Drop for Server {
 
 /// A client connection to the child on `port`, in a context of its own.
 pub async fn connect(port: u16) -> Connection {
+    connect_with(port, rdmacm::cm::CmaConfig::from_env().unwrap()).await
+}
+
+/// [`connect`] from a context configured by `cfg`.
+pub async fn connect_with(port: u16, cfg: rdmacm::cm::CmaConfig) -> Connection {
     // no bind: the source is chosen as for any 127.0.0.1 destination; a context (and so a
     // device, whose counters the test reads) per test
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let opts = ConnectOptions {
-        cma: Some(Cma::new().unwrap()),
-        ..ConnectOptions::default()
-    };
+    let opts = ConnectOptions::new().cma(Cma::with_config(cfg).unwrap());
     within("connect", Connection::connect(addr, opts))
         .await
         .unwrap()

@@ -12,11 +12,11 @@ use std::process::{Child, Stdio};
 use std::sync::mpsc;
 
 use rdma_testhosts::{Host, Topology};
+use rdmacm::cm::{CmId, Cma, Event, EventChannel, EventType, McJoinFlags, PortSpace};
 use rdmacm::verbs::{
     AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr,
     QueuePair, RecvWr, SendOp, SendWr, WcStatus,
 };
-use rdmacm::{CmId, Cma, Event, EventChannel, EventType, McJoinFlags, PortSpace};
 
 /// Bytes of the GRH in front of a UD receive.
 pub const GRH: usize = 40;

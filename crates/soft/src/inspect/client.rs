@@ -15,19 +15,20 @@ pub const DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
 /// How long a query waits for one process's answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The per-user directory of the inspection sockets: `$RDMA_SOFT_INSPECT_DIR`, else the
+/// The per-user directory of the inspection sockets: the process's [`crate::SoftConfig::inspect_dir`]
+/// (`$RDMA_SOFT_INSPECT_DIR`), else the
 /// runtime directory the sharing wires use ([`crate::io::share::runtime_dir`]:
 /// `$RDMA_SOFT_RUNDIR`, else the first private one of ours among
 /// `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`, `/tmp/rdma-soft-$UID`, else
-/// our fresh one in `/tmp`), else `/tmp/rdma-soft-<uid>`.
+/// the private `/tmp/rdma-soft-$UID-XXXXXX` all our processes share), else `/tmp/rdma-soft-<uid>`.
 ///
 /// ```
 /// let d = rdma_soft::inspect::runtime_dir();
-/// assert!(d.is_absolute() || std::env::var_os(rdma_soft::inspect::DIR_ENV).is_some());
+/// assert!(d.is_absolute() || rdma_soft::SoftConfig::from_env().unwrap().inspect_dir.is_some());
 /// ```
 pub fn runtime_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+    if let Some(d) = &crate::config::process().inspect_dir {
+        return d.clone();
     }
     if let Ok(d) = crate::io::share::runtime_dir() {
         return d;
@@ -41,10 +42,7 @@ pub fn runtime_dir() -> PathBuf {
 /// a symlink) in /tmp is refused rather than used. The shared runtime directory was made
 /// and checked when chosen.
 pub(super) fn ensure_dir() -> std::io::Result<PathBuf> {
-    if std::env::var_os(DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .is_none()
-    {
+    if crate::config::process().inspect_dir.is_none() {
         return crate::io::share::runtime_dir().map_err(std::io::Error::other);
     }
     let dir = runtime_dir();

@@ -34,7 +34,8 @@ mod server;
 
 pub use client::{query_all, runtime_dir, Answer, DIR_ENV};
 
-/// Set to `0` to serve no inspection socket in this process.
+/// Environment variable: `off` serves no inspection socket in this process (default: on;
+/// read by [`crate::SoftConfig::from_env`]).
 pub const ENABLE_ENV: &str = "RDMA_SOFT_INSPECT";
 
 type Snap = Box<dyn Fn() -> Value + Send + Sync>;
@@ -85,7 +86,8 @@ impl std::fmt::Debug for Provider {
 
 /// Registers `f` under `kind`: each [`snapshot`] calls it and lists what it returns under
 /// `kind` (an array is spliced in, so a provider may answer several items). The first
-/// provider of a process starts its inspection socket (unless `RDMA_SOFT_INSPECT=0`).
+/// provider of a process starts its inspection socket, unless the process's configuration
+/// turned inspection off ([`crate::SoftConfig::inspect`], `RDMA_SOFT_INSPECT=off`).
 ///
 /// `f` runs in the inspection thread: it may take the locks the application takes, briefly,
 /// and must not block on anything else.
@@ -101,7 +103,7 @@ pub fn register(kind: &'static str, f: Box<dyn Fn() -> Value + Send + Sync>) -> 
         running: Mutex::new(()),
     });
     r.entries.push(entry.clone());
-    if r.server.is_none() && std::env::var(ENABLE_ENV).map_or(true, |v| v != "0") {
+    if r.server.is_none() && crate::config::process().inspect {
         r.server = server::Server::start();
     }
     Provider { entry }

@@ -1,7 +1,8 @@
 //! Fault injection between the transport and the sockets: loss, duplication, reordering, delay
 //! and corruption, seeded and deterministic per seed.
 //!
-//! Off by default. Any program using the device switches it on from its environment:
+//! Off by default. Any program using the device switches it on from its environment
+//! ([`crate::SoftConfig::from_env`]) or in its configuration ([`super::UdpConfig::faults`]):
 //!
 //! ```text
 //! RDMA_SOFT_FAULTS=loss=0.05,dup=0.02,reorder=0.05,delay=0.1:2ms,corrupt=0.01,seed=7,dir=send
@@ -26,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
 
-/// Name of the environment variable read by [`FaultSpec::from_env`].
+/// The environment variable of fault injection, read by [`crate::SoftConfig::from_env`]
+/// (into [`super::UdpConfig::faults`]).
 pub const FAULTS_ENV: &str = "RDMA_SOFT_FAULTS";
 
 /// Where faults are applied.
@@ -92,29 +94,6 @@ impl Default for FaultSpec {
 }
 
 impl FaultSpec {
-    /// The spec in [`FAULTS_ENV`]; `Ok(None)` when it is unset or empty, an error naming the
-    /// variable when it does not parse.
-    pub fn from_env() -> Result<Option<FaultSpec>> {
-        match std::env::var(FAULTS_ENV) {
-            Ok(s) if s.trim().is_empty() => Ok(None),
-            Ok(s) => {
-                tracing::debug!(spec = %s, "fault injection from {FAULTS_ENV}");
-                s.parse().map(Some).map_err(|e| match e {
-                    Error::FaultSpec { spec, reason } => Error::FaultSpec {
-                        spec: format!("{FAULTS_ENV}={spec}"),
-                        reason,
-                    },
-                    other => other,
-                })
-            }
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => Err(Error::FaultSpec {
-                spec: FAULTS_ENV.into(),
-                reason: "not valid UTF-8".into(),
-            }),
-        }
-    }
-
     /// Whether faults apply to sent datagrams.
     pub fn on_send(&self) -> bool {
         matches!(self.dir, FaultDir::Send | FaultDir::Both)
@@ -491,19 +470,6 @@ mod tests {
             assert!(msg.contains(needle), "{bad}: {msg}");
             assert!(msg.contains(bad), "the message quotes the spec: {msg}");
         }
-    }
-
-    #[test]
-    fn from_env_names_the_variable() {
-        // The variable is process-wide: this is the only test that sets it.
-        std::env::set_var(FAULTS_ENV, "loss=oops");
-        let e = FaultSpec::from_env().unwrap_err().to_string();
-        assert!(e.contains("RDMA_SOFT_FAULTS=loss=oops"), "{e}");
-        std::env::set_var(FAULTS_ENV, "seed=3,dir=recv");
-        let s = FaultSpec::from_env().unwrap().unwrap();
-        assert!(s.on_recv() && !s.on_send());
-        std::env::remove_var(FAULTS_ENV);
-        assert_eq!(FaultSpec::from_env().unwrap(), None);
     }
 
     fn run(spec: &FaultSpec, n: usize) -> (Vec<Verdict>, Vec<Vec<u8>>) {

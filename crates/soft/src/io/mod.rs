@@ -56,7 +56,9 @@ use std::time::Instant;
 pub use addr::{ParseWireAddrError, WireAddr};
 pub use claim::{claim_scans, PortClaim, CLAIMS_FRESH};
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
-pub use local::{HostPeer, LocalStats};
+pub(crate) use local::valid_ring_size;
+pub use local::{HostPeer, LocalStats, LOCAL_RING_ENV, LOCAL_WIRE_ENV};
+pub use share::RUNDIR_ENV;
 pub(crate) use sys::netdev_mtu;
 pub use udp::UdpWire;
 pub use udp_config::{UdpConfig, ROCE_PORT};
@@ -310,6 +312,12 @@ pub trait DatagramWire: Send {
     /// carry it in the top byte (see [`steer`]).
     fn share_slot(&mut self) -> Result<Option<u8>> {
         Ok(None)
+    }
+
+    /// The shortest WRITE a QP on this wire's host-local channel pulls ([`UdpConfig::pull_min`]),
+    /// `None` when it pulls none (the default).
+    fn pull_min(&self) -> Option<u32> {
+        None
     }
 
     /// This wire's host-local identity ([`local`]; set up on first call), or `None` when it

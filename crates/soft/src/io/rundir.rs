@@ -156,9 +156,9 @@ pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pin
 /// `/tmp/rdma-soft-$UID` (each only when its parent exists).
 pub(crate) fn candidates(uid: u32) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
-        if Path::new(&x).is_dir() {
-            v.push(Path::new(&x).join("rdma-soft"));
+    if let Some(x) = crate::config::xdg_runtime_dir() {
+        if x.is_dir() {
+            v.push(x.join("rdma-soft"));
         }
     }
     let run = PathBuf::from(format!("/run/user/{uid}"));

@@ -39,8 +39,8 @@ pub fn runtime_dir() -> Result<PathBuf> {
     let r = DIR.get_or_init(|| {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
-        let r = match std::env::var_os(RUNDIR_ENV) {
-            Some(d) => super::rundir::open_private(Path::new(&d), uid),
+        let r = match &crate::config::process().runtime_dir {
+            Some(d) => super::rundir::open_private(d, uid),
             None => super::rundir::choose(&super::rundir::candidates(uid), uid, Path::new("/tmp")),
         };
         if let Ok(p) = &r {

@@ -500,6 +500,10 @@ impl DatagramWire for UdpWire {
         self.recv_with_local(deliver)
     }
 
+    fn pull_min(&self) -> Option<u32> {
+        self.cfg.pull_min()
+    }
+
     fn host_local(&mut self) -> Option<super::HostPeer> {
         self.local_id()
     }

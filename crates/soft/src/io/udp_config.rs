@@ -34,7 +34,7 @@ pub struct UdpConfig {
     /// UDP GRO on receive (`UDP_GRO`): the kernel hands over up to 64 KiB of one flow's
     /// datagrams in one receive, which the wire splits (segment k checked for IPv4
     /// Identification k, as a GSO sender seals it). The receive buffers then take 64 KiB each
-    /// (2 MiB for a batch of 32). `RDMA_SOFT_GRO=0` (or `off`, `no`, `false`) turns it off.
+    /// (2 MiB for a batch of 32). `RDMA_SOFT_GRO=off` turns it off.
     pub gro: bool,
     /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
     /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
@@ -42,10 +42,14 @@ pub struct UdpConfig {
     pub share: bool,
     /// The host-local wire ([`super::local`]) for QPs whose peer is one of our processes on
     /// this host; needs `share`, and is not used while faults are injected (they apply to
-    /// UDP only). `RDMA_SOFT_LOCAL_WIRE=0` turns it off.
+    /// UDP only). `RDMA_SOFT_LOCAL_WIRE=off` turns it off.
     pub host_local: bool,
     /// Bytes per host-local ring (`RDMA_SOFT_LOCAL_RING`).
     pub local_ring: usize,
+    /// The shortest WRITE pulled from the peer's region over the host-local wire, and the
+    /// smallest region `ProtectionDomain::alloc` shares (`RDMA_SOFT_LOCAL_PULL`; `None`:
+    /// pulls off). See `pull.rs`.
+    pub local_pull: Option<u32>,
 }
 
 impl Default for UdpConfig {
@@ -61,30 +65,22 @@ impl Default for UdpConfig {
             share: true,
             host_local: true,
             local_ring: super::local::DEFAULT_RING,
+            local_pull: Some(crate::PULL_DEFAULT_MIN),
         }
     }
 }
 
 impl UdpConfig {
-    /// The defaults, with fault injection from `RDMA_SOFT_FAULTS`, the host-local wire's
-    /// settings from `RDMA_SOFT_LOCAL_WIRE` and `RDMA_SOFT_LOCAL_RING` (an error names the
-    /// variable when its value does not parse) and `RDMA_SOFT_GRO=0` to turn off UDP GRO.
+    /// The wire part of [`crate::SoftConfig::from_env`] (fault injection, GRO, the
+    /// host-local wire, its rings and pulls from the `RDMA_SOFT_*` variables; an error
+    /// names the variable whose value does not parse).
     pub fn from_env() -> Result<UdpConfig> {
-        Ok(UdpConfig {
-            faults: FaultSpec::from_env()?,
-            host_local: super::local::enabled_by_env(),
-            gro: switch_on("RDMA_SOFT_GRO"),
-            local_ring: super::local::ring_size_from_env()?,
-            ..UdpConfig::default()
-        })
+        Ok(crate::SoftConfig::from_env()?.wire)
     }
-}
 
-/// An on/off environment switch, on unless set to `0`, `off`, `no` or `false` (blanks
-/// around it ignored).
-pub(crate) fn switch_on(var: &str) -> bool {
-    !matches!(
-        std::env::var(var).as_deref().map(str::trim),
-        Ok("0" | "off" | "no" | "false")
-    )
+    /// The shortest WRITE this wire's host-local QPs pull, and the smallest region a PD
+    /// allocates shared; `None` when pulls are off or the host-local wire is.
+    pub fn pull_min(&self) -> Option<u32> {
+        self.local_pull.filter(|_| self.host_local)
+    }
 }

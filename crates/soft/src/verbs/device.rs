@@ -17,9 +17,9 @@ use super::port::{PortAttr, PortState};
 use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
 use crate::engine::{self, Registration, Source};
-use crate::io::{DatagramWire, UdpConfig, UdpWire, WireAddr, WireStats};
+use crate::io::{DatagramWire, UdpWire, WireAddr, WireStats};
 use crate::runtime::{Runtime, RuntimeStats};
-use crate::{Error, Result};
+use crate::{Error, Result, SoftConfig};
 
 mod config;
 mod drive;
@@ -61,6 +61,9 @@ pub(crate) struct DeviceShared {
     gsi_event: RawFd,
     /// The async event queue's eventfd (lives as long as the runtime).
     async_fd: RawFd,
+    /// The wire's pull minimum ([`crate::io::DatagramWire::pull_min`]): regions at least
+    /// this long that a PD allocates are shared.
+    pub(crate) pull_min: Option<u32>,
 }
 
 impl DeviceShared {
@@ -206,11 +209,29 @@ const MAX_MSG: u32 = 1 << 31;
 const MAX_RD_ATOM: u32 = 128;
 
 impl Device {
-    /// Opens a device on a UDP wire ([`UdpConfig::from_env`]: port 4791, fault injection from
-    /// `RDMA_SOFT_FAULTS`). No socket is opened yet: a QP opens UDP 4791 on its source address
-    /// when it moves to RTR. EINVAL when the netdev MTU is too small for a 256-byte IB MTU.
+    /// Opens a device on a UDP wire configured from the environment
+    /// ([`SoftConfig::from_env`]: port 4791, fault injection from `RDMA_SOFT_FAULTS` ...):
+    /// [`Device::open_with_config`] with that configuration. EINVAL when a variable does not
+    /// parse.
     pub fn open(cfg: DeviceConfig) -> Result<Device> {
-        let wire = UdpWire::new(UdpConfig::from_env()?)?;
+        Device::open_with_config(cfg, &SoftConfig::from_env()?)
+    }
+
+    /// Opens a device on a UDP wire with `soft`'s wire settings, after applying its
+    /// process-wide ones if none were ([`SoftConfig::apply_process`]). No socket is opened
+    /// yet: a QP opens UDP 4791 on its source address when it moves to RTR. EINVAL when the
+    /// netdev MTU is too small for a 256-byte IB MTU.
+    ///
+    /// ```
+    /// use rdma_soft::verbs::{Device, DeviceConfig};
+    /// use rdma_soft::SoftConfig;
+    /// let soft = SoftConfig::builder().host_local(false).build().unwrap();
+    /// let dev = Device::open_with_config(DeviceConfig::for_netdev("lo").unwrap(), &soft).unwrap();
+    /// assert_eq!(dev.host_local(), None, "the host-local wire is off");
+    /// ```
+    pub fn open_with_config(cfg: DeviceConfig, soft: &SoftConfig) -> Result<Device> {
+        soft.apply_process();
+        let wire = UdpWire::new(soft.wire.clone())?;
         Device::open_with_wire(cfg, Box::new(wire))
     }
 
@@ -274,6 +295,7 @@ impl Device {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let pull_min = wire.pull_min();
         let mut rt = Runtime::new(wire)?;
         let wait_fd = rt.wait_fd();
         let gsi_event = rt.gsi_event_fd();
@@ -297,6 +319,7 @@ impl Device {
             wait_fd,
             gsi_event,
             async_fd,
+            pull_min,
         });
         let weak: Weak<dyn Source> = Arc::downgrade(&shared) as Weak<dyn Source>;
         let reg = engine::register(weak)?;

@@ -529,7 +529,7 @@ impl MemoryRegion {
         access: AccessFlags,
     ) -> Result<MemoryRegion> {
         Self::check_args(len, access)?;
-        let mem = if crate::pull::min_len().is_some_and(|m| len >= m as usize) {
+        let mem = if pd.device().pull_min.is_some_and(|m| len >= m as usize) {
             SharedBytes::new_shared_zeroed(len)
         } else {
             SharedBytes::new(vec![0; len].into_boxed_slice())

@@ -25,7 +25,7 @@ use rdma_soft::verbs::{
 };
 use rdma_tools::cli::Tool;
 use rdma_tools::events::EventLog;
-use rdmacm::{CmId, Event, EventChannel, EventType, McJoinFlags, PortSpace};
+use rdmacm::cm::{CmId, Event, EventChannel, EventType, McJoinFlags, PortSpace};
 
 const TOOL: Tool = Tool {
     name: "mckey",

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rdma_soft::verbs::{
     AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair, RecvWr,
 };
-use rdmacm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 use super::proto::{decode_remote, encode_remote, Hello, Remote};
 use super::Params;
@@ -174,7 +174,7 @@ fn verbs(id: &CmId, p: &Params) -> Result<Verbs, String> {
 const QP_TIMEOUT: u8 = 14;
 
 fn create_qp(id: &CmId, v: &Verbs, p: &Params) -> Result<Arc<QueuePair>, String> {
-    id.set_option(rdmacm::CmOption::AckTimeout(QP_TIMEOUT))
+    id.set_option(rdmacm::cm::CmOption::AckTimeout(QP_TIMEOUT))
         .map_err(|e| format!("set ACK timeout: {e}"))?;
     let mut init = QpInitAttr::rc(&v.cq, &v.cq);
     init.cap.max_send_wr = p.tx_depth + 8;

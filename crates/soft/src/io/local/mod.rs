@@ -43,7 +43,8 @@ use ring::{Malformed, RecordMeta, Ring};
 
 use super::{Arrival, TxMeta, TxPlacement, WireAddr};
 
-/// Environment variable: `0` or `off` turns the host-local wire off (every QP on UDP).
+/// Environment variable: `off` turns the host-local wire off (every QP on UDP); read by
+/// [`crate::SoftConfig::from_env`].
 pub const LOCAL_WIRE_ENV: &str = "RDMA_SOFT_LOCAL_WIRE";
 /// Environment variable: each ring's size in bytes (a power of two, 64 KiB to 1 GiB;
 /// default 1 MiB). A ring is per pair of wires and direction.
@@ -140,24 +141,9 @@ impl HostPeer {
     }
 }
 
-/// Whether `RDMA_SOFT_LOCAL_WIRE` leaves the host-local wire on (the default).
-pub fn enabled_by_env() -> bool {
-    super::udp_config::switch_on(LOCAL_WIRE_ENV)
-}
-
-/// The ring size from `RDMA_SOFT_LOCAL_RING`, or the default; an error names the variable.
-pub fn ring_size_from_env() -> crate::Result<usize> {
-    let Ok(v) = std::env::var(LOCAL_RING_ENV) else {
-        return Ok(DEFAULT_RING);
-    };
-    let n = v
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|&n| ring::valid_capacity(n));
-    n.ok_or(crate::Error::InvalidArgument(
-        "RDMA_SOFT_LOCAL_RING: a power of two from 65536 to 1073741824",
-    ))
+/// Whether `n` is a ring size the host-local wire takes (a power of two, 64 KiB to 1 GiB).
+pub(crate) fn valid_ring_size(n: usize) -> bool {
+    ring::valid_capacity(n)
 }
 
 /// Counters of the host-local wire (part of [`super::WireStats`]).

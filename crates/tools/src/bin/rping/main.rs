@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use rdma_tools::cli::Tool;
 use rdma_tools::events::{describe, EventLog};
-use rdmacm::{CmId, Cma, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, Cma, EventChannel, EventType, PortSpace};
 
 use session::Opts;
 

@@ -14,7 +14,7 @@ use rdma_soft::verbs::{
 };
 use rdma_tools::endpoint::{Endpoint, Step};
 use rdma_tools::events::{describe, EventLog};
-use rdmacm::{CmId, ConnParam, EventChannel, EventType};
+use rdmacm::cm::{CmId, ConnParam, EventChannel, EventType};
 
 use crate::msg::{c_str, fill_ping, Desc, DESC_LEN};
 
@@ -137,12 +137,12 @@ fn check(c: &Completion) -> Result<(), String> {
 
 /// The reason to exit with when DISCONNECTED says our own CM ended the connection
 /// because its path moved (`RDMACM_HA=align`); `None` for a peer's disconnect.
-fn align_end(ev: &rdmacm::Event) -> Option<String> {
+fn align_end(ev: &rdmacm::cm::Event) -> Option<String> {
     let s = ev.status();
-    if s != rdmacm::ALIGN_PATH_MOVED && s != rdmacm::ALIGN_ADDR_GONE {
+    if s != rdmacm::cm::ALIGN_PATH_MOVED && s != rdmacm::cm::ALIGN_ADDR_GONE {
         return None;
     }
-    let what = if s == rdmacm::ALIGN_ADDR_GONE {
+    let what = if s == rdmacm::cm::ALIGN_ADDR_GONE {
         "the connection's local address was removed"
     } else {
         "the route to the peer moved off the connection's netdev"
@@ -170,7 +170,7 @@ fn linger(ep: &Endpoint, cm: &EventChannel, o: &Opts) {
 /// Events rdma-core's rping does not handle: its event handler prints
 /// `unhandled event: NAME, ignoring` and goes on (ADDR_CHANGE is a hint: the connection
 /// stays), so ours does the same instead of failing.
-fn ignored(ev: &rdmacm::Event) -> bool {
+fn ignored(ev: &rdmacm::cm::Event) -> bool {
     match ev.kind() {
         EventType::AddrChange => {
             eprintln!("unhandled event: {}, ignoring", ev.kind().name());
@@ -357,7 +357,8 @@ pub fn client(
 ) -> Result<(), String> {
     let t = Duration::from_millis(2000);
     let log = o.log();
-    let id = CmId::new(cm, rdmacm::PortSpace::Tcp).map_err(|e| format!("rdma_create_id: {e}"))?;
+    let id =
+        CmId::new(cm, rdmacm::cm::PortSpace::Tcp).map_err(|e| format!("rdma_create_id: {e}"))?;
     id.resolve_addr(src, dst, t)
         .map_err(|e| format!("rdma_resolve_addr: {e}"))?;
     expect_past_hints(cm, EventType::AddrResolved, t * 2, &log)?;

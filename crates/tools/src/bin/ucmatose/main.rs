@@ -22,7 +22,7 @@ use rdma_soft::verbs::WcOpcode;
 use rdma_tools::cli::Tool;
 use rdma_tools::cmatose_common::{self, Options, Role};
 use rdma_tools::events::EventLog;
-use rdmacm::{CmId, CmOption, ConnParam, Event, EventChannel, EventType, PortSpace};
+use rdmacm::cm::{CmId, CmOption, ConnParam, Event, EventChannel, EventType, PortSpace};
 
 use node::{Msgs, Node};
 

@@ -8,7 +8,7 @@ use rdma_soft::verbs::{
 };
 use rdma_tools::endpoint::{Endpoint, Step};
 use rdma_tools::events::EventLog;
-use rdmacm::{CmId, Event, EventChannel};
+use rdmacm::cm::{CmId, Event, EventChannel};
 
 /// A connection and its resources.
 pub struct Node {

@@ -10,7 +10,7 @@ use rdma_soft::verbs::{
 };
 use rdma_tools::endpoint::{Endpoint, Step};
 use rdma_tools::events::EventLog;
-use rdmacm::{CmId, EventChannel, RDMA_UDP_QKEY};
+use rdmacm::cm::{CmId, EventChannel, RDMA_UDP_QKEY};
 
 /// Bytes of the GRH a UD receive gets in front of the data.
 pub const GRH_LEN: usize = 40;
