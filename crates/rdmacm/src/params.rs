@@ -51,7 +51,7 @@ pub enum EventType {
     /// The route, neighbour, source address or netdev under the id changed (a hint: the id
     /// keeps its device and path; status 0). On a wildcard listener, with status
     /// `-EADDRINUSE`: an address it cannot hear on, named by
-    /// [`Event::addr`](crate::Event::addr), because another process (another user: UDP 4791
+    /// [`Event::addr`](crate::cm::Event::addr), because another process (another user: UDP 4791
     /// is unprivileged) holds UDP 4791 there; requests to that address do not reach this
     /// listener, the others still do. That use is rdmacm-specific (Linux has no such
     /// event: its UDP port belongs to the kernel).

@@ -18,8 +18,8 @@ impl CmId {
     ///
     /// An address this process cannot open (another process, of another user, holds UDP
     /// 4791 there) fails a specific listen with `EADDRINUSE`; a wildcard listener skips it,
-    /// logs a warning and queues [`EventType::AddrChange`](crate::EventType::AddrChange)
-    /// with status `-EADDRINUSE` naming it ([`Event::addr`](crate::Event::addr)), before
+    /// logs a warning and queues [`EventType::AddrChange`](crate::cm::EventType::AddrChange)
+    /// with status `-EADDRINUSE` naming it ([`Event::addr`](crate::cm::Event::addr)), before
     /// this returns. An address that appears later is reported the same way.
     pub fn listen(&self, backlog: usize) -> Result<()> {
         tracing::debug!(target: "rdmacm", id = self.num, "listen");
