@@ -228,6 +228,7 @@ fn a_server_killed_mid_transfer_leaves_the_others_going() {
 fn a_client_without_bind_reaches_a_server_on_127_0_0_1() {
     let s = server("127.0.0.1", 7430, &["-C", "5"]);
     wait_members("127.0.0.1", 1);
+    wait_listening("127.0.0.1", [7430]);
     let c = client("127.0.0.1", 7430, None, 5).wait(HANG);
     c.ok("client");
     assert_eq!(lines_with(&c.stdout, "ping data: ").len(), 5, "{c:#?}");
