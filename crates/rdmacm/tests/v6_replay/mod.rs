@@ -2,6 +2,8 @@
 //! `linux_ipv6_*` tests): the pcap reader, and one replay between two namespace hosts that
 //! hold the capture's addresses (so the captured ICRC stays valid). Needs root.
 
+#![allow(dead_code)]
+
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::path::Path;
 use std::time::Duration;
