@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{Host, Topology};
-use rdmacm::{AcceptOptions, Connection, EventType, HaPolicy};
+use rdmacm::{AcceptOptions, CloseReason, Connection, EventType, HaPolicy};
 
 use super::{connect_h, listen_b, rt, within, B_ADDR, HANG};
 
@@ -66,7 +66,7 @@ pub async fn addr_change(c: &Connection) {
 }
 
 /// Checks `e` is QP `qpn`'s migration from port 1 to 2, with `cause` if given.
-fn check_mig(e: AsyncEvent, qpn: u32, cause: Option<MigrationCause>, who: &str) {
+pub fn check_mig(e: AsyncEvent, qpn: u32, cause: Option<MigrationCause>, who: &str) {
     match e {
         AsyncEvent::PathMigrated {
             qpn: q,
@@ -206,6 +206,52 @@ pub async fn stream_until(c: &Connection, seq: &mut u32, extra: u32, done: impl 
     }
 }
 
+/// B's side of a verifying stream: receives messages `*next..` (each byte-exact, in order)
+/// until `end`, then answers with the count.
+pub async fn receive_until_end(c: &Connection, next: &mut u32) {
+    loop {
+        let m = within("recv", c.recv()).await.unwrap();
+        if m == b"end" {
+            break;
+        }
+        assert_eq!(m, message(*next), "message {next}: byte-exact, in order");
+        *next += 1;
+    }
+    within("count", c.send(&next.to_le_bytes())).await.unwrap();
+}
+
+/// H's end of a verifying stream: `end`, and B's count must be `seq`.
+pub async fn end_stream(c: &Connection, seq: u32) {
+    within("end", c.send(b"end")).await.unwrap();
+    let got = within("count", c.recv()).await.unwrap();
+    assert_eq!(got, seq.to_le_bytes(), "B received every message once");
+}
+
+/// Sends messages `*seq..` until a send fails; then why the connection closed.
+pub async fn send_until_closed(c: &Connection, seq: &mut u32) -> CloseReason {
+    within("closed", async {
+        loop {
+            if c.send(&message(*seq)).await.is_err() {
+                return c.closed().await;
+            }
+            *seq += 1;
+        }
+    })
+    .await
+}
+
+/// B's side of a connection H ends by losing it: receives (and drops) messages until the
+/// connection fails or H says it is done.
+pub async fn receive_until_done(c: &Connection, done: tokio::sync::oneshot::Receiver<()>) {
+    let mut done = done;
+    loop {
+        tokio::select! {
+            r = c.recv() => if r.is_err() { break },
+            _ = &mut done => break,
+        }
+    }
+}
+
 /// The first path taken away from H under a stream by `away(h)`, then given back by
 /// `back(h)`: the connection moves to port 2, the restored path is loaded as its new
 /// alternate (LAP / APR), and it returns to port 1 (`stay` false: the default,
@@ -245,16 +291,7 @@ pub fn away_and_back(
                     let l = listen_b(addr, stay, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
-                    let mut next = 0u32;
-                    loop {
-                        let m = within("recv", c.recv()).await.unwrap();
-                        if m == b"end" {
-                            break;
-                        }
-                        assert_eq!(m, message(next), "message {next}: byte-exact, in order");
-                        next += 1;
-                    }
-                    within("count", c.send(&next.to_le_bytes())).await.unwrap();
+                    receive_until_end(&c, &mut 0).await;
                     let a = c.qp().query().unwrap();
                     assert_eq!(a.port_num, end_port, "B's port at the end");
                     let dev = c.device().unwrap();
@@ -291,9 +328,7 @@ pub fn away_and_back(
                     let sent = super::tx_packets("h0") - before;
                     assert!(sent >= 100, "{sent} packets through h0 for 100 messages");
                 }
-                within("end", c.send(b"end")).await.unwrap();
-                let got = within("count", c.recv()).await.unwrap();
-                assert_eq!(got, seq.to_le_bytes(), "B received every message");
+                end_stream(&c, seq).await;
                 assert_eq!(attr().port_num, end_port, "H's port at the end");
                 let dev = c.device().unwrap();
                 assert_eq!(migrations(&dev, moves_want.len()), moves_want);
