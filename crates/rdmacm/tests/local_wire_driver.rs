@@ -41,13 +41,11 @@ async fn the_runtime_driver_is_woken_by_the_rings_on_both_sides() {
         "the driver task drove the device"
     );
     assert_eq!(dev.wire_stats().local.ring_full, 0);
-    // No wake-up was lost and waited out: no ACK timeout, and no more than a stray
-    // tail-loss probe (5 ms, a scheduling hiccup on a loaded machine); a lost wake-up
-    // would cost a probe in most of the 500 exchanges.
+    // No wake-up was lost and waited out: no ACK timeout. The rings lose nothing, so a QP
+    // on them probes nothing either (a lost wake-up would cost an ACK timeout).
     let t = c.qp().transport_stats().unwrap();
     assert_eq!(t.timeouts, 0, "{t:?}");
-    assert_eq!(t.retransmitted, t.early_retransmits, "{t:?}");
-    assert!(t.tail_probes <= 5, "{t:?}");
+    assert_eq!((t.retransmitted, t.tail_probes), (0, 0), "{t:?}");
     within("disconnect", c.disconnect()).await.unwrap();
     server.kill();
 }
