@@ -16,8 +16,9 @@
 # the two-hosts namespaces: it refuses to run if they exist already.
 #
 # Counts, per run and side summed: timeouts (local ACK timer expiries), probes (early
-# retransmission timer expiries), resent (request packets resent by go-back-N, timeouts and
-# probes). A binary without the probe timer shows probes 0.
+# retransmission timer expiries), spurious (probes found spurious: the peer acknowledged the
+# probed packet twice), resent (request packets resent by go-back-N, timeouts and probes).
+# A binary without the probe timer shows probes 0; one without the check, spurious 0.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=$ROOT/target/release
@@ -69,19 +70,20 @@ spec() {
     esac
 }
 
-# counts in a debug log: timeouts probes resent
+# counts in a debug log: timeouts probes spurious resent
 counts() {
     awk '
         /local ACK timeout/ { t++ }
-        /probe: / { p++ }
+        /probe: (last packet resent|go-back-N)/ { p++ }
+        /probe: spurious/ { s++ }
         /probe: last packet resent/ { r++ }
         /retransmitting \(go-back-N\)/ {
             if (match($0, /packets=[0-9]+/)) r += substr($0, RSTART + 8, RLENGTH - 8)
         }
-        END { printf "%d %d %d\n", t, p, r }' "$@"
+        END { printf "%d %d %d %d\n", t, p, s, r }' "$@"
 }
 
-# one run: prints "secs ok timeouts probes resent"
+# one run: prints "secs ok timeouts probes spurious resent"
 run() {
     local mix=$1 k=$2 f s_env c_env
     f=$(spec "$mix") || exit 2
@@ -115,17 +117,17 @@ for mix in "${MIXES[@]}"; do
     spec "$mix" >/dev/null || exit 2
     secs=()
     fails=0
-    tt=0 tp=0 tr=0
+    tt=0 tp=0 ts=0 tr=0
     for k in $(seq 0 $((SEEDS - 1))); do
-        read -r s ok t p r < <(run "$mix" "$k")
-        printf "%-6s pair %2d: %7.2f s %-4s timeouts %4d probes %4d resent %5d\n" \
-            "$mix" "$k" "$s" "$ok" "$t" "$p" "$r"
+        read -r s ok t p sp r < <(run "$mix" "$k")
+        printf "%-6s pair %2d: %7.2f s %-4s timeouts %4d probes %4d spurious %3d resent %5d\n" \
+            "$mix" "$k" "$s" "$ok" "$t" "$p" "$sp" "$r"
         secs+=("$s")
         [ "$ok" = ok ] || fails=$((fails + 1))
-        tt=$((tt + t)) tp=$((tp + p)) tr=$((tr + r))
+        tt=$((tt + t)) tp=$((tp + p)) ts=$((ts + sp)) tr=$((tr + r))
     done
     sorted=$(printf "%s\n" "${secs[@]}" | sort -g)
-    printf "%-6s: median %.2f s, min %.2f, max %.2f; failed %d; timeouts %d probes %d resent %d (all runs)\n" \
+    printf "%-6s: median %.2f s, min %.2f, max %.2f; failed %d; timeouts %d probes %d spurious %d resent %d (all runs)\n" \
         "$mix" "$(echo "$sorted" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')" \
-        "$(echo "$sorted" | head -1)" "$(echo "$sorted" | tail -1)" "$fails" "$tt" "$tp" "$tr"
+        "$(echo "$sorted" | head -1)" "$(echo "$sorted" | tail -1)" "$fails" "$tt" "$tp" "$ts" "$tr"
 done

@@ -281,6 +281,94 @@ fn the_give_up_bound_is_unchanged() {
     }
 }
 
+/// SENDs of 64 bytes from A, each answered late: B does not run for `late_ns` after the
+/// SEND leaves (its engine not scheduled). Returns A's counters after them.
+fn late_answers(s: &mut RcPair, n: u64, late_ns: u64) -> RcStats {
+    for i in 0..n {
+        recv_at_b(s, 1000 + i, 64);
+        post(s, 1000 + i, SendOp::Send, 64, i as u8);
+        let until = s.now + late_ns;
+        s.pause(true, until);
+        let (c, took) = complete(s);
+        assert_eq!(c.status, WcStatus::Success, "message {i}");
+        assert!(
+            took >= late_ns,
+            "message {i} completed before B ran: {took} ns"
+        );
+        assert_eq!(
+            s.b.qp.poll_recv_completion().map(|r| r.status),
+            Some(WcStatus::Success),
+            "message {i} received once"
+        );
+        assert!(s.b.qp.poll_recv_completion().is_none(), "message {i} twice");
+    }
+    s.a.qp.stats()
+}
+
+/// A clean link whose peer answers late by more than the probe floor (B paused 7 ms after
+/// each SEND, the floor 5 ms): the first late answer draws one probe, which B acknowledges
+/// as the duplicate it is after acknowledging the original; that second ACK marks it
+/// spurious, the QP's floor doubles, and the same late answers draw no probe again.
+/// (Before: a probe for every late answer, each making the next one unmeasurable.)
+#[test]
+fn a_peer_late_by_more_than_the_floor_costs_one_spurious_probe() {
+    let mut s = pair(3);
+    let before = warm_up(&mut s);
+    let st = late_answers(&mut s, 10, 7_000_000);
+    let probes = st.tail_probes - before.tail_probes;
+    assert_eq!(probes, 1, "one probe for ten late answers: {st:?}");
+    assert_eq!(st.spurious_probes, 1, "{st:?}");
+    assert_eq!(st.retransmitted - before.retransmitted, 1, "{st:?}");
+    assert_eq!(st.timeouts, 0, "{st:?}");
+    assert_eq!(s.a.qp.probe_floor_ns(), 2 * PROBE_FLOOR_NS);
+    // B took the probe as a duplicate and answered it
+    assert_eq!(s.b.qp.stats().duplicates, 1, "{:?}", s.b.qp.stats());
+}
+
+/// The same with answers late by 20 ms, past the second (go-back-N) probe of the first
+/// wait: B answers every resend as a duplicate, so the first two waits are found spurious
+/// (3 probes), the floor is 20 ms, and the other eight waits draw none.
+#[test]
+fn a_peer_late_past_two_probes_raises_the_floor_twice() {
+    let mut s = pair(5);
+    let before = warm_up(&mut s);
+    let st = late_answers(&mut s, 10, 20_000_000);
+    assert_eq!(st.tail_probes - before.tail_probes, 3, "{st:?}");
+    assert_eq!(st.spurious_probes, 2, "{st:?}");
+    assert_eq!(st.timeouts, 0, "{st:?}");
+    assert_eq!(s.a.qp.probe_floor_ns(), 4 * PROBE_FLOOR_NS);
+}
+
+/// After a spurious probe raised the floor, a lost tail packet is still resent by a probe
+/// (long before the ACK timeout), and that needed probe lowers the floor again.
+#[test]
+fn a_needed_probe_lowers_a_raised_floor() {
+    let mut s = pair(4);
+    warm_up(&mut s);
+    late_answers(&mut s, 1, 7_000_000);
+    assert!(s.run_until_idle(LIMIT), "B's second ACK arrives");
+    assert_eq!(s.a.qp.probe_floor_ns(), 2 * PROBE_FLOOR_NS);
+    let before = s.a.qp.stats();
+    recv_at_b(&mut s, 1, 64);
+    let psn = post(&mut s, 1, SendOp::Send, 64, 0x5A);
+    s.drop_once(true, psn);
+    let (c, took) = complete(&mut s);
+    assert_eq!(c.status, WcStatus::Success);
+    let st = s.a.qp.stats();
+    assert_eq!(st.timeouts, before.timeouts, "{st:?}");
+    assert_eq!(st.tail_probes - before.tail_probes, 1, "{st:?}");
+    assert!(
+        took < 4 * PROBE_FLOOR_NS && took < ack_timeout_ns(TIMEOUT).unwrap() / 10,
+        "recovery took {took} ns"
+    );
+    // the next exchange's progress shows no second ACK came for the probed PSN
+    recv_at_b(&mut s, 2, 64);
+    post(&mut s, 2, SendOp::Send, 64, 0x5B);
+    assert_eq!(complete(&mut s).0.status, WcStatus::Success);
+    assert_eq!(s.a.qp.stats().spurious_probes, 1);
+    assert_eq!(s.a.qp.probe_floor_ns(), PROBE_FLOOR_NS);
+}
+
 /// Signaled ping-pongs over a clean link whose one-way delay varies between `delay` and
 /// `delay + jitter` (in order): no probe fires, nothing is resent.
 fn clean_ping_pong(delay_ns: u64, jitter_ns: u64) {

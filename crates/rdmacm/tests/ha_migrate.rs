@@ -13,7 +13,8 @@ mod ha;
 use std::sync::mpsc;
 
 use ha::stream::{
-    addr_change, away_and_back, message, migrate_under_stream, path_mig, stream_until, Causes,
+    addr_change, away_and_back, end_stream, message, migrate_under_stream, path_mig,
+    receive_until_done, receive_until_end, send_until_closed, stream_until, Causes,
 };
 use ha::{rt, topo, within, B_ADDR};
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
@@ -103,15 +104,7 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
                         })
                         .await
                         .unwrap();
-                    loop {
-                        let m = within("recv 2", c2.recv()).await.unwrap();
-                        if m == b"end" {
-                            break;
-                        }
-                        assert_eq!(m, message(next), "message {next} after the reconnect");
-                        next += 1;
-                    }
-                    within("count", c2.send(&next.to_le_bytes())).await.unwrap();
+                    receive_until_end(&c2, &mut next).await;
                     within("peer's disconnect", c2.closed()).await;
                 })
             })
@@ -139,14 +132,7 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 50, || true).await;
                 common::sh(host, &["link", "set", "h0", "down"]);
-                loop {
-                    match c.send(&message(seq)).await {
-                        Ok(()) => seq += 1,
-                        Err(_) => break,
-                    }
-                    assert!(seq < 1_000_000, "the connection never closed");
-                }
-                let why = within("closed", c.closed()).await;
+                let why = send_until_closed(&c, &mut seq).await;
                 assert!(
                     matches!(why, rdmacm::CloseReason::PathMoved { .. }),
                     "{why:?}"
@@ -160,9 +146,7 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
                 assert_eq!(head, [7u8; 4], "the MR lives on");
                 let mut next = u32::from_le_bytes(c2.peer_private_data()[..4].try_into().unwrap());
                 stream_until(&c2, &mut next, 50, || true).await;
-                within("end", c2.send(b"end")).await.unwrap();
-                let got = within("count", c2.recv()).await.unwrap();
-                assert_eq!(got, next.to_le_bytes());
+                end_stream(&c2, next).await;
                 within("disconnect", c2.disconnect()).await.unwrap();
             })
         });
@@ -190,13 +174,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
                     // B only receives (its QP never times out): it stops when H is done.
-                    let mut done_rx = done_rx;
-                    loop {
-                        tokio::select! {
-                            r = c.recv() => if r.is_err() { break },
-                            _ = &mut done_rx => break,
-                        }
-                    }
+                    receive_until_done(&c, done_rx).await;
                 })
             })
         });
@@ -213,15 +191,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
                 // h1 first: the alternate is dead before the primary goes.
                 common::sh(host, &["link", "set", "h1", "down"]);
                 common::sh(host, &["link", "set", "h0", "down"]);
-                let why = within("closed", async {
-                    loop {
-                        if c.send(&message(seq)).await.is_err() {
-                            return c.closed().await;
-                        }
-                        seq += 1;
-                    }
-                })
-                .await;
+                let why = send_until_closed(&c, &mut seq).await;
                 let _ = done_tx.send(());
                 assert_eq!(
                     why,

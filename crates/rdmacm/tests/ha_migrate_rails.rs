@@ -14,9 +14,12 @@ mod ha;
 use std::net::IpAddr;
 use std::sync::mpsc;
 
-use ha::stream::{addr_change, away_and_back, message, path_mig, stream_until};
+use ha::stream::{
+    addr_change, away_and_back, check_mig, end_stream, path_mig, receive_until_done,
+    receive_until_end, send_until_closed, stream_until,
+};
 use ha::{cma, connect_h, listen_b, rt, tx_packets, within, B_ADDR};
-use rdma_soft::verbs::{AsyncEvent, MigrationCause};
+use rdma_soft::verbs::MigrationCause;
 use rdma_testhosts::{require_root, topologies, Topology};
 use rdmacm::cm::HaPolicy;
 use rdmacm::{AcceptOptions, CloseReason, Listener};
@@ -74,27 +77,10 @@ fn link_down_migrates_to_the_second_rail_without_cross_routes() {
                     let a = c.qp().query().unwrap();
                     assert_eq!((a.port_num, a.alt_port_num), (1, 2), "B: alternate on b1");
                     assert_eq!(a.alt_path.dgid, gid("198.51.100.1"), "B: to H's offer");
-                    let mut next = 0u32;
-                    loop {
-                        let m = within("recv", c.recv()).await.unwrap();
-                        if m == b"end" {
-                            break;
-                        }
-                        assert_eq!(m, message(next), "message {next}: byte-exact, in order");
-                        next += 1;
-                    }
-                    within("count", c.send(&next.to_le_bytes())).await.unwrap();
+                    receive_until_end(&c, &mut 0).await;
                     assert_eq!(c.qp().qpn(), qpn, "the same QP");
                     assert_eq!(c.qp().query().unwrap().port_num, 2, "B on b1");
-                    match path_mig(&c.device().unwrap()) {
-                        AsyncEvent::PathMigrated {
-                            qpn: q,
-                            from_port: 1,
-                            to_port: 2,
-                            ..
-                        } => assert_eq!(q, qpn),
-                        e => panic!("B: {e:?}"),
-                    }
+                    check_mig(path_mig(&c.device().unwrap()), qpn, None, "B");
                     addr_change(&c).await;
                     within("peer's disconnect", c.closed()).await;
                     done_rx.recv().unwrap_or(()); // Err: H ended first (it panicked)
@@ -126,22 +112,10 @@ fn link_down_migrates_to_the_second_rail_without_cross_routes() {
                 stream_until(&c, &mut seq, n / 4, || true).await;
                 let sent = tx_packets("h1") - before;
                 assert!(sent > u64::from(n / 4), "{sent} packets through h1");
-                within("end", c.send(b"end")).await.unwrap();
-                let got = within("count", c.recv()).await.unwrap();
-                assert_eq!(got, seq.to_le_bytes(), "B received every message once");
+                end_stream(&c, seq).await;
                 let dev = c.device().unwrap();
-                match path_mig(&dev) {
-                    AsyncEvent::PathMigrated {
-                        qpn,
-                        cause,
-                        from_port: 1,
-                        to_port: 2,
-                    } => {
-                        assert_eq!(qpn, qp.qpn());
-                        assert_eq!(cause, MigrationCause::Forced, "H: told by its link");
-                    }
-                    e => panic!("H: {e:?}"),
-                }
+                // H is told by its link
+                check_mig(path_mig(&dev), qp.qpn(), Some(MigrationCause::Forced), "H");
                 addr_change(&c).await;
                 eprintln!("{seq} messages; H's transport: {:?}", qp.transport_stats());
                 within("disconnect", c.disconnect()).await.unwrap();
@@ -202,13 +176,7 @@ fn a_peer_that_does_not_answer_the_offer_gets_align() {
                     };
                     let c = inc.accept(opts).await.unwrap();
                     assert_eq!(c.qp().query().unwrap().alt_port_num, 0);
-                    let mut done_rx = done_rx;
-                    loop {
-                        tokio::select! {
-                            r = c.recv() => if r.is_err() { break },
-                            _ = &mut done_rx => break,
-                        }
-                    }
+                    receive_until_done(&c, done_rx).await;
                 })
             })
         });
@@ -222,15 +190,7 @@ fn a_peer_that_does_not_answer_the_offer_gets_align() {
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 20, || true).await;
                 common::sh(host, &["link", "set", "h0", "down"]);
-                let why = within("closed", async {
-                    loop {
-                        if c.send(&message(seq)).await.is_err() {
-                            return c.closed().await;
-                        }
-                        seq += 1;
-                    }
-                })
-                .await;
+                let why = send_until_closed(&c, &mut seq).await;
                 let _ = done_tx.send(());
                 assert_eq!(
                     why,

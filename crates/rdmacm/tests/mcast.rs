@@ -41,6 +41,62 @@ fn child_member() {
     std::io::stdout().flush().unwrap();
 }
 
+/// The source (host a's 192.0.2.1) and group (`GROUP`) of a datagram from host a.
+fn from_a() -> (IpAddr, IpAddr) {
+    ("192.0.2.1".parse().unwrap(), sa(GROUP).ip())
+}
+
+/// Waits (at most `T`) for `r`'s MULTICAST_ERROR, passing over other events; returns it.
+fn multicast_error(r: &Member, what: &str) -> rdmacm::cm::Event {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ev =
+            r.ch.get_event_timeout(left)
+                .unwrap()
+                .unwrap_or_else(|| panic!("no MULTICAST_ERROR {what}"));
+        if ev.kind() == EventType::MulticastError {
+            assert_eq!(ev.status(), -libc::ENETRESET);
+            return ev;
+        }
+    }
+}
+
+/// Runs `f` on a current-thread runtime (the async tests' members).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// An async full member of `GROUP` from `bind`, in its own context.
+async fn join_async(bind: &str) -> rdmacm::Multicast {
+    rdmacm::Multicast::join_with(
+        sa(bind),
+        sa(GROUP),
+        McJoinFlags::FullMember,
+        false,
+        Some(Cma::new().unwrap()),
+    )
+    .await
+    .unwrap()
+}
+
+/// The next `n` datagrams of `m` (each within `T`).
+async fn recv_n(m: &mut rdmacm::Multicast, n: usize, what: &str) -> Vec<rdmacm::Datagram> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let d = tokio::time::timeout(T, m.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .unwrap();
+        got.push(d);
+    }
+    got
+}
+
 /// A sender in host `h` from `bind`: joins as `flags` and sends `n` datagrams of `tag`;
 /// returns its QPN.
 fn send_from(h: &Host, bind: &str, group: &str, tag: u32, n: u32) -> u32 {
@@ -70,8 +126,7 @@ fn three_receivers_in_two_processes_and_another_host_get_every_datagram_once() {
         p.ready();
     }
     let qpn = send_from(t.host("a"), "192.0.2.1:0", GROUP, 7, n);
-    let (src, group): (IpAddr, IpAddr) =
-        ("192.0.2.1".parse().unwrap(), "239.1.2.3".parse().unwrap());
+    let (src, group) = from_a();
     assert_once("b, process 1", &b1.finish(), 7, n, qpn, src, group);
     assert_once("b, process 2", &b2.finish(), 7, n, qpn, src, group);
     assert_once("c", &c.finish(), 7, n, qpn, src, group);
@@ -131,8 +186,7 @@ fn send_only_receives_nothing_and_leave_stops_delivery() {
     });
     let (first, only, after) = res_rx.recv_timeout(T).unwrap();
     recv.join().unwrap();
-    let (src, group): (IpAddr, IpAddr) =
-        ("192.0.2.1".parse().unwrap(), "239.1.2.3".parse().unwrap());
+    let (src, group) = from_a();
     assert_once("full member", &first, 1, n, qpn, src, group);
     assert!(
         only.is_empty(),
@@ -162,8 +216,7 @@ fn block_self_loopback_skips_only_the_qps_own_datagrams() {
         o.join(McJoinFlags::FullMember);
         // senders: a third and fourth id with no receives, sending as l and o would:
         // the QPN blocked is the receiving QP's own, so l and o send themselves
-        let (src, group): (IpAddr, IpAddr) =
-            ("192.0.2.1".parse().unwrap(), "239.1.2.3".parse().unwrap());
+        let (src, group) = from_a();
         send_then(&l, 3, n);
         let at_o = o.collect(Duration::from_millis(300));
         let at_l = l.collect(Duration::from_millis(300));
@@ -283,8 +336,7 @@ fn bad_joins_are_einval_and_a_second_join_is_another_join() {
     let (qpn, twice, rx) = qpn;
     let once_left = rx.recv_timeout(T).unwrap();
     recv.join().unwrap();
-    let (src, group): (IpAddr, IpAddr) =
-        ("192.0.2.1".parse().unwrap(), "239.1.2.3".parse().unwrap());
+    let (src, group) = from_a();
     assert_once("joined twice", &twice, 5, n, qpn, src, group);
     assert_once("one join left", &once_left, 6, n, qpn, src, group);
 }
@@ -304,20 +356,9 @@ fn link_down_or_address_removed_gives_multicast_error() {
             panic!("{} before any change", ev.kind());
         }
         b.ip(&["link", "set", "eth0", "down"]).unwrap();
-        let deadline = std::time::Instant::now() + T;
-        loop {
-            let ev = r
-                .ch
-                .get_event_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
-                .unwrap()
-                .expect("no MULTICAST_ERROR after the link went down");
-            if ev.kind() == EventType::MulticastError {
-                assert_eq!(ev.status(), -libc::ENETRESET);
-                let m = ev.mcast().expect("the join");
-                assert_eq!((m.group, m.context), (sa(GROUP).ip(), 0x5eed));
-                break;
-            }
-        }
+        let ev = multicast_error(&r, "after the link went down");
+        let m = ev.mcast().expect("the join");
+        assert_eq!((m.group, m.context), (sa(GROUP).ip(), 0x5eed));
     });
     // the source address removed on c: the group is lost too
     let c = t.host("c");
@@ -326,18 +367,7 @@ fn link_down_or_address_removed_gives_multicast_error() {
         r.join(McJoinFlags::FullMember);
         c.ip(&["addr", "del", "192.0.2.3/24", "dev", "eth0"])
             .unwrap();
-        let deadline = std::time::Instant::now() + T;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let ev =
-                r.ch.get_event_timeout(left)
-                    .unwrap()
-                    .expect("no MULTICAST_ERROR");
-            if ev.kind() == EventType::MulticastError {
-                assert_eq!(ev.status(), -libc::ENETRESET);
-                break;
-            }
-        }
+        multicast_error(&r, "after the address was removed");
     });
 }
 
@@ -374,63 +404,21 @@ fn async_multicast_sends_and_yields_datagrams() {
     let b = t.host("b").clone();
     let recv = std::thread::spawn(move || {
         b.run(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let cma = Cma::new().unwrap();
-                let mut m = rdmacm::Multicast::join_with(
-                    sa("192.0.2.2:0"),
-                    sa(GROUP),
-                    McJoinFlags::FullMember,
-                    false,
-                    Some(cma),
-                )
-                .await
-                .unwrap();
+            block_on(async {
+                let mut m = join_async("192.0.2.2:0").await;
                 ready_tx.send(()).unwrap();
-                let mut got = Vec::new();
-                for _ in 0..3 {
-                    let d = tokio::time::timeout(T, m.recv())
-                        .await
-                        .expect("no datagram")
-                        .unwrap();
-                    got.push(d);
-                }
-                res_tx.send(got).unwrap();
+                res_tx.send(recv_n(&mut m, 3, "no datagram").await).unwrap();
             })
         })
     });
     ready_rx.recv_timeout(T).unwrap();
     let (qpn, own) = t.host("a").run(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let cma = Cma::new().unwrap();
-            let mut m = rdmacm::Multicast::join_with(
-                sa("192.0.2.1:0"),
-                sa(GROUP),
-                McJoinFlags::FullMember,
-                false,
-                Some(cma),
-            )
-            .await
-            .unwrap();
+        block_on(async {
+            let mut m = join_async("192.0.2.1:0").await;
             for i in 0..3u8 {
                 m.send(&vec![i; 100 + usize::from(i)]).await.unwrap();
             }
-            let mut own = Vec::new();
-            for _ in 0..3 {
-                own.push(
-                    tokio::time::timeout(T, m.recv())
-                        .await
-                        .expect("no own copy")
-                        .unwrap(),
-                );
-            }
+            let own = recv_n(&mut m, 3, "no own copy").await;
             (m.qpn(), own)
         })
     });

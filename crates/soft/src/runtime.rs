@@ -468,6 +468,9 @@ impl Runtime {
         let ctx = self.get(qpn).ok_or(Error::InvalidArgument("no such QP"))?;
         ctx.host = Some(peer);
         ctx.rc.set_pull_min(min);
+        // the rings lose nothing (a full ring holds packets back): no early retransmission,
+        // and no probe timer to wake the engine for it
+        ctx.rc.set_early_retransmit(false);
         Ok(())
     }
 

@@ -10,43 +10,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use rdma_soft::io::{claim_scans, DatagramWire, UdpConfig, UdpWire, WireAddr, CLAIMS_FRESH};
+mod common;
+
+use common::raw::{addr, packet, req, wire};
+use rdma_soft::io::{claim_scans, DatagramWire, UdpWire, CLAIMS_FRESH};
 
 /// The scan counter is process-wide: the tests of this binary take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn addr(s: &str) -> WireAddr {
-    s.parse().unwrap()
-}
-
-fn wire(port: u16) -> UdpWire {
-    UdpWire::new(UdpConfig {
-        port,
-        ..UdpConfig::default()
-    })
-    .unwrap()
-}
-
-/// A CM REQ (UD SEND_ONLY to QP1) for `service_id`, tagged, with room for the ICRC.
-fn req(service_id: u64, tag: u32) -> Vec<u8> {
-    let mut p = vec![0u8; 12 + 8 + 256 + 4];
-    p[0] = 0x64;
-    p[7] = 1;
-    p[12..16].copy_from_slice(&tag.to_be_bytes());
-    p[20..24].copy_from_slice(&[1, 7, 2, 3]); // CM class
-    p[36..38].copy_from_slice(&0x0010u16.to_be_bytes());
-    p[52..60].copy_from_slice(&service_id.to_be_bytes());
-    p
-}
-
-/// An RC SEND_ONLY to `qpn` carrying `tag`, with room for the ICRC.
-fn packet(qpn: u32, tag: u32) -> [u8; 24] {
-    let mut p = [0u8; 24];
-    p[0] = 0x04;
-    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    p[12..16].copy_from_slice(&tag.to_be_bytes());
-    p
-}
 
 /// Receives on `w` until nothing came for 20 ms, returning the tags delivered.
 fn drain(w: &mut UdpWire) -> Vec<u32> {

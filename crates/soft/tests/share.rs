@@ -8,31 +8,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
+mod common;
+
+use common::raw::{addr, dreq, packet, req, wire};
+use rdma_soft::io::{DatagramWire, UdpWire, WireAddr};
 
 /// A stop for a test that would otherwise hang, not a speed target.
 const HANG: Duration = Duration::from_secs(120);
-
-fn addr(s: &str) -> WireAddr {
-    s.parse().unwrap()
-}
-
-fn wire(port: u16) -> UdpWire {
-    UdpWire::new(UdpConfig {
-        port,
-        ..UdpConfig::default()
-    })
-    .unwrap()
-}
-
-/// An RC SEND_ONLY to `qpn` carrying `tag`, with room for the ICRC.
-fn packet(qpn: u32, tag: u32) -> [u8; 24] {
-    let mut p = [0u8; 24];
-    p[0] = 0x04;
-    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    p[12..16].copy_from_slice(&tag.to_be_bytes());
-    p
-}
 
 fn tags(w: &mut UdpWire, want: usize) -> Vec<u32> {
     let end = Instant::now() + HANG;
@@ -218,18 +200,6 @@ fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
     assert_eq!(b.stats().misdelivered, 10);
 }
 
-/// A CM DREQ on QP1 naming our comm id's slot (at "remote comm id"), tagged like [`packet`].
-fn dreq(slot: u8, tag: u32) -> Vec<u8> {
-    let mut p = vec![0u8; 12 + 8 + 256 + 4];
-    p[0] = 0x64; // UD SEND_ONLY
-    p[7] = 1;
-    p[12..16].copy_from_slice(&tag.to_be_bytes());
-    p[20..24].copy_from_slice(&[1, 7, 2, 3]); // CM class
-    p[36..38].copy_from_slice(&0x0015u16.to_be_bytes());
-    p[48] = slot;
-    p
-}
-
 #[test]
 fn cm_messages_go_to_their_comm_ids_owner_and_unknown_ones_to_someone() {
     let port = 47943;
@@ -297,14 +267,6 @@ fn one_batch_to_two_members_reaches_both() {
     assert_eq!(ga.len(), 16, "{ga:?}");
     assert_eq!(gb, expect(sb, 8));
     assert_eq!(a.stats().misdelivered + b.stats().misdelivered, 0);
-}
-
-/// A CM REQ on QP1 for `service_id`, tagged like [`packet`].
-fn req(service_id: u64, tag: u32) -> Vec<u8> {
-    let mut p = dreq(0, tag);
-    p[36..38].copy_from_slice(&0x0010u16.to_be_bytes());
-    p[52..60].copy_from_slice(&service_id.to_be_bytes());
-    p
 }
 
 /// A REQ whose listener is another live process's never reaches this one's CM (it would

@@ -92,6 +92,7 @@ impl RcQp {
         let Some(psn) = self.rewind_to_last() else {
             return;
         };
+        self.probe.clear_check();
         self.stats.ack_probes += 1;
         tracing::debug!(qpn = self.cfg.qpn, psn, "ACK probe");
     }

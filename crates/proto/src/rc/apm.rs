@@ -223,7 +223,7 @@ impl RcQp {
             // received (MigReq set, on the new path), else a peer whose requests are
             // outstanding keeps sending them the old way until its own retries run out
             let last = self.resp.epsn.wrapping_sub(1) & crate::psn::PSN_MASK;
-            self.resp.push_ack(last);
+            self.resp.push_ack(last, false);
         }
         tracing::info!(
             qpn = self.cfg.qpn,

@@ -158,6 +158,12 @@ impl RcQp {
         if d < 0 || d >= span {
             // stale duplicate or a PSN never sent
             self.stats.dropped += 1;
+            let ack = h
+                .aeth
+                .is_some_and(|a| matches!(a.syndrome, AethSyndrome::Ack { .. }));
+            if d < 0 && ack && h.bth.opcode == Opcode::RcAcknowledge {
+                self.probe_stale_ack(now, p);
+            }
             return;
         }
         let prev = p.wrapping_sub(1) & PSN_MASK;

@@ -92,6 +92,10 @@ pub struct RcStats {
     pub tail_probes: u64,
     /// Of [`retransmitted`](Self::retransmitted), request packets resent by the probe timer.
     pub early_retransmits: u64,
+    /// Of [`tail_probes`](Self::tail_probes), those found spurious: the peer acknowledged
+    /// the original too, it was late, not lost (each raises the QP's probe floor; see
+    /// [`RcQp::probe_floor_ns`]).
+    pub spurious_probes: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// PSN sequence error NAKs received.

@@ -14,6 +14,16 @@
 //! an atomic is replayed by the responder). A READ or atomic at the tail is always resent
 //! the second way.
 //!
+//! A probe on a clean link whose peer answered late (its engine not scheduled, or handed
+//! to a polling thread, for longer than the floor) is spurious: the original arrived, and
+//! the peer acknowledges the probe too, as the duplicate it is ([`super::responder`] answers
+//! a duplicate with an ACK of its own, never merged into the ACK of new packets; Linux rxe
+//! does the same). So a second ACK of the probed PSN after the one that acknowledged it
+//! (like TCP's DSACK) marks the probe spurious: the QP's floor doubles, up to the timeout
+//! used before any sample (an eighth of the ACK timeout), and the same late answer draws no
+//! probe again. A tail probe that was needed (no second ACK before the next progress)
+//! halves it again, down to [`PROBE_FLOOR_NS`].
+//!
 //! Resending before the negotiated timeout is allowed: the responder handles duplicates by
 //! PSN. The negotiated local ACK timeout is untouched: it restarts only on progress, and
 //! `retry_cnt` expiries in a row still end in `RetryExcErr` after the same time. Probes
@@ -38,6 +48,13 @@ pub const PROBE_FLOOR_NS: u64 = 5_000_000;
 /// Doublings of the probe timeout without progress, at most.
 const MAX_BACKOFF: u32 = 8;
 
+/// A tail probe waiting for its verdict: resent `psn`; `acked` once progress covered it.
+#[derive(Debug, Clone, Copy)]
+struct Check {
+    psn: u32,
+    acked: bool,
+}
+
 /// The RTT estimate and the probe timer of one requester.
 #[derive(Debug, Default)]
 pub(super) struct Probe {
@@ -57,6 +74,10 @@ pub(super) struct Probe {
     backoff: u32,
     /// Early retransmission switched off ([`RcQp::set_early_retransmit`]).
     off: bool,
+    /// This QP's floor in ns (0: [`PROBE_FLOOR_NS`]): raised by spurious probes.
+    floor: u64,
+    /// The last tail probe, until it is known spurious or needed.
+    check: Option<Check>,
 }
 
 impl Probe {
@@ -94,13 +115,29 @@ impl Probe {
         }
     }
 
+    /// This QP's floor (ns).
+    fn floor(&self) -> u64 {
+        self.floor.max(PROBE_FLOOR_NS)
+    }
+
     /// The probe timeout for an ACK timeout of `ack_ns`, backoff included.
     fn pto(&self, ack_ns: u64) -> u64 {
         let base = match self.srtt {
-            Some(s) => 2 * s + (4 * self.rttvar).max(PROBE_FLOOR_NS),
-            None => (ack_ns / 8).max(PROBE_FLOOR_NS),
+            Some(s) => 2 * s + (4 * self.rttvar).max(self.floor()),
+            None => (ack_ns / 8).max(self.floor()),
         };
         base.saturating_mul(1 << self.backoff.min(MAX_BACKOFF))
+    }
+
+    /// Forgets the last tail probe's verdict (its PSN is being resent otherwise).
+    pub fn clear_check(&mut self) {
+        self.check = None;
+    }
+
+    /// The last tail probe was needed: the floor halves (down to [`PROBE_FLOOR_NS`]).
+    fn needed(&mut self) {
+        self.check = None;
+        self.floor = (self.floor() / 2).max(PROBE_FLOOR_NS);
     }
 }
 
@@ -138,6 +175,18 @@ impl RcQp {
     /// Whether early retransmission is on ([`RcQp::set_early_retransmit`]).
     pub fn early_retransmit(&self) -> bool {
         !self.probe.off
+    }
+
+    /// This QP's probe floor in ns: [`PROBE_FLOOR_NS`], raised by spurious probes (see the
+    /// module docs of `rc::probe`).
+    ///
+    /// ```
+    /// use rdma_proto::rc::{RcConfig, RcQp, PROBE_FLOOR_NS};
+    /// use rdma_proto::verbs::PdId;
+    /// assert_eq!(RcQp::new(RcConfig::new(0x11, PdId(1))).probe_floor_ns(), PROBE_FLOOR_NS);
+    /// ```
+    pub fn probe_floor_ns(&self) -> u64 {
+        self.probe.floor()
     }
 
     /// Arms the probe timer `now` plus the probe timeout, unless the local ACK timer would
@@ -189,6 +238,14 @@ impl RcQp {
             }
         }
         p.backoff = 0;
+        if let Some(k) = p.check {
+            if k.acked {
+                // past the probed PSN, and no second ACK of it came: it was lost
+                p.needed();
+            } else if psn_diff(c, k.psn) > 0 {
+                p.check = Some(Check { acked: true, ..k });
+            }
+        }
         if p.awaited.is_some_and(|a| psn_diff(c, a) > 0) {
             p.awaited = None;
         }
@@ -218,8 +275,15 @@ impl RcQp {
         let first = self.probe.backoff == 0;
         self.probe.backoff += 1;
         self.stats.tail_probes += 1;
+        if self.probe.check.is_some_and(|k| k.acked) {
+            self.probe.needed();
+        }
+        // a later probe of the same wait keeps the first one's check: the peer answers the
+        // resends as duplicates too if the original arrived
+        let keep = self.probe.check.take();
         if first {
             if let Some(psn) = self.rewind_to_last() {
+                self.probe.check = Some(Check { psn, acked: false });
                 self.stats.retransmitted += 1;
                 self.stats.early_retransmits += 1;
                 tracing::debug!(
@@ -241,9 +305,33 @@ impl RcQp {
             "probe: go-back-N"
         );
         self.stats.early_retransmits += self.go_back(c);
+        self.probe.check = keep;
         // the resend arms the timer again when it leaves; this covers a resend that cannot
         // leave at once (send window, READ credits)
         self.arm_probe(now);
+    }
+
+    /// An ACK of `psn` that acknowledged nothing new (a stale duplicate) arrived: if it is
+    /// the second ACK of the last tail probe's PSN, the probe was spurious (module docs).
+    pub(super) fn probe_stale_ack(&mut self, now: u64, psn: u32) {
+        let p = &mut self.probe;
+        if !p.check.is_some_and(|k| k.acked && k.psn == psn) {
+            return;
+        }
+        p.check = None;
+        let cap = ack_timeout_ns(self.attr.timeout).map_or(PROBE_FLOOR_NS, |a| a / 8);
+        p.floor = p.floor().saturating_mul(2).min(cap).max(PROBE_FLOOR_NS);
+        self.stats.spurious_probes += 1;
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            floor_us = p.floor / 1000,
+            "probe: spurious (the original was acknowledged), floor raised"
+        );
+        // a probe armed meanwhile (a request sent since) waits the raised floor too
+        if self.probe.at.is_some() {
+            self.arm_probe(now);
+        }
     }
 
     /// Rewinds to the last request packet sent, to go again asking for an ACK, if it is a

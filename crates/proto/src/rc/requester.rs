@@ -248,6 +248,8 @@ impl RcQp {
         self.req_idx = 0;
         self.req_off = d as u32;
         self.unpull_from(0);
+        // a resend of the probed PSN would be acknowledged twice too
+        self.probe.clear_check();
         // ignore further evidence of the same gap until everything in flight was resent
         self.gbn_guard = Some((psn, until));
         resent

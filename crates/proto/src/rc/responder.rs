@@ -113,6 +113,9 @@ enum Out {
     Ack {
         psn: u32,
         aeth: AethRepr,
+        /// It answers a duplicate: never merged with the ACK of new packets, so that a
+        /// requester sees both (how it finds a probe spurious: `rc/probe.rs`).
+        dup: bool,
     },
     Read(ReadStream),
     Atomic {
@@ -209,23 +212,34 @@ impl Responder {
         self.out.is_empty()
     }
 
-    pub(super) fn push_ack(&mut self, psn: u32) {
+    /// Queues an ACK of `psn`, merged into a trailing ACK of the same kind (`dup`: it
+    /// answers a duplicate request).
+    pub(super) fn push_ack(&mut self, psn: u32, dup: bool) {
         let aeth = ack(self.msn);
-        if let Some(Out::Ack { psn: p, aeth: a }) = self.out.back_mut() {
-            if a.syndrome == aeth.syndrome {
+        if let Some(Out::Ack {
+            psn: p,
+            aeth: a,
+            dup: d,
+        }) = self.out.back_mut()
+        {
+            if a.syndrome == aeth.syndrome && *d == dup {
                 *p = psn;
                 *a = aeth;
                 return;
             }
         }
         if self.out.len() < self.out_cap() {
-            self.out.push_back(Out::Ack { psn, aeth });
+            self.out.push_back(Out::Ack { psn, aeth, dup });
         }
     }
 
     fn push_nak(&mut self, psn: u32, aeth: AethRepr) {
         if self.out.len() < self.out_cap() + 1 {
-            self.out.push_back(Out::Ack { psn, aeth });
+            self.out.push_back(Out::Ack {
+                psn,
+                aeth,
+                dup: false,
+            });
         }
     }
 
@@ -283,7 +297,10 @@ impl RcQp {
         tracing::debug!(qpn = self.cfg.qpn, psn, "no receive posted: RNR NAK sent");
         let aeth = rnr(self.attr.min_rnr_timer, self.resp.msn);
         // replace a trailing RNR NAK for the same PSN rather than queueing another
-        if let Some(Out::Ack { psn: p, aeth: a }) = self.resp.out.back() {
+        if let Some(Out::Ack {
+            psn: p, aeth: a, ..
+        }) = self.resp.out.back()
+        {
             if *p == psn && *a == aeth {
                 return;
             }
@@ -401,7 +418,7 @@ impl RcQp {
             _ => {
                 // SEND / WRITE already executed: acknowledge everything received so far
                 let last = self.resp.epsn.wrapping_sub(1) & PSN_MASK;
-                self.resp.push_ack(last);
+                self.resp.push_ack(last, true);
             }
         }
     }
@@ -700,7 +717,7 @@ impl RcQp {
         self.resp.epsn = psn_add(p, npkts);
         self.resp.nak_seq_sent = false;
         if ack {
-            self.resp.push_ack(psn_add(p, npkts.max(1) - 1));
+            self.resp.push_ack(psn_add(p, npkts.max(1) - 1), false);
         }
     }
 
@@ -753,7 +770,7 @@ impl RcQp {
         let front = self.resp.out.front_mut()?;
         let mut payload_len = 0;
         let h = match front {
-            Out::Ack { psn, aeth } => {
+            Out::Ack { psn, aeth, .. } => {
                 let mut h = header(Opcode::RcAcknowledge, dqp, *psn);
                 h.aeth = Some(*aeth);
                 self.resp.out.pop_front();

@@ -289,6 +289,8 @@ pub struct RcPair {
     drops: Vec<(bool, u32)>,
     /// The latest arrival time scheduled per direction (to B, to A), for `in_order`.
     last_at: [u64; 2],
+    /// Until when A and B do not run ([`RcPair::pause`]).
+    paused: [u64; 2],
     flight: Vec<InFlight>,
     /// Print every datagram's fate to stderr (off by default; a test may turn it on while
     /// it looks into a failure). The simulator reads no environment: it is sans-IO.
@@ -458,6 +460,7 @@ impl RcPair {
             in_order: false,
             drops: Vec::new(),
             last_at: [0; 2],
+            paused: [0; 2],
             flight: Vec::new(),
             trace: false,
             seq: 0,
@@ -591,15 +594,35 @@ impl RcPair {
         }
     }
 
+    /// Host A (`b` false) or B does not run until `until` (virtual ns), as a host whose
+    /// progress engine is not scheduled: what arrives meanwhile waits, its timers wait, it
+    /// sends nothing; then it takes everything that came as one batch before it sends.
+    pub fn pause(&mut self, b: bool, until: u64) {
+        self.paused[usize::from(b)] = until;
+    }
+
+    /// When `f` is taken by its destination (after that one's pause).
+    fn taken_at(&self, f: &InFlight) -> u64 {
+        f.at.max(self.paused[usize::from(f.to_b)])
+    }
+
     /// Sends what both QPs have, then delivers the next packet or runs the next timers.
     fn step(&mut self, limit_ns: u64) -> Step {
-        self.send_from(true);
-        self.send_from(false);
-        let next_pkt = self.flight.iter().map(|f| (f.at, f.seq)).min();
-        let next_timer = [self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min();
+        let running = [self.now >= self.paused[0], self.now >= self.paused[1]];
+        if running[0] {
+            self.send_from(true);
+        }
+        if running[1] {
+            self.send_from(false);
+        }
+        let next_pkt = self.flight.iter().map(|f| (self.taken_at(f), f.seq)).min();
+        let next_timer = [
+            self.a.qp.poll_timeout().map(|t| t.max(self.paused[0])),
+            self.b.qp.poll_timeout().map(|t| t.max(self.paused[1])),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let next = match (next_pkt, next_timer) {
             (None, None) => return Step::Idle,
             (Some((p, _)), Some(t)) => p.min(t),
@@ -614,14 +637,33 @@ impl RcPair {
             if at <= self.now {
                 if let Some(i) = self.flight.iter().position(|f| f.seq == seq) {
                     let f = self.flight.swap_remove(i);
+                    let (to_b, held) = (f.to_b, f.at < at);
                     self.deliver(f);
+                    if held {
+                        // the end of a pause: everything that waited, as one batch
+                        while let Some(i) = self
+                            .flight
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, g)| g.to_b == to_b && g.at <= at)
+                            .min_by_key(|(_, g)| (g.at, g.seq))
+                            .map(|(i, _)| i)
+                        {
+                            let g = self.flight.swap_remove(i);
+                            self.deliver(g);
+                        }
+                    }
                 }
                 return Step::Moved;
             }
         }
         let now = self.now;
-        self.a.qp.handle_timeout(now);
-        self.b.qp.handle_timeout(now);
+        if now >= self.paused[0] {
+            self.a.qp.handle_timeout(now);
+        }
+        if now >= self.paused[1] {
+            self.b.qp.handle_timeout(now);
+        }
         self.a.observe(false);
         self.b.observe(false);
         Step::Moved

@@ -12,7 +12,7 @@ use rdma_proto::verbs::MigState;
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{Host, Topology};
 use rdmacm::cm::{EventType, HaPolicy};
-use rdmacm::{AcceptOptions, Connection};
+use rdmacm::{AcceptOptions, CloseReason, Connection};
 
 use super::{connect_h, listen_b, rt, within, B_ADDR, HANG};
 
@@ -67,7 +67,7 @@ pub async fn addr_change(c: &Connection) {
 }
 
 /// Checks `e` is QP `qpn`'s migration from port 1 to 2, with `cause` if given.
-fn check_mig(e: AsyncEvent, qpn: u32, cause: Option<MigrationCause>, who: &str) {
+pub fn check_mig(e: AsyncEvent, qpn: u32, cause: Option<MigrationCause>, who: &str) {
     match e {
         AsyncEvent::PathMigrated {
             qpn: q,
@@ -127,11 +127,7 @@ pub fn migrate_under_stream(
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
                     let qpn = c.qp().qpn();
                     assert_eq!(c.qp().query().unwrap().port_num, 1);
-                    for seq in 0..n {
-                        let m = within("recv", c.recv()).await.unwrap();
-                        assert_eq!(m, message(seq), "message {seq}: byte-exact, in order");
-                    }
-                    within("ack", c.send(b"all received")).await.unwrap();
+                    receive_until_end(&c, &mut 0).await;
                     assert_eq!(c.qp().qpn(), qpn, "the same QP");
                     assert_eq!(c.qp().query().unwrap().port_num, 2, "B moved to port 2");
                     check_mig(path_mig(&c.device().unwrap()), qpn, causes.b, "B");
@@ -160,15 +156,20 @@ pub fn migrate_under_stream(
                 );
                 let mut longest = Duration::ZERO;
                 let mut last = Instant::now();
-                for seq in 0..n {
+                // n messages, and on until H has moved: the trigger runs in its own thread
+                // (an `ip` command), which a fast stream could outrun (release builds did)
+                let mut seq = 0u32;
+                while seq < n || qp.query().unwrap().port_num != 2 {
                     if seq == n / 4 {
                         go_tx.send(()).unwrap();
                     }
                     within("send", c.send(&message(seq))).await.unwrap();
                     longest = longest.max(last.elapsed());
                     last = Instant::now();
+                    seq += 1;
+                    assert!(seq < 1_000_000, "H never moved to port 2");
                 }
-                assert_eq!(within("ack", c.recv()).await.unwrap(), b"all received");
+                end_stream(&c, seq).await;
                 eprintln!(
                     "longest time between two completed sends: {:.1} ms",
                     longest.as_secs_f64() * 1e3
@@ -203,6 +204,52 @@ pub async fn stream_until(c: &Connection, seq: &mut u32, extra: u32, done: impl 
             Some(0) => return,
             Some(k) => *k -= 1,
             None => {}
+        }
+    }
+}
+
+/// B's side of a verifying stream: receives messages `*next..` (each byte-exact, in order)
+/// until `end`, then answers with the count.
+pub async fn receive_until_end(c: &Connection, next: &mut u32) {
+    loop {
+        let m = within("recv", c.recv()).await.unwrap();
+        if m == b"end" {
+            break;
+        }
+        assert_eq!(m, message(*next), "message {next}: byte-exact, in order");
+        *next += 1;
+    }
+    within("count", c.send(&next.to_le_bytes())).await.unwrap();
+}
+
+/// H's end of a verifying stream: `end`, and B's count must be `seq`.
+pub async fn end_stream(c: &Connection, seq: u32) {
+    within("end", c.send(b"end")).await.unwrap();
+    let got = within("count", c.recv()).await.unwrap();
+    assert_eq!(got, seq.to_le_bytes(), "B received every message once");
+}
+
+/// Sends messages `*seq..` until a send fails; then why the connection closed.
+pub async fn send_until_closed(c: &Connection, seq: &mut u32) -> CloseReason {
+    within("closed", async {
+        loop {
+            if c.send(&message(*seq)).await.is_err() {
+                return c.closed().await;
+            }
+            *seq += 1;
+        }
+    })
+    .await
+}
+
+/// B's side of a connection H ends by losing it: receives (and drops) messages until the
+/// connection fails or H says it is done.
+pub async fn receive_until_done(c: &Connection, done: tokio::sync::oneshot::Receiver<()>) {
+    let mut done = done;
+    loop {
+        tokio::select! {
+            r = c.recv() => if r.is_err() { break },
+            _ = &mut done => break,
         }
     }
 }
@@ -246,16 +293,7 @@ pub fn away_and_back(
                     let l = listen_b(addr, stay, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
-                    let mut next = 0u32;
-                    loop {
-                        let m = within("recv", c.recv()).await.unwrap();
-                        if m == b"end" {
-                            break;
-                        }
-                        assert_eq!(m, message(next), "message {next}: byte-exact, in order");
-                        next += 1;
-                    }
-                    within("count", c.send(&next.to_le_bytes())).await.unwrap();
+                    receive_until_end(&c, &mut 0).await;
                     let a = c.qp().query().unwrap();
                     assert_eq!(a.port_num, end_port, "B's port at the end");
                     let dev = c.device().unwrap();
@@ -292,9 +330,7 @@ pub fn away_and_back(
                     let sent = super::tx_packets("h0") - before;
                     assert!(sent >= 100, "{sent} packets through h0 for 100 messages");
                 }
-                within("end", c.send(b"end")).await.unwrap();
-                let got = within("count", c.recv()).await.unwrap();
-                assert_eq!(got, seq.to_le_bytes(), "B received every message");
+                end_stream(&c, seq).await;
                 assert_eq!(attr().port_num, end_port, "H's port at the end");
                 let dev = c.device().unwrap();
                 assert_eq!(migrations(&dev, moves_want.len()), moves_want);

@@ -89,6 +89,11 @@ impl Server {
         Server(child)
     }
 
+    /// Its process id (to stop and continue it).
+    pub fn pid(&self) -> libc::pid_t {
+        self.0.id() as libc::pid_t
+    }
+
     /// SIGKILL, and reap it.
     pub fn kill(mut self) {
         let _ = self.0.kill();

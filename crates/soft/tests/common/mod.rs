@@ -2,6 +2,8 @@
 //! driven from two threads, and a data pattern with its checksum.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::time::{Duration, Instant};
 
 use rdma_soft::io::{FaultSpec, UdpConfig, UdpWire, WireAddr};
