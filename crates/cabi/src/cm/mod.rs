@@ -9,6 +9,7 @@
 pub mod addr;
 pub mod ep;
 pub mod event;
+pub mod mcast;
 
 use std::collections::{HashMap, HashSet};
 use std::ptr::null_mut;
@@ -663,7 +664,8 @@ pub unsafe extern "C" fn rdma_create_qp(
         return -1;
     }
     let ud = a.qp_type == 4;
-    let made = if ud {
+    // A UD QP on a UD id is the CM's (as an RC one): its joins attach it to their groups.
+    let made = if ud && !matches!(i.c.ps, 0x0111 | 0x0002) {
         // SAFETY: the pointers in `a` are ours.
         unsafe { make(pd, a) }.and_then(|(qp, ud)| {
             let port = i.id.port_num().unwrap_or(1);
