@@ -397,7 +397,8 @@ pub unsafe fn conn_param(p: *const rdma_conn_param, qp_num: Option<u32>) -> Conn
 fn own_qpn(i: &Id) -> Option<u32> {
     // SAFETY: our QP, if any.
     let q = unsafe { obj::<_, Qp>(i.c.qp) }?;
-    (i.id.qp().is_none()).then(|| q.qp.qpn())
+    // UD: SIDR_REP carries the QP number even when the CM made the QP.
+    (i.id.qp().is_none() || i.c.qp_type == 4).then(|| q.qp.qpn())
 }
 
 #[no_mangle]
@@ -426,7 +427,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
     };
     // SAFETY: the caller's parameters.
     let mut p = unsafe { conn_param(param, own_qpn(i)) };
-    if i.id.qp().is_some() {
+    if i.id.qp().is_some() && i.c.qp_type != 4 {
         p.qp_num = None;
     }
     let r = ret(i.id.accept(&p));
