@@ -125,9 +125,16 @@ impl Run {
         }
         let _ = self.child.kill();
         let ok = self.child.wait().unwrap().success();
-        let t = self.text();
+        (ok, self.text())
+    }
+}
+
+/// A failed test leaves no program running (mckey's receiver polls its CQ without end).
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.out);
-        (ok, t)
     }
 }
 

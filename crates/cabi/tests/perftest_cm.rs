@@ -118,10 +118,14 @@ fn perftest(
         c.args(args).args(extra).env("LD_LIBRARY_PATH", lib_dir());
         c
     };
-    let s = run(cmd(hosts[0], &[]));
+    let mut s = run(cmd(hosts[0], &[]));
     let end = Instant::now() + LIMIT;
     while !listening(hosts[0], port) {
-        assert!(Instant::now() < end, "{test}: the server never listened");
+        if Instant::now() > end {
+            let _ = s.0.kill();
+            let _ = s.0.wait();
+            panic!("{test}: the server never listened");
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     let (cok, ct) = finish(run(cmd(hosts[1], &[addr])));
