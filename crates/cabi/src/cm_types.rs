@@ -76,6 +76,14 @@ pub struct rdma_ud_param {
     pub qkey: u32,
 }
 
+/// `struct rdma_cm_join_mc_attr_ex` (`rdma_join_multicast_ex`).
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut sockaddr,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union rdma_event_param {

@@ -9,18 +9,6 @@ use libc::{c_int, c_void};
 use crate::types::*;
 use crate::util::*;
 
-/// Multicast attach: not yet (issue 33).
-#[no_mangle]
-pub extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-/// Multicast detach: not yet (issue 33).
-#[no_mangle]
-pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
-}
-
 /// dma-buf memory regions: no dma-buf exporter reaches our device; NULL with
 /// `errno = EOPNOTSUPP`, as rdma-core for a device without them (libfabric links it).
 #[no_mangle]

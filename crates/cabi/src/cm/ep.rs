@@ -302,30 +302,86 @@ pub unsafe extern "C" fn rdma_get_request(
     }
 }
 
-/// `rdma_create_qp_ex`: the extended attributes' common part (their PD when given).
+/// The head of `struct ibv_qp_init_attr_ex` up to `create_flags`, the part
+/// `rdma_create_qp_ex` reads (offsets checked in the tests below against rdma-core 44's
+/// header: `comp_mask` 60, `pd` 64, `create_flags` 80).
+/// `ibv_qp_init_attr`'s fields come first, but `comp_mask` follows `sq_sig_all` directly
+/// (no tail padding as in `ibv_qp_init_attr`).
+#[repr(C)]
+struct QpInitAttrExHead {
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: ibv_qp_cap,
+    qp_type: c_int,
+    sq_sig_all: c_int,
+    comp_mask: u32,
+    pd: *mut ibv_pd,
+    xrcd: *mut c_void,
+    create_flags: u32,
+}
+
+/// `IBV_QP_INIT_ATTR_PD`, `IBV_QP_INIT_ATTR_CREATE_FLAGS`, `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+const INIT_ATTR_PD: u32 = 1;
+const INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+const INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`.
+const CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
+
+/// `rdma_create_qp_ex`: the common part, the PD when given, and of the create flags
+/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` (others, XRC, RSS ...: `EOPNOTSUPP`).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
-    if attr.is_null() {
+    // SAFETY: the caller's ibv_qp_init_attr_ex, whose head this is.
+    let Some(ex) = (unsafe { attr.cast::<QpInitAttrExHead>().as_mut() }) else {
         return minus_one(libc::EINVAL);
+    };
+    let known = INIT_ATTR_PD | INIT_ATTR_CREATE_FLAGS | INIT_ATTR_SEND_OPS_FLAGS;
+    if ex.comp_mask & !known != 0 {
+        return minus_one(libc::EOPNOTSUPP);
     }
-    // SAFETY: ibv_qp_init_attr_ex starts with the fields of ibv_qp_init_attr; comp_mask and
-    // pd follow it.
-    unsafe {
-        let base = attr.cast::<ibv_qp_init_attr>();
-        let tail = attr
-            .cast::<u8>()
-            .add(std::mem::size_of::<ibv_qp_init_attr>());
-        let comp_mask = tail.cast::<u32>().read_unaligned();
-        let pd = if comp_mask & 1 != 0 {
-            tail.add(8).cast::<*mut ibv_pd>().read_unaligned()
-        } else {
-            null_mut()
-        };
-        if comp_mask & !1 & !(1 << 6) != 0 {
-            return minus_one(libc::EOPNOTSUPP); // XRC, create flags, RSS ...
+    let pd = if ex.comp_mask & INIT_ATTR_PD != 0 {
+        ex.pd
+    } else {
+        null_mut()
+    };
+    let flags = if ex.comp_mask & INIT_ATTR_CREATE_FLAGS != 0 {
+        ex.create_flags
+    } else {
+        0
+    };
+    if flags & !CREATE_BLOCK_SELF_MCAST_LB != 0 {
+        return minus_one(libc::EOPNOTSUPP);
+    }
+    let mut base = ibv_qp_init_attr {
+        qp_context: ex.qp_context,
+        send_cq: ex.send_cq,
+        recv_cq: ex.recv_cq,
+        srq: ex.srq,
+        cap: ex.cap,
+        qp_type: ex.qp_type,
+        sq_sig_all: ex.sq_sig_all,
+    };
+    // SAFETY: forwarded; `base` lives across the call.
+    let r = unsafe { rdma_create_qp(id, pd, &mut base) };
+    if r != 0 {
+        return r;
+    }
+    // rdma_create_qp fills in the CQs it made and the capacities it got.
+    ex.send_cq = base.send_cq;
+    ex.recv_cq = base.recv_cq;
+    ex.cap = base.cap;
+    if flags & CREATE_BLOCK_SELF_MCAST_LB != 0 {
+        // SAFETY: the id's QP, just made by us.
+        let qp = unsafe { id_ref(id).and_then(|i| i.c.qp.cast::<crate::qp::Qp>().as_ref()) };
+        if let Some(Err(e)) = qp.map(|q| q.qp.set_block_self_mcast_loopback(true)) {
+            // SAFETY: the id's QP.
+            unsafe { rdma_destroy_qp(id) };
+            return minus_one(soft_errno(&e));
         }
-        rdma_create_qp(id, pd, base)
     }
+    0
 }
 
 /// rsocket (`r*`) is not provided: every call fails with ENOSYS.
@@ -366,32 +422,6 @@ rsocket_stubs!(
     rwrite,
     rwritev,
 );
-
-/// Multicast: not yet (issue 33): ENOSYS as a kernel without it.
-#[no_mangle]
-pub extern "C" fn rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut sockaddr,
-    _ctx: *mut c_void,
-) -> c_int {
-    minus_one(libc::ENOSYS)
-}
-
-/// Multicast: not yet (issue 33).
-#[no_mangle]
-pub extern "C" fn rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut c_void,
-    _ctx: *mut c_void,
-) -> c_int {
-    minus_one(libc::ENOSYS)
-}
-
-/// Multicast: not yet (issue 33).
-#[no_mangle]
-pub extern "C" fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    minus_one(libc::ENOSYS)
-}
 
 /// ECE is not negotiated: EOPNOTSUPP.
 #[no_mangle]
@@ -435,3 +465,15 @@ pub extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -
 /// Nothing to destroy (no CM-made SRQ).
 #[no_mangle]
 pub extern "C" fn rdma_destroy_srq(_id: *mut rdma_cm_id) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ex_head_matches_rdma_cores_offsets() {
+        assert_eq!(std::mem::offset_of!(QpInitAttrExHead, comp_mask), 60);
+        assert_eq!(std::mem::offset_of!(QpInitAttrExHead, pd), 64);
+        assert_eq!(std::mem::offset_of!(QpInitAttrExHead, create_flags), 80);
+    }
+}

@@ -81,7 +81,16 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
         e.pdata.as_ptr().cast()
     };
     let pdlen = e.pdata.len().min(255) as u8;
-    if let Some(ud) = ev.ud() {
+    if let (Some(ud), Some(mc)) = (ev.ud(), ev.mcast()) {
+        // A join's event: the context as private data (librdmacm's), the group's handle.
+        e.c.param.ud = rdma_ud_param {
+            private_data: mc.context as *const libc::c_void,
+            private_data_len: 0,
+            ah_attr: crate::objects::ah_attr_of(&mc.ah_attr, mc.port_num),
+            qp_num: ud.qp_num,
+            qkey: ud.qkey,
+        };
+    } else if let Some(ud) = ev.ud() {
         // SAFETY: a live id of ours.
         let i = unsafe { &*id };
         let port = i.id.port_num().unwrap_or(1);

@@ -9,6 +9,7 @@
 pub mod addr;
 pub mod ep;
 pub mod event;
+pub mod mcast;
 
 use std::collections::{HashMap, HashSet};
 use std::ptr::null_mut;
@@ -396,7 +397,8 @@ pub unsafe fn conn_param(p: *const rdma_conn_param, qp_num: Option<u32>) -> Conn
 fn own_qpn(i: &Id) -> Option<u32> {
     // SAFETY: our QP, if any.
     let q = unsafe { obj::<_, Qp>(i.c.qp) }?;
-    (i.id.qp().is_none()).then(|| q.qp.qpn())
+    // UD: SIDR_REP carries the QP number even when the CM made the QP.
+    (i.id.qp().is_none() || i.c.qp_type == 4).then(|| q.qp.qpn())
 }
 
 #[no_mangle]
@@ -425,7 +427,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
     };
     // SAFETY: the caller's parameters.
     let mut p = unsafe { conn_param(param, own_qpn(i)) };
-    if i.id.qp().is_some() {
+    if i.id.qp().is_some() && i.c.qp_type != 4 {
         p.qp_num = None;
     }
     let r = ret(i.id.accept(&p));
@@ -663,7 +665,8 @@ pub unsafe extern "C" fn rdma_create_qp(
         return -1;
     }
     let ud = a.qp_type == 4;
-    let made = if ud {
+    // A UD QP on a UD id is the CM's (as an RC one): its joins attach it to their groups.
+    let made = if ud && !matches!(i.c.ps, 0x0111 | 0x0002) {
         // SAFETY: the pointers in `a` are ours.
         unsafe { make(pd, a) }.and_then(|(qp, ud)| {
             let port = i.id.port_num().unwrap_or(1);

@@ -40,9 +40,6 @@ impl CmId {
             if s.state != IdState::AddrBound {
                 return Err(bad_state("listen", s.state));
             }
-            if let Some(h) = s.bind {
-                st.ports.listen(h)?;
-            }
             (
                 s.binding.clone(),
                 s.ps,
@@ -96,6 +93,17 @@ impl CmId {
         let sid = rdma_wire::ip_cm::ServiceId::new(ps, port).0;
         let mut st = self.inner.lock();
         let st = &mut *st;
+        // The claim (other processes' REQs for the service come here from now on) and the
+        // agent's listener under one lock: this process handles no REQ in between, so none
+        // is refused for want of a listener that is on its way (the slow look-ups above
+        // come first for that).
+        let s = st.ids.get(&self.num).ok_or(Error::Shutdown)?;
+        if s.state != IdState::AddrBound {
+            return Err(bad_state("listen", s.state));
+        }
+        if let Some(h) = s.bind {
+            st.ports.listen(h)?;
+        }
         let mut regs = Vec::new();
         let specific = binding.netdev.is_some();
         for (i, addrs) in targets {

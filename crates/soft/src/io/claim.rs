@@ -221,6 +221,7 @@ impl PortClaim {
         f.set_len(0).map_err(io)?;
         writeln!(f, "{addr} {}", u8::from(afonly)).map_err(io)?;
         drop(serial);
+        tracing::debug!(%addr, ps, port, "port claimed");
         OWN.lock().unwrap_or_else(|e| e.into_inner()).push((
             ns,
             addr,
@@ -237,6 +238,7 @@ impl PortClaim {
             port,
         };
         share::refresh(ns, addr)?;
+        tracing::debug!(%addr, ps, port, "steering refreshed for the claim");
         Ok(claim)
     }
 }
@@ -316,10 +318,12 @@ pub(crate) fn recent_services(ns: u64, addr: IpAddr) -> Vec<(PathBuf, u64, u32)>
                 .into_iter()
                 .map(|(f, c)| (f, c.addr, c.afonly, service_id(c.ps, c.port), c.pid))
                 .collect();
-            // After the read: it may have removed dead claims.
+            // The directory's time from before the read: a claim made while it ran changes
+            // the directory after that time, so the next call reads again (a read that
+            // removed dead claims costs one more read, which removes nothing).
             let entry = Seen {
                 ns,
-                dir_mtime: mtime(),
+                dir_mtime: now_mtime,
                 at: Instant::now(),
                 claims,
             };
@@ -336,11 +340,36 @@ pub(crate) fn recent_services(ns: u64, addr: IpAddr) -> Vec<(PathBuf, u64, u32)>
         .collect()
 }
 
+/// The shortest time between two reads of the claims that [`listener_elsewhere`] forces
+/// before a REQ is refused: a flood of valid REQs for a port being claimed costs at most
+/// one directory read per this time.
+const FORCED_EVERY: Duration = Duration::from_millis(2);
+
+/// Forgets what was read of namespace `ns`'s claims, so that the next [`recent_services`]
+/// reads them again; false (nothing forgotten) within [`FORCED_EVERY`] of the last time.
+fn forget_seen(ns: u64) -> bool {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|t| t.elapsed() < FORCED_EVERY) {
+        return false;
+    }
+    *last = Some(Instant::now());
+    drop(last);
+    SEEN.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|s| s.ns != ns);
+    true
+}
+
 /// Whether service `sid` on `addr` (namespace `ns`) is listened on by another live process
 /// and not by this one: a REQ for it that reached this process was misdelivered (its
 /// sender retransmits), and answering it REJ 8 would end a connection that has a listener.
 /// Reads the runtime directory only when this process has no claim covering it, and then
-/// as [`recent_services`] does.
+/// as [`recent_services`] does. Before it says no, when the port's lock file exists (a
+/// claim on the port is there or being made): the claims are read again (at most every
+/// [`FORCED_EVERY`]), as a listener may have claimed it since the last read; and a port
+/// whose lock is held right now (a claim being made) counts as listened on elsewhere, so
+/// the REQ is dropped, not refused: its sender retransmits it to the new listener.
 pub(crate) fn listener_elsewhere(ns: u64, addr: IpAddr, sid: u64) -> bool {
     let own = OWN.lock().unwrap_or_else(|e| e.into_inner());
     if own
@@ -351,9 +380,30 @@ pub(crate) fn listener_elsewhere(ns: u64, addr: IpAddr, sid: u64) -> bool {
     }
     drop(own);
     let pid = std::process::id();
-    recent_services(ns, addr)
-        .into_iter()
-        .any(|(f, s, p)| s == sid && p != pid && held(&f))
+    let elsewhere = |v: Vec<(PathBuf, u64, u32)>| {
+        v.into_iter()
+            .any(|(f, s, p)| s == sid && p != pid && held(&f))
+    };
+    if elsewhere(recent_services(ns, addr)) {
+        return true;
+    }
+    let Ok(dir) = runtime_dir() else {
+        return false;
+    };
+    let (ps, port) = ((sid >> 16) as u16, sid as u16);
+    let lock = dir.join(format!("port-{ns}-{ps:04x}-{port}.lock"));
+    if !lock.exists() {
+        return false;
+    }
+    if forget_seen(ns) && elsewhere(recent_services(ns, addr)) {
+        tracing::debug!(%addr, sid, "REQ for a listener the claims read again found");
+        return true;
+    }
+    let claiming = held(&lock);
+    if claiming {
+        tracing::debug!(%addr, sid, "REQ for a port being claimed: dropped, not refused");
+    }
+    claiming
 }
 
 #[cfg(test)]
@@ -455,5 +505,62 @@ mod tests {
         std::thread::sleep(CLAIMS_FRESH);
         assert!(!listener_elsewhere(ns, a, sid(47994)));
         assert!(!path.exists(), "a dead claim is removed when found");
+    }
+
+    #[test]
+    fn a_claim_missed_by_the_kept_view_is_found_before_a_refusal() {
+        let a: IpAddr = "127.0.9.15".parse().unwrap();
+        let ns = current_netns();
+        let sid = service_id(0x0106, 47995);
+        let dir = runtime_dir().unwrap();
+        // Another live process's claim on the port, with the port's lock file, as
+        // `acquire` leaves them.
+        let lock_file = dir.join(format!("port-{ns}-0106-47995.lock"));
+        std::fs::write(&lock_file, "").unwrap();
+        let path = dir.join(format!("claim-{ns}-0106-47995-1-0"));
+        let mut f = open_rw(&path).unwrap();
+        assert!(lock(&f, true, false).unwrap());
+        writeln!(f, "{a} 1").unwrap();
+        // The kept view predates the claim but carries the directory's current time (a
+        // claim made while the last read ran): trusted for CLAIMS_FRESH.
+        let mtime = std::fs::metadata(&dir).and_then(|m| m.modified()).ok();
+        {
+            let mut seen = SEEN.lock().unwrap();
+            seen.retain(|s| s.ns != ns);
+            seen.push(Seen {
+                ns,
+                dir_mtime: mtime,
+                at: Instant::now(),
+                claims: Vec::new(),
+            });
+        }
+        std::thread::sleep(FORCED_EVERY);
+        assert!(
+            listener_elsewhere(ns, a, sid),
+            "the claims are read again before a REQ for a claimed port is refused"
+        );
+        drop(f);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&lock_file).unwrap();
+    }
+
+    #[test]
+    fn a_port_being_claimed_drops_its_reqs_rather_than_refusing_them() {
+        let a: IpAddr = "127.0.9.16".parse().unwrap();
+        let ns = current_netns();
+        let sid = service_id(0x0106, 47996);
+        let dir = runtime_dir().unwrap();
+        let lock_file = dir.join(format!("port-{ns}-0106-47996.lock"));
+        // No lock file: nobody's, refused.
+        assert!(!listener_elsewhere(ns, a, sid));
+        // Its lock held (a listen taking the claim): the REQ is not refused.
+        let held_lock = lock_path(&lock_file).unwrap();
+        std::thread::sleep(FORCED_EVERY);
+        assert!(listener_elsewhere(ns, a, sid));
+        // Released without a claim (the listen failed): refused again.
+        drop(held_lock);
+        std::thread::sleep(FORCED_EVERY);
+        assert!(!listener_elsewhere(ns, a, sid));
+        std::fs::remove_file(&lock_file).unwrap();
     }
 }
