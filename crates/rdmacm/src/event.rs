@@ -93,9 +93,9 @@ impl Event {
     /// UDP 4791 there). `None` for every other event.
     ///
     /// ```no_run
-    /// # fn f(ch: &rdmacm::EventChannel) -> rdmacm::Result<()> {
+    /// # fn f(ch: &rdmacm::cm::EventChannel) -> rdmacm::Result<()> {
     /// let ev = ch.get_event()?;
-    /// if let (rdmacm::EventType::AddrChange, Some(a)) = (ev.kind(), ev.addr()) {
+    /// if let (rdmacm::cm::EventType::AddrChange, Some(a)) = (ev.kind(), ev.addr()) {
     ///     eprintln!("not listening on {a}: errno {}", -ev.status());
     /// }
     /// # Ok(()) }
