@@ -5,39 +5,15 @@
 //! message and both must exit 0. On 127.0.0.1, between two namespace hosts (root), and
 //! against our Rust `mckey` both ways.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use support::lib_dir;
 
 /// How long one program may run.
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The directory holding our libibverbs.so.1 / librdmacm.so.1, linked once per run.
-fn lib_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap();
-        let target = profile_dir.parent().unwrap();
-        let profile = profile_dir.file_name().unwrap().to_str().unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut cmd = Command::new("bash");
-        cmd.arg(root.join("scripts/build-cabi.sh"))
-            .arg("--no-build")
-            .env("CARGO_TARGET_DIR", target);
-        if profile != "release" {
-            cmd.arg("--debug");
-        }
-        let out = cmd.current_dir(&root).output().expect("bash");
-        assert!(
-            out.status.success(),
-            "link step failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        profile_dir.join("cabi")
-    })
-}
 
 const C_MCKEY: &str = "/usr/bin/mckey";
 

@@ -10,10 +10,12 @@
 //! build: about one run in four loses (docs/CABI.md, "Not yet"). Run by hand with
 //! `cargo test -p rdma-cabi --test perftest_cm -- --ignored`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use support::lib_dir;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const TESTS: [&str; 7] = [
@@ -29,29 +31,6 @@ const TESTS: [&str; 7] = [
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-/// The directory holding our libibverbs.so.1 / librdmacm.so.1, linked once per run.
-fn lib_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let pd = profile_dir();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut cmd = Command::new("bash");
-        cmd.arg(root.join("scripts/build-cabi.sh"))
-            .arg("--no-build")
-            .env("CARGO_TARGET_DIR", pd.parent().unwrap());
-        if pd.file_name().unwrap() != "release" {
-            cmd.arg("--debug");
-        }
-        let out = cmd.current_dir(&root).output().expect("bash");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        pd.join("cabi")
-    })
 }
 
 /// Whether our `rdma-soft` tool (in `host`'s namespace) shows an rdma_cm listener on `port`.

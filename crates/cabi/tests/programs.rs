@@ -4,42 +4,15 @@
 //! built for this test (`scripts/build-cabi.sh --no-build`). A missing program fails the
 //! test: CI installs them (`.ci/run`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use support::lib_dir;
 
 /// How long one program may run.
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// The directory holding our libibverbs.so.1 / librdmacm.so.1, linked once per run.
-fn lib_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // target/<profile>/deps/programs-<hash>
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap();
-        let target = profile_dir.parent().unwrap();
-        let profile = profile_dir.file_name().unwrap().to_str().unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let mut cmd = Command::new("bash");
-        cmd.arg(root.join("scripts/build-cabi.sh"))
-            .arg("--no-build")
-            .env("CARGO_TARGET_DIR", target);
-        if profile != "release" {
-            cmd.arg("--debug");
-        }
-        let out = cmd.current_dir(&root).output().expect("bash");
-        assert!(
-            out.status.success(),
-            "link step failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dir = profile_dir.join("cabi");
-        assert!(dir.join("libibverbs.so.1").exists() && dir.join("librdmacm.so.1").exists());
-        dir
-    })
-}
 
 /// Debian's program `name`, which must be installed.
 fn prog(name: &str) -> Command {

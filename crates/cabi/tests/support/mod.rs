@@ -1,5 +1,5 @@
 //! Shared by the tests that run C programs over our libraries (`qp_ex.rs`,
-//! `perftest_paths.rs`): the library directory (linked once per run from the static library
+//! `perftest_paths.rs`, `programs.rs`, `mckey.rs`, `perftest_cm.rs`): the library directory (linked once per run from the static library
 //! cargo built, `scripts/build-cabi.sh --no-build`), Debian's programs, server/client pairs.
 #![allow(dead_code)]
 
@@ -35,7 +35,7 @@ pub fn lib_dir() -> &'static Path {
             String::from_utf8_lossy(&out.stderr)
         );
         let dir = profile_dir.join("cabi");
-        assert!(dir.join("libibverbs.so.1").exists());
+        assert!(dir.join("libibverbs.so.1").exists() && dir.join("librdmacm.so.1").exists());
         dir
     })
 }
