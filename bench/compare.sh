@@ -10,11 +10,14 @@
 # Prints one table (each figure and its ratio to the physical limit) and writes it, with the
 # machine it ran on, to docs/BENCHMARKS.md.
 #
-# Usage: bench/compare.sh [--install] [--quick] [--wait-quiet SECS] [--no-pin] [--out FILE]
-#                         [--no-write] [-h]
+# Usage: bench/compare.sh [--install] [--quick] [--runs N] [--wait-quiet SECS] [--no-pin]
+#                         [--out FILE] [--no-write] [-h]
 #   --install   install the alternatives from Debian's packages (apt-get update once, then
 #               apt-get install libfabric-bin ucx-utils [fabtests]); needs root
 #   --quick     fewer iterations and shorter streams (a smoke run, figures are noisier)
+#   --runs N    measure everything N times (one whole run after the other) and report, per row,
+#               the median with the spread: min, max, and the worst run over the median (ratios
+#               are taken within each run, then their median is shown)
 #   --wait-quiet SECS  before measuring, wait up to SECS for the 1-minute load average to
 #               drop below 0.5 (the machine is shared; other builds skew the figures)
 #   --no-pin    do not pin the RDMA pairs (ours, fi_pingpong, ucx_perftest); by default the
@@ -33,8 +36,10 @@ WRITE=1
 WAIT_QUIET=0
 WAITED=0
 PIN=1
+RUNS=1
+ROWS_OUT=""
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -48,6 +53,18 @@ while [ $# -gt 0 ]; do
         --out=*) OUT=${1#--out=} ;;
         --no-write) WRITE=0 ;;
         --no-pin) PIN=0 ;;
+        --runs)
+            if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
+                echo "compare.sh: --runs needs a count of at least 1" >&2
+                exit 2
+            fi
+            RUNS=$2
+            shift
+            ;;
+        --rows-out) # internal: one run of --runs N writes its raw rows here
+            ROWS_OUT=$2
+            shift
+            ;;
         --wait-quiet)
             if [ $# -lt 2 ] || ! [[ $2 =~ ^[0-9]+$ ]]; then
                 echo "compare.sh: --wait-quiet needs seconds" >&2
@@ -100,6 +117,7 @@ ratio() {
         if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'
 }
 fmt() { awk -v a="$1" -v d="${2:-2}" 'BEGIN { if (a ~ /^[0-9.]+$/) printf "%.*f", d, a; else printf "%s", a }'; }
+twice() { awk -v a="$1" 'BEGIN { if (a ~ /^[0-9.]+$/) printf "%.3f", a * 2; else printf "-" }'; }
 half() { awk -v a="$1" 'BEGIN { if (a ~ /^[0-9.]+$/) printf "%.3f", a / 2; else printf "-" }'; }
 
 # JSON helpers for the flat one-line output of crates/bench: jnum JSON KEY -> the number.
@@ -221,14 +239,17 @@ if [ "$WAIT_QUIET" -gt 0 ]; then
     START_S=$((START_S + WAITED))
 fi
 
-# ----------------------------------------------------------------------------------------
-# Physical limits (crates/bench)
-LAT="Latency, one-way (half the round trip), µs: lower is better"
+LAT="Latency, one-way (half the round trip; READ: the round trip), µs: lower is better"
 BW="Bandwidth, MB/s (2^20 B): higher is better"
 CM="Connection setup, connections/s: higher is better"
 
+# ----------------------------------------------------------------------------------------
+# One whole measurement: every row once (--runs N calls this script N times, see below).
+measure() {
+# Physical limits (crates/bench)
+
 # Measured limits by name, e.g. V[udp_64_busy_med].
-declare -A V
+declare -gA V
 
 # udp SIZE -> V[udp_SIZE_{busy,block}_{med,avg}] (one-way, µs)
 udp() {
@@ -348,7 +369,13 @@ ours_lat() {
     fi
     say "rdma-perf $test $size B ($wire)"
     if out=$(ours_perf "$wire" "$test" "$size" "$LAT_ITERS") && v=$(perftest_field "$out" 5) && [ -n "$v" ]; then
-        row "$LAT" "$test $size B" "$label" "$(fmt "$v")" µs "$(ratio "$v" "$limit")" "median (t_typical)"
+        if [ "$test" = read_lat ]; then
+            # perftest (and rdma-perf) report a READ's whole round trip, not half of it: its
+            # ratio is to UDP's round trip (twice the one-way limit).
+            row "$LAT" "$test $size B" "$label" "$(fmt "$v")" µs "$(ratio "$v" "$(twice "$limit")")" "median (t_typical); a READ's round trip, ratio to UDP's round trip"
+        else
+            row "$LAT" "$test $size B" "$label" "$(fmt "$v")" µs "$(ratio "$v" "$limit")" "median (t_typical)"
+        fi
     else
         row "$LAT" "$test $size B" "$label" failed µs "-" "$(tail -n1 <<<"$out")"
     fi
@@ -594,6 +621,66 @@ for wire in local udp; do
     cabi_row "$wire" write_bw 65536 "$BW_ITERS_64K" 4 MB/s
 done
 
+}
+
+# aggregate FILE... -> ROWS: per row (section|measure|tool, in first-seen order), the median
+# figure of the runs, the median ratio, and the spread in the notes. The worst run is the
+# highest figure in the latency section and the lowest elsewhere.
+aggregate() {
+    local line
+    while IFS= read -r line; do
+        ROWS+=("$line")
+    done < <(awk -F'|' -v lat="$LAT" -v n="$#" '
+        function med(a, k,   i, j, t) {
+            for (i = 2; i <= k; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+            return (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+        }
+        {
+            key = $1 "|" $2 "|" $3
+            if (!(key in seen)) { seen[key] = 1; order[++keys] = key; unit[key] = $5; note[key] = $7; first[key] = $4 }
+            if ($4 ~ /^[0-9.]+$/) { nf[key]++; fig[key, nf[key]] = $4 + 0 } else fails[key]++
+            r = $6; sub(/x$/, "", r)
+            if (r ~ /^[0-9.]+$/) { nr[key]++; rat[key, nr[key]] = r + 0 }
+        }
+        END {
+            for (o = 1; o <= keys; o++) {
+                key = order[o]; split(key, kk, "|")
+                k = nf[key] + 0
+                if (k == 0) { print key "|" first[key] "|" unit[key] "|-|" note[key] " (" n " runs, none measured)"; continue }
+                delete a; lo = ""; hi = ""
+                for (i = 1; i <= k; i++) { v = fig[key, i]; a[i] = v; if (lo == "" || v < lo) lo = v; if (hi == "" || v > hi) hi = v }
+                m = med(a, k)
+                d = (unit[key] == "µs") ? 2 : 0
+                worst = (kk[1] == lat) ? (hi > 0 ? m / hi : 0) : (m > 0 ? lo / m : 0)
+                delete b; q = "-"
+                if (nr[key] > 0) { for (i = 1; i <= nr[key]; i++) b[i] = rat[key, i]; q = sprintf("%.2fx", med(b, nr[key])) }
+                sp = sprintf("median of %d runs: min %.*f, max %.*f, worst %.2f of median", k, d, lo, d, hi, worst)
+                if (fails[key]) sp = sp sprintf(", %d failed", fails[key])
+                printf "%s|%.*f|%s|%s|%s; %s\n", key, d, m, unit[key], q, sp, note[key]
+            }
+        }' "$@")
+}
+
+if [ "$RUNS" -gt 1 ]; then
+    PASS=()
+    [ "$QUICK" = 1 ] && PASS+=(--quick)
+    [ "$PIN" = 0 ] && PASS+=(--no-pin)
+    FILES=()
+    for i in $(seq 1 "$RUNS"); do
+        say "run $i of $RUNS (load $(cut -d' ' -f1 /proc/loadavg))"
+        if bash "$0" "${PASS[@]}" --no-write --rows-out "$LOG/rows.$i" >"$LOG/run.$i" 2>"$LOG/run-err.$i"; then
+            FILES+=("$LOG/rows.$i")
+        else
+            say "run $i failed: $(tail -n1 "$LOG/run-err.$i")"
+        fi
+    done
+    [ ${#FILES[@]} -gt 0 ] || { say "no run finished"; exit 1; }
+    aggregate "${FILES[@]}"
+else
+    measure
+    [ -n "$ROWS_OUT" ] && printf '%s\n' "${ROWS[@]}" >"$ROWS_OUT"
+fi
+
 END_S=$(date +%s)
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
 ELAPSED=$((END_S - START_S))
@@ -630,7 +717,7 @@ table_text() {
 
 table_text
 echo
-echo "run took ${ELAPSED}s (plus ${WAITED}s waiting for a quiet machine); load average ${LOAD_START} at start, ${LOAD_END} at end"
+echo "run took ${ELAPSED}s$([ "$RUNS" -gt 1 ] && echo " for $RUNS runs") (plus ${WAITED}s waiting for a quiet machine); load average ${LOAD_START} at start, ${LOAD_END} at end"
 
 # Keep the analysis a person wrote in an earlier BENCHMARKS.md.
 ANALYSIS=""
@@ -656,7 +743,7 @@ if [ "$WRITE" = 1 ]; then
         echo "| OS | $os |"
         echo "| date | $when |"
         echo "| commit | $commit ($rustc_v)$(case "$commit" in *-dirty) echo "; built from a work tree with uncommitted changes (other engineers' work in progress)" ;; esac) |"
-        echo "| run | ${ELAPSED} s$([ "$QUICK" = 1 ] && echo ", --quick")$([ "$WAITED" -gt 0 ] && echo " (after ${WAITED} s waiting for a quiet machine)") |"
+        echo "| run | ${ELAPSED} s$([ "$RUNS" -gt 1 ] && echo " for $RUNS whole runs, each row the median (spread in its notes)")$([ "$QUICK" = 1 ] && echo ", --quick")$([ "$WAITED" -gt 0 ] && echo " (after ${WAITED} s waiting for a quiet machine)") |"
         echo "| load average (1/5/15 min) | ${LOAD_START} at start, ${LOAD_END} at end |"
         if [ ${#PIN_SRV[@]} -gt 0 ]; then
             echo "| RDMA pairs | pinned: server on CPU 0, client on CPU 1 (\`taskset\`; \`--no-pin\` to turn off) |"
