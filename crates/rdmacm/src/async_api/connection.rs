@@ -13,12 +13,12 @@ use super::reconnect::Redial;
 use super::setup::Parts;
 use super::shared::{run, Shared, State};
 use super::{blocking, event_error, DISCONNECT_WAIT};
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::event::Event;
+use crate::cm::id::CmId;
+use crate::cm::params::EventType;
 use crate::error::{CloseReason, Error, Result};
-use crate::event::Event;
-use crate::id::CmId;
-use crate::params::EventType;
 use crate::ports::PortSpace;
 
 async fn until<T>(

@@ -8,11 +8,11 @@ use rdma_soft::verbs::Device;
 use super::connection::{wait_established, Connection};
 use super::setup::{Parts, Setup};
 use super::{blocking, MAX_REP_PRIVATE_DATA};
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::id::CmId;
+use crate::cm::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
-use crate::id::CmId;
-use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// How [`Incoming::accept`] and [`Listener::accept_with`] accept.

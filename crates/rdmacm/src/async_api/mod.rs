@@ -77,9 +77,9 @@ pub use remote::RemoteBuf;
 pub use setup::Setup;
 pub use stream::RdmaStream;
 
+use crate::cm::event::Event;
+use crate::cm::params::EventType;
 use crate::error::{Error, Result};
-use crate::event::Event;
-use crate::params::EventType;
 
 /// Largest message [`Connection::send`] takes and [`Connection::recv`] returns (64 KiB).
 pub const MAX_MESSAGE: usize = 64 * 1024;

@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::setup::Setup;
-use crate::cma::Cma;
+use crate::cm::cma::Cma;
+use crate::cm::params::ConnParam;
 use crate::ha::HaPolicy;
-use crate::params::ConnParam;
 
 /// How [`Connection::connect`](super::Connection::connect) connects: a builder ([`ConnectOptions::new`], then a method
 /// per setting); the fields are readable, and [`Resolved::options_mut`](super::Resolved::options_mut) changes them

@@ -11,11 +11,11 @@ use super::connection::{wait_established, Connection};
 use super::setup::Parts;
 use super::shared::Shared;
 use super::{blocking, event_error, CONTROL_WINDOW, MAX_MESSAGE, MAX_REQ_PRIVATE_DATA, WINDOW};
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::id::CmId;
+use crate::cm::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
-use crate::id::CmId;
-use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// What [`Connection::reconnect`] gives back: the new connection and what the old one did

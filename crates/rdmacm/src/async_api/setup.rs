@@ -8,8 +8,8 @@ use rdma_soft::verbs::{
 };
 
 use super::{tag, CONTROL_WINDOW, MAX_MESSAGE, MAX_RDMA_OPS, TAG_RECV, WINDOW};
+use crate::cm::id::CmId;
 use crate::error::{Error, Result};
-use crate::id::CmId;
 
 /// How a [`crate::Connection`]'s PD, CQ and QP are made: bring your own PD (with memory
 /// registered in it before the connection exists), or size the queues.

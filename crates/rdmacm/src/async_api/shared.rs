@@ -12,11 +12,11 @@ use tokio::sync::Notify;
 
 use super::setup::Parts;
 use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT, WINDOW};
-use crate::channel::EventChannel;
+use crate::cm::channel::EventChannel;
+use crate::cm::event::Event;
+use crate::cm::id::CmId;
+use crate::cm::params::EventType;
 use crate::error::CloseReason;
-use crate::event::Event;
-use crate::id::CmId;
-use crate::params::EventType;
 
 thread_local! {
     /// The completions buffer of [`Shared::on_queued`].
