@@ -10,9 +10,9 @@ use rdmacm::cm::{Cma, EventType};
 use rdmacm::verbs::{QpState, WcStatus};
 use rdmacm::{CloseReason, ConnectOptions, Connection, Error, RemoteBuf, MAX_MESSAGE, WINDOW};
 
-mod aio;
+mod support_async;
 
-use aio::{pair, within};
+use support_async::{pair, within};
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     let mut v: Vec<u8> = (0..len)

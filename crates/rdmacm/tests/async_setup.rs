@@ -13,8 +13,8 @@ use rdmacm::{
     MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA,
 };
 
-mod aio;
-use aio::*;
+mod support_async;
+use support_async::*;
 
 async fn listener(ip: &str) -> (Cma, Listener, ConnectOptions) {
     let cma = Cma::new().unwrap();

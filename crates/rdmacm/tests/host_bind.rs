@@ -1,11 +1,11 @@
 //! DESIGN.md rows "Is an IP address a property of the host or of a device?" and "What does
 //! bind do?", in network-namespace hosts (root; SKIPPED otherwise).
 
-mod common;
+mod support_hosts;
 
-use common::*;
 use rdma_testhosts::{require_root, topologies};
 use rdmacm::host::Gid;
+use support_hosts::*;
 
 /// Row 1: addresses belong to the host; a device's GID table holds its netdev's addresses,
 /// IPv4 as IPv4-mapped IPv6, IPv6 including link-local.

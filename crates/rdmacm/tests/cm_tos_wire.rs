@@ -6,19 +6,19 @@
 //! class byte, as Linux rxe and rdma_cm send it. Each single datagram's ICRC is also checked
 //! over the IP/UDP header the kernel really wrote (the ICRC masks that byte).
 
-mod common;
+mod support_hosts;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
 use rdma_testhosts::capture::{Capture, Roce};
 use rdma_testhosts::{require_root, topologies, Host};
 use rdma_wire::icrc::Encap;
 use rdmacm::cm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 /// A hang guard, not a speed target: a wait that passes it has stopped, not slowed.

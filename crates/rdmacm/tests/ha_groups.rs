@@ -5,17 +5,17 @@
 //! netdev; one memory region registered once is written by B through both; a link going
 //! down shows on its port.
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
 use std::sync::mpsc;
 
-use ha::{group, rt, topo, within, HANG};
 use rdma_soft::verbs::{AsyncEvent, PortState};
 use rdma_testhosts::require_root;
 use rdmacm::cm::HaPolicy;
 use rdmacm::verbs::AccessFlags;
 use rdmacm::{AcceptOptions, ConnectOptions, Connection, Listener, RemoteBuf};
+use support_ha::{group, rt, topo, within, HANG};
 
 /// What B writes over the connection from `src`.
 fn payload(src: &str) -> Vec<u8> {
@@ -113,7 +113,7 @@ fn a_group_device_carries_a_connection_on_each_link_with_one_mr() {
                     within("disconnect", c.disconnect()).await.unwrap();
                 }
                 // Port 2 follows h1's link.
-                common::sh(host, &["link", "set", "h1", "down"]);
+                support_hosts::sh(host, &["link", "set", "h1", "down"]);
                 // The CM's engine sets the port's state on the netlink event: the device
                 // reports it as IBV_EVENT_PORT_ERR.
                 loop {

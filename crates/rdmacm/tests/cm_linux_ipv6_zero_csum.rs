@@ -8,13 +8,13 @@
 //! namespace hosts holding the capture's addresses (so the ICRC stays valid), and our
 //! listener must answer each with a REP. Needs root.
 
-mod v6_replay;
+mod support_v6_replay;
 
 use std::net::{Ipv6Addr, UdpSocket};
 use std::os::fd::AsRawFd;
 
 use rdma_testhosts::require_root;
-use v6_replay::{reqs, Replay, Req};
+use support_v6_replay::{reqs, Replay, Req};
 
 /// Linux's REQs in the fixture: those from the VM's addresses (2001:db8::2, its fe80::).
 fn linux_req(link_local: bool) -> Req {
@@ -61,7 +61,7 @@ fn replay(link_local: bool) {
         prefix: 64,
         prepare: zero_checksum,
     };
-    v6_replay::replay(&req, &how);
+    support_v6_replay::replay(&req, &how);
 }
 
 #[test]

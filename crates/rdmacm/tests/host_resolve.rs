@@ -2,13 +2,13 @@
 //! another?", "Loopback", "Link-local IPv6", and route resolution, in network-namespace
 //! hosts (root; SKIPPED otherwise).
 
-mod common;
+mod support_hosts;
 
 use std::time::{Duration, Instant};
 
-use common::*;
 use rdma_testhosts::{require_root, topologies};
 use rdmacm::host::{Gid, IbMtu, MacAddr, RouteParams};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(3);
 

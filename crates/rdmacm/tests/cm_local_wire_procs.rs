@@ -12,16 +12,16 @@ use std::time::Duration;
 
 use rdmacm::{Buf, RemoteBuf};
 
-mod aio;
-mod local_child;
+mod support_async;
+mod support_local_child;
 
-use aio::within;
-use local_child::{ask, connect, connect_with, pattern, Server, MIB};
+use support_async::within;
+use support_local_child::{ask, connect, connect_with, pattern, Server, MIB};
 
 #[test]
 #[ignore = "run by the tests below as their server process"]
 fn child_server() {
-    local_child::serve();
+    support_local_child::serve();
 }
 
 /// The rings lose nothing, so a QP on them resends nothing early: a server stopped for

@@ -11,17 +11,17 @@
 //!   retransmissions no sooner than the set timeout apart (4.096 us x 2^18 = 1.07 s, twice
 //!   the CM's default of 537 ms, so an ignored option fails), then RetryExcErr.
 
-mod common;
+mod support_hosts;
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::*;
 use rdma_soft::verbs::{AccessFlags, SendOp, SendWr, WcStatus};
 use rdma_testhosts::capture::Capture;
 use rdma_testhosts::{require_root, topologies, Host, Topology};
 use rdmacm::cm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 

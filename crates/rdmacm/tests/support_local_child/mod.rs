@@ -1,5 +1,5 @@
-//! The server child of the host-local tests between processes (`local_wire_procs.rs`,
-//! `local_wire_driver.rs`): the test binary re-run as its ignored `child_server` test.
+//! The server child of the host-local tests between processes (`cm_local_wire_procs.rs`):
+//! the test binary re-run as its ignored `child_server` test.
 
 #![allow(dead_code)]
 
@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use rdmacm::cm::Cma;
 use rdmacm::{ConnectOptions, Connection, Listener, RemoteBuf};
 
-use crate::aio::within;
+use crate::support_async::within;
 
 pub const CHILD_ENV: &str = "RDMA_LOCAL_WIRE_CHILD";
 pub const MIB: usize = 1 << 20;

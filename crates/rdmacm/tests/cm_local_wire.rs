@@ -6,10 +6,10 @@
 
 use rdmacm::{Buf, RemoteBuf};
 
-mod aio;
+mod support_async;
 
-use aio::{pair, pair_with, within};
 use rdmacm::cm::CmaConfig;
+use support_async::{pair, pair_with, within};
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     (0..len)

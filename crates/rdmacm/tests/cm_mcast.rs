@@ -3,16 +3,16 @@
 //! joined and in none that did not; leave, send-only, block-self-loopback, bad input, link
 //! down, IPv6 groups. `RDMA_MCAST_COUNT` datagrams per sender (default 32; full: 1000).
 
-mod mcast_common;
+mod support_mcast;
 
 use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use mcast_common::*;
 use rdma_testhosts::{require_root, Host};
 use rdmacm::cm::{CmId, Cma, EventChannel, EventType, McJoinFlags, PortSpace};
+use support_mcast::*;
 
 const GROUP: &str = "239.1.2.3:0";
 

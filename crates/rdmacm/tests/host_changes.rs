@@ -3,13 +3,13 @@
 //!
 //! Neighbours are installed as permanent entries so no test waits for ARP.
 
-mod common;
+mod support_hosts;
 
 use std::time::Duration;
 
-use common::*;
 use rdma_testhosts::{require_root, topologies};
 use rdmacm::host::{ChangeReason, MacAddr, Notification};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(5);

@@ -8,7 +8,7 @@ use rdma_testhosts::{topologies, Host, Topology};
 use rdmacm::cm::{Cma, CmaConfig, DeviceSpec, HaPolicy};
 use rdmacm::{ConnectOptions, Connection, Listener};
 
-use crate::common::{wait_running, with_resolver};
+use crate::support_hosts::{wait_running, with_resolver};
 
 /// B's address, reached over h0 first.
 pub const B_ADDR: &str = "192.0.2.2";
@@ -102,7 +102,7 @@ pub fn topo() -> Topology {
 
 /// Moves H's route to B from h0 to h1 (no link change).
 pub fn route_to_h1(h: &Host) {
-    crate::common::sh(
+    crate::support_hosts::sh(
         h,
         &[
             "route",
@@ -120,7 +120,7 @@ pub fn route_to_h1(h: &Host) {
 
 /// Puts H's route to B back through h0 (as the topology has it).
 pub fn route_to_h0(h: &Host) {
-    crate::common::sh(
+    crate::support_hosts::sh(
         h,
         &[
             "route",

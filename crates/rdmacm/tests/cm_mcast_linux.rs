@@ -4,18 +4,18 @@
 //! (ICRC, Q_Key, DQPN 0xFFFFFF), and our own sender's datagrams captured on the wire and
 //! compared with Linux's, header by header.
 
-mod mcast_common;
+mod support_mcast;
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mcast_common::*;
 use rdma_testhosts::capture::{Capture, Roce};
 use rdma_testhosts::{require_root, Topology};
 use rdmacm::cm::McJoinFlags;
 use rdmacm::verbs::{AccessFlags, SendOp, SendWr};
+use support_mcast::*;
 
 fn captures_dir() -> PathBuf {
     if let Ok(d) = std::env::var("RDMA_CAPTURES_DIR") {

@@ -1,5 +1,5 @@
 //! Replaying a Linux peer's IPv6 CM REQ from a capture into our passive side (the
-//! `linux_ipv6_*` tests): the pcap reader, and one replay between two namespace hosts that
+//! `cm_linux_ipv6_*` tests): the pcap reader, and one replay between two namespace hosts that
 //! hold the capture's addresses (so the captured ICRC stays valid). Needs root.
 
 #![allow(dead_code)]

@@ -4,15 +4,15 @@
 //! listeners on devices that appear after `listen`. Namespace tests need root (SKIPPED
 //! otherwise).
 
-mod common;
+mod support_hosts;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use rdma_testhosts::{require_root, topologies, Host};
 use rdmacm::cm::{CmId, Cma, CmaConfig, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 

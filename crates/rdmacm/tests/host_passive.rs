@@ -1,11 +1,11 @@
 //! DESIGN.md row "Passive side", in network-namespace hosts (root; SKIPPED otherwise).
 
-mod common;
+mod support_hosts;
 
-use common::*;
 use rdma_testhosts::{require_root, topologies};
 use rdmacm::cm::RejectCause;
 use rdmacm::Error;
+use support_hosts::*;
 
 #[test]
 fn passive_side_path_from_arrival_netdev_without_neighbour() {

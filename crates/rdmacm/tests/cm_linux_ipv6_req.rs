@@ -4,12 +4,12 @@
 //! "Linux" host sends the captured REQ from its captured UDP port, and our listener must
 //! report CONNECT_REQUEST with Linux's addresses and answer with a REP to it. Needs root.
 
-mod v6_replay;
+mod support_v6_replay;
 
 use std::path::{Path, PathBuf};
 
 use rdma_testhosts::require_root;
-use v6_replay::{reqs, Replay};
+use support_v6_replay::{reqs, Replay};
 
 fn captures_dir() -> PathBuf {
     if let Ok(d) = std::env::var("RDMA_CAPTURES_DIR") {
@@ -27,7 +27,7 @@ fn replay(case: &str, link_local: bool) {
         prefix: 64,
         prepare: |_| {},
     };
-    v6_replay::replay(&all[0], &how);
+    support_v6_replay::replay(&all[0], &how);
 }
 
 #[test]
