@@ -9,7 +9,7 @@ use crate::cm::cma::Cma;
 use crate::cm::event::Event;
 use crate::cm::params::EventType;
 use crate::context::state::ChanState;
-use crate::context::Inner;
+use crate::context::Ctx;
 use crate::error::{Error, Result};
 use rdma_soft::fd::EventFd;
 
@@ -30,7 +30,7 @@ use rdma_soft::fd::EventFd;
 /// # Ok::<(), rdmacm::Error>(())
 /// ```
 pub struct EventChannel {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Ctx>,
     pub(crate) num: u64,
     efd: Arc<EventFd>,
     async_fd: OnceLock<tokio::io::unix::AsyncFd<RawFdRef>>,
@@ -256,7 +256,7 @@ impl Drop for EventChannel {
 }
 
 /// The next event of channel `ch`, as handed out.
-fn take_event(inner: &Arc<Inner>, ch: u64) -> Option<Event> {
+fn take_event(inner: &Arc<Ctx>, ch: u64) -> Option<Event> {
     let (ev, context) = inner.take_pending(ch)?;
     Some(Event::new(inner.clone(), ev, context))
 }

@@ -12,8 +12,8 @@ use rdma_soft::verbs::Device;
 use crate::config::CmaConfig;
 use crate::context::run_on::run_on;
 use crate::context::state::State;
-use crate::context::CmSource;
 use crate::context::Inner;
+use crate::context::{CmSource, Ctx};
 use crate::engine::watch_task::start_watcher;
 use crate::error::{Error, Result};
 use crate::host::resolve::Resolver;
@@ -40,7 +40,7 @@ use rdma_soft::fd::EventFd;
 /// ```
 #[derive(Clone)]
 pub struct Cma {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Ctx>,
 }
 
 impl std::fmt::Debug for Cma {
@@ -116,7 +116,7 @@ impl Cma {
             paused: std::sync::atomic::AtomicBool::new(false),
             inspect: OnceLock::new(),
         });
-        let src = Arc::new(CmSource(Arc::downgrade(&inner)));
+        let src = Arc::new(CmSource::new(&inner));
         let weak: Weak<dyn Source> = Arc::downgrade(&src) as Weak<dyn Source>;
         let reg = rdma_soft::engine::register(weak)?;
         reg.add_fd(inner.wake.raw())?;
@@ -124,7 +124,9 @@ impl Cma {
         let _ = inner.engine.set((src, reg));
         let _ = inner.inspect.set(crate::context::inspect::register(&inner));
         start_watcher(&inner);
-        Ok(Cma { inner })
+        Ok(Cma {
+            inner: Arc::new(Ctx::new(inner)),
+        })
     }
 
     /// The process-wide context, created on first use ([`Cma::new`]: configured from the
@@ -282,7 +284,7 @@ impl Cma {
 
 /// See [`Cma::pause_progress`].
 #[doc(hidden)]
-pub struct PauseGuard(Arc<Inner>);
+pub struct PauseGuard(Arc<Ctx>);
 
 impl Drop for PauseGuard {
     fn drop(&mut self) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::cm::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::context::id_entry::IdNum;
-use crate::context::Inner;
+use crate::context::Ctx;
 
 /// An event (`struct rdma_cm_event`). Dropping it acknowledges it (`rdma_ack_cm_event`):
 /// destroying its id waits until then.
@@ -18,7 +18,7 @@ use crate::context::Inner;
 /// # Ok(()) }
 /// ```
 pub struct Event {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Ctx>,
     pub(crate) ev: PendingEvent,
     pub(crate) context: u64,
     /// A CONNECT_REQUEST's new id until taken (destroyed with the event otherwise).
@@ -107,7 +107,7 @@ impl Event {
 
 impl Event {
     /// The event as `get_event` hands it out (a CONNECT_REQUEST carries its new id).
-    pub(crate) fn new(inner: Arc<Inner>, ev: PendingEvent, context: u64) -> Event {
+    pub(crate) fn new(inner: Arc<Ctx>, ev: PendingEvent, context: u64) -> Event {
         let new_id = (ev.kind == EventType::ConnectRequest).then_some(ev.id);
         Event {
             inner,

@@ -21,6 +21,7 @@ use rdma_soft::engine::Registration;
 use rdma_soft::fd::EventFd;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -169,5 +170,50 @@ pub(crate) struct IdRef<'a> {
     pub num: IdNum,
 }
 
-/// What the progress engine drives: the context's CM (held weakly: a dropped context stops).
-pub(crate) struct CmSource(pub(crate) Weak<Inner>);
+/// What the progress engine drives: the context's CM, held weakly, so that the engine never
+/// keeps a context alive. A run holds the context (upgraded) under `running`; the last
+/// application handle ([`Ctx`]'s drop) closes the source and waits for that run, so the
+/// context is always torn down in the thread that dropped it.
+pub(crate) struct CmSource {
+    pub(crate) inner: Weak<Inner>,
+    pub(crate) closed: AtomicBool,
+    pub(crate) running: Mutex<()>,
+}
+
+impl CmSource {
+    pub(crate) fn new(inner: &Arc<Inner>) -> CmSource {
+        CmSource {
+            inner: Arc::downgrade(inner),
+            closed: AtomicBool::new(false),
+            running: Mutex::new(()),
+        }
+    }
+}
+
+/// What the application's handles ([`crate::cm::Cma`], [`crate::cm::EventChannel`],
+/// [`crate::cm::CmId`], [`crate::cm::Event`]) hold, shared: the context. When the last
+/// goes, the engine's runs stop (one in progress is waited for) before the context is let
+/// go, so its devices and sockets are closed when that drop returns.
+pub(crate) struct Ctx(Arc<Inner>);
+
+impl Ctx {
+    pub(crate) fn new(inner: Arc<Inner>) -> Ctx {
+        Ctx(inner)
+    }
+}
+
+impl std::ops::Deref for Ctx {
+    type Target = Arc<Inner>;
+    fn deref(&self) -> &Arc<Inner> {
+        &self.0
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        if let Some((src, _)) = self.0.engine.get() {
+            src.closed.store(true, Ordering::Release);
+            drop(src.running.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+}

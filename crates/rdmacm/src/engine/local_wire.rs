@@ -36,7 +36,9 @@ pub(crate) fn choose(st: &State, s: &IdSlot, qp: &QueuePair) {
         return;
     }
     match qp.use_host_local(peer) {
-        Ok(()) => tracing::debug!(target: "rdmacm::local_wire", qpn = qp.qpn(), ?peer, "QP on the host-local wire"),
+        Ok(()) => {
+            tracing::debug!(target: "rdmacm::local_wire", qpn = qp.qpn(), ?peer, "QP on the host-local wire")
+        }
         Err(e) => {
             tracing::debug!(target: "rdmacm::local_wire", qpn = qp.qpn(), ?peer, error = %e, "host-local peer unreachable: QP on UDP")
         }

@@ -16,16 +16,15 @@ use crate::host::watch::Notification;
 
 impl Source for CmSource {
     fn run(&self, now: Instant) -> Run {
-        if self.0.strong_count() == 0 {
+        // Held for the whole run (declared first: dropped after `inner`): the last
+        // application handle waits for it, so this run never lets the context go.
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Run::Idle;
         }
-        // Borrowed without a count of its own, so that the engine never keeps the context
-        // alive: when the application drops its last handle during this run, `Inner`'s
-        // drop first unregisters, which waits for this run to end (rdma_soft::engine's
-        // gate), and only then tears the devices and sockets down, in its own thread.
-        // SAFETY: the engine runs us only while the registration is alive (see above), so
-        // the pointee is live for the whole run; the `ManuallyDrop` never decrements.
-        let inner = std::mem::ManuallyDrop::new(unsafe { Arc::from_raw(self.0.as_ptr()) });
+        let Some(inner) = self.inner.upgrade() else {
+            return Run::Idle;
+        };
         if inner.paused.load(std::sync::atomic::Ordering::Acquire) {
             return Run::Deferred(now + Duration::from_millis(5));
         }

@@ -11,7 +11,7 @@ use rdma_soft::verbs::{Device, ProtectionDomain, QpAttr, QpInitAttr, QueuePair};
 use crate::cm::channel::EventChannel;
 use crate::cm::event::Event;
 use crate::context::id_entry::{IdNum, IdSlot, IdState, QpKind};
-use crate::context::{IdRef, Inner};
+use crate::context::{Ctx, IdRef};
 use crate::error::{Error, Result};
 use crate::ha::HaPolicy;
 use crate::host::addr::ScopedIp;
@@ -86,7 +86,7 @@ pub(crate) fn scoped(sa: &SocketAddr) -> ScopedIp {
 /// # Ok(()) }
 /// ```
 pub struct CmId {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Ctx>,
     pub(crate) num: IdNum,
 }
 
@@ -104,7 +104,7 @@ fn bad_state(op: &'static str, s: IdState) -> Error {
 }
 
 impl CmId {
-    pub(crate) fn from_num(inner: Arc<Inner>, num: IdNum) -> CmId {
+    pub(crate) fn from_num(inner: Arc<Ctx>, num: IdNum) -> CmId {
         CmId { inner, num }
     }
 
