@@ -3,15 +3,17 @@
 //! and a warning), also for an address that appears after the listen, and still works on
 //! the others; a specific listen or an active id on that address fails with `EADDRINUSE`.
 //! Issue 34, item 3. Root: a namespace of its own (127.0.0.1 and 127.0.0.5/32 on its `lo`,
-//! 127.0.0.6/32 added later), the squatter is this binary run as uid 65534 (`setpriv`).
+//! 127.0.0.6/32 added later), the squatter is this binary run as uid 65534 (`setpriv`). The
+//! async layer: `Listener::unusable_addrs`.
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
+use rdmacm::{ConnectOptions, Connection, Listener};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
@@ -46,7 +48,7 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
 /// `SO_REUSEPORT`), says so, and holds them until its stdin closes. Run by the test below,
 /// as another user.
 #[test]
-#[ignore = "run by wildcard_listener_reports_a_squatted_address as its squatter"]
+#[ignore = "run by the tests below as their squatter"]
 fn squatter_child() {
     let addrs = std::env::var(SQUAT_ENV).expect("run by the test");
     let _s: Vec<_> = addrs
@@ -69,24 +71,7 @@ fn wildcard_listener_reports_a_squatted_address() {
         .build()
         .expect("namespace");
     let a = t.host("a");
-    let exe = std::env::current_exe().unwrap();
-    let mut squatter = Command::new("ip")
-        .args(["netns", "exec", a.netns(), "setpriv"])
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&exe)
-        .args(["--ignored", "--exact", "squatter_child", "--nocapture"])
-        // 127.0.0.6 is local through lo's 127/8 route before it is an address of lo
-        .env(SQUAT_ENV, "127.0.0.1:4791,127.0.0.6:4791")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("setpriv (util-linux)");
-    let mut out = BufReader::new(squatter.stdout.take().unwrap());
-    let mut line = String::new();
-    while out.read_line(&mut line).unwrap() > 0 && !line.contains("bound") {
-        line.clear();
-    }
-    assert!(line.contains("bound"), "the squatter holds 127.0.0.1:4791");
+    let mut squatter = squat(a);
 
     let sub = tracing_subscriber::registry().with(Capture);
     tracing::subscriber::set_global_default(sub).unwrap();
@@ -134,12 +119,7 @@ fn wildcard_listener_reports_a_squatted_address() {
             .unwrap_err();
         assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
         // an address that appears later, squatted too: reported the same way
-        let ok = Command::new("ip")
-            .args(["-n", a.netns(), "addr", "add", "127.0.0.6/32", "dev", "lo"])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "ip addr add");
+        add_squatted_address(a);
         let ev = lch
             .get_event_timeout(T)
             .unwrap()
@@ -180,4 +160,101 @@ fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::cm::Event {
         .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
     assert_eq!(ev.kind(), kind, "status {}", ev.status());
     ev
+}
+
+/// Another user (uid 65534) in `a` holding UDP 4791 on 127.0.0.1 and 127.0.0.6, until its
+/// stdin closes.
+fn squat(a: &rdma_testhosts::Host) -> std::process::Child {
+    let exe = std::env::current_exe().unwrap();
+    let mut squatter = Command::new("ip")
+        .args(["netns", "exec", a.netns(), "setpriv"])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["--ignored", "--exact", "squatter_child", "--nocapture"])
+        // 127.0.0.6 is local through lo's 127/8 route before it is an address of lo
+        .env(SQUAT_ENV, "127.0.0.1:4791,127.0.0.6:4791")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    let mut out = BufReader::new(squatter.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("bound") {
+        line.clear();
+    }
+    assert!(line.contains("bound"), "the squatter holds 127.0.0.1:4791");
+    // kept open: the squatter writes its test summary there when it exits
+    squatter.stdout = Some(out.into_inner());
+    squatter
+}
+
+/// 127.0.0.6 (squatted already) becomes an address of `a`'s `lo`.
+fn add_squatted_address(a: &rdma_testhosts::Host) {
+    let ok = Command::new("ip")
+        .args(["-n", a.netns(), "addr", "add", "127.0.0.6/32", "dev", "lo"])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "ip addr add");
+}
+
+/// The async layer sees the same: [`Listener::unusable_addrs`] names the squatted address
+/// when `bind` returns, and the one squatted before it appeared once the listener has
+/// waited for requests since; requests to the other address are accepted.
+#[test]
+fn async_listener_reports_a_squatted_address() {
+    if !rdma_testhosts::require_root("async_listener_reports_a_squatted_address") {
+        return;
+    }
+    let t = rdma_testhosts::Topology::builder("squatas")
+        .host("a")
+        .addr("a", "lo", "127.0.0.5/32")
+        .build()
+        .expect("namespace");
+    let a = t.host("a");
+    let mut squatter = squat(a);
+    a.run(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let cma = Cma::new().unwrap();
+            let l = Listener::builder()
+                .cma(cma.clone())
+                .bind("0.0.0.0:7471".parse().unwrap())
+                .await
+                .unwrap();
+            let one: IpAddr = "127.0.0.1".parse().unwrap();
+            let six: IpAddr = "127.0.0.6".parse().unwrap();
+            assert_eq!(l.unusable_addrs(), vec![one]);
+            let l = Arc::new(l);
+            let server = tokio::spawn({
+                let l = l.clone();
+                async move {
+                    let c = l.accept().await?;
+                    c.recv().await
+                }
+            });
+            add_squatted_address(a);
+            let deadline = Instant::now() + T;
+            while l.unusable_addrs().len() < 2 {
+                assert!(Instant::now() < deadline, "{:?}", l.unusable_addrs());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(l.unusable_addrs(), vec![one, six]);
+            let opts = ConnectOptions::new()
+                .src("127.0.0.5:0".parse().unwrap())
+                .cma(cma);
+            let c = Connection::connect("127.0.0.5:7471".parse().unwrap(), opts)
+                .await
+                .unwrap();
+            c.send(b"over 127.0.0.5").await.unwrap();
+            let got = tokio::time::timeout(T, server).await.unwrap().unwrap();
+            assert_eq!(got.unwrap(), b"over 127.0.0.5");
+        });
+    });
+    drop(squatter.stdin.take());
+    squatter.wait().unwrap();
 }

@@ -1,7 +1,8 @@
 //! [`Listener`]: bind, take requests ([`Incoming`]), accept with setup hooks.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 
 use rdma_soft::verbs::Device;
 
@@ -10,6 +11,7 @@ use super::setup::{Parts, Setup};
 use super::{blocking, MAX_REP_PRIVATE_DATA};
 use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
+use crate::cm::event::Event;
 use crate::cm::id::CmId;
 use crate::cm::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
@@ -44,6 +46,10 @@ pub struct AcceptOptions {
 pub struct Listener {
     ch: Arc<EventChannel>,
     id: Option<CmId>,
+    /// Addresses a wildcard listener cannot listen on ([`Listener::unusable_addrs`]).
+    unusable: Mutex<Vec<IpAddr>>,
+    /// Events taken at bind (to see the addresses reported then) that `incoming` hands on.
+    taken: Mutex<VecDeque<Event>>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -206,10 +212,22 @@ impl ListenerBuilder {
             Ok((ch, id))
         })
         .await?;
-        Ok(Listener {
+        let l = Listener {
             ch: Arc::new(ch),
             id: Some(id),
-        })
+            unusable: Mutex::new(Vec::new()),
+            taken: Mutex::new(VecDeque::new()),
+        };
+        // The addresses a wildcard listen skipped are reported before `listen` returns.
+        while let Ok(ev) = l.ch.try_get_event() {
+            if let Some(ev) = l.absorb(ev) {
+                l.taken
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(ev);
+            }
+        }
+        Ok(l)
     }
 }
 
@@ -236,10 +254,58 @@ impl Listener {
         self.id.as_ref().and_then(|i| i.device())
     }
 
+    /// The local addresses this wildcard listener does not listen on because another
+    /// user's program holds UDP 4791 there (the rdma_cm model's ADDR_CHANGE with status
+    /// `-EADDRINUSE` naming the address, also logged as a warning): requests to them never
+    /// reach this listener. Those skipped at bind are here when [`Listener::bind`] returns;
+    /// an address that appears later, squatted, is added while [`Listener::incoming`] (or
+    /// `accept`) waits. Empty for a listener on a specific address (its bind fails with
+    /// `EADDRINUSE` instead).
+    ///
+    /// ```no_run
+    /// # async fn f() -> rdmacm::Result<()> {
+    /// let l = rdmacm::Listener::bind("0.0.0.0:7471".parse().unwrap()).await?;
+    /// for a in l.unusable_addrs() {
+    ///     eprintln!("not listening on {a}: another user holds UDP 4791 there");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn unusable_addrs(&self) -> Vec<IpAddr> {
+        self.unusable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Keeps a squatted-address report (returns `None`); any other event is handed back.
+    fn absorb(&self, ev: Event) -> Option<Event> {
+        match ev.addr() {
+            Some(a) if ev.kind() == EventType::AddrChange && ev.status() == -libc::EADDRINUSE => {
+                let mut u = self.unusable.lock().unwrap_or_else(|e| e.into_inner());
+                if !u.contains(&a) {
+                    u.push(a);
+                }
+                None
+            }
+            _ => Some(ev),
+        }
+    }
+
     /// The next connection request, before anything is created for it.
     pub async fn incoming(&self) -> Result<Incoming> {
         loop {
-            let mut ev = self.ch.next_event().await?;
+            let taken = self
+                .taken
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            let ev = match taken {
+                Some(ev) => ev,
+                None => self.ch.next_event().await?,
+            };
+            let Some(mut ev) = self.absorb(ev) else {
+                continue;
+            };
             if ev.kind() != EventType::ConnectRequest {
                 continue;
             }
@@ -275,6 +341,11 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        // Acknowledged first: destroying the id waits for its events to be.
+        self.taken
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         drop(self.id.take());
     }
 }
