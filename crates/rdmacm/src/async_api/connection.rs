@@ -197,34 +197,28 @@ impl Connection {
         let (src, timeout, cma) = (options.src, options.timeout, options.cma.clone());
         let ha = options.ha;
         let (ch, id) = until(deadline, async move {
-            let (ch, id) = blocking(move || {
-                let cma = match cma {
-                    Some(c) => c,
-                    None => Cma::global()?,
-                };
-                let ch = EventChannel::with_cma(&cma)?;
-                let id = CmId::new(&ch, PortSpace::Tcp)?;
-                if let Some(p) = ha {
-                    id.set_ha_policy(p)?;
-                }
-                if let Some(s) = src {
-                    id.bind_addr(s)?;
-                }
-                id.resolve_addr(None, addr, timeout)?;
-                Ok((ch, id))
-            })
-            .await?;
+            let cma = match cma.or_else(Cma::global_made) {
+                Some(c) => c,
+                // made once per process: runtime, netlink sockets
+                None => blocking(Cma::global).await?,
+            };
+            let ch = EventChannel::with_cma(&cma)?;
+            let id = CmId::new(&ch, PortSpace::Tcp)?;
+            if let Some(p) = ha {
+                id.set_ha_policy(p)?;
+            }
+            // netlink and the neighbour resolution awaited here, on the caller's runtime
+            if let Some(s) = src {
+                id.bind_addr_async(s).await?;
+            }
+            id.resolve_addr_async(None, addr, timeout).await?;
             let ch = Arc::new(ch);
             let ev = ch.next_event().await?;
             if ev.kind() != EventType::AddrResolved {
                 return Err(event_error(&ev));
             }
             drop(ev);
-            let id = blocking(move || {
-                id.resolve_route(timeout)?;
-                Ok(id)
-            })
-            .await?;
+            id.resolve_route_async(timeout).await?;
             let ev = ch.next_event().await?;
             if ev.kind() != EventType::RouteResolved {
                 return Err(event_error(&ev));

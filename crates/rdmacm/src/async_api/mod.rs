@@ -8,8 +8,10 @@
 //!
 //! Each listener and connection has its own [`EventChannel`]; the process's progress engine
 //! drives the CM and the devices (an async caller is never inside `get_event` and never
-//! spins). Calls that wait for netlink (bind, address resolution) run on tokio's blocking
-//! pool.
+//! spins). A connect's netlink questions and neighbour resolution are awaited on the
+//! caller's runtime (a resolver call that has to wait runs on the context's own runtime
+//! meanwhile; no thread waits for it); creating a connection's memory and QP, and a
+//! listener's bind and listen, run on tokio's blocking pool.
 //!
 //! # The message layer
 //!

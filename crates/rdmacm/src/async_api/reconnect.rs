@@ -124,21 +124,13 @@ impl Connection {
 
         let cma = redial.cma.clone();
         let timeout = redial.timeout;
-        let (ch, id) = blocking(move || {
-            let ch = EventChannel::with_cma(&cma)?;
-            let id = CmId::new(&ch, PortSpace::Tcp)?;
-            id.set_ha_policy(ha)?;
-            id.pin_device(dev);
-            id.resolve_addr(None, peer, timeout)?;
-            Ok((Arc::new(ch), id))
-        })
-        .await?;
+        let ch = Arc::new(EventChannel::with_cma(&cma)?);
+        let id = CmId::new(&ch, PortSpace::Tcp)?;
+        id.set_ha_policy(ha)?;
+        id.pin_device(dev);
+        id.resolve_addr_async(None, peer, timeout).await?;
         expect(&ch, EventType::AddrResolved).await?;
-        let id = blocking(move || {
-            id.resolve_route(timeout)?;
-            Ok(id)
-        })
-        .await?;
+        id.resolve_route_async(timeout).await?;
         expect(&ch, EventType::RouteResolved).await?;
         let mut param = redial.conn_param.clone();
         param.private_data = private_data.to_vec();

@@ -135,6 +135,11 @@ impl Cma {
         Cma::global_with(CmaConfig::from_env)
     }
 
+    /// The process-wide context if it was made already (no blocking call).
+    pub(crate) fn global_made() -> Option<Cma> {
+        GLOBAL.get().cloned()
+    }
+
     /// The process-wide context; when there is none yet, made with the configuration `config`
     /// returns (a C library that builds its configuration its own way).
     ///

@@ -15,6 +15,7 @@ use crate::config::CmaConfig;
 use crate::context::id_entry::IdNum;
 use crate::context::run_on::run_on;
 use crate::context::state::{State, WatchCmd};
+use crate::error::Result;
 use crate::host::resolve::{ResolvedAddr, Resolver};
 use crate::host::watch::Notification;
 use rdma_soft::engine::Registration;
@@ -94,6 +95,23 @@ impl Inner {
     {
         // one operation: the host view is brought up to date once, at its first question
         run_on(&self.rt_handle, f(self.resolver.at_once()))
+    }
+
+    /// An async resolver call awaited by the caller (a task on its own runtime, or
+    /// [`run_on::block_here`]); it runs on the context's runtime when it has to wait.
+    pub(crate) fn resolve<F, Fut, T>(
+        &self,
+        f: F,
+    ) -> impl Future<Output = Result<T>> + Send + 'static
+    where
+        F: FnOnce(Resolver) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        // one operation: the host view is brought up to date once, at its first question
+        let fut = f(self.resolver.at_once());
+        let handle = self.rt_handle.clone();
+        async move { run_on::await_on(&handle, fut).await }
     }
 
     pub(crate) fn watch(&self, st: &mut State, id: IdNum, a: &ResolvedAddr) {

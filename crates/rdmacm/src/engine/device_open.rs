@@ -3,6 +3,7 @@
 
 use crate::config::DEVICES_ENV;
 use crate::context::device_entry::{gid_of, DevEntry};
+use crate::context::run_on::block_here;
 use crate::context::state::State;
 use crate::context::Inner;
 use crate::error::{Error, Result};
@@ -20,6 +21,11 @@ impl Inner {
     /// then follow the host's changes (`apply_host_events`); `ENODEV` when the
     /// configuration gives the netdev no device or a group member does not exist.
     pub(crate) fn ensure_device(&self, index: u32) -> Result<u32> {
+        block_here(self.ensure_device_async(index))
+    }
+
+    /// [`Inner::ensure_device`] for async callers: the netlink questions are awaited.
+    pub(crate) async fn ensure_device_async(&self, index: u32) -> Result<u32> {
         {
             let st = self.lock();
             let key = st.key_of(index);
@@ -27,7 +33,9 @@ impl Inner {
                 return Ok(key);
             }
         }
-        let netdev = self.block(move |r| async move { r.netdev(index).await })?;
+        let netdev = self
+            .resolve(move |r| async move { r.netdev(index).await })
+            .await?;
         let (name, members) = self.config.device_of(&netdev.name).ok_or_else(|| {
             Error::NoDevice(format!(
                 "netdev {} has no device ({DEVICES_ENV} does not list it)",
@@ -35,18 +43,20 @@ impl Inner {
             ))
         })?;
         // Every member, port 1 first, with its GID table.
-        let ports = self.block(move |r| async move {
-            let mut out = Vec::new();
-            for m in members {
-                let nd = r
-                    .scope_netdev(&crate::host::addr::ScopeId::Name(m.clone()))
-                    .await
-                    .map_err(|e| Error::NoDevice(format!("device group member {m}: {e}")))?;
-                let gids = r.gid_table(nd.index).await?;
-                out.push((nd, gids));
-            }
-            Ok::<_, Error>(out)
-        })?;
+        let ports = self
+            .resolve(move |r| async move {
+                let mut out = Vec::new();
+                for m in members {
+                    let nd = r
+                        .scope_netdev(&crate::host::addr::ScopeId::Name(m.clone()))
+                        .await
+                        .map_err(|e| Error::NoDevice(format!("device group member {m}: {e}")))?;
+                    let gids = r.gid_table(nd.index).await?;
+                    out.push((nd, gids));
+                }
+                Ok::<_, Error>(out)
+            })
+            .await?;
         let Some((netdev, _)) = ports.first().cloned() else {
             return Err(Error::NoDevice(format!("device {name} has no netdev")));
         };

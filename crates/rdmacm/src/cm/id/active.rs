@@ -9,6 +9,7 @@ use rdma_soft::verbs::{QpAttr, QpAttrMask, QpState};
 use super::{bad_state, scoped, CmId};
 use crate::cm::params::{ConnEventParam, ConnParam, EventType};
 use crate::context::id_entry::IdState;
+use crate::context::run_on::block_here;
 use crate::context::Inner;
 use crate::error::{Error, Result};
 use crate::host::addr::ScopedIp;
@@ -29,13 +30,27 @@ impl CmId {
         self.do_bind(addr)
     }
 
+    /// [`CmId::bind_addr`] for async callers (the async layer): netlink is awaited.
+    pub(crate) async fn bind_addr_async(&self, addr: SocketAddr) -> Result<()> {
+        let st = self.with(|s| s.state)?;
+        if st != IdState::Idle {
+            return Err(bad_state("bind_addr", st));
+        }
+        self.do_bind_async(addr).await
+    }
+
     pub(super) fn do_bind(&self, addr: SocketAddr) -> Result<()> {
+        block_here(self.do_bind_async(addr))
+    }
+
+    pub(crate) async fn do_bind_async(&self, addr: SocketAddr) -> Result<()> {
         let sa = scoped(&addr);
         let binding: Binding = self
             .inner
-            .block(move |r| async move { r.bind(&sa).await })?;
+            .resolve(move |r| async move { r.bind(&sa).await })
+            .await?;
         let key = match &binding.netdev {
-            Some(nd) => Some(self.inner.ensure_device(nd.index)?),
+            Some(nd) => Some(self.inner.ensure_device_async(nd.index).await?),
             None => None,
         };
         let mut st = self.inner.lock();
@@ -83,6 +98,17 @@ impl CmId {
         dst: SocketAddr,
         timeout: Duration,
     ) -> Result<()> {
+        block_here(self.resolve_addr_async(src, dst, timeout))
+    }
+
+    /// [`CmId::resolve_addr`] for async callers (the async layer): the neighbour
+    /// resolution is awaited, no thread waits for it.
+    pub(crate) async fn resolve_addr_async(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout: Duration,
+    ) -> Result<()> {
         let state = self.with(|s| s.state)?;
         match state {
             IdState::Idle => {
@@ -95,7 +121,7 @@ impl CmId {
                         "source and destination families differ".into(),
                     ));
                 }
-                self.do_bind(src)?;
+                self.do_bind_async(src).await?;
             }
             IdState::AddrBound | IdState::AddrResolved => {}
             s => return Err(bad_state("resolve_addr", s)),
@@ -132,15 +158,19 @@ impl CmId {
             IdState::AddrBound
         };
         let dsts = scoped(&dst);
-        let r = self.inner.block(move |r| async move {
-            r.resolve_addr(src_ip.as_ref(), &dsts, bound, timeout).await
-        });
+        let r = self
+            .inner
+            .resolve(move |r| async move {
+                r.resolve_addr(src_ip.as_ref(), &dsts, bound, timeout).await
+            })
+            .await;
         let r = match r {
             // A pinned id (async reconnect) stays on its PD's device: the path's netdev
             // needs no device of its own.
             Ok(a) => self
                 .inner
-                .ensure_device(pin.unwrap_or(a.netdev.index))
+                .ensure_device_async(pin.unwrap_or(a.netdev.index))
+                .await
                 .map(|key| (a, key)),
             Err(e) => Err(e),
         };
@@ -210,6 +240,11 @@ impl CmId {
     /// before it returns). `timeout` 0 is `EINVAL`, as in Linux; errors (`EINVAL` for an
     /// MTU too small, `ENODEV`) are returned at once and roll the state back.
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        block_here(self.resolve_route_async(timeout))
+    }
+
+    /// [`CmId::resolve_route`] for async callers (the async layer).
+    pub(crate) async fn resolve_route_async(&self, timeout: Duration) -> Result<()> {
         if timeout.is_zero() {
             return Err(Error::InvalidArgument("route timeout 0".into()));
         }
@@ -241,16 +276,19 @@ impl CmId {
             Option<crate::ha::migrate::AltPath>,
             Option<crate::ha::rails::RailOffer>,
         );
-        let r: Result<(RocePath, Alt)> = self.inner.block(move |r| async move {
-            let p = r.resolve_route(&addr, &params).await?;
-            let alt = r.alternate(peer, &cands).await;
-            // No route through another port: offer our address there (crate::ha::rails).
-            let offer = match alt {
-                None => r.rail_offer(peer, &cands).await,
-                Some(_) => None,
-            };
-            Ok((p, (alt, offer)))
-        });
+        let r: Result<(RocePath, Alt)> = self
+            .inner
+            .resolve(move |r| async move {
+                let p = r.resolve_route(&addr, &params).await?;
+                let alt = r.alternate(peer, &cands).await;
+                // No route through another port: offer our address there (crate::ha::rails).
+                let offer = match alt {
+                    None => r.rail_offer(peer, &cands).await,
+                    Some(_) => None,
+                };
+                Ok((p, (alt, offer)))
+            })
+            .await;
         let mut st = self.inner.lock();
         let st = &mut *st;
         let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
