@@ -8,6 +8,7 @@ use rdma_soft::verbs::Device;
 
 use super::connection::{wait_established, Connection};
 use super::setup::{Parts, Setup};
+use super::sizes::MsgSizes;
 use super::{blocking, MAX_REP_PRIVATE_DATA};
 use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
@@ -50,6 +51,8 @@ pub struct Listener {
     unusable: Mutex<Vec<IpAddr>>,
     /// Events taken at bind (to see the addresses reported then) that `incoming` hands on.
     taken: Mutex<VecDeque<Event>>,
+    /// This side's window and largest message.
+    own: MsgSizes,
 }
 
 impl std::fmt::Debug for Listener {
@@ -81,6 +84,9 @@ pub struct Incoming {
     dev: Device,
     cma: Cma,
     private_data: Vec<u8>,
+    /// The listener's window and largest message, and the requester's.
+    own: MsgSizes,
+    peer: MsgSizes,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -126,11 +132,19 @@ impl Incoming {
                 private_data.len()
             )));
         }
-        conn_param.private_data = private_data;
+        let own = self.own;
+        conn_param.private_data = match own.attach(private_data, MAX_REP_PRIVATE_DATA) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = id.reject(&[]);
+                return Err(e);
+            }
+        };
+        let sizes = own.agree(self.peer);
         let (ch, id, parts) = blocking(move || {
             let ch = EventChannel::with_cma(&cma)?;
             id.migrate(&ch)?;
-            let made = Parts::create(&id, &setup).and_then(|p| {
+            let made = Parts::create(&id, &setup, own).and_then(|p| {
                 id.accept(&conn_param)?;
                 Ok(p)
             });
@@ -145,7 +159,7 @@ impl Incoming {
         .await?;
         let ch = Arc::new(ch);
         wait_established(&ch).await?;
-        Connection::start(ch, id, parts, peer_pd)
+        Connection::start(ch, id, parts, peer_pd, sizes)
     }
 
     /// Rejects the request (REJ reason 28, consumer defined, with up to 148 bytes of
@@ -182,6 +196,8 @@ impl Drop for Incoming {
 pub struct ListenerBuilder {
     cma: Option<Cma>,
     backlog: usize,
+    window: Option<u32>,
+    max_message: Option<usize>,
 }
 
 impl ListenerBuilder {
@@ -197,9 +213,46 @@ impl ListenerBuilder {
         self
     }
 
-    /// Binds and listens on `addr`. `EADDRINUSE` when another listener holds it.
+    /// This side's window for the connections it accepts (default
+    /// [`WINDOW`](super::WINDOW)); each uses the smaller of its two ends' (see
+    /// [`ConnectOptions::window`](super::ConnectOptions::window)).
+    pub fn window(mut self, window: u32) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// This side's largest message for the connections it accepts (default
+    /// [`MAX_MESSAGE`](super::MAX_MESSAGE)); each uses the smaller of its two ends'.
+    ///
+    /// ```no_run
+    /// # async fn f() -> rdmacm::Result<()> {
+    /// let l = rdmacm::Listener::builder()
+    ///     .window(64)
+    ///     .max_message(4096)
+    ///     .bind("127.0.0.1:7471".parse().unwrap())
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = Some(bytes);
+        self
+    }
+
+    /// Binds and listens on `addr`. `EADDRINUSE` when another listener holds it; `EINVAL`
+    /// for a window or message size out of range.
     pub async fn bind(self, addr: SocketAddr) -> Result<Listener> {
-        let ListenerBuilder { cma, backlog } = self;
+        let ListenerBuilder {
+            cma,
+            backlog,
+            window,
+            max_message,
+        } = self;
+        let d = MsgSizes::default();
+        let own = MsgSizes {
+            window: window.unwrap_or(d.window),
+            max_message: max_message.unwrap_or(d.max_message),
+        }
+        .check()?;
         let (ch, id) = blocking(move || {
             let cma = match cma {
                 Some(c) => c,
@@ -217,6 +270,7 @@ impl ListenerBuilder {
             id: Some(id),
             unusable: Mutex::new(Vec::new()),
             taken: Mutex::new(VecDeque::new()),
+            own,
         };
         // The addresses a wildcard listen skipped are reported before `listen` returns.
         while let Ok(ev) = l.ch.try_get_event() {
@@ -310,7 +364,8 @@ impl Listener {
                 continue;
             }
             let Some(id) = ev.take_id() else { continue };
-            let private_data = ev.private_data().to_vec();
+            let (peer, data) = MsgSizes::detach(ev.private_data());
+            let private_data = data.to_vec();
             drop(ev);
             let Some(dev) = id.device() else {
                 let _ = id.reject(&[]);
@@ -321,6 +376,8 @@ impl Listener {
                 dev,
                 cma: self.ch.cma(),
                 private_data,
+                own: self.own,
+                peer,
             });
         }
     }

@@ -1,5 +1,5 @@
-//! The rdma_cm model, as librdmacm users know it: the context ([`cm::Cma`], configured by
-//! [`cm::CmaConfig`]), event channels and events, ids and their states, connection parameters,
+//! The rdma_cm model, as librdmacm users know it: the context ([`Cma`], configured by
+//! [`CmaConfig`]), event channels and events, ids and their states, connection parameters,
 //! port spaces, HA policies and the CM's counters.
 //!
 //! ```no_run

@@ -1,6 +1,6 @@
 //! The layer under the CM: how an address picks a netdev and a path from the host's real
-//! network state (the [`host::Resolver`] and its blocking twin, the change
-//! [`host::Watcher`]), and the
+//! network state (the [`Resolver`] and its blocking twin, the change
+//! [`Watcher`]), and the
 //! values it answers with. The CM uses it; tools and tests that look at resolution itself
 //! may too.
 //!
