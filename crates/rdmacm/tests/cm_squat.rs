@@ -65,13 +65,8 @@ fn wildcard_listener_reports_a_squatted_address() {
     if !rdma_testhosts::require_root("wildcard_listener_reports_a_squatted_address") {
         return;
     }
-    let t = rdma_testhosts::Topology::builder("squat")
-        .host("a")
-        .addr("a", "lo", "127.0.0.5/32")
-        .build()
-        .expect("namespace");
+    let (t, mut squatter) = squatted("squat");
     let a = t.host("a");
-    let mut squatter = squat(a);
 
     let sub = tracing_subscriber::registry().with(Capture);
     tracing::subscriber::set_global_default(sub).unwrap();
@@ -162,9 +157,16 @@ fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::cm::Event {
     ev
 }
 
-/// Another user (uid 65534) in `a` holding UDP 4791 on 127.0.0.1 and 127.0.0.6, until its
-/// stdin closes.
-fn squat(a: &rdma_testhosts::Host) -> std::process::Child {
+/// A namespace `name` with host `a` (127.0.0.1 and 127.0.0.5/32 on its `lo`), and another
+/// user (uid 65534) there holding UDP 4791 on 127.0.0.1 and 127.0.0.6 until its stdin
+/// closes.
+fn squatted(name: &str) -> (rdma_testhosts::Topology, std::process::Child) {
+    let t = rdma_testhosts::Topology::builder(name)
+        .host("a")
+        .addr("a", "lo", "127.0.0.5/32")
+        .build()
+        .expect("namespace");
+    let a = t.host("a");
     let exe = std::env::current_exe().unwrap();
     let mut squatter = Command::new("ip")
         .args(["netns", "exec", a.netns(), "setpriv"])
@@ -185,7 +187,7 @@ fn squat(a: &rdma_testhosts::Host) -> std::process::Child {
     assert!(line.contains("bound"), "the squatter holds 127.0.0.1:4791");
     // kept open: the squatter writes its test summary there when it exits
     squatter.stdout = Some(out.into_inner());
-    squatter
+    (t, squatter)
 }
 
 /// 127.0.0.6 (squatted already) becomes an address of `a`'s `lo`.
@@ -206,13 +208,8 @@ fn async_listener_reports_a_squatted_address() {
     if !rdma_testhosts::require_root("async_listener_reports_a_squatted_address") {
         return;
     }
-    let t = rdma_testhosts::Topology::builder("squatas")
-        .host("a")
-        .addr("a", "lo", "127.0.0.5/32")
-        .build()
-        .expect("namespace");
+    let (t, mut squatter) = squatted("squatas");
     let a = t.host("a");
-    let mut squatter = squat(a);
     a.run(|| {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
