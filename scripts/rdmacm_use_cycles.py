@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Fails if the modules of crates/rdmacm/src refer to each other in a circle.
 
-A module is a top-level module of the crate (`resolve/active.rs` counts as `resolve`);
-an edge A -> B is a `use crate::B` or an inline `crate::B::` path in A (comments and doc
-comments excluded; `lib.rs` only re-exports and is left out, a name it re-exports counts
-as its module). Prints the cycles found.
+A module is a top-level module of the crate (`ports/config.rs` counts as `ports`), or in
+the layer folders (`LAYERS`) a module of the folder (`host/resolve/active.rs` counts as
+`host::resolve`, the folder's `mod.rs` as the folder); an edge A -> B is a `use crate::B`
+or an inline `crate::B::` path in A (comments and doc comments excluded; `lib.rs` only
+re-exports and is left out, a name it or a folder's `mod.rs` re-exports counts as its
+module). Prints the cycles found.
 Usage: scripts/rdmacm_use_cycles.py [crate-src-dir]
 """
 import os
@@ -15,16 +17,32 @@ src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
     os.path.dirname(__file__), "..", "crates", "rdmacm", "src")
 src = os.path.normpath(src)
 
+LAYERS = {"cm", "context", "engine", "ha", "host"}
+
 def module_of(path):
-    rel = os.path.relpath(path, src)
-    first = rel.split(os.sep)[0]
-    return first[:-3] if first.endswith(".rs") else first
+    parts = [p[:-3] if p.endswith(".rs") else p for p in os.path.relpath(path, src).split(os.sep)]
+    if parts[0] in LAYERS and len(parts) > 1 and parts[1] != "mod":
+        return parts[0] + "::" + parts[1]
+    return parts[0]
+
+def ref_of(path):
+    """The module a `crate::` path names (its first one or two segments)."""
+    parts = path.split("::")
+    if parts[0] in LAYERS and len(parts) > 1 and parts[0] + "::" + parts[1] in mods:
+        return parts[0] + "::" + parts[1]
+    if parts[0] in LAYERS and len(parts) > 1:
+        return reexport.get(parts[0] + "::" + parts[1], parts[0])
+    return parts[0]
 
 def strip_comments(text):
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return "\n".join(l.split("//", 1)[0] for l in text.splitlines())
 
-mods, edges = set(), {}
+mods, edges, reexport = set(), {}, {}
+for root, _, files in os.walk(src):
+    for f in files:
+        if f.endswith(".rs"):
+            mods.add(module_of(os.path.join(root, f)))
 for root, _, files in os.walk(src):
     for f in files:
         if f.endswith(".rs"):
@@ -35,18 +53,25 @@ for root, _, files in os.walk(src):
             mods.add(m)
             text = strip_comments(open(p).read())
             # `use crate::{a, b::c}` groups and plain `crate::x` paths.
-            refs = set(re.findall(r"\bcrate::(\w+)", text))
+            refs = set(re.findall(r"\bcrate::(\w+(?:::\w+)?)", text))
             for g in re.findall(r"\bcrate::\{([^}]*)\}", text):
                 refs.update(re.findall(r"(?:^|,)\s*(\w+)", g))
+            if f == "mod.rs" and m in LAYERS:
+                # a layer folder's facade: `pub use crate::cm::cma::Cma;` makes `cm::Cma` cma's
+                for use in re.findall(r"pub use crate::([^;]*);", text):
+                    path, _, names = use.partition("::{")
+                    if not names:
+                        path, _, names = use.rpartition("::")
+                    for n in re.findall(r"\w+", names):
+                        reexport.setdefault(m + "::" + n, path)
             edges.setdefault(m, set()).update(r for r in refs if r != m)
 
 # Names lib.rs re-exports (`crate::PortSpace`) count as their module.
 lib = strip_comments(open(os.path.join(src, "lib.rs")).read())
-reexport = {}
 for m, names in re.findall(r"pub use (\w+)::\{?([^;}]*)\}?;", lib):
     for n in re.findall(r"\w+", names):
         reexport.setdefault(n, m)
-edges = {m: {reexport.get(r, r) for r in rs} for m, rs in edges.items()}
+edges = {m: {ref_of(reexport.get(r, r)) for r in rs} for m, rs in edges.items()}
 edges = {m: {r for r in rs if r in mods and r != m} for m, rs in edges.items()}
 
 cycles, state, stack = [], {}, []

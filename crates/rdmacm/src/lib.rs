@@ -167,45 +167,13 @@
 
 #![warn(missing_docs)]
 
-mod accept;
-mod addr;
 mod async_api;
-mod blocking;
-mod bridge;
-mod channel;
-mod cm_engine;
-mod cma;
 mod config;
-mod connect;
-mod counters;
-mod devices;
-mod dispatch;
+mod context;
+mod engine;
 mod error;
-mod event;
 mod ha;
-mod held;
-mod id;
-mod inner;
-mod inspect;
-mod lap;
-mod listen;
-mod local_wire;
-mod mad_out;
-mod mc_events;
-mod mcast;
-mod migrate;
-mod netns;
-mod params;
 mod ports;
-mod queue;
-mod rails;
-mod registry;
-mod resolve;
-mod route;
-mod slot;
-mod state;
-mod watch;
-mod watch_task;
 
 pub use async_api::{
     AcceptOptions, Buf, BufPool, CompletionStream, ConnectOptions, Connection, Datagram, Incoming,
@@ -215,66 +183,9 @@ pub use async_api::{
 };
 pub use error::{CloseReason, Error, Result};
 
-/// The rdma_cm model, as librdmacm users know it: the context ([`cm::Cma`], configured by
-/// [`cm::CmaConfig`]), event channels and events, ids and their states, connection parameters,
-/// port spaces, HA policies and the CM's counters.
-///
-/// ```no_run
-/// use rdmacm::cm::{CmId, EventChannel, EventType, PortSpace};
-/// let ch = EventChannel::new()?;
-/// let id = CmId::new(&ch, PortSpace::Tcp)?;
-/// id.resolve_addr(None, "127.0.0.1:7471".parse().unwrap(), std::time::Duration::from_secs(2))?;
-/// assert_eq!(ch.get_event()?.kind(), EventType::AddrResolved);
-/// # Ok::<(), rdmacm::Error>(())
-/// ```
-pub mod cm {
-    pub use crate::cma::Cma;
-    #[doc(hidden)]
-    pub use crate::cma::PauseGuard;
-    pub use crate::config::{
-        CmaConfig, CmaConfigBuilder, DeviceSpec, DEVICES_ENV, DRIVER_ENV, HA_RETURN_ENV,
-    };
-    pub use crate::connect::RDMA_UDP_QKEY;
-    pub use crate::counters::CmStatistics;
-    pub use crate::error::{reject_reason_text, RejectCause};
-    pub use crate::event::Event;
-    pub use crate::ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
-    #[doc(hidden)]
-    pub use crate::held::LookupHold;
-    pub use crate::id::{CmId, CmOption};
-    pub use crate::mcast::McJoinFlags;
-    pub use crate::params::{
-        ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN,
-    };
-    pub use crate::ports::PortSpace;
-    pub use crate::slot::{IdState, QpKind};
-    pub use crate::{channel::EventChannel, channel::EventStream};
-}
+pub mod cm;
 
-/// The layer under the CM: how an address picks a netdev and a path from the host's real
-/// network state (the [`host::Resolver`] and its blocking twin, the change
-/// [`host::Watcher`]), and the
-/// values it answers with. The CM uses it; tools and tests that look at resolution itself
-/// may too.
-///
-/// ```no_run
-/// use rdmacm::host::BlockingResolver;
-/// let r = BlockingResolver::new()?;
-/// let bound = r.bind(&"127.0.0.1".parse().unwrap())?;
-/// assert_eq!(bound.netdev.unwrap().name, "lo");
-/// # Ok::<(), rdmacm::Error>(())
-/// ```
-pub mod host {
-    pub use crate::addr::{any_of, classify, loopback_of, AddrClass, Gid, ScopeId, ScopedIp};
-    pub use crate::blocking::BlockingResolver;
-    pub use crate::resolve::{Binding, GidEntry, Netdev, ResolvedAddr, Resolver, RouteQuery};
-    pub use crate::route::{
-        flow_label, IbMtu, RocePath, RouteParams, DEFAULT_PACKET_LIFETIME, ROCE_HEADROOM,
-        ROCE_UDP_SPORT_MIN,
-    };
-    pub use crate::watch::{ChangeReason, Notification, WatchId, WatchKey, Watcher};
-    pub use rdma_hostview::MacAddr;
-}
+pub mod host;
 
 /// The software device's verbs objects and vocabulary, as [`Connection`] and
 /// [`cm::CmId`] hand them out (so an application needs no dependency on `rdma-soft` itself).

@@ -11,8 +11,8 @@ use rdmacm::cm::{CmId, Cma, ConnParam, EventChannel, EventType, PortSpace};
 use rdmacm::verbs::{AccessFlags, QpInitAttr, RecvWr, SendOp, SendWr, WcOpcode};
 use rdmacm::CompletionStream;
 
-mod aio;
-use aio::*;
+mod support_async;
+use support_async::*;
 
 async fn expect(ch: &EventChannel, kind: EventType) -> rdmacm::cm::Event {
     let ev = within("event", ch.next_event()).await.unwrap();

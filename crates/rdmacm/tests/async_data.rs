@@ -10,9 +10,9 @@ use rdmacm::cm::{Cma, EventType};
 use rdmacm::verbs::{QpState, WcStatus};
 use rdmacm::{CloseReason, ConnectOptions, Connection, Error, RemoteBuf, MAX_MESSAGE, WINDOW};
 
-mod aio;
+mod support_async;
 
-use aio::{pair, within};
+use support_async::{pair, within};
 
 fn pattern(seq: u32, len: usize) -> Vec<u8> {
     let mut v: Vec<u8> = (0..len)
@@ -422,4 +422,83 @@ async fn flush_after_unsignaled_sends_returns() {
     assert!(c.close_reason().is_none() && s.close_reason().is_none());
     assert_eq!(c.qp().state(), QpState::Rts);
     within("disconnect", c.disconnect()).await.unwrap();
+}
+
+/// Both ends with other windows and message sizes: each connection uses the smaller of
+/// the two (carried in the REQ's and REP's private data), messages flow both ways past the
+/// window, byte-exact, the application's private data is still there, and a message over
+/// the agreed size fails with `EINVAL` on either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ends_with_different_windows_and_sizes_agree_on_the_smaller() {
+    // (listener, client) settings (window, largest message); `None`: the defaults
+    type Sizes = (u32, usize);
+    let cases: [(Option<Sizes>, Option<Sizes>, Sizes); 3] = [
+        (Some((4, 1024)), None, (4, 1024)),
+        (None, Some((3, 2000)), (3, 2000)),
+        (Some((8, 700)), Some((5, 4096)), (5, 700)),
+    ];
+    for (i, (server, client, agreed)) in cases.into_iter().enumerate() {
+        let ip = format!("127.0.60.{}", 40 + i);
+        let cma = Cma::new().unwrap();
+        let mut b = rdmacm::Listener::builder().cma(cma.clone());
+        if let Some((w, m)) = server {
+            b = b.window(w).max_message(m);
+        }
+        let l = b.bind(format!("{ip}:0").parse().unwrap()).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server_task = tokio::spawn(async move {
+            let req = l.incoming().await?;
+            let hello = req.private_data()[..5].to_vec();
+            let conn = req
+                .accept(rdmacm::AcceptOptions {
+                    private_data: b"world".to_vec(),
+                    ..Default::default()
+                })
+                .await?;
+            Ok::<_, Error>((hello, conn))
+        });
+        let mut opts = ConnectOptions::new()
+            .src(format!("{ip}:0").parse().unwrap())
+            .cma(cma)
+            .private_data(b"hello".to_vec());
+        if let Some((w, m)) = client {
+            opts = opts.window(w).max_message(m);
+        }
+        let c = within("connect", Connection::connect(addr, opts))
+            .await
+            .unwrap();
+        let (hello, s) = within("accept", server_task).await.unwrap().unwrap();
+        assert_eq!(hello, b"hello");
+        assert_eq!(&c.peer_private_data()[..5], b"world");
+        for (who, conn) in [("client", &c), ("server", &s)] {
+            assert_eq!(
+                (conn.window(), conn.max_message()),
+                agreed,
+                "{who}, case {i}"
+            );
+            let e = conn.send(&vec![0; agreed.1 + 1]).await.unwrap_err();
+            assert_eq!(e.errno(), libc::EINVAL, "{who}: {e}");
+        }
+        // three windows' worth each way, full-size messages, before the other side reads
+        let n = agreed.0 * 3;
+        let (c, s) = (Arc::new(c), Arc::new(s));
+        let mut senders = Vec::new();
+        for conn in [c.clone(), s.clone()] {
+            senders.push(tokio::spawn(async move {
+                for seq in 0..n {
+                    conn.send(&pattern(seq, agreed.1)).await.unwrap();
+                }
+            }));
+        }
+        for conn in [&s, &c] {
+            for seq in 0..n {
+                let m = within("recv", conn.recv()).await.unwrap();
+                assert_eq!(m, pattern(seq, agreed.1), "message {seq}, case {i}");
+            }
+        }
+        for t in senders {
+            within("senders", t).await.unwrap();
+        }
+        assert_eq!(rnr_naks(&c) + rnr_naks(&s), 0, "no receive queue ran dry");
+    }
 }

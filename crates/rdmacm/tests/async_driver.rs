@@ -3,16 +3,16 @@
 //! the progress engine takes the datagrams back. Off (the default), the engine drives alone.
 //! Addresses 127.0.63.x.
 
-mod aio;
+mod support_async;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aio::{pair_with, within, HANG};
 use rdmacm::cm::{Cma, CmaConfig};
 use rdmacm::{ConnectOptions, Connection, Listener, RemoteBuf};
+use support_async::{pair_with, within, HANG};
 
 /// A context configuration with the runtime driver `on` (the rest from the environment).
 fn driver(on: bool) -> CmaConfig {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use rdmacm::cm::Cma;
 use rdmacm::{ConnectOptions, Connection, Error, Listener};
 
-mod aio;
-use aio::*;
+mod support_async;
+use support_async::*;
 
 fn opts(cma: &Cma, src: &str) -> ConnectOptions {
     ConnectOptions::new()

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use rdmacm::{Buf, BufPool, RemoteBuf, MAX_MESSAGE};
 
-mod aio;
-use aio::*;
+mod support_async;
+use support_async::*;
 
 /// Messages from a pool arrive byte exact; each `send_buf` hands back the very
 /// allocation it was given (the device read the application's bytes in place), and the

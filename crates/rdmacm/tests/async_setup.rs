@@ -13,8 +13,8 @@ use rdmacm::{
     MAX_REP_PRIVATE_DATA, MAX_REQ_PRIVATE_DATA,
 };
 
-mod aio;
-use aio::*;
+mod support_async;
+use support_async::*;
 
 async fn listener(ip: &str) -> (Cma, Listener, ConnectOptions) {
     let cma = Cma::new().unwrap();
@@ -190,4 +190,32 @@ async fn incoming_reject_refuses_the_client_naming_the_reason() {
         assert!(e.to_string().contains("consumer"), "{e}");
     }
     within("server", server).await.unwrap();
+}
+
+/// `Connection::resolve` (bind, address and route resolution) awaits netlink on the
+/// caller's runtime: it completes while every thread of the runtime's blocking pool is
+/// taken (it used to run there and waited for a free thread).
+#[test]
+fn resolve_needs_no_blocking_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_cma, l, opts) = listener("127.0.61.14").await;
+        let (busy_tx, busy_rx) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::task::spawn_blocking(move || busy_rx.recv());
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            Connection::resolve(l.local_addr().unwrap(), opts),
+        )
+        .await
+        .expect("resolved with the blocking pool taken")
+        .unwrap();
+        assert_eq!(r.device().name(), "lo");
+        drop(busy_tx);
+        busy.await.unwrap().unwrap_err();
+    });
 }

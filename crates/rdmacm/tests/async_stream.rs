@@ -5,8 +5,8 @@
 use rdmacm::MAX_MESSAGE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod aio;
-use aio::*;
+mod support_async;
+use support_async::*;
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 131 + i / 251) as u8).collect()

@@ -5,18 +5,18 @@
 //! or the neighbour towards the peer changes, and the connection still carries data
 //! afterwards (nothing is torn down).
 
-mod common;
+mod support_hosts;
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{AccessFlags, MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, WcStatus};
 use rdma_testhosts::{require_root, topologies, Host, Topology};
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 

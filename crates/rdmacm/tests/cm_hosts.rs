@@ -2,15 +2,15 @@
 //! connect / accept / reject / disconnect both ways over veth, many connections, the
 //! listener's address rule, a peer that vanishes.
 
-mod common;
+mod support_hosts;
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use rdma_testhosts::{require_root, topologies, Host};
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 

@@ -7,14 +7,12 @@
 //! once (`RDMA_HA_CONNS`, 4 by default). The policy option and its inheritance are checked
 //! on loopback (127.0.211.0/24).
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use common::*;
-use ha::{cma, topo, B_ADDR};
 use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{
     AccessFlags, Completion, CompletionChannel, CompletionQueue, MemoryRegion, QpInitAttr, QpState,
@@ -25,6 +23,8 @@ use rdmacm::cm::{
     CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, HaPolicy, IdState, PortSpace,
     ALIGN_ADDR_GONE, ALIGN_PATH_MOVED,
 };
+use support_ha::{cma, topo, B_ADDR};
+use support_hosts::*;
 
 /// Resolution timeout handed to the CM (a parameter of the calls under test).
 const T: Duration = Duration::from_secs(10);
@@ -349,7 +349,7 @@ fn scenario_then(
 }
 
 fn route_to_h1(h: &Host, _b: &Host) {
-    ha::route_to_h1(h);
+    support_ha::route_to_h1(h);
 }
 
 #[test]

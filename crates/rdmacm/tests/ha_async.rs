@@ -6,17 +6,17 @@
 //! B says it stopped), the memory region registered before the first connect is written
 //! by B over the new connection with the same rkey (no re-registration).
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ha::{cma, route_to_h1, rt, topo, tx_packets, within, B_ADDR, HANG};
 use rdma_testhosts::require_root;
 use rdmacm::cm::{EventType, HaPolicy, ALIGN_PATH_MOVED};
 use rdmacm::verbs::AccessFlags;
 use rdmacm::{AcceptOptions, CloseReason, ConnectOptions, Connection, Error, Listener, RemoteBuf};
+use support_ha::{cma, route_to_h1, rt, topo, tx_packets, within, B_ADDR, HANG};
 
 const TOKEN: &[u8; 8] = b"session7";
 const LEN: usize = 1024;
@@ -137,7 +137,7 @@ fn align_closes_and_reconnect_continues_over_h1() {
                     // drops them): the next messages are posted and never acknowledged, so
                     // that the close must hand them back (without this the stream may be
                     // all acknowledged when the close comes, and nothing handed back).
-                    common::sh(
+                    support_hosts::sh(
                         h,
                         &[
                             "neigh",

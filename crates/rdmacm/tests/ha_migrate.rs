@@ -7,24 +7,24 @@
 //! QPs, PD and MRs; both devices report IBV_EVENT_PATH_MIG, both ids ADDR_CHANGE, and the
 //! connection's MADs follow it (the DREQ at the end crosses the second link).
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
 use std::sync::mpsc;
 
-use ha::stream::{
-    addr_change, away_and_back, end_stream, message, migrate_under_stream, path_mig,
-    receive_until_done, receive_until_end, send_until_closed, stream_until, Causes,
-};
-use ha::{rt, topo, within, B_ADDR};
 use rdma_soft::verbs::{AsyncEvent, MigrationCause};
 use rdma_testhosts::{require_root, Host};
 use rdmacm::cm::{Cma, HaPolicy};
 use rdmacm::{AcceptOptions, ConnectOptions, Connection, Listener};
+use support_ha::stream::{
+    addr_change, away_and_back, end_stream, message, migrate_under_stream, path_mig,
+    receive_until_done, receive_until_end, send_until_closed, stream_until, Causes,
+};
+use support_ha::{rt, topo, within, B_ADDR};
 
 /// A context with one device over `first` and `second`, ids starting with migrate.
 fn group(name: &str, first: &str, second: &str) -> Cma {
-    ha::group(name, first, second, HaPolicy::Migrate, false)
+    support_ha::group(name, first, second, HaPolicy::Migrate, false)
 }
 
 #[test]
@@ -33,7 +33,7 @@ fn link_down_moves_the_connection_to_the_second_link() {
         return;
     }
     let down = |h: &rdma_testhosts::Host, _: &rdma_testhosts::Host| {
-        common::sh(h, &["link", "set", "h0", "down"])
+        support_hosts::sh(h, &["link", "set", "h0", "down"])
     };
     // H is told by its link; B usually follows H's first packet on the new path
     let causes = Causes {
@@ -54,11 +54,11 @@ fn restored(name: &str, stay: bool, tcp_port: u16) {
     if !require_root(name) {
         return;
     }
-    let down = |h: &Host| common::sh(h, &["link", "set", "h0", "down"]);
+    let down = |h: &Host| support_hosts::sh(h, &["link", "set", "h0", "down"]);
     let up = |h: &Host| {
-        common::sh(h, &["link", "set", "h0", "up"]);
+        support_hosts::sh(h, &["link", "set", "h0", "up"]);
         h.wait_carrier("h0");
-        ha::route_to_h0(h);
+        support_ha::route_to_h0(h);
     };
     away_and_back(&topo(), stay, tcp_port, down, up);
 }
@@ -131,7 +131,7 @@ fn against_a_peer_without_path_migration_migrate_falls_back_to_align() {
                 );
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 50, || true).await;
-                common::sh(host, &["link", "set", "h0", "down"]);
+                support_hosts::sh(host, &["link", "set", "h0", "down"]);
                 let why = send_until_closed(&c, &mut seq).await;
                 assert!(
                     matches!(why, rdmacm::CloseReason::PathMoved { .. }),
@@ -170,7 +170,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = format!("{B_ADDR}:7496").parse().unwrap();
-                    let l = ha::listen_b(addr, false, &ready_tx).await;
+                    let l = support_ha::listen_b(addr, false, &ready_tx).await;
                     let inc = within("request", l.incoming()).await.unwrap();
                     let c = inc.accept(AcceptOptions::default()).await.unwrap();
                     // B only receives (its QP never times out): it stops when H is done.
@@ -183,14 +183,14 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
         h.run(move || {
             rt().block_on(async move {
                 let addr = format!("{B_ADDR}:7496").parse().unwrap();
-                let c = ha::connect_h(addr, false).await;
+                let c = support_ha::connect_h(addr, false).await;
                 assert_eq!(c.qp().query().unwrap().alt_port_num, 2);
                 let (dev, qpn) = (c.device().unwrap(), c.qp().qpn());
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 20, || true).await;
                 // h1 first: the alternate is dead before the primary goes.
-                common::sh(host, &["link", "set", "h1", "down"]);
-                common::sh(host, &["link", "set", "h0", "down"]);
+                support_hosts::sh(host, &["link", "set", "h1", "down"]);
+                support_hosts::sh(host, &["link", "set", "h0", "down"]);
                 let why = send_until_closed(&c, &mut seq).await;
                 let _ = done_tx.send(());
                 assert_eq!(
@@ -212,7 +212,7 @@ fn a_failed_migration_ends_the_connection_as_align_does() {
 /// The first PATH_MIG_ERR of `dev` (other async events, the port errors, skipped).
 fn path_mig_err(dev: &rdma_soft::verbs::Device) -> AsyncEvent {
     loop {
-        match dev.wait_async_event(Some(ha::HANG)).unwrap() {
+        match dev.wait_async_event(Some(support_ha::HANG)).unwrap() {
             Some(e @ AsyncEvent::PathMigrationFailed { .. }) => return e,
             Some(e) => eprintln!("{}: {e:?}", dev.name()),
             None => panic!("hang guard: no PATH_MIG_ERR"),
@@ -247,7 +247,7 @@ fn many_connections_migrate_at_once() {
             b.run(move || {
                 rt().block_on(async move {
                     let addr = format!("{B_ADDR}:7497").parse().unwrap();
-                    let l = ha::listen_b(addr, false, &ready_tx).await;
+                    let l = support_ha::listen_b(addr, false, &ready_tx).await;
                     let mut tasks = Vec::new();
                     for _ in 0..n {
                         let inc = within("request", l.incoming()).await.unwrap();
@@ -301,7 +301,7 @@ fn many_connections_migrate_at_once() {
                 for _ in 0..n {
                     half_rx.recv().await.unwrap();
                 }
-                common::sh(host, &["link", "set", "h0", "down"]);
+                support_hosts::sh(host, &["link", "set", "h0", "down"]);
                 for t in tasks {
                     t.await.unwrap();
                 }

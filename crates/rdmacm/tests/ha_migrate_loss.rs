@@ -5,13 +5,13 @@
 //! verifying stream (`ha/stream.rs`): every message byte-exact, once, in order, on the same
 //! QPs. Its own binary: the environment is the process's.
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
-use ha::stream::{migrate_under_stream, Causes};
-use ha::topo;
 use rdma_soft::verbs::MigrationCause;
 use rdma_testhosts::{require_root, Host};
+use support_ha::stream::{migrate_under_stream, Causes};
+use support_ha::topo;
 
 /// The faults (`RDMA_HA_LOSS_SPEC` overrides them).
 const FAULTS: &str = "loss=0.05,dup=0.02,reorder=0.05,dir=both,seed=11,local=198.51.100.1";
@@ -21,14 +21,14 @@ fn loss_on_the_surviving_path_loses_nothing() {
     if !require_root("loss_on_the_surviving_path_loses_nothing") {
         return;
     }
-    common::log_from_env();
+    support_hosts::log_from_env();
     let spec = std::env::var("RDMA_HA_LOSS_SPEC").unwrap_or_else(|_| FAULTS.into());
     // set before any device or thread exists (one test in this binary)
     std::env::set_var(rdma_soft::io::FAULTS_ENV, &spec);
     let t = topo();
     let (tx, rx) = std::sync::mpsc::channel();
     let down = move |h: &Host, _: &Host| {
-        common::sh(h, &["link", "set", "h0", "down"]);
+        support_hosts::sh(h, &["link", "set", "h0", "down"]);
         tx.send(()).unwrap();
     };
     let causes = Causes {

@@ -5,13 +5,13 @@
 //! reaches it on the alternate with MigReq set: the stream goes on byte-exact on the same
 //! QPs, both QPs end on port 2, both ids get one ADDR_CHANGE and stay connected.
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
-use ha::stream::{away_and_back, migrate_under_stream, Causes};
-use ha::{route_to_h0, route_to_h1, topo};
 use rdma_soft::verbs::MigrationCause;
 use rdma_testhosts::{require_root, Host};
+use support_ha::stream::{away_and_back, migrate_under_stream, Causes};
+use support_ha::{route_to_h0, route_to_h1, topo};
 
 #[test]
 fn a_moved_route_migrates_the_connection() {
@@ -42,7 +42,8 @@ fn the_peers_address_removed_migrates_the_connection() {
         return;
     }
     let t = topo();
-    let removed = |_: &Host, b: &Host| common::sh(b, &["addr", "del", "192.0.2.2/24", "dev", "b0"]);
+    let removed =
+        |_: &Host, b: &Host| support_hosts::sh(b, &["addr", "del", "192.0.2.2/24", "dev", "b0"]);
     let causes = Causes {
         h: Some(MigrationCause::Peer),
         b: Some(MigrationCause::Forced),
@@ -58,7 +59,8 @@ fn our_address_removed_migrates_the_connection() {
         return;
     }
     let t = topo();
-    let removed = |h: &Host, _: &Host| common::sh(h, &["addr", "del", "192.0.2.1/24", "dev", "h0"]);
+    let removed =
+        |h: &Host, _: &Host| support_hosts::sh(h, &["addr", "del", "192.0.2.1/24", "dev", "h0"]);
     let causes = Causes {
         h: Some(MigrationCause::Forced),
         b: Some(MigrationCause::Peer),

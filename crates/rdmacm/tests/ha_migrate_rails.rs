@@ -8,27 +8,29 @@
 //! answers as Linux does (failover accepted, nothing more), the connection has no alternate
 //! and ends as `align` ends it.
 
-mod common;
-mod ha;
+mod support_ha;
+mod support_hosts;
 
 use std::net::IpAddr;
 use std::sync::mpsc;
 
-use ha::stream::{
-    addr_change, away_and_back, check_mig, end_stream, path_mig, receive_until_done,
-    receive_until_end, send_until_closed, stream_until,
-};
-use ha::{cma, connect_h, listen_b, rt, tx_packets, within, B_ADDR};
 use rdma_soft::verbs::MigrationCause;
 use rdma_testhosts::{require_root, topologies, Topology};
 use rdmacm::cm::HaPolicy;
 use rdmacm::{AcceptOptions, CloseReason, Listener};
+use support_ha::stream::{
+    addr_change, away_and_back, check_mig, end_stream, path_mig, receive_until_done,
+    receive_until_end, send_until_closed, stream_until,
+};
+use support_ha::{cma, connect_h, listen_b, rt, tx_packets, within, B_ADDR};
 
 /// The two rails, as the topology builds them: one subnet per link, no cross routes.
 fn rails() -> Topology {
     let t = topologies::two_hosts_two_links().unwrap();
     for (h, ifs) in [(t.host("h"), ["h0", "h1"]), (t.host("b"), ["b0", "b1"])] {
-        common::with_resolver(h, |r| ifs.iter().for_each(|i| common::wait_running(r, i)));
+        support_hosts::with_resolver(h, |r| {
+            ifs.iter().for_each(|i| support_hosts::wait_running(r, i))
+        });
     }
     t
 }
@@ -47,7 +49,7 @@ const TOKEN: &[u8] = b"rails";
 /// Messages in the stream (`RDMA_HA_MESSAGES`, 2,000 by default; a quarter before the link
 /// goes down).
 fn messages() -> u32 {
-    ha::stream::messages()
+    support_ha::stream::messages()
 }
 
 #[test]
@@ -105,7 +107,7 @@ fn link_down_migrates_to_the_second_rail_without_cross_routes() {
                 );
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, n / 4, || true).await;
-                common::sh(host, &["link", "set", "h0", "down"]);
+                support_hosts::sh(host, &["link", "set", "h0", "down"]);
                 stream_until(&c, &mut seq, n / 2, || qp.query().unwrap().port_num == 2).await;
                 // the connection keeps running on the second rail, on the wire
                 let before = tx_packets("h1");
@@ -128,15 +130,15 @@ fn link_down_migrates_to_the_second_rail_without_cross_routes() {
 /// h0 down, then up (its subnet's route comes back with it; still no cross route): the
 /// connection moves to h1, the restored rail is loaded as its new alternate by LAP / APR
 /// (a path to B's address through h0 again) and it returns to port 1, its datagrams
-/// leaving through h0; every message once, in order, byte-exact (`ha::stream`).
+/// leaving through h0; every message once, in order, byte-exact (`support_ha::stream`).
 #[test]
 fn the_restored_rail_brings_the_connection_back() {
     if !require_root("the_restored_rail_brings_the_connection_back") {
         return;
     }
-    let down = |h: &rdma_testhosts::Host| common::sh(h, &["link", "set", "h0", "down"]);
+    let down = |h: &rdma_testhosts::Host| support_hosts::sh(h, &["link", "set", "h0", "down"]);
     let up = |h: &rdma_testhosts::Host| {
-        common::sh(h, &["link", "set", "h0", "up"]);
+        support_hosts::sh(h, &["link", "set", "h0", "up"]);
         h.wait_carrier("h0");
     };
     away_and_back(&rails(), false, 7522, down, up);
@@ -189,7 +191,7 @@ fn a_peer_that_does_not_answer_the_offer_gets_align() {
                 assert_eq!(c.peer_private_data(), &full[..], "B's private data, whole");
                 let mut seq = 0u32;
                 stream_until(&c, &mut seq, 20, || true).await;
-                common::sh(host, &["link", "set", "h0", "down"]);
+                support_hosts::sh(host, &["link", "set", "h0", "down"]);
                 let why = send_until_closed(&c, &mut seq).await;
                 let _ = done_tx.send(());
                 assert_eq!(

@@ -88,6 +88,23 @@ fn child_with_a_connected_pair() {
     let _ = std::io::stdin().read_line(&mut line);
 }
 
+/// This test binary re-run as `child_with_a_connected_pair`, serving inspection in `dir`,
+/// its stdin and stdout piped.
+fn child(dir: &Path) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "child_with_a_connected_pair",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env(CHILD_ENV, "1")
+    .env(rdma_soft::inspect::DIR_ENV, dir)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    c
+}
+
 fn tool(name: &str, dir: &Path, args: &[&str]) -> String {
     let exe = match name {
         "rdma-soft" => env!("CARGO_BIN_EXE_rdma-soft"),
@@ -109,18 +126,8 @@ fn inspection_tools_show_a_live_process() {
     let dir = std::env::temp_dir().join(format!("rdma-inspect-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_with_a_connected_pair",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, "1")
-        .env(rdma_soft::inspect::DIR_ENV, &dir)
+    let mut child = child(&dir)
         .env("RDMA_SOFT_FAULTS", "loss=0.1,seed=5")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
@@ -244,19 +251,9 @@ fn inspection_off_serves_no_socket() {
     let dir = std::env::temp_dir().join(format!("rdma-inspect-off-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_with_a_connected_pair",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, "1")
-        .env(rdma_soft::inspect::DIR_ENV, &dir)
+    let mut child = child(&dir)
         .env("RDMA_SOFT_INSPECT", "off")
         .env_remove("RDMA_SOFT_FAULTS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();

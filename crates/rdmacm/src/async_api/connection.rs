@@ -12,13 +12,14 @@ use super::options::ConnectOptions;
 use super::reconnect::Redial;
 use super::setup::Parts;
 use super::shared::{run, Shared, State};
-use super::{blocking, event_error, DISCONNECT_WAIT};
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use super::sizes::MsgSizes;
+use super::{blocking, event_error, DISCONNECT_WAIT, MAX_REQ_PRIVATE_DATA};
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::event::Event;
+use crate::cm::id::CmId;
+use crate::cm::params::EventType;
 use crate::error::{CloseReason, Error, Result};
-use crate::event::Event;
-use crate::id::CmId;
-use crate::params::EventType;
 use crate::ports::PortSpace;
 
 async fn until<T>(
@@ -95,25 +96,28 @@ impl Resolved {
             peer: id.peer_addr(),
             timeout: opts.timeout,
             conn_param: opts.conn_param.clone(),
-            cap: opts.setup.cap(),
+            cap: opts.setup.cap(opts.window),
+            own: opts.sizes()?,
             cma: Cma {
                 inner: id.inner.clone(),
             },
         };
+        let own = opts.sizes()?;
         let mut param = opts.conn_param;
-        param.private_data = opts.private_data;
+        param.private_data = own.attach(opts.private_data, MAX_REQ_PRIVATE_DATA)?;
         let setup = opts.setup;
         until(deadline, async move {
             let (id, parts) = blocking(move || {
-                let parts = Parts::create(&id, &setup)?;
+                let parts = Parts::create(&id, &setup, own)?;
                 id.connect(&param)?;
                 Ok((id, parts))
             })
             .await?;
             let ev = wait_established(&ch).await?;
-            let peer_private_data = ev.private_data().to_vec();
+            let (peer, data) = MsgSizes::detach(ev.private_data());
+            let peer_private_data = data.to_vec();
             drop(ev);
-            let mut c = Connection::start(ch, id, parts, peer_private_data)?;
+            let mut c = Connection::start(ch, id, parts, peer_private_data, own.agree(peer))?;
             c.redial = Some(redial);
             Ok(c)
         })
@@ -197,34 +201,28 @@ impl Connection {
         let (src, timeout, cma) = (options.src, options.timeout, options.cma.clone());
         let ha = options.ha;
         let (ch, id) = until(deadline, async move {
-            let (ch, id) = blocking(move || {
-                let cma = match cma {
-                    Some(c) => c,
-                    None => Cma::global()?,
-                };
-                let ch = EventChannel::with_cma(&cma)?;
-                let id = CmId::new(&ch, PortSpace::Tcp)?;
-                if let Some(p) = ha {
-                    id.set_ha_policy(p)?;
-                }
-                if let Some(s) = src {
-                    id.bind_addr(s)?;
-                }
-                id.resolve_addr(None, addr, timeout)?;
-                Ok((ch, id))
-            })
-            .await?;
+            let cma = match cma.or_else(Cma::global_made) {
+                Some(c) => c,
+                // made once per process: runtime, netlink sockets
+                None => blocking(Cma::global).await?,
+            };
+            let ch = EventChannel::with_cma(&cma)?;
+            let id = CmId::new(&ch, PortSpace::Tcp)?;
+            if let Some(p) = ha {
+                id.set_ha_policy(p)?;
+            }
+            // netlink and the neighbour resolution awaited here, on the caller's runtime
+            if let Some(s) = src {
+                id.bind_addr_async(s).await?;
+            }
+            id.resolve_addr_async(None, addr, timeout).await?;
             let ch = Arc::new(ch);
             let ev = ch.next_event().await?;
             if ev.kind() != EventType::AddrResolved {
                 return Err(event_error(&ev));
             }
             drop(ev);
-            let id = blocking(move || {
-                id.resolve_route(timeout)?;
-                Ok(id)
-            })
-            .await?;
+            id.resolve_route_async(timeout).await?;
             let ev = ch.next_event().await?;
             if ev.kind() != EventType::RouteResolved {
                 return Err(event_error(&ev));
@@ -250,6 +248,7 @@ impl Connection {
         id: CmId,
         parts: Parts,
         peer_private_data: Vec<u8>,
+        sizes: MsgSizes,
     ) -> Result<Connection> {
         // SAFETY: the AsyncFd owns a clone of the channel, which owns the eventfd, so the fd
         // stays open as long as it is registered.
@@ -266,7 +265,8 @@ impl Connection {
             parts,
             _driver: driver,
             afd,
-            st: Mutex::new(State::new()),
+            st: Mutex::new(State::new(sizes.window)),
+            max_message: sizes.max_message,
             changed: Notify::new(),
             id: Arc::downgrade(&id),
         });
@@ -281,6 +281,18 @@ impl Connection {
             peer_private_data,
             redial: None,
         })
+    }
+
+    /// The connection's window: messages in flight toward the peer, the smaller of both
+    /// ends' settings ([`ConnectOptions::window`], [`WINDOW`](super::WINDOW) by default).
+    pub fn window(&self) -> u32 {
+        self.sh.lock().window
+    }
+
+    /// The connection's largest message, the smaller of both ends' settings
+    /// ([`ConnectOptions::max_message`], [`MAX_MESSAGE`](super::MAX_MESSAGE) by default).
+    pub fn max_message(&self) -> usize {
+        self.sh.max_message
     }
 
     /// The QP (in RTS). Its receive queue is the message layer's.

@@ -1,18 +1,21 @@
 //! [`Listener`]: bind, take requests ([`Incoming`]), accept with setup hooks.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 
 use rdma_soft::verbs::Device;
 
 use super::connection::{wait_established, Connection};
 use super::setup::{Parts, Setup};
+use super::sizes::MsgSizes;
 use super::{blocking, MAX_REP_PRIVATE_DATA};
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::event::Event;
+use crate::cm::id::CmId;
+use crate::cm::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
-use crate::id::CmId;
-use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// How [`Incoming::accept`] and [`Listener::accept_with`] accept.
@@ -44,6 +47,12 @@ pub struct AcceptOptions {
 pub struct Listener {
     ch: Arc<EventChannel>,
     id: Option<CmId>,
+    /// Addresses a wildcard listener cannot listen on ([`Listener::unusable_addrs`]).
+    unusable: Mutex<Vec<IpAddr>>,
+    /// Events taken at bind (to see the addresses reported then) that `incoming` hands on.
+    taken: Mutex<VecDeque<Event>>,
+    /// This side's window and largest message.
+    own: MsgSizes,
 }
 
 impl std::fmt::Debug for Listener {
@@ -75,6 +84,9 @@ pub struct Incoming {
     dev: Device,
     cma: Cma,
     private_data: Vec<u8>,
+    /// The listener's window and largest message, and the requester's.
+    own: MsgSizes,
+    peer: MsgSizes,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -120,11 +132,19 @@ impl Incoming {
                 private_data.len()
             )));
         }
-        conn_param.private_data = private_data;
+        let own = self.own;
+        conn_param.private_data = match own.attach(private_data, MAX_REP_PRIVATE_DATA) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = id.reject(&[]);
+                return Err(e);
+            }
+        };
+        let sizes = own.agree(self.peer);
         let (ch, id, parts) = blocking(move || {
             let ch = EventChannel::with_cma(&cma)?;
             id.migrate(&ch)?;
-            let made = Parts::create(&id, &setup).and_then(|p| {
+            let made = Parts::create(&id, &setup, own).and_then(|p| {
                 id.accept(&conn_param)?;
                 Ok(p)
             });
@@ -139,7 +159,7 @@ impl Incoming {
         .await?;
         let ch = Arc::new(ch);
         wait_established(&ch).await?;
-        Connection::start(ch, id, parts, peer_pd)
+        Connection::start(ch, id, parts, peer_pd, sizes)
     }
 
     /// Rejects the request (REJ reason 28, consumer defined, with up to 148 bytes of
@@ -176,6 +196,8 @@ impl Drop for Incoming {
 pub struct ListenerBuilder {
     cma: Option<Cma>,
     backlog: usize,
+    window: Option<u32>,
+    max_message: Option<usize>,
 }
 
 impl ListenerBuilder {
@@ -191,9 +213,46 @@ impl ListenerBuilder {
         self
     }
 
-    /// Binds and listens on `addr`. `EADDRINUSE` when another listener holds it.
+    /// This side's window for the connections it accepts (default
+    /// [`WINDOW`](super::WINDOW)); each uses the smaller of its two ends' (see
+    /// [`ConnectOptions::window`](super::ConnectOptions::window)).
+    pub fn window(mut self, window: u32) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// This side's largest message for the connections it accepts (default
+    /// [`MAX_MESSAGE`](super::MAX_MESSAGE)); each uses the smaller of its two ends'.
+    ///
+    /// ```no_run
+    /// # async fn f() -> rdmacm::Result<()> {
+    /// let l = rdmacm::Listener::builder()
+    ///     .window(64)
+    ///     .max_message(4096)
+    ///     .bind("127.0.0.1:7471".parse().unwrap())
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = Some(bytes);
+        self
+    }
+
+    /// Binds and listens on `addr`. `EADDRINUSE` when another listener holds it; `EINVAL`
+    /// for a window or message size out of range.
     pub async fn bind(self, addr: SocketAddr) -> Result<Listener> {
-        let ListenerBuilder { cma, backlog } = self;
+        let ListenerBuilder {
+            cma,
+            backlog,
+            window,
+            max_message,
+        } = self;
+        let d = MsgSizes::default();
+        let own = MsgSizes {
+            window: window.unwrap_or(d.window),
+            max_message: max_message.unwrap_or(d.max_message),
+        }
+        .check()?;
         let (ch, id) = blocking(move || {
             let cma = match cma {
                 Some(c) => c,
@@ -206,10 +265,23 @@ impl ListenerBuilder {
             Ok((ch, id))
         })
         .await?;
-        Ok(Listener {
+        let l = Listener {
             ch: Arc::new(ch),
             id: Some(id),
-        })
+            unusable: Mutex::new(Vec::new()),
+            taken: Mutex::new(VecDeque::new()),
+            own,
+        };
+        // The addresses a wildcard listen skipped are reported before `listen` returns.
+        while let Ok(ev) = l.ch.try_get_event() {
+            if let Some(ev) = l.absorb(ev) {
+                l.taken
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(ev);
+            }
+        }
+        Ok(l)
     }
 }
 
@@ -236,15 +308,64 @@ impl Listener {
         self.id.as_ref().and_then(|i| i.device())
     }
 
+    /// The local addresses this wildcard listener does not listen on because another
+    /// user's program holds UDP 4791 there (the rdma_cm model's ADDR_CHANGE with status
+    /// `-EADDRINUSE` naming the address, also logged as a warning): requests to them never
+    /// reach this listener. Those skipped at bind are here when [`Listener::bind`] returns;
+    /// an address that appears later, squatted, is added while [`Listener::incoming`] (or
+    /// `accept`) waits. Empty for a listener on a specific address (its bind fails with
+    /// `EADDRINUSE` instead).
+    ///
+    /// ```no_run
+    /// # async fn f() -> rdmacm::Result<()> {
+    /// let l = rdmacm::Listener::bind("0.0.0.0:7471".parse().unwrap()).await?;
+    /// for a in l.unusable_addrs() {
+    ///     eprintln!("not listening on {a}: another user holds UDP 4791 there");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn unusable_addrs(&self) -> Vec<IpAddr> {
+        self.unusable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Keeps a squatted-address report (returns `None`); any other event is handed back.
+    fn absorb(&self, ev: Event) -> Option<Event> {
+        match ev.addr() {
+            Some(a) if ev.kind() == EventType::AddrChange && ev.status() == -libc::EADDRINUSE => {
+                let mut u = self.unusable.lock().unwrap_or_else(|e| e.into_inner());
+                if !u.contains(&a) {
+                    u.push(a);
+                }
+                None
+            }
+            _ => Some(ev),
+        }
+    }
+
     /// The next connection request, before anything is created for it.
     pub async fn incoming(&self) -> Result<Incoming> {
         loop {
-            let mut ev = self.ch.next_event().await?;
+            let taken = self
+                .taken
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            let ev = match taken {
+                Some(ev) => ev,
+                None => self.ch.next_event().await?,
+            };
+            let Some(mut ev) = self.absorb(ev) else {
+                continue;
+            };
             if ev.kind() != EventType::ConnectRequest {
                 continue;
             }
             let Some(id) = ev.take_id() else { continue };
-            let private_data = ev.private_data().to_vec();
+            let (peer, data) = MsgSizes::detach(ev.private_data());
+            let private_data = data.to_vec();
             drop(ev);
             let Some(dev) = id.device() else {
                 let _ = id.reject(&[]);
@@ -255,6 +376,8 @@ impl Listener {
                 dev,
                 cma: self.ch.cma(),
                 private_data,
+                own: self.own,
+                peer,
             });
         }
     }
@@ -275,6 +398,11 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        // Acknowledged first: destroying the id waits for its events to be.
+        self.taken
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         drop(self.id.take());
     }
 }

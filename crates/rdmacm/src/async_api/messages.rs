@@ -4,13 +4,11 @@ use rdma_soft::verbs::{SendOp, SendWr};
 
 use super::connection::Connection;
 use super::shared::{Shared, State};
-use super::{tag, MAX_MESSAGE, TAG_SEND};
+use super::{tag, TAG_SEND};
 use crate::error::{CloseReason, Error, Result};
 
-pub(super) fn too_long(len: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "message of {len} bytes: at most {MAX_MESSAGE} per send"
-    ))
+pub(super) fn too_long(len: usize, max: usize) -> Error {
+    Error::InvalidArgument(format!("message of {len} bytes: at most {max} per send"))
 }
 
 impl Shared {
@@ -20,7 +18,7 @@ impl Shared {
         let p = &self.parts;
         let signaled = st.signal_next_send();
         let slot = st.free_send.pop().expect("checked by the caller");
-        let off = slot as usize * MAX_MESSAGE;
+        let off = slot as usize * p.stride;
         let r = p.send_mr.write(off, msg).and_then(|()| {
             let mut wr = SendWr::new(
                 tag(TAG_SEND, slot),
@@ -67,7 +65,7 @@ impl Shared {
         let p = &self.parts;
         if let Err(e) = p
             .recv_mr
-            .read(slot as usize * MAX_MESSAGE + off, &mut out[..n])
+            .read(slot as usize * p.stride + off, &mut out[..n])
         {
             return Some(Err(e.into()));
         }
@@ -91,14 +89,14 @@ impl Shared {
 }
 
 impl Connection {
-    /// Sends `msg` as one message (at most [`MAX_MESSAGE`] bytes): waits for a credit and
+    /// Sends `msg` as one message (at most [`Connection::max_message`] bytes): waits for a credit and
     /// a free send buffer, copies `msg` into it and posts the SEND. Returns once posted
     /// (like a TCP write returning once the bytes are in the socket buffer); a later
     /// failure closes the connection. Cancel safe (nothing is sent unless it returns `Ok`).
     ///
     /// Errors: [`Error::NotConnected`] if the connection was already closed,
     /// [`Error::Closed`] if it closed while waiting, `EMSGSIZE` ([`Error::InvalidArgument`])
-    /// for a message over [`MAX_MESSAGE`].
+    /// for a message over [`Connection::max_message`].
     ///
     /// ```no_run
     /// # async fn f(c: &rdmacm::Connection) -> rdmacm::Result<()> {
@@ -106,8 +104,8 @@ impl Connection {
     /// # Ok(()) }
     /// ```
     pub async fn send(&self, msg: &[u8]) -> Result<()> {
-        if msg.len() > MAX_MESSAGE {
-            return Err(too_long(msg.len()));
+        if msg.len() > self.sh.max_message {
+            return Err(too_long(msg.len(), self.sh.max_message));
         }
         let mut first = true;
         loop {
@@ -154,11 +152,11 @@ impl Connection {
 
     /// The next message into `buf` (no allocation): returns its length. A message longer
     /// than `buf` is truncated to it and the rest dropped, as a datagram socket does;
-    /// give [`MAX_MESSAGE`] bytes to never lose any. Cancel safe.
+    /// give [`Connection::max_message`] bytes to never lose any. Cancel safe.
     ///
     /// ```no_run
     /// # async fn f(c: &rdmacm::Connection) -> rdmacm::Result<()> {
-    /// let mut buf = vec![0u8; rdmacm::MAX_MESSAGE];
+    /// let mut buf = vec![0u8; c.max_message()];
     /// let n = c.recv_into(&mut buf).await?;
     /// println!("{:?}", &buf[..n]);
     /// # Ok(()) }

@@ -8,8 +8,10 @@
 //!
 //! Each listener and connection has its own [`EventChannel`]; the process's progress engine
 //! drives the CM and the devices (an async caller is never inside `get_event` and never
-//! spins). Calls that wait for netlink (bind, address resolution) run on tokio's blocking
-//! pool.
+//! spins). A connect's netlink questions and neighbour resolution are awaited on the
+//! caller's runtime (a resolver call that has to wait runs on the context's own runtime
+//! meanwhile; no thread waits for it); creating a connection's memory and QP, and a
+//! listener's bind and listen, run on tokio's blocking pool.
 //!
 //! # The message layer
 //!
@@ -20,9 +22,10 @@
 //! completions without the hop through that task. Nothing polls in a loop: an idle
 //! connection costs no CPU.
 //!
-//! Messages travel in buffers the library registered when the connection was made:
-//! [`WINDOW`] send buffers and [`WINDOW`] + [`CONTROL_WINDOW`] receive buffers of
-//! [`MAX_MESSAGE`] bytes each, all receives posted before the REQ or REP leaves, so the
+//! Messages travel in buffers the library registered when the connection was made: a
+//! window's worth of send buffers and window + [`CONTROL_WINDOW`] receive buffers of the
+//! largest message's size each ([`WINDOW`] and [`MAX_MESSAGE`] by default, settings of
+//! [`ConnectOptions`] and [`ListenerBuilder`]), all receives posted before the REQ or REP leaves, so the
 //! first message never meets an empty receive queue. [`Connection::send`] copies into a
 //! free send buffer and posts a SEND with immediate data; [`Connection::send_buf`] sends an
 //! owned [`Buf`] without a copy; [`Connection::recv`] copies a received message out and
@@ -30,14 +33,16 @@
 //!
 //! ## Credits
 //!
-//! Both sides use the same fixed window (the constants of this module): a sender starts
-//! with [`WINDOW`] data credits and [`CONTROL_WINDOW`] control credits, one per receive
+//! Both sides use the same window, the smaller of their two settings (a side whose
+//! settings are not the defaults sends them at the end of its REQ's or REP's private
+//! data; one that sends none has the defaults), and the smaller largest message: a sender
+//! starts with a window of data credits and [`CONTROL_WINDOW`] control credits, one per receive
 //! the peer has posted, and spends one per message, so a SEND never finds the peer's
 //! receive queue empty (no RNR NAK, no retry). The 32-bit immediate of every SEND returns
 //! credits: bits 0-15 are data receives the sender reposted since its last SEND (its
 //! application took those messages), bits 16-23 control receives it reposted, bit 31 marks
 //! a control message (no payload, not delivered). Returns ride on data messages; a side
-//! that only receives sends a control message when it holds [`WINDOW`] / 2 unreturned
+//! that only receives sends a control message when it holds window / 2 unreturned
 //! credits, or as soon as the peer may have none left. Control messages spend control
 //! credits, which come back on the peer's next data message, so credit traffic never
 //! feeds on itself.
@@ -62,6 +67,7 @@ mod reconnect;
 mod remote;
 mod setup;
 mod shared;
+mod sizes;
 mod stream;
 
 use std::time::Duration;
@@ -77,14 +83,18 @@ pub use remote::RemoteBuf;
 pub use setup::Setup;
 pub use stream::RdmaStream;
 
+use crate::cm::event::Event;
+use crate::cm::params::EventType;
 use crate::error::{Error, Result};
-use crate::event::Event;
-use crate::params::EventType;
 
-/// Largest message [`Connection::send`] takes and [`Connection::recv`] returns (64 KiB).
+/// Largest message [`Connection::send`] takes and [`Connection::recv`] returns (64 KiB), by
+/// default: [`ConnectOptions::max_message`] and [`ListenerBuilder::max_message`] set it
+/// per side, and a connection uses the smaller of its two ends' ([`Connection::max_message`]).
 pub const MAX_MESSAGE: usize = 64 * 1024;
-/// Messages a [`Connection`] may have in flight toward its peer: data receives each side
-/// posts, and send buffers each side registers.
+/// Messages a [`Connection`] may have in flight toward its peer (data receives each side
+/// posts, and send buffers each side registers), by default: [`ConnectOptions::window`] and
+/// [`ListenerBuilder::window`] set it per side, and a connection uses the smaller of its two
+/// ends' ([`Connection::window`]).
 pub const WINDOW: u32 = 16;
 /// Extra receives each side posts for credit-only control messages.
 pub const CONTROL_WINDOW: u32 = 2;

@@ -12,12 +12,12 @@ use rdma_soft::verbs::{
 
 use super::blocking;
 use super::completions::CompletionStream;
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::id::CmId;
+use crate::cm::mcast::McJoinFlags;
+use crate::cm::params::EventType;
 use crate::error::{Error, Result};
-use crate::id::CmId;
-use crate::mcast::McJoinFlags;
-use crate::params::EventType;
 use crate::ports::PortSpace;
 
 /// Receives posted (and datagrams a [`Multicast`] can hold unread).
@@ -202,7 +202,7 @@ impl Multicast {
             .with_sge(self.send_mr.sge(0, data.len() as u32)?)
             .with_ud(
                 self.ah
-                    .dest(crate::params::MULTICAST_QPN, crate::cm::RDMA_UDP_QKEY),
+                    .dest(crate::cm::params::MULTICAST_QPN, crate::cm::RDMA_UDP_QKEY),
             )
             .signaled();
         self.qp.post_send(&wr)?;

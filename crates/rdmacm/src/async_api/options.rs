@@ -4,9 +4,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::setup::Setup;
-use crate::cma::Cma;
+use super::sizes::MsgSizes;
+use super::{MAX_MESSAGE, WINDOW};
+use crate::cm::cma::Cma;
+use crate::cm::params::ConnParam;
+use crate::error::Result;
 use crate::ha::HaPolicy;
-use crate::params::ConnParam;
 
 /// How [`Connection::connect`](super::Connection::connect) connects: a builder ([`ConnectOptions::new`], then a method
 /// per setting); the fields are readable, and [`Resolved::options_mut`](super::Resolved::options_mut) changes them
@@ -46,6 +49,12 @@ pub struct ConnectOptions {
     /// [`crate::cm::HaPolicy::Align`] the connection closes with [`CloseReason::PathMoved`](crate::CloseReason::PathMoved)
     /// when its path moves off its netdev, and [`Connection::reconnect`](super::Connection::reconnect) follows it.
     pub ha: Option<HaPolicy>,
+    /// Messages in flight toward the peer, this side's (default [`WINDOW`]; 2 to 4096): the
+    /// connection uses the smaller of both ends' ([`ConnectOptions::window`]).
+    pub window: u32,
+    /// Largest message, this side's (default [`MAX_MESSAGE`]; 64 B to 16 MiB): the
+    /// connection uses the smaller of both ends' ([`ConnectOptions::max_message`]).
+    pub max_message: usize,
 }
 
 impl Default for ConnectOptions {
@@ -59,6 +68,8 @@ impl Default for ConnectOptions {
             setup: Setup::default(),
             cma: None,
             ha: None,
+            window: WINDOW,
+            max_message: MAX_MESSAGE,
         }
     }
 }
@@ -116,5 +127,39 @@ impl ConnectOptions {
     pub fn ha(mut self, policy: HaPolicy) -> Self {
         self.ha = Some(policy);
         self
+    }
+
+    /// This side's window: messages in flight toward the peer, each a receive posted and a
+    /// send buffer registered (default [`WINDOW`]; 2 to 4096, else the connect fails with
+    /// `EINVAL`). Both ends use the smaller of their two windows: a side whose setting is
+    /// not the default sends it at the end of the REQ's or REP's private data (the last
+    /// 12 bytes, so the application's private data is then at most 44 bytes in a REQ, 184
+    /// in a REP); a peer that sends none is taken to
+    /// have the defaults. Settings other than the defaults need a peer of this version or
+    /// later (an older one takes the trailer for private data and keeps the defaults).
+    ///
+    /// ```
+    /// let o = rdmacm::ConnectOptions::new().window(4).max_message(4096);
+    /// assert_eq!((o.window, o.max_message), (4, 4096));
+    /// ```
+    pub fn window(mut self, window: u32) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// This side's largest message (default [`MAX_MESSAGE`]; 64 B to 16 MiB, else
+    /// `EINVAL`); both ends use the smaller of their two, carried as the window is
+    /// ([`ConnectOptions::window`]). A longer `send` fails with `EINVAL`.
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = bytes;
+        self
+    }
+
+    pub(super) fn sizes(&self) -> Result<MsgSizes> {
+        MsgSizes {
+            window: self.window,
+            max_message: self.max_message,
+        }
+        .check()
     }
 }

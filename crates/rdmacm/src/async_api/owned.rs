@@ -16,7 +16,6 @@ use rdma_soft::verbs::{AccessFlags, MemoryRegion, SendOp, SendWr};
 use super::connection::Connection;
 use super::messages::too_long;
 use super::remote::{check_remote, RemoteBuf};
-use super::MAX_MESSAGE;
 use crate::error::{Error, Result};
 
 struct PoolInner {
@@ -203,7 +202,7 @@ impl Connection {
     /// Sends `buf`'s bytes as one message without copying them (the device reads them from
     /// `buf` itself), and hands `buf` back once the SEND completed: the bytes are in the
     /// peer's receive buffer. Same credits and errors as [`Connection::send`] (`EINVAL` over
-    /// [`MAX_MESSAGE`]). If the future is dropped while the SEND is out, the buffer is kept
+    /// [`Connection::max_message`]). If the future is dropped while the SEND is out, the buffer is kept
     /// until its completion and then freed.
     ///
     /// ```no_run
@@ -218,8 +217,8 @@ impl Connection {
     /// ```
     pub async fn send_buf(&self, mut buf: Buf) -> (Result<()>, Buf) {
         let len = buf.len();
-        if len > MAX_MESSAGE {
-            return (Err(too_long(len)), buf);
+        if len > self.sh.max_message {
+            return (Err(too_long(len, self.sh.max_message)), buf);
         }
         if len == 0 {
             return (self.send(&[]).await, buf);

@@ -10,12 +10,13 @@ use rdma_soft::verbs::{Completion, QpInitAttr};
 use super::connection::{wait_established, Connection};
 use super::setup::Parts;
 use super::shared::Shared;
-use super::{blocking, event_error, CONTROL_WINDOW, MAX_MESSAGE, MAX_REQ_PRIVATE_DATA, WINDOW};
-use crate::channel::EventChannel;
-use crate::cma::Cma;
+use super::sizes::MsgSizes;
+use super::{blocking, event_error, MAX_REQ_PRIVATE_DATA};
+use crate::cm::channel::EventChannel;
+use crate::cm::cma::Cma;
+use crate::cm::id::CmId;
+use crate::cm::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
-use crate::id::CmId;
-use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// What [`Connection::reconnect`] gives back: the new connection and what the old one did
@@ -115,6 +116,8 @@ impl Connection {
             cc,
             send_mr,
             recv_mr,
+            stride,
+            recv_slots,
         } = parts;
         let pd = old_qp.pd().clone();
         drop(old_qp);
@@ -124,24 +127,18 @@ impl Connection {
 
         let cma = redial.cma.clone();
         let timeout = redial.timeout;
-        let (ch, id) = blocking(move || {
-            let ch = EventChannel::with_cma(&cma)?;
-            let id = CmId::new(&ch, PortSpace::Tcp)?;
-            id.set_ha_policy(ha)?;
-            id.pin_device(dev);
-            id.resolve_addr(None, peer, timeout)?;
-            Ok((Arc::new(ch), id))
-        })
-        .await?;
+        let ch = Arc::new(EventChannel::with_cma(&cma)?);
+        let id = CmId::new(&ch, PortSpace::Tcp)?;
+        id.set_ha_policy(ha)?;
+        id.pin_device(dev);
+        id.resolve_addr_async(None, peer, timeout).await?;
         expect(&ch, EventType::AddrResolved).await?;
-        let id = blocking(move || {
-            id.resolve_route(timeout)?;
-            Ok(id)
-        })
-        .await?;
+        id.resolve_route_async(timeout).await?;
         expect(&ch, EventType::RouteResolved).await?;
         let mut param = redial.conn_param.clone();
-        param.private_data = private_data.to_vec();
+        param.private_data = redial
+            .own
+            .attach(private_data.to_vec(), MAX_REQ_PRIVATE_DATA)?;
         let cap = redial.cap;
         let (id, parts) = blocking(move || {
             let init = QpInitAttr {
@@ -155,8 +152,10 @@ impl Connection {
                 cc,
                 send_mr,
                 recv_mr,
+                stride,
+                recv_slots,
             };
-            for slot in 0..WINDOW + CONTROL_WINDOW {
+            for slot in 0..recv_slots {
                 parts.post_recv(slot)?;
             }
             id.connect(&param)?;
@@ -164,9 +163,11 @@ impl Connection {
         })
         .await?;
         let ev = wait_established(&ch).await?;
-        let peer_private_data = ev.private_data().to_vec();
+        let (peer, data) = MsgSizes::detach(ev.private_data());
+        let peer_private_data = data.to_vec();
         drop(ev);
-        let mut connection = Connection::start(ch, id, parts, peer_private_data)?;
+        let sizes = redial.own.agree(peer);
+        let mut connection = Connection::start(ch, id, parts, peer_private_data, sizes)?;
         connection.redial = Some(redial);
         Ok(Reconnected {
             connection,
@@ -193,6 +194,8 @@ pub(super) struct Redial {
     pub conn_param: ConnParam,
     pub cap: rdma_soft::verbs::QpCap,
     pub cma: Cma,
+    /// This side's window and largest message (its buffers are made for them).
+    pub own: MsgSizes,
 }
 
 type Taken = (Parts, Vec<Vec<u8>>, Vec<Vec<u8>>);
@@ -208,7 +211,7 @@ fn take_parts(sh: Shared) -> Result<Taken> {
     for &slot in &st.flushed {
         let len = st.send_len[slot as usize] as usize;
         let mut m = vec![0u8; len];
-        parts.send_mr.read(slot as usize * MAX_MESSAGE, &mut m)?;
+        parts.send_mr.read(slot as usize * parts.stride, &mut m)?;
         unfinished.push(m);
     }
     let mut unread = Vec::with_capacity(st.received.len());
@@ -217,7 +220,7 @@ fn take_parts(sh: Shared) -> Result<Taken> {
         let mut m = vec![0u8; len as usize - off];
         parts
             .recv_mr
-            .read(slot as usize * MAX_MESSAGE + off, &mut m)?;
+            .read(slot as usize * parts.stride + off, &mut m)?;
         unread.push(m);
     }
     Ok((parts, unfinished, unread))

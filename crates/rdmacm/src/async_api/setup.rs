@@ -7,14 +7,16 @@ use rdma_soft::verbs::{
     QpInitAttr, QueuePair, RecvWr,
 };
 
-use super::{tag, CONTROL_WINDOW, MAX_MESSAGE, MAX_RDMA_OPS, TAG_RECV, WINDOW};
+use super::sizes::MsgSizes;
+use super::{tag, CONTROL_WINDOW, MAX_RDMA_OPS, TAG_RECV};
+use crate::cm::id::CmId;
 use crate::error::{Error, Result};
-use crate::id::CmId;
 
 /// How a [`crate::Connection`]'s PD, CQ and QP are made: bring your own PD (with memory
 /// registered in it before the connection exists), or size the queues.
 ///
-/// The message layer needs [`WINDOW`] + [`CONTROL_WINDOW`] receives and as many sends,
+/// The message layer needs its window ([`WINDOW`](super::WINDOW) by default) +
+/// [`CONTROL_WINDOW`] receives and as many sends,
 /// plus [`MAX_RDMA_OPS`] one-sided operations; smaller sizes are raised to that.
 ///
 /// ```no_run
@@ -35,8 +37,8 @@ pub struct Setup {
 }
 
 impl Setup {
-    pub(super) fn cap(&self) -> QpCap {
-        let msgs = WINDOW + CONTROL_WINDOW;
+    pub(super) fn cap(&self, window: u32) -> QpCap {
+        let msgs = window + CONTROL_WINDOW;
         QpCap {
             max_send_wr: self.cap.max_send_wr.max(msgs + MAX_RDMA_OPS as u32),
             max_recv_wr: self.cap.max_recv_wr.max(msgs),
@@ -54,12 +56,16 @@ pub(super) struct Parts {
     pub cc: CompletionChannel,
     pub send_mr: MemoryRegion,
     pub recv_mr: MemoryRegion,
+    /// Bytes of each message buffer (this side's largest message).
+    pub stride: usize,
+    /// Receive buffers (this side's window and the control receives).
+    pub recv_slots: u32,
 }
 
 impl Parts {
     /// Creates the PD (unless given), the CQ with its channel, the QP and the message
     /// buffers on the id's device, and posts every receive.
-    pub fn create(id: &CmId, setup: &Setup) -> Result<Parts> {
+    pub fn create(id: &CmId, setup: &Setup, own: MsgSizes) -> Result<Parts> {
         let dev = id
             .device()
             .ok_or_else(|| Error::InvalidArgument("id has no device yet".into()))?;
@@ -67,7 +73,7 @@ impl Parts {
             Some(pd) => pd.clone(),
             None => dev.alloc_pd()?,
         };
-        let cap = setup.cap();
+        let cap = setup.cap(own.window);
         let cq_size = setup
             .cq_size
             .max(256)
@@ -80,11 +86,11 @@ impl Parts {
         };
         let qp = id.create_qp(&pd, &init)?;
         let send_mr = pd.register(
-            vec![0u8; WINDOW as usize * MAX_MESSAGE],
+            vec![0u8; own.window as usize * own.max_message],
             AccessFlags::LOCAL_WRITE,
         )?;
         let recv_mr = pd.register(
-            vec![0u8; (WINDOW + CONTROL_WINDOW) as usize * MAX_MESSAGE],
+            vec![0u8; (own.window + CONTROL_WINDOW) as usize * own.max_message],
             AccessFlags::LOCAL_WRITE,
         )?;
         let parts = Parts {
@@ -93,8 +99,10 @@ impl Parts {
             cc,
             send_mr,
             recv_mr,
+            stride: own.max_message,
+            recv_slots: own.window + CONTROL_WINDOW,
         };
-        for slot in 0..WINDOW + CONTROL_WINDOW {
+        for slot in 0..parts.recv_slots {
             parts.post_recv(slot)?;
         }
         Ok(parts)
@@ -103,7 +111,7 @@ impl Parts {
     pub fn post_recv(&self, slot: u32) -> Result<()> {
         let sge = self
             .recv_mr
-            .sge(slot as usize * MAX_MESSAGE, MAX_MESSAGE as u32)?;
+            .sge(slot as usize * self.stride, self.stride as u32)?;
         self.qp
             .post_recv(&RecvWr::new(tag(TAG_RECV, slot)).with_sge(sge))?;
         Ok(())

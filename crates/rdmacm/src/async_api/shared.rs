@@ -11,26 +11,26 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
 use super::setup::Parts;
-use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT, WINDOW};
-use crate::channel::EventChannel;
+use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT};
+use crate::cm::channel::EventChannel;
+use crate::cm::event::Event;
+use crate::cm::id::CmId;
+use crate::cm::params::EventType;
 use crate::error::CloseReason;
-use crate::event::Event;
-use crate::id::CmId;
-use crate::params::EventType;
 
 thread_local! {
     /// The completions buffer of [`Shared::on_queued`].
     static SCRATCH: std::cell::RefCell<Vec<Completion>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// At most this many SENDs in a row go unsignaled ([`State::signal_next_send`]).
-const SIGNAL_EVERY: u32 = WINDOW / 2;
 /// The slot of the fence's wr_id (tag [`TAG_CTRL`]; credit messages use slot 0).
 const FENCE: u32 = 1;
 
 /// The shared state, behind one mutex.
 pub(super) struct State {
     pub closed: Option<CloseReason>,
+    /// The connection's window (the smaller of both ends'): the peer's data receives.
+    pub window: u32,
     /// The CM reported DISCONNECTED (the peer answered or sent its DREQ).
     pub disconnected: bool,
     /// `rdma_disconnect` was called (DREQ or DREP sent, QP in Err).
@@ -73,14 +73,15 @@ pub(super) struct State {
 }
 
 impl State {
-    pub fn new() -> State {
+    pub fn new(window: u32) -> State {
         State {
             closed: None,
+            window,
             disconnected: false,
             dreq_sent: false,
-            data_credits: WINDOW,
+            data_credits: window,
             ctrl_credits: super::CONTROL_WINDOW,
-            free_send: (0..WINDOW).rev().collect(),
+            free_send: (0..window).rev().collect(),
             received: VecDeque::new(),
             read_off: 0,
             ret_data: 0,
@@ -91,7 +92,7 @@ impl State {
             orphans: HashMap::new(),
             next_op: 0,
             wakers: Vec::new(),
-            send_len: vec![0; WINDOW as usize],
+            send_len: vec![0; window as usize],
             flushed: Vec::new(),
             sq: VecDeque::new(),
             unsignaled_tail: 0,
@@ -99,12 +100,12 @@ impl State {
     }
 
     /// Whether the next SEND of a send buffer asks for a completion: every
-    /// [`SIGNAL_EVERY`]th one, and the one that takes the last free buffer (so that a
+    /// (window / 2)th one, and the one that takes the last free buffer (so that a
     /// sender out of buffers always waits for a completion that frees some). The others
     /// ask for no ACK of their own (the transport's ACKs on demand): a ping-pong moves one
     /// record per message instead of two, and wakes no one for an ACK.
     pub fn signal_next_send(&self) -> bool {
-        self.unsignaled_tail + 1 >= SIGNAL_EVERY || self.free_send.len() <= 1
+        self.unsignaled_tail + 1 >= self.window / 2 || self.free_send.len() <= 1
     }
 
     /// Records a posted WR in the mirror of the send queue.
@@ -140,7 +141,7 @@ impl State {
     }
 
     fn peer_credits_at_most(&self) -> u64 {
-        (WINDOW as u64 + self.returned).saturating_sub(self.received_data)
+        (self.window as u64 + self.returned).saturating_sub(self.received_data)
     }
 
     /// The immediate of the next SEND (the credits it returns), counted as returned.
@@ -169,7 +170,7 @@ impl State {
 
     /// Sends nothing is outstanding for (every send buffer back, no operation pending).
     pub fn sends_idle(&self) -> bool {
-        self.free_send.len() == WINDOW as usize && self.ops.is_empty()
+        self.free_send.len() == self.window as usize && self.ops.is_empty()
     }
 }
 
@@ -179,6 +180,8 @@ pub(super) struct Shared {
     pub _driver: Option<Arc<super::driver::WireDriver>>,
     pub afd: AsyncFd<CompletionChannel>,
     pub st: Mutex<State>,
+    /// The connection's largest message (the smaller of both ends').
+    pub max_message: usize,
     pub changed: Notify,
     /// The connection's id: why its QP went to ERR, when the CM did it.
     pub id: Weak<CmId>,
@@ -210,7 +213,7 @@ impl Shared {
         if st.closed.is_some() || st.ret_data == 0 || st.ctrl_credits == 0 {
             return;
         }
-        if st.ret_data < WINDOW / 2 && st.peer_credits_at_most() > 0 {
+        if st.ret_data < st.window / 2 && st.peer_credits_at_most() > 0 {
             return;
         }
         let imm = IMM_CTRL | st.take_returns();

@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connection::Connection;
-use super::MAX_MESSAGE;
 use crate::error::{CloseReason, Error};
 
 fn io_error(e: Error) -> io::Error {
@@ -34,7 +33,7 @@ impl From<Error> for io::Error {
 /// A [`Connection`] as a byte stream, for `tokio::io::copy`, codecs and anything else
 /// written for `AsyncRead` / `AsyncWrite`.
 ///
-/// Framing: each `poll_write` sends up to [`MAX_MESSAGE`] bytes as one message; reads
+/// Framing: each `poll_write` sends up to [`Connection::max_message`](super::Connection::max_message) bytes as one message; reads
 /// return the messages' bytes in order, a message across several reads if the caller's
 /// buffer is smaller, so the stream carries bytes exactly as TCP does (boundaries are not
 /// kept). `poll_flush` waits until every message sent so far is in the peer's receive
@@ -148,7 +147,7 @@ impl AsyncWrite for RdmaStream {
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        let n = data.len().min(MAX_MESSAGE);
+        let n = data.len().min(self.conn.sh.max_message);
         let sh = &self.conn.sh;
         loop {
             {

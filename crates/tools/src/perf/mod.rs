@@ -15,6 +15,7 @@
 
 pub mod args;
 pub mod conn;
+mod idle;
 pub mod perftest;
 pub mod proto;
 pub mod rcm;

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use rdma_soft::verbs::{Completion, SendOp, SendWr, WcFlags, WcOpcode};
 
 use super::conn::{self, Hook, Link};
+use super::idle::{IdleCheck, IDLE};
 use super::proto::{IMM_END, IMM_READY};
 use super::report::{self, BwStats, LatRecorder, LatStats, Outcome};
 use super::{Kind, Params, Verb};
@@ -12,26 +13,17 @@ use crate::progress::{Line, Progress};
 
 /// wr_id of control SENDs.
 const CTL: u64 = u64::MAX;
-/// No completion for this long: the peer is gone.
-const IDLE: Duration = Duration::from_secs(10);
-
 /// Polls the CQ of a link: checks statuses, reposts receives, detects a dead peer.
 struct Poller<'a> {
     link: &'a Link,
-    /// When the idle check last saw progress (checked every 1024 empty polls: a clock
-    /// read per completion would sit inside the measured round trip).
-    last: Instant,
-    spins: u32,
-    progressed: bool,
+    idle: IdleCheck,
 }
 
 impl<'a> Poller<'a> {
     fn new(link: &'a Link) -> Poller<'a> {
         Poller {
             link,
-            last: Instant::now(),
-            spins: 0,
-            progressed: false,
+            idle: IdleCheck::new(),
         }
     }
 
@@ -54,24 +46,10 @@ impl<'a> Poller<'a> {
         match self.link.cq.poll_one() {
             Some(c) => {
                 Self::take(self.link, &c)?;
-                self.progressed = true;
+                self.idle.progressed();
                 Ok(Some(c))
             }
-            None => {
-                self.spins = self.spins.wrapping_add(1);
-                if !self.spins.is_multiple_of(1024) {
-                    return Ok(None);
-                }
-                if std::mem::take(&mut self.progressed) {
-                    self.last = Instant::now();
-                } else if self.last.elapsed() > IDLE {
-                    return Err(format!(
-                        "the peer stopped answering (nothing for {} s)",
-                        IDLE.as_secs()
-                    ));
-                }
-                Ok(None)
-            }
+            None => self.idle.empty_poll().map(|()| None),
         }
     }
 

@@ -2,24 +2,19 @@
 //! the bandwidth reports the two sides exchange.
 
 use super::*;
+use crate::perf::idle::IdleCheck;
 
 /// Polls the test CQ: statuses, receives reposted, a dead peer detected.
 pub(super) struct Poller<'a> {
     pub(super) d: &'a Data,
-    /// When the idle check last saw progress (checked every 1024 empty polls; a clock
-    /// read per completion would be a tenth of a 64 B round trip).
-    pub(super) last: Instant,
-    pub(super) spins: u32,
-    pub(super) progressed: bool,
+    pub(super) idle: IdleCheck,
 }
 
 impl<'a> Poller<'a> {
     pub(super) fn new(d: &'a Data) -> Poller<'a> {
         Poller {
             d,
-            last: Instant::now(),
-            spins: 0,
-            progressed: false,
+            idle: IdleCheck::new(),
         }
     }
 
@@ -47,24 +42,10 @@ impl<'a> Poller<'a> {
                     qp.post_recv(&RecvWr::new(0).with_sge(sge))
                         .map_err(err("post_recv"))?;
                 }
-                self.progressed = true;
+                self.idle.progressed();
                 Ok(Some(c))
             }
-            None => {
-                self.spins = self.spins.wrapping_add(1);
-                if !self.spins.is_multiple_of(1024) {
-                    return Ok(None);
-                }
-                if std::mem::take(&mut self.progressed) {
-                    self.last = Instant::now();
-                } else if self.last.elapsed() > IDLE {
-                    return Err(format!(
-                        "the peer stopped answering (nothing for {} s)",
-                        IDLE.as_secs()
-                    ));
-                }
-                Ok(None)
-            }
+            None => self.idle.empty_poll().map(|()| None),
         }
     }
 }
@@ -199,7 +180,7 @@ pub(super) fn write_lat(
                 {
                     return Ok(rec);
                 }
-                if pl.last.elapsed() > IDLE {
+                if pl.idle.last.elapsed() > IDLE {
                     return Err(format!(
                         "the peer stopped writing (nothing for {} s)",
                         IDLE.as_secs()
@@ -210,7 +191,7 @@ pub(super) fn write_lat(
             if let Some(t) = sent_at.take() {
                 rec.record(us_since(t) / 2.0);
             }
-            pl.progressed = true;
+            pl.idle.progressed();
             if over(&s.p, t0, scnt) && rcnt >= scnt {
                 break;
             }

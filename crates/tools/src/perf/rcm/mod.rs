@@ -47,8 +47,7 @@ const OUT_READS: u32 = 16;
 /// The first perftest version that negotiates parameters (not 2π).
 #[allow(clippy::approx_constant)]
 const NEGOTIATE_FROM: f64 = 6.28;
-/// No completion on a test QP for this long: the peer is gone.
-const IDLE: Duration = Duration::from_secs(10);
+use super::idle::IDLE;
 
 fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("{what}: {e}")
