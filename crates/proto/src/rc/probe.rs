@@ -4,7 +4,7 @@
 //! Each QP keeps an RTT estimate (RFC 6298: SRTT and RTTVAR) from request packets that asked
 //! for an ACK and were sent once (Karn's rule: no sample once anything was resent). When a
 //! packet asking for an ACK leaves, the probe timer is set to
-//! `PTO = 2 SRTT + max(4 RTTVAR, PROBE_FLOOR_NS)` (before the first sample a
+//! `PTO = 2 SRTT + max(4 RTTVAR, PROBE_FLOOR_NS)` (before the fourth sample a
 //! conservative eighth of the ACK timeout), doubled for each probe without progress. When
 //! it fires with an asked-for acknowledgement still missing, the requester resends without
 //! charging `retry_cnt`: first the last packet it sent, asking for an ACK (a tail-loss probe,
@@ -45,6 +45,12 @@ use crate::verbs::QpState;
 /// `docs/BENCHMARKS.md`, "Loss recovered by probes".
 pub const PROBE_FLOOR_NS: u64 = 5_000_000;
 
+/// Round-trip samples before the probe timer follows the estimate: until then it waits the
+/// conservative pre-sample timeout. One or two samples of a jittery link say little about
+/// its spread (RFC 6298's RTTVAR starts at half the first sample): a first round trip of
+/// 2 ms on a link of 2 to 16 ms gave a 9 ms probe timeout and a spurious probe.
+const MIN_SAMPLES: u32 = 4;
+
 /// Doublings of the probe timeout without progress, at most.
 const MAX_BACKOFF: u32 = 8;
 
@@ -62,6 +68,8 @@ pub(super) struct Probe {
     srtt: Option<u64>,
     /// Round-trip variation in ns.
     rttvar: u64,
+    /// Samples taken since the path was set (counted up to [`MIN_SAMPLES`]).
+    samples: u32,
     /// The packet being timed: the PSN its acknowledgement covers, and when it left.
     timed: Option<(u32, u64)>,
     /// One past the highest request PSN sent: a packet before it is a resend.
@@ -94,6 +102,7 @@ impl Probe {
     pub fn new_path(&mut self) {
         self.srtt = None;
         self.rttvar = 0;
+        self.samples = 0;
         self.timed = None;
     }
 
@@ -103,6 +112,7 @@ impl Probe {
     }
 
     fn sample(&mut self, r: u64) {
+        self.samples = (self.samples + 1).min(MIN_SAMPLES);
         match self.srtt {
             None => {
                 self.srtt = Some(r);
@@ -122,7 +132,7 @@ impl Probe {
 
     /// The probe timeout for an ACK timeout of `ack_ns`, backoff included.
     fn pto(&self, ack_ns: u64) -> u64 {
-        let base = match self.srtt {
+        let base = match self.srtt.filter(|_| self.samples >= MIN_SAMPLES) {
             Some(s) => 2 * s + (4 * self.rttvar).max(self.floor()),
             None => (ack_ns / 8).max(self.floor()),
         };
