@@ -325,6 +325,46 @@ fn a_peer_late_by_more_than_the_floor_costs_one_spurious_probe() {
     assert_eq!(s.b.qp.stats().duplicates, 1, "{:?}", s.b.qp.stats());
 }
 
+/// As above, with an unsignaled SEND behind each signaled one (an application that
+/// signals only some of its WRs): the probe resends that last packet, which did not ask for an ACK the first time,
+/// so B answers it once only; the late ACK of the signaled SEND, arriving after the probe
+/// and before the probe's own ACK, marks it spurious. (Before: no second ACK of the probed
+/// PSN could come, the probe counted as needed, and every late answer drew a probe.)
+#[test]
+fn a_late_answer_behind_an_unasked_tail_is_found_spurious() {
+    let mut s = pair(6);
+    let before = warm_up(&mut s);
+    for i in 0..10u64 {
+        recv_at_b(&mut s, 2000 + 2 * i, 64);
+        recv_at_b(&mut s, 2001 + 2 * i, 64);
+        post(&mut s, 2000 + 2 * i, SendOp::Send, 64, i as u8);
+        let wr = SendWr::new(2001 + 2 * i, SendOp::Send).with_sge(Sge {
+            addr: s.a.buf_addr,
+            length: 64,
+            lkey: s.a.lkey,
+        });
+        s.a.qp.post_send(&s.a.mem, &wr).unwrap();
+        let until = s.now + 7_000_000;
+        s.pause(true, until);
+        let (c, _) = complete(&mut s);
+        assert_eq!(c.status, WcStatus::Success, "message {i}");
+        assert!(s.run_until_idle(LIMIT), "message {i}: A idle");
+        for k in 0..2 {
+            assert_eq!(
+                s.b.qp.poll_recv_completion().map(|r| r.status),
+                Some(WcStatus::Success),
+                "message {i}.{k} received"
+            );
+        }
+        assert!(s.b.qp.poll_recv_completion().is_none(), "message {i} twice");
+    }
+    let st = s.a.qp.stats();
+    assert_eq!(st.tail_probes - before.tail_probes, 1, "{st:?}");
+    assert_eq!(st.spurious_probes, 1, "{st:?}");
+    assert_eq!(st.timeouts, 0, "{st:?}");
+    assert_eq!(s.a.qp.probe_floor_ns(), 2 * PROBE_FLOOR_NS);
+}
+
 /// The same with answers late by 20 ms, past the second (go-back-N) probe of the first
 /// wait: B answers every resend as a duplicate, so the first two waits are found spurious
 /// (3 probes), the floor is 20 ms, and the other eight waits draw none.

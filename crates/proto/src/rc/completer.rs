@@ -211,6 +211,9 @@ impl RcQp {
                     AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                         let before = self.comp_psn;
                         let (prog, blocked) = self.ack_through(prev);
+                        // packets were lost: the progress it makes says nothing of a
+                        // probe's need (`rc/probe.rs`)
+                        self.probe.loss_seen();
                         if prog {
                             self.on_progress(now);
                         }

@@ -21,7 +21,11 @@
 //! does the same). So a second ACK of the probed PSN after the one that acknowledged it
 //! (like TCP's DSACK) marks the probe spurious: the QP's floor doubles, up to the timeout
 //! used before any sample (an eighth of the ACK timeout), and the same late answer draws no
-//! probe again. A tail probe that was needed (no second ACK before the next progress)
+//! probe again. When the probe resent a last packet that had not asked for an ACK (an
+//! unsignaled message behind the awaited one), its original draws no ACK of its own: then an
+//! ACK of the awaited PSN that comes after the probe and before the probe's own ACK is the
+//! late original's, and marks the probe spurious the same way (unless a sequence NAK showed
+//! a loss). A tail probe that was needed (no second ACK before the next progress)
 //! halves it again, down to [`PROBE_FLOOR_NS`].
 //!
 //! Resending before the negotiated timeout is allowed: the responder handles duplicates by
@@ -54,10 +58,13 @@ const MIN_SAMPLES: u32 = 4;
 /// Doublings of the probe timeout without progress, at most.
 const MAX_BACKOFF: u32 = 8;
 
-/// A tail probe waiting for its verdict: resent `psn`; `acked` once progress covered it.
+/// A tail probe waiting for its verdict: resent `psn`; `acked` once progress covered it;
+/// `awaited`: the newest PSN whose ACK was asked for then (before `psn` when the last
+/// packet sent did not ask: its original draws no ACK of its own).
 #[derive(Debug, Clone, Copy)]
 struct Check {
     psn: u32,
+    awaited: u32,
     acked: bool,
 }
 
@@ -142,6 +149,14 @@ impl Probe {
     /// Forgets the last tail probe's verdict (its PSN is being resent otherwise).
     pub fn clear_check(&mut self) {
         self.check = None;
+    }
+
+    /// A sequence NAK came: packets were lost, so a partial ACK after the last tail probe
+    /// is no sign that it was spurious (only a second ACK of the probed PSN is).
+    pub fn loss_seen(&mut self) {
+        if let Some(k) = self.check.as_mut() {
+            k.awaited = k.psn;
+        }
     }
 
     /// The last tail probe was needed: the floor halves (down to [`PROBE_FLOOR_NS`]).
@@ -248,12 +263,17 @@ impl RcQp {
             }
         }
         p.backoff = 0;
+        let mut spurious = None;
         if let Some(k) = p.check {
             if k.acked {
                 // past the probed PSN, and no second ACK of it came: it was lost
                 p.needed();
             } else if psn_diff(c, k.psn) > 0 {
                 p.check = Some(Check { acked: true, ..k });
+            } else if psn_diff(c, k.awaited) > 0 {
+                // the awaited PSN acknowledged, the probed one (which did not ask) not: an
+                // ACK of the original (the probe's would cover the probed PSN)
+                spurious = Some(k.psn);
             }
         }
         if p.awaited.is_some_and(|a| psn_diff(c, a) > 0) {
@@ -263,6 +283,9 @@ impl RcQp {
             self.arm_probe(now);
         } else {
             p.at = None;
+        }
+        if let Some(psn) = spurious {
+            self.probe_spurious(now, psn);
         }
     }
 
@@ -292,8 +315,13 @@ impl RcQp {
         // resends as duplicates too if the original arrived
         let keep = self.probe.check.take();
         if first {
+            let awaited = self.probe.awaited;
             if let Some(psn) = self.rewind_to_last() {
-                self.probe.check = Some(Check { psn, acked: false });
+                self.probe.check = Some(Check {
+                    psn,
+                    awaited: awaited.unwrap_or(psn),
+                    acked: false,
+                });
                 self.stats.retransmitted += 1;
                 self.stats.early_retransmits += 1;
                 tracing::debug!(
@@ -324,10 +352,15 @@ impl RcQp {
     /// An ACK of `psn` that acknowledged nothing new (a stale duplicate) arrived: if it is
     /// the second ACK of the last tail probe's PSN, the probe was spurious (module docs).
     pub(super) fn probe_stale_ack(&mut self, now: u64, psn: u32) {
-        let p = &mut self.probe;
-        if !p.check.is_some_and(|k| k.acked && k.psn == psn) {
+        if !self.probe.check.is_some_and(|k| k.acked && k.psn == psn) {
             return;
         }
+        self.probe_spurious(now, psn);
+    }
+
+    /// The last tail probe (of `psn`) was spurious: the floor doubles (module docs).
+    fn probe_spurious(&mut self, now: u64, psn: u32) {
+        let p = &mut self.probe;
         p.check = None;
         let cap = ack_timeout_ns(self.attr.timeout).map_or(PROBE_FLOOR_NS, |a| a / 8);
         p.floor = p.floor().saturating_mul(2).min(cap).max(PROBE_FLOOR_NS);
