@@ -365,6 +365,33 @@ fn a_late_answer_behind_an_unasked_tail_is_found_spurious() {
     assert_eq!(s.a.qp.probe_floor_ns(), 2 * PROBE_FLOOR_NS);
 }
 
+/// A READ whose responses come late by more than the floor: the probe asks for the READ
+/// again, B replays it after answering the original, and the replay's last response,
+/// arriving after the original's, marks the probe spurious. (Before: a READ's probe had no
+/// verdict, and every late READ drew one; rping's server READs each ping.)
+#[test]
+fn a_late_read_answer_is_found_spurious() {
+    let mut s = pair(7);
+    let before = warm_up(&mut s);
+    for i in 0..10u64 {
+        let op = SendOp::RdmaRead {
+            remote_addr: s.b.buf_addr + 0x1_0000,
+            rkey: s.b.rkey,
+        };
+        post(&mut s, 3000 + i, op, 4000, 0);
+        let until = s.now + 7_000_000;
+        s.pause(true, until);
+        let (c, _) = complete(&mut s);
+        assert_eq!(c.status, WcStatus::Success, "READ {i}");
+        assert!(s.run_until_idle(LIMIT), "READ {i}: A idle");
+    }
+    let st = s.a.qp.stats();
+    assert_eq!(st.tail_probes - before.tail_probes, 1, "{st:?}");
+    assert_eq!(st.spurious_probes, 1, "{st:?}");
+    assert_eq!(st.timeouts, 0, "{st:?}");
+    assert_eq!(s.a.qp.probe_floor_ns(), 2 * PROBE_FLOOR_NS);
+}
+
 /// The same with answers late by 20 ms, past the second (go-back-N) probe of the first
 /// wait: B answers every resend as a duplicate, so the first two waits are found spurious
 /// (3 probes), the floor is 20 ms, and the other eight waits draw none.

@@ -161,7 +161,13 @@ impl RcQp {
             let ack = h
                 .aeth
                 .is_some_and(|a| matches!(a.syndrome, AethSyndrome::Ack { .. }));
-            if d < 0 && ack && h.bth.opcode == Opcode::RcAcknowledge {
+            let answer = matches!(
+                h.bth.opcode,
+                Opcode::RcAcknowledge
+                    | Opcode::RcRdmaReadResponseLast
+                    | Opcode::RcRdmaReadResponseOnly
+            );
+            if d < 0 && ack && answer {
                 self.probe_stale_ack(now, p);
             }
             return;

@@ -25,7 +25,8 @@
 //! unsignaled message behind the awaited one), its original draws no ACK of its own: then an
 //! ACK of the awaited PSN that comes after the probe and before the probe's own ACK is the
 //! late original's, and marks the probe spurious the same way (unless a sequence NAK showed
-//! a loss). A tail probe that was needed (no second ACK before the next progress)
+//! a loss). A READ at the tail is asked again whole; the last response of the responder's
+//! replay, arriving after the original's, is that second answer. A tail probe that was needed (no second ACK before the next progress)
 //! halves it again, down to [`PROBE_FLOOR_NS`].
 //!
 //! Resending before the negotiated timeout is allowed: the responder handles duplicates by
@@ -342,15 +343,30 @@ impl RcQp {
             srtt_us = self.probe.srtt.map(|s| s / 1000),
             "probe: go-back-N"
         );
+        // a READ at the tail is asked again whole: its last response coming twice (the
+        // original's, then the replay's) marks the probe spurious as a second ACK does
+        let read_end = if first {
+            self.last_sent_read_end()
+        } else {
+            None
+        };
         self.stats.early_retransmits += self.go_back(c);
-        self.probe.check = keep;
+        self.probe.check = match read_end {
+            Some(psn) => Some(Check {
+                psn,
+                awaited: psn,
+                acked: false,
+            }),
+            None => keep,
+        };
         // the resend arms the timer again when it leaves; this covers a resend that cannot
         // leave at once (send window, READ credits)
         self.arm_probe(now);
     }
 
-    /// An ACK of `psn` that acknowledged nothing new (a stale duplicate) arrived: if it is
-    /// the second ACK of the last tail probe's PSN, the probe was spurious (module docs).
+    /// An ACK of `psn` (or a READ's last response) that acknowledged nothing new (a stale
+    /// duplicate) arrived: if it is the second ACK of the last tail probe's PSN, the probe
+    /// was spurious (module docs).
     pub(super) fn probe_stale_ack(&mut self, now: u64, psn: u32) {
         if !self.probe.check.is_some_and(|k| k.acked && k.psn == psn) {
             return;
@@ -375,6 +391,18 @@ impl RcQp {
         if self.probe.at.is_some() {
             self.arm_probe(now);
         }
+    }
+
+    /// The PSN of the last response of the last request sent, if that is a READ.
+    fn last_sent_read_end(&self) -> Option<u32> {
+        let idx = if self.req_off > 0 {
+            self.req_idx
+        } else {
+            self.req_idx.checked_sub(1)?
+        };
+        let w = self.sq.get(idx)?;
+        let read = matches!(w.wr.op, crate::verbs::SendOp::RdmaRead { .. });
+        (w.started && read).then(|| w.last_psn())
     }
 
     /// Rewinds to the last request packet sent, to go again asking for an ACK, if it is a
