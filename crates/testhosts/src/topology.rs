@@ -201,7 +201,9 @@ impl Topology {
                 hb.run(|| nl::link_up(b_if))?;
             }
             Step::Addr { host, dev, cidr } => {
-                self.host(host).run(|| nl::addr_add(dev, cidr))?;
+                let h = self.host(host);
+                h.run(|| nl::addr_add(dev, cidr))?;
+                h.wait_ipv6_local(dev, cidr);
             }
             Step::Route { host, args } => match nl::Route::parse(args) {
                 Some(r) => self.host(host).run(|| r.add())?,
