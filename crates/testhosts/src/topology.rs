@@ -85,7 +85,8 @@ impl TopologyBuilder {
         self
     }
 
-    /// Adds an address (`ADDR/LEN`) to `host:dev`; IPv6 addresses get `nodad`.
+    /// Adds an address (`ADDR/LEN`) to `host:dev`; IPv6 addresses get `nodad`, and the
+    /// build waits until the kernel routes one locally (on an up link).
     pub fn addr(mut self, host: &str, dev: &str, cidr: &str) -> Self {
         self.steps.push(Step::Addr {
             host: host.into(),
