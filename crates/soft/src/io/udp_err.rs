@@ -249,4 +249,43 @@ mod tests {
         let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), ev.as_mut_ptr(), 4, 0) };
         assert_eq!(n, 0);
     }
+
+    /// A connected socket whose earlier datagram drew ICMP port unreachable: the next send
+    /// reports that error and sends nothing; `send_all` sends it again, so no datagram of
+    /// its own is lost to an answer meant for another.
+    #[test]
+    fn an_earlier_port_unreachable_costs_no_datagram() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        sock.connect(("127.0.0.1", port)).unwrap();
+        sock.send(b"first").unwrap();
+        // the ICMP answer is queued on the socket (loopback: at once); wait until it is
+        let mut pfd = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, 5000) };
+        assert_ne!(pfd.revents & libc::POLLERR, 0, "no ICMP error pending");
+        let mut buf = *b"second";
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: a zeroed mmsghdr is valid; the iovec outlives the call.
+        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        h.msg_hdr.msg_iov = &mut iov;
+        h.msg_hdr.msg_iovlen = 1;
+        let out = super::super::send_batch::send_all(
+            sock.as_raw_fd(),
+            std::slice::from_mut(&mut h),
+            &[1],
+        );
+        assert_eq!((out.sent, out.failed), (1, 0), "{:?}", out.last_error);
+    }
 }
