@@ -103,7 +103,9 @@ fn local_route_through_lo_is_loopback_seed_001() {
             ("2001:db8:1::11", "2001:db8:2::1"),
         ] {
             // Not bound: the device holding the destination (eth0), no neighbour needed.
-            let a = r.resolve_addr(Some(&sip(y)), &sip(x), None, T).unwrap();
+            let a = r
+                .resolve_addr(Some(&sip(y)), &sip(x), None, T)
+                .unwrap_or_else(|e| panic!("{x} from {y}: {e}"));
             assert!(a.loopback, "{x} from {y}");
             assert_eq!(a.netdev.index, eth0.index);
             assert_eq!(a.src, ip(y));

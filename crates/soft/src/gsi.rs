@@ -168,7 +168,13 @@ pub(crate) struct Gsi {
     event: crate::fd::EventFd,
     signaled: bool,
     stats: GsiStats,
+    /// Peers no one listens at any more ([`Device::gsi_unreachable`]), at most
+    /// [`UNREACHABLE_KEPT`].
+    unreachable: VecDeque<(WireAddr, WireAddr)>,
 }
+
+/// Unreachable notices kept for the GSI's user, at most (older ones are dropped).
+const UNREACHABLE_KEPT: usize = 64;
 
 impl Gsi {
     pub fn new() -> Result<Gsi> {
@@ -186,6 +192,7 @@ impl Gsi {
             event,
             signaled: false,
             stats: GsiStats::default(),
+            unreachable: VecDeque::new(),
         })
     }
 
@@ -298,18 +305,48 @@ impl Gsi {
         }
     }
 
+    /// Notes that no one listens at `remote` any more (we sent there from `local`).
+    pub fn unreachable(&mut self, local: WireAddr, remote: WireAddr) {
+        if !self.is_open(local) || self.unreachable.contains(&(local, remote)) {
+            return;
+        }
+        if self.unreachable.len() >= UNREACHABLE_KEPT {
+            self.unreachable.pop_front();
+        }
+        self.unreachable.push_back((local, remote));
+        if !self.signaled {
+            self.signaled = true;
+            self.event.signal();
+        }
+    }
+
+    /// Takes the next unreachable notice (see [`Gsi::pop`] for the eventfd).
+    pub fn pop_unreachable(&mut self) -> Option<(WireAddr, WireAddr)> {
+        let n = self.unreachable.pop_front();
+        self.clear_if_empty();
+        n
+    }
+
+    fn clear_if_empty(&mut self) {
+        if self.is_empty() && self.signaled {
+            self.signaled = false;
+            self.event.clear();
+        }
+    }
+
     /// Takes the next MAD; resets the eventfd when the queue becomes empty.
     pub fn pop(&mut self) -> Option<GsiMad> {
         let m = self.queue.pop_front();
-        if self.queue.is_empty() && self.signaled {
+        if self.is_empty() && self.signaled {
             self.signaled = false;
             self.event.clear();
         }
         m
     }
 
+    /// No MAD and no unreachable notice queued.
     pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
+        self.queue.is_empty() && self.unreachable.is_empty()
     }
 }
 
@@ -424,6 +461,17 @@ impl Device {
         }
         shared.progress_locked(&mut rt)?;
         Ok(rt.gsi_mut().pop())
+    }
+
+    /// The next peer address no one listens at any more: (our GSI address, the peer's), when
+    /// a MAD sent there came back as ICMP port unreachable (its process ended and no other
+    /// process of its user shares the address). Linux's CM lives in the kernel and always
+    /// answers; here, the peer's CM went with its process, so the connection manager ends
+    /// what waits for that peer's answer (a DREQ's DREP) instead of retrying. Queued with
+    /// the MADs: the GSI eventfd is readable while one waits; [`Device::gsi_recv`] receives
+    /// them too.
+    pub fn gsi_unreachable(&self) -> Option<(WireAddr, WireAddr)> {
+        self.shared().runtime().gsi_mut().pop_unreachable()
     }
 
     /// The fds that become readable when [`Device::gsi_recv`] may have something: the GSI

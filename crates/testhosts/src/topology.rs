@@ -85,7 +85,8 @@ impl TopologyBuilder {
         self
     }
 
-    /// Adds an address (`ADDR/LEN`) to `host:dev`; IPv6 addresses get `nodad`.
+    /// Adds an address (`ADDR/LEN`) to `host:dev`; IPv6 addresses get `nodad`, and the
+    /// build waits until the kernel routes one locally (on an up link).
     pub fn addr(mut self, host: &str, dev: &str, cidr: &str) -> Self {
         self.steps.push(Step::Addr {
             host: host.into(),
@@ -201,7 +202,9 @@ impl Topology {
                 hb.run(|| nl::link_up(b_if))?;
             }
             Step::Addr { host, dev, cidr } => {
-                self.host(host).run(|| nl::addr_add(dev, cidr))?;
+                let h = self.host(host);
+                h.run(|| nl::addr_add(dev, cidr))?;
+                h.wait_ipv6_local(dev, cidr);
             }
             Step::Route { host, args } => match nl::Route::parse(args) {
                 Some(r) => self.host(host).run(|| r.add())?,

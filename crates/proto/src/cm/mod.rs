@@ -57,6 +57,7 @@ mod agent;
 mod conn;
 mod error;
 mod event;
+mod gone;
 mod lap;
 mod pace;
 mod params;

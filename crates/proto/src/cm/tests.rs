@@ -1026,3 +1026,27 @@ fn destroy_silently_only_before_an_answer() {
         Err(CmError::InvalidState { .. })
     ));
 }
+
+#[test]
+fn a_dreq_to_a_peer_no_one_listens_at_ends_without_its_retries() {
+    let (mut a, mut b) = (agent(0xa, 1, true), agent(0xb, 2, true));
+    let (ca, _) = connect(&mut a, &mut b);
+    let peer = a.path(ca).unwrap().remote_gid;
+    // another peer's address, or an established connection: nothing ends
+    assert_eq!(a.peer_unreachable(0, addr_evil().remote_gid), 0);
+    assert_eq!(a.peer_unreachable(0, peer), 0);
+    assert_eq!(a.state(ca), Some(CmState::Established));
+    a.send_dreq(0, ca, &[]).unwrap();
+    assert_eq!(sent(&mut a).len(), 1);
+    assert_eq!(a.peer_unreachable(MS, peer), 1);
+    assert_eq!(a.state(ca), Some(CmState::Timewait));
+    assert_eq!(events(&mut a), vec![CmEvent::DreqTimeout { conn: ca }]);
+    // no retry of the DREQ follows, only the timewait's end
+    let mut n = 0;
+    while let Some(t) = a.poll_timeout() {
+        a.handle_timeout(t);
+        n += sent(&mut a).len();
+    }
+    assert_eq!(n, 0);
+    assert_eq!(events(&mut a), vec![CmEvent::TimewaitExit { conn: ca }]);
+}

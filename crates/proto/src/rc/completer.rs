@@ -161,7 +161,13 @@ impl RcQp {
             let ack = h
                 .aeth
                 .is_some_and(|a| matches!(a.syndrome, AethSyndrome::Ack { .. }));
-            if d < 0 && ack && h.bth.opcode == Opcode::RcAcknowledge {
+            let answer = matches!(
+                h.bth.opcode,
+                Opcode::RcAcknowledge
+                    | Opcode::RcRdmaReadResponseLast
+                    | Opcode::RcRdmaReadResponseOnly
+            );
+            if d < 0 && ack && answer {
                 self.probe_stale_ack(now, p);
             }
             return;
@@ -211,6 +217,9 @@ impl RcQp {
                     AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                         let before = self.comp_psn;
                         let (prog, blocked) = self.ack_through(prev);
+                        // packets were lost: the progress it makes says nothing of a
+                        // probe's need (`rc/probe.rs`)
+                        self.probe.loss_seen();
                         if prog {
                             self.on_progress(now);
                         }

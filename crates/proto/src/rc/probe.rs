@@ -4,7 +4,7 @@
 //! Each QP keeps an RTT estimate (RFC 6298: SRTT and RTTVAR) from request packets that asked
 //! for an ACK and were sent once (Karn's rule: no sample once anything was resent). When a
 //! packet asking for an ACK leaves, the probe timer is set to
-//! `PTO = 2 SRTT + max(4 RTTVAR, PROBE_FLOOR_NS)` (before the first sample a
+//! `PTO = 2 SRTT + max(4 RTTVAR, PROBE_FLOOR_NS)` (before the fourth sample a
 //! conservative eighth of the ACK timeout), doubled for each probe without progress. When
 //! it fires with an asked-for acknowledgement still missing, the requester resends without
 //! charging `retry_cnt`: first the last packet it sent, asking for an ACK (a tail-loss probe,
@@ -21,7 +21,12 @@
 //! does the same). So a second ACK of the probed PSN after the one that acknowledged it
 //! (like TCP's DSACK) marks the probe spurious: the QP's floor doubles, up to the timeout
 //! used before any sample (an eighth of the ACK timeout), and the same late answer draws no
-//! probe again. A tail probe that was needed (no second ACK before the next progress)
+//! probe again. When the probe resent a last packet that had not asked for an ACK (an
+//! unsignaled message behind the awaited one), its original draws no ACK of its own: then an
+//! ACK of the awaited PSN that comes after the probe and before the probe's own ACK is the
+//! late original's, and marks the probe spurious the same way (unless a sequence NAK showed
+//! a loss). A READ at the tail is asked again whole; the last response of the responder's
+//! replay, arriving after the original's, is that second answer. A tail probe that was needed (no second ACK before the next progress)
 //! halves it again, down to [`PROBE_FLOOR_NS`].
 //!
 //! Resending before the negotiated timeout is allowed: the responder handles duplicates by
@@ -45,13 +50,22 @@ use crate::verbs::QpState;
 /// `docs/BENCHMARKS.md`, "Loss recovered by probes".
 pub const PROBE_FLOOR_NS: u64 = 5_000_000;
 
+/// Round-trip samples before the probe timer follows the estimate: until then it waits the
+/// conservative pre-sample timeout. One or two samples of a jittery link say little about
+/// its spread (RFC 6298's RTTVAR starts at half the first sample): a first round trip of
+/// 2 ms on a link of 2 to 16 ms gave a 9 ms probe timeout and a spurious probe.
+const MIN_SAMPLES: u32 = 4;
+
 /// Doublings of the probe timeout without progress, at most.
 const MAX_BACKOFF: u32 = 8;
 
-/// A tail probe waiting for its verdict: resent `psn`; `acked` once progress covered it.
+/// A tail probe waiting for its verdict: resent `psn`; `acked` once progress covered it;
+/// `awaited`: the newest PSN whose ACK was asked for then (before `psn` when the last
+/// packet sent did not ask: its original draws no ACK of its own).
 #[derive(Debug, Clone, Copy)]
 struct Check {
     psn: u32,
+    awaited: u32,
     acked: bool,
 }
 
@@ -62,6 +76,8 @@ pub(super) struct Probe {
     srtt: Option<u64>,
     /// Round-trip variation in ns.
     rttvar: u64,
+    /// Samples taken since the path was set (counted up to [`MIN_SAMPLES`]).
+    samples: u32,
     /// The packet being timed: the PSN its acknowledgement covers, and when it left.
     timed: Option<(u32, u64)>,
     /// One past the highest request PSN sent: a packet before it is a resend.
@@ -94,6 +110,7 @@ impl Probe {
     pub fn new_path(&mut self) {
         self.srtt = None;
         self.rttvar = 0;
+        self.samples = 0;
         self.timed = None;
     }
 
@@ -103,6 +120,7 @@ impl Probe {
     }
 
     fn sample(&mut self, r: u64) {
+        self.samples = (self.samples + 1).min(MIN_SAMPLES);
         match self.srtt {
             None => {
                 self.srtt = Some(r);
@@ -122,7 +140,7 @@ impl Probe {
 
     /// The probe timeout for an ACK timeout of `ack_ns`, backoff included.
     fn pto(&self, ack_ns: u64) -> u64 {
-        let base = match self.srtt {
+        let base = match self.srtt.filter(|_| self.samples >= MIN_SAMPLES) {
             Some(s) => 2 * s + (4 * self.rttvar).max(self.floor()),
             None => (ack_ns / 8).max(self.floor()),
         };
@@ -132,6 +150,14 @@ impl Probe {
     /// Forgets the last tail probe's verdict (its PSN is being resent otherwise).
     pub fn clear_check(&mut self) {
         self.check = None;
+    }
+
+    /// A sequence NAK came: packets were lost, so a partial ACK after the last tail probe
+    /// is no sign that it was spurious (only a second ACK of the probed PSN is).
+    pub fn loss_seen(&mut self) {
+        if let Some(k) = self.check.as_mut() {
+            k.awaited = k.psn;
+        }
     }
 
     /// The last tail probe was needed: the floor halves (down to [`PROBE_FLOOR_NS`]).
@@ -238,12 +264,17 @@ impl RcQp {
             }
         }
         p.backoff = 0;
+        let mut spurious = None;
         if let Some(k) = p.check {
             if k.acked {
                 // past the probed PSN, and no second ACK of it came: it was lost
                 p.needed();
             } else if psn_diff(c, k.psn) > 0 {
                 p.check = Some(Check { acked: true, ..k });
+            } else if psn_diff(c, k.awaited) > 0 {
+                // the awaited PSN acknowledged, the probed one (which did not ask) not: an
+                // ACK of the original (the probe's would cover the probed PSN)
+                spurious = Some(k.psn);
             }
         }
         if p.awaited.is_some_and(|a| psn_diff(c, a) > 0) {
@@ -253,6 +284,9 @@ impl RcQp {
             self.arm_probe(now);
         } else {
             p.at = None;
+        }
+        if let Some(psn) = spurious {
+            self.probe_spurious(now, psn);
         }
     }
 
@@ -282,8 +316,13 @@ impl RcQp {
         // resends as duplicates too if the original arrived
         let keep = self.probe.check.take();
         if first {
+            let awaited = self.probe.awaited;
             if let Some(psn) = self.rewind_to_last() {
-                self.probe.check = Some(Check { psn, acked: false });
+                self.probe.check = Some(Check {
+                    psn,
+                    awaited: awaited.unwrap_or(psn),
+                    acked: false,
+                });
                 self.stats.retransmitted += 1;
                 self.stats.early_retransmits += 1;
                 tracing::debug!(
@@ -304,20 +343,40 @@ impl RcQp {
             srtt_us = self.probe.srtt.map(|s| s / 1000),
             "probe: go-back-N"
         );
+        // a READ at the tail is asked again whole: its last response coming twice (the
+        // original's, then the replay's) marks the probe spurious as a second ACK does
+        let read_end = if first {
+            self.last_sent_read_end()
+        } else {
+            None
+        };
         self.stats.early_retransmits += self.go_back(c);
-        self.probe.check = keep;
+        self.probe.check = match read_end {
+            Some(psn) => Some(Check {
+                psn,
+                awaited: psn,
+                acked: false,
+            }),
+            None => keep,
+        };
         // the resend arms the timer again when it leaves; this covers a resend that cannot
         // leave at once (send window, READ credits)
         self.arm_probe(now);
     }
 
-    /// An ACK of `psn` that acknowledged nothing new (a stale duplicate) arrived: if it is
-    /// the second ACK of the last tail probe's PSN, the probe was spurious (module docs).
+    /// An ACK of `psn` (or a READ's last response) that acknowledged nothing new (a stale
+    /// duplicate) arrived: if it is the second ACK of the last tail probe's PSN, the probe
+    /// was spurious (module docs).
     pub(super) fn probe_stale_ack(&mut self, now: u64, psn: u32) {
-        let p = &mut self.probe;
-        if !p.check.is_some_and(|k| k.acked && k.psn == psn) {
+        if !self.probe.check.is_some_and(|k| k.acked && k.psn == psn) {
             return;
         }
+        self.probe_spurious(now, psn);
+    }
+
+    /// The last tail probe (of `psn`) was spurious: the floor doubles (module docs).
+    fn probe_spurious(&mut self, now: u64, psn: u32) {
+        let p = &mut self.probe;
         p.check = None;
         let cap = ack_timeout_ns(self.attr.timeout).map_or(PROBE_FLOOR_NS, |a| a / 8);
         p.floor = p.floor().saturating_mul(2).min(cap).max(PROBE_FLOOR_NS);
@@ -332,6 +391,18 @@ impl RcQp {
         if self.probe.at.is_some() {
             self.arm_probe(now);
         }
+    }
+
+    /// The PSN of the last response of the last request sent, if that is a READ.
+    fn last_sent_read_end(&self) -> Option<u32> {
+        let idx = if self.req_off > 0 {
+            self.req_idx
+        } else {
+            self.req_idx.checked_sub(1)?
+        };
+        let w = self.sq.get(idx)?;
+        let read = matches!(w.wr.op, crate::verbs::SendOp::RdmaRead { .. });
+        (w.started && read).then(|| w.last_psn())
     }
 
     /// Rewinds to the last request packet sent, to go again asking for an ACK, if it is a

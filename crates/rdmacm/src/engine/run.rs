@@ -87,6 +87,13 @@ impl Inner {
                 self.drain_agent_queued(&mut st, i);
                 st = self.settle_held(st, i);
             }
+            // peers no one listens at any more (their process ended): a DREQ to them
+            // ends now, not after its retries (`rdma_proto::cm::CmAgent::peer_unreachable`)
+            if let Some(d) = st.devices.get_mut(&i) {
+                while let Some((_, remote)) = d.dev.gsi_unreachable() {
+                    d.agent.peer_unreachable(now, Ipv6Addr::from(remote.gid()));
+                }
+            }
             flush_gsi(&st, i);
             crate::ha::migrate::on_device_events(self, &mut st, i);
             // Timers.

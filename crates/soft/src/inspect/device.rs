@@ -15,6 +15,7 @@ pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
     a.timeouts += b.timeouts;
     a.tail_probes += b.tail_probes;
     a.early_retransmits += b.early_retransmits;
+    a.spurious_probes += b.spurious_probes;
     a.rnr_naks_received += b.rnr_naks_received;
     a.seq_naks_received += b.seq_naks_received;
     a.responses_sent += b.responses_sent;
@@ -44,6 +45,7 @@ fn rc_counters(s: &RcStats) -> Value {
         "ack_timeouts": s.timeouts,
         "tail_probes": s.tail_probes,
         "early_retransmits": s.early_retransmits,
+        "spurious_probes": s.spurious_probes,
         "rnr_naks_rcvd": s.rnr_naks_received,
         "seq_naks_rcvd": s.seq_naks_received,
         "naks_sent": s.naks_sent,
@@ -228,6 +230,30 @@ pub(crate) fn snapshot(d: &DeviceShared) -> Value {
 #[cfg(test)]
 mod tests {
     use crate::verbs::{Device, DeviceConfig, PortConfig};
+    use rdma_proto::rc::RcStats;
+
+    /// Every probe counter reaches `statistic qp` and the device's totals.
+    #[test]
+    fn probe_counters_are_shown_and_summed() {
+        let one = RcStats {
+            tail_probes: 5,
+            early_retransmits: 7,
+            spurious_probes: 3,
+            ..RcStats::default()
+        };
+        let mut total = one;
+        super::add_rc(&mut total, &one);
+        let v = super::rc_counters(&total);
+        assert_eq!(
+            (
+                v["tail_probes"].as_u64(),
+                v["early_retransmits"].as_u64(),
+                v["spurious_probes"].as_u64()
+            ),
+            (Some(10), Some(14), Some(6)),
+            "{v}"
+        );
+    }
 
     #[test]
     fn every_port_is_listed() {

@@ -44,6 +44,7 @@ pub mod steer;
 mod sys;
 mod udp;
 mod udp_config;
+mod udp_err;
 mod udp_local;
 mod udp_mcast;
 mod udp_park;
@@ -397,6 +398,13 @@ pub trait DatagramWire: Send {
     /// `recv` instead of sleeping).
     fn arm_wait(&mut self) -> bool {
         false
+    }
+
+    /// The next "nobody listens there" notice a receive found (ICMP port unreachable for
+    /// a datagram we sent to the wire's port): (our address, the peer's). The default has
+    /// none.
+    fn take_unreachable(&mut self) -> Option<(WireAddr, WireAddr)> {
+        None
     }
 
     /// An fd that polls readable when [`DatagramWire::recv`] may deliver something.

@@ -394,10 +394,11 @@ impl SendBatch {
 }
 
 /// Hands every header to the kernel, skipping (and counting) the ones it refuses.
-fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutcome {
+pub(super) fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutcome {
     let mut out = SendOutcome::default();
     let mut at = 0;
     let mut waits = 0;
+    let mut refused_again = false;
     while at < hdrs.len() {
         let rest = &mut hdrs[at..];
         let rc = if rest.len() == 1 {
@@ -425,6 +426,9 @@ fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutco
             .unwrap_or(libc::EIO);
         match errno {
             libc::EINTR => {}
+            // an ICMP answer to an earlier datagram, reported (and cleared) by this send,
+            // which sent nothing (a connected socket; the GSI's, see `udp_err.rs`): again
+            libc::ECONNREFUSED if !refused_again => refused_again = true,
             libc::EAGAIN | libc::ENOBUFS if waits < 100 => {
                 waits += 1;
                 let mut pfd = libc::pollfd {

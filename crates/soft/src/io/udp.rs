@@ -110,6 +110,8 @@ pub struct UdpWire {
     /// Received datagrams carry their TOS / traffic class and TTL / hop limit
     /// ([`DatagramWire::set_ip_meta`]).
     pub(super) ip_meta: bool,
+    /// ICMP port unreachables the receives found (`udp_err.rs`).
+    pub(super) unreachable: super::udp_err::Unreachable,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -172,6 +174,7 @@ impl UdpWire {
             local: Default::default(),
             park: Default::default(),
             ip_meta: true,
+            unreachable: Default::default(),
         })
     }
 
@@ -571,6 +574,10 @@ impl DatagramWire for UdpWire {
 
     fn recv_drained(&self) -> bool {
         self.drained
+    }
+
+    fn take_unreachable(&mut self) -> Option<(WireAddr, WireAddr)> {
+        self.unreachable.pop()
     }
 
     fn share_slot(&mut self) -> Result<Option<u8>> {

@@ -1,6 +1,6 @@
 //! The receive path of [`UdpWire`].
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
 use super::fault::Verdict;
@@ -44,14 +44,26 @@ impl UdpWire {
             } else {
                 self.cfg.batch
             };
-            let n = self
-                .inbox
-                .recv(local.fd.as_raw_fd(), max)
-                .map_err(|source| Error::Os {
-                    op: "recvmmsg",
-                    addr: Some(local.addr),
-                    source,
-                })?;
+            let n = match self.inbox.recv(local.fd.as_raw_fd(), max) {
+                Ok(n) => n,
+                // an ICMP error for something we sent: noted, the datagrams wait for the
+                // next round
+                Err(e)
+                    if self
+                        .unreachable
+                        .on_recv_error(local.fd.as_fd(), local.addr, port, &e) =>
+                {
+                    drained = false;
+                    continue;
+                }
+                Err(source) => {
+                    return Err(Error::Os {
+                        op: "recvmmsg",
+                        addr: Some(local.addr),
+                        source,
+                    })
+                }
+            };
             local.quiet = n == 0;
             if n == 0 {
                 continue;
@@ -201,6 +213,10 @@ impl UdpWire {
         }
         self.stats.received += delivered as u64;
         self.drained = drained;
+        if delivered == 0 && !busy {
+            // woken for nothing: maybe an ICMP error on a GSI socket (`udp_err.rs`)
+            self.unreachable.check(port);
+        }
         Ok(delivered)
     }
 }

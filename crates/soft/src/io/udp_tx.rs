@@ -1,7 +1,7 @@
 //! The send path of [`UdpWire`]: flushing each address's batch over its sockets, the fault
 //! injector's held datagrams, and the choice of a datagram's socket by source port.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
 use super::fault::Verdict;
@@ -68,6 +68,14 @@ impl UdpWire {
         match self.locals[i].ports.open(addr, sport, now) {
             Ok(n) => {
                 tracing::debug!(local = %addr, sport, "source-port socket opened");
+                if sport == super::flow::GSI_UDP_SPORT {
+                    if let Some(fd) = self.locals[i].ports.fd(n) {
+                        // SAFETY: the table keeps the socket open while it is watched (it
+                        // leaves the epoll set when closed)
+                        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                        self.unreachable.watch(self.epoll.as_fd(), fd, addr);
+                    }
+                }
                 Some(n)
             }
             Err(e) => {

@@ -26,7 +26,7 @@ impl Runtime {
             sched,
             ..
         } = self;
-        wire.recv(&mut |arr, bytes| {
+        let n = wire.recv(&mut |arr, bytes| {
             let port = match *port_hint {
                 Some((a, p)) if a == arr.local => p,
                 _ => {
@@ -81,7 +81,12 @@ impl Runtime {
                     }
                 }
             }
-        })
+        });
+        // nobody listens at a peer address any more (ICMP): for the CM
+        while let Some((local, remote)) = wire.take_unreachable() {
+            gsi.unreachable(local, remote);
+        }
+        n
     }
 
     /// Drives every QP: receive, timers, transmit, completions. Returns the datagrams
