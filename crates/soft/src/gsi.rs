@@ -445,7 +445,7 @@ impl Device {
             return Ok(());
         }
         let until = timeout.and_then(|t| Instant::now().checked_add(t));
-        crate::progress::wait_fds(&[self.gsi_wait_fds().event], until)
+        crate::wait::wait_fds(&[self.gsi_wait_fds().event], until)
     }
 
     /// Sets the bounds of the GSI receive queue (both at least 1, else

@@ -32,11 +32,12 @@ pub mod gsi;
 pub mod inspect;
 pub mod io;
 mod memfd;
-mod progress;
 mod pull;
+mod queues;
 mod ratelimit;
 mod runtime;
 pub mod verbs;
+mod wait;
 
 pub use config::{SoftConfig, SoftConfigBuilder};
 pub use error::{Error, Result};

@@ -30,40 +30,32 @@
 
 mod addr;
 mod batch;
-mod claim;
 pub mod fault;
 pub mod flow;
 mod icrc;
 pub mod local;
 mod peers;
 pub mod ports;
-mod rundir;
 mod send_batch;
 pub mod share;
 pub mod steer;
 mod sys;
 mod udp;
-mod udp_config;
-mod udp_local;
-mod udp_mcast;
-mod udp_park;
-mod udp_rx;
-mod udp_tx;
 
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 pub use addr::{ParseWireAddrError, WireAddr};
-pub use claim::{claim_scans, PortClaim, CLAIMS_FRESH};
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub(crate) use local::valid_ring_size;
 pub use local::{HostPeer, LocalStats, LOCAL_RING_ENV, LOCAL_WIRE_ENV};
+pub use share::claim::{claim_scans, PortClaim, CLAIMS_FRESH};
 pub use share::RUNDIR_ENV;
 pub(crate) use sys::netdev_mtu;
-pub use udp::UdpWire;
-pub use udp_config::{UdpConfig, ROCE_PORT};
 #[cfg(feature = "fuzzing")]
-pub(crate) use udp_rx::fuzz::gro_receive as fuzz_gro_receive;
+pub(crate) use udp::gro_receive as fuzz_gro_receive;
+pub use udp::UdpWire;
+pub use udp::{UdpConfig, ROCE_PORT};
 
 use crate::Result;
 pub use rdma_proto::packet::TxPlacement;

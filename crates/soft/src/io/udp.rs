@@ -6,6 +6,17 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod config;
+mod local;
+mod mcast;
+mod park;
+mod rx;
+mod tx;
+
+pub use config::{UdpConfig, ROCE_PORT};
+#[cfg(feature = "fuzzing")]
+pub(crate) use rx::fuzz::gro_receive;
+
 use super::batch::RecvBatch;
 use super::fault::FaultInjector;
 use super::icrc::{self, IcrcChecker};
@@ -13,7 +24,6 @@ use super::peers::PeerSockets;
 use super::ports::SportSockets;
 use super::send_batch::SendBatch;
 use super::share::{self, GroupKey, Member, Slot};
-use super::udp_config::UdpConfig;
 use super::{sys, Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::{Error, Result};
 
@@ -104,9 +114,9 @@ pub struct UdpWire {
     /// datagram.
     pub(super) clock: Instant,
     /// The host-local wire, once asked for (`udp_local.rs`).
-    pub(super) local: super::udp_local::LocalPart,
+    local: local::LocalPart,
     /// The sockets out of the epoll set while busy-polled (`udp_park.rs`).
-    pub(super) park: super::udp_park::Parking,
+    park: park::Parking,
     /// Received datagrams carry their TOS / traffic class and TTL / hop limit
     /// ([`DatagramWire::set_ip_meta`]).
     pub(super) ip_meta: bool,
@@ -286,11 +296,7 @@ impl DatagramWire for UdpWire {
                 (fd, Some(m))
             }
         };
-        let rc = super::udp_park::socket_ctl(
-            self.epoll.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            fd.as_raw_fd(),
-        );
+        let rc = park::socket_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(local)));
         }

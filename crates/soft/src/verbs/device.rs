@@ -9,15 +9,15 @@ use std::time::Instant;
 
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 
-use super::cq::{CompletionChannel, CompletionQueue};
-use super::cq_wake;
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::port::{PortAttr, PortState};
-use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
 use crate::engine::{self, Registration, Source};
 use crate::io::{DatagramWire, UdpWire, WireAddr, WireStats};
+use crate::queues::cq::{CompletionChannel, CompletionQueue};
+use crate::queues::cq_wake;
+use crate::queues::srq::SharedReceiveQueue;
 use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result, SoftConfig};
 
@@ -68,7 +68,7 @@ pub(crate) struct DeviceShared {
 
 impl DeviceShared {
     /// The runtime, locked; the CQ wake-ups of what is done under it fire after the lock
-    /// is released ([`super::cq_wake`]).
+    /// is released ([`crate::queues::cq_wake`]).
     pub(crate) fn runtime(&self) -> RtGuard<'_> {
         let wakes = cq_wake::hold();
         RtGuard {

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 
 use rdma_proto::verbs::Mtu;
 
-use super::async_event::AsyncEvent;
 use super::device::{active_mtu, Device, DeviceConfig, DeviceShared, MAX_GIDS};
 use crate::io::WireAddr;
+use crate::queues::async_event::AsyncEvent;
 use crate::{Error, Result};
 
 /// Most ports a device may have.

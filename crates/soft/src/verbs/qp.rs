@@ -10,10 +10,10 @@ use rdma_proto::verbs::{
     SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
-use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
-use super::srq::SharedReceiveQueue;
+use crate::queues::cq::CompletionQueue;
+use crate::queues::srq::SharedReceiveQueue;
 use crate::runtime::{QpCtx, UdCtx};
 use crate::{Error, Result};
 

@@ -3,14 +3,14 @@
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-use super::fault::Verdict;
-use super::icrc::{self, IcrcCheck, IcrcChecker};
-use super::share::Slot;
-use super::steer::{self, Dest};
-use super::udp::UdpWire;
+use super::UdpWire;
+use crate::io::fault::Verdict;
+use crate::io::icrc::{self, IcrcCheck, IcrcChecker};
+use crate::io::share::Slot;
+use crate::io::steer::{self, Dest};
 #[cfg(doc)]
-use super::DatagramWire;
-use super::{Arrival, TxPlacement, WireAddr, WireStats};
+use crate::io::DatagramWire;
+use crate::io::{Arrival, TxPlacement, WireAddr, WireStats};
 use crate::{Error, Result};
 
 /// Why a datagram that reached this wire is another process's.
@@ -220,7 +220,7 @@ fn segments(whole: &mut [u8], gro_size: u16) -> impl Iterator<Item = (u16, &mut 
 }
 
 #[cfg(feature = "fuzzing")]
-#[path = "udp_rx_fuzz.rs"]
+#[path = "rx_fuzz.rs"]
 pub(crate) mod fuzz;
 
 /// Checks the ICRC of a received datagram, counting what it finds; `place` is its position in

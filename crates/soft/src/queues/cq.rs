@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use rdma_proto::verbs::{Completion, WcOpcode};
 
 use super::cq_wake::{self, Wake};
-use super::device::DeviceShared;
-use super::ring::Ring;
+use super::mpmc::Ring;
+use crate::verbs::DeviceShared;
 use crate::{Error, Result};
 
 const DISARMED: u8 = 0;
@@ -121,7 +121,7 @@ impl CompletionQueue {
     }
 
     /// Moves up to `max` completions into `out` (appending); returns how many. When the queue
-    /// is empty it first drives the device once ([`super::Device::progress`]: one `recvmmsg`
+    /// is empty it first drives the device once ([`crate::verbs::Device::progress`]: one `recvmmsg`
     /// per open address, skipped if another thread is driving it); with completions queued
     /// it makes no system call.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
@@ -420,7 +420,7 @@ impl CompletionChannel {
             if end.is_some_and(|e| Instant::now() >= e) {
                 return Ok(None);
             }
-            crate::progress::wait_fds(&[self.inner.efd.as_raw_fd()], end)?;
+            crate::wait::wait_fds(&[self.inner.efd.as_raw_fd()], end)?;
         }
     }
 }

@@ -9,9 +9,9 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use super::udp::UdpWire;
+use super::UdpWire;
 #[cfg(doc)]
-use super::DatagramWire;
+use crate::io::DatagramWire;
 
 /// Busy receives in a row (none from a sleeper's `arm_wait` between them) after which the
 /// sockets leave the epoll set: about 100 µs of polling.

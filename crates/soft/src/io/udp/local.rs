@@ -1,12 +1,12 @@
-//! The host-local part of [`UdpWire`] ([`super::local`]): set up on first use, read beside
+//! The host-local part of [`UdpWire`] ([`crate::io::local`]): set up on first use, read beside
 //! the sockets, looked at less often than the rings while a busy-poller reads them.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-use super::local::{HostLocal, HostPeer};
-use super::udp::UdpWire;
-use super::{share, Arrival, TxMeta, WireAddr};
+use super::UdpWire;
+use crate::io::local::{HostLocal, HostPeer};
+use crate::io::{share, Arrival, TxMeta, WireAddr};
 use crate::{Error, Result};
 
 /// While the rings carry traffic, a busy-polling receive looks at the clock on every
@@ -89,7 +89,7 @@ impl UdpWire {
         })
     }
 
-    /// [`super::DatagramWire::emit_host`]: `write` fills the ring's room directly.
+    /// [`crate::io::DatagramWire::emit_host`]: `write` fills the ring's room directly.
     pub(super) fn local_emit(
         &mut self,
         peer: HostPeer,
@@ -110,7 +110,7 @@ impl UdpWire {
         }
     }
 
-    /// [`super::DatagramWire::recv`]: the rings, then (unless a busy-poller skips them this
+    /// [`crate::io::DatagramWire::recv`]: the rings, then (unless a busy-poller skips them this
     /// time) the bell and the sockets.
     pub(super) fn recv_with_local(
         &mut self,
@@ -172,7 +172,7 @@ impl UdpWire {
         Ok(n + m)
     }
 
-    /// [`super::DatagramWire::idle_poll`]: the rings carry traffic, none has a record now,
+    /// [`crate::io::DatagramWire::idle_poll`]: the rings carry traffic, none has a record now,
     /// and the sockets and the bell are not due (they would be read on this call).
     pub(super) fn local_idle_poll(&mut self) -> bool {
         let p = &mut self.local;
@@ -212,7 +212,7 @@ fn ready_sources(epoll: RawFd, bell: RawFd) -> (bool, bool) {
     for ev in &evs[..n as usize] {
         if ev.u64 == bell as u64 {
             b = true;
-        } else if ev.u64 & super::local::EFD_TOKEN == 0 {
+        } else if ev.u64 & crate::io::local::EFD_TOKEN == 0 {
             s = true;
         }
         // a ring's eventfd (edge-triggered, never read): the rings are read anyway

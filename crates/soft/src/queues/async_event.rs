@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use rdma_proto::rc::{MigrationCause, QpEvent};
 
-use super::device::Device;
 use crate::fd::EventFd;
+use crate::verbs::Device;
 use crate::{Error, Result};
 
 /// Events the queue holds at most; older ones are dropped beyond it.
@@ -36,7 +36,7 @@ pub enum AsyncEvent {
     PathMigrated {
         /// The QP.
         qpn: u32,
-        /// Why: forced (port down, [`super::QueuePair::migrate`]), retries exhausted on the
+        /// Why: forced (port down, [`crate::verbs::QueuePair::migrate`]), retries exhausted on the
         /// old path, or the peer migrated.
         cause: MigrationCause,
         /// The port it left.
@@ -199,7 +199,7 @@ impl Device {
             if end.is_some_and(|e| Instant::now() >= e) {
                 return Ok(None);
             }
-            crate::progress::wait_fds(&[self.async_event_fd().as_raw_fd()], end)?;
+            crate::wait::wait_fds(&[self.async_event_fd().as_raw_fd()], end)?;
         }
     }
 

@@ -8,8 +8,8 @@ use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
-use super::device::Device;
 use crate::fd::EventFd;
+use crate::verbs::Device;
 use crate::{Error, Result};
 
 struct TapQueue {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use rdma_proto::verbs::RecvWr;
 
-use super::pd::ProtectionDomain;
-use super::ring::Ring;
+use super::mpmc::Ring;
+use crate::verbs::ProtectionDomain;
 use crate::{Error, Result};
 
 struct SrqShared {
