@@ -1,5 +1,5 @@
 //! The queues the application and the runtime share: completion queues and their channels,
-//! shared receive queues, the device's asynchronous event queue, and the lock-free ring
+//! the queue under a shared receive queue, the device's asynchronous event queue, and the lock-free ring
 //! they are built on ([`mpmc`]). The runtime fills them, the verbs layer hands them out
 //! ([`crate::verbs`] re-exports the public types).
 
@@ -14,4 +14,4 @@ pub(crate) use async_event::AsyncQueue;
 pub use async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
 pub use async_tap::AsyncTap;
 pub use cq::{CompletionChannel, CompletionQueue};
-pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use srq::SrqAttr;

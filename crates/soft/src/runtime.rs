@@ -60,8 +60,11 @@ use crate::gsi::{Gsi, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
 use crate::io::{DatagramWire, HostPeer, TxMeta, TxPlacement, WireAddr, WireStats};
 use crate::pull;
-use crate::verbs::{AsyncQueue, MAX_PORTS};
+use crate::queues::AsyncQueue;
 use crate::{Error, Result};
+
+/// Most ports a device may have.
+pub const MAX_PORTS: usize = 8;
 
 /// Unacknowledged request PSNs an RC QP may have in flight: the transport's send window
 /// (`RcConfig::max_outstanding_psns`) every RC QP of the device is created with.

@@ -1,4 +1,4 @@
-//! Shared receive queues.
+//! The queue under a shared receive queue ([`SrqRing`]) and its attributes ([`SrqAttr`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -6,11 +6,9 @@ use std::sync::Arc;
 use rdma_proto::verbs::RecvWr;
 
 use super::mpmc::Ring;
-use crate::verbs::ProtectionDomain;
 use crate::{Error, Result};
 
 struct SrqShared {
-    pd: ProtectionDomain,
     ring: Ring<RecvWr>,
     max_wr: usize,
     max_sge: usize,
@@ -29,38 +27,19 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
-/// A shared receive queue: receive work requests that any QP attached to it consumes, in
-/// order. Posting takes no lock (a lock-free ring).
-///
-/// ```
-/// use rdma_soft::verbs::{AccessFlags, Device, DeviceConfig, RecvWr};
-/// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
-/// let pd = dev.alloc_pd().unwrap();
-/// let srq = dev.create_srq(&pd, 4, 1).unwrap();
-/// let mr = pd.register(vec![0u8; 256], AccessFlags::LOCAL_WRITE).unwrap();
-/// srq.post_recv(RecvWr::new(1).with_sge(mr.sge(0, 256).unwrap())).unwrap();
-/// srq.arm_limit(2).unwrap();
-/// assert_eq!(srq.query().srq_limit, 2);
-/// ```
+/// The queue of a shared receive queue, shared by its verbs handle
+/// ([`crate::verbs::SharedReceiveQueue`]) and the QPs attached to it: a lock-free ring of
+/// receive work requests and the limit event.
 #[derive(Clone)]
-pub struct SharedReceiveQueue {
+pub(crate) struct SrqRing {
     inner: Arc<SrqShared>,
 }
 
-impl std::fmt::Debug for SharedReceiveQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedReceiveQueue")
-            .field("attr", &self.query())
-            .finish()
-    }
-}
-
-impl SharedReceiveQueue {
-    pub(crate) fn new(pd: &ProtectionDomain, max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
+impl SrqRing {
+    pub(crate) fn new(max_wr: usize, max_sge: usize) -> SrqRing {
         let ring = Ring::new(max_wr);
-        SharedReceiveQueue {
+        SrqRing {
             inner: Arc::new(SrqShared {
-                pd: pd.clone(),
                 max_wr: ring.capacity(),
                 ring,
                 max_sge,
@@ -70,13 +49,8 @@ impl SharedReceiveQueue {
         }
     }
 
-    /// The protection domain of its receive buffers.
-    pub fn pd(&self) -> &ProtectionDomain {
-        &self.inner.pd
-    }
-
     /// Queues a receive. EINVAL with more than `max_sge` elements, ENOMEM when full.
-    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+    pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<()> {
         if wr.sg.len() > self.inner.max_sge {
             return Err(Error::InvalidArgument(
                 "more scatter/gather elements than max_sge",
@@ -90,7 +64,7 @@ impl SharedReceiveQueue {
 
     /// Arms the limit event: when fewer than `limit` receives remain, [`Self::limit_reached`]
     /// turns true once and the limit disarms (`IBV_EVENT_SRQ_LIMIT_REACHED`). 0 disarms.
-    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+    pub(crate) fn arm_limit(&self, limit: u32) -> Result<()> {
         if limit as usize > self.inner.max_wr {
             return Err(Error::InvalidArgument("srq_limit larger than max_wr"));
         }
@@ -99,12 +73,12 @@ impl SharedReceiveQueue {
     }
 
     /// Whether the armed limit was reached since the last call (clears it).
-    pub fn limit_reached(&self) -> bool {
+    pub(crate) fn limit_reached(&self) -> bool {
         self.inner.limit_reached.swap(false, Ordering::AcqRel)
     }
 
     /// Its attributes.
-    pub fn query(&self) -> SrqAttr {
+    pub(crate) fn query(&self) -> SrqAttr {
         SrqAttr {
             max_wr: self.inner.max_wr,
             max_sge: self.inner.max_sge,
@@ -113,17 +87,16 @@ impl SharedReceiveQueue {
     }
 
     /// Receives queued.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner.ring.len()
     }
 
     /// Whether no receive is queued.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Device side: takes the oldest receive, firing the limit event when it applies.
-    #[allow(dead_code)] // used by the QP runtime
     pub(crate) fn take(&self) -> Option<RecvWr> {
         let wr = self.inner.ring.pop()?;
         let limit = self.inner.limit.load(Ordering::Acquire);
@@ -164,11 +137,11 @@ mod tests {
             .with_sge(Sge::default());
         assert_eq!(srq.post_recv(three).unwrap_err().errno(), libc::EINVAL);
         srq.arm_limit(2).unwrap();
-        assert_eq!(srq.take().map(|w| w.wr_id), Some(0));
+        assert_eq!(srq.ring().take().map(|w| w.wr_id), Some(0));
         assert!(!srq.limit_reached(), "3 left");
-        assert_eq!(srq.take().map(|w| w.wr_id), Some(1));
+        assert_eq!(srq.ring().take().map(|w| w.wr_id), Some(1));
         assert!(!srq.limit_reached(), "2 left: not fewer than 2");
-        assert_eq!(srq.take().map(|w| w.wr_id), Some(2));
+        assert_eq!(srq.ring().take().map(|w| w.wr_id), Some(2));
         assert!(srq.limit_reached());
         assert!(!srq.limit_reached(), "fires once");
         assert_eq!(srq.query().srq_limit, 0, "disarmed");

@@ -12,17 +12,19 @@ use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::port::{PortAttr, PortState};
+use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
 use crate::engine::{self, Registration, Source};
 use crate::io::{DatagramWire, UdpWire, WireAddr, WireStats};
 use crate::queues::cq::{CompletionChannel, CompletionQueue};
 use crate::queues::cq_wake;
-use crate::queues::srq::SharedReceiveQueue;
 use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result, SoftConfig};
 
+mod async_events;
 mod config;
 mod drive;
+mod gsi;
 pub use config::{active_mtu, DeviceAttr, DeviceConfig, ROCE_MAX_HEADERS};
 
 /// Largest GID table (a GID index is a `u8`).
@@ -437,7 +439,12 @@ impl Device {
             return Err(Error::InvalidArgument("cqe out of range 1..=max_cqe"));
         }
         let id = Self::next_id(&self.shared.next_cq, MAX_CQ, "completion queues")?;
-        Ok(CompletionQueue::new_on(&self.shared, id, cqe, channel))
+        Ok(CompletionQueue::new_on(
+            Arc::downgrade(&self.shared) as Weak<DeviceShared>,
+            id,
+            cqe,
+            channel,
+        ))
     }
 
     /// Creates a shared receive queue in `pd` (EINVAL beyond `max_srq_wr` / `max_srq_sge`).

@@ -16,14 +16,14 @@ mod port;
 mod qp;
 mod rc_modify;
 pub(crate) mod shared_mem;
+mod srq;
 mod ud;
 mod watch;
 
-pub(crate) use crate::queues::AsyncQueue;
+pub use crate::queues::SrqAttr;
 pub use crate::queues::{
     AsyncEvent, AsyncTap, CompletionChannel, CompletionQueue, ASYNC_QUEUE_LEN,
 };
-pub use crate::queues::{SharedReceiveQueue, SrqAttr};
 pub(crate) use device::DeviceShared;
 pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};
 pub use mcast::mcast_group;
@@ -36,5 +36,6 @@ pub use rdma_proto::verbs::{
     AccessFlags, Completion, MigState, Mtu, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
 };
+pub use srq::SharedReceiveQueue;
 pub use ud::AddressHandle;
 pub use watch::{WatchStats, WireWatch, GRACE};

@@ -11,8 +11,7 @@ use crate::io::WireAddr;
 use crate::queues::async_event::AsyncEvent;
 use crate::{Error, Result};
 
-/// Most ports a device may have.
-pub const MAX_PORTS: usize = 8;
+pub use crate::runtime::MAX_PORTS;
 
 /// Port state (`ibv_port_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

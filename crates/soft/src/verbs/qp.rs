@@ -12,8 +12,8 @@ use rdma_proto::verbs::{
 
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
 use crate::queues::cq::CompletionQueue;
-use crate::queues::srq::SharedReceiveQueue;
 use crate::runtime::{QpCtx, UdCtx};
 use crate::{Error, Result};
 
@@ -297,7 +297,7 @@ impl QueuePair {
             RcQp::new(cfg),
             init.send_cq.clone(),
             init.recv_cq.clone(),
-            init.srq.cloned(),
+            init.srq.map(|s| s.ring().clone()),
         );
         ctx.span = tracing::debug_span!(
             "qp",
