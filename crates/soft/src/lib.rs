@@ -21,6 +21,7 @@
 //! ([`Error::errno`]).
 #![warn(missing_docs)]
 
+mod addr;
 pub mod config;
 pub mod engine;
 mod error;

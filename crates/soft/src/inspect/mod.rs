@@ -29,7 +29,6 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use serde_json::{Map, Value};
 
 mod client;
-pub(crate) mod device;
 mod server;
 
 pub use client::{query_all, runtime_dir, Answer, DIR_ENV};

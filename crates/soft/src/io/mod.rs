@@ -28,7 +28,6 @@
 //!   flow's datagrams, split by segment size in `udp_rx.rs`; segment k's ICRC is checked
 //!   for Identification k.
 
-mod addr;
 mod batch;
 pub mod fault;
 pub mod flow;
@@ -45,7 +44,7 @@ mod udp;
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
-pub use addr::{ParseWireAddrError, WireAddr};
+pub use crate::addr::{ParseWireAddrError, WireAddr};
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub(crate) use local::valid_ring_size;
 pub use local::{HostPeer, LocalStats, LOCAL_RING_ENV, LOCAL_WIRE_ENV};

@@ -77,7 +77,7 @@ impl Runtime {
             }
         }
         self.free.push(idx as u16);
-        crate::inspect::device::add_rc(&mut self.retired, &ctx.rc.stats());
+        crate::verbs::device_inspect::add_rc(&mut self.retired, &ctx.rc.stats());
         for local in ctx.paths.locals() {
             self.close_if_unused(local);
         }

@@ -25,6 +25,7 @@ mod async_events;
 mod config;
 mod drive;
 mod gsi;
+pub(crate) mod inspect;
 pub use config::{active_mtu, DeviceAttr, DeviceConfig, ROCE_MAX_HEADERS};
 
 /// Largest GID table (a GID index is a `u8`).
@@ -332,9 +333,7 @@ impl Device {
         let _ = shared.reg.set(reg);
         let weak = Arc::downgrade(&shared);
         // SAFETY: stored in `shared.inspect`, which `DeviceShared::drop` drops first.
-        let p = unsafe {
-            crate::inspect::register_borrowed("devices", weak, crate::inspect::device::snapshot)
-        };
+        let p = unsafe { crate::inspect::register_borrowed("devices", weak, inspect::snapshot) };
         let _ = shared.inspect.set(p);
         shared.update_port_map();
         tracing::debug!(device = %shared.name, netdev = %shared.netdev, "device open");
