@@ -54,6 +54,7 @@ mod table;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
 pub(crate) use qp_ctx::QpCtx;
+pub(crate) use table::add_rc;
 pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, MAD_LEN};

@@ -8,10 +8,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// Overrides the directory of the inspection sockets (tests, or a tool pointed at another
-/// user's directory).
-pub const DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
-
 /// How long a query waits for one process's answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -31,11 +31,8 @@ use serde_json::{Map, Value};
 mod client;
 mod server;
 
-pub use client::{query_all, runtime_dir, Answer, DIR_ENV};
-
-/// Environment variable: `off` serves no inspection socket in this process (default: on;
-/// read by [`crate::SoftConfig::from_env`]).
-pub const ENABLE_ENV: &str = "RDMA_SOFT_INSPECT";
+pub use crate::config::{INSPECT_DIR_ENV as DIR_ENV, INSPECT_ENV as ENABLE_ENV};
+pub use client::{query_all, runtime_dir, Answer};
 
 type Snap = Box<dyn Fn() -> Value + Send + Sync>;
 

@@ -25,7 +25,7 @@ mod async_events;
 mod config;
 mod drive;
 mod gsi;
-pub(crate) mod inspect;
+mod inspect;
 pub use config::{active_mtu, DeviceAttr, DeviceConfig, ROCE_MAX_HEADERS};
 
 /// Largest GID table (a GID index is a `u8`).

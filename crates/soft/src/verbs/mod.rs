@@ -24,7 +24,6 @@ pub use crate::queues::SrqAttr;
 pub use crate::queues::{
     AsyncEvent, AsyncTap, CompletionChannel, CompletionQueue, ASYNC_QUEUE_LEN,
 };
-pub(crate) use device::inspect as device_inspect;
 pub(crate) use device::DeviceShared;
 pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};
 pub use mcast::mcast_group;

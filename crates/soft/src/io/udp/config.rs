@@ -1,7 +1,6 @@
 //! [`UdpConfig`]: the settings of a [`crate::io::UdpWire`].
 
 use crate::io::fault::FaultSpec;
-use crate::Result;
 
 /// The IANA port of RoCEv2.
 pub const ROCE_PORT: u16 = 4791;
@@ -71,13 +70,6 @@ impl Default for UdpConfig {
 }
 
 impl UdpConfig {
-    /// The wire part of [`crate::SoftConfig::from_env`] (fault injection, GRO, the
-    /// host-local wire, its rings and pulls from the `RDMA_SOFT_*` variables; an error
-    /// names the variable whose value does not parse).
-    pub fn from_env() -> Result<UdpConfig> {
-        Ok(crate::SoftConfig::from_env()?.wire)
-    }
-
     /// The shortest WRITE this wire's host-local QPs pull, and the smallest region a PD
     /// allocates shared; `None` when pulls are off or the host-local wire is.
     pub fn pull_min(&self) -> Option<u32> {
