@@ -24,7 +24,7 @@ pub fn drain_bell(input: &[u8]) {
 }
 
 /// One UDP GRO receive from a hostile sender, split into its datagrams and each checked as
-/// the receive path does (`io/udp_rx_fuzz.rs` has the input format and the checks).
+/// the receive path does (`io/udp/rx_fuzz.rs` has the input format and the checks).
 pub fn gro_receive(input: &[u8]) {
     crate::io::fuzz_gro_receive(input);
 }

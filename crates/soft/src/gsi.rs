@@ -7,20 +7,20 @@
 //! the source port was).
 //!
 //! ## Use
-//! 1. [`Device::gsi_open`] on each local address the connection manager listens or connects
+//! 1. [`crate::verbs::Device::gsi_open`] on each local address the connection manager listens or connects
 //!    on: it opens UDP 4791 there (shared with the QPs using the same address: the address is
 //!    closed when the last GSI user and the last QP let go of it) and starts delivering MADs
 //!    addressed to QP1 on it.
-//! 2. [`Device::gsi_send`] sends a MAD and flushes it at once.
-//! 3. [`Device::gsi_recv`] takes the next received MAD. MADs are queued by whoever drives the
+//! 2. [`crate::verbs::Device::gsi_send`] sends a MAD and flushes it at once.
+//! 3. [`crate::verbs::Device::gsi_recv`] takes the next received MAD. MADs are queued by whoever drives the
 //!    device (the process's progress engine, a thread polling CQs, or `gsi_recv` itself,
 //!    which drives the device once when its queue is empty), so the connection manager never
 //!    misses MADs that another thread received.
-//! 4. To block without busy polling: wait until the GSI eventfd ([`Device::gsi_wait_fds`]
+//! 4. To block without busy polling: wait until the GSI eventfd ([`crate::verbs::Device::gsi_wait_fds`]
 //!    `.event`) is readable, then call `gsi_recv` until it returns `None`. The progress engine
 //!    receives MADs on its own, so no other fd or deadline is needed. The fd is
 //!    level-triggered and stays readable while MADs are queued, so it suits `poll`, `epoll`
-//!    and tokio's `AsyncFd`. [`Device::gsi_wait`] does this with `poll(2)`.
+//!    and tokio's `AsyncFd`. [`crate::verbs::Device::gsi_wait`] does this with `poll(2)`.
 //!
 //! ## What is dropped
 //! Packets to QP1 are checked before they are queued; each rejected packet is counted in
@@ -128,7 +128,7 @@ impl Default for GsiLimits {
 pub struct GsiStats {
     /// MADs sent.
     pub sent: u64,
-    /// MADs queued for [`Device::gsi_recv`].
+    /// MADs queued for [`crate::verbs::Device::gsi_recv`].
     pub received: u64,
     /// Packets to QP1 dropped: not UD SEND_ONLY (or inconsistent headers).
     pub bad_opcode: u64,
@@ -138,7 +138,7 @@ pub struct GsiStats {
     pub bad_qkey: u64,
     /// Packets to QP1 dropped: P_Key not the default partition.
     pub bad_pkey: u64,
-    /// Packets to QP1 dropped: arrived on an address without [`Device::gsi_open`].
+    /// Packets to QP1 dropped: arrived on an address without [`crate::verbs::Device::gsi_open`].
     pub not_open: u64,
     /// MADs dropped because the queue held [`GsiLimits::queue_len`] MADs.
     pub queue_full: u64,

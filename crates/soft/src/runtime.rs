@@ -156,7 +156,7 @@ pub(crate) struct Runtime {
     /// Set by a `progress` that received something, ran timers or gave a QP an earlier
     /// deadline: the earliest deadline may have moved (see [`Runtime::take_timers_touched`]).
     timers_touched: bool,
-    /// The device's asynchronous events (`verbs/async_event.rs`).
+    /// The device's asynchronous events (`queues/async_event.rs`).
     events: AsyncQueue,
     /// Transport counters of the QPs destroyed so far (device totals for inspection).
     retired: rdma_proto::rc::RcStats,

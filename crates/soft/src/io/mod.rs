@@ -25,7 +25,7 @@
 //!   kernel gives it (checked on captured datagrams by `tests/kernel_identification.rs`).
 //!   rdma-perf write_bw 64 KiB on loopback: ~800 -> ~1400 MB/s (docs/BENCHMARKS.md).
 //! - UDP GRO on receive (`UDP_GRO`, [`UdpConfig::gro`]): one receive holds up to 64 KiB of a
-//!   flow's datagrams, split by segment size in `udp_rx.rs`; segment k's ICRC is checked
+//!   flow's datagrams, split by segment size in `udp/rx.rs`; segment k's ICRC is checked
 //!   for Identification k.
 
 mod batch;
@@ -145,7 +145,7 @@ pub struct WireStats {
     pub gso_refused: u64,
     /// System calls that returned received datagrams.
     pub recv_calls: u64,
-    /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp_park.rs`:
+    /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp/park.rs`:
     /// a datagram to a socket in a set costs its sender a wake-up callback).
     pub sockets_parked: u64,
     /// Fault injection on sent datagrams.

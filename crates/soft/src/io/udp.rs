@@ -1,6 +1,6 @@
 //! [`UdpWire`]: RoCEv2 over UDP port 4791, one socket per local address in use (and
-//! send-only ones per source port: [`super::ports`]). The receive path is in `udp_rx.rs`,
-//! flushing in `udp_tx.rs`.
+//! send-only ones per source port: [`super::ports`]). The receive path is in `udp/rx.rs`,
+//! flushing in `udp/tx.rs`.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -113,9 +113,9 @@ pub struct UdpWire {
     /// A coarse clock for the source-port sockets' use times: read at each flush, not per
     /// datagram.
     pub(super) clock: Instant,
-    /// The host-local wire, once asked for (`udp_local.rs`).
+    /// The host-local wire, once asked for (`udp/local.rs`).
     local: local::LocalPart,
-    /// The sockets out of the epoll set while busy-polled (`udp_park.rs`).
+    /// The sockets out of the epoll set while busy-polled (`udp/park.rs`).
     park: park::Parking,
     /// Received datagrams carry their TOS / traffic class and TTL / hop limit
     /// ([`DatagramWire::set_ip_meta`]).

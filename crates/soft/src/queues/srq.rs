@@ -16,7 +16,7 @@ struct SrqShared {
     limit_reached: AtomicBool,
 }
 
-/// What [`SharedReceiveQueue::query`] reports (`ibv_srq_attr`).
+/// What [`crate::verbs::SharedReceiveQueue::query`] reports (`ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqAttr {
     /// Receive work requests it holds.

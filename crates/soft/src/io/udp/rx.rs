@@ -97,7 +97,7 @@ impl UdpWire {
                 }
                 for (place, data) in segments(whole, d.anc.gro_size) {
                     // a group's datagram (DQPN 0xFFFFFF) is every member's: the kernel
-                    // gave each joined socket its copy (`udp_mcast.rs`)
+                    // gave each joined socket its copy (`udp/mcast.rs`)
                     let mine = mine.filter(|_| !bound.ip().is_multicast());
                     // Only a verified packet may be evidence of misdelivery or cost a look
                     // at the other processes' tables and claims: a forged or corrupt one is
