@@ -12,21 +12,17 @@
 //! The fault injector ([`fault`]) sits inside the wire, between the transport and the sockets:
 //! see [`FaultSpec`] for `RDMA_SOFT_FAULTS`.
 //!
-//! ## Measured choices
+//! ## Batches, GSO, GRO
 //! - Batches: `sendmmsg`/`recvmmsg` of up to [`UdpConfig::batch`] datagrams (default 32) into
-//!   preallocated buffers; no allocation or lock per packet. `examples/udp_batch.rs` measures
-//!   them over loopback (1040-byte datagrams, 2 shared cores, one sender and one receiver
-//!   thread): batch 1: ~101k datagrams/s, 8: ~108k, 32: ~112k, 64: ~111k, all delivered.
-//!   On loopback the per-datagram cost of the kernel's UDP/IP path (which the sender pays
-//!   for the receive side too) dominates, so batching saves the system calls (200,000 to
-//!   6,250 `sendmmsg`) but only ~10% of time.
+//!   preallocated buffers; no allocation or lock per packet.
 //! - UDP GSO on send (`UDP_SEGMENT`, [`UdpConfig::gso`]): a run of equal-size packets to one
 //!   peer goes as one message; segment k is sealed for IPv4 Identification k, which the
 //!   kernel gives it (checked on captured datagrams by `tests/kernel_identification.rs`).
-//!   rdma-perf write_bw 64 KiB on loopback: ~800 -> ~1400 MB/s (docs/BENCHMARKS.md).
 //! - UDP GRO on receive (`UDP_GRO`, [`UdpConfig::gro`]): one receive holds up to 64 KiB of a
 //!   flow's datagrams, split by segment size in `udp/rx.rs`; segment k's ICRC is checked
 //!   for Identification k.
+//!
+//! What each saves is measured in docs/BENCHMARKS.md ("Batches, GSO and GRO").
 
 mod batch;
 pub mod fault;
