@@ -62,13 +62,7 @@ mod gsi_fuzz {
     };
 
     fn readable(fd: i32) -> bool {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on a live descriptor, no wait.
-        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        crate::fd::wait_readable(&[fd], Some(std::time::Instant::now())).unwrap_or(false)
     }
 
     fn total(s: &crate::gsi::GsiStats) -> u64 {

@@ -7,6 +7,7 @@ pub(crate) mod async_event;
 pub(crate) mod async_tap;
 pub(crate) mod cq;
 pub(crate) mod cq_wake;
+#[allow(unsafe_code)] // the lock-free ring's slots (UnsafeCell, MaybeUninit)
 pub(crate) mod mpmc;
 pub(crate) mod srq;
 

@@ -376,6 +376,7 @@ impl Runtime {
                 for piece in pull::pieces(payload).into_iter().flatten() {
                     // SAFETY: the region's memfd, open while the memory table's view (held
                     // for this whole round) keeps the region registered
+                    #[allow(unsafe_code)] // the SAFETY comment above
                     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(piece.fd) };
                     wire.host_share(h, piece.token, fd);
                 }

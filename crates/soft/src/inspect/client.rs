@@ -29,8 +29,7 @@ pub fn runtime_dir() -> PathBuf {
     if let Ok(d) = crate::io::share::runtime_dir() {
         return d;
     }
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = crate::fd::euid();
     PathBuf::from(format!("/tmp/rdma-soft-{uid}"))
 }
 
@@ -48,8 +47,7 @@ pub(super) fn ensure_dir() -> std::io::Result<PathBuf> {
         Err(e) => return Err(e),
     }
     let md = std::fs::symlink_metadata(&dir)?;
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = crate::fd::euid();
     if !md.is_dir() || md.uid() != uid {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use serde_json::{Map, Value};
 
 mod client;
+#[allow(unsafe_code)] // the server thread's poll on its socket and stop eventfd
 mod server;
 
 pub use crate::config::{INSPECT_DIR_ENV as DIR_ENV, INSPECT_ENV as ENABLE_ENV};
@@ -115,6 +116,7 @@ pub fn register(kind: &'static str, f: Box<dyn Fn() -> Value + Send + Sync>) -> 
 /// anything else (as the progress engine's registrations are): `f` is only called while the
 /// provider is registered, and its drop waits for a call in progress, so `T`'s fields are
 /// intact whenever `f` runs.
+#[allow(unsafe_code)]
 pub unsafe fn register_borrowed<T: Send + Sync + 'static>(
     kind: &'static str,
     owner: Weak<T>,

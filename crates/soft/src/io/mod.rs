@@ -24,16 +24,20 @@
 //!
 //! What each saves is measured in docs/BENCHMARKS.md ("Batches, GSO and GRO").
 
+#[allow(unsafe_code)] // recvmmsg buffers: the headers point into the batch's own boxes
 mod batch;
 pub mod fault;
 pub mod flow;
 mod icrc;
+#[allow(unsafe_code)] // the host-local wire: shared-memory rings, fd passing, peer mappings
 pub mod local;
 mod peers;
 pub mod ports;
+#[allow(unsafe_code)] // sendmmsg buffers and control messages (cmsg)
 mod send_batch;
 pub mod share;
 pub mod steer;
+#[allow(unsafe_code)] // sockets: the system calls under the UDP wire
 mod sys;
 mod udp;
 

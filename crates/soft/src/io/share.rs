@@ -15,13 +15,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Instant, SystemTime};
 
 pub(crate) mod claim;
+#[allow(unsafe_code)] // openat/mkdirat relative to the pinned directory fd
 pub(crate) mod rundir;
 
 use super::steer::{self, Table};
@@ -40,8 +41,7 @@ pub const RUNDIR_ENV: &str = "RDMA_SOFT_RUNDIR";
 pub fn runtime_dir() -> Result<PathBuf> {
     static DIR: OnceLock<std::result::Result<rundir::Pinned, String>> = OnceLock::new();
     let r = DIR.get_or_init(|| {
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = crate::fd::uid();
         let r = match &crate::config::process().runtime_dir {
             Some(d) => rundir::open_private(d, uid),
             None => rundir::choose(&rundir::candidates(uid), uid, Path::new("/tmp")),
@@ -70,11 +70,9 @@ pub(crate) fn lock(f: &File, exclusive: bool, block: bool) -> std::io::Result<bo
     };
     let op = if block { op } else { op | libc::LOCK_NB };
     loop {
-        // SAFETY: plain flock on an open descriptor.
-        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+        let Err(e) = crate::fd::flock(f.as_fd(), op) else {
             return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
+        };
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EWOULDBLOCK) => return Ok(false),

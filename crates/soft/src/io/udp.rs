@@ -2,7 +2,7 @@
 //! send-only ones per source port: [`super::ports`]). The receive path is in `udp/rx.rs`,
 //! flushing in `udp/tx.rs`.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -145,13 +145,11 @@ impl UdpWire {
         if cfg.batch == 0 || cfg.batch > u16::MAX as usize / 2 || cfg.max_packet < 64 {
             return Err(Error::InvalidArgument("UdpConfig batch or max_packet"));
         }
-        // SAFETY: plain epoll_create1; checked below.
-        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if raw < 0 {
-            return Err(Error::last_os("epoll_create1", None));
-        }
-        // SAFETY: fresh descriptor owned here.
-        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        let epoll = crate::fd::epoll_create().map_err(|source| Error::Os {
+            op: "epoll_create1",
+            addr: None,
+            source,
+        })?;
         let slot = cfg.max_packet;
         let inbox_slot = if cfg.gro { GRO_BUF.max(slot) } else { slot };
         let (send_faults, recv_faults) = match &cfg.faults {
@@ -296,7 +294,7 @@ impl DatagramWire for UdpWire {
                 (fd, Some(m))
             }
         };
-        let rc = park::socket_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
+        let rc = park::socket_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(local)));
         }

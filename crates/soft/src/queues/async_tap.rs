@@ -4,7 +4,7 @@
 //! one) never takes events from the application's [`crate::verbs::Device::poll_async_event`].
 
 use std::collections::VecDeque;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
@@ -59,8 +59,7 @@ impl AsyncTap {
 
     /// Readable while this tap holds events (epoll, `AsyncFd`, the CM's engine).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the eventfd lives as long as `inner`, which this borrow holds.
-        unsafe { BorrowedFd::borrow_raw(self.inner.efd.raw()) }
+        self.inner.efd.as_fd()
     }
 
     /// Events this tap dropped because it held [`ASYNC_QUEUE_LEN`] already.

@@ -518,6 +518,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn channel_fd_with_tokio_async_fd() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -333,6 +333,7 @@ impl Device {
         let _ = shared.reg.set(reg);
         let weak = Arc::downgrade(&shared);
         // SAFETY: stored in `shared.inspect`, which `DeviceShared::drop` drops first.
+        #[allow(unsafe_code)] // the SAFETY comment above
         let p = unsafe { crate::inspect::register_borrowed("devices", weak, inspect::snapshot) };
         let _ = shared.inspect.set(p);
         shared.update_port_map();

@@ -6,6 +6,7 @@
 //! The vocabulary (access flags, work requests, completions, MTUs) is `rdma-proto`'s,
 //! re-exported here.
 
+#[allow(unsafe_code)] // the CPU's copy instructions (asm!) on registered memory
 mod bulk_copy;
 mod device;
 mod host_local;
@@ -15,6 +16,7 @@ mod pd;
 mod port;
 mod qp;
 mod rc_modify;
+#[allow(unsafe_code)] // registered memory shared with peers: atomic byte copies, mmap
 pub(crate) mod shared_mem;
 mod srq;
 mod ud;

@@ -253,6 +253,7 @@ impl MemoryTable for MrTableView<'_> {
         .write(out)
     }
 
+    #[allow(unsafe_code)]
     fn pull_local(
         &mut self,
         pd: PdId,
@@ -270,6 +271,7 @@ impl MemoryTable for MrTableView<'_> {
         })
     }
 
+    #[allow(unsafe_code)]
     fn pull_remote(
         &mut self,
         pd: PdId,
@@ -425,6 +427,7 @@ impl MemoryRegion {
 
     /// # Safety
     /// As [`ProtectionDomain::register_raw`].
+    #[allow(unsafe_code)]
     pub(crate) unsafe fn register_raw(
         pd: &ProtectionDomain,
         table: &Arc<MrTable>,

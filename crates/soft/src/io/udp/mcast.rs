@@ -29,6 +29,7 @@ use crate::{Error, Result};
 /// `IPV6_MULTICAST_ALL` (linux/in6.h; not in the libc crate).
 const IPV6_MULTICAST_ALL: i32 = 29;
 
+#[allow(unsafe_code)]
 fn set_raw<T>(
     fd: &OwnedFd,
     group: WireAddr,
@@ -145,8 +146,7 @@ impl UdpWire {
         }
         let buf = i32::try_from(self.cfg.socket_buffer).unwrap_or(i32::MAX);
         let fd = open_group(group, ifindex, self.cfg.port, buf, self.ip_meta)?;
-        let rc =
-            super::park::socket_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
+        let rc = super::park::socket_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(group)));
         }

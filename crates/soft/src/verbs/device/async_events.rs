@@ -43,6 +43,7 @@ impl Device {
     /// An fd (eventfd) that polls readable while asynchronous events are queued: register it
     /// with epoll or tokio's `AsyncFd`, then drain [`Device::poll_async_event`]. It lives as
     /// long as the device (keep a clone of the [`Device`] next to a registration).
+    #[allow(unsafe_code)]
     pub fn async_event_fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the eventfd is owned by the runtime, which lives as long as the device
         // state this borrow holds on to.
