@@ -232,7 +232,7 @@ impl MemoryTable for MrTableView<'_> {
         Ok(())
     }
 
-    /// Writes where the region's bytes at `addr` are (a [`crate::pull::Piece`]) into `out`;
+    /// Writes where the region's bytes at `addr` are (a `pull::Piece`) into `out`;
     /// `Unavailable` for a region not in shared memory.
     fn locate(
         &self,
