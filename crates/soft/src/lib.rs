@@ -33,7 +33,6 @@ pub mod config;
 // The unsafe code of the crate (`#![deny(unsafe_code)]` above) is in the modules marked
 // `#[allow(unsafe_code)]` here and in `io` and `verbs`, and in a few named functions; each
 // unsafe block has its SAFETY comment.
-#[allow(unsafe_code)] // epoll and the run of a registered source (see `Engine::run`)
 pub mod engine;
 mod error;
 #[allow(unsafe_code)] // eventfd, poll, epoll, flock, user ids: the safe wrappers
