@@ -7,20 +7,20 @@
 //! complete implementation over one flat simulated address space, for tests and the simulator.
 //!
 //! ```
-//! use rdma_proto::memory::{InMemoryTable, MemoryTable, MemError};
+//! use rdma_proto::memory::{InMemoryTable, MemError, MemKey, MemoryTable};
 //! use rdma_proto::verbs::{AccessFlags, PdId};
 //! let mut mem = InMemoryTable::new(0x10_0000, 8192);
 //! let pd = PdId(1);
 //! let mr = mem.register(pd, 0x10_0100, 256, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
-//! mem.write_remote(pd, mr.rkey, 0x10_0100, b"hello").unwrap();
+//! mem.write(pd, MemKey::Remote(mr.rkey), 0x10_0100, b"hello").unwrap();
 //! assert_eq!(mem.bytes(0x10_0100, 5).unwrap(), b"hello");
 //! // one byte past the end of the region is refused and nothing is written
-//! assert_eq!(mem.write_remote(pd, mr.rkey, 0x10_01fc, b"12345"), Err(MemError::OutOfBounds));
+//! assert_eq!(mem.write(pd, MemKey::Remote(mr.rkey), 0x10_01fc, b"12345"), Err(MemError::OutOfBounds));
 //! assert_eq!(mem.bytes(0x10_01fc, 4).unwrap(), &[0, 0, 0, 0]);
 //! // wrong protection domain, missing right
-//! assert_eq!(mem.write_remote(PdId(2), mr.rkey, 0x10_0100, b"x"), Err(MemError::WrongPd));
+//! assert_eq!(mem.write(PdId(2), MemKey::Remote(mr.rkey), 0x10_0100, b"x"), Err(MemError::WrongPd));
 //! let mut out = [0u8; 1];
-//! assert_eq!(mem.read_remote(pd, mr.rkey, 0x10_0100, &mut out),
+//! assert_eq!(mem.read(pd, MemKey::Remote(mr.rkey), 0x10_0100, &mut out),
 //!            Err(MemError::AccessDenied(AccessFlags::REMOTE_READ)));
 //! ```
 
@@ -42,7 +42,7 @@ pub enum MemError {
     /// An atomic on an address that is not 8-byte aligned.
     Misaligned,
     /// The memory cannot be reached this way: a same-host copy
-    /// ([`MemoryTable::locate_local`], [`MemoryTable::pull_remote`]) that this table does not
+    /// ([`MemoryTable::locate`], [`MemoryTable::pull_remote`]) that this table does not
     /// do, or whose source process is gone or refuses.
     Unavailable,
 }
@@ -101,40 +101,79 @@ impl AtomicOp {
     }
 }
 
+/// The key a memory access presents, which decides its checks: an lkey for the local side
+/// of a work request, an rkey for a peer's access (an invalidated rkey no longer works).
+///
+/// ```
+/// use rdma_proto::memory::MemKey;
+/// use rdma_proto::verbs::AccessFlags;
+/// assert_eq!(MemKey::Remote(7).write_access(), AccessFlags::REMOTE_WRITE);
+/// assert_eq!(MemKey::Local(7).read_access(), AccessFlags::empty());
+/// assert_eq!(MemKey::Local(7).value(), 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemKey {
+    /// An lkey: gather, scatter, a READ response's target.
+    Local(u32),
+    /// An rkey: a peer's READ, WRITE or atomic.
+    Remote(u32),
+}
+
+impl MemKey {
+    /// The key's value.
+    pub fn value(self) -> u32 {
+        match self {
+            MemKey::Local(k) | MemKey::Remote(k) => k,
+        }
+    }
+
+    /// Whether a peer presents it (an rkey).
+    pub fn is_remote(self) -> bool {
+        matches!(self, MemKey::Remote(_))
+    }
+
+    /// The right a read through this key needs: none for an lkey, REMOTE_READ for an rkey.
+    pub fn read_access(self) -> AccessFlags {
+        match self {
+            MemKey::Local(_) => AccessFlags::empty(),
+            MemKey::Remote(_) => AccessFlags::REMOTE_READ,
+        }
+    }
+
+    /// The right a write through this key needs: LOCAL_WRITE for an lkey, REMOTE_WRITE for
+    /// an rkey.
+    pub fn write_access(self) -> AccessFlags {
+        match self {
+            MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
+            MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
+        }
+    }
+}
+
 /// The device's table of registered memory, through which the transport performs every
 /// memory access.
 ///
 /// Each method checks key, protection domain, bounds (with overflow) and access rights and
-/// returns a [`MemError`] without touching memory if any check fails. Local accesses take an
-/// lkey; remote ones an rkey. Atomics operate on a host-order `u64` at an 8-byte aligned
+/// returns a [`MemError`] without touching memory if any check fails. Each access presents a
+/// [`MemKey`]: an lkey for local accesses, an rkey for remote ones. Atomics operate on a host-order `u64` at an 8-byte aligned
 /// address and are atomic with respect to every other access through the table.
 pub trait MemoryTable {
-    /// Checks that `[addr, addr+len)` is inside the region of `lkey`, in `pd`, with `need`.
-    fn check_local(
+    /// Checks that `[addr, addr+len)` is inside the region of `key`, in `pd`, with `need`
+    /// (and, for an rkey, that it was not invalidated).
+    fn check(
         &self,
         pd: PdId,
-        lkey: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(), MemError>;
-    /// Checks that `[va, va+len)` is inside the region of `rkey`, in `pd`, with `need`.
-    fn check_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError>;
-    /// Copies local memory (gather); needs no access right.
-    fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
-    /// Copies into local memory (scatter); needs [`AccessFlags::LOCAL_WRITE`].
-    fn write_local(&mut self, pd: PdId, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError>;
-    /// Copies remote-accessible memory out; needs [`AccessFlags::REMOTE_READ`].
-    fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError>;
-    /// Copies into remote-accessible memory; needs [`AccessFlags::REMOTE_WRITE`].
-    fn write_remote(&mut self, pd: PdId, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError>;
+    /// Copies memory out: gather through an lkey (needs no access right), a READ through an
+    /// rkey (needs [`AccessFlags::REMOTE_READ`]): [`MemKey::read_access`].
+    fn read(&self, pd: PdId, key: MemKey, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Copies into memory: scatter through an lkey (needs [`AccessFlags::LOCAL_WRITE`]), a
+    /// WRITE through an rkey (needs [`AccessFlags::REMOTE_WRITE`]): [`MemKey::write_access`].
+    fn write(&mut self, pd: PdId, key: MemKey, addr: u64, src: &[u8]) -> Result<(), MemError>;
     /// Performs an atomic and returns the original value; needs
     /// [`AccessFlags::REMOTE_ATOMIC`] and an 8-byte aligned `va`.
     fn atomic_remote(
@@ -149,35 +188,21 @@ pub trait MemoryTable {
     /// Copies the data of an inline work request at post time: unregistered memory of the
     /// posting process, no key check (as `IBV_SEND_INLINE`).
     fn read_inline(&self, pd: PdId, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
-    /// Describes where the local bytes `[addr, addr+len)` of the region of `lkey` are, in
-    /// the table's own format, into `out`, so that a peer process on the same host copies
-    /// them itself ([`MemoryTable::pull_remote`] on its side); returns the bytes written.
-    /// Checks as [`MemoryTable::read_local`]. [`MemError::Unavailable`] when the table
-    /// cannot (no same-host copies, memory not shareable, `out` too short); the default.
-    fn locate_local(
+    /// Describes where the bytes `[addr, addr+len)` of the region of `key` are, in the
+    /// table's own format, into `out`, so that a peer process on the same host copies them
+    /// itself; returns the bytes written. Checked as [`MemoryTable::read`]: an lkey's bytes
+    /// for a pulled WRITE (the peer's [`MemoryTable::pull_remote`]), an rkey's for a READ the
+    /// peer asked for (its [`MemoryTable::pull_local`]). [`MemError::Unavailable`] when the
+    /// table cannot (no same-host copies, memory not shareable, `out` too short); the default.
+    fn locate(
         &self,
         pd: PdId,
-        lkey: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         out: &mut [u8],
     ) -> Result<usize, MemError> {
-        let _ = (pd, lkey, addr, len, out);
-        Err(MemError::Unavailable)
-    }
-    /// [`MemoryTable::locate_local`] for remote-readable memory: describes `[va, va+len)` of
-    /// the region of `rkey` (needs [`AccessFlags::REMOTE_READ`], checked first) so that the
-    /// peer that asked for it by a READ copies it itself ([`MemoryTable::pull_local`]).
-    /// The default: [`MemError::Unavailable`].
-    fn locate_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        out: &mut [u8],
-    ) -> Result<usize, MemError> {
-        let _ = (pd, rkey, va, len, out);
+        let _ = (pd, key, addr, len, out);
         Err(MemError::Unavailable)
     }
     /// Copies `len` bytes, from byte `skip` of what `source` names (a peer's memory, in
@@ -379,89 +404,47 @@ impl InMemoryTable {
         Ok(off as usize)
     }
 
-    fn check(
+    /// The offset of `addr` once key, protection domain, bounds and `need` allow the access.
+    fn offset_of(
         &self,
-        remote: bool,
         pd: PdId,
-        key: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<usize, MemError> {
-        let r = self.regions.get(&key).ok_or(MemError::InvalidKey)?;
+        let r = self.regions.get(&key.value()).ok_or(MemError::InvalidKey)?;
         RegionAccess {
             pd: r.pd,
             addr: r.addr,
             len: r.len,
             access: r.access,
         }
-        .check(!remote || r.remote_valid, pd, addr, len, need)?;
+        .check(!key.is_remote() || r.remote_valid, pd, addr, len, need)?;
         self.offset(addr, len)
-    }
-
-    /// Copies the bytes at `addr` into `dst` once [`Self::check`] allows it.
-    fn read(
-        &self,
-        remote: bool,
-        pd: PdId,
-        key: u32,
-        addr: u64,
-        dst: &mut [u8],
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        let o = self.check(remote, pd, key, addr, dst.len() as u64, need)?;
-        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
-        Ok(())
-    }
-
-    /// Copies `src` to `addr` once [`Self::check`] allows it.
-    fn write(
-        &mut self,
-        remote: bool,
-        pd: PdId,
-        key: u32,
-        addr: u64,
-        src: &[u8],
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        let o = self.check(remote, pd, key, addr, src.len() as u64, need)?;
-        self.mem[o..o + src.len()].copy_from_slice(src);
-        Ok(())
     }
 }
 
 impl MemoryTable for InMemoryTable {
-    fn check_local(
+    fn check(
         &self,
         pd: PdId,
-        lkey: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(), MemError> {
-        self.check(false, pd, lkey, addr, len, need).map(|_| ())
+        self.offset_of(pd, key, addr, len, need).map(|_| ())
     }
-    fn check_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.check(true, pd, rkey, va, len, need).map(|_| ())
+    fn read(&self, pd: PdId, key: MemKey, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let o = self.offset_of(pd, key, addr, dst.len() as u64, key.read_access())?;
+        dst.copy_from_slice(&self.mem[o..o + dst.len()]);
+        Ok(())
     }
-    fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        self.read(false, pd, lkey, addr, dst, AccessFlags::empty())
-    }
-    fn write_local(&mut self, pd: PdId, lkey: u32, addr: u64, src: &[u8]) -> Result<(), MemError> {
-        self.write(false, pd, lkey, addr, src, AccessFlags::LOCAL_WRITE)
-    }
-    fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        self.read(true, pd, rkey, va, dst, AccessFlags::REMOTE_READ)
-    }
-    fn write_remote(&mut self, pd: PdId, rkey: u32, va: u64, src: &[u8]) -> Result<(), MemError> {
-        self.write(true, pd, rkey, va, src, AccessFlags::REMOTE_WRITE)
+    fn write(&mut self, pd: PdId, key: MemKey, addr: u64, src: &[u8]) -> Result<(), MemError> {
+        let o = self.offset_of(pd, key, addr, src.len() as u64, key.write_access())?;
+        self.mem[o..o + src.len()].copy_from_slice(src);
+        Ok(())
     }
     fn atomic_remote(
         &mut self,
@@ -473,7 +456,7 @@ impl MemoryTable for InMemoryTable {
         if va % 8 != 0 {
             return Err(MemError::Misaligned);
         }
-        let o = self.check(true, pd, rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let o = self.offset_of(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
         let cell: &mut [u8] = &mut self.mem[o..o + 8];
         let mut b = [0u8; 8];
         b.copy_from_slice(cell);
@@ -498,27 +481,16 @@ impl MemoryTable for InMemoryTable {
         Ok(())
     }
     /// A piece is `(address, length)`, 16 bytes little-endian, in this address space.
-    fn locate_local(
+    fn locate(
         &self,
         pd: PdId,
-        lkey: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         out: &mut [u8],
     ) -> Result<usize, MemError> {
-        self.check(false, pd, lkey, addr, len, AccessFlags::empty())?;
+        self.offset_of(pd, key, addr, len, key.read_access())?;
         piece(addr, len, out)
-    }
-    fn locate_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        out: &mut [u8],
-    ) -> Result<usize, MemError> {
-        self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_READ)?;
-        piece(va, len, out)
     }
     /// As [`InMemoryTable::pull_remote`], into local memory.
     fn pull_local(
@@ -530,11 +502,11 @@ impl MemoryTable for InMemoryTable {
         source: &[u8],
         skip: u64,
     ) -> Result<(), MemError> {
-        let dst = self.check(false, pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
+        let dst = self.offset_of(pd, MemKey::Local(lkey), addr, len, AccessFlags::LOCAL_WRITE)?;
         let total = self.pieces_len(source)?;
         self.copy_pieces(source, total, skip, len, dst)
     }
-    /// Reads `source`'s pieces ([`InMemoryTable::locate_local`]'s) from this same address
+    /// Reads `source`'s pieces ([`MemoryTable::locate`]'s for an lkey) from this same address
     /// space: a table that stands for both peers (fuzzing one QP, for one); `Unavailable`
     /// when they do not add up to `len` or leave the address space.
     fn pull_remote(
@@ -545,7 +517,7 @@ impl MemoryTable for InMemoryTable {
         len: u64,
         source: &[u8],
     ) -> Result<(), MemError> {
-        let dst = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+        let dst = self.offset_of(pd, MemKey::Remote(rkey), va, len, AccessFlags::REMOTE_WRITE)?;
         let total = self.pieces_len(source)?;
         if total != len {
             return Err(MemError::Unavailable);
@@ -630,7 +602,7 @@ pub enum ScatterError {
 }
 
 /// Writes `data` into the scatter list `sg` starting `off` bytes into it (local writes,
-/// checked by [`MemoryTable::write_local`] piece by piece).
+/// checked by [`MemoryTable::write`] piece by piece).
 ///
 /// ```
 /// use rdma_proto::memory::{scatter, InMemoryTable, ScatterError};
@@ -674,7 +646,7 @@ pub fn scatter<M: MemoryTable + ?Sized>(
             .addr
             .checked_add(skip)
             .ok_or(ScatterError::Mem(MemError::OutOfBounds))?;
-        mem.write_local(pd, s.lkey, addr, &data[done..done + n])
+        mem.write(pd, MemKey::Local(s.lkey), addr, &data[done..done + n])
             .map_err(ScatterError::Mem)?;
         done += n;
         skip = 0;
@@ -698,21 +670,21 @@ mod tests {
             Err(MemError::AccessDenied(AccessFlags::LOCAL_WRITE))
         );
         let k = m.register(pd, 1100, 100, A).unwrap();
-        assert_eq!(m.check_remote(pd, k.rkey, 1100, 100, A), Ok(()));
+        assert_eq!(m.check(pd, MemKey::Remote(k.rkey), 1100, 100, A), Ok(()));
         assert_eq!(
-            m.check_remote(pd, k.rkey, 1099, 1, A),
+            m.check(pd, MemKey::Remote(k.rkey), 1099, 1, A),
             Err(MemError::OutOfBounds)
         );
         assert_eq!(
-            m.check_remote(pd, k.rkey, 1101, 100, A),
+            m.check(pd, MemKey::Remote(k.rkey), 1101, 100, A),
             Err(MemError::OutOfBounds)
         );
         assert_eq!(
-            m.check_remote(pd, k.rkey, u64::MAX, 2, A),
+            m.check(pd, MemKey::Remote(k.rkey), u64::MAX, 2, A),
             Err(MemError::OutOfBounds)
         );
         assert_eq!(
-            m.check_remote(pd, k.rkey ^ 1, 1100, 1, A),
+            m.check(pd, MemKey::Remote(k.rkey ^ 1), 1100, 1, A),
             Err(MemError::InvalidKey)
         );
         assert_eq!(
@@ -733,13 +705,13 @@ mod tests {
         );
         m.invalidate_remote(pd, k.rkey).unwrap();
         assert_eq!(
-            m.check_remote(pd, k.rkey, 1100, 1, A),
+            m.check(pd, MemKey::Remote(k.rkey), 1100, 1, A),
             Err(MemError::InvalidKey)
         );
-        assert_eq!(m.check_local(pd, k.lkey, 1100, 1, A), Ok(()));
+        assert_eq!(m.check(pd, MemKey::Local(k.lkey), 1100, 1, A), Ok(()));
         assert!(m.deregister(k.lkey));
         assert_eq!(
-            m.check_local(pd, k.lkey, 1100, 1, A),
+            m.check(pd, MemKey::Local(k.lkey), 1100, 1, A),
             Err(MemError::InvalidKey)
         );
     }
@@ -769,17 +741,17 @@ mod pull_tests {
             .unwrap();
         let mut piece = [0u8; 32];
         assert_eq!(
-            m.locate_local(pd, src.lkey, 0x1010, 100, &mut piece),
+            m.locate(pd, MemKey::Local(src.lkey), 0x1010, 100, &mut piece),
             Ok(16)
         );
         assert_eq!(
-            m.locate_local(pd, src.lkey, 0x1f00, 0x200, &mut piece),
+            m.locate(pd, MemKey::Local(src.lkey), 0x1f00, 0x200, &mut piece),
             Err(MemError::OutOfBounds)
         );
         let mut two = [0u8; 32];
-        m.locate_local(pd, src.lkey, 0x1010, 100, &mut two[..16])
+        m.locate(pd, MemKey::Local(src.lkey), 0x1010, 100, &mut two[..16])
             .unwrap();
-        m.locate_local(pd, src.lkey, 0x1100, 28, &mut two[16..])
+        m.locate(pd, MemKey::Local(src.lkey), 0x1100, 28, &mut two[16..])
             .unwrap();
         m.pull_remote(pd, dst.rkey, 0x2004, 128, &two).unwrap();
         let want: Vec<u8> = (0x10..0x10 + 100).chain(0..28).map(|b| b as u8).collect();

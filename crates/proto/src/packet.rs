@@ -138,7 +138,7 @@ impl<'a> Placement<'a> {
 ///
 /// With [`TxPlacement::Pull`] the payload written is the message's length and the PSNs it
 /// takes (4 bytes little-endian each), then where the message is, as the memory table
-/// described it ([`crate::memory::MemoryTable::locate_local`]). Only a same-host wire can
+/// described it ([`crate::memory::MemoryTable::locate`]). Only a same-host wire can
 /// carry it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TxPlacement {

@@ -35,7 +35,7 @@
 //! assert_eq!(mem.bytes(4096 + 20, 1).unwrap(), &[0x45]); // IPv4 header in the last 20 bytes
 //! ```
 
-use crate::memory::{scatter, MemoryTable, ScatterError};
+use crate::memory::{scatter, MemKey, MemoryTable, ScatterError};
 use crate::packet::{header, Packet};
 use crate::psn::psn_add;
 use crate::verbs::{
@@ -353,7 +353,7 @@ impl UdQp {
             let r = if inline {
                 mem.read_inline(self.cfg.pd, s.addr, dst)
             } else {
-                mem.read_local(self.cfg.pd, s.lkey, s.addr, dst)
+                mem.read(self.cfg.pd, MemKey::Local(s.lkey), s.addr, dst)
             };
             if r.is_err() {
                 self.send_cq.push_back(Completion::new(

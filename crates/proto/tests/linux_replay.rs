@@ -46,7 +46,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
+use rdma_proto::memory::{AtomicOp, MemError, MemKey, MemoryTable};
 use rdma_proto::packet::{Packet, Transmit};
 use rdma_proto::psn::{psn_add, psn_diff};
 use rdma_proto::rc::{RcConfig, RcQp};
@@ -319,36 +319,16 @@ impl KeyedMem {
 }
 
 impl MemoryTable for KeyedMem {
-    fn check_local(&self, _: PdId, k: u32, a: u64, l: u64, n: AccessFlags) -> Result<(), MemError> {
-        self.check(k, a, l, n)
+    fn check(&self, _: PdId, k: MemKey, a: u64, l: u64, n: AccessFlags) -> Result<(), MemError> {
+        KeyedMem::check(self, k.value(), a, l, n)
     }
-    fn check_remote(
-        &self,
-        _: PdId,
-        k: u32,
-        a: u64,
-        l: u64,
-        n: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.check(k, a, l, n)
-    }
-    fn read_local(&self, _: PdId, k: u32, a: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        self.check(k, a, dst.len() as u64, AccessFlags::empty())?;
+    fn read(&self, _: PdId, k: MemKey, a: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        KeyedMem::check(self, k.value(), a, dst.len() as u64, k.read_access())?;
         self.get(a, dst);
         Ok(())
     }
-    fn write_local(&mut self, _: PdId, k: u32, a: u64, src: &[u8]) -> Result<(), MemError> {
-        self.check(k, a, src.len() as u64, AccessFlags::LOCAL_WRITE)?;
-        self.put(a, src);
-        Ok(())
-    }
-    fn read_remote(&self, _: PdId, k: u32, a: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        self.check(k, a, dst.len() as u64, AccessFlags::REMOTE_READ)?;
-        self.get(a, dst);
-        Ok(())
-    }
-    fn write_remote(&mut self, _: PdId, k: u32, a: u64, src: &[u8]) -> Result<(), MemError> {
-        self.check(k, a, src.len() as u64, AccessFlags::REMOTE_WRITE)?;
+    fn write(&mut self, _: PdId, k: MemKey, a: u64, src: &[u8]) -> Result<(), MemError> {
+        KeyedMem::check(self, k.value(), a, src.len() as u64, k.write_access())?;
         self.put(a, src);
         Ok(())
     }

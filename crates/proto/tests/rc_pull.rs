@@ -2,7 +2,7 @@
 //! the sender's memory at the first packet, after its own key, bounds and access checks; a
 //! pull it cannot read is asked for again and arrives inline; a refused one touches nothing.
 
-use rdma_proto::memory::{AtomicOp, InMemoryTable, MemError, MemoryTable};
+use rdma_proto::memory::{AtomicOp, InMemoryTable, MemError, MemKey, MemoryTable};
 use rdma_proto::packet::{Packet, Placement, Transmit, TxPlacement};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::sim::{connect, ConnParams};
@@ -36,37 +36,14 @@ impl Mem {
 }
 
 impl MemoryTable for Mem {
-    fn check_local(
-        &self,
-        pd: PdId,
-        k: u32,
-        a: u64,
-        l: u64,
-        n: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.t.check_local(pd, k, a, l, n)
+    fn check(&self, pd: PdId, k: MemKey, a: u64, l: u64, n: AccessFlags) -> Result<(), MemError> {
+        self.t.check(pd, k, a, l, n)
     }
-    fn check_remote(
-        &self,
-        pd: PdId,
-        k: u32,
-        a: u64,
-        l: u64,
-        n: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.t.check_remote(pd, k, a, l, n)
+    fn read(&self, pd: PdId, k: MemKey, a: u64, d: &mut [u8]) -> Result<(), MemError> {
+        self.t.read(pd, k, a, d)
     }
-    fn read_local(&self, pd: PdId, k: u32, a: u64, d: &mut [u8]) -> Result<(), MemError> {
-        self.t.read_local(pd, k, a, d)
-    }
-    fn write_local(&mut self, pd: PdId, k: u32, a: u64, s: &[u8]) -> Result<(), MemError> {
-        self.t.write_local(pd, k, a, s)
-    }
-    fn read_remote(&self, pd: PdId, k: u32, a: u64, d: &mut [u8]) -> Result<(), MemError> {
-        self.t.read_remote(pd, k, a, d)
-    }
-    fn write_remote(&mut self, pd: PdId, k: u32, a: u64, s: &[u8]) -> Result<(), MemError> {
-        self.t.write_remote(pd, k, a, s)
+    fn write(&mut self, pd: PdId, k: MemKey, a: u64, s: &[u8]) -> Result<(), MemError> {
+        self.t.write(pd, k, a, s)
     }
     fn atomic_remote(&mut self, pd: PdId, k: u32, a: u64, op: AtomicOp) -> Result<u64, MemError> {
         self.t.atomic_remote(pd, k, a, op)
@@ -77,25 +54,15 @@ impl MemoryTable for Mem {
     fn read_inline(&self, pd: PdId, a: u64, d: &mut [u8]) -> Result<(), MemError> {
         self.t.read_inline(pd, a, d)
     }
-    fn locate_local(
+    fn locate(
         &self,
         pd: PdId,
-        k: u32,
+        k: MemKey,
         a: u64,
         l: u64,
         out: &mut [u8],
     ) -> Result<usize, MemError> {
-        self.t.locate_local(pd, k, a, l, out)
-    }
-    fn locate_remote(
-        &self,
-        pd: PdId,
-        k: u32,
-        a: u64,
-        l: u64,
-        out: &mut [u8],
-    ) -> Result<usize, MemError> {
-        self.t.locate_remote(pd, k, a, l, out)
+        self.t.locate(pd, k, a, l, out)
     }
     fn pull_local(
         &mut self,
@@ -107,7 +74,7 @@ impl MemoryTable for Mem {
         skip: u64,
     ) -> Result<(), MemError> {
         self.t
-            .check_local(pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
+            .check(pd, MemKey::Local(lkey), addr, len, AccessFlags::LOCAL_WRITE)?;
         let all = self.peer_bytes(source)?;
         let chunk = &all[skip as usize..(skip + len) as usize];
         self.t.bytes_mut(addr, len).unwrap().copy_from_slice(chunk);
@@ -122,10 +89,10 @@ impl MemoryTable for Mem {
         source: &[u8],
     ) -> Result<(), MemError> {
         self.t
-            .check_remote(pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+            .check(pd, MemKey::Remote(rkey), va, len, AccessFlags::REMOTE_WRITE)?;
         let all = self.peer_bytes(source)?;
         assert_eq!(all.len() as u64, len, "the pairs cover the message");
-        self.t.write_remote(pd, rkey, va, &all)
+        self.t.write(pd, MemKey::Remote(rkey), va, &all)
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use rdma_soft::SoftConfig;
 
-use crate::ha::{HaPolicy, HA_ENV};
+use crate::ha_policy::{HaPolicy, HA_ENV};
 
 /// Which netdevs get a software device, and under which names: the `RDMACM_DEVICES`
 /// setting, or [`CmaConfig::devices`].

@@ -227,8 +227,8 @@ impl SoftConfig {
         if let Some(v) = text(crate::PULL_ENV)? {
             b = b.local_pull(parse_pull(&v)?);
         }
-        b = b.inspect(switch(crate::inspect::ENABLE_ENV, true)?);
-        if let Some(d) = get(crate::inspect::DIR_ENV).filter(|d| !d.is_empty()) {
+        b = b.inspect(switch(INSPECT_ENV, true)?);
+        if let Some(d) = get(INSPECT_DIR_ENV).filter(|d| !d.is_empty()) {
             b = b.inspect_dir(d);
         }
         if let Some(d) = get(RUNDIR_ENV).filter(|d| !d.is_empty()) {
@@ -322,6 +322,24 @@ impl Process {
 }
 
 static PROCESS: OnceLock<Process> = OnceLock::new();
+
+/// Environment variable: `off` serves no inspection socket in this process (default: on;
+/// read by [`crate::SoftConfig::from_env`]).
+pub const INSPECT_ENV: &str = "RDMA_SOFT_INSPECT";
+
+/// Overrides the directory of the inspection sockets (tests, or a tool pointed at another
+/// user's directory).
+pub const INSPECT_DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
+
+// The wire's part of the environment, here so that this file is the one reader.
+impl UdpConfig {
+    /// The wire part of [`crate::SoftConfig::from_env`] (fault injection, GRO, the
+    /// host-local wire, its rings and pulls from the `RDMA_SOFT_*` variables; an error
+    /// names the variable whose value does not parse).
+    pub fn from_env() -> Result<UdpConfig> {
+        Ok(crate::SoftConfig::from_env()?.wire)
+    }
+}
 
 /// The process-wide settings: the first applied, else the environment's (a value that does
 /// not parse is warned about and the default kept).

@@ -43,7 +43,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -140,21 +140,11 @@ fn start() -> std::result::Result<&'static Engine, i32> {
             .raw_os_error()
             .unwrap_or(libc::EIO)
     };
-    // SAFETY: plain epoll_create1 / eventfd; checked below, owned right after.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(last());
-    }
-    // SAFETY: fresh descriptor.
-    let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+    let epoll = crate::fd::epoll_create().map_err(|_| last())?;
     let doorbell = crate::fd::EventFd::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
     let db = doorbell.raw();
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: DOORBELL,
-    };
-    // SAFETY: valid fds and a live event struct.
-    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, db, &mut ev) } < 0 {
+    let ring = libc::EPOLLIN as u32;
+    if crate::fd::epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_ADD, db, ring, DOORBELL).is_err() {
         return Err(last());
     }
     let engine: &'static Engine = Box::leak(Box::new(Engine {
@@ -236,15 +226,8 @@ impl Engine {
 
     /// `op` on `fd` with `token`, armed (level-triggered) or not.
     fn ctl(&self, op: i32, fd: RawFd, token: u64, armed: bool) -> std::io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: if armed { libc::EPOLLIN as u32 } else { 0 },
-            u64: token,
-        };
-        // SAFETY: a live event struct; the fd is the caller's, valid while registered.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        let events = if armed { libc::EPOLLIN as u32 } else { 0 };
+        crate::fd::epoll_ctl(self.epoll.as_fd(), op, fd, events, token)
     }
 
     fn run_loop(&'static self) {
@@ -271,15 +254,8 @@ impl Engine {
                     (next.saturating_sub(now).div_ceil(1_000_000)).min(i32::MAX as u64) as i32
                 }
             };
-            // SAFETY: a live array of `events.len()` entries.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout,
-                )
-            };
+            // EINTR: a wake-up with nothing ready
+            let n = crate::fd::epoll_wait(self.epoll.as_fd(), &mut events, timeout).unwrap_or(0);
             // awake: wake times set now are read before the next sleep
             self.sleeping_until.store(0, Ordering::SeqCst);
             self.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -287,7 +263,7 @@ impl Engine {
             let now_ns = self.nanos(now);
             {
                 let mut t = self.lock();
-                for ev in events.iter().take(n.max(0) as usize) {
+                for ev in events.iter().take(n) {
                     let token = ev.u64;
                     if token == DOORBELL {
                         self.doorbell.clear();
@@ -336,9 +312,13 @@ impl Engine {
                     // registration's drop before its owner frees the source; while we hold
                     // `running` with `alive` set, the source is live. A source dropped
                     // during its own run (its owner let go meanwhile) is only reached
-                    // through `src` again after a new `alive` check.
+                    // through `src` again after a new `alive` check. (Not `src.upgrade()`:
+                    // the engine would then hold the last reference when the owner lets go
+                    // during a run, and tear the source down in its thread, not the owner's:
+                    // see `Gate`.)
                     let p: *const dyn Source = src.as_ptr();
                     RUNNING.with(|r| r.set(id));
+                    #[allow(unsafe_code)] // the SAFETY comment above
                     let r = unsafe { (*p).run(now) };
                     RUNNING.with(|r| r.set(0));
                     gate.deferred
@@ -372,11 +352,8 @@ impl Engine {
     fn remove(&self, t: &mut Table, id: u64) {
         if let Some(e) = t.entries.remove(&id) {
             for (fd, _) in e.fds {
-                let mut ev = libc::epoll_event { events: 0, u64: 0 };
-                // SAFETY: a live event struct; failure (fd already closed) is harmless.
-                unsafe {
-                    libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev)
-                };
+                // failure (fd already closed) is harmless
+                let _ = crate::fd::epoll_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
             }
         }
     }
@@ -434,16 +411,9 @@ impl Registration {
             if let Some(i) = e.fds.iter().position(|f| f.0 == fd) {
                 e.fds.swap_remove(i);
                 e.fired.retain(|&f| f != fd);
-                let mut ev = libc::epoll_event { events: 0, u64: 0 };
-                // SAFETY: a live event struct; failure (already closed) is harmless.
-                unsafe {
-                    libc::epoll_ctl(
-                        self.engine.epoll.as_raw_fd(),
-                        libc::EPOLL_CTL_DEL,
-                        fd,
-                        &mut ev,
-                    )
-                };
+                // failure (already closed) is harmless
+                let _ =
+                    crate::fd::epoll_ctl(self.engine.epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The crate's error type and its errno mapping.
 
-use crate::io::WireAddr;
+use crate::addr::WireAddr;
 
 /// Result of every fallible call in this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

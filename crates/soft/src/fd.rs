@@ -1,5 +1,6 @@
 //! The one eventfd wrapper and the one `poll(2)` helper of the workspace: the engine's
-//! doorbell, the GSI queue, completion channels and the CM's channels all use them.
+//! doorbell, the GSI queue, completion channels and the CM's channels all use them; and the
+//! crate's safe calls on epoll sets, `flock` and user ids.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -100,4 +101,69 @@ pub fn wait_readable(fds: &[RawFd], until: Option<Instant>) -> io::Result<bool> 
         return Err(e);
     }
     Ok(rc > 0)
+}
+
+/// A new epoll set (close-on-exec).
+pub(crate) fn epoll_create() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers; a valid fd is owned at once.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `epoll_ctl(op)` of `fd` in `epoll` with `events` and `token` (ignored by DEL). `fd` is a
+/// number to the kernel: a closed one fails with EBADF.
+pub(crate) fn epoll_ctl(
+    epoll: BorrowedFd<'_>,
+    op: i32,
+    fd: RawFd,
+    events: u32,
+    token: u64,
+) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: `ev` is a live event for the call's duration.
+    if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `epoll_wait` on `epoll` into `evs` for up to `timeout_ms` (-1: forever); the number of
+/// events filled.
+pub(crate) fn epoll_wait(
+    epoll: BorrowedFd<'_>,
+    evs: &mut [libc::epoll_event],
+    timeout_ms: i32,
+) -> io::Result<usize> {
+    let max = evs.len().min(i32::MAX as usize) as i32;
+    // SAFETY: `evs` is writable for `max` entries.
+    let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), evs.as_mut_ptr(), max, timeout_ms) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// `flock(op)` on `fd`.
+pub(crate) fn flock(fd: BorrowedFd<'_>, op: i32) -> io::Result<()> {
+    // SAFETY: flock takes no pointers.
+    if unsafe { libc::flock(fd.as_raw_fd(), op) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The real user id of the process.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The effective user id of the process.
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }

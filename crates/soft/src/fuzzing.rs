@@ -24,7 +24,7 @@ pub fn drain_bell(input: &[u8]) {
 }
 
 /// One UDP GRO receive from a hostile sender, split into its datagrams and each checked as
-/// the receive path does (`io/udp_rx_fuzz.rs` has the input format and the checks).
+/// the receive path does (`io/udp/rx_fuzz.rs` has the input format and the checks).
 pub fn gro_receive(input: &[u8]) {
     crate::io::fuzz_gro_receive(input);
 }
@@ -62,13 +62,7 @@ mod gsi_fuzz {
     };
 
     fn readable(fd: i32) -> bool {
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on a live descriptor, no wait.
-        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        crate::fd::wait_readable(&[fd], Some(std::time::Instant::now())).unwrap_or(false)
     }
 
     fn total(s: &crate::gsi::GsiStats) -> u64 {

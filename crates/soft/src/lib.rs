@@ -1,29 +1,41 @@
 //! The software RoCEv2 device.
 //!
-//! Layers, bottom up:
+//! Layers, bottom up (a module imports only from those before it; `scripts/rdmacm_use_cycles.py`
+//! checks it and names the exceptions):
 //! - [`io`]: the datagram wire under the transport ([`io::DatagramWire`]), its UDP port 4791
-//!   implementation ([`io::UdpWire`]) with batched `recvmmsg`/`sendmmsg` into preallocated
-//!   buffers, and the fault injector switched on by `RDMA_SOFT_FAULTS`.
+//!   implementation ([`io::UdpWire`], `io/udp/`) with batched `recvmmsg`/`sendmmsg` into
+//!   preallocated buffers, the sharing of an address between processes (`io/share/`), the
+//!   host-local wire ([`io::local`]) and the fault injector switched on by `RDMA_SOFT_FAULTS`.
 //! - [`config`]: every setting as one value ([`SoftConfig`]); [`SoftConfig::from_env`] is
 //!   the one reader of the `RDMA_SOFT_*` variables (docs/CONFIG.md).
-//! - [`verbs`]: device attributes, protection domains, memory regions (keys, bounds, access),
-//!   completion queues with a completion channel, shared receive queues, queue pairs.
-//! - the runtime ([`engine`]): a device always makes progress, as a NIC does. One engine
+//! - [`inspect`]: the inspection socket; a device registers its snapshot with it.
+//! - `queues`: what the runtime fills and the verbs hand out: completion queue rings and
+//!   channels, the queue under a shared receive queue, the device's asynchronous event queue
+//!   (the public types are re-exported by [`verbs`]).
+//! - [`gsi`]: the GSI (QP1) MAD queue the connection manager uses.
+//! - the runtime and its [`engine`]: a device always makes progress, as a NIC does. One engine
 //!   thread per process sleeps in `epoll` on every device's wire and the earliest transport
 //!   deadline, and receives, acknowledges, answers READs, retransmits and times out whatever
 //!   the application does (asleep, blocked, computing). The fast path stays in the caller's
 //!   thread: posting a work request transmits at once, and polling an empty CQ drives the
 //!   device inline (the engine then leaves it to the poller until it stops polling).
-//!
-//! - [`gsi`]: the GSI (QP1) MAD path the connection manager uses.
+//! - [`verbs`]: the device, its attributes and ports, protection domains, memory regions
+//!   (keys, bounds, access), completion queues with a completion channel, shared receive
+//!   queues, queue pairs, and the device's GSI verbs.
 //!
 //! Every public call returns [`Error`], which maps to the errno verbs would give
 //! ([`Error::errno`]).
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
+mod addr;
 pub mod config;
+// The unsafe code of the crate (`#![deny(unsafe_code)]` above) is in the modules marked
+// `#[allow(unsafe_code)]` here and in `io` and `verbs`, and in a few named functions; each
+// unsafe block has its SAFETY comment.
 pub mod engine;
 mod error;
+#[allow(unsafe_code)] // eventfd, poll, epoll, flock, user ids: the safe wrappers
 pub mod fd;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -31,12 +43,14 @@ pub mod fuzzing;
 pub mod gsi;
 pub mod inspect;
 pub mod io;
+#[allow(unsafe_code)] // memfd_create, seals, mmap of shared regions
 mod memfd;
-mod progress;
 mod pull;
+mod queues;
 mod ratelimit;
 mod runtime;
 pub mod verbs;
+mod wait;
 
 pub use config::{SoftConfig, SoftConfigBuilder};
 pub use error::{Error, Result};

@@ -186,6 +186,7 @@ mod tests {
         p
     }
 
+    #[allow(unsafe_code)]
     fn copied(source: &[u8], skip: u64, len: u64) -> Result<Vec<u8>, MemError> {
         let mut out = vec![0u8; len as usize];
         copy_range(source, skip, len, |at, src, n| {
@@ -209,6 +210,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn a_range_reads_only_the_pieces_it_touches() {
         let a: Vec<u8> = (0..100).collect();
         let b: Vec<u8> = (100..150).collect();

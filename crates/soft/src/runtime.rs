@@ -47,21 +47,25 @@ pub(crate) mod ack_hold;
 mod apm;
 mod gather;
 mod mcast;
-mod progress;
 mod qp_ctx;
+mod rounds;
 mod sched;
 mod table;
 mod ud;
 pub(crate) use apm::{Paths, WirePath};
 pub(crate) use qp_ctx::QpCtx;
+pub(crate) use table::add_rc;
 pub(crate) use ud::UdCtx;
 
 use crate::gsi::{Gsi, MAD_LEN};
 use crate::io::flow::GSI_UDP_SPORT;
 use crate::io::{DatagramWire, HostPeer, TxMeta, TxPlacement, WireAddr, WireStats};
 use crate::pull;
-use crate::verbs::{AsyncQueue, MAX_PORTS};
+use crate::queues::AsyncQueue;
 use crate::{Error, Result};
+
+/// Most ports a device may have.
+pub const MAX_PORTS: usize = 8;
 
 /// Unacknowledged request PSNs an RC QP may have in flight: the transport's send window
 /// (`RcConfig::max_outstanding_psns`) every RC QP of the device is created with.
@@ -152,7 +156,7 @@ pub(crate) struct Runtime {
     /// Set by a `progress` that received something, ran timers or gave a QP an earlier
     /// deadline: the earliest deadline may have moved (see [`Runtime::take_timers_touched`]).
     timers_touched: bool,
-    /// The device's asynchronous events (`verbs/async_event.rs`).
+    /// The device's asynchronous events (`queues/async_event.rs`).
     events: AsyncQueue,
     /// Transport counters of the QPs destroyed so far (device totals for inspection).
     retired: rdma_proto::rc::RcStats,
@@ -372,6 +376,7 @@ impl Runtime {
                 for piece in pull::pieces(payload).into_iter().flatten() {
                     // SAFETY: the region's memfd, open while the memory table's view (held
                     // for this whole round) keeps the region registered
+                    #[allow(unsafe_code)] // the SAFETY comment above
                     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(piece.fd) };
                     wire.host_share(h, piece.token, fd);
                 }

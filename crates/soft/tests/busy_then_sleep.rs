@@ -1,5 +1,5 @@
 //! A busy poller over RoCEv2/UDP takes its device's sockets out of the wire's epoll set
-//! (`io/udp_park.rs`); when it stops and sleeps on a completion channel instead, the
+//! (`io/udp/park.rs`); when it stops and sleeps on a completion channel instead, the
 //! engine must see the next datagram: the sockets are back in the set. Loopback only.
 
 use std::time::Duration;

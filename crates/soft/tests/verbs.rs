@@ -1,7 +1,7 @@
 //! Verbs objects: keys, protection domains, bounds and access through the transport's
 //! `MemoryTable` view, ownership of registered buffers, device attributes.
 
-use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
+use rdma_proto::memory::{AtomicOp, MemError, MemKey, MemoryTable};
 use rdma_soft::verbs::{AccessFlags, Device, DeviceConfig, Mtu, PortState};
 
 fn dev() -> Device {
@@ -22,7 +22,8 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
         .unwrap();
     let (va, rkey) = (mr.addr(), mr.rkey());
     let mut m = d.memory();
-    m.write_remote(pd.id(), rkey, va + 10, b"peer").unwrap();
+    m.write(pd.id(), MemKey::Remote(rkey), va + 10, b"peer")
+        .unwrap();
     // what both regions must still hold after every refused access
     let mut want = vec![0u8; 256];
     want[10..14].copy_from_slice(b"peer");
@@ -36,35 +37,35 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
     };
     untouched("the accepted write");
     assert_eq!(
-        m.write_remote(other.id(), rkey, va, b"x"),
+        m.write(other.id(), MemKey::Remote(rkey), va, b"x"),
         Err(MemError::WrongPd)
     );
     untouched("write from another PD");
     assert_eq!(
-        m.write_remote(pd.id(), rkey ^ 1, va, b"x"),
+        m.write(pd.id(), MemKey::Remote(rkey ^ 1), va, b"x"),
         Err(MemError::InvalidKey)
     );
     untouched("write with a wrong rkey");
     // 3 of the 4 bytes would fit: none of them may be written
     assert_eq!(
-        m.write_remote(pd.id(), rkey, va + 253, b"four"),
+        m.write(pd.id(), MemKey::Remote(rkey), va + 253, b"four"),
         Err(MemError::OutOfBounds)
     );
     untouched("write across the end");
     assert_eq!(
-        m.write_remote(pd.id(), rkey, va - 1, b"x"),
+        m.write(pd.id(), MemKey::Remote(rkey), va - 1, b"x"),
         Err(MemError::OutOfBounds)
     );
     untouched("write before the start");
     assert_eq!(
-        m.write_remote(pd.id(), rkey, u64::MAX, b"x"),
+        m.write(pd.id(), MemKey::Remote(rkey), u64::MAX, b"x"),
         Err(MemError::OutOfBounds)
     );
     untouched("write at the top of the address space");
     // a refused READ leaves its destination alone too
     let mut out = [0xEEu8; 4];
     assert_eq!(
-        m.read_remote(pd.id(), rkey, va, &mut out),
+        m.read(pd.id(), MemKey::Remote(rkey), va, &mut out),
         Err(MemError::AccessDenied(AccessFlags::REMOTE_READ))
     );
     assert_eq!(out, [0xEE; 4], "refused READ wrote its destination");
@@ -73,27 +74,28 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
         (other.id(), ro.rkey(), ro.addr(), MemError::WrongPd),
         (pd.id(), ro.rkey(), ro.addr() + 62, MemError::OutOfBounds),
     ] {
-        assert_eq!(m.read_remote(pd_id, k, a, &mut out), Err(err));
+        assert_eq!(m.read(pd_id, MemKey::Remote(k), a, &mut out), Err(err));
         assert_eq!(
             out, [0xEE; 4],
             "refused READ ({err:?}) wrote its destination"
         );
     }
     assert_eq!(
-        m.write_remote(pd.id(), ro.rkey(), ro.addr(), b"x"),
+        m.write(pd.id(), MemKey::Remote(ro.rkey()), ro.addr(), b"x"),
         Err(MemError::AccessDenied(AccessFlags::REMOTE_WRITE))
     );
     untouched("write to a read-only region");
-    m.read_remote(pd.id(), ro.rkey(), ro.addr() + 60, &mut out)
+    m.read(pd.id(), MemKey::Remote(ro.rkey()), ro.addr() + 60, &mut out)
         .unwrap();
     assert_eq!(out, [7; 4]);
     // local write needs LOCAL_WRITE; local read needs nothing
     assert_eq!(
-        m.write_local(pd.id(), ro.lkey(), ro.addr(), b"x"),
+        m.write(pd.id(), MemKey::Local(ro.lkey()), ro.addr(), b"x"),
         Err(MemError::AccessDenied(AccessFlags::LOCAL_WRITE))
     );
     untouched("local write without LOCAL_WRITE");
-    m.read_local(pd.id(), mr.lkey(), va + 10, &mut out).unwrap();
+    m.read(pd.id(), MemKey::Local(mr.lkey()), va + 10, &mut out)
+        .unwrap();
     assert_eq!(&out, b"peer");
     // atomics: aligned only, with the right
     let aligned = va.next_multiple_of(8);
@@ -165,14 +167,15 @@ fn remote_access_is_checked_against_key_pd_bounds_and_rights() {
     // invalidation kills the rkey for remote use only
     m.invalidate_remote(pd.id(), rkey).unwrap();
     assert_eq!(
-        m.write_remote(pd.id(), rkey, va, b"x"),
+        m.write(pd.id(), MemKey::Remote(rkey), va, b"x"),
         Err(MemError::InvalidKey)
     );
     assert_eq!(
         m.invalidate_remote(pd.id(), rkey),
         Err(MemError::InvalidKey)
     );
-    m.read_local(pd.id(), mr.lkey(), va, &mut out).unwrap();
+    m.read(pd.id(), MemKey::Local(mr.lkey()), va, &mut out)
+        .unwrap();
     drop(m);
     assert_eq!(
         mr.atomic_u64(off)
@@ -196,10 +199,11 @@ fn keys_rotate_and_stale_keys_are_refused() {
     assert_eq!(b.addr(), va1, "same buffer, same address");
     let mut m = d.memory();
     assert_eq!(
-        m.write_remote(pd.id(), k1, va1, b"x"),
+        m.write(pd.id(), MemKey::Remote(k1), va1, b"x"),
         Err(MemError::InvalidKey)
     );
-    m.write_remote(pd.id(), b.rkey(), va1, b"x").unwrap();
+    m.write(pd.id(), MemKey::Remote(b.rkey()), va1, b"x")
+        .unwrap();
     drop(m);
     assert_eq!(d.mr_count(), 1);
     drop(b);
@@ -292,7 +296,8 @@ fn device_writes_while_the_application_reads() {
             for k in 0..500u64 {
                 let mut m = d2.memory();
                 let v = [(k % 200) as u8 + 1; 1000];
-                m.write_remote(pid, rkey, va + (k * 13) % 7000, &v).unwrap();
+                m.write(pid, MemKey::Remote(rkey), va + (k * 13) % 7000, &v)
+                    .unwrap();
             }
         });
         let mut buf = [0u8; 1000];

@@ -444,7 +444,7 @@ impl RcQp {
 
     /// From now on, RDMA WRITEs of at least `min` bytes (none: `None`, the default) ask the
     /// responder to copy the whole message from this process's memory
-    /// ([`crate::memory::MemoryTable::locate_local`]) instead of carrying it: only for a
+    /// ([`crate::memory::MemoryTable::locate`]) instead of carrying it: only for a
     /// peer process on the same host, over a wire that carries [`crate::packet::TxPlacement`].
     /// A WRITE that is resent, or whose responder cannot read the memory (it answers with a
     /// PSN sequence NAK), goes again with its data.

@@ -2,7 +2,7 @@
 //! the local ACK timer.
 
 use super::{ack_timeout_ns, RcQp};
-use crate::memory::{MemError, MemoryTable};
+use crate::memory::{MemError, MemKey, MemoryTable};
 use crate::packet::{header, Transmit, TxPlacement};
 use crate::psn::{psn_add, psn_diff};
 use crate::verbs::{Completion, PostError, QpState, SendFlags, SendOp, SendWr, WcStatus};
@@ -161,7 +161,12 @@ impl RcQp {
                 continue;
             }
             let n = ((l - skip) as usize).min(out.len() - done);
-            mem.read_local(self.cfg.pd, s.lkey, s.addr + skip, &mut out[done..done + n])?;
+            mem.read(
+                self.cfg.pd,
+                MemKey::Local(s.lkey),
+                s.addr + skip,
+                &mut out[done..done + n],
+            )?;
             done += n;
             skip = 0;
         }
@@ -170,7 +175,7 @@ impl RcQp {
 
     /// Writes the pull payload of a WRITE (see [`TxPlacement::Pull`]) into `out`: its
     /// length and PSNs, then where each piece of its data is
-    /// ([`MemoryTable::locate_local`]). `Ok(None)` when it does not fit or the memory table
+    /// ([`MemoryTable::locate`]). `Ok(None)` when it does not fit or the memory table
     /// makes no same-host copies of it.
     fn describe<M: MemoryTable + ?Sized>(
         &self,
@@ -186,7 +191,13 @@ impl RcQp {
         let mut at = 8;
         for s in w.wr.sg.as_slice().iter().filter(|s| s.length > 0) {
             let len = u64::from(s.length);
-            match mem.locate_local(self.cfg.pd, s.lkey, s.addr, len, &mut out[at..]) {
+            match mem.locate(
+                self.cfg.pd,
+                MemKey::Local(s.lkey),
+                s.addr,
+                len,
+                &mut out[at..],
+            ) {
                 Ok(n) => at += n,
                 Err(MemError::Unavailable) => return Ok(None),
                 Err(e) => return Err(e),

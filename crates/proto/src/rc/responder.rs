@@ -2,7 +2,7 @@
 //! responses and atomic ACKs, and replays duplicate READs and atomics from its resources.
 
 use super::RcQp;
-use crate::memory::{scatter, AtomicOp, MemError, MemoryTable, ScatterError};
+use crate::memory::{scatter, AtomicOp, MemError, MemKey, MemoryTable, ScatterError};
 use crate::packet::{ack, header, Packet, Placement, Transmit};
 use crate::psn::{psn_add, psn_diff, PSN_MASK};
 use crate::verbs::{AccessFlags, Completion, PostError, RecvWr, WcOpcode, WcStatus};
@@ -372,9 +372,9 @@ impl RcQp {
                     || self.resp.out.len() >= self.resp.out_cap()
                     || (reth.dma_len > 0
                         && mem
-                            .check_remote(
+                            .check(
                                 self.cfg.pd,
-                                rkey,
+                                MemKey::Remote(rkey),
                                 reth.va,
                                 reth.dma_len as u64,
                                 AccessFlags::REMOTE_READ,
@@ -537,9 +537,9 @@ impl RcQp {
                     // a zero-length WRITE checks no key (IBA 9.7.4.1.5)
                     if r.dma_len > 0
                         && mem
-                            .check_remote(
+                            .check(
                                 pd,
-                                r.r_key,
+                                MemKey::Remote(r.r_key),
                                 r.va,
                                 r.dma_len as u64,
                                 AccessFlags::REMOTE_WRITE,
@@ -591,7 +591,12 @@ impl RcQp {
                     return;
                 }
                 // a pulled message's data is in place
-                if n > 0 && !pulled && mem.write_remote(pd, rkey, va, pkt.payload).is_err() {
+                if n > 0
+                    && !pulled
+                    && mem
+                        .write(pd, MemKey::Remote(rkey), va, pkt.payload)
+                        .is_err()
+                {
                     self.resp_fatal(p, NakCode::RemoteAccessError, None);
                     return;
                 }
@@ -634,9 +639,9 @@ impl RcQp {
                 }
                 if r.dma_len > 0
                     && mem
-                        .check_remote(
+                        .check(
                             pd,
-                            r.r_key,
+                            MemKey::Remote(r.r_key),
                             r.va,
                             r.dma_len as u64,
                             AccessFlags::REMOTE_READ,
@@ -723,7 +728,7 @@ impl RcQp {
 
     /// A new READ from a peer process on this host ([`RcQp::set_pull_min`]): one response
     /// (Only) that takes all its PSNs and names where the data is, for the requester to
-    /// copy itself ([`MemoryTable::locate_remote`]). `None` (the responses then carry the
+    /// copy itself ([`MemoryTable::locate`]). `None` (the responses then carry the
     /// data) for any other response, or when the memory is not shareable.
     fn pulled_read_response<M: MemoryTable + ?Sized>(
         &mut self,
@@ -739,7 +744,13 @@ impl RcQp {
             return None;
         }
         let n = mem
-            .locate_remote(self.cfg.pd, s.rkey, s.va, u64::from(s.len), &mut buf[8..])
+            .locate(
+                self.cfg.pd,
+                MemKey::Remote(s.rkey),
+                s.va,
+                u64::from(s.len),
+                &mut buf[8..],
+            )
             .ok()?;
         buf[..4].copy_from_slice(&s.len.to_le_bytes());
         buf[4..8].copy_from_slice(&s.npkts.to_le_bytes());
@@ -817,7 +828,12 @@ impl RcQp {
                 }
                 if n > 0
                     && mem
-                        .read_remote(self.cfg.pd, rkey, va, &mut buf[..n as usize])
+                        .read(
+                            self.cfg.pd,
+                            MemKey::Remote(rkey),
+                            va,
+                            &mut buf[..n as usize],
+                        )
                         .is_err()
                 {
                     // the region went away after the request was checked

@@ -18,7 +18,7 @@ use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::event::Event;
 use crate::cm::id::CmId;
-use crate::cm::params::EventType;
+use crate::params::EventType;
 use crate::error::{CloseReason, Error, Result};
 use crate::ports::PortSpace;
 

@@ -14,7 +14,7 @@ use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::event::Event;
 use crate::cm::id::CmId;
-use crate::cm::params::{ConnParam, EventType};
+use crate::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
 use crate::ports::PortSpace;
 

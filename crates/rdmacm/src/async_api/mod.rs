@@ -84,7 +84,7 @@ pub use setup::Setup;
 pub use stream::RdmaStream;
 
 use crate::cm::event::Event;
-use crate::cm::params::EventType;
+use crate::params::EventType;
 use crate::error::{Error, Result};
 
 /// Largest message [`Connection::send`] takes and [`Connection::recv`] returns (64 KiB), by

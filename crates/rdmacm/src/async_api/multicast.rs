@@ -16,7 +16,7 @@ use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::id::CmId;
 use crate::cm::mcast::McJoinFlags;
-use crate::cm::params::EventType;
+use crate::params::EventType;
 use crate::error::{Error, Result};
 use crate::ports::PortSpace;
 
@@ -202,7 +202,7 @@ impl Multicast {
             .with_sge(self.send_mr.sge(0, data.len() as u32)?)
             .with_ud(
                 self.ah
-                    .dest(crate::cm::params::MULTICAST_QPN, crate::cm::RDMA_UDP_QKEY),
+                    .dest(crate::params::MULTICAST_QPN, crate::cm::RDMA_UDP_QKEY),
             )
             .signaled();
         self.qp.post_send(&wr)?;

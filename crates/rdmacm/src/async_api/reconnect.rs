@@ -15,7 +15,7 @@ use super::{blocking, event_error, MAX_REQ_PRIVATE_DATA};
 use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::id::CmId;
-use crate::cm::params::{ConnParam, EventType};
+use crate::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
 use crate::ports::PortSpace;
 

@@ -15,7 +15,7 @@ use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT};
 use crate::cm::channel::EventChannel;
 use crate::cm::event::Event;
 use crate::cm::id::CmId;
-use crate::cm::params::EventType;
+use crate::params::EventType;
 use crate::error::CloseReason;
 
 thread_local! {
@@ -277,7 +277,7 @@ impl Shared {
                     WcStatus::WrFlushErr => id.and_then(|id| id.align_status()),
                     // Under migrate, the last path failed too: the CM ends it as align.
                     WcStatus::RetryExcErr if id.is_some_and(|id| id.paths_exhausted()) => {
-                        Some(crate::ha::ALIGN_PATH_MOVED)
+                        Some(crate::ha_policy::ALIGN_PATH_MOVED)
                     }
                     _ => None,
                 };
@@ -405,7 +405,7 @@ impl Shared {
 
 /// A DISCONNECTED status of the align policy (the CM ended the connection itself).
 fn is_align_status(status: i32) -> bool {
-    status == crate::ha::ALIGN_PATH_MOVED || status == crate::ha::ALIGN_ADDR_GONE
+    status == crate::ha_policy::ALIGN_PATH_MOVED || status == crate::ha_policy::ALIGN_ADDR_GONE
 }
 
 /// The connection's task: sleeps on the completion channel and the event channel.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::cm::cma::Cma;
 use crate::cm::event::Event;
-use crate::cm::params::EventType;
+use crate::params::EventType;
 use crate::context::state::ChanState;
 use crate::context::Ctx;
 use crate::error::{Error, Result};

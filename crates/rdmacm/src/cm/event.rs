@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::cm::params::{ConnEventParam, EventType, PendingEvent, UdParam};
+use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::context::id_entry::IdNum;
 use crate::context::Ctx;
 

@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use rdma_hostview::MacAddr;
 
 use crate::cm::id::CmId;
-use crate::cm::params::EventType;
+use crate::params::EventType;
 use crate::context::id_entry::{IdState, McJoin, QpKind};
 use crate::engine::mcast_events::{mc_event, mgid};
 use crate::error::{Error, Result};

@@ -16,7 +16,7 @@ pub(crate) mod cma;
 pub(crate) mod event;
 pub(crate) mod id;
 pub(crate) mod mcast;
-pub(crate) mod params;
+
 
 pub use crate::cm::channel::{EventChannel, EventStream};
 pub use crate::cm::cma::Cma;
@@ -25,7 +25,7 @@ pub use crate::cm::cma::PauseGuard;
 pub use crate::cm::event::Event;
 pub use crate::cm::id::{CmId, CmOption};
 pub use crate::cm::mcast::McJoinFlags;
-pub use crate::cm::params::{
+pub use crate::params::{
     ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN,
 };
 pub use crate::config::{
@@ -37,5 +37,5 @@ pub use crate::context::held_request::LookupHold;
 pub use crate::context::id_entry::{IdState, QpKind};
 pub use crate::engine::connect::RDMA_UDP_QKEY;
 pub use crate::error::{reject_reason_text, RejectCause};
-pub use crate::ha::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
+pub use crate::ha_policy::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
 pub use crate::ports::PortSpace;

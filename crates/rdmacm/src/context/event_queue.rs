@@ -2,7 +2,7 @@
 
 use std::sync::MutexGuard;
 
-use crate::cm::params::{ConnEventParam, EventType, PendingEvent, UdParam};
+use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::context::id_entry::{IdNum, IdState};
 use crate::context::state::State;
 use crate::context::Inner;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rdma_proto::cm::ConnHandle;
 use rdma_soft::verbs::QueuePair;
 
-use crate::cm::params::ConnEventParam;
+use crate::params::ConnEventParam;
 use crate::context::counters::IdCounters;
 use crate::host::resolve::{Binding, ResolvedAddr};
 use crate::host::route::RocePath;
@@ -40,7 +40,7 @@ pub(crate) struct IdOptions {
     pub ack_timeout: Option<u8>,
     /// What the CM does when the connection's path changes (inherited by a listener's
     /// children with the other options).
-    pub ha: crate::ha::HaPolicy,
+    pub ha: crate::ha_policy::HaPolicy,
     /// Migrate: stay on the alternate when the primary comes back ([`crate::cm::CmaConfig::ha_stay`]).
     pub ha_stay: bool,
 }
@@ -96,7 +96,7 @@ pub(crate) struct IdSlot {
     /// channel move scans the queue only when there are some.
     pub queued_events: usize,
     pub user_qpn: Option<u32>,
-    pub conn_param: Option<crate::cm::params::ConnParam>,
+    pub conn_param: Option<crate::params::ConnParam>,
     pub watched: bool,
     /// Which watch of the id is current: bumped when a migration moves the watch onto the
     /// new path, so that notifications about the path left are told apart

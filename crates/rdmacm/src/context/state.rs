@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::cm::params::PendingEvent;
+use crate::params::PendingEvent;
 use crate::context::counters::CmCounters;
 use crate::context::device_entry::DevEntry;
 use crate::context::held_request::HeldReq;

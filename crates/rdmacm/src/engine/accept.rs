@@ -3,7 +3,7 @@
 use rdma_proto::cm::{RepParams, SidrRepParams};
 use rdma_wire::cm::{RejectReason, SidrStatus};
 
-use crate::cm::params::ConnParam;
+use crate::params::ConnParam;
 use crate::context::id_entry::{IdSlot, IdState, QpKind};
 use crate::context::state::State;
 use crate::context::IdRef;

@@ -12,7 +12,7 @@ use rdma_wire::cm::SidrStatus;
 use rdma_wire::ip_cm::{req_private_data, sidr_req_private_data, IpCmHeaderRepr, ServiceId};
 use rdma_wire::time::IbaTime;
 
-use crate::cm::params::{ConnEventParam, ConnParam, EventType, UdParam};
+use crate::params::{ConnEventParam, ConnParam, EventType, UdParam};
 use crate::context::id_entry::{IdNum, IdSlot, Remote};
 use crate::context::id_entry::{IdState, QpKind};
 use crate::context::state::State;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rdma_proto::cm::CmEvent;
 
-use crate::cm::params::{ConnEventParam, EventType};
+use crate::params::{ConnEventParam, EventType};
 use crate::context::id_entry::{IdNum, IdState, QpKind};
 use crate::context::state::State;
 use crate::context::Inner;
@@ -134,7 +134,7 @@ impl Inner {
         // reconnects on the new path, on the same device (a group's PD and MRs).
         // (with path migration: when there is no armed alternate left to move to)
         let policy = match s.opts.ha {
-            crate::ha::HaPolicy::Migrate => crate::ha::HaPolicy::Align,
+            crate::ha_policy::HaPolicy::Migrate => crate::ha_policy::HaPolicy::Align,
             p => p,
         };
         let Some(status) = policy.ends(reason, s.path_netdev.unwrap_or(dev)) else {

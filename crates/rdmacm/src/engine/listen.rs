@@ -9,7 +9,7 @@ use rdma_proto::cm::{ReqReceived, SidrRepParams, SidrReqReceived};
 use rdma_wire::cm::{CmPathRepr, RejectReason, SidrStatus};
 use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
-use crate::cm::params::{ConnEventParam, EventType, PendingEvent};
+use crate::params::{ConnEventParam, EventType, PendingEvent};
 use crate::context::held_request::{HeldMad, HeldReq};
 use crate::context::id_entry::IdState;
 use crate::context::id_entry::{IdNum, IdSlot, Remote};
@@ -280,7 +280,7 @@ fn req_with_path(
     let alt = st.ids.get(&num).and_then(|s| {
         let d = st.devices.get(&dev)?;
         let primary = crate::engine::connect::id_port(st, s);
-        if s.opts.ha != crate::ha::HaPolicy::Migrate {
+        if s.opts.ha != crate::ha_policy::HaPolicy::Migrate {
             None
         } else if let Some(o) = offer {
             crate::ha::rails::answer_alt(d, primary, o, rail)

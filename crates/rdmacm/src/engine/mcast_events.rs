@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use rdma_soft::verbs::PathAttr;
 
-use crate::cm::params::{
+use crate::params::{
     ConnEventParam, EventType, McastJoined, PendingEvent, UdParam, MULTICAST_QPN,
 };
 use crate::context::id_entry::{IdNum, McJoin};

@@ -19,7 +19,7 @@ use crate::context::id_entry::{IdNum, IdSlot};
 use crate::context::state::State;
 use crate::context::Inner;
 use crate::ha::migrate::{self, AltPath};
-use crate::ha::HaPolicy;
+use crate::ha_policy::HaPolicy;
 use crate::host::route::RocePath;
 
 /// How often the engine looks whether a returning connection's QP is armed.

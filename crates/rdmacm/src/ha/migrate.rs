@@ -15,7 +15,7 @@ use crate::context::device_entry::DevEntry;
 use crate::context::id_entry::IdSlot;
 use crate::context::state::State;
 use crate::context::Inner;
-use crate::ha::HaPolicy;
+use crate::ha_policy::HaPolicy;
 use crate::host::addr::Gid;
 use crate::host::resolve::Resolver;
 use crate::host::route::RocePath;
@@ -193,7 +193,7 @@ pub(crate) fn on_device_events(inner: &Arc<Inner>, st: &mut State, dev: u32) {
         });
         if let Some(id) = id {
             tracing::info!(target: "rdmacm", id, qpn, "path migration failed: ending the connection as align does");
-            inner.end_moved(st, id, crate::ha::ALIGN_PATH_MOVED);
+            inner.end_moved(st, id, crate::ha_policy::ALIGN_PATH_MOVED);
         }
     }
     for (qpn, to_port) in moved {
@@ -229,9 +229,9 @@ pub(crate) fn on_device_events(inner: &Arc<Inner>, st: &mut State, dev: u32) {
         Inner::event(
             st,
             id,
-            crate::cm::params::EventType::AddrChange,
+            crate::params::EventType::AddrChange,
             0,
-            crate::cm::params::ConnEventParam::default(),
+            crate::params::ConnEventParam::default(),
         );
     }
 }

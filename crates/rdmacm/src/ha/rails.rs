@@ -113,7 +113,7 @@ pub(crate) fn passive_query(st: &State, dev: u32, h: &HeldReq) -> Option<(IpAddr
     let peer_alt = offered(&r.req.alternate_path)?;
     let d = st.devices.get(&dev).filter(|d| d.links.len() > 1)?;
     let l = st.find_listener(dev, r.listener, h.arrival(), h.hdr.dst)?;
-    if st.ids.get(&l)?.opts.ha != crate::ha::HaPolicy::Migrate {
+    if st.ids.get(&l)?.opts.ha != crate::ha_policy::HaPolicy::Migrate {
         return None;
     }
     let primary = d

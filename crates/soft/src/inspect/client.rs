@@ -8,10 +8,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// Overrides the directory of the inspection sockets (tests, or a tool pointed at another
-/// user's directory).
-pub const DIR_ENV: &str = "RDMA_SOFT_INSPECT_DIR";
-
 /// How long a query waits for one process's answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -33,8 +29,7 @@ pub fn runtime_dir() -> PathBuf {
     if let Ok(d) = crate::io::share::runtime_dir() {
         return d;
     }
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = crate::fd::euid();
     PathBuf::from(format!("/tmp/rdma-soft-{uid}"))
 }
 
@@ -52,8 +47,7 @@ pub(super) fn ensure_dir() -> std::io::Result<PathBuf> {
         Err(e) => return Err(e),
     }
     let md = std::fs::symlink_metadata(&dir)?;
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
+    let uid = crate::fd::euid();
     if !md.is_dir() || md.uid() != uid {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,

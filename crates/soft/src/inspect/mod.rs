@@ -29,14 +29,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use serde_json::{Map, Value};
 
 mod client;
-pub(crate) mod device;
+#[allow(unsafe_code)] // the server thread's poll on its socket and stop eventfd
 mod server;
 
-pub use client::{query_all, runtime_dir, Answer, DIR_ENV};
-
-/// Environment variable: `off` serves no inspection socket in this process (default: on;
-/// read by [`crate::SoftConfig::from_env`]).
-pub const ENABLE_ENV: &str = "RDMA_SOFT_INSPECT";
+pub use crate::config::{INSPECT_DIR_ENV as DIR_ENV, INSPECT_ENV as ENABLE_ENV};
+pub use client::{query_all, runtime_dir, Answer};
 
 type Snap = Box<dyn Fn() -> Value + Send + Sync>;
 
@@ -119,6 +116,7 @@ pub fn register(kind: &'static str, f: Box<dyn Fn() -> Value + Send + Sync>) -> 
 /// anything else (as the progress engine's registrations are): `f` is only called while the
 /// provider is registered, and its drop waits for a call in progress, so `T`'s fields are
 /// intact whenever `f` runs.
+#[allow(unsafe_code)]
 pub unsafe fn register_borrowed<T: Send + Sync + 'static>(
     kind: &'static str,
     owner: Weak<T>,

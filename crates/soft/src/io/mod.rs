@@ -12,59 +12,49 @@
 //! The fault injector ([`fault`]) sits inside the wire, between the transport and the sockets:
 //! see [`FaultSpec`] for `RDMA_SOFT_FAULTS`.
 //!
-//! ## Measured choices
+//! ## Batches, GSO, GRO
 //! - Batches: `sendmmsg`/`recvmmsg` of up to [`UdpConfig::batch`] datagrams (default 32) into
-//!   preallocated buffers; no allocation or lock per packet. `examples/udp_batch.rs` measures
-//!   them over loopback (1040-byte datagrams, 2 shared cores, one sender and one receiver
-//!   thread): batch 1: ~101k datagrams/s, 8: ~108k, 32: ~112k, 64: ~111k, all delivered.
-//!   On loopback the per-datagram cost of the kernel's UDP/IP path (which the sender pays
-//!   for the receive side too) dominates, so batching saves the system calls (200,000 to
-//!   6,250 `sendmmsg`) but only ~10% of time.
+//!   preallocated buffers; no allocation or lock per packet.
 //! - UDP GSO on send (`UDP_SEGMENT`, [`UdpConfig::gso`]): a run of equal-size packets to one
 //!   peer goes as one message; segment k is sealed for IPv4 Identification k, which the
 //!   kernel gives it (checked on captured datagrams by `tests/kernel_identification.rs`).
-//!   rdma-perf write_bw 64 KiB on loopback: ~800 -> ~1400 MB/s (docs/BENCHMARKS.md).
 //! - UDP GRO on receive (`UDP_GRO`, [`UdpConfig::gro`]): one receive holds up to 64 KiB of a
-//!   flow's datagrams, split by segment size in `udp_rx.rs`; segment k's ICRC is checked
+//!   flow's datagrams, split by segment size in `udp/rx.rs`; segment k's ICRC is checked
 //!   for Identification k.
+//!
+//! What each saves is measured in docs/BENCHMARKS.md ("Batches, GSO and GRO").
 
-mod addr;
+#[allow(unsafe_code)] // recvmmsg buffers: the headers point into the batch's own boxes
 mod batch;
-mod claim;
 pub mod fault;
 pub mod flow;
 mod icrc;
+#[allow(unsafe_code)] // the host-local wire: shared-memory rings, fd passing, peer mappings
 pub mod local;
 mod peers;
 pub mod ports;
-mod rundir;
+#[allow(unsafe_code)] // sendmmsg buffers and control messages (cmsg)
 mod send_batch;
 pub mod share;
 pub mod steer;
+#[allow(unsafe_code)] // sockets: the system calls under the UDP wire
 mod sys;
 mod udp;
-mod udp_config;
-mod udp_err;
-mod udp_local;
-mod udp_mcast;
-mod udp_park;
-mod udp_rx;
-mod udp_tx;
 
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
-pub use addr::{ParseWireAddrError, WireAddr};
-pub use claim::{claim_scans, PortClaim, CLAIMS_FRESH};
+pub use crate::addr::{ParseWireAddrError, WireAddr};
 pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub(crate) use local::valid_ring_size;
 pub use local::{HostPeer, LocalStats, LOCAL_RING_ENV, LOCAL_WIRE_ENV};
+pub use share::claim::{claim_scans, PortClaim, CLAIMS_FRESH};
 pub use share::RUNDIR_ENV;
 pub(crate) use sys::netdev_mtu;
-pub use udp::UdpWire;
-pub use udp_config::{UdpConfig, ROCE_PORT};
 #[cfg(feature = "fuzzing")]
-pub(crate) use udp_rx::fuzz::gro_receive as fuzz_gro_receive;
+pub(crate) use udp::gro_receive as fuzz_gro_receive;
+pub use udp::UdpWire;
+pub use udp::{UdpConfig, ROCE_PORT};
 
 use crate::Result;
 pub use rdma_proto::packet::TxPlacement;
@@ -155,7 +145,7 @@ pub struct WireStats {
     pub gso_refused: u64,
     /// System calls that returned received datagrams.
     pub recv_calls: u64,
-    /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp_park.rs`:
+    /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp/park.rs`:
     /// a datagram to a socket in a set costs its sender a wake-up callback).
     pub sockets_parked: u64,
     /// Fault injection on sent datagrams.

@@ -147,6 +147,7 @@ mod tests {
     use std::time::Duration;
 
     #[test]
+    #[allow(unsafe_code)]
     fn a_connected_socket_sends_from_its_port_to_its_peer_only() {
         let rx = std::net::UdpSocket::bind("[::1]:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();

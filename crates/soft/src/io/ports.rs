@@ -292,6 +292,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn opens_reuses_evicts_and_remembers_failures() {
         let a: WireAddr = "127.0.88.1".parse().unwrap();
         let t0 = Instant::now();

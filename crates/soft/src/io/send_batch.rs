@@ -8,7 +8,7 @@
 use std::mem::zeroed;
 use std::os::fd::RawFd;
 
-use super::sys;
+use super::sys::{self, SOL_UDP, UDP_SEGMENT};
 use super::WireAddr;
 
 /// Outgoing datagrams queued for the sockets of one address, sent with one `sendmmsg` per
@@ -59,9 +59,6 @@ const SEND_CTRL_WORDS: usize = 6;
 pub(crate) const GSO_MAX_SEGS: usize = 64;
 /// Most bytes in one GSO message (a UDP datagram's length field; the kernel refuses more).
 const GSO_MAX_BYTES: usize = 65_000;
-/// `SOL_UDP` and `UDP_SEGMENT` (linux/udp.h).
-pub(crate) const SOL_UDP: i32 = 17;
-pub(crate) const UDP_SEGMENT: i32 = 103;
 
 // SAFETY: as for `RecvBatch`, the raw pointers point into boxes owned by the same value.
 unsafe impl Send for SendBatch {}
@@ -427,7 +424,7 @@ pub(super) fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -
         match errno {
             libc::EINTR => {}
             // an ICMP answer to an earlier datagram, reported (and cleared) by this send,
-            // which sent nothing (a connected socket; the GSI's, see `udp_err.rs`): again
+            // which sent nothing (a connected socket; the GSI's, see `udp/err.rs`): again
             libc::ECONNREFUSED if !refused_again => refused_again = true,
             libc::EAGAIN | libc::ENOBUFS if waits < 100 => {
                 waits += 1;

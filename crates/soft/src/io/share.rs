@@ -15,11 +15,15 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Instant, SystemTime};
+
+pub(crate) mod claim;
+#[allow(unsafe_code)] // openat/mkdirat relative to the pinned directory fd
+pub(crate) mod rundir;
 
 use super::steer::{self, Table};
 use super::WireAddr;
@@ -35,13 +39,12 @@ pub const RUNDIR_ENV: &str = "RDMA_SOFT_RUNDIR";
 /// Chosen once, opened, and reached through `/proc/self/fd/N` from then on: renaming or
 /// replacing the path later moves nothing of ours.
 pub fn runtime_dir() -> Result<PathBuf> {
-    static DIR: OnceLock<std::result::Result<super::rundir::Pinned, String>> = OnceLock::new();
+    static DIR: OnceLock<std::result::Result<rundir::Pinned, String>> = OnceLock::new();
     let r = DIR.get_or_init(|| {
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = crate::fd::uid();
         let r = match &crate::config::process().runtime_dir {
-            Some(d) => super::rundir::open_private(d, uid),
-            None => super::rundir::choose(&super::rundir::candidates(uid), uid, Path::new("/tmp")),
+            Some(d) => rundir::open_private(d, uid),
+            None => rundir::choose(&rundir::candidates(uid), uid, Path::new("/tmp")),
         };
         if let Ok(p) = &r {
             tracing::debug!(dir = %p.name.display(), via = %p.path().display(), "rdma-soft runtime directory");
@@ -67,11 +70,9 @@ pub(crate) fn lock(f: &File, exclusive: bool, block: bool) -> std::io::Result<bo
     };
     let op = if block { op } else { op | libc::LOCK_NB };
     loop {
-        // SAFETY: plain flock on an open descriptor.
-        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+        let Err(e) = crate::fd::flock(f.as_fd(), op) else {
             return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
+        };
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EWOULDBLOCK) => return Ok(false),
@@ -159,7 +160,7 @@ impl Slot {
         static SWEPT: std::sync::Once = std::sync::Once::new();
         SWEPT.call_once(|| {
             let groups = sweep_dead_groups(&dir);
-            let ports = super::claim::sweep_dead_ports(&dir);
+            let ports = claim::sweep_dead_ports(&dir);
             if groups + ports > 0 {
                 tracing::debug!(groups, ports, dir = %dir.display(), "files of the dead removed");
             }
@@ -369,7 +370,7 @@ impl GroupLock {
 /// The program's table for a group: its members and the listeners on its address.
 fn table_of(key: &GroupKey, t: &[Entry]) -> Table {
     let slots: Vec<u8> = t.iter().map(|e| e.slot).collect();
-    let services = super::claim::services(key.ns, key.addr.ip())
+    let services = claim::services(key.ns, key.addr.ip())
         .into_iter()
         .filter_map(|(sid, pid)| {
             let idx = t.iter().position(|e| e.pid == pid)?;
@@ -448,7 +449,7 @@ impl Member {
 
     /// Whether `slot` is a live member of this group (its table, read without the lock: it
     /// is replaced whole). Off the fast path: only for a verified CM message naming another
-    /// slot, and read again at most every [`super::claim::CLAIMS_FRESH`].
+    /// slot, and read again at most every [`claim::CLAIMS_FRESH`].
     pub(crate) fn has_member(&self, slot: u8) -> bool {
         let Ok(dir) = runtime_dir() else {
             return true;
@@ -458,7 +459,7 @@ impl Member {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let stale = !seen
             .as_ref()
-            .is_some_and(|(at, m, _)| *m == mtime && at.elapsed() < super::claim::CLAIMS_FRESH);
+            .is_some_and(|(at, m, _)| *m == mtime && at.elapsed() < claim::CLAIMS_FRESH);
         if stale {
             let live = read_table(&tab)
                 .iter()
@@ -487,7 +488,7 @@ impl Member {
     /// rebuilds the program from the table and the claims.
     pub(crate) fn service_evidence(&self, sid: u64) -> Result<()> {
         let me = std::process::id();
-        let owner = super::claim::recent_services(self.key.ns, self.key.addr.ip())
+        let owner = claim::recent_services(self.key.ns, self.key.addr.ip())
             .into_iter()
             .find(|(f, s, pid)| *s == sid && *pid != me && held(f))
             .map(|(_, _, pid)| pid);
@@ -532,7 +533,7 @@ impl Member {
     /// Whether another live process, and not this one, listens on service `sid` at this
     /// group's address.
     pub(crate) fn listener_elsewhere(&self, sid: u64) -> bool {
-        super::claim::listener_elsewhere(self.key.ns, self.key.addr.ip(), sid)
+        claim::listener_elsewhere(self.key.ns, self.key.addr.ip(), sid)
     }
 
     /// Attaches a program rebuilt from the table and the claims (after a listen).

@@ -178,6 +178,7 @@ pub fn program(t: &Table) -> Vec<libc::sock_filter> {
 
 /// Attaches the program for `t` to the reuseport group of `fd` (one member is enough: the
 /// program belongs to the group).
+#[allow(unsafe_code)]
 pub(crate) fn attach(fd: RawFd, t: &Table) -> std::io::Result<()> {
     let prog = program(t);
     let fprog = libc::sock_fprog {

@@ -30,17 +30,16 @@ fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Resu
     }
 }
 
+/// `SOL_UDP` and `UDP_SEGMENT` (linux/udp.h).
+pub(crate) const SOL_UDP: i32 = 17;
+/// See [`SOL_UDP`].
+pub(crate) const UDP_SEGMENT: i32 = 103;
+
 /// Whether the kernel has UDP GSO for this socket: setting `UDP_SEGMENT` to 0 (no
 /// segmentation unless a message asks for it) succeeds.
 pub(crate) fn has_udp_gso(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     use std::os::fd::AsRawFd;
-    setsockopt_int(
-        fd.as_raw_fd(),
-        super::send_batch::SOL_UDP,
-        super::send_batch::UDP_SEGMENT,
-        0,
-    )
-    .is_ok()
+    setsockopt_int(fd.as_raw_fd(), SOL_UDP, UDP_SEGMENT, 0).is_ok()
 }
 
 /// Asks the kernel to hand over coalesced datagrams (`UDP_GRO`, Linux 5.0): one receive of up

@@ -1,10 +1,23 @@
 //! [`UdpWire`]: RoCEv2 over UDP port 4791, one socket per local address in use (and
-//! send-only ones per source port: [`super::ports`]). The receive path is in `udp_rx.rs`,
-//! flushing in `udp_tx.rs`.
+//! send-only ones per source port: [`super::ports`]). The receive path is in `udp/rx.rs`,
+//! flushing in `udp/tx.rs`.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
+
+mod config;
+#[allow(unsafe_code)] // IP_RECVERR and the error queue: setsockopt, epoll_ctl, recvmsg
+mod err;
+mod local;
+mod mcast;
+mod park;
+mod rx;
+mod tx;
+
+pub use config::{UdpConfig, ROCE_PORT};
+#[cfg(feature = "fuzzing")]
+pub(crate) use rx::fuzz::gro_receive;
 
 use super::batch::RecvBatch;
 use super::fault::FaultInjector;
@@ -13,7 +26,6 @@ use super::peers::PeerSockets;
 use super::ports::SportSockets;
 use super::send_batch::SendBatch;
 use super::share::{self, GroupKey, Member, Slot};
-use super::udp_config::UdpConfig;
 use super::{sys, Arrival, DatagramWire, TxMeta, WireAddr, WireStats};
 use crate::{Error, Result};
 
@@ -103,15 +115,15 @@ pub struct UdpWire {
     /// A coarse clock for the source-port sockets' use times: read at each flush, not per
     /// datagram.
     pub(super) clock: Instant,
-    /// The host-local wire, once asked for (`udp_local.rs`).
-    pub(super) local: super::udp_local::LocalPart,
-    /// The sockets out of the epoll set while busy-polled (`udp_park.rs`).
-    pub(super) park: super::udp_park::Parking,
+    /// The host-local wire, once asked for (`udp/local.rs`).
+    local: local::LocalPart,
+    /// The sockets out of the epoll set while busy-polled (`udp/park.rs`).
+    park: park::Parking,
     /// Received datagrams carry their TOS / traffic class and TTL / hop limit
     /// ([`DatagramWire::set_ip_meta`]).
     pub(super) ip_meta: bool,
-    /// ICMP port unreachables the receives found (`udp_err.rs`).
-    pub(super) unreachable: super::udp_err::Unreachable,
+    /// ICMP port unreachables the receives found (`udp/err.rs`).
+    pub(super) unreachable: err::Unreachable,
 }
 
 impl std::fmt::Debug for UdpWire {
@@ -137,13 +149,11 @@ impl UdpWire {
         if cfg.batch == 0 || cfg.batch > u16::MAX as usize / 2 || cfg.max_packet < 64 {
             return Err(Error::InvalidArgument("UdpConfig batch or max_packet"));
         }
-        // SAFETY: plain epoll_create1; checked below.
-        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if raw < 0 {
-            return Err(Error::last_os("epoll_create1", None));
-        }
-        // SAFETY: fresh descriptor owned here.
-        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        let epoll = crate::fd::epoll_create().map_err(|source| Error::Os {
+            op: "epoll_create1",
+            addr: None,
+            source,
+        })?;
         let slot = cfg.max_packet;
         let inbox_slot = if cfg.gro { GRO_BUF.max(slot) } else { slot };
         let (send_faults, recv_faults) = match &cfg.faults {
@@ -289,11 +299,7 @@ impl DatagramWire for UdpWire {
                 (fd, Some(m))
             }
         };
-        let rc = super::udp_park::socket_ctl(
-            self.epoll.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            fd.as_raw_fd(),
-        );
+        let rc = park::socket_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(local)));
         }

@@ -17,7 +17,7 @@ use rdma_proto::verbs::{MigState, QpState};
 
 use super::{QpCtx, Runtime};
 use crate::io::WireAddr;
-use crate::verbs::{AsyncEvent, AsyncQueue};
+use crate::queues::{AsyncEvent, AsyncQueue};
 
 /// The wire addresses of one path of an RC QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,8 +9,9 @@ use rdma_wire::opcode::Opcode;
 
 use super::{Paths, RuntimeStats};
 use crate::io::{Arrival, HostPeer};
+use crate::queues::srq::SrqRing;
+use crate::queues::CompletionQueue;
 use crate::ratelimit::warn_limited;
-use crate::verbs::{CompletionQueue, SharedReceiveQueue};
 
 /// The runtime's state for one QP.
 pub(crate) struct QpCtx {
@@ -18,7 +19,7 @@ pub(crate) struct QpCtx {
     pub rc: RcQp,
     pub send_cq: CompletionQueue,
     pub recv_cq: CompletionQueue,
-    pub srq: Option<SharedReceiveQueue>,
+    pub srq: Option<SrqRing>,
     /// The wire addresses, traffic class (the IPv4 TOS / IPv6 traffic class of every
     /// packet, as in rxe) and UDP source port ([`crate::io::flow`]) of the primary path (set
     /// when the QP moves to RTR), the alternate path and the path migrated off last.
@@ -49,7 +50,7 @@ impl QpCtx {
         rc: RcQp,
         send_cq: CompletionQueue,
         recv_cq: CompletionQueue,
-        srq: Option<SharedReceiveQueue>,
+        srq: Option<SrqRing>,
     ) -> QpCtx {
         let qpn = rc.qpn();
         QpCtx {

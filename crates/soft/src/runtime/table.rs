@@ -1,6 +1,8 @@
 //! The QP table: QP numbers (slot and generation), inserting, finding and removing a QP's
 //! context, and closing the wire addresses no QP uses any more.
 
+use rdma_proto::rc::RcStats;
+
 use super::{QpCtx, Runtime, SLOTS};
 use crate::io::WireAddr;
 use crate::{Error, Result};
@@ -77,7 +79,7 @@ impl Runtime {
             }
         }
         self.free.push(idx as u16);
-        crate::inspect::device::add_rc(&mut self.retired, &ctx.rc.stats());
+        add_rc(&mut self.retired, &ctx.rc.stats());
         for local in ctx.paths.locals() {
             self.close_if_unused(local);
         }
@@ -113,4 +115,21 @@ impl Runtime {
             .as_deref_mut()
             .filter(|c| c.qpn == qpn)
     }
+}
+
+/// Adds `b`'s transport counters to `a` (the totals of destroyed QPs).
+pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
+    a.req_packets_sent += b.req_packets_sent;
+    a.retransmitted += b.retransmitted;
+    a.timeouts += b.timeouts;
+    a.tail_probes += b.tail_probes;
+    a.early_retransmits += b.early_retransmits;
+    a.spurious_probes += b.spurious_probes;
+    a.rnr_naks_received += b.rnr_naks_received;
+    a.seq_naks_received += b.seq_naks_received;
+    a.responses_sent += b.responses_sent;
+    a.duplicates += b.duplicates;
+    a.dropped += b.dropped;
+    a.naks_sent += b.naks_sent;
+    a.ack_probes += b.ack_probes;
 }

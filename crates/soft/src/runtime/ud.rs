@@ -13,7 +13,7 @@ use rdma_proto::ud::{GrhInfo, UdQp};
 
 use super::{Runtime, RuntimeStats};
 use crate::io::{Arrival, TxMeta, WireAddr};
-use crate::verbs::CompletionQueue;
+use crate::queues::CompletionQueue;
 use crate::{Error, Result};
 
 /// The runtime's state of one UD QP.

@@ -9,8 +9,6 @@ use std::time::Instant;
 
 use rdma_proto::verbs::{Mtu, PdId, MAX_SGE};
 
-use super::cq::{CompletionChannel, CompletionQueue};
-use super::cq_wake;
 use super::mr::{MrTable, MrTableView};
 use super::pd::ProtectionDomain;
 use super::port::{PortAttr, PortState};
@@ -18,11 +16,16 @@ use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
 use crate::engine::{self, Registration, Source};
 use crate::io::{DatagramWire, UdpWire, WireAddr, WireStats};
+use crate::queues::cq::{CompletionChannel, CompletionQueue};
+use crate::queues::cq_wake;
 use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result, SoftConfig};
 
+mod async_events;
 mod config;
 mod drive;
+mod gsi;
+mod inspect;
 pub use config::{active_mtu, DeviceAttr, DeviceConfig, ROCE_MAX_HEADERS};
 
 /// Largest GID table (a GID index is a `u8`).
@@ -68,7 +71,7 @@ pub(crate) struct DeviceShared {
 
 impl DeviceShared {
     /// The runtime, locked; the CQ wake-ups of what is done under it fire after the lock
-    /// is released ([`super::cq_wake`]).
+    /// is released ([`crate::queues::cq_wake`]).
     pub(crate) fn runtime(&self) -> RtGuard<'_> {
         let wakes = cq_wake::hold();
         RtGuard {
@@ -330,9 +333,8 @@ impl Device {
         let _ = shared.reg.set(reg);
         let weak = Arc::downgrade(&shared);
         // SAFETY: stored in `shared.inspect`, which `DeviceShared::drop` drops first.
-        let p = unsafe {
-            crate::inspect::register_borrowed("devices", weak, crate::inspect::device::snapshot)
-        };
+        #[allow(unsafe_code)] // the SAFETY comment above
+        let p = unsafe { crate::inspect::register_borrowed("devices", weak, inspect::snapshot) };
         let _ = shared.inspect.set(p);
         shared.update_port_map();
         tracing::debug!(device = %shared.name, netdev = %shared.netdev, "device open");
@@ -437,7 +439,12 @@ impl Device {
             return Err(Error::InvalidArgument("cqe out of range 1..=max_cqe"));
         }
         let id = Self::next_id(&self.shared.next_cq, MAX_CQ, "completion queues")?;
-        Ok(CompletionQueue::new_on(&self.shared, id, cqe, channel))
+        Ok(CompletionQueue::new_on(
+            Arc::downgrade(&self.shared) as Weak<DeviceShared>,
+            id,
+            cqe,
+            channel,
+        ))
     }
 
     /// Creates a shared receive queue in `pd` (EINVAL beyond `max_srq_wr` / `max_srq_sge`).

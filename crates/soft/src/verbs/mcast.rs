@@ -82,6 +82,7 @@ impl QueuePair {
 }
 
 /// The ifindex of `netdev` in the calling thread's network namespace (`ENODEV`).
+#[allow(unsafe_code)]
 fn ifindex_of(netdev: &str) -> Result<u32> {
     let c = std::ffi::CString::new(netdev).map_err(|_| Error::InvalidArgument("netdev name"))?;
     // SAFETY: `c` is a valid NUL-terminated string for the call.

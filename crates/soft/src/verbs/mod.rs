@@ -6,11 +6,8 @@
 //! The vocabulary (access flags, work requests, completions, MTUs) is `rdma-proto`'s,
 //! re-exported here.
 
-mod async_event;
-mod async_tap;
+#[allow(unsafe_code)] // the CPU's copy instructions (asm!) on registered memory
 mod bulk_copy;
-mod cq;
-mod cq_wake;
 mod device;
 mod host_local;
 mod mcast;
@@ -19,16 +16,16 @@ mod pd;
 mod port;
 mod qp;
 mod rc_modify;
-mod ring;
+#[allow(unsafe_code)] // registered memory shared with peers: atomic byte copies, mmap
 pub(crate) mod shared_mem;
 mod srq;
 mod ud;
 mod watch;
 
-pub(crate) use async_event::AsyncQueue;
-pub use async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
-pub use async_tap::AsyncTap;
-pub use cq::{CompletionChannel, CompletionQueue};
+pub use crate::queues::SrqAttr;
+pub use crate::queues::{
+    AsyncEvent, AsyncTap, CompletionChannel, CompletionQueue, ASYNC_QUEUE_LEN,
+};
 pub(crate) use device::DeviceShared;
 pub use device::{active_mtu, Device, DeviceAttr, DeviceConfig, MAX_GIDS, ROCE_MAX_HEADERS};
 pub use mcast::mcast_group;
@@ -41,6 +38,6 @@ pub use rdma_proto::verbs::{
     AccessFlags, Completion, MigState, Mtu, PathAttr, PdId, QpAttr, QpAttrMask, QpState, QpType,
     RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
 };
-pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use srq::SharedReceiveQueue;
 pub use ud::AddressHandle;
 pub use watch::{WatchStats, WireWatch, GRACE};

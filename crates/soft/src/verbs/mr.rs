@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha12Rng as StdRng;
 
-use rdma_proto::memory::{AtomicOp, MemError, MemoryTable, RegionAccess};
+use rdma_proto::memory::{AtomicOp, MemError, MemKey, MemoryTable, RegionAccess};
 use rdma_proto::verbs::{AccessFlags, PdId, Sge};
 
 use super::pd::ProtectionDomain;
@@ -173,17 +173,18 @@ impl MrTableView<'_> {
         slot.region.as_deref().filter(|r| r.key == key)
     }
 
-    fn check(
+    /// The region of `key` and the offset of `addr` in it, once key, protection domain,
+    /// bounds and `need` allow the access.
+    fn region_at(
         &self,
-        remote: bool,
         pd: PdId,
-        key: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<(&Region, usize), MemError> {
-        let r = self.lookup(key).ok_or(MemError::InvalidKey)?;
-        let key_valid = !remote || r.remote_valid.load(Ordering::Acquire);
+        let r = self.lookup(key.value()).ok_or(MemError::InvalidKey)?;
+        let key_valid = !key.is_remote() || r.remote_valid.load(Ordering::Acquire);
         let off = RegionAccess {
             pd: r.pd,
             addr: r.mem.addr(),
@@ -193,36 +194,55 @@ impl MrTableView<'_> {
         .check(key_valid, pd, addr, len, need)?;
         Ok((r, off as usize))
     }
+}
 
-    /// Copies the region's bytes at `addr` into `dst` once [`Self::check`] allows it.
-    fn read(
+impl MemoryTable for MrTableView<'_> {
+    fn check(
         &self,
-        remote: bool,
         pd: PdId,
-        key: u32,
+        key: MemKey,
         addr: u64,
-        dst: &mut [u8],
+        len: u64,
         need: AccessFlags,
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(remote, pd, key, addr, dst.len() as u64, need)?;
+        self.region_at(pd, key, addr, len, need).map(|_| ())
+    }
+
+    fn read(
+        &self,
+        pd: PdId,
+        key: MemKey,
+        addr: u64,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), MemError> {
+        let (r, off) = self.region_at(pd, key, addr, dst.len() as u64, key.read_access())?;
         r.mem.read(off, dst);
         Ok(())
     }
 
-    /// Writes where the region's bytes at `addr` are (a [`crate::pull::Piece`]) into `out`
-    /// once [`Self::check`] allows it; `Unavailable` for a region not in shared memory.
-    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &mut self,
+        pd: PdId,
+        key: MemKey,
+        addr: u64,
+        src: &[u8],
+    ) -> std::result::Result<(), MemError> {
+        let (r, off) = self.region_at(pd, key, addr, src.len() as u64, key.write_access())?;
+        r.mem.write(off, src);
+        Ok(())
+    }
+
+    /// Writes where the region's bytes at `addr` are (a `pull::Piece`) into `out`;
+    /// `Unavailable` for a region not in shared memory.
     fn locate(
         &self,
-        remote: bool,
         pd: PdId,
-        key: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
-        need: AccessFlags,
         out: &mut [u8],
     ) -> std::result::Result<usize, MemError> {
-        let (r, off) = self.check(remote, pd, key, addr, len, need)?;
+        let (r, off) = self.region_at(pd, key, addr, len, key.read_access())?;
         let fd = r.mem.file().ok_or(MemError::Unavailable)?;
         crate::pull::Piece {
             token: r.token,
@@ -233,107 +253,7 @@ impl MrTableView<'_> {
         .write(out)
     }
 
-    /// Copies `src` into the region at `addr` once [`Self::check`] allows it.
-    fn write(
-        &self,
-        remote: bool,
-        pd: PdId,
-        key: u32,
-        addr: u64,
-        src: &[u8],
-        need: AccessFlags,
-    ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(remote, pd, key, addr, src.len() as u64, need)?;
-        r.mem.write(off, src);
-        Ok(())
-    }
-}
-
-impl MemoryTable for MrTableView<'_> {
-    fn check_local(
-        &self,
-        pd: PdId,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> std::result::Result<(), MemError> {
-        self.check(false, pd, lkey, addr, len, need).map(|_| ())
-    }
-
-    fn check_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> std::result::Result<(), MemError> {
-        self.check(true, pd, rkey, va, len, need).map(|_| ())
-    }
-
-    fn read_local(
-        &self,
-        pd: PdId,
-        lkey: u32,
-        addr: u64,
-        dst: &mut [u8],
-    ) -> std::result::Result<(), MemError> {
-        self.read(false, pd, lkey, addr, dst, AccessFlags::empty())
-    }
-
-    fn write_local(
-        &mut self,
-        pd: PdId,
-        lkey: u32,
-        addr: u64,
-        src: &[u8],
-    ) -> std::result::Result<(), MemError> {
-        self.write(false, pd, lkey, addr, src, AccessFlags::LOCAL_WRITE)
-    }
-
-    fn read_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        dst: &mut [u8],
-    ) -> std::result::Result<(), MemError> {
-        self.read(true, pd, rkey, va, dst, AccessFlags::REMOTE_READ)
-    }
-
-    fn write_remote(
-        &mut self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        src: &[u8],
-    ) -> std::result::Result<(), MemError> {
-        self.write(true, pd, rkey, va, src, AccessFlags::REMOTE_WRITE)
-    }
-
-    fn locate_local(
-        &self,
-        pd: PdId,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        out: &mut [u8],
-    ) -> std::result::Result<usize, MemError> {
-        self.locate(false, pd, lkey, addr, len, AccessFlags::empty(), out)
-    }
-
-    fn locate_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        out: &mut [u8],
-    ) -> std::result::Result<usize, MemError> {
-        self.locate(true, pd, rkey, va, len, AccessFlags::REMOTE_READ, out)
-    }
-
+    #[allow(unsafe_code)]
     fn pull_local(
         &mut self,
         pd: PdId,
@@ -343,13 +263,15 @@ impl MemoryTable for MrTableView<'_> {
         source: &[u8],
         skip: u64,
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(false, pd, lkey, addr, len, AccessFlags::LOCAL_WRITE)?;
+        let (r, off) =
+            self.region_at(pd, MemKey::Local(lkey), addr, len, AccessFlags::LOCAL_WRITE)?;
         // SAFETY: copy_range hands out ranges of live mappings of the peer's regions.
         crate::pull::copy_range(source, skip, len, |at, src, n| unsafe {
             r.mem.write_raw(off + at, src, n)
         })
     }
 
+    #[allow(unsafe_code)]
     fn pull_remote(
         &mut self,
         pd: PdId,
@@ -358,7 +280,8 @@ impl MemoryTable for MrTableView<'_> {
         len: u64,
         source: &[u8],
     ) -> std::result::Result<(), MemError> {
-        let (r, off) = self.check(true, pd, rkey, va, len, AccessFlags::REMOTE_WRITE)?;
+        let (r, off) =
+            self.region_at(pd, MemKey::Remote(rkey), va, len, AccessFlags::REMOTE_WRITE)?;
         // SAFETY: as in pull_local.
         crate::pull::copy_into(source, len, |at, src, n| unsafe {
             r.mem.write_raw(off + at, src, n)
@@ -375,7 +298,8 @@ impl MemoryTable for MrTableView<'_> {
         if va % 8 != 0 {
             return Err(MemError::Misaligned);
         }
-        let (r, off) = self.check(true, pd, rkey, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let (r, off) =
+            self.region_at(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
         let word = r.mem.atomic_u64(off).ok_or(MemError::Misaligned)?;
         let orig = match op {
             AtomicOp::FetchAdd { add } => word.fetch_add(add, Ordering::AcqRel),
@@ -503,6 +427,7 @@ impl MemoryRegion {
 
     /// # Safety
     /// As [`ProtectionDomain::register_raw`].
+    #[allow(unsafe_code)]
     pub(crate) unsafe fn register_raw(
         pd: &ProtectionDomain,
         table: &Arc<MrTable>,

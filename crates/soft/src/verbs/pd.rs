@@ -83,6 +83,7 @@ impl ProtectionDomain {
     /// drop(mr);
     /// assert_eq!(&buf[..8], b"in place");
     /// ```
+    #[allow(unsafe_code)]
     pub unsafe fn register_raw(
         &self,
         addr: *mut u8,

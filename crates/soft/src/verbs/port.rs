@@ -6,13 +6,12 @@ use std::net::IpAddr;
 
 use rdma_proto::verbs::Mtu;
 
-use super::async_event::AsyncEvent;
 use super::device::{active_mtu, Device, DeviceConfig, DeviceShared, MAX_GIDS};
 use crate::io::WireAddr;
+use crate::queues::async_event::AsyncEvent;
 use crate::{Error, Result};
 
-/// Most ports a device may have.
-pub const MAX_PORTS: usize = 8;
+pub use crate::runtime::MAX_PORTS;
 
 /// Port state (`ibv_port_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

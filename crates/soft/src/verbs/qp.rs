@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use rdma_proto::memory::{AtomicOp, MemError, MemoryTable};
+use rdma_proto::memory::{AtomicOp, MemError, MemKey, MemoryTable};
 use rdma_proto::rc::{RcConfig, RcQp};
 use rdma_proto::ud::{UdConfig, UdQp};
 use rdma_proto::verbs::{
@@ -10,10 +10,10 @@ use rdma_proto::verbs::{
     SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
-use super::cq::CompletionQueue;
 use super::device::DeviceShared;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
+use crate::queues::cq::CompletionQueue;
 use crate::runtime::{QpCtx, UdCtx};
 use crate::{Error, Result};
 
@@ -160,36 +160,20 @@ struct PostMem<'a, M> {
 }
 
 impl<M: MemoryTable> MemoryTable for PostMem<'_, M> {
-    fn check_local(
+    fn check(
         &self,
         pd: PdId,
-        lkey: u32,
+        key: MemKey,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(), MemError> {
-        self.table.check_local(pd, lkey, addr, len, need)
+        self.table.check(pd, key, addr, len, need)
     }
-    fn check_remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.table.check_remote(pd, rkey, va, len, need)
+    fn read(&self, pd: PdId, key: MemKey, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        self.table.read(pd, key, addr, dst)
     }
-    fn read_local(&self, pd: PdId, lkey: u32, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        self.table.read_local(pd, lkey, addr, dst)
-    }
-    fn write_local(&mut self, _: PdId, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
-        Err(MemError::InvalidKey)
-    }
-    fn read_remote(&self, pd: PdId, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        self.table.read_remote(pd, rkey, va, dst)
-    }
-    fn write_remote(&mut self, _: PdId, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
+    fn write(&mut self, _: PdId, _: MemKey, _: u64, _: &[u8]) -> Result<(), MemError> {
         Err(MemError::InvalidKey)
     }
     fn atomic_remote(&mut self, _: PdId, _: u32, _: u64, _: AtomicOp) -> Result<u64, MemError> {
@@ -297,7 +281,7 @@ impl QueuePair {
             RcQp::new(cfg),
             init.send_cq.clone(),
             init.recv_cq.clone(),
-            init.srq.cloned(),
+            init.srq.map(|s| s.ring().clone()),
         );
         ctx.span = tracing::debug_span!(
             "qp",

@@ -1,33 +1,12 @@
-//! Shared receive queues.
-
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+//! Shared receive queues: the verbs handle ([`SharedReceiveQueue`]) over the queue the
+//! runtime takes receives from ([`crate::queues::srq::SrqRing`]).
 
 use rdma_proto::verbs::RecvWr;
 
 use super::pd::ProtectionDomain;
-use super::ring::Ring;
-use crate::{Error, Result};
-
-struct SrqShared {
-    pd: ProtectionDomain,
-    ring: Ring<RecvWr>,
-    max_wr: usize,
-    max_sge: usize,
-    limit: AtomicU32,
-    limit_reached: AtomicBool,
-}
-
-/// What [`SharedReceiveQueue::query`] reports (`ibv_srq_attr`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SrqAttr {
-    /// Receive work requests it holds.
-    pub max_wr: usize,
-    /// Scatter/gather elements per work request.
-    pub max_sge: usize,
-    /// Armed limit (0: not armed).
-    pub srq_limit: u32,
-}
+use crate::queues::srq::SrqRing;
+use crate::queues::SrqAttr;
+use crate::Result;
 
 /// A shared receive queue: receive work requests that any QP attached to it consumes, in
 /// order. Posting takes no lock (a lock-free ring).
@@ -44,7 +23,8 @@ pub struct SrqAttr {
 /// ```
 #[derive(Clone)]
 pub struct SharedReceiveQueue {
-    inner: Arc<SrqShared>,
+    pd: ProtectionDomain,
+    ring: SrqRing,
 }
 
 impl std::fmt::Debug for SharedReceiveQueue {
@@ -57,125 +37,50 @@ impl std::fmt::Debug for SharedReceiveQueue {
 
 impl SharedReceiveQueue {
     pub(crate) fn new(pd: &ProtectionDomain, max_wr: usize, max_sge: usize) -> SharedReceiveQueue {
-        let ring = Ring::new(max_wr);
         SharedReceiveQueue {
-            inner: Arc::new(SrqShared {
-                pd: pd.clone(),
-                max_wr: ring.capacity(),
-                ring,
-                max_sge,
-                limit: AtomicU32::new(0),
-                limit_reached: AtomicBool::new(false),
-            }),
+            pd: pd.clone(),
+            ring: SrqRing::new(max_wr, max_sge),
         }
+    }
+
+    /// The queue the runtime takes receives from.
+    pub(crate) fn ring(&self) -> &SrqRing {
+        &self.ring
     }
 
     /// The protection domain of its receive buffers.
     pub fn pd(&self) -> &ProtectionDomain {
-        &self.inner.pd
+        &self.pd
     }
 
     /// Queues a receive. EINVAL with more than `max_sge` elements, ENOMEM when full.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        if wr.sg.len() > self.inner.max_sge {
-            return Err(Error::InvalidArgument(
-                "more scatter/gather elements than max_sge",
-            ));
-        }
-        self.inner
-            .ring
-            .push(wr)
-            .map_err(|_| Error::QueueFull("shared receive queue"))
+        self.ring.post_recv(wr)
     }
 
     /// Arms the limit event: when fewer than `limit` receives remain, [`Self::limit_reached`]
     /// turns true once and the limit disarms (`IBV_EVENT_SRQ_LIMIT_REACHED`). 0 disarms.
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
-        if limit as usize > self.inner.max_wr {
-            return Err(Error::InvalidArgument("srq_limit larger than max_wr"));
-        }
-        self.inner.limit.store(limit, Ordering::Release);
-        Ok(())
+        self.ring.arm_limit(limit)
     }
 
     /// Whether the armed limit was reached since the last call (clears it).
     pub fn limit_reached(&self) -> bool {
-        self.inner.limit_reached.swap(false, Ordering::AcqRel)
+        self.ring.limit_reached()
     }
 
     /// Its attributes.
     pub fn query(&self) -> SrqAttr {
-        SrqAttr {
-            max_wr: self.inner.max_wr,
-            max_sge: self.inner.max_sge,
-            srq_limit: self.inner.limit.load(Ordering::Acquire),
-        }
+        self.ring.query()
     }
 
     /// Receives queued.
     pub fn len(&self) -> usize {
-        self.inner.ring.len()
+        self.ring.len()
     }
 
     /// Whether no receive is queued.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Device side: takes the oldest receive, firing the limit event when it applies.
-    #[allow(dead_code)] // used by the QP runtime
-    pub(crate) fn take(&self) -> Option<RecvWr> {
-        let wr = self.inner.ring.pop()?;
-        let limit = self.inner.limit.load(Ordering::Acquire);
-        if limit > 0
-            && self.inner.ring.len() < limit as usize
-            && self
-                .inner
-                .limit
-                .compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.inner.limit_reached.store(true, Ordering::Release);
-        }
-        Some(wr)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::verbs::{Device, DeviceConfig};
-    use rdma_proto::verbs::{RecvWr, Sge};
-
-    #[test]
-    fn fifo_bounds_and_limit_event() {
-        let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let srq = dev.create_srq(&pd, 4, 2).unwrap();
-        for i in 0..4 {
-            srq.post_recv(RecvWr::new(i)).unwrap();
-        }
-        assert_eq!(
-            srq.post_recv(RecvWr::new(9)).unwrap_err().errno(),
-            libc::ENOMEM
-        );
-        let three = RecvWr::new(5)
-            .with_sge(Sge::default())
-            .with_sge(Sge::default())
-            .with_sge(Sge::default());
-        assert_eq!(srq.post_recv(three).unwrap_err().errno(), libc::EINVAL);
-        srq.arm_limit(2).unwrap();
-        assert_eq!(srq.take().map(|w| w.wr_id), Some(0));
-        assert!(!srq.limit_reached(), "3 left");
-        assert_eq!(srq.take().map(|w| w.wr_id), Some(1));
-        assert!(!srq.limit_reached(), "2 left: not fewer than 2");
-        assert_eq!(srq.take().map(|w| w.wr_id), Some(2));
-        assert!(srq.limit_reached());
-        assert!(!srq.limit_reached(), "fires once");
-        assert_eq!(srq.query().srq_limit, 0, "disarmed");
-        assert_eq!(srq.arm_limit(100).unwrap_err().errno(), libc::EINVAL);
-        assert_eq!(
-            dev.create_srq(&pd, 4, 99).unwrap_err().errno(),
-            libc::EINVAL
-        );
+        self.ring.is_empty()
     }
 }

@@ -131,6 +131,7 @@ impl Device {
     /// The fd that becomes readable when datagrams arrive for this device (`None` for a
     /// wire without one). Register it with an event loop (edge-triggered is fine: call
     /// [`Device::drive_inline`] after clearing the readiness), alongside a [`WireWatch`].
+    #[allow(unsafe_code)]
     pub fn wire_fd(&self) -> Option<BorrowedFd<'_>> {
         // SAFETY: the wire's fd lives as long as the device's shared state, which `self`
         // keeps alive for the borrow.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdma_soft::verbs::{QpAttr, QpAttrMask, QpState};
 
 use super::{bad_state, scoped, CmId};
-use crate::cm::params::{ConnEventParam, ConnParam, EventType};
+use crate::params::{ConnEventParam, ConnParam, EventType};
 use crate::context::id_entry::IdState;
 use crate::context::run_on::block_here;
 use crate::context::Inner;

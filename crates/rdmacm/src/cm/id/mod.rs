@@ -13,7 +13,7 @@ use crate::cm::event::Event;
 use crate::context::id_entry::{IdNum, IdSlot, IdState, QpKind};
 use crate::context::{Ctx, IdRef};
 use crate::error::{Error, Result};
-use crate::ha::HaPolicy;
+use crate::ha_policy::HaPolicy;
 use crate::host::addr::ScopedIp;
 use crate::host::route::RocePath;
 use crate::ports::PortSpace;

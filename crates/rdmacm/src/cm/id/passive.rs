@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{bad_state, CmId};
-use crate::cm::params::ConnParam;
+use crate::params::ConnParam;
 use crate::context::id_entry::{IdState, ListenState};
 use crate::context::Inner;
 use crate::error::{Error, Result};

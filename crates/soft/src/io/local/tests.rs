@@ -449,7 +449,7 @@ fn a_renamed_directory_and_a_strangers_bell_in_its_place_get_nothing() {
     std::fs::create_dir(&base).unwrap();
     let dir = base.join("d");
     // SAFETY: geteuid cannot fail.
-    let pinned = crate::io::rundir::open_private(&dir, unsafe { libc::geteuid() }).unwrap();
+    let pinned = crate::io::share::rundir::open_private(&dir, unsafe { libc::geteuid() }).unwrap();
     let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
     let mut a = HostLocal::in_dir(pinned.path(), sa.get(), 1, ring::MIN_CAPACITY).unwrap();
     let mut b = HostLocal::in_dir(pinned.path(), sb.get(), 1, ring::MIN_CAPACITY).unwrap();

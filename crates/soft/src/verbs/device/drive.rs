@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::DeviceShared;
 use crate::engine::{Run, Source};
+use crate::queues::cq::PolledDevice;
 use crate::runtime::Runtime;
 use crate::Result;
 
@@ -270,5 +271,20 @@ impl Source for DeviceShared {
             r.set_wake(next);
         }
         Run::Idle
+    }
+}
+
+impl PolledDevice for DeviceShared {
+    fn drive_once(&self) {
+        // A poll drives on a best-effort basis: an error shows in the next call that needs it.
+        let _ = self.try_drive();
+    }
+
+    fn progress_once(&self) {
+        let _ = self.try_progress();
+    }
+
+    fn end_inline(&self) {
+        DeviceShared::end_inline(self);
     }
 }

@@ -1,4 +1,4 @@
-//! Choosing and pinning the per-user runtime directory ([`super::share::runtime_dir`]).
+//! Choosing and pinning the per-user runtime directory ([`crate::io::share::runtime_dir`]).
 //!
 //! Another user may have made our usual directory first (`/tmp` is shared): then the next
 //! candidate is taken, and when none is ours, a fresh private directory (the same one for

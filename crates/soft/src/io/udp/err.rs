@@ -13,8 +13,8 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use super::sys;
-use super::WireAddr;
+use crate::io::sys;
+use crate::io::WireAddr;
 
 /// Unreachable notices kept at most (older ones are dropped: the CM's retries cover them).
 const KEPT: usize = 64;
@@ -281,7 +281,7 @@ mod tests {
         let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
         h.msg_hdr.msg_iov = &mut iov;
         h.msg_hdr.msg_iovlen = 1;
-        let out = super::super::send_batch::send_all(
+        let out = crate::io::send_batch::send_all(
             sock.as_raw_fd(),
             std::slice::from_mut(&mut h),
             &[1],

@@ -7,11 +7,11 @@
 //! ([`DatagramWire::arm_wait`]) or drives the wire otherwise. A socket added back that
 //! holds datagrams makes the set readable at once: nothing is missed.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
-use super::udp::UdpWire;
+use super::UdpWire;
 #[cfg(doc)]
-use super::DatagramWire;
+use crate::io::DatagramWire;
 
 /// Busy receives in a row (none from a sleeper's `arm_wait` between them) after which the
 /// sockets leave the epoll set: about 100 µs of polling.
@@ -19,14 +19,11 @@ pub(super) const PARK_AFTER: u32 = 256;
 
 /// Adds socket `fd` to (or, `op` DEL, removes it from) epoll set `epoll`, readable events
 /// with the fd as token: the wire's way of watching a socket. Returns `epoll_ctl`'s result.
-pub(super) fn socket_ctl(epoll: RawFd, op: i32, fd: RawFd) -> i32 {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: fd as u64,
-    };
-    // SAFETY: plain epoll_ctl on descriptors the caller keeps open; `ev` is a valid event
-    // (DEL ignores it).
-    unsafe { libc::epoll_ctl(epoll, op, fd, &mut ev) }
+pub(super) fn socket_ctl(epoll: BorrowedFd<'_>, op: i32, fd: RawFd) -> i32 {
+    match crate::fd::epoll_ctl(epoll, op, fd, libc::EPOLLIN as u32, fd as u64) {
+        Ok(()) => 0,
+        Err(_) => -1,
+    }
 }
 
 /// The parking state of a [`UdpWire`].
@@ -50,11 +47,7 @@ impl UdpWire {
         self.park.streak = self.park.streak.saturating_add(1);
         if self.park.streak >= PARK_AFTER && !self.park.parked {
             for l in &self.locals {
-                socket_ctl(
-                    self.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_DEL,
-                    l.fd.as_raw_fd(),
-                );
+                socket_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_DEL, l.fd.as_raw_fd());
             }
             self.park.parked = true;
             self.stats.sockets_parked += 1;
@@ -69,11 +62,7 @@ impl UdpWire {
         }
         for l in &self.locals {
             // EEXIST (a socket opened while parked is in the set already) is what we want
-            socket_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                l.fd.as_raw_fd(),
-            );
+            socket_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_ADD, l.fd.as_raw_fd());
         }
     }
 
@@ -101,13 +90,9 @@ mod tests {
 
     /// Whether the wire's epoll set (what the engine and event loops sleep on) is readable.
     fn readable(w: &UdpWire, ms: i32) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: w.wait_fd().unwrap().as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+        let fd = w.wait_fd().unwrap().as_fd().as_raw_fd();
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(ms as u64);
+        crate::fd::wait_readable(&[fd], Some(until)).unwrap()
     }
 
     fn busy_recv(w: &mut UdpWire, got: &mut Vec<Vec<u8>>) -> usize {

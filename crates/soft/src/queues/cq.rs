@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 use rdma_proto::verbs::{Completion, WcOpcode};
 
 use super::cq_wake::{self, Wake};
-use super::device::DeviceShared;
-use super::ring::Ring;
+use super::mpmc::Ring;
 use crate::{Error, Result};
 
 const DISARMED: u8 = 0;
@@ -40,7 +39,18 @@ pub(crate) struct CqShared {
     /// each with whether it waits for receive completions only
     /// ([`CompletionQueue::notify_waker_for_recv`]).
     wakers: Mutex<Vec<(Waker, bool)>>,
-    dev: Weak<DeviceShared>,
+    dev: Option<Weak<dyn PolledDevice>>,
+}
+
+/// What a CQ asks of its device (the verbs layer's device state implements it): polling an
+/// empty CQ drives the device, arming it hands the device back to the engine.
+pub(crate) trait PolledDevice: Send + Sync {
+    /// One non-blocking drive, when no one else is driving (a poll found the CQ empty).
+    fn drive_once(&self);
+    /// One progress round as a busy poller (`poll_one` found the CQ empty).
+    fn progress_once(&self);
+    /// The caller stops busy-polling: the engine takes the device back at once.
+    fn end_inline(&self);
 }
 
 /// A completion queue.
@@ -78,21 +88,21 @@ impl PartialEq for CompletionQueue {
 impl CompletionQueue {
     #[cfg(test)]
     pub(crate) fn new(id: u32, cqe: usize, channel: Option<&CompletionChannel>) -> Self {
-        Self::with_device(Weak::new(), id, cqe, channel)
+        Self::with_device(None, id, cqe, channel)
     }
 
     /// A CQ of `dev`: polling it drives the device.
     pub(crate) fn new_on(
-        dev: &Arc<DeviceShared>,
+        dev: Weak<dyn PolledDevice>,
         id: u32,
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Self {
-        Self::with_device(Arc::downgrade(dev), id, cqe, channel)
+        Self::with_device(Some(dev), id, cqe, channel)
     }
 
     fn with_device(
-        dev: Weak<DeviceShared>,
+        dev: Option<Weak<dyn PolledDevice>>,
         id: u32,
         cqe: usize,
         channel: Option<&CompletionChannel>,
@@ -121,7 +131,7 @@ impl CompletionQueue {
     }
 
     /// Moves up to `max` completions into `out` (appending); returns how many. When the queue
-    /// is empty it first drives the device once ([`super::Device::progress`]: one `recvmmsg`
+    /// is empty it first drives the device once ([`crate::verbs::Device::progress`]: one `recvmmsg`
     /// per open address, skipped if another thread is driving it); with completions queued
     /// it makes no system call.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
@@ -145,8 +155,8 @@ impl CompletionQueue {
     /// ```
     pub fn poll_once(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         if max > 0 && self.inner.ring.len() == 0 {
-            if let Some(dev) = self.inner.dev.upgrade() {
-                let _ = dev.try_drive();
+            if let Some(dev) = self.device() {
+                dev.drive_once();
             }
         }
         self.poll_queued(out, max)
@@ -177,13 +187,21 @@ impl CompletionQueue {
     }
 
     fn drive(&self) {
-        if let Some(dev) = self.inner.dev.upgrade() {
-            let _ = dev.try_progress();
+        if let Some(dev) = self.device() {
+            dev.progress_once();
         }
     }
 
-    pub(crate) fn same_device(&self, dev: &Arc<DeviceShared>) -> bool {
-        std::ptr::eq(self.inner.dev.as_ptr(), Arc::as_ptr(dev))
+    fn device(&self) -> Option<Arc<dyn PolledDevice>> {
+        self.inner.dev.as_ref().and_then(Weak::upgrade)
+    }
+
+    /// Whether this CQ belongs to the device whose state is `dev`.
+    pub(crate) fn same_device<T>(&self, dev: &Arc<T>) -> bool {
+        self.inner
+            .dev
+            .as_ref()
+            .is_some_and(|d| std::ptr::eq(d.as_ptr() as *const (), Arc::as_ptr(dev) as *const ()))
     }
 
     /// Asks for one event on the completion channel at the next completion
@@ -205,7 +223,7 @@ impl CompletionQueue {
         std::sync::atomic::fence(Ordering::SeqCst);
         // The caller is about to sleep on the channel: no longer a busy poller, so the engine
         // takes the device back at once instead of after the hand-off time.
-        if let Some(dev) = self.inner.dev.upgrade() {
+        if let Some(dev) = self.device() {
             dev.end_inline();
         }
         Ok(())
@@ -420,7 +438,7 @@ impl CompletionChannel {
             if end.is_some_and(|e| Instant::now() >= e) {
                 return Ok(None);
             }
-            crate::progress::wait_fds(&[self.inner.efd.as_raw_fd()], end)?;
+            crate::wait::wait_fds(&[self.inner.efd.as_raw_fd()], end)?;
         }
     }
 }
@@ -500,6 +518,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn channel_fd_with_tokio_async_fd() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -3,14 +3,14 @@
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
-use super::fault::Verdict;
-use super::icrc::{self, IcrcCheck, IcrcChecker};
-use super::share::Slot;
-use super::steer::{self, Dest};
-use super::udp::UdpWire;
+use super::UdpWire;
+use crate::io::fault::Verdict;
+use crate::io::icrc::{self, IcrcCheck, IcrcChecker};
+use crate::io::share::Slot;
+use crate::io::steer::{self, Dest};
 #[cfg(doc)]
-use super::DatagramWire;
-use super::{Arrival, TxPlacement, WireAddr, WireStats};
+use crate::io::DatagramWire;
+use crate::io::{Arrival, TxPlacement, WireAddr, WireStats};
 use crate::{Error, Result};
 
 /// Why a datagram that reached this wire is another process's.
@@ -109,7 +109,7 @@ impl UdpWire {
                 }
                 for (place, data) in segments(whole, d.anc.gro_size) {
                     // a group's datagram (DQPN 0xFFFFFF) is every member's: the kernel
-                    // gave each joined socket its copy (`udp_mcast.rs`)
+                    // gave each joined socket its copy (`udp/mcast.rs`)
                     let mine = mine.filter(|_| !bound.ip().is_multicast());
                     // Only a verified packet may be evidence of misdelivery or cost a look
                     // at the other processes' tables and claims: a forged or corrupt one is
@@ -214,7 +214,7 @@ impl UdpWire {
         self.stats.received += delivered as u64;
         self.drained = drained;
         if delivered == 0 && !busy {
-            // woken for nothing: maybe an ICMP error on a GSI socket (`udp_err.rs`)
+            // woken for nothing: maybe an ICMP error on a GSI socket (`udp/err.rs`)
             self.unreachable.check(port);
         }
         Ok(delivered)
@@ -236,7 +236,7 @@ fn segments(whole: &mut [u8], gro_size: u16) -> impl Iterator<Item = (u16, &mut 
 }
 
 #[cfg(feature = "fuzzing")]
-#[path = "udp_rx_fuzz.rs"]
+#[path = "rx_fuzz.rs"]
 pub(crate) mod fuzz;
 
 /// Checks the ICRC of a received datagram, counting what it finds; `place` is its position in

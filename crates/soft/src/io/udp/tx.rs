@@ -4,15 +4,15 @@
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
-use super::fault::Verdict;
-use super::ports::Lookup;
-use super::send_batch::SendOutcome;
-use super::sys;
-use super::udp::UdpWire;
-use super::WireAddr;
+use super::UdpWire;
+use crate::io::fault::Verdict;
+use crate::io::ports::Lookup;
+use crate::io::send_batch::SendOutcome;
+use crate::io::sys;
+use crate::io::WireAddr;
 
 impl UdpWire {
-    /// The socket (0: the address's own; see [`super::ports`] and [`super::peers`]) that
+    /// The socket (0: the address's own; see [`crate::io::ports`] and [`crate::io::peers`]) that
     /// datagrams of local `i` from `sport` (0: the wire's port) to `to` leave from, and the
     /// source port they then carry: the one connected to `to` if the path opened it, else
     /// the port's. No system call unless the port's socket is opened now.
@@ -42,7 +42,7 @@ impl UdpWire {
 
     /// Opens the socket of `sport` on local `i`, first making room by closing the least
     /// recently used idle one (after sending what is queued: socket numbers change); `None`
-    /// when it cannot be had now (remembered for [`super::ports::RETRY`]). Only from a thread
+    /// when it cannot be had now (remembered for [`crate::io::ports::RETRY`]). Only from a thread
     /// in the namespace the address was opened in: elsewhere the same address may name
     /// another host's.
     #[cold]
@@ -68,10 +68,11 @@ impl UdpWire {
         match self.locals[i].ports.open(addr, sport, now) {
             Ok(n) => {
                 tracing::debug!(local = %addr, sport, "source-port socket opened");
-                if sport == super::flow::GSI_UDP_SPORT {
+                if sport == crate::io::flow::GSI_UDP_SPORT {
                     if let Some(fd) = self.locals[i].ports.fd(n) {
                         // SAFETY: the table keeps the socket open while it is watched (it
                         // leaves the epoll set when closed)
+                        #[allow(unsafe_code)]
                         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
                         self.unreachable.watch(self.epoll.as_fd(), fd, addr);
                     }
@@ -106,7 +107,7 @@ impl UdpWire {
         let peers = &local.peers;
         let fd_of = |n: u8| match n {
             0 => Some(fd),
-            n if n >= super::peers::FIRST_ID => peers.fd(n),
+            n if n >= crate::io::peers::FIRST_ID => peers.fd(n),
             n => ports.fd(n),
         };
         let faulty = (self.send_faults.as_deref_mut()).filter(|f| f.applies_to(local.addr.ip()));
@@ -126,7 +127,7 @@ impl UdpWire {
                             let tclass = local.out.tclass(k);
                             let sport = match local.out.sock(k) {
                                 0 => self.cfg.port,
-                                n if n >= super::peers::FIRST_ID => {
+                                n if n >= crate::io::peers::FIRST_ID => {
                                     peers.sport(n).unwrap_or(self.cfg.port)
                                 }
                                 n => ports.sport(n).unwrap_or(self.cfg.port),

@@ -3,9 +3,9 @@
 
 use rdma_wire::icrc::{Encap, IpInfo, Ipv4Info};
 
-use super::super::icrc::{self, IcrcCheck, IcrcChecker, PLACE_IDS};
-use super::super::{Arrival, TxPlacement, WireAddr, WireStats};
 use super::{accept, segments};
+use crate::io::icrc::{self, IcrcCheck, IcrcChecker, PLACE_IDS};
+use crate::io::{Arrival, TxPlacement, WireAddr, WireStats};
 
 /// Input: byte 0 flags (bit 0: IPv6), bytes 1-2 the GRO segment size (0: no GRO), byte 3
 /// the IPv4 Identification of the first segment (a receive may start inside a GSO message),

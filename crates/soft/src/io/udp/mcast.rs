@@ -19,16 +19,17 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use super::peers::PeerSockets;
-use super::ports::SportSockets;
-use super::send_batch::SendBatch;
-use super::udp::{Local, UdpWire};
-use super::{share, sys, WireAddr};
+use super::{Local, UdpWire};
+use crate::io::peers::PeerSockets;
+use crate::io::ports::SportSockets;
+use crate::io::send_batch::SendBatch;
+use crate::io::{share, sys, WireAddr};
 use crate::{Error, Result};
 
 /// `IPV6_MULTICAST_ALL` (linux/in6.h; not in the libc crate).
 const IPV6_MULTICAST_ALL: i32 = 29;
 
+#[allow(unsafe_code)]
 fn set_raw<T>(
     fd: &OwnedFd,
     group: WireAddr,
@@ -138,18 +139,14 @@ pub(super) fn open_group(
 }
 
 impl UdpWire {
-    /// [`super::DatagramWire::join_group`].
+    /// [`crate::io::DatagramWire::join_group`].
     pub(super) fn join(&mut self, group: WireAddr, ifindex: u32) -> Result<()> {
         if self.is_group_open(group) {
             return Ok(());
         }
         let buf = i32::try_from(self.cfg.socket_buffer).unwrap_or(i32::MAX);
         let fd = open_group(group, ifindex, self.cfg.port, buf, self.ip_meta)?;
-        let rc = super::udp_park::socket_ctl(
-            self.epoll.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            fd.as_raw_fd(),
-        );
+        let rc = super::park::socket_ctl(self.epoll.as_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd());
         if rc != 0 {
             return Err(Error::last_os("epoll_ctl", Some(group)));
         }

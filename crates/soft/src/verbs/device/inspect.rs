@@ -5,25 +5,8 @@ use rdma_proto::verbs::QpState;
 use serde_json::{json, Value};
 
 use crate::io::WireStats;
-use crate::runtime::{QpCtx, RuntimeStats, UdCtx};
+use crate::runtime::{add_rc, QpCtx, RuntimeStats, UdCtx};
 use crate::verbs::{DeviceShared, PortState};
-
-/// Adds `b`'s transport counters to `a` (the totals of destroyed QPs).
-pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
-    a.req_packets_sent += b.req_packets_sent;
-    a.retransmitted += b.retransmitted;
-    a.timeouts += b.timeouts;
-    a.tail_probes += b.tail_probes;
-    a.early_retransmits += b.early_retransmits;
-    a.spurious_probes += b.spurious_probes;
-    a.rnr_naks_received += b.rnr_naks_received;
-    a.seq_naks_received += b.seq_naks_received;
-    a.responses_sent += b.responses_sent;
-    a.duplicates += b.duplicates;
-    a.dropped += b.dropped;
-    a.naks_sent += b.naks_sent;
-    a.ack_probes += b.ack_probes;
-}
 
 /// The name `rdma resource` prints for a QP state.
 pub(crate) fn state_name(s: QpState) -> &'static str {

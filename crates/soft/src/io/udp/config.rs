@@ -1,12 +1,11 @@
-//! [`UdpConfig`]: the settings of a [`super::UdpWire`].
+//! [`UdpConfig`]: the settings of a [`crate::io::UdpWire`].
 
-use super::fault::FaultSpec;
-use crate::Result;
+use crate::io::fault::FaultSpec;
 
 /// The IANA port of RoCEv2.
 pub const ROCE_PORT: u16 = 4791;
 
-/// Settings of a [`super::UdpWire`].
+/// Settings of a [`crate::io::UdpWire`].
 ///
 /// ```
 /// let cfg = rdma_soft::io::UdpConfig::default();
@@ -37,10 +36,10 @@ pub struct UdpConfig {
     /// (2 MiB for a batch of 32). `RDMA_SOFT_GRO=off` turns it off.
     pub gro: bool,
     /// Share each address with the other processes of this user (`SO_REUSEPORT` group,
-    /// steered by QPN and CM fields: [`super::share`]). Off: the wire holds UDP `port`
+    /// steered by QPN and CM fields: [`crate::io::share`]). Off: the wire holds UDP `port`
     /// on its addresses alone, and a second wire gets [`crate::Error::AddrInUse`].
     pub share: bool,
-    /// The host-local wire ([`super::local`]) for QPs whose peer is one of our processes on
+    /// The host-local wire ([`crate::io::local`]) for QPs whose peer is one of our processes on
     /// this host; needs `share`, and is not used while faults are injected (they apply to
     /// UDP only). `RDMA_SOFT_LOCAL_WIRE=off` turns it off.
     pub host_local: bool,
@@ -64,20 +63,13 @@ impl Default for UdpConfig {
             gro: true,
             share: true,
             host_local: true,
-            local_ring: super::local::DEFAULT_RING,
+            local_ring: crate::io::local::DEFAULT_RING,
             local_pull: Some(crate::PULL_DEFAULT_MIN),
         }
     }
 }
 
 impl UdpConfig {
-    /// The wire part of [`crate::SoftConfig::from_env`] (fault injection, GRO, the
-    /// host-local wire, its rings and pulls from the `RDMA_SOFT_*` variables; an error
-    /// names the variable whose value does not parse).
-    pub fn from_env() -> Result<UdpConfig> {
-        Ok(crate::SoftConfig::from_env()?.wire)
-    }
-
     /// The shortest WRITE this wire's host-local QPs pull, and the smallest region a PD
     /// allocates shared; `None` when pulls are off or the host-local wire is.
     pub fn pull_min(&self) -> Option<u32> {

@@ -2,19 +2,17 @@
 //! port state changes, in a bounded queue with an eventfd to wait on.
 //!
 //! Events are queued by the runtime while it drives the QPs (a migration happens on a packet,
-//! a timeout or a port going down) and by [`Device::set_port_state`]. The queue holds
+//! a timeout or a port going down) and by [`crate::verbs::Device::set_port_state`]. The queue holds
 //! [`ASYNC_QUEUE_LEN`] events; when it is full the oldest is dropped and counted
-//! ([`Device::async_events_dropped`]). The eventfd ([`Device::async_event_fd`]) polls
+//! ([`crate::verbs::Device::async_events_dropped`]). The eventfd ([`crate::verbs::Device::async_event_fd`]) polls
 //! readable exactly while events are queued, so epoll and tokio (`AsyncFd`) users can wait
-//! on it and then drain [`Device::poll_async_event`].
+//! on it and then drain [`crate::verbs::Device::poll_async_event`].
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::time::{Duration, Instant};
+use std::os::fd::RawFd;
 
 use rdma_proto::rc::{MigrationCause, QpEvent};
 
-use super::device::Device;
 use crate::fd::EventFd;
 use crate::{Error, Result};
 
@@ -36,7 +34,7 @@ pub enum AsyncEvent {
     PathMigrated {
         /// The QP.
         qpn: u32,
-        /// Why: forced (port down, [`super::QueuePair::migrate`]), retries exhausted on the
+        /// Why: forced (port down, [`crate::verbs::QueuePair::migrate`]), retries exhausted on the
         /// old path, or the peer migrated.
         cause: MigrationCause,
         /// The port it left.
@@ -52,7 +50,7 @@ pub enum AsyncEvent {
         /// The port that failed.
         port: u8,
     },
-    /// `IBV_EVENT_PORT_ACTIVE`: the port's netdev came up ([`Device::set_port_state`]).
+    /// `IBV_EVENT_PORT_ACTIVE`: the port's netdev came up ([`crate::verbs::Device::set_port_state`]).
     PortActive {
         /// The port.
         port: u8,
@@ -171,57 +169,11 @@ impl AsyncQueue {
     }
 }
 
-impl Device {
-    /// The next asynchronous event without blocking (`ibv_get_async_event` on a
-    /// non-blocking fd), oldest first.
-    ///
-    /// ```
-    /// use rdma_soft::verbs::{AsyncEvent, Device, DeviceConfig};
-    /// let dev = Device::open(DeviceConfig::for_netdev("lo").unwrap()).unwrap();
-    /// assert_eq!(dev.poll_async_event(), None);
-    /// dev.set_port_state(1, false).unwrap();
-    /// assert_eq!(dev.poll_async_event(), Some(AsyncEvent::PortError { port: 1 }));
-    /// dev.set_port_state(1, false).unwrap(); // no change, no event
-    /// assert_eq!(dev.poll_async_event(), None);
-    /// ```
-    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.shared().runtime().async_events().pop()
-    }
-
-    /// Waits up to `timeout` (forever with `None`) for an asynchronous event, in `poll(2)`
-    /// on [`Device::async_event_fd`] (the progress engine drives the device meanwhile).
-    pub fn wait_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
-        let end = timeout.map(|t| Instant::now() + t);
-        loop {
-            if let Some(e) = self.poll_async_event() {
-                return Ok(Some(e));
-            }
-            if end.is_some_and(|e| Instant::now() >= e) {
-                return Ok(None);
-            }
-            crate::progress::wait_fds(&[self.async_event_fd().as_raw_fd()], end)?;
-        }
-    }
-
-    /// An fd (eventfd) that polls readable while asynchronous events are queued: register it
-    /// with epoll or tokio's `AsyncFd`, then drain [`Device::poll_async_event`]. It lives as
-    /// long as the device (keep a clone of the [`Device`] next to a registration).
-    pub fn async_event_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the eventfd is owned by the runtime, which lives as long as the device
-        // state this borrow holds on to.
-        unsafe { BorrowedFd::borrow_raw(self.shared().async_fd()) }
-    }
-
-    /// Events dropped because the queue was full ([`ASYNC_QUEUE_LEN`]).
-    pub fn async_events_dropped(&self) -> u64 {
-        self.shared().runtime().async_events().dropped()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fd::wait_readable;
+    use std::time::Instant;
 
     #[test]
     fn bounded_drop_oldest_and_fd_level() {

@@ -1,14 +1,13 @@
 //! More than one consumer of a device's asynchronous events: a tap gets a copy of every
 //! event queued after it was made, in a bounded queue and with an eventfd of its own, so
 //! that a library driving the device (the connection manager follows path migrations with
-//! one) never takes events from the application's [`Device::poll_async_event`].
+//! one) never takes events from the application's [`crate::verbs::Device::poll_async_event`].
 
 use std::collections::VecDeque;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::async_event::{AsyncEvent, ASYNC_QUEUE_LEN};
-use super::device::Device;
 use crate::fd::EventFd;
 use crate::{Error, Result};
 
@@ -22,7 +21,7 @@ struct TapInner {
     efd: EventFd,
 }
 
-/// A copy of a device's asynchronous events ([`Device::async_tap`]); dropping it stops
+/// A copy of a device's asynchronous events ([`crate::verbs::Device::async_tap`]); dropping it stops
 /// the copies.
 ///
 /// ```
@@ -60,8 +59,7 @@ impl AsyncTap {
 
     /// Readable while this tap holds events (epoll, `AsyncFd`, the CM's engine).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the eventfd lives as long as `inner`, which this borrow holds.
-        unsafe { BorrowedFd::borrow_raw(self.inner.efd.raw()) }
+        self.inner.efd.as_fd()
     }
 
     /// Events this tap dropped because it held [`ASYNC_QUEUE_LEN`] already.
@@ -119,14 +117,6 @@ impl Taps {
             .filter_map(Weak::upgrade)
             .map(|t| t.efd.raw())
             .collect()
-    }
-}
-
-impl Device {
-    /// A tap on the device's asynchronous events: a copy of every later one, taken
-    /// independently of [`Device::poll_async_event`] and of other taps.
-    pub fn async_tap(&self) -> Result<AsyncTap> {
-        self.shared().runtime().async_events().taps().add()
     }
 }
 

@@ -1,7 +1,7 @@
 //! Port claims across processes: rdma_cm's port space, shared by every process of the host
 //! (one per network namespace, as the kernel's).
 //!
-//! A claim is a file `claim-NS-PS-PORT-PID-SEQ` in the [runtime directory](super::share::runtime_dir)
+//! A claim is a file `claim-NS-PS-PORT-PID-SEQ` in the [runtime directory](crate::io::share::runtime_dir)
 //! holding the address, `flock`ed by its owner: a dead process's claims are free at once.
 //! Checks and new claims of one (namespace, port space, port) are serialized by the `flock` of
 //! `port-NS-PS-PORT.lock`. The steering program reads the live claims to send a REQ to the
@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::share::{
+use crate::io::share::{
     self, current_netns, held, lock, lock_path, open_rw, runtime_dir, try_lock_existing,
 };
 use crate::{Error, Result};

@@ -1,12 +1,12 @@
-//! The host-local part of [`UdpWire`] ([`super::local`]): set up on first use, read beside
+//! The host-local part of [`UdpWire`] ([`crate::io::local`]): set up on first use, read beside
 //! the sockets, looked at less often than the rings while a busy-poller reads them.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use super::local::{HostLocal, HostPeer};
-use super::udp::UdpWire;
-use super::{share, Arrival, TxMeta, WireAddr};
+use super::UdpWire;
+use crate::io::local::{HostLocal, HostPeer};
+use crate::io::{share, Arrival, TxMeta, WireAddr};
 use crate::{Error, Result};
 
 /// While the rings carry traffic, a busy-polling receive looks at the clock on every
@@ -60,13 +60,14 @@ impl UdpWire {
             }
         };
         let fd = l.bell_fd();
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: both descriptors are open; `ev` is a valid event.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0
-        {
+        let added = crate::fd::epoll_ctl(
+            self.epoll.as_fd(),
+            libc::EPOLL_CTL_ADD,
+            fd,
+            libc::EPOLLIN as u32,
+            fd as u64,
+        );
+        if added.is_err() {
             tracing::debug!("no host-local wire: epoll_ctl on its bell failed");
             self.local.failed = true;
             return None;
@@ -89,7 +90,7 @@ impl UdpWire {
         })
     }
 
-    /// [`super::DatagramWire::emit_host`]: `write` fills the ring's room directly.
+    /// [`crate::io::DatagramWire::emit_host`]: `write` fills the ring's room directly.
     pub(super) fn local_emit(
         &mut self,
         peer: HostPeer,
@@ -110,13 +111,13 @@ impl UdpWire {
         }
     }
 
-    /// [`super::DatagramWire::recv`]: the rings, then (unless a busy-poller skips them this
+    /// [`crate::io::DatagramWire::recv`]: the rings, then (unless a busy-poller skips them this
     /// time) the bell and the sockets.
     pub(super) fn recv_with_local(
         &mut self,
         deliver: &mut dyn FnMut(&Arrival, &[u8]),
     ) -> Result<usize> {
-        let epoll = self.epoll.as_raw_fd();
+        let epoll = self.epoll.as_fd();
         let p = &mut self.local;
         let Some(l) = p.wire.as_mut() else {
             return self.recv_all(deliver);
@@ -172,7 +173,7 @@ impl UdpWire {
         Ok(n + m)
     }
 
-    /// [`super::DatagramWire::idle_poll`]: the rings carry traffic, none has a record now,
+    /// [`crate::io::DatagramWire::idle_poll`]: the rings carry traffic, none has a record now,
     /// and the sockets and the bell are not due (they would be read on this call).
     pub(super) fn local_idle_poll(&mut self) -> bool {
         let p = &mut self.local;
@@ -201,18 +202,17 @@ impl UdpWire {
 /// Whether the bell (`bell`) and any socket of the wire's epoll set `epoll` are readable
 /// now, by one `epoll_wait` that does not block; both when it cannot tell. The rings'
 /// eventfds in the set are edge-triggered: this call is what consumes their events.
-fn ready_sources(epoll: RawFd, bell: RawFd) -> (bool, bool) {
+fn ready_sources(epoll: BorrowedFd<'_>, bell: RawFd) -> (bool, bool) {
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
-    // SAFETY: a live array of `evs.len()` entries.
-    let n = unsafe { libc::epoll_wait(epoll, evs.as_mut_ptr(), evs.len() as i32, 0) };
-    if n < 0 || n as usize == evs.len() {
-        return (true, true);
-    }
+    let n = match crate::fd::epoll_wait(epoll, &mut evs, 0) {
+        Ok(n) if n < evs.len() => n,
+        _ => return (true, true),
+    };
     let (mut b, mut s) = (false, false);
-    for ev in &evs[..n as usize] {
+    for ev in &evs[..n] {
         if ev.u64 == bell as u64 {
             b = true;
-        } else if ev.u64 & super::local::EFD_TOKEN == 0 {
+        } else if ev.u64 & crate::io::local::EFD_TOKEN == 0 {
             s = true;
         }
         // a ring's eventfd (edge-triggered, never read): the rings are read anyway
