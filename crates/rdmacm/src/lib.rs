@@ -172,9 +172,9 @@ mod config;
 mod context;
 mod engine;
 mod error;
-mod params;
 mod ha;
 mod ha_policy;
+mod params;
 mod ports;
 
 pub use async_api::{

@@ -18,8 +18,8 @@ use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::event::Event;
 use crate::cm::id::CmId;
-use crate::params::EventType;
 use crate::error::{CloseReason, Error, Result};
+use crate::params::EventType;
 use crate::ports::PortSpace;
 
 async fn until<T>(

@@ -14,8 +14,8 @@ use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::event::Event;
 use crate::cm::id::CmId;
-use crate::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
+use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// How [`Incoming::accept`] and [`Listener::accept_with`] accept.

@@ -84,8 +84,8 @@ pub use setup::Setup;
 pub use stream::RdmaStream;
 
 use crate::cm::event::Event;
-use crate::params::EventType;
 use crate::error::{Error, Result};
+use crate::params::EventType;
 
 /// Largest message [`Connection::send`] takes and [`Connection::recv`] returns (64 KiB), by
 /// default: [`ConnectOptions::max_message`] and [`ListenerBuilder::max_message`] set it

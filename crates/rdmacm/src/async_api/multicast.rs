@@ -16,8 +16,8 @@ use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::id::CmId;
 use crate::cm::mcast::McJoinFlags;
-use crate::params::EventType;
 use crate::error::{Error, Result};
+use crate::params::EventType;
 use crate::ports::PortSpace;
 
 /// Receives posted (and datagrams a [`Multicast`] can hold unread).

@@ -7,9 +7,9 @@ use super::setup::Setup;
 use super::sizes::MsgSizes;
 use super::{MAX_MESSAGE, WINDOW};
 use crate::cm::cma::Cma;
-use crate::params::ConnParam;
 use crate::error::Result;
 use crate::ha_policy::HaPolicy;
+use crate::params::ConnParam;
 
 /// How [`Connection::connect`](super::Connection::connect) connects: a builder ([`ConnectOptions::new`], then a method
 /// per setting); the fields are readable, and [`Resolved::options_mut`](super::Resolved::options_mut) changes them

@@ -15,8 +15,8 @@ use super::{blocking, event_error, MAX_REQ_PRIVATE_DATA};
 use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::id::CmId;
-use crate::params::{ConnParam, EventType};
 use crate::error::{Error, Result};
+use crate::params::{ConnParam, EventType};
 use crate::ports::PortSpace;
 
 /// What [`Connection::reconnect`] gives back: the new connection and what the old one did

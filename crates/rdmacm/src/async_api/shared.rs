@@ -15,8 +15,8 @@ use super::{tag, IMM_CTRL, TAG_CTRL, TAG_OP, TAG_RECV, TAG_SEND, TAG_SHIFT};
 use crate::cm::channel::EventChannel;
 use crate::cm::event::Event;
 use crate::cm::id::CmId;
-use crate::params::EventType;
 use crate::error::CloseReason;
+use crate::params::EventType;
 
 thread_local! {
     /// The completions buffer of [`Shared::on_queued`].

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use crate::cm::cma::Cma;
 use crate::cm::event::Event;
-use crate::params::EventType;
 use crate::context::state::ChanState;
 use crate::context::Ctx;
 use crate::error::{Error, Result};
+use crate::params::EventType;
 use rdma_soft::fd::EventFd;
 
 /// `struct rdma_event_channel`: the queue of events of the ids created on it.

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::context::id_entry::IdNum;
 use crate::context::Ctx;
+use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 
 /// An event (`struct rdma_cm_event`). Dropping it acknowledges it (`rdma_ack_cm_event`):
 /// destroying its id waits until then.

@@ -17,10 +17,10 @@ use std::net::{IpAddr, SocketAddr};
 use rdma_hostview::MacAddr;
 
 use crate::cm::id::CmId;
-use crate::params::EventType;
 use crate::context::id_entry::{IdState, McJoin, QpKind};
 use crate::engine::mcast_events::{mc_event, mgid};
 use crate::error::{Error, Result};
+use crate::params::EventType;
 
 /// How to join (`rdma_join_multicast_ex`'s `join_flags`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

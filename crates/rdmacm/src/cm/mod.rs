@@ -17,7 +17,6 @@ pub(crate) mod event;
 pub(crate) mod id;
 pub(crate) mod mcast;
 
-
 pub use crate::cm::channel::{EventChannel, EventStream};
 pub use crate::cm::cma::Cma;
 #[doc(hidden)]
@@ -25,9 +24,6 @@ pub use crate::cm::cma::PauseGuard;
 pub use crate::cm::event::Event;
 pub use crate::cm::id::{CmId, CmOption};
 pub use crate::cm::mcast::McJoinFlags;
-pub use crate::params::{
-    ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN,
-};
 pub use crate::config::{
     CmaConfig, CmaConfigBuilder, DeviceSpec, DEVICES_ENV, DRIVER_ENV, HA_RETURN_ENV,
 };
@@ -38,4 +34,7 @@ pub use crate::context::id_entry::{IdState, QpKind};
 pub use crate::engine::connect::RDMA_UDP_QKEY;
 pub use crate::error::{reject_reason_text, RejectCause};
 pub use crate::ha_policy::{HaPolicy, ALIGN_ADDR_GONE, ALIGN_PATH_MOVED, HA_ENV};
+pub use crate::params::{
+    ConnEventParam, ConnParam, EventType, McastJoined, UdParam, MULTICAST_QPN,
+};
 pub use crate::ports::PortSpace;

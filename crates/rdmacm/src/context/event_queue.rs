@@ -2,11 +2,11 @@
 
 use std::sync::MutexGuard;
 
-use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 use crate::context::id_entry::{IdNum, IdState};
 use crate::context::state::State;
 use crate::context::Inner;
 use crate::error::Error;
+use crate::params::{ConnEventParam, EventType, PendingEvent, UdParam};
 
 impl Inner {
     /// Queues an event for an id's channel.

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use rdma_proto::cm::ConnHandle;
 use rdma_soft::verbs::QueuePair;
 
-use crate::params::ConnEventParam;
 use crate::context::counters::IdCounters;
 use crate::host::resolve::{Binding, ResolvedAddr};
 use crate::host::route::RocePath;
+use crate::params::ConnEventParam;
 use crate::ports::{BindHandle, PortSpace};
 
 /// Number of an id: never reused within a context.

@@ -3,12 +3,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::params::PendingEvent;
 use crate::context::counters::CmCounters;
 use crate::context::device_entry::DevEntry;
 use crate::context::held_request::HeldReq;
 use crate::context::id_entry::{IdNum, IdSlot};
 use crate::host::resolve::ResolvedAddr;
+use crate::params::PendingEvent;
 use crate::ports::PortTables;
 use rdma_soft::fd::EventFd;
 

@@ -3,12 +3,12 @@
 use rdma_proto::cm::{RepParams, SidrRepParams};
 use rdma_wire::cm::{RejectReason, SidrStatus};
 
-use crate::params::ConnParam;
 use crate::context::id_entry::{IdSlot, IdState, QpKind};
 use crate::context::state::State;
 use crate::context::IdRef;
 use crate::engine::connect::{qp_to_rts, Conn, RDMA_UDP_QKEY};
 use crate::error::{Error, Result};
+use crate::params::ConnParam;
 
 /// The child id of `id` that can still be answered: its device, connection and slot.
 fn passive<'a>(

@@ -12,7 +12,6 @@ use rdma_wire::cm::SidrStatus;
 use rdma_wire::ip_cm::{req_private_data, sidr_req_private_data, IpCmHeaderRepr, ServiceId};
 use rdma_wire::time::IbaTime;
 
-use crate::params::{ConnEventParam, ConnParam, EventType, UdParam};
 use crate::context::id_entry::{IdNum, IdSlot, Remote};
 use crate::context::id_entry::{IdState, QpKind};
 use crate::context::state::State;
@@ -20,6 +19,7 @@ use crate::context::IdRef;
 use crate::context::Inner;
 use crate::error::{Error, Result};
 use crate::host::addr::Gid;
+use crate::params::{ConnEventParam, ConnParam, EventType, UdParam};
 
 /// The default Q_Key of rdma_cm UD ids (`RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;

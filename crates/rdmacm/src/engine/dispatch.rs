@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use rdma_proto::cm::CmEvent;
 
-use crate::params::{ConnEventParam, EventType};
 use crate::context::id_entry::{IdNum, IdState, QpKind};
 use crate::context::state::State;
 use crate::context::Inner;
 use crate::engine::connect::{on_rep, on_sidr_rep, qp_to_err};
 use crate::host::watch::{ChangeReason, Notification};
+use crate::params::{ConnEventParam, EventType};
 use rdma_proto::cm::CmState;
 
 /// DISCONNECTED is reported to connected ids, also after DEVICE_REMOVAL (we never tear a

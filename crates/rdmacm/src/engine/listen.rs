@@ -9,7 +9,6 @@ use rdma_proto::cm::{ReqReceived, SidrRepParams, SidrReqReceived};
 use rdma_wire::cm::{CmPathRepr, RejectReason, SidrStatus};
 use rdma_wire::ip_cm::{IpCmHeaderRepr, ServiceId, IP_CM_HEADER_LEN};
 
-use crate::params::{ConnEventParam, EventType, PendingEvent};
 use crate::context::held_request::{HeldMad, HeldReq};
 use crate::context::id_entry::IdState;
 use crate::context::id_entry::{IdNum, IdSlot, Remote};
@@ -19,6 +18,7 @@ use crate::engine::connect::Conn;
 use crate::error::{Error, RejectCause, Result};
 use crate::host::resolve::ResolvedAddr;
 use crate::host::route::{flow_label_to_udp_sport, RocePath, RouteParams};
+use crate::params::{ConnEventParam, EventType, PendingEvent};
 
 /// Why a request was refused, and the listener it matched if it got that far.
 type Refused = (RejectCause, Option<IdNum>);

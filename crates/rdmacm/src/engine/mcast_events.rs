@@ -5,14 +5,12 @@ use std::net::{IpAddr, SocketAddr};
 
 use rdma_soft::verbs::PathAttr;
 
-use crate::params::{
-    ConnEventParam, EventType, McastJoined, PendingEvent, UdParam, MULTICAST_QPN,
-};
 use crate::context::id_entry::{IdNum, McJoin};
 use crate::context::state::State;
 use crate::context::Inner;
 use crate::engine::connect::RDMA_UDP_QKEY;
 use crate::host::watch::{ChangeReason, Notification};
+use crate::params::{ConnEventParam, EventType, McastJoined, PendingEvent, UdParam, MULTICAST_QPN};
 
 /// A group's MGID.
 pub(crate) fn mgid(group: IpAddr) -> [u8; 16] {

@@ -5,4 +5,3 @@
 pub(crate) mod lap;
 pub(crate) mod migrate;
 pub(crate) mod rails;
-

@@ -7,7 +7,6 @@ use std::time::Duration;
 use rdma_soft::verbs::{QpAttr, QpAttrMask, QpState};
 
 use super::{bad_state, scoped, CmId};
-use crate::params::{ConnEventParam, ConnParam, EventType};
 use crate::context::id_entry::IdState;
 use crate::context::run_on::block_here;
 use crate::context::Inner;
@@ -15,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::host::addr::ScopedIp;
 use crate::host::resolve::Binding;
 use crate::host::route::{RocePath, RouteParams};
+use crate::params::{ConnEventParam, ConnParam, EventType};
 use crate::ports::BindRequest;
 
 impl CmId {

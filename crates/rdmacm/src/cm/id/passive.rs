@@ -3,10 +3,10 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{bad_state, CmId};
-use crate::params::ConnParam;
 use crate::context::id_entry::{IdState, ListenState};
 use crate::context::Inner;
 use crate::error::{Error, Result};
+use crate::params::ConnParam;
 
 impl CmId {
     /// `rdma_listen`: listens for requests (binding to 0.0.0.0 first if IDLE). A specific

@@ -281,11 +281,8 @@ mod tests {
         let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
         h.msg_hdr.msg_iov = &mut iov;
         h.msg_hdr.msg_iovlen = 1;
-        let out = crate::io::send_batch::send_all(
-            sock.as_raw_fd(),
-            std::slice::from_mut(&mut h),
-            &[1],
-        );
+        let out =
+            crate::io::send_batch::send_all(sock.as_raw_fd(), std::slice::from_mut(&mut h), &[1]);
         assert_eq!((out.sent, out.failed), (1, 0), "{:?}", out.last_error);
     }
 }
