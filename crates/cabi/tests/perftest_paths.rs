@@ -153,7 +153,7 @@ fn lat_figures(out: &str, n: &str) -> Option<Vec<f64>> {
 fn ib_send_lat_over_roce_udp_reports_finite_latency() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let n = iters();
-    for (try_, port) in (17630u16..17633).enumerate() {
+    for (try_, port) in (17650u16..17653).enumerate() {
         let p = port.to_string();
         let a = ["-d", "lo", "-x", "0", "-F", "-s", "64", "-p", &p, "-n", &n];
         let mut client = prog("ib_send_lat");
