@@ -6,64 +6,10 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::lib_dir;
-
-/// How long one program may run.
-const LIMIT: Duration = Duration::from_secs(60);
-
-/// Debian's program `name`, which must be installed.
-fn prog(name: &str) -> Command {
-    let path = Path::new("/usr/bin").join(name);
-    assert!(
-        path.exists(),
-        "{name} is missing: apt-get install ibverbs-utils rdmacm-utils perftest qperf libfabric-bin fio (CI does)"
-    );
-    let mut c = Command::new(path);
-    c.env("LD_LIBRARY_PATH", lib_dir());
-    c
-}
-
-/// A running program whose output goes to a file (a pipe nobody reads would stall it).
-struct Run {
-    child: Child,
-    out: PathBuf,
-}
-
-fn start(mut c: Command) -> Run {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let out = std::env::temp_dir().join(format!("rdma-cabi-{}-{n}.out", std::process::id()));
-    let f = std::fs::File::create(&out).unwrap();
-    let child = c
-        .stdout(f.try_clone().unwrap())
-        .stderr(f)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    Run { child, out }
-}
-
-/// Waits for the program (killed past LIMIT, or at once with `kill`): its status and output.
-fn finish(mut r: Run, kill: bool) -> (std::process::ExitStatus, String) {
-    let end = Instant::now() + LIMIT;
-    if kill {
-        let _ = r.child.kill();
-    }
-    while r.child.try_wait().unwrap().is_none() {
-        if Instant::now() > end {
-            let _ = r.child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let status = r.child.wait().unwrap();
-    let text = String::from_utf8_lossy(&std::fs::read(&r.out).unwrap_or_default()).into_owned();
-    let _ = std::fs::remove_file(&r.out);
-    (status, text)
-}
+use support::{cm_listening, finish_or_kill as finish, lib_dir, prog, start, LIMIT};
 
 /// What a server listens on once it is ready for its client.
 #[derive(Clone, Copy)]
@@ -74,29 +20,9 @@ enum Ready {
     Tcp(u16),
 }
 
-/// Our inspection tool, from the same target directory as this test.
-fn rdma_soft_tool() -> Command {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join("rdma-soft");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo build -p rdma-tools",
-        path.display()
-    );
-    Command::new(path)
-}
-
 fn listening(r: Ready) -> bool {
     match r {
-        Ready::Cm(port) => {
-            let o = with(rdma_soft_tool(), &["resource", "show", "cm_id"])
-                .output()
-                .unwrap();
-            let want = format!(":{port} ");
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .any(|l| l.contains("state LISTEN") && l.contains(&want))
-        }
+        Ready::Cm(port) => cm_listening(None, port),
         Ready::Tcp(port) => ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
             // local_address is HEX_IP:HEX_PORT, state 0A is LISTEN
             let want = format!(":{port:04X} ");
@@ -518,7 +444,7 @@ fn both_names_map_one_library() {
         assert!(Instant::now() < end, "rping never listened");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.child.id())).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", s.pid())).unwrap();
     let (_, _) = finish(s, true);
     let libs: std::collections::BTreeSet<&str> = maps
         .lines()

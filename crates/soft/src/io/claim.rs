@@ -233,7 +233,9 @@ impl PortClaim {
         let mut f = open_rw(&path).map_err(io)?;
         lock(&f, true, true).map_err(io)?;
         f.set_len(0).map_err(io)?;
-        writeln!(f, "{addr} {}", u8::from(afonly)).map_err(io)?;
+        // One write (a formatted write to a file makes one per piece).
+        f.write_all(format!("{addr} {}\n", u8::from(afonly)).as_bytes())
+            .map_err(io)?;
         drop(serial);
         tracing::debug!(%addr, ps, port, "port claimed");
         OWN.lock().unwrap_or_else(|e| e.into_inner()).push((
