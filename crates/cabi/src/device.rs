@@ -39,7 +39,40 @@ pub struct Ctx {
 /// The process-wide connection manager the devices come from.
 pub fn cma() -> Result<rdmacm::cm::Cma, rdmacm::Error> {
     crate::config::init();
-    rdmacm::cm::Cma::global_with(crate::config::cma_config)
+    let c = rdmacm::cm::Cma::global_with(crate::config::cma_config)?;
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain function, run once by exit().
+    AT_EXIT.call_once(|| unsafe {
+        EXIT_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+        libc::atexit(end_connections_at_exit);
+    });
+    Ok(c)
+}
+
+/// The process that registered [`end_connections_at_exit`]: a child forked later inherits
+/// the registration but not the threads (or the connections) of the context.
+static EXIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// At exit, what Linux does when the process's rdma_cm file closes: the connections of ids
+/// the program did not destroy end (qperf 0.4.11's server exits leaving its connected id,
+/// whose DREP its client waits for).
+/// Run in a thread of its own: the exiting thread's thread-locals are gone by now.
+extern "C" fn end_connections_at_exit() {
+    if EXIT_PID.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        let t = std::thread::Builder::new()
+            .name("rdmacm-exit".into())
+            .spawn(|| {
+                if let Ok(c) = rdmacm::cm::Cma::global_with(crate::config::cma_config) {
+                    c.end_connections();
+                }
+            });
+        if let Ok(t) = t {
+            let _ = t.join();
+        }
+    });
 }
 
 fn registry() -> &'static Mutex<Vec<&'static Dev>> {

@@ -302,26 +302,6 @@ pub unsafe extern "C" fn rdma_get_request(
     }
 }
 
-/// The head of `struct ibv_qp_init_attr_ex` up to `create_flags`, the part
-/// `rdma_create_qp_ex` reads (offsets checked in the tests below against rdma-core 44's
-/// header: `comp_mask` 60, `pd` 64, `create_flags` 80).
-/// `ibv_qp_init_attr`'s fields come first, but `comp_mask` follows `sq_sig_all` directly
-/// (no tail padding as in `ibv_qp_init_attr`).
-#[repr(C)]
-struct QpInitAttrExHead {
-    qp_context: *mut c_void,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    srq: *mut ibv_srq,
-    cap: ibv_qp_cap,
-    qp_type: c_int,
-    sq_sig_all: c_int,
-    comp_mask: u32,
-    pd: *mut ibv_pd,
-    xrcd: *mut c_void,
-    create_flags: u32,
-}
-
 /// `IBV_QP_INIT_ATTR_PD`, `IBV_QP_INIT_ATTR_CREATE_FLAGS`, `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 const INIT_ATTR_PD: u32 = 1;
 const INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
@@ -329,12 +309,14 @@ const INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`.
 const CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
 
-/// `rdma_create_qp_ex`: the common part, the PD when given, and of the create flags
-/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` (others, XRC, RSS ...: `EOPNOTSUPP`).
+/// `rdma_create_qp_ex`: the common part, the PD when given, of the create flags
+/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` (others, XRC, RSS ...: `EOPNOTSUPP`), and
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` as `ibv_create_qp_ex` takes it (`ibv_qp_to_qp_ex` of
+/// the id's QP then gives the `ibv_wr_*` interface; unsupported ops: `EOPNOTSUPP`, no QP).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
-    // SAFETY: the caller's ibv_qp_init_attr_ex, whose head this is.
-    let Some(ex) = (unsafe { attr.cast::<QpInitAttrExHead>().as_mut() }) else {
+    // SAFETY: the caller's ibv_qp_init_attr_ex (layout checked in layout.rs).
+    let Some(ex) = (unsafe { attr.cast::<ibv_qp_init_attr_ex>().as_mut() }) else {
         return minus_one(libc::EINVAL);
     };
     let known = INIT_ATTR_PD | INIT_ATTR_CREATE_FLAGS | INIT_ATTR_SEND_OPS_FLAGS;
@@ -352,6 +334,10 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_voi
         0
     };
     if flags & !CREATE_BLOCK_SELF_MCAST_LB != 0 {
+        return minus_one(libc::EOPNOTSUPP);
+    }
+    let ops = ex.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0;
+    if ops && !crate::qp_ex::send_ops_supported(ex.qp_type, ex.send_ops_flags) {
         return minus_one(libc::EOPNOTSUPP);
     }
     let mut base = ibv_qp_init_attr {
@@ -372,14 +358,20 @@ pub unsafe extern "C" fn rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_voi
     ex.send_cq = base.send_cq;
     ex.recv_cq = base.recv_cq;
     ex.cap = base.cap;
+    // SAFETY: the id's QP, just made by us; the application has not seen it yet.
+    let qp = unsafe { id_ref(id).map_or(null_mut(), |i| i.c.qp) };
     if flags & CREATE_BLOCK_SELF_MCAST_LB != 0 {
-        // SAFETY: the id's QP, just made by us.
-        let qp = unsafe { id_ref(id).and_then(|i| i.c.qp.cast::<crate::qp::Qp>().as_ref()) };
-        if let Some(Err(e)) = qp.map(|q| q.qp.set_block_self_mcast_loopback(true)) {
+        // SAFETY: as above.
+        let q = unsafe { qp.cast::<crate::qp::Qp>().as_ref() };
+        if let Some(Err(e)) = q.map(|q| q.qp.set_block_self_mcast_loopback(true)) {
             // SAFETY: the id's QP.
             unsafe { rdma_destroy_qp(id) };
             return minus_one(soft_errno(&e));
         }
+    }
+    if ops && !qp.is_null() {
+        // SAFETY: as above.
+        unsafe { crate::qp::enable_send_ops(qp) };
     }
     0
 }
@@ -465,15 +457,3 @@ pub extern "C" fn rdma_create_srq_ex(_id: *mut rdma_cm_id, _attr: *mut c_void) -
 /// Nothing to destroy (no CM-made SRQ).
 #[no_mangle]
 pub extern "C" fn rdma_destroy_srq(_id: *mut rdma_cm_id) {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ex_head_matches_rdma_cores_offsets() {
-        assert_eq!(std::mem::offset_of!(QpInitAttrExHead, comp_mask), 60);
-        assert_eq!(std::mem::offset_of!(QpInitAttrExHead, pd), 64);
-        assert_eq!(std::mem::offset_of!(QpInitAttrExHead, create_flags), 80);
-    }
-}

@@ -1,6 +1,7 @@
 //! Shared by the tests that run C programs over our libraries (`qp_ex.rs`,
-//! `perftest_paths.rs`, `programs.rs`, `mckey.rs`, `perftest_cm.rs`): the library directory (linked once per run from the static library
-//! cargo built, `scripts/build-cabi.sh --no-build`), Debian's programs, server/client pairs.
+//! `perftest_paths.rs`, `programs.rs`, `mckey.rs`, `perftest_cm.rs`): the library directory
+//! (linked once per run from the static library cargo built, `scripts/build-cabi.sh
+//! --no-build`), Debian's programs, their runs, server/client pairs, listener checks.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -45,7 +46,7 @@ pub fn bin(name: &str) -> PathBuf {
     let path = Path::new("/usr/bin").join(name);
     assert!(
         path.exists(),
-        "{name} is missing: apt-get install perftest ibverbs-utils (CI does)"
+        "{name} is missing: apt-get install ibverbs-utils rdmacm-utils perftest qperf libfabric-bin fio (CI does)"
     );
     path
 }
@@ -86,8 +87,16 @@ pub fn start(mut c: Command) -> Run {
 }
 
 /// Waits for the program (killed past LIMIT): its status and output.
-pub fn finish(mut r: Run) -> (ExitStatus, String) {
+pub fn finish(r: Run) -> (ExitStatus, String) {
+    finish_or_kill(r, false)
+}
+
+/// [`finish`], killing the program first with `kill` (a server that runs until stopped).
+pub fn finish_or_kill(mut r: Run, kill: bool) -> (ExitStatus, String) {
     let end = Instant::now() + LIMIT;
+    if kill {
+        r.child.kill().ok();
+    }
     while r.child.try_wait().unwrap().is_none() {
         if Instant::now() > end {
             r.child.kill().ok();
@@ -99,6 +108,27 @@ pub fn finish(mut r: Run) -> (ExitStatus, String) {
     let text = String::from_utf8_lossy(&std::fs::read(&r.out).unwrap_or_default()).into_owned();
     std::fs::remove_file(&r.out).ok();
     (status, text)
+}
+
+/// Whether our `rdma-soft` tool (from this test's target directory; in `host`'s namespace
+/// when given) shows an rdma_cm listener on `port`.
+pub fn cm_listening(host: Option<&rdma_testhosts::Host>, port: u16) -> bool {
+    let exe = std::env::current_exe().unwrap();
+    let tool = exe.parent().unwrap().parent().unwrap().join("rdma-soft");
+    assert!(
+        tool.exists(),
+        "{} is missing: cargo build -p rdma-tools --bin rdma-soft",
+        tool.display()
+    );
+    let mut c = match host {
+        Some(h) => h.command(tool.to_str().unwrap()),
+        None => Command::new(&tool),
+    };
+    let o = c.args(["resource", "show", "cm_id"]).output().unwrap();
+    let want = format!(":{port} ");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.contains("state LISTEN") && l.contains(&want))
 }
 
 /// Whether the process `pid` (in its own network namespace) has a TCP socket listening on

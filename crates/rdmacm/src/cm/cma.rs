@@ -155,6 +155,20 @@ impl Cma {
         Ok(GLOBAL.get_or_init(|| c).clone())
     }
 
+    /// Ends every connection of this context as destroying its id would (a DREQ, the DREP
+    /// a received DREQ waits for, a REJ), sent before this returns, without waiting for
+    /// events handed out: what Linux does when a process's rdma_cm file closes at exit. For
+    /// a C library's `atexit` (programs that exit without destroying their ids); the ids
+    /// stay, with no connection.
+    ///
+    /// ```no_run
+    /// rdmacm::cm::Cma::global()?.end_connections();
+    /// # Ok::<(), rdmacm::Error>(())
+    /// ```
+    pub fn end_connections(&self) {
+        crate::engine::run::end_all(&self.inner);
+    }
+
     /// For tests that need a MAD to wait before the CM looks at it (a host change racing
     /// with a request): the engine leaves this context's CM alone until the guard is
     /// dropped (MADs stay queued on the devices). Not for applications.

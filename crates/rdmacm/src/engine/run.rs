@@ -433,6 +433,27 @@ pub(crate) fn forget_conn(st: &mut State, now: u64, dev: u32, conn: ConnHandle) 
     }
 }
 
+/// [`crate::cm::Cma::end_connections`]: every id's connection ends as its destroy would end
+/// it, and what that sends leaves now.
+pub(crate) fn end_all(inner: &Arc<Inner>) {
+    let mut st = inner.lock();
+    let now = inner.now();
+    let conns: Vec<(u32, ConnHandle)> = st
+        .ids
+        .values_mut()
+        .filter_map(|s| Some((s.dev?, s.conn.take()?)))
+        .collect();
+    let mut devs: Vec<u32> = conns.iter().map(|(i, _)| *i).collect();
+    devs.sort_unstable();
+    devs.dedup();
+    for (i, c) in conns {
+        forget_conn(&mut st, now, i, c);
+    }
+    for i in devs {
+        inner.drain_agent(&mut st, i);
+    }
+}
+
 /// Queues up to this long are cleaned of a destroyed id's events at once.
 const SCAN_QUEUE: usize = 64;
 

@@ -369,8 +369,13 @@ impl GroupLock {
 
 /// The program's table for a group: its members and the listeners on its address.
 fn table_of(key: &GroupKey, t: &[Entry]) -> Table {
+    table_with(t, claim::services(key.ns, key.addr.ip()))
+}
+
+/// The program's table for entries `t` and the claimed `(service, pid)` of their address.
+fn table_with(t: &[Entry], services: Vec<(u64, u32)>) -> Table {
     let slots: Vec<u8> = t.iter().map(|e| e.slot).collect();
-    let services = claim::services(key.ns, key.addr.ip())
+    let services = services
         .into_iter()
         .filter_map(|(sid, pid)| {
             let idx = t.iter().position(|e| e.pid == pid)?;
@@ -478,7 +483,8 @@ impl Member {
     /// `docs/SHARING.md`). Ignored while the table is younger than [`SETTLE`] (the datagram
     /// may have been steered by the program before the last change).
     pub(crate) fn evidence(&self, seen: u8) -> Result<()> {
-        self.swap_with(|t| t.iter().position(|e| e.slot == seen), false)
+        self.swap_with(|t| t.iter().position(|e| e.slot == seen), false, None)
+            .map(drop)
     }
 
     /// [`Member::evidence`] for a REQ or SIDR_REQ for service `sid` that reached this
@@ -495,19 +501,23 @@ impl Member {
         self.swap_with(
             |t| owner.and_then(|pid| t.iter().position(|e| e.pid == pid)),
             true,
+            None,
         )
+        .map(drop)
     }
 
     /// Swaps this member's entry with the one `other` finds (when the table has settled),
-    /// else (or with `rebuild`, when nothing is to swap) re-attaches the program.
+    /// else (or with `rebuild`, when nothing is to swap) re-attaches the program, built with
+    /// `claims` when given (else read now). Returns whether it attached a program.
     fn swap_with(
         &self,
         other: impl FnOnce(&[Entry]) -> Option<usize>,
         rebuild: bool,
-    ) -> Result<()> {
+        claims: Option<&claim::Claims>,
+    ) -> Result<bool> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         let Some(fd) = sock.as_ref() else {
-            return Ok(());
+            return Ok(false);
         };
         let g = GroupLock::take(&self.key)?;
         let young = std::fs::metadata(&g.tab)
@@ -522,12 +532,22 @@ impl Member {
             .filter(|(k, j)| k != j);
         match pair {
             Some((k, j)) => t.swap(k, j),
-            None if !rebuild => return Ok(()),
+            None if !rebuild => return Ok(false),
             None => {}
         }
         prune(&g.dir, &mut t);
-        steer::attach(fd.as_raw_fd(), &table_of(&self.key, &t)).map_err(os("attach"))?;
-        write_table(&g.tab, &t)
+        if pair.is_none() && t.len() <= 1 {
+            // Alone in the group: the kernel has no other socket to steer to, and a process
+            // that joins attaches a program built from the table and the claims then.
+            return Ok(false);
+        }
+        let services = match claims {
+            Some(c) => c.services(self.key.addr.ip()),
+            None => claim::services(self.key.ns, self.key.addr.ip()),
+        };
+        steer::attach(fd.as_raw_fd(), &table_with(&t, services)).map_err(os("attach"))?;
+        write_table(&g.tab, &t)?;
+        Ok(true)
     }
 
     /// Whether another live process, and not this one, listens on service `sid` at this
@@ -536,25 +556,33 @@ impl Member {
         claim::listener_elsewhere(self.key.ns, self.key.addr.ip(), sid)
     }
 
-    /// Attaches a program rebuilt from the table and the claims (after a listen).
-    fn rebuild(&self) -> Result<()> {
-        self.swap_with(|_| None, true)
+    /// Attaches a program rebuilt from the table and `claims` (after a listen).
+    fn rebuild(&self, claims: &claim::Claims) -> Result<bool> {
+        self.swap_with(|_| None, true, Some(claims))
     }
 }
 
 /// Rebuilds the program of this process's groups on `addr` (every address for a wildcard)
-/// in namespace `ns`: a listener came or went.
-pub(crate) fn refresh(ns: u64, addr: std::net::IpAddr) -> Result<()> {
+/// in namespace `ns`: a listener came or went. The claims are read once for all of them,
+/// and a group this process is alone in keeps its program (nothing to steer between).
+/// Returns how many programs were attached.
+pub(crate) fn refresh(ns: u64, addr: std::net::IpAddr) -> Result<usize> {
     let live: Vec<Arc<Member>> = {
         let all = members().lock().unwrap_or_else(|e| e.into_inner());
-        all.iter().filter_map(Weak::upgrade).collect()
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .filter(|m| m.key.ns == ns && (addr.is_unspecified() || m.key.addr.ip() == addr))
+            .collect()
     };
-    for m in live {
-        if m.key.ns == ns && (addr.is_unspecified() || m.key.addr.ip() == addr) {
-            m.rebuild()?;
-        }
+    if live.is_empty() {
+        return Ok(0);
     }
-    Ok(())
+    let claims = claim::Claims::read(ns);
+    let mut attached = 0;
+    for m in live {
+        attached += usize::from(m.rebuild(&claims)?);
+    }
+    Ok(attached)
 }
 
 /// The names of the files in `dir`, sorted (for tests of what a sweep leaves).
@@ -571,6 +599,39 @@ pub(crate) fn names_in(dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wildcard listener's refresh reads the claims once for all of the process's groups
+    /// and attaches programs only where there is another socket to steer to.
+    #[test]
+    fn a_refresh_reads_the_claims_once_and_leaves_lone_groups() {
+        // A namespace id no real one has: only this test's groups are in it.
+        let ns = u64::MAX - u64::from(std::process::id());
+        let lo: WireAddr = std::net::Ipv4Addr::LOCALHOST.into();
+        let free = || {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.local_addr().unwrap().port()
+        };
+        let (p1, p2, p3) = (free(), free(), free());
+        let key = |port| GroupKey { ns, addr: lo, port };
+        let open = |port| move || super::super::sys::open_udp(lo, port, 1 << 16, true, false);
+        let slots: Vec<Slot> = (0..4).map(|_| Slot::claim().unwrap()).collect();
+        let mut held = Vec::new();
+        for (k, port) in [p1, p2, p3].into_iter().enumerate() {
+            held.push(join(key(port), slots[k].get(), open(port)).unwrap());
+        }
+        let any = "0.0.0.0".parse().unwrap();
+        let scans = super::claim::thread_scans();
+        assert_eq!(refresh(ns, any).unwrap(), 0, "three lone groups");
+        assert_eq!(super::claim::thread_scans() - scans, 1);
+        // A second socket in p1's group: both of its members attach the new program.
+        held.push(join(key(p1), slots[3].get(), open(p1)).unwrap());
+        let scans = super::claim::thread_scans();
+        assert_eq!(refresh(ns, any).unwrap(), 2);
+        assert_eq!(super::claim::thread_scans() - scans, 1);
+        for (fd, m) in held.into_iter().rev() {
+            m.leave(fd);
+        }
+    }
 
     #[test]
     fn removal_follows_the_kernel() {

@@ -9,44 +9,10 @@ use crate::error::{Error, Result};
 use crate::params::ConnParam;
 
 impl CmId {
-    /// `rdma_listen`: listens for requests (binding to 0.0.0.0 first if IDLE). A specific
-    /// address listens on its device and only gets requests for that address; a wildcard
-    /// listens on every device. `backlog` bounds the CONNECT_REQUEST events queued and not
-    /// yet taken (0: 1024); requests beyond it are dropped without an answer, as Linux does
-    /// (no REJ: the requester's CM retries its REQ after its timeout, and the retry is a new
-    /// request once the application has taken queued ones).
-    ///
-    /// An address this process cannot open (another process, of another user, holds UDP
-    /// 4791 there) fails a specific listen with `EADDRINUSE`; a wildcard listener skips it,
-    /// logs a warning and queues [`EventType::AddrChange`](crate::cm::EventType::AddrChange)
-    /// with status `-EADDRINUSE` naming it ([`Event::addr`](crate::cm::Event::addr)), before
-    /// this returns. An address that appears later is reported the same way.
-    pub fn listen(&self, backlog: usize) -> Result<()> {
-        tracing::debug!(target: "rdmacm", id = self.num, "listen");
-        if self.state() == IdState::Idle {
-            let any = self.with(|s| match s.local {
-                Some(SocketAddr::V6(_)) => "[::]:0",
-                _ => "0.0.0.0:0",
-            })?;
-            self.do_bind(
-                any.parse()
-                    .map_err(|_| Error::InvalidArgument("any".into()))?,
-            )?;
-        }
-        let (binding, ps, port) = {
-            let mut st = self.inner.lock();
-            let st = &mut *st;
-            let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
-            if s.state != IdState::AddrBound {
-                return Err(bad_state("listen", s.state));
-            }
-            (
-                s.binding.clone(),
-                s.ps,
-                s.local.map(|l| l.port()).unwrap_or(0),
-            )
-        };
-        let binding = binding.ok_or_else(|| bad_state("listen", IdState::Idle))?;
+    /// The devices a listen on `binding` listens on (a device group's members share one),
+    /// each with the local addresses to open: the slow look-ups of a listen (the host
+    /// view, the devices' first opening).
+    fn listen_targets(&self, binding: &crate::resolve::Binding) -> Result<Vec<(u32, Vec<IpAddr>)>> {
         // Devices to listen on, with the local addresses to open on each.
         let mut targets: Vec<(u32, Vec<IpAddr>)> = Vec::new();
         match &binding.netdev {
@@ -89,7 +55,70 @@ impl CmId {
                 None => by_dev.push((key, addrs)),
             }
         }
-        let targets = by_dev;
+        Ok(by_dev)
+    }
+
+    /// Opens, ahead of a listen, what a listen on this bound id would open (its devices and
+    /// their wire addresses), so that `rdma_listen` itself is quick. For a program that
+    /// tells its peer to connect between its bind and its listen (Debian's qperf 0.4.11
+    /// does): the C ABI calls it after a wildcard bind. Errors are the listen's to report.
+    pub fn prepare_listen(&self) -> Result<()> {
+        let binding = self
+            .with(|s| s.binding.clone())?
+            .ok_or_else(|| bad_state("listen", IdState::Idle))?;
+        let targets = self.listen_targets(&binding)?;
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        for (i, addrs) in targets {
+            for a in addrs {
+                // An address that cannot be opened is the listen's to report (or skip).
+                if let Err(e) = Inner::open_gsi(st, i, a) {
+                    tracing::debug!(target: "rdmacm", %a, error = %e, "not opened ahead of a listen");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `rdma_listen`: listens for requests (binding to 0.0.0.0 first if IDLE). A specific
+    /// address listens on its device and only gets requests for that address; a wildcard
+    /// listens on every device. `backlog` bounds the CONNECT_REQUEST events queued and not
+    /// yet taken (0: 1024); requests beyond it are dropped without an answer, as Linux does
+    /// (no REJ: the requester's CM retries its REQ after its timeout, and the retry is a new
+    /// request once the application has taken queued ones).
+    ///
+    /// An address this process cannot open (another process, of another user, holds UDP
+    /// 4791 there) fails a specific listen with `EADDRINUSE`; a wildcard listener skips it,
+    /// logs a warning and queues [`EventType::AddrChange`](crate::cm::EventType::AddrChange)
+    /// with status `-EADDRINUSE` naming it ([`Event::addr`](crate::cm::Event::addr)), before
+    /// this returns. An address that appears later is reported the same way.
+    pub fn listen(&self, backlog: usize) -> Result<()> {
+        tracing::debug!(target: "rdmacm", id = self.num, "listen");
+        if self.state() == IdState::Idle {
+            let any = self.with(|s| match s.local {
+                Some(SocketAddr::V6(_)) => "[::]:0",
+                _ => "0.0.0.0:0",
+            })?;
+            self.do_bind(
+                any.parse()
+                    .map_err(|_| Error::InvalidArgument("any".into()))?,
+            )?;
+        }
+        let (binding, ps, port) = {
+            let mut st = self.inner.lock();
+            let st = &mut *st;
+            let s = st.ids.get_mut(&self.num).ok_or(Error::Shutdown)?;
+            if s.state != IdState::AddrBound {
+                return Err(bad_state("listen", s.state));
+            }
+            (
+                s.binding.clone(),
+                s.ps,
+                s.local.map(|l| l.port()).unwrap_or(0),
+            )
+        };
+        let binding = binding.ok_or_else(|| bad_state("listen", IdState::Idle))?;
+        let targets = self.listen_targets(&binding)?;
         let sid = rdma_wire::ip_cm::ServiceId::new(ps, port).0;
         let mut st = self.inner.lock();
         let st = &mut *st;

@@ -96,6 +96,18 @@ pub fn claim_scans() -> u64 {
     SCANS.load(Ordering::Relaxed)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// [`SCANS`] of the calling thread (unit tests run in parallel).
+    static THREAD_SCANS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The calling thread's reads of the runtime directory for the claims.
+#[cfg(test)]
+pub(crate) fn thread_scans() -> u64 {
+    THREAD_SCANS.with(|n| n.get())
+}
+
 /// How long the receive path trusts what it read of the claims while the runtime
 /// directory is unchanged (a claim's owner may die without changing the directory).
 pub const CLAIMS_FRESH: Duration = Duration::from_millis(100);
@@ -106,6 +118,8 @@ fn live_claims(ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
         return Vec::new();
     };
     SCANS.fetch_add(1, Ordering::Relaxed);
+    #[cfg(test)]
+    THREAD_SCANS.with(|n| n.set(n.get() + 1));
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
@@ -219,7 +233,9 @@ impl PortClaim {
         let mut f = open_rw(&path).map_err(io)?;
         lock(&f, true, true).map_err(io)?;
         f.set_len(0).map_err(io)?;
-        writeln!(f, "{addr} {}", u8::from(afonly)).map_err(io)?;
+        // One write (a formatted write to a file makes one per piece).
+        f.write_all(format!("{addr} {}\n", u8::from(afonly)).as_bytes())
+            .map_err(io)?;
         drop(serial);
         tracing::debug!(%addr, ps, port, "port claimed");
         OWN.lock().unwrap_or_else(|e| e.into_inner()).push((
@@ -277,11 +293,27 @@ impl Drop for PortClaim {
 /// The service ids listened on at `addr` (or on a wildcard covering it) in namespace `ns`,
 /// with the listener's pid: `(port space << 16) | port`, as rdma_cm's.
 pub(crate) fn services(ns: u64, addr: IpAddr) -> Vec<(u64, u32)> {
-    live_claims(ns)
-        .into_iter()
-        .filter(|(_, c)| covers(c.addr, c.afonly, addr))
-        .map(|(_, c)| (service_id(c.ps, c.port), c.pid))
-        .collect()
+    Claims::read(ns).services(addr)
+}
+
+/// One namespace's live claims, read once (one directory scan) for several groups: a
+/// wildcard listener's steering refresh rebuilds every group of the process.
+pub(crate) struct Claims(Vec<ClaimInfo>);
+
+impl Claims {
+    /// Reads the live claims of namespace `ns`.
+    pub(crate) fn read(ns: u64) -> Claims {
+        Claims(live_claims(ns).into_iter().map(|(_, c)| c).collect())
+    }
+
+    /// [`services`] of `addr` among them.
+    pub(crate) fn services(&self, addr: IpAddr) -> Vec<(u64, u32)> {
+        self.0
+            .iter()
+            .filter(|c| covers(c.addr, c.afonly, addr))
+            .map(|c| (service_id(c.ps, c.port), c.pid))
+            .collect()
+    }
 }
 
 /// What the receive path last read of one namespace's claims.
