@@ -12,7 +12,10 @@ impl CmId {
     /// The devices a listen on `binding` listens on (a device group's members share one),
     /// each with the local addresses to open: the slow look-ups of a listen (the host
     /// view, the devices' first opening).
-    fn listen_targets(&self, binding: &crate::resolve::Binding) -> Result<Vec<(u32, Vec<IpAddr>)>> {
+    fn listen_targets(
+        &self,
+        binding: &crate::host::resolve::Binding,
+    ) -> Result<Vec<(u32, Vec<IpAddr>)>> {
         // Devices to listen on, with the local addresses to open on each.
         let mut targets: Vec<(u32, Vec<IpAddr>)> = Vec::new();
         match &binding.netdev {
