@@ -308,15 +308,15 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     // A non-blocking fd (O_NONBLOCK set by the application) returns EAGAIN when empty.
     let nonblock = is_nonblocking(chan.c.fd);
     loop {
-        let got = if nonblock {
-            chan.ch.get_event()
-        } else {
-            chan.ch.wait_event(None)
-        };
-        let cq = match got {
+        // Blocking: waits on the channel's fd itself, so that a signal interrupts it as
+        // it interrupts rdma-core's read (util::wait_readable_or_signal).
+        let cq = match chan.ch.get_event() {
             Ok(Some(cq)) => cq,
             Ok(None) if nonblock => return minus_one(libc::EAGAIN),
-            Ok(None) => continue,
+            Ok(None) => match crate::util::wait_readable_or_signal(chan.c.fd) {
+                Ok(()) => continue,
+                Err(e) => return minus_one(e),
+            },
             Err(e) => return minus_one(soft_errno(&e)),
         };
         let Some(p) = chan

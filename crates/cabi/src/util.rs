@@ -84,3 +84,44 @@ pub fn is_nonblocking(fd: libc::c_int) -> bool {
     // SAFETY: reads the fd's flags.
     unsafe { libc::fcntl(fd, libc::F_GETFL) & libc::O_NONBLOCK != 0 }
 }
+
+/// Blocks until `fd` is readable, as rdma-core's blocking `read` of a channel's fd does,
+/// signals included: the kernel ends that read with `EINTR` when a signal handler without
+/// `SA_RESTART` ran (qperf ends its tests with a `SIGALRM` that must interrupt
+/// `ibv_get_cq_event`) and restarts it otherwise. `poll` cannot tell which handler ran, so
+/// an interrupted wait is `Err(EINTR)` when any installed handler lacks `SA_RESTART`, and
+/// waits on when every one has it.
+pub fn wait_readable_or_signal(fd: libc::c_int) -> Result<(), i32> {
+    loop {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the call.
+        let rc = unsafe { libc::poll(&mut p, 1, -1) };
+        if rc > 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if rc < 0 && e != libc::EINTR {
+            return Err(e);
+        }
+        if rc < 0 && !every_handler_restarts() {
+            return Err(libc::EINTR);
+        }
+    }
+}
+
+/// Whether every signal with a handler installed has `SA_RESTART`.
+fn every_handler_restarts() -> bool {
+    (1..=libc::SIGRTMAX()).all(|sig| {
+        // SAFETY: sigaction with a null new action only reads the current one into `old`.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+        rc != 0
+            || old.sa_sigaction == libc::SIG_DFL
+            || old.sa_sigaction == libc::SIG_IGN
+            || old.sa_flags & libc::SA_RESTART != 0
+    })
+}

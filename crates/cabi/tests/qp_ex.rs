@@ -61,3 +61,18 @@ fn rdma_create_qp_ex_gives_send_ops() {
     }
     assert!(text.ends_with("all passed\n"), "{text}");
 }
+
+/// A blocked `ibv_get_cq_event` ends with EINTR when a handler without SA_RESTART runs, as
+/// rdma-core's read of the channel fd does (qperf's server waits there for its SIGALRM;
+/// before, our wait went on and qperf's client timed out waiting for the results).
+#[test]
+fn ibv_get_cq_event_is_interrupted_by_a_signal() {
+    let dir = std::env::temp_dir().join(format!("rdma-cabi-cqsig-{}", std::process::id()));
+    let exe = build(&dir, "cq_event_signal", &["-libverbs"]);
+    let mut c = Command::new(&exe);
+    c.env("LD_LIBRARY_PATH", support::lib_dir());
+    let (status, text) = support::finish(support::start(c));
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(status.success(), "{text}");
+    assert!(text.contains("ok eintr\n"), "{text}");
+}

@@ -87,13 +87,14 @@ fn a_poller_that_stops_after_a_receive_still_acknowledges_it() {
         held.len(),
         a.qp.transport_stats().unwrap()
     );
-    // A never waited out an ACK B held: no ACK timeout in those exchanges, and at most a
-    // stray tail-loss probe (5 ms: a scheduling hiccup on a loaded machine); an ACK held
-    // until A asks again would cost a probe in every one of them. (The other exchanges,
-    // whose SEND B's engine took, are the engine's ordinary path.)
+    // A never waited out an ACK B held: no ACK timeout in those exchanges, and probes in
+    // at most half of them (a probe is a scheduling hiccup of B's engine on a loaded
+    // machine: 0-3 in 20 seen); an ACK held until A asks again would cost a probe in every
+    // one of them. (The other exchanges, whose SEND B's engine took, are the engine's
+    // ordinary path.)
     assert_eq!(timeouts, 0, "A waited for an ACK B held: {tally:?}");
     assert!(
-        probes <= 1 + held.len() as u64 / 10,
+        probes <= held.len() as u64 / 2,
         "A asked again for ACKs B held: {tally:?}"
     );
 }

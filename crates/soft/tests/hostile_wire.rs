@@ -52,7 +52,7 @@ fn foreign_claim(ns: u64, ip: std::net::IpAddr, port: u16, seq: u32) -> std::fs:
 /// 300 other listeners' claims in the runtime directory, then 50,000 REQ-shaped datagrams
 /// with junk ICRCs, then 50,000 with good ones, for a service nobody listens on (each one
 /// asks "does another process listen on it?"). The junk costs no read of the directory; the
-/// good ones cost reads bounded by the clock (`CLAIMS_FRESH`), not by their number.
+/// good ones cost a read per `CLAIMS_FRESH` of the run, not one per datagram (the bound is a count
 /// `RDMA_FLOOD_DATAGRAMS` sets the count.
 #[test]
 fn a_req_flood_costs_no_directory_reads_per_datagram() {
@@ -117,11 +117,15 @@ fn a_req_flood_costs_no_directory_reads_per_datagram() {
     delivered += drain(&mut a4).len();
     let took = start.elapsed();
     let scans = claim_scans() - before;
-    let bound = 2 + took.as_millis() as u64 / CLAIMS_FRESH.as_millis() as u64;
+    // The design reads about once per CLAIMS_FRESH of the run (~80 for 50,000 datagrams
+    // here); a read per datagram would be n, one per receive batch of 32 n/32. The bound is
+    // on the count, not the clock, so a loaded machine does not fail it.
+    let bound = 2 + u64::from(n) / 50;
     assert!(delivered > 0, "good REQs for nobody's service are ours");
     assert!(
         scans <= bound,
-        "{scans} directory reads for {n} datagrams in {took:?} (bound {bound})"
+        "{scans} directory reads for {n} datagrams in {took:?} (bound {bound}; \
+         the claims are kept {CLAIMS_FRESH:?})"
     );
     drop(claims);
 }
