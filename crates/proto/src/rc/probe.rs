@@ -5,7 +5,8 @@
 //! for an ACK and were sent once (Karn's rule: no sample once anything was resent). When a
 //! packet asking for an ACK leaves, the probe timer is set to
 //! `PTO = 2 SRTT + max(4 RTTVAR, PROBE_FLOOR_NS)` (before the fourth sample a
-//! conservative eighth of the ACK timeout), doubled for each probe without progress. When
+//! conservative eighth of the ACK timeout, doubled once at most), doubled for each probe
+//! without progress. When
 //! it fires with an asked-for acknowledgement still missing, the requester resends without
 //! charging `retry_cnt`: first the last packet it sent, asking for an ACK (a tail-loss probe,
 //! as TCP's RACK-TLP: the responder answers a duplicate with an ACK, a gap with a sequence
@@ -58,6 +59,10 @@ const MIN_SAMPLES: u32 = 4;
 
 /// Doublings of the probe timeout without progress, at most.
 const MAX_BACKOFF: u32 = 8;
+
+/// Doublings of the pre-sample probe timeout (ACK timeout/8) without progress, at most: it
+/// then probes at 1/8, 3/8, 5/8 and 7/8 of the ACK timeout.
+const PRE_SAMPLE_BACKOFF: u32 = 1;
 
 /// A tail probe waiting for its verdict: resent `psn`; `acked` once progress covered it;
 /// `awaited`: the newest PSN whose ACK was asked for then (before `psn` when the last
@@ -138,13 +143,18 @@ impl Probe {
         self.floor.max(PROBE_FLOOR_NS)
     }
 
-    /// The probe timeout for an ACK timeout of `ack_ns`, backoff included.
+    /// The probe timeout for an ACK timeout of `ack_ns`, backoff included. Before
+    /// [`MIN_SAMPLES`] the conservative ACK timeout/8 doubles once at most: doubled without
+    /// bound it met the ACK timeout after three probes, and a tail whose three probes were
+    /// lost waited for it; never doubled, a dead peer drew seven probes per ACK timeout.
     fn pto(&self, ack_ns: u64) -> u64 {
-        let base = match self.srtt.filter(|_| self.samples >= MIN_SAMPLES) {
-            Some(s) => 2 * s + (4 * self.rttvar).max(self.floor()),
-            None => (ack_ns / 8).max(self.floor()),
-        };
-        base.saturating_mul(1 << self.backoff.min(MAX_BACKOFF))
+        match self.srtt.filter(|_| self.samples >= MIN_SAMPLES) {
+            Some(s) => (2 * s + (4 * self.rttvar).max(self.floor()))
+                .saturating_mul(1 << self.backoff.min(MAX_BACKOFF)),
+            None => (ack_ns / 8)
+                .max(self.floor())
+                .saturating_mul(1 << self.backoff.min(PRE_SAMPLE_BACKOFF)),
+        }
     }
 
     /// Forgets the last tail probe's verdict (its PSN is being resent otherwise).
