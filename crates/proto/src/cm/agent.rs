@@ -30,6 +30,8 @@ pub struct CmStats {
     pub overload: u64,
     /// Retransmissions of REQ, REP, DREQ and SIDR_REQ.
     pub retransmits: u64,
+    /// Of those, DREQs resent early ([`AgentConfig::early_dreq_resends`]).
+    pub early_retransmits: u64,
     /// REQs that waited for a slot of their peer's window before being sent
     /// ([`AgentConfig::req_window`]).
     pub paced: u64,
@@ -256,7 +258,14 @@ impl CmAgent {
             return;
         };
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
-            if r.retries_left > 0 {
+            if r.early > 0 {
+                r.early -= 1;
+                r.arm(now);
+                let item = (r.to, *r.mad);
+                self.transmit.push_back(item);
+                self.stats.retransmits += 1;
+                self.stats.early_retransmits += 1;
+            } else if r.retries_left > 0 {
                 r.retries_left -= 1;
                 r.arm(now);
                 let item = (r.to, *r.mad);
@@ -597,6 +606,7 @@ impl CmAgent {
         private_data: &[u8],
     ) -> Result<(), CmError> {
         let jitter = self.config.retry_jitter;
+        let early = self.config.early_dreq_resends;
         let tid = self.new_tid();
         let c = self.live_mut(conn)?;
         if c.state != CmState::Established {
@@ -618,14 +628,17 @@ impl CmAgent {
             }
         };
         c.state = CmState::DreqSent;
-        c.retx = Some(Retx::new(
-            mad,
-            c.path,
-            now,
-            c.response_timeout,
-            c.max_cm_retries,
-            jitter,
-        ));
+        c.retx = Some(
+            Retx::new(
+                mad,
+                c.path,
+                now,
+                c.response_timeout,
+                c.max_cm_retries,
+                jitter,
+            )
+            .with_early(now, early),
+        );
         let to = c.path;
         self.transmit.push_back((to, mad));
         self.sync_timers();

@@ -79,7 +79,7 @@ pub use params::{
     SidrRepParams, SidrReqParams,
 };
 pub use state::CmState;
-pub use timers::{PEER_MRA_BOUNDS, PEER_RESPONSE_BOUNDS, PEER_TIMEWAIT_MAX};
+pub use timers::{EARLY_MIN_NS, PEER_MRA_BOUNDS, PEER_RESPONSE_BOUNDS, PEER_TIMEWAIT_MAX};
 
 /// Monotonic time in nanoseconds, as everywhere in this crate.
 pub type Nanos = u64;

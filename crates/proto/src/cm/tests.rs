@@ -35,8 +35,10 @@ fn agent(guid: u64, seed: u64, delayed: bool) -> CmAgent {
         ca_guid: guid,
         seed,
         delayed_mra: delayed,
-        // Linux's exact timings (the jitter has its own tests in tests/cm_pace.rs).
+        // Linux's exact timings (the jitter has its own tests in tests/cm_pace.rs, the
+        // early DREQ resends theirs below).
         retry_jitter: false,
+        early_dreq_resends: 0,
         ..AgentConfig::default()
     })
 }
@@ -438,6 +440,70 @@ fn dreq_timeout_enters_timewait() {
             CmEvent::TimewaitExit { conn: ca }
         ]
     );
+}
+
+#[test]
+fn a_lost_dreq_is_resent_early_on_a_ladder_and_the_retries_stay() {
+    let early = |guid, seed| {
+        CmAgent::new(AgentConfig {
+            ca_guid: guid,
+            seed,
+            retry_jitter: false,
+            ..AgentConfig::default()
+        })
+    };
+    let (mut a, mut b) = (early(0xa, 1), early(0xb, 2));
+    let (ca, cb) = connect(&mut a, &mut b);
+    let t = a.conns[&ca].response_timeout;
+    a.send_dreq(0, ca, &[]).unwrap();
+    let first = sent(&mut a);
+    assert_eq!(first.len(), 1);
+    // lost; the ladder: t/16, t/8, t/4, t/2, then the regular timeout
+    let mut at = Vec::new();
+    let mut copies = Vec::new();
+    while let Some(when) = a.poll_timeout() {
+        a.handle_timeout(when);
+        let out = sent(&mut a);
+        if !out.is_empty() {
+            at.push(when);
+            copies.extend(out);
+        }
+    }
+    let steps: Vec<u64> = std::iter::once(0)
+        .chain(at.iter().copied())
+        .collect::<Vec<_>>()
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect();
+    assert_eq!(&steps[..5], &[t / 16, t / 8, t / 4, t / 2, t], "{steps:?}");
+    assert!(steps[4..].iter().all(|&s| s == t), "{steps:?}");
+    // the 15 regular retries are all there: the early ones come on top
+    assert_eq!(copies.len(), 4 + 15);
+    assert_eq!(a.stats().early_retransmits, 4);
+    assert!(
+        copies.iter().all(|m| m == &first[0]),
+        "every resend is the same DREQ"
+    );
+    assert!(events(&mut a).contains(&CmEvent::DreqTimeout { conn: ca }));
+
+    // A lost DREP: the first early resend draws it again from the peer's timewait.
+    let (mut a, mut b) = (early(0xa, 3), early(0xb, 4));
+    let (ca, cb2) = connect(&mut a, &mut b);
+    let _ = cb;
+    a.send_dreq(0, ca, &[]).unwrap();
+    b.handle_mad(MS, addr_a(), &sent(&mut a)[0]);
+    b.send_drep(MS, cb2, &[]).unwrap();
+    assert_eq!(sent(&mut b).len(), 1, "the DREP, lost");
+    let when = a.poll_timeout().unwrap();
+    assert_eq!(when, t / 16);
+    a.handle_timeout(when);
+    let again = sent(&mut a);
+    assert_eq!(again.len(), 1);
+    b.handle_mad(when + MS, addr_a(), &again[0]);
+    let drep = sent(&mut b);
+    assert_eq!(drep.len(), 1, "the duplicate DREQ is answered");
+    a.handle_mad(when + 2 * MS, addr_b(), &drep[0]);
+    assert_eq!(a.state(ca), Some(CmState::Timewait));
 }
 
 #[test]

@@ -67,7 +67,12 @@ pub(crate) struct Retx {
     pub(crate) retries_left: u8,
     /// Whether each wait gets its random extra ([`Retx::arm`]).
     pub(crate) jitter: bool,
+    /// Early resends left before the regular schedule ([`Retx::with_early`]).
+    pub(crate) early: u8,
 }
+
+/// The shortest wait of an early resend ([`super::AgentConfig::early_dreq_resends`]).
+pub const EARLY_MIN_NS: Nanos = 50 * NS_PER_MS;
 
 impl Retx {
     pub(crate) fn new(
@@ -85,6 +90,7 @@ impl Retx {
             timeout,
             retries_left: retries,
             jitter,
+            early: 0,
         };
         r.arm(now);
         r
@@ -94,6 +100,11 @@ impl Retx {
     /// `jitter`) up to half of it again, drawn from the message's transaction id and the
     /// attempt. Requests sent together (a storm) then come back spread out, not in waves.
     pub(crate) fn arm(&mut self, now: Nanos) {
+        if self.early > 0 {
+            let wait = (self.timeout >> self.early.min(16)).max(EARLY_MIN_NS);
+            self.deadline = now.saturating_add(wait.min(self.timeout));
+            return;
+        }
         let extra = if self.jitter && self.timeout >= 2 {
             let tid = u64::from_be_bytes(self.mad[8..16].try_into().expect("8 bytes"));
             let attempt = u64::from(self.retries_left);
@@ -107,8 +118,17 @@ impl Retx {
         self.deadline = now.saturating_add(self.timeout).saturating_add(extra);
     }
 
+    /// Resends `n` times early, on a ladder, before the regular schedule: the waits are
+    /// `timeout/2^n`, `timeout/2^(n-1)` ... `timeout/2` (at least [`EARLY_MIN_NS`]).
+    pub(crate) fn with_early(mut self, now: Nanos, n: u8) -> Self {
+        self.early = n;
+        self.arm(now);
+        self
+    }
+
     /// Extends the wait (MRA): this and later attempts wait `timeout`.
     pub(crate) fn extend(&mut self, now: Nanos, timeout: Nanos) {
+        self.early = 0;
         self.timeout = timeout;
         self.deadline = now.saturating_add(timeout);
     }
