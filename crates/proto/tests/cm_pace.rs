@@ -23,8 +23,10 @@ fn agent(guid: u64, window: usize, delayed_mra: bool) -> CmAgent {
         seed: guid,
         req_window: window,
         delayed_mra,
-        // exact timings here; `retries_are_spread_out` tests the jitter
+        // exact timings here; `retries_are_spread_out` tests the jitter, cm::tests the early
+        // resends
         retry_jitter: false,
+        early_resends: 0,
         ..AgentConfig::default()
     })
 }
@@ -216,6 +218,8 @@ fn retries_are_spread_out() {
     // each wait is 4.608 s plus up to half of it, drawn per message and attempt.
     let mut a = CmAgent::new(AgentConfig {
         req_window: 0,
+        // the regular retries' spread (the early resends have no jitter)
+        early_resends: 0,
         ..AgentConfig::default()
     });
     for i in 0..1000 {

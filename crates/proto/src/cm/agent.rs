@@ -30,7 +30,7 @@ pub struct CmStats {
     pub overload: u64,
     /// Retransmissions of REQ, REP, DREQ and SIDR_REQ.
     pub retransmits: u64,
-    /// Of those, DREQs resent early ([`AgentConfig::early_dreq_resends`]).
+    /// Of those, REQs and DREQs resent early ([`AgentConfig::early_resends`]).
     pub early_retransmits: u64,
     /// REQs that waited for a slot of their peer's window before being sent
     /// ([`AgentConfig::req_window`]).
@@ -50,8 +50,9 @@ pub struct CmStats {
 /// ```
 /// use rdma_proto::cm::{AgentConfig, CmAgent, CmEvent, CmPath, ReqParams};
 /// let peer = CmPath::new("::ffff:192.0.2.1".parse().unwrap(), "::ffff:192.0.2.3".parse().unwrap(), 1);
-/// // Without the retry jitter, Linux's timings exactly.
-/// let mut a = CmAgent::new(AgentConfig { seed: 42, retry_jitter: false, ..AgentConfig::default() });
+/// // Without the retry jitter and the early resends, Linux's timings exactly.
+/// let linux = AgentConfig { seed: 42, retry_jitter: false, early_resends: 0, ..AgentConfig::default() };
+/// let mut a = CmAgent::new(linux);
 /// let conn = a.send_req(0, ReqParams::new(0x1061b58, peer, 0x11, 0x1234)).unwrap();
 /// assert!(a.poll_transmit().is_some());
 /// // Nobody answers: the REQ is resent every 4.608 s, 15 times, then ReqTimeout.
@@ -95,6 +96,8 @@ pub struct CmAgent {
     pub(crate) id_slot: Option<u8>,
     /// REQ windows and half-open counts ([`super::pace`]).
     pub(crate) pacing: super::pace::Pacing,
+    /// When peers were last heard from (the early resends).
+    pub(crate) heard: super::heard::Heard,
 }
 
 impl CmAgent {
@@ -121,6 +124,7 @@ impl CmAgent {
             stats: CmStats::default(),
             id_slot: None,
             pacing: Default::default(),
+            heard: Default::default(),
         }
     }
 
@@ -254,11 +258,22 @@ impl CmAgent {
 
     fn conn_timeout(&mut self, now: Nanos, h: ConnHandle) {
         let mut lap_timeout = false;
+        // An early resend only to a peer silent since the send: one that answered other
+        // messages meanwhile is busy, not losing them (a storm), and gets the regular wait.
+        let busy = self
+            .conns
+            .get(&h)
+            .and_then(|c| c.retx.as_ref())
+            .is_some_and(|r| {
+                r.early > 0 && self.heard.last(r.to.remote_gid).is_some_and(|t| t > r.sent)
+            });
         let Some(c) = self.conn_mut(h) else {
             return;
         };
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
-            if r.early > 0 {
+            if busy {
+                r.skip_early();
+            } else if r.early > 0 {
                 r.early -= 1;
                 r.arm(now);
                 let item = (r.to, *r.mad);
@@ -324,12 +339,14 @@ impl CmAgent {
     }
 
     /// Sends a REQ: a new active connection in REQ_SENT, resent every
-    /// `2·PLT + remote CM response timeout` up to `max_cm_retries` times.
+    /// `2·PLT + remote CM response timeout` up to `max_cm_retries` times (after the early
+    /// resends of [`AgentConfig::early_resends`]).
     ///
     /// Errors: private data over 92 bytes, fields wider than the wire allows, too many
     /// connections.
     pub fn send_req(&mut self, now: Nanos, p: ReqParams) -> Result<ConnHandle, CmError> {
         let jitter = self.config.retry_jitter;
+        let early = self.config.early_resends;
         if self.full() {
             return Err(CmError::TooManyConnections);
         }
@@ -382,6 +399,9 @@ impl CmAgent {
             private_data,
         };
         let mad = emit(tid, CmMessage::Req(req)).ok_or(CmError::InvalidParam("req field"))?;
+        if early > 0 {
+            self.heard.watch(p.cm_path.remote_gid, now);
+        }
         let timeout = request_timeout(p.path.packet_life_time, p.remote_cm_response_timeout);
         let ap = super::lap::Ap {
             alt,
@@ -400,14 +420,10 @@ impl CmAgent {
             local_qpn: p.local_qpn,
             remote_qpn: 0,
             tid,
-            retx: Some(Retx::new(
-                mad,
-                p.cm_path,
-                now,
-                timeout,
-                p.max_cm_retries,
-                jitter,
-            )),
+            retx: Some(
+                Retx::new(mad, p.cm_path, now, timeout, p.max_cm_retries, jitter)
+                    .with_early(now, early),
+            ),
             response_timeout: timeout,
             max_cm_retries: p.max_cm_retries,
             plt: p.path.packet_life_time,
@@ -606,7 +622,7 @@ impl CmAgent {
         private_data: &[u8],
     ) -> Result<(), CmError> {
         let jitter = self.config.retry_jitter;
-        let early = self.config.early_dreq_resends;
+        let early = self.config.early_resends;
         let tid = self.new_tid();
         let c = self.live_mut(conn)?;
         if c.state != CmState::Established {
@@ -628,6 +644,7 @@ impl CmAgent {
             }
         };
         c.state = CmState::DreqSent;
+        let peer = c.path.remote_gid;
         c.retx = Some(
             Retx::new(
                 mad,
@@ -640,6 +657,9 @@ impl CmAgent {
             .with_early(now, early),
         );
         let to = c.path;
+        if early > 0 {
+            self.heard.watch(peer, now);
+        }
         self.transmit.push_back((to, mad));
         self.sync_timers();
         Ok(())

@@ -58,6 +58,7 @@ mod conn;
 mod error;
 mod event;
 mod gone;
+mod heard;
 mod lap;
 mod pace;
 mod params;

@@ -124,15 +124,18 @@ pub struct AgentConfig {
     /// random extra of up to half of it, so that messages sent together are resent spread
     /// out instead of in waves (a storm). Off: exactly the timeout, as Linux.
     pub retry_jitter: bool,
-    /// DREQ resends before its first regular retransmission, on a ladder: with `n`, after
-    /// timeout/2^n, then /2^(n-1) ... /2 (at least [`super::EARLY_MIN_NS`] each), so a lost
-    /// DREQ or DREP costs a fraction of a second instead of a whole CM response timeout (4.6
-    /// s for `rdma_cm` over RoCE), while a disconnect still gives up after `max_cm_retries`
-    /// regular timeouts (the ladder adds less than one). A duplicate DREQ is harmless: the
-    /// peer answers it with its DREP again (Linux and us) or drops it while its own DREP is
-    /// pending. 0: Linux's schedule. REQs keep Linux's schedule: a duplicate REQ draws the
-    /// passive side's prepared MRA, which stretches the wait for a lost REP to a minute.
-    pub early_dreq_resends: u8,
+    /// REQ and DREQ resends before their first regular retransmission, on a ladder: with
+    /// `n`, after timeout/2^n, then /2^(n-1) ... /2 (at least [`super::EARLY_MIN_NS`] each),
+    /// so a lost REQ, REP, DREQ or DREP costs a fraction of a second instead of a whole CM
+    /// response timeout (4.6 s for `rdma_cm` over RoCE), while a connect or disconnect still
+    /// gives up after `max_cm_retries` regular timeouts (the ladder adds less than one).
+    /// Duplicates are harmless to the peer: a duplicate REQ is answered with the REP again
+    /// (us), dropped, or draws the passive side's prepared MRA (Linux's `rdma_cm`), which
+    /// ends the ladder (the REP then comes when the application accepts, or the peer's own
+    /// REP retransmission); a duplicate DREQ is answered with the DREP again or dropped
+    /// while the DREP is pending. REP, LAP and SIDR_REQ keep Linux's schedule. 0: Linux's
+    /// schedule everywhere.
+    pub early_resends: u8,
 }
 
 impl Default for AgentConfig {
@@ -149,7 +152,7 @@ impl Default for AgentConfig {
             overload: OverloadPolicy::Drop,
             req_window: 256,
             retry_jitter: true,
-            early_dreq_resends: 4,
+            early_resends: 4,
         }
     }
 }

@@ -35,6 +35,7 @@ impl CmAgent {
             return;
         }
         let tid = m.transaction_id;
+        self.heard.saw(source.remote_gid, now);
         match m.message {
             CmMessage::Req(x) => self.on_req(now, source, tid, x),
             CmMessage::Mra(x) => self.on_mra(now, source, x),

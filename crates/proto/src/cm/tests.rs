@@ -38,7 +38,7 @@ fn agent(guid: u64, seed: u64, delayed: bool) -> CmAgent {
         // Linux's exact timings (the jitter has its own tests in tests/cm_pace.rs, the
         // early DREQ resends theirs below).
         retry_jitter: false,
-        early_dreq_resends: 0,
+        early_resends: 0,
         ..AgentConfig::default()
     })
 }
@@ -504,6 +504,70 @@ fn a_lost_dreq_is_resent_early_on_a_ladder_and_the_retries_stay() {
     assert_eq!(drep.len(), 1, "the duplicate DREQ is answered");
     a.handle_mad(when + 2 * MS, addr_b(), &drep[0]);
     assert_eq!(a.state(ca), Some(CmState::Timewait));
+}
+
+#[test]
+fn a_lost_req_or_rep_is_resent_early_and_an_mra_ends_the_ladder() {
+    let early = |guid, seed, delayed| {
+        CmAgent::new(AgentConfig {
+            ca_guid: guid,
+            seed,
+            delayed_mra: delayed,
+            retry_jitter: false,
+            ..AgentConfig::default()
+        })
+    };
+    // The REQ is lost: the first early resend reaches the peer at timeout/16.
+    let (mut a, mut b) = (early(0xa, 1, false), early(0xb, 2, false));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let t = a.conns[&ca].response_timeout;
+    let req = sent(&mut a);
+    assert_eq!(a.poll_timeout(), Some(t / 16));
+    a.handle_timeout(t / 16);
+    let again = sent(&mut a);
+    assert_eq!(again, req, "the same REQ, same transaction");
+    b.handle_mad(t / 16, addr_a(), &again[0]);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!("the resent REQ arrives as the first")
+    };
+    // The REP is lost: the next early resend draws it again (our passive side).
+    b.send_rep(t / 16, r.conn, RepParams::new(0x22, 0x5678))
+        .unwrap();
+    let rep = sent(&mut b);
+    assert_eq!(rep.len(), 1);
+    let next = a.poll_timeout().unwrap();
+    assert_eq!(next, t / 16 + t / 8);
+    a.handle_timeout(next);
+    b.handle_mad(next, addr_a(), &sent(&mut a)[0]);
+    assert_eq!(
+        sent(&mut b),
+        rep,
+        "the duplicate REQ is answered with the REP"
+    );
+    a.handle_mad(next, addr_b(), &rep[0]);
+    assert!(matches!(a.poll_event(), Some(CmEvent::RepReceived(_))));
+    assert_eq!(a.stats().early_retransmits, 2);
+
+    // A passive side whose application has not answered yet (rdma_cm's prepared MRA):
+    // the duplicate draws the MRA, and the ladder ends: the wait is the MRA's now.
+    let (mut a, mut b) = (early(0xa, 3, true), early(0xb, 4, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    b.handle_mad(0, addr_a(), &sent(&mut a)[0]);
+    assert!(matches!(b.poll_event(), Some(CmEvent::ReqReceived(_))));
+    a.handle_timeout(t / 16);
+    b.handle_mad(t / 16, addr_a(), &sent(&mut a)[0]);
+    let mra = sent(&mut b);
+    assert_eq!(mra.len(), 1);
+    assert!(matches!(parse(&mra[0]).message, CmMessage::Mra(_)));
+    a.handle_mad(t / 16, addr_b(), &mra[0]);
+    assert_eq!(a.state(ca), Some(CmState::MraReqRcvd));
+    let wait = a.poll_timeout().unwrap() - t / 16;
+    assert!(
+        wait > 60_000 * MS,
+        "the MRA's service timeout, not the ladder: {wait}"
+    );
 }
 
 #[test]

@@ -69,9 +69,11 @@ pub(crate) struct Retx {
     pub(crate) jitter: bool,
     /// Early resends left before the regular schedule ([`Retx::with_early`]).
     pub(crate) early: u8,
+    /// When it was last sent.
+    pub(crate) sent: Nanos,
 }
 
-/// The shortest wait of an early resend ([`super::AgentConfig::early_dreq_resends`]).
+/// The shortest wait of an early resend ([`super::AgentConfig::early_resends`]).
 pub const EARLY_MIN_NS: Nanos = 50 * NS_PER_MS;
 
 impl Retx {
@@ -91,6 +93,7 @@ impl Retx {
             retries_left: retries,
             jitter,
             early: 0,
+            sent: now,
         };
         r.arm(now);
         r
@@ -100,22 +103,25 @@ impl Retx {
     /// `jitter`) up to half of it again, drawn from the message's transaction id and the
     /// attempt. Requests sent together (a storm) then come back spread out, not in waves.
     pub(crate) fn arm(&mut self, now: Nanos) {
-        if self.early > 0 {
-            let wait = (self.timeout >> self.early.min(16)).max(EARLY_MIN_NS);
-            self.deadline = now.saturating_add(wait.min(self.timeout));
-            return;
-        }
-        let extra = if self.jitter && self.timeout >= 2 {
+        self.sent = now;
+        let wait = if self.early > 0 {
+            (self.timeout >> self.early.min(16))
+                .max(EARLY_MIN_NS)
+                .min(self.timeout)
+        } else {
+            self.timeout
+        };
+        let extra = if self.jitter && wait >= 2 {
             let tid = u64::from_be_bytes(self.mad[8..16].try_into().expect("8 bytes"));
-            let attempt = u64::from(self.retries_left);
+            let attempt = u64::from(self.retries_left) | u64::from(self.early) << 8;
             let mut z = tid ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
             z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)) % (self.timeout / 2)
+            (z ^ (z >> 31)) % (wait / 2)
         } else {
             0
         };
-        self.deadline = now.saturating_add(self.timeout).saturating_add(extra);
+        self.deadline = now.saturating_add(wait).saturating_add(extra);
     }
 
     /// Resends `n` times early, on a ladder, before the regular schedule: the waits are
@@ -124,6 +130,13 @@ impl Retx {
         self.early = n;
         self.arm(now);
         self
+    }
+
+    /// Gives up the early resends: the regular wait from the last send.
+    pub(crate) fn skip_early(&mut self) {
+        self.early = 0;
+        let sent = self.sent;
+        self.arm(sent);
     }
 
     /// Extends the wait (MRA): this and later attempts wait `timeout`.

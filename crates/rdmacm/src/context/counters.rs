@@ -96,6 +96,9 @@ pub struct CmStatistics {
     pub overload: u64,
     /// REQ, REP, DREQ and SIDR_REQ retransmissions.
     pub retransmits: u64,
+    /// Of those, REQs and DREQs resent early, before their first CM timeout
+    /// (`rdma_proto::cm::AgentConfig::early_resends`).
+    pub early_retransmits: u64,
 }
 
 impl CmStatistics {
@@ -115,6 +118,7 @@ impl CmStatistics {
             "mads-duplicate": self.mads_duplicate,
             "overload": self.overload,
             "retransmits": self.retransmits,
+            "early-retransmits": self.early_retransmits,
         });
         if let Some(m) = v.as_object_mut() {
             for (c, n) in &self.refused {

@@ -54,6 +54,7 @@ pub(crate) fn statistics(st: &State) -> CmStatistics {
         s.mads_duplicate += a.duplicates;
         s.overload += a.overload;
         s.retransmits += a.retransmits;
+        s.early_retransmits += a.early_retransmits;
     }
     s
 }
