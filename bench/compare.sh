@@ -327,21 +327,23 @@ wait_listen() {
     return 1
 }
 
-# ours_perf WIRE TEST SIZE ITERS -> prints the output of the client, status of the pair.
+# ours_perf WIRE TEST SIZE ITERS [ARGS...] -> prints the output of the client, status of the
+# pair (ARGS: more rdma-perf options, on both sides).
 # WIRE: local (the host-local wire, the default for same-host peers) or udp
 # (RDMA_SOFT_LOCAL_WIRE=0: RoCEv2 over UDP on lo). A client that starts before its server
 # listens is rejected (REJ 8): the server is awaited, and a rejected row is run once more.
 ours_perf() {
     local wire=$1 test=$2 size=$3 iters=$4 spid out rc try lw=1
+    shift 4
     [ "$wire" = udp ] && lw=0
     for try in 1 2; do
         next_port
         RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_SRV[@]}" timeout "$TOOL_TIMEOUT" "$RDMA_PERF" "$test" -R \
-            -s "$size" -n "$iters" -p "$PORT" --bind "$SERVER_IP" >"$LOG/ours-srv" 2>&1 &
+            -s "$size" -n "$iters" -p "$PORT" --bind "$SERVER_IP" "$@" >"$LOG/ours-srv" 2>&1 &
         spid=$!
         wait_listen "$PORT" "$spid" || sleep 0.3
         out=$(RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_CLI[@]}" timeout "$TOOL_TIMEOUT" "$RDMA_PERF" "$test" \
-            -R -s "$size" -n "$iters" -p "$PORT" --bind "$CLIENT_IP" "$SERVER_IP" 2>&1)
+            -R -s "$size" -n "$iters" -p "$PORT" --bind "$CLIENT_IP" "$@" "$SERVER_IP" 2>&1)
         rc=$?
         stop_bg "$spid"
         if [ "$rc" != 0 ] && [ "$try" = 1 ] && grep -q "REJECTED" <<<"$out"; then
@@ -562,11 +564,15 @@ row "$CM" "-" "libfabric tcp, UCX tcp" "-" conn/s "-" "no packaged tool measures
 # ----------------------------------------------------------------------------------------
 # C ABI rows (issue 32): Debian's perftest over our libibverbs.so.1 (crates/cabi, built by
 # scripts/build-cabi.sh) against rdma-perf's same test, run next to it on the same wire. Our
-# CM picks the host-local wire, so there perftest connects through rdma_cm (-R; Debian's
-# perftest 4.5 races its own second listen, docs/CABI.md: a failed pair runs once more); on
-# RoCEv2/UDP it exchanges QP data over TCP (-x 0: GID ::ffff:127.0.0.1). The ratio is
-# perftest's figure over rdma-perf's (goal: within 10 %: latency at most 1.10x, bandwidth at
-# least 0.90x).
+# CM picks the host-local wire; perftest connects through rdma_cm (-R) on both wires, as
+# rdma-perf does (Debian's perftest 4.5 races its own second listen, docs/CABI.md: a failed
+# pair runs once more). Over TCP (-x 0) its server would block in read() and our engine
+# thread would wake for every READ it serves; through rdma_cm it busy-polls, as rdma-perf's.
+# The reference's latency tests signal every send (-Q 1) as perftest 4.5's do: perftest
+# caps its cq_mod at the send queue depth, 1 in latency tests (perftest_parameters.c), and a
+# signaled send asks for an ACK (a second datagram per message). The ratio is perftest's
+# figure over rdma-perf's (goal: within 10 %: latency at most 1.10x, bandwidth at least
+# 0.90x). docs/BENCHMARKS.md, "C ABI vs rdma-perf", has the counts behind these choices.
 CABI="C ABI: Debian's perftest over our libraries against rdma-perf, same wire (ratio to rdma-perf)"
 say "bash scripts/build-cabi.sh"
 CABI_DIR=""
@@ -581,11 +587,12 @@ cabi_perf() {
     for try in 1 2; do
         next_port
         args=(-d lo -F -s "$size" -n "$iters" -p "$PORT")
-        if [ "$wire" = udp ]; then lw=0 args+=(-x 0); else args+=(-R); fi
+        args+=(-R)
+        [ "$wire" = udp ] && lw=0
         LD_LIBRARY_PATH=$CABI_DIR RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_SRV[@]}" timeout "$TOOL_TIMEOUT" \
             "$test" "${args[@]}" >"$LOG/cabi-srv" 2>&1 &
         spid=$!
-        if [ "$wire" = udp ]; then wait_port tcp "$PORT"; else wait_listen "$PORT" "$spid" || sleep 0.3; fi
+        wait_listen "$PORT" "$spid" || sleep 0.3
         out=$(LD_LIBRARY_PATH=$CABI_DIR RDMA_SOFT_LOCAL_WIRE=$lw "${PIN_CLI[@]}" timeout "$TOOL_TIMEOUT" \
             "$test" "${args[@]}" 127.0.0.1 2>&1)
         rc=$?
@@ -612,7 +619,9 @@ cabi_row() {
     fi
     say "rdma-perf $test and ib_$test $size B ($wire)"
     ref=""
-    if out=$(ours_perf "$wire" "$test" "$size" "$iters"); then ref=$(perftest_field "$out" "$col"); fi
+    local sig=()
+    [ "$unit" = µs ] && sig=(-Q 1)
+    if out=$(ours_perf "$wire" "$test" "$size" "$iters" "${sig[@]}"); then ref=$(perftest_field "$out" "$col"); fi
     row "$CABI" "$what" "$(wire_label "$wire")" "$(fmt "${ref:-failed}" "$d")" "$unit" "1.00x" "the reference"
     if out=$(cabi_perf "$wire" "ib_$test" "$size" "$iters") && v=$(perftest_field "$out" "$col") && [ -n "$v" ]; then
         row "$CABI" "$what" "Debian's ib_$test over crates/cabi" "$(fmt "$v" "$d")" "$unit" "$(ratio "$v" "$ref")" "same figure as the reference's (median or BW average)"

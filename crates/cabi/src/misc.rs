@@ -131,11 +131,22 @@ pub unsafe extern "C" fn ibv_get_async_event(
     let (Some(ctx), Some(out)) = (unsafe { ctx(c) }, unsafe { ev.as_mut() }) else {
         return minus_one(libc::EINVAL);
     };
-    let nonblock = is_nonblocking(ctx.v.context.async_fd);
-    let got = if nonblock {
+    let fd = ctx.v.context.async_fd;
+    let got = if fd < 0 {
+        ctx.dev.soft.wait_async_event(None)
+    } else if is_nonblocking(fd) {
         Ok(ctx.dev.soft.poll_async_event())
     } else {
-        ctx.dev.soft.wait_async_event(None)
+        // Waits on the application's fd, so that a signal interrupts it as it interrupts
+        // rdma-core's read (util::wait_readable_or_signal).
+        loop {
+            if let Some(e) = ctx.dev.soft.poll_async_event() {
+                break Ok(Some(e));
+            }
+            if let Err(e) = crate::util::wait_readable_or_signal(fd) {
+                return minus_one(e);
+            }
+        }
     };
     match got {
         Ok(Some(e)) => {

@@ -9,30 +9,10 @@ mod support;
 
 use std::process::Command;
 
-/// Builds `tests/c/<name>.c` against the system headers, linked with `libs`, into `dir`.
-fn build(dir: &std::path::Path, name: &str, libs: &[&str]) -> std::path::PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let exe = dir.join(name);
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let out = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(libs)
-        .output()
-        .expect("gcc (install gcc, libibverbs-dev and librdmacm-dev)");
-    assert!(
-        out.status.success(),
-        "{name}.c does not build:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
 #[test]
 fn wr_api_builds_posts_and_reports_errors_at_wr_complete() {
     let dir = std::env::temp_dir().join(format!("rdma-cabi-qpex-{}", std::process::id()));
-    let exe = build(&dir, "qp_ex", &["-libverbs"]);
+    let exe = support::build_c(&dir, "qp_ex", &["-libverbs"]);
     let mut c = Command::new(&exe);
     c.env("LD_LIBRARY_PATH", support::lib_dir());
     let (status, text) = support::finish(support::start(c));
@@ -50,7 +30,7 @@ fn wr_api_builds_posts_and_reports_errors_at_wr_complete() {
 #[test]
 fn rdma_create_qp_ex_gives_send_ops() {
     let dir = std::env::temp_dir().join(format!("rdma-cabi-cmqpex-{}", std::process::id()));
-    let exe = build(&dir, "cm_qp_ex", &["-lrdmacm", "-libverbs"]);
+    let exe = support::build_c(&dir, "cm_qp_ex", &["-lrdmacm", "-libverbs"]);
     let mut c = Command::new(&exe);
     c.arg("17595").env("LD_LIBRARY_PATH", support::lib_dir());
     let (status, text) = support::finish(support::start(c));
@@ -60,19 +40,4 @@ fn rdma_create_qp_ex_gives_send_ops() {
         assert!(text.contains(&format!("ok {check}\n")), "{check}: {text}");
     }
     assert!(text.ends_with("all passed\n"), "{text}");
-}
-
-/// A blocked `ibv_get_cq_event` ends with EINTR when a handler without SA_RESTART runs, as
-/// rdma-core's read of the channel fd does (qperf's server waits there for its SIGALRM;
-/// before, our wait went on and qperf's client timed out waiting for the results).
-#[test]
-fn ibv_get_cq_event_is_interrupted_by_a_signal() {
-    let dir = std::env::temp_dir().join(format!("rdma-cabi-cqsig-{}", std::process::id()));
-    let exe = build(&dir, "cq_event_signal", &["-libverbs"]);
-    let mut c = Command::new(&exe);
-    c.env("LD_LIBRARY_PATH", support::lib_dir());
-    let (status, text) = support::finish(support::start(c));
-    std::fs::remove_dir_all(&dir).ok();
-    assert!(status.success(), "{text}");
-    assert!(text.contains("ok eintr\n"), "{text}");
 }

@@ -246,9 +246,9 @@ pub unsafe extern "C" fn rdma_get_request(
         return minus_one(libc::EINVAL); // only for synchronous listeners
     };
     loop {
-        let ev = match s.ch.get_event() {
+        let ev = match s.wait_event() {
             Ok(ev) => ev,
-            Err(e) => return minus_one(cm_errno(&e)),
+            Err(e) => return minus_one(e),
         };
         if ev.kind() != EventType::ConnectRequest {
             continue; // acknowledged by dropping

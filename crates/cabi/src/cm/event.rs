@@ -134,6 +134,21 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
     Ok(Box::into_raw(e))
 }
 
+impl super::Chan {
+    /// The next event, blocking on the channel's fd as rdma-core's `read` of it does: a
+    /// signal handler without `SA_RESTART` ends the wait with `EINTR`
+    /// ([`wait_readable_or_signal`]). Synchronous ids wait here too, as rdma-core's do.
+    pub fn wait_event(&self) -> Result<Event, c_int> {
+        loop {
+            match self.ch.get_event_timeout(std::time::Duration::ZERO) {
+                Ok(Some(ev)) => return Ok(ev),
+                Ok(None) => wait_readable_or_signal(self.c.fd)?,
+                Err(e) => return Err(cm_errno(&e)),
+            }
+        }
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_cm_event(
     ch: *mut rdma_event_channel,
@@ -149,13 +164,13 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     let nonblock = is_nonblocking(c.c.fd);
     loop {
         let got = if nonblock {
-            c.ch.try_get_event()
+            c.ch.try_get_event().map_err(|e| cm_errno(&e))
         } else {
-            c.ch.get_event()
+            c.wait_event()
         };
         let ev = match got {
             Ok(ev) => ev,
-            Err(e) => return minus_one(cm_errno(&e)),
+            Err(e) => return minus_one(e),
         };
         match to_c(ev) {
             Ok(e) => {

@@ -282,7 +282,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// Waits, for a synchronous id, for its next event: Ok if it is `want`.
 pub fn sync_wait(i: &mut Id, want: &[rdmacm::cm::EventType]) -> c_int {
     let Some(s) = &i.sync else { return 0 };
-    match s.ch.get_event() {
+    match s.wait_event() {
         Ok(ev) => {
             let (kind, status) = (ev.kind(), ev.status());
             drop(ev);
@@ -298,7 +298,7 @@ pub fn sync_wait(i: &mut Id, want: &[rdmacm::cm::EventType]) -> c_int {
                 minus_one(e)
             }
         }
-        Err(e) => minus_one(cm_errno(&e)),
+        Err(e) => minus_one(e),
     }
 }
 

@@ -1,5 +1,5 @@
 //! Shared by the tests that run C programs over our libraries (`qp_ex.rs`,
-//! `perftest_paths.rs`, `programs.rs`, `mckey.rs`, `perftest_cm.rs`): the library directory
+//! `perftest_paths.rs`, `programs.rs`, `mckey.rs`, `perftest_cm.rs`, `signals.rs`): the library directory
 //! (linked once per run from the static library cargo built, `scripts/build-cabi.sh
 //! --no-build`), Debian's programs, their runs, server/client pairs, listener checks.
 #![allow(dead_code)]
@@ -166,4 +166,25 @@ pub fn tcp_pair(server: Command, client: Command, port: u16) -> String {
         cut(&st)
     );
     ct
+}
+
+/// Builds `tests/c/<name>.c` against the system headers (Debian's libibverbs-dev and
+/// librdmacm-dev), linked with `libs`, into `dir`.
+pub fn build_c(dir: &Path, name: &str, libs: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .expect("gcc (install gcc, libibverbs-dev and librdmacm-dev)");
+    assert!(
+        out.status.success(),
+        "{name}.c does not build:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
 }

@@ -1,0 +1,55 @@
+//! Signals during the blocking calls, as rdma-core's blocking `read` of the fd behind each:
+//! a handler installed without `SA_RESTART` ends the wait with -1 / `EINTR` (qperf ends its
+//! tests with such a `SIGALRM` and expects the blocked call to return), one with
+//! `SA_RESTART` lets it wait on. One C program per call (`tests/c/*_signal.c`), compiled
+//! against the system headers; each would hang (killed at the run limit) on a library that
+//! keeps waiting.
+
+mod support;
+
+use std::process::Command;
+
+/// Builds and runs `tests/c/<name>.c` linked with `libs`; the run's output must show each
+/// of `checks` (`ok <check>`) and end with `all passed`.
+fn run(name: &str, libs: &[&str], checks: &[&str]) {
+    let dir = std::env::temp_dir().join(format!("rdma-cabi-{name}-{}", std::process::id()));
+    let exe = support::build_c(&dir, name, libs);
+    let mut c = Command::new(&exe);
+    c.env("LD_LIBRARY_PATH", support::lib_dir());
+    let (status, text) = support::finish(support::start(c));
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(status.success(), "{name}: {text}");
+    for check in checks {
+        assert!(text.contains(&format!("ok {check}\n")), "{check}: {text}");
+    }
+    assert!(text.ends_with("all passed\n"), "{text}");
+}
+
+/// `ibv_get_cq_event` (qperf's server waits there for its SIGALRM; before, our wait went on
+/// and qperf's client timed out waiting for the results).
+#[test]
+fn ibv_get_cq_event_is_interrupted_by_a_signal() {
+    run("cq_event_signal", &["-libverbs"], &["eintr"]);
+}
+
+/// `rdma_get_cm_event`: EINTR without `SA_RESTART`; with it, the event that comes after
+/// the signal (an address resolution started then) ends the wait.
+#[test]
+fn rdma_get_cm_event_is_interrupted_by_a_signal() {
+    run(
+        "cm_event_signal",
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+        &["eintr", "restart"],
+    );
+}
+
+/// `ibv_get_async_event`: EINTR without `SA_RESTART`; with it, still waiting after the
+/// signal ran.
+#[test]
+fn ibv_get_async_event_is_interrupted_by_a_signal() {
+    run(
+        "async_event_signal",
+        &["-libverbs", "-lpthread"],
+        &["eintr", "restart"],
+    );
+}
