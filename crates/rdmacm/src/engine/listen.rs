@@ -307,9 +307,6 @@ fn req_with_path(
     if let Some(d) = st.devices.get_mut(&dev) {
         d.conns.insert(conn, num);
     }
-    if let Some(ls) = st.ids.get_mut(&l).and_then(|s| s.listen.as_mut()) {
-        ls.queued += 1;
-    }
     let param = ConnEventParam {
         private_data: req.private_data[IP_CM_HEADER_LEN..].to_vec(),
         responder_resources: req.responder_resources,
@@ -320,19 +317,7 @@ fn req_with_path(
         qp_num: req.local_qpn,
         starting_psn: req.starting_psn,
     };
-    Inner::push_event(
-        st,
-        PendingEvent {
-            id: num,
-            kind: EventType::ConnectRequest,
-            status: 0,
-            param,
-            ud: None,
-            listen_id: Some(l),
-            mc: None,
-            addr: None,
-        },
-    );
+    queue_connect_request(st, l, num, param);
 }
 
 /// A refused SIDR request: logged, counted, answered with a SIDR_REP "reject".
@@ -402,9 +387,6 @@ fn sidr_with_path(
         // The SIDR_REP leaves with the id's TOS (the listener's).
         let _ = d.agent.set_traffic_class(conn, tos.unwrap_or(0));
     }
-    if let Some(ls) = st.ids.get_mut(&l).and_then(|s| s.listen.as_mut()) {
-        ls.queued += 1;
-    }
     let param = ConnEventParam {
         private_data: r
             .private_data
@@ -413,19 +395,7 @@ fn sidr_with_path(
             .to_vec(),
         ..ConnEventParam::default()
     };
-    Inner::push_event(
-        st,
-        PendingEvent {
-            id: num,
-            kind: EventType::ConnectRequest,
-            status: 0,
-            param,
-            ud: None,
-            listen_id: Some(l),
-            mc: None,
-            addr: None,
-        },
-    );
+    queue_connect_request(st, l, num, param);
 }
 
 /// A wildcard listener gets requests from every device on every address
@@ -483,4 +453,24 @@ pub(crate) fn has_wildcard_listener(st: &State) -> bool {
 /// and its IPv4-mapped IPv6 form are the same).
 fn same_address(arrived: IpAddr, claimed: IpAddr) -> bool {
     arrived.to_canonical() == claimed.to_canonical()
+}
+
+/// Queues child `num`'s CONNECT_REQUEST on listener `l` (counted against its backlog).
+fn queue_connect_request(st: &mut State, l: IdNum, num: IdNum, param: ConnEventParam) {
+    if let Some(ls) = st.ids.get_mut(&l).and_then(|s| s.listen.as_mut()) {
+        ls.queued += 1;
+    }
+    Inner::push_event(
+        st,
+        PendingEvent {
+            id: num,
+            kind: EventType::ConnectRequest,
+            status: 0,
+            param,
+            ud: None,
+            listen_id: Some(l),
+            mc: None,
+            addr: None,
+        },
+    );
 }
