@@ -40,6 +40,7 @@ impl RcQp {
             || w.wr.flags.contains(SendFlags::SIGNALED)
             || self.gbn_guard.is_some()
             || self.req_idx + 1 >= half_sq
+            || self.credit_closes(&w.wr.op, w.started)
             || self
                 .ask
                 .last_at
