@@ -1,9 +1,8 @@
 //! A receiver whose application posts its receives slowly (a descheduled process) costs the
 //! sender RNR waits, not go-back-N resends of its whole window: RC QPs with their own receive
 //! queue advertise end-to-end credits in their ACKs (`rdma_proto::rc`, `credit.rs`) and the
-//! requester sends no SEND beyond them but one at a time. Counts, not timings: the resends
-//! are bounded by the first window (sent before any ACK brought a count) plus one message
-//! per RNR NAK.
+//! requester sends no SEND beyond them but one at a time. Counts, not timings: one message
+//! resent per RNR NAK.
 
 mod common;
 
@@ -32,7 +31,10 @@ fn slow_receiver_costs_one_message_per_rnr_nak() {
         s.spawn(|| {
             let (mut posted, mut done) = (0, 0);
             while done < N {
-                while posted < N && posted - done < WINDOW {
+                // the first message alone: its ACK brings the first count, so no window
+                // leaves unlimited (what it would cost is not what this test measures)
+                let window = if done == 0 { 1 } else { WINDOW };
+                while posted < N && posted - done < window {
                     let sge = a.mr.sge(posted * LEN, LEN as u32).unwrap();
                     let wr = SendWr::new(posted as u64, SendOp::Send)
                         .with_sge(sge)
@@ -75,8 +77,9 @@ fn slow_receiver_costs_one_message_per_rnr_nak() {
         st.credit_waits > 0,
         "the sender never waited for credits: {st:?}"
     );
+    // (the probe timer's resends, when a held ACK comes late, are counted apart)
     assert!(
-        st.retransmitted <= (WINDOW as u64) + st.rnr_naks_received,
-        "more resent than the first window and one message per RNR NAK: {st:?}"
+        st.retransmitted - st.early_retransmits <= st.rnr_naks_received,
+        "more resent than one message per RNR NAK: {st:?}"
     );
 }
