@@ -161,3 +161,70 @@ fn invalid_credits_mean_no_limit() {
         );
     }
 }
+
+/// A SEND that waits for credits while the messages holding them did not ask for an ACK
+/// (unsignaled, ACKs on demand) does not wait for the ACK probe's quarter of the ACK
+/// timeout: the wait itself resends the last packet asking, at once.
+#[test]
+fn a_credit_wait_asks_for_its_ack_at_once() {
+    let p = ConnParams {
+        timeout: 17, // 537 ms: the ACK probe's own timer would fire after 134 ms
+        ..ConnParams::default()
+    };
+    let faults = Faults {
+        delay_ns: 2_000,
+        ..Faults::clean()
+    };
+    let mut s = RcPair::with_attrs(7, faults, &p);
+    s.in_order = true;
+    s.b.qp.set_credits(true);
+    let recv = |s: &mut RcPair, id: u64| {
+        let wr = RecvWr::new(id).with_sge(Sge {
+            addr: s.b.buf_addr,
+            length: 64,
+            lkey: s.b.lkey,
+        });
+        s.b.qp.post_recv(&wr).unwrap();
+    };
+    let send = |s: &mut RcPair, id: u64, signaled: bool| {
+        let mut wr = SendWr::new(id, SendOp::Send).with_sge(Sge {
+            addr: s.a.buf_addr,
+            length: 64,
+            lkey: s.a.lkey,
+        });
+        if signaled {
+            wr = wr.with_flags(SendFlags::SIGNALED);
+        }
+        s.a.qp.post_send(&s.a.mem, &wr).unwrap();
+    };
+    recv(&mut s, 0);
+    recv(&mut s, 1);
+    // the first message asks (nothing asked yet) and brings the count: one receive left
+    send(&mut s, 0, true);
+    assert!(s.run_until(1_000_000, |s| s.a.qp.poll_send_completion().is_some()));
+    assert_eq!(s.a.qp.peer_credits(), Some(1));
+    let received = |s: &mut RcPair, id: u64| {
+        std::iter::from_fn(|| s.b.qp.poll_recv_completion()).any(|c| c.wr_id == id)
+    };
+    assert!(received(&mut s, 0));
+    // an unsignaled SEND takes the last credit without asking for an ACK
+    send(&mut s, 1, false);
+    assert!(s.run_until(1_000_000, |s| received(s, 1)));
+    recv(&mut s, 2); // the receiver posts again at once
+    let start = s.now;
+    send(&mut s, 2, true);
+    let done = s.run_until(start + 10_000_000_000, |s| received(s, 2));
+    let st = s.a.qp.stats();
+    assert!(done, "the waiting SEND never arrived: {st:?}");
+    assert_eq!(st.credit_waits, 1, "{st:?}");
+    assert_eq!(
+        st.ack_probes, 1,
+        "the wait resent the last packet asking: {st:?}"
+    );
+    // in virtual time: well before the ACK probe's own timer (a quarter of 537 ms)
+    assert!(
+        s.now - start < 1_000_000,
+        "the SEND waited {} ns for credits",
+        s.now - start
+    );
+}

@@ -22,7 +22,7 @@ pub(super) struct AckAsk {
     /// When a packet last asked.
     last_at: Option<u64>,
     /// The newest PSN sent without asking and not known to be acknowledged.
-    unasked: Option<u32>,
+    pub unasked: Option<u32>,
     /// When to probe for the ACK of `unasked`.
     pub probe_at: Option<u64>,
     /// The next request packet asks (set by a probe).

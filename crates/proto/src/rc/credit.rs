@@ -107,24 +107,35 @@ impl RcQp {
         self.credit.limit
     }
 
-    /// Whether the next new message of `op` may start; counts a wait when not.
-    pub(super) fn credit_allows(&mut self, op: &SendOp) -> bool {
+    /// Whether the next new message of `op` may start; counts a wait when not. A wait
+    /// needs an ACK to end: if the last packet sent did not ask for one, the ACK probe
+    /// resends it asking, now (`ack_req.rs`).
+    pub(super) fn credit_allows(&mut self, now: u64, op: &SendOp) -> bool {
         if !consumes_receive(op) || self.credit.allows() {
             return true;
         }
         if !self.credit.waiting {
             self.credit.waiting = true;
             self.stats.credit_waits += 1;
+            if self.ask.unasked.is_some() {
+                self.ask.probe_at = Some(now);
+            }
         }
         false
     }
 
     /// Whether the last packet of a receive-consuming message (`started`: counted already)
-    /// uses the last credit: it asks for an ACK, which brings the next count.
+    /// uses the last credit while the next work request is one that would wait for more:
+    /// it asks for the ACK that brings the next count.
     pub(super) fn credit_closes(&self, op: &SendOp, started: bool) -> bool {
         let Some(c) = self.credit.limit else {
             return false;
         };
-        consumes_receive(op) && self.credit.out + u32::from(!started) >= c
+        consumes_receive(op)
+            && self.credit.out + u32::from(!started) >= c
+            && self
+                .sq
+                .get(self.req_idx + 1)
+                .is_some_and(|n| consumes_receive(&n.wr.op))
     }
 }

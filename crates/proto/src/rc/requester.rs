@@ -333,7 +333,7 @@ impl RcQp {
             {
                 return None;
             }
-            if !self.credit_allows(&w.wr.op) {
+            if !self.credit_allows(now, &w.wr.op) {
                 return None;
             }
         }
