@@ -263,6 +263,9 @@ fn workload(seed: u64, faults: Faults, retry_cnt: u8, timeout: u8) -> Result<Out
         ..ConnParams::default()
     };
     let mut s = RcPair::with_attrs(seed, faults, &params);
+    // half the seeds: B's ACKs advertise end-to-end credits (`rc/credit.rs`), the others
+    // send 0x1f as Linux rxe does
+    s.b.qp.set_credits(seed % 2 == 0);
     let (a0, b0) = (s.a.buf_addr, s.b.buf_addr);
     // A: source data [0,128K); READ destinations [128K,384K); atomic results at 400K
     // B: receive slots [0,320K) (8K each); WRITE area [320K,448K); READ source [448K,512K)

@@ -224,6 +224,23 @@ impl AethSyndrome {
         Ok(kind << 5 | low)
     }
 
+    /// The ACK advertising `available` receive WQEs: the largest credit count of the table
+    /// not above it (codes 0..=30; at most 32768).
+    ///
+    /// ```
+    /// use rdma_wire::aeth::AethSyndrome;
+    /// assert_eq!(AethSyndrome::ack_with_credits(0), AethSyndrome::Ack { credits: 0 });
+    /// assert_eq!(AethSyndrome::ack_with_credits(7).credit_count(), Some(6));
+    /// assert_eq!(AethSyndrome::ack_with_credits(256).credit_count(), Some(256));
+    /// assert_eq!(AethSyndrome::ack_with_credits(usize::MAX).credit_count(), Some(32768));
+    /// ```
+    pub fn ack_with_credits(available: usize) -> Self {
+        let code = CREDITS.partition_point(|&c| usize::from(c) <= available) - 1;
+        AethSyndrome::Ack {
+            credits: code as u8,
+        }
+    }
+
     /// For an ACK, the credit count its code stands for; `None` for code 0x1f (invalid) and
     /// for NAKs.
     pub fn credit_count(self) -> Option<u16> {

@@ -22,7 +22,7 @@ pub(super) struct AckAsk {
     /// When a packet last asked.
     last_at: Option<u64>,
     /// The newest PSN sent without asking and not known to be acknowledged.
-    unasked: Option<u32>,
+    pub unasked: Option<u32>,
     /// When to probe for the ACK of `unasked`.
     pub probe_at: Option<u64>,
     /// The next request packet asks (set by a probe).
@@ -40,6 +40,7 @@ impl RcQp {
             || w.wr.flags.contains(SendFlags::SIGNALED)
             || self.gbn_guard.is_some()
             || self.req_idx + 1 >= half_sq
+            || self.credit_closes(&w.wr.op, w.started)
             || self
                 .ask
                 .last_at

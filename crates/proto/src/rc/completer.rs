@@ -1,6 +1,6 @@
 //! Completer: ACKs, NAKs, READ responses and atomic ACKs retire send work requests.
 
-use super::{rnr_timer_ns, RcQp};
+use super::{credit, rnr_timer_ns, RcQp};
 use crate::memory::{scatter, MemError, MemoryTable};
 use crate::packet::{Packet, Placement};
 use crate::psn::{psn_add, psn_diff, PSN_MASK};
@@ -53,6 +53,9 @@ impl RcQp {
     /// Retires the oldest WR.
     fn complete_front(&mut self, status: WcStatus) {
         let Some(w) = self.sq.pop_front() else { return };
+        if w.started && credit::consumes_receive(&w.wr.op) {
+            self.credit.retired();
+        }
         if w.wr.op.is_read_or_atomic() {
             self.rd_atomic_inflight = self.rd_atomic_inflight.saturating_sub(1);
         }
@@ -179,6 +182,7 @@ impl RcQp {
                 match aeth.syndrome {
                     AethSyndrome::Ack { .. } => {
                         let (prog, blocked) = self.ack_through(p);
+                        self.credit.on_ack(aeth.syndrome);
                         if prog {
                             self.on_progress(now);
                         }
@@ -194,6 +198,7 @@ impl RcQp {
                             self.on_progress(now);
                         }
                         self.stats.rnr_naks_received += 1;
+                        self.credit.on_rnr();
                         tracing::debug!(
                             qpn = self.cfg.qpn,
                             psn = p,

@@ -21,6 +21,7 @@
 mod ack_req;
 mod apm;
 mod completer;
+mod credit;
 mod probe;
 mod requester;
 mod responder;
@@ -118,6 +119,9 @@ pub struct RcStats {
     /// Pulled WRITEs whose source this responder could not read: it asked for them again
     /// (PSN sequence NAK) and they came inline.
     pub pull_failures: u64,
+    /// Times a SEND (or RDMA WRITE with immediate) waited for the peer's credits (see
+    /// [`RcQp::set_credits`]).
+    pub credit_waits: u64,
 }
 
 /// Local ACK timeout in nanoseconds for the 5-bit exponent (`None`: infinite).
@@ -179,6 +183,7 @@ pub struct RcQp {
     gbn_guard: Option<(u32, u32)>,
     ask: ack_req::AckAsk,
     probe: probe::Probe,
+    credit: credit::Credits,
     send_cq: VecDeque<Completion>,
     // responder
     resp: Responder,
@@ -216,6 +221,7 @@ impl RcQp {
             gbn_guard: None,
             ask: ack_req::AckAsk::default(),
             probe: probe::Probe::default(),
+            credit: credit::Credits::default(),
             send_cq: VecDeque::with_capacity(sq_cap),
             resp: Responder::new(rq_cap),
             recv_cq: VecDeque::with_capacity(rq_cap),
@@ -372,9 +378,10 @@ impl RcQp {
     }
 
     fn reset(&mut self) {
-        let (cfg, early) = (self.cfg, self.early_retransmit());
+        let (cfg, early, credits) = (self.cfg, self.early_retransmit(), self.credits());
         *self = RcQp::new(cfg);
         self.set_early_retransmit(early);
+        self.set_credits(credits);
     }
 
     /// Moves the QP to Err: the send queue and receive queue are flushed (after `first`, an
@@ -407,6 +414,7 @@ impl RcQp {
         self.req_idx = 0;
         self.req_off = 0;
         self.rd_atomic_inflight = 0;
+        self.credit.flushed();
         self.resp.flush(qpn, &mut self.recv_cq);
     }
 

@@ -333,6 +333,9 @@ impl RcQp {
             {
                 return None;
             }
+            if !self.credit_allows(now, &w.wr.op) {
+                return None;
+            }
         }
         let mtu = self.attr.path_mtu.bytes();
         let first_psn = if w.started {
@@ -506,6 +509,9 @@ impl RcQp {
             self.next_psn = psn_add(first_psn, w.npkts);
             if w.wr.op.is_read_or_atomic() {
                 self.rd_atomic_inflight += 1;
+            }
+            if super::credit::consumes_receive(&w.wr.op) {
+                self.credit.started();
             }
         }
         if whole {

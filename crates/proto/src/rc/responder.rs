@@ -152,6 +152,8 @@ pub(super) struct Responder {
     replay: VecDeque<Replay>,
     max_rd: usize,
     new_rd_in_out: usize,
+    /// ACKs advertise the receives posted (`RcQp::set_credits`, `credit.rs`).
+    pub advertise: bool,
 }
 
 impl Responder {
@@ -166,6 +168,7 @@ impl Responder {
             replay: VecDeque::with_capacity(1),
             max_rd: 1,
             new_rd_in_out: 0,
+            advertise: false,
         }
     }
 
@@ -215,14 +218,21 @@ impl Responder {
     /// Queues an ACK of `psn`, merged into a trailing ACK of the same kind (`dup`: it
     /// answers a duplicate request).
     pub(super) fn push_ack(&mut self, psn: u32, dup: bool) {
-        let aeth = ack(self.msn);
+        let mut aeth = ack(self.msn);
+        if self.advertise {
+            // the receive a SEND in progress fills is not available
+            let filling = usize::from(matches!(self.cur, Cur::Send { .. }));
+            aeth.syndrome = AethSyndrome::ack_with_credits(self.rq.len().saturating_sub(filling));
+        }
         if let Some(Out::Ack {
             psn: p,
             aeth: a,
             dup: d,
         }) = self.out.back_mut()
         {
-            if a.syndrome == aeth.syndrome && *d == dup {
+            let acks = matches!(a.syndrome, AethSyndrome::Ack { .. })
+                && matches!(aeth.syndrome, AethSyndrome::Ack { .. });
+            if acks && *d == dup {
                 *p = psn;
                 *a = aeth;
                 return;

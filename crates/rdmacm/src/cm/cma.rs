@@ -2,7 +2,7 @@
 //! the resolver and the change watcher, every id and every channel. The process's progress
 //! engine (`rdma_soft::engine`) drives it: MADs, CM timers, host changes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -87,20 +87,20 @@ impl Cma {
             rt_handle: handle,
             resolver,
             state: Mutex::new(State {
-                ids: HashMap::new(),
+                ids: Default::default(),
                 ack_waiters: 0,
                 next_id: 1,
-                devices: HashMap::new(),
-                members: HashMap::new(),
+                devices: Default::default(),
+                members: Default::default(),
                 returning: Vec::new(),
-                channels: HashMap::new(),
+                channels: Default::default(),
                 next_channel: 1,
                 ports: PortTables::from_host(),
                 seed,
                 cm_response_timeout: 20,
                 max_cm_retries: 15,
                 counters: Default::default(),
-                held: HashMap::new(),
+                held: Default::default(),
             }),
             acked: Condvar::new(),
             wake: EventFd::new()?,

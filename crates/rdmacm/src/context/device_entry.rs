@@ -1,12 +1,13 @@
 //! The device registry: one software device per netdev, opened on first use, with its CM
 //! agent, GSI addresses and connection bookkeeping.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 use rdma_proto::cm::{CmAgent, ConnHandle};
 use rdma_soft::io::WireAddr;
 use rdma_soft::verbs::Device;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::context::id_entry::IdNum;
 use crate::error::Result;

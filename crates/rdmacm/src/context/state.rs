@@ -1,6 +1,6 @@
 //! Everything behind the context's lock: ids, devices, channels, port tables.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::context::counters::CmCounters;
@@ -11,6 +11,7 @@ use crate::host::resolve::ResolvedAddr;
 use crate::params::PendingEvent;
 use crate::ports::PortTables;
 use rdma_soft::fd::EventFd;
+use rustc_hash::FxHashMap as HashMap;
 
 /// A channel's queue.
 pub(crate) struct ChanState {
@@ -18,7 +19,9 @@ pub(crate) struct ChanState {
     pub efd: Arc<EventFd>,
 }
 
-/// Everything behind the context's lock.
+/// Everything behind the context's lock. Its maps are keyed by numbers this process hands
+/// out (ids, channels, ifindexes): they hash with `rustc-hash`'s multiply, not SipHash (a
+/// fifth of a connection's instructions went to SipHash, BENCHMARKS.md, issue 35).
 pub(crate) struct State {
     pub ids: HashMap<IdNum, Box<IdSlot>>,
     /// Threads in [`crate::context::Inner::wait_acked`]: an ack wakes the condvar only then

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use rdma_proto::cm::{AgentConfig, CmAgent, OverloadPolicy};
 use rdma_soft::io::WireAddr;
 use rdma_soft::verbs::{Device, DeviceConfig};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 
@@ -138,8 +138,8 @@ impl Inner {
                 tap,
                 agent,
                 open: HashSet::new(),
-                conns: HashMap::new(),
-                listeners: HashMap::new(),
+                conns: Default::default(),
+                listeners: Default::default(),
             },
         );
         for &l in &links[1..] {

@@ -52,6 +52,9 @@ impl QpCtx {
         recv_cq: CompletionQueue,
         srq: Option<SrqRing>,
     ) -> QpCtx {
+        let mut rc = rc;
+        // ACKs advertise the receives posted (end-to-end credits), unless they are an SRQ's
+        rc.set_credits(srq.is_none());
         let qpn = rc.qpn();
         QpCtx {
             qpn,

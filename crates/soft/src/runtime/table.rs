@@ -132,4 +132,5 @@ pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
     a.dropped += b.dropped;
     a.naks_sent += b.naks_sent;
     a.ack_probes += b.ack_probes;
+    a.credit_waits += b.credit_waits;
 }

@@ -31,8 +31,9 @@ impl Resolver {
     ///   (`EINVAL`). A given source does not bind the id: the CM binds before resolving if
     ///   rdma_cm semantics want it.
     ///
-    /// The hop limit is the kernel's default for the netdev (`net.ipv4.ip_default_ttl`,
-    /// `net.ipv6.conf.<dev>.hop_limit`); per-route hop-limit metrics are not yet read.
+    /// The hop limit is the kernel's default for the netdev (`net.ipv4.ip_default_ttl`, read
+    /// at most once a second; `net.ipv6.conf.<dev>.hop_limit`); per-route hop-limit metrics
+    /// are not yet read.
     pub async fn resolve_addr(
         &self,
         src: Option<&ScopedIp>,

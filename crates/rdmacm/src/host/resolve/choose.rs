@@ -2,11 +2,10 @@
 //! finished [`ResolvedAddr`] with its hop limit.
 
 use std::net::IpAddr;
-use std::os::unix::fs::FileExt;
 
 use rdma_hostview::{Link, MacAddr, RouteAnswer, RouteType};
 
-use super::{Choice, HvResult, Netdev, ResolvedAddr, Resolver, RouteQuery, IPV4_TTL};
+use super::{Choice, HvResult, Netdev, ResolvedAddr, Resolver, RouteQuery};
 use crate::error::{Error, Result};
 use crate::host::addr::{classify, AddrClass, Gid};
 
@@ -174,25 +173,16 @@ impl Resolver {
         })
     }
 
-    /// The kernel's default hop limit for packets to `dst` out of netdev `name`, read now
-    /// from `/proc/sys` (IPv4: the file opened with the resolver, in its namespace; IPv6:
-    /// the netdev's `hop_limit` in the calling thread's namespace); 64 if unreadable.
+    /// The kernel's default hop limit for packets to `dst` out of netdev `name` (IPv4: the
+    /// resolver's namespace's `ip_default_ttl`, read at most once a second; IPv6: the
+    /// netdev's `hop_limit`, read now in the calling thread's namespace); 64 if unreadable.
     fn default_hop_limit(&self, dst: &IpAddr, name: &str) -> u8 {
-        let parse = |t: &str| t.trim().parse().ok();
-        let v = match (dst, &self.ttl) {
-            (IpAddr::V4(_), Some(f)) => {
-                let mut buf = [0u8; 16];
-                f.read_at(&mut buf, 0)
-                    .ok()
-                    .and_then(|n| std::str::from_utf8(buf.get(..n)?).ok().and_then(parse))
-            }
-            (IpAddr::V4(_), None) => std::fs::read_to_string(IPV4_TTL)
-                .ok()
-                .and_then(|t| parse(&t)),
-            (IpAddr::V6(_), _) => {
+        let v = match dst {
+            IpAddr::V4(_) => self.ttl.get(std::time::Instant::now()),
+            IpAddr::V6(_) => {
                 std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{name}/hop_limit"))
                     .ok()
-                    .and_then(|t| parse(&t))
+                    .and_then(|t| t.trim().parse().ok())
             }
         };
         v.unwrap_or(64)

@@ -5,7 +5,6 @@
 //! resolution (`active`), the passive side's path (`accept`), and the route choice and the
 //! finished record both share (`choose`).
 
-use std::fs::File;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -17,6 +16,7 @@ use crate::host::addr::{AddrClass, Gid, ScopeId, ScopedIp};
 mod accept;
 mod active;
 mod choose;
+mod hop;
 mod types;
 
 pub(crate) use types::Choice;
@@ -44,9 +44,9 @@ pub use types::{Binding, GidEntry, Netdev, ResolvedAddr, RouteQuery};
 #[derive(Debug, Clone)]
 pub struct Resolver {
     hv: HostView,
-    /// `/proc/sys/net/ipv4/ip_default_ttl` of the resolver's namespace, opened once and
-    /// re-read (`pread` at 0: the kernel formats the current value) at every resolution.
-    ttl: Option<Arc<File>>,
+    /// `net.ipv4.ip_default_ttl` of the resolver's namespace, opened once, read at most
+    /// once a second (`hop.rs`).
+    ttl: Arc<hop::DefaultTtl>,
 }
 
 impl Resolver {
@@ -57,7 +57,7 @@ impl Resolver {
 
     /// A resolver over an existing host view.
     pub fn from_view(hv: HostView) -> Resolver {
-        let ttl = File::open(IPV4_TTL).ok().map(Arc::new);
+        let ttl = Arc::new(hop::DefaultTtl::open());
         Resolver { hv, ttl }
     }
 
@@ -214,8 +214,6 @@ impl Resolver {
         }
     }
 }
-
-const IPV4_TTL: &str = "/proc/sys/net/ipv4/ip_default_ttl";
 
 type HvResult<T> = std::result::Result<T, rdma_hostview::Error>;
 

@@ -30,6 +30,7 @@ fn rc_counters(s: &RcStats) -> Value {
         "early_retransmits": s.early_retransmits,
         "spurious_probes": s.spurious_probes,
         "rnr_naks_rcvd": s.rnr_naks_received,
+        "credit_waits": s.credit_waits,
         "seq_naks_rcvd": s.seq_naks_received,
         "naks_sent": s.naks_sent,
         "responses_sent": s.responses_sent,

@@ -1,0 +1,141 @@
+//! End-to-end credits (IBA Vol. 1 §9.7.7.2): the responder's ACKs say how many receive WQEs
+//! it has posted beyond the acknowledged message, and the requester starts no SEND (nor
+//! RDMA WRITE with immediate) beyond them, except one at a time when it has none: the one
+//! the spec allows, which an RNR NAK may refuse. Without credits, a receiver whose
+//! application is descheduled refuses a whole send window with RNR NAKs and the requester
+//! resends all of it after the RNR timer (go-back-N); with them, at most that one message.
+//!
+//! A responder advertises only when switched on ([`RcQp::set_credits`]: not for a QP on a
+//! shared receive queue, whose receives are not its own); otherwise its ACKs carry code
+//! 0x1f, "invalid", as Linux rxe's always do. A requester honours the count of the latest
+//! ACK whose code is valid; an ACK with 0x1f lifts the limit (that peer does not count), and
+//! an RNR NAK sets it to none until the next ACK. Before the first ACK there is no limit.
+
+use super::RcQp;
+use crate::verbs::SendOp;
+use rdma_wire::aeth::AethSyndrome;
+
+/// The requester's credit state of one QP.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Credits {
+    /// Receives the peer has beyond its latest ACK; `None`: no limit (no ACK yet, or a
+    /// peer that sends 0x1f).
+    limit: Option<u32>,
+    /// Receive-consuming messages started and not yet acknowledged.
+    out: u32,
+    /// The next message waits for credits (counted once per wait).
+    waiting: bool,
+}
+
+/// Whether `op` consumes a receive WQE at the responder.
+pub(super) fn consumes_receive(op: &SendOp) -> bool {
+    matches!(
+        op,
+        SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
+            | SendOp::RdmaWriteWithImm { .. }
+    )
+}
+
+impl Credits {
+    /// Whether one more receive-consuming message may start now.
+    fn allows(&self) -> bool {
+        match self.limit {
+            None => true,
+            // none outstanding: one may go (the one the spec allows without credits)
+            Some(c) => self.out == 0 || self.out < c,
+        }
+    }
+
+    /// An ACK with `syndrome` arrived (after it retired what it acknowledged).
+    pub fn on_ack(&mut self, syndrome: AethSyndrome) {
+        self.limit = syndrome.credit_count().map(u32::from);
+    }
+
+    /// An RNR NAK: the peer has no receive posted (until its next ACK says otherwise).
+    pub fn on_rnr(&mut self) {
+        self.limit = Some(0);
+    }
+
+    /// A receive-consuming message started.
+    pub fn started(&mut self) {
+        self.out += 1;
+        self.waiting = false;
+    }
+
+    /// A receive-consuming message was acknowledged (or flushed).
+    pub fn retired(&mut self) {
+        self.out = self.out.saturating_sub(1);
+    }
+
+    /// The QP went to Err: nothing is outstanding.
+    pub fn flushed(&mut self) {
+        self.out = 0;
+        self.limit = None;
+        self.waiting = false;
+    }
+}
+
+impl RcQp {
+    /// Switches the advertising of end-to-end credits in ACKs on or off (off by default:
+    /// code 0x1f, "invalid", as Linux rxe sends). Switch it on for a QP with its own
+    /// receive queue; a QP on a shared receive queue must not advertise (its receives are
+    /// taken one at a time from the SRQ). The requester side always honours a peer's
+    /// valid credit counts. See the `credit` module.
+    ///
+    /// ```
+    /// use rdma_proto::rc::{RcConfig, RcQp};
+    /// use rdma_proto::verbs::PdId;
+    /// let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
+    /// assert!(!qp.credits());
+    /// qp.set_credits(true);
+    /// assert!(qp.credits());
+    /// ```
+    pub fn set_credits(&mut self, on: bool) {
+        self.resp.advertise = on;
+    }
+
+    /// Whether ACKs advertise credits ([`RcQp::set_credits`]).
+    pub fn credits(&self) -> bool {
+        self.resp.advertise
+    }
+
+    /// The requester's credit limit: receives the peer had beyond its latest ACK (`None`:
+    /// not limited).
+    pub fn peer_credits(&self) -> Option<u32> {
+        self.credit.limit
+    }
+
+    /// Whether the next new message of `op` may start; counts a wait when not. A wait
+    /// needs an ACK to end: if the last packet sent did not ask for one, the ACK probe
+    /// resends it asking, now (`ack_req.rs`).
+    pub(super) fn credit_allows(&mut self, now: u64, op: &SendOp) -> bool {
+        if !consumes_receive(op) || self.credit.allows() {
+            return true;
+        }
+        if !self.credit.waiting {
+            self.credit.waiting = true;
+            self.stats.credit_waits += 1;
+            if self.ask.unasked.is_some() {
+                self.ask.probe_at = Some(now);
+            }
+        }
+        false
+    }
+
+    /// Whether the last packet of a receive-consuming message (`started`: counted already)
+    /// uses the last credit while the next work request is one that would wait for more:
+    /// it asks for the ACK that brings the next count.
+    pub(super) fn credit_closes(&self, op: &SendOp, started: bool) -> bool {
+        let Some(c) = self.credit.limit else {
+            return false;
+        };
+        consumes_receive(op)
+            && self.credit.out + u32::from(!started) >= c
+            && self
+                .sq
+                .get(self.req_idx + 1)
+                .is_some_and(|n| consumes_receive(&n.wr.op))
+    }
+}
