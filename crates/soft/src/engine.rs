@@ -73,9 +73,10 @@ const NEVER: u64 = u64::MAX;
 /// Token of the doorbell in the epoll set.
 const DOORBELL: u64 = u64::MAX;
 
-/// Serializes a source's runs with its unregistration, so the engine never keeps a source
-/// alive: dropping the owner's last reference tears it down at once, in the owner's thread
-/// (waiting for a run in progress), never later in the engine's.
+/// Serializes a source's runs with its unregistration. The engine holds a strong reference
+/// to a source only during its run, under `running`, and a registration's drop waits for
+/// that: an owner that drops its registration before its last reference ([`Registered`])
+/// tears the source down at once, in its own thread, never later in the engine's.
 struct Gate {
     alive: std::sync::atomic::AtomicBool,
     running: Mutex<()>,
@@ -168,7 +169,9 @@ fn start() -> std::result::Result<&'static Engine, i32> {
 
 /// Registers `src` with the process's engine. It runs when an fd added with
 /// [`Registration::add_fd`] fires or its wake time passes; dropping the registration (or
-/// the source) ends that.
+/// the source) ends that. The engine holds `src` strongly only while it runs; drop the
+/// registration before the last reference (as [`Registered`] does) to keep the source's
+/// teardown out of the engine thread.
 pub fn register(src: Weak<dyn Source>) -> Result<Registration> {
     let engine = get()?;
     let wake = Arc::new(AtomicU64::new(NEVER));
@@ -189,10 +192,12 @@ pub fn register(src: Weak<dyn Source>) -> Result<Registration> {
     let gate = t.entries.get(&id).map(|e| e.gate.clone());
     drop(t);
     Ok(Registration {
-        engine,
-        id,
-        wake,
-        gate: gate.unwrap_or_else(|| Arc::new(Gate::new())),
+        waker: Waker {
+            engine,
+            id,
+            wake,
+            gate: gate.unwrap_or_else(|| Arc::new(Gate::new())),
+        },
     })
 }
 
@@ -308,18 +313,16 @@ impl Engine {
                     if !gate.alive.load(Ordering::Acquire) {
                         continue;
                     }
-                    // SAFETY: `alive` is cleared, and `running` then taken, by the
-                    // registration's drop before its owner frees the source; while we hold
-                    // `running` with `alive` set, the source is live. A source dropped
-                    // during its own run (its owner let go meanwhile) is only reached
-                    // through `src` again after a new `alive` check. (Not `src.upgrade()`:
-                    // the engine would then hold the last reference when the owner lets go
-                    // during a run, and tear the source down in its thread, not the owner's:
-                    // see `Gate`.)
-                    let p: *const dyn Source = src.as_ptr();
+                    let Some(src) = src.upgrade() else {
+                        continue;
+                    };
                     RUNNING.with(|r| r.set(id));
-                    #[allow(unsafe_code)] // the SAFETY comment above
-                    let r = unsafe { (*p).run(now) };
+                    let r = src.run(now);
+                    // Let go before `running` is released: a registration dropped during
+                    // the run waits for that, so the engine never holds the last
+                    // reference of a source whose owner drops its registration first
+                    // (see `Registered`). Only a run that drops its own owner ends here.
+                    drop(src);
                     RUNNING.with(|r| r.set(0));
                     gate.deferred
                         .store(matches!(r, Run::Deferred(_)), Ordering::Release);
@@ -359,8 +362,18 @@ impl Engine {
     }
 }
 
-/// A source's place in the engine (see [`register`]). Dropping it unregisters the source.
+/// A source's place in the engine (see [`register`]). Dropping it unregisters the source,
+/// waiting for a run in progress (unless the run is the one dropping it). Its wake-time
+/// controls are those of its [`Waker`] (`Deref`).
 pub struct Registration {
+    waker: Waker,
+}
+
+/// The wake-time controls of a registered source ([`Registration::waker`]): a source keeps
+/// one to set its next deadline from its run. Cloning it is cheap; it does not keep the
+/// registration (after which its calls do nothing useful, and no harm).
+#[derive(Clone)]
+pub struct Waker {
     engine: &'static Engine,
     id: u64,
     wake: Arc<AtomicU64>,
@@ -370,17 +383,38 @@ pub struct Registration {
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
+            .field("id", &self.waker.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waker")
             .field("id", &self.id)
             .finish_non_exhaustive()
     }
 }
 
+impl std::ops::Deref for Registration {
+    type Target = Waker;
+    fn deref(&self) -> &Waker {
+        &self.waker
+    }
+}
+
 impl Registration {
+    /// The wake-time controls, for the source to keep.
+    pub fn waker(&self) -> Waker {
+        self.waker.clone()
+    }
+
     /// Runs the source whenever `fd` is readable. The fd must stay open until
     /// [`Registration::remove_fd`] or the registration is dropped.
     pub fn add_fd(&self, fd: RawFd) -> Result<()> {
-        let mut t = self.engine.lock();
-        let Some(e) = t.entries.get_mut(&self.id) else {
+        let w = &self.waker;
+        let mut t = w.engine.lock();
+        let Some(e) = t.entries.get_mut(&w.id) else {
             return Ok(());
         };
         if e.fds.iter().any(|f| f.0 == fd) {
@@ -388,11 +422,11 @@ impl Registration {
         }
         // a deferred source's fds wait, disarmed, for its next idle run
         let armed = !e.deferred;
-        self.engine
+        w.engine
             .ctl(
                 libc::EPOLL_CTL_ADD,
                 fd,
-                (self.id << 32) | fd as u32 as u64,
+                (w.id << 32) | fd as u32 as u64,
                 armed,
             )
             .map_err(|source| Error::Os {
@@ -406,18 +440,20 @@ impl Registration {
 
     /// Stops watching `fd`.
     pub fn remove_fd(&self, fd: RawFd) {
-        let mut t = self.engine.lock();
-        if let Some(e) = t.entries.get_mut(&self.id) {
+        let w = &self.waker;
+        let mut t = w.engine.lock();
+        if let Some(e) = t.entries.get_mut(&w.id) {
             if let Some(i) = e.fds.iter().position(|f| f.0 == fd) {
                 e.fds.swap_remove(i);
                 e.fired.retain(|&f| f != fd);
                 // failure (already closed) is harmless
-                let _ =
-                    crate::fd::epoll_ctl(self.engine.epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
+                let _ = crate::fd::epoll_ctl(w.engine.epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
             }
         }
     }
+}
 
+impl Waker {
     /// Whether the source's last run answered [`Run::Deferred`] (the engine left it to
     /// someone else and looks again later).
     pub fn is_deferred(&self) -> bool {
@@ -434,7 +470,7 @@ impl Registration {
 
     /// Sets the wake time (`None`: only fd events); rings the doorbell only if the engine
     /// would otherwise sleep past it. Call it with the state it was computed from locked,
-    /// so that a concurrent [`Registration::wake_by`] is not overwritten.
+    /// so that a concurrent [`Waker::wake_by`] is not overwritten.
     pub fn set_wake(&self, at: Option<Instant>) {
         let n = at.map_or(NEVER, |t| self.engine.nanos(t));
         self.wake.store(n, Ordering::SeqCst);
@@ -461,14 +497,75 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.gate.alive.store(false, Ordering::Release);
+        let w = &self.waker;
+        w.gate.alive.store(false, Ordering::Release);
         // Wait for a run in progress, unless it is this thread's own (a source whose
         // owner is dropped by its own run).
-        if RUNNING.with(|r| r.get()) != self.id {
-            drop(self.gate.running.lock().unwrap_or_else(|e| e.into_inner()));
+        if RUNNING.with(|r| r.get()) != w.id {
+            drop(w.gate.running.lock().unwrap_or_else(|e| e.into_inner()));
         }
-        let mut t = self.engine.lock();
-        self.engine.remove(&mut t, self.id);
+        let mut t = w.engine.lock();
+        w.engine.remove(&mut t, w.id);
+    }
+}
+
+/// A source with its registration, dropped in that order: the source leaves the engine
+/// (waiting for a run in progress) before this lets go of it, so when this held the last
+/// reference the source is torn down in the dropping thread, at once, never in the
+/// engine's. Derefs to the source.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Instant;
+/// use rdma_soft::engine::{Registered, Run, Source};
+///
+/// struct Quiet;
+/// impl Source for Quiet {
+///     fn run(&self, _now: Instant) -> Run {
+///         Run::Idle
+///     }
+/// }
+/// let owned = Registered::new(Arc::new(Quiet)).unwrap();
+/// owned.registration().wake_by(Instant::now());
+/// drop(owned); // unregistered, then `Quiet` dropped here
+/// ```
+pub struct Registered<T: Source> {
+    // declared first: dropped first
+    reg: Registration,
+    src: Arc<T>,
+}
+
+impl<T: Source> Registered<T> {
+    /// Registers `src` ([`register`]) and keeps it.
+    pub fn new(src: Arc<T>) -> Result<Registered<T>> {
+        let weak: Weak<dyn Source> = Arc::downgrade(&src) as Weak<dyn Source>;
+        let reg = register(weak)?;
+        Ok(Registered { reg, src })
+    }
+
+    /// The registration (fds, wake time).
+    pub fn registration(&self) -> &Registration {
+        &self.reg
+    }
+
+    /// The source's `Arc`.
+    pub fn source(&self) -> &Arc<T> {
+        &self.src
+    }
+}
+
+impl<T: Source> std::ops::Deref for Registered<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.src
+    }
+}
+
+impl<T: Source> std::fmt::Debug for Registered<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered")
+            .field("reg", &self.reg)
+            .finish_non_exhaustive()
     }
 }
 
@@ -562,5 +659,107 @@ mod tests {
         assert_eq!(c.runs.load(Ordering::SeqCst), 2, "drained and idle again");
         poke(&c);
         assert!(wait_runs(&c, 3), "re-armed after taking over");
+    }
+
+    /// Records where and whether the source was dropped.
+    struct Slow {
+        started: std::sync::mpsc::SyncSender<()>,
+        release: Mutex<std::sync::mpsc::Receiver<()>>,
+        dropped_in: Arc<Mutex<Option<std::thread::ThreadId>>>,
+    }
+
+    impl Source for Slow {
+        fn run(&self, _now: Instant) -> Run {
+            let _ = self.started.try_send(());
+            let rx = self.release.lock().unwrap();
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            Run::Idle
+        }
+    }
+
+    impl Drop for Slow {
+        fn drop(&mut self) {
+            *self.dropped_in.lock().unwrap() = Some(std::thread::current().id());
+        }
+    }
+
+    #[test]
+    fn source_dropped_during_its_run_is_torn_down_by_the_dropping_thread() {
+        let (started_tx, started) = std::sync::mpsc::sync_channel(1);
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let dropped_in = Arc::new(Mutex::new(None));
+        let owned = Registered::new(Arc::new(Slow {
+            started: started_tx,
+            release: Mutex::new(release_rx),
+            dropped_in: dropped_in.clone(),
+        }))
+        .unwrap();
+        owned.registration().wake_by(Instant::now());
+        started
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the engine runs the source");
+        // Another thread lets go of the only reference while the run is in progress.
+        let seen = dropped_in.clone();
+        let dropper = std::thread::spawn(move || {
+            drop(owned);
+            // the teardown is done when the drop returns
+            (std::thread::current().id(), *seen.lock().unwrap())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            dropped_in.lock().unwrap().is_none(),
+            "the source stays alive while it runs"
+        );
+        release.send(()).unwrap();
+        let (dropper_id, at_return) = dropper.join().unwrap();
+        assert_eq!(
+            at_return,
+            Some(dropper_id),
+            "torn down in the dropping thread"
+        );
+        assert_eq!(*dropped_in.lock().unwrap(), Some(dropper_id));
+    }
+
+    /// A source whose run drops its own owner.
+    struct SelfDrop {
+        owner: Mutex<Option<Registered<SelfDrop>>>,
+        dropped: Arc<AtomicUsize>,
+    }
+
+    impl Source for SelfDrop {
+        fn run(&self, _now: Instant) -> Run {
+            let owner = self.owner.lock().unwrap().take();
+            drop(owner);
+            Run::Idle
+        }
+    }
+
+    impl Drop for SelfDrop {
+        fn drop(&mut self) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn source_whose_run_drops_its_owner_ends_without_deadlock() {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let src = Arc::new(SelfDrop {
+            owner: Mutex::new(None),
+            dropped: dropped.clone(),
+        });
+        let owned = Registered::new(src.clone()).unwrap();
+        let waker = owned.registration().waker();
+        *src.owner.lock().unwrap() = Some(owned);
+        drop(src);
+        waker.wake_by(Instant::now());
+        let end = Instant::now() + Duration::from_secs(5);
+        while dropped.load(Ordering::SeqCst) == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "dropped once, in its run"
+        );
     }
 }

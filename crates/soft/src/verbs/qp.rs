@@ -10,7 +10,7 @@ use rdma_proto::verbs::{
     SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
-use super::device::DeviceShared;
+use super::device::DeviceArc;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use crate::queues::cq::CompletionQueue;
@@ -133,7 +133,7 @@ impl<'a> QpInitAttr<'a> {
 /// assert_eq!(&got, b"hello over RoCEv2");
 /// ```
 pub struct QueuePair {
-    dev: Arc<DeviceShared>,
+    dev: DeviceArc,
     qpn: u32,
     pd: ProtectionDomain,
     cap: QpCap,
@@ -202,7 +202,7 @@ impl QueuePair {
                 "UD QPs with an SRQ are not implemented",
             ));
         }
-        if !init.send_cq.same_device(&dev) || !init.recv_cq.same_device(&dev) {
+        if !init.send_cq.same_device(dev.source()) || !init.recv_cq.same_device(dev.source()) {
             return Err(Error::InvalidArgument("CQ of another device"));
         }
         if let Some(srq) = init.srq {
@@ -293,7 +293,7 @@ impl QueuePair {
         rt.insert(ctx);
     }
 
-    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+    pub(crate) fn device(&self) -> &DeviceArc {
         &self.dev
     }
 

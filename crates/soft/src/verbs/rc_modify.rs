@@ -8,14 +8,12 @@
 //! (its path migration rules; the sockets just opened are closed again), and only then does
 //! the runtime take the new paths.
 
-use std::sync::Arc;
-
 use rdma_proto::verbs::{
     check_modify, MigState, Mtu, PathAttr, QpAttr, QpAttrMask, QpState, QpType, RtrParams,
     RtsParams,
 };
 
-use super::device::DeviceShared;
+use super::device::{DeviceArc, DeviceShared};
 use super::qp::QueuePair;
 use crate::io::{flow, WireAddr};
 use crate::runtime::{peer_addr, WirePath};
@@ -37,12 +35,7 @@ fn resolve(dev: &DeviceShared, port: u8, path: &PathAttr) -> Result<(WireAddr, W
 }
 
 /// The RC part of [`QueuePair::modify`].
-pub(super) fn modify(
-    dev: &Arc<DeviceShared>,
-    qpn: u32,
-    attr: &QpAttr,
-    mask: QpAttrMask,
-) -> Result<()> {
+pub(super) fn modify(dev: &DeviceArc, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
     use QpAttrMask as M;
     let mut rt = dev.runtime();
     let ctx = rt.get(qpn).ok_or(DESTROYED)?;

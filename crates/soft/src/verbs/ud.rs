@@ -46,11 +46,9 @@
 //! assert_eq!(&got[32..36], &[127, 0, 0, 71]); // IPv4 source address in the GRH
 //! ```
 
-use std::sync::Arc;
-
 use rdma_proto::verbs::{PathAttr, QpAttr, QpAttrMask, QpState, UdDest};
 
-use super::device::DeviceShared;
+use super::device::{DeviceArc, DeviceShared};
 use super::pd::ProtectionDomain;
 use super::qp::QueuePair;
 use crate::io::WireAddr;
@@ -61,7 +59,7 @@ use crate::{Error, Result};
 /// destination GID of datagrams. While it lives, UDP 4791 stays open on its source address.
 /// See the example at the top of `verbs/ud.rs`.
 pub struct AddressHandle {
-    dev: Arc<DeviceShared>,
+    dev: DeviceArc,
     id: u32,
     local: WireAddr,
     remote: WireAddr,
