@@ -56,7 +56,6 @@ EXCEPTIONS = {
         "settings (config::process, $XDG_RUNTIME_DIR) that config.rs alone may read",
     ("hostview", "", "cache", "addrs"): "to break: the address cache and the address listing",
     ("hostview", "", "monitor", "neigh"): "to break: the netlink monitor and the neighbour table",
-    ("wire", "", "opcode", "bth"): "to break: the opcode table and the BTH that carries it",
 }
 
 
