@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::io::sys;
+use crate::io::sys::{self, CmsgBuf};
 use crate::io::WireAddr;
 
 /// Unreachable notices kept at most (older ones are dropped: the CM's retries cover them).
@@ -156,7 +156,7 @@ struct IcmpError {
 /// Reads one entry of `fd`'s error queue (`MSG_ERRQUEUE`, not blocking); `None` when empty.
 fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut ctrl = [0u64; 32];
+    let mut ctrl = CmsgBuf::<256>::new();
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -168,8 +168,8 @@ fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
     msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = ctrl.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&ctrl) as _;
+    msg.msg_control = ctrl.as_mut_ptr();
+    msg.msg_controllen = CmsgBuf::<256>::LEN as _;
     // SAFETY: `msg` points to live buffers of the sizes it states.
     let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
     if n < 0 {
@@ -178,30 +178,25 @@ fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
     let dest =
         sys::from_sockaddr(&name).unwrap_or((WireAddr::from(std::net::Ipv4Addr::UNSPECIFIED), 0));
     let mut port_unreachable = false;
-    // SAFETY: the kernel filled `msg`'s control buffer, of `msg_controllen` bytes.
-    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !c.is_null() {
-        // SAFETY: `c` is a control message header inside the buffer.
-        let h = unsafe { &*c };
-        let recverr = (h.cmsg_level == libc::SOL_IP && h.cmsg_type == libc::IP_RECVERR)
-            || (h.cmsg_level == libc::SOL_IPV6 && h.cmsg_type == libc::IPV6_RECVERR);
-        let len = h.cmsg_len as usize;
-        if recverr
-            && len
-                >= std::mem::size_of::<libc::cmsghdr>()
-                    + std::mem::size_of::<libc::sock_extended_err>()
-        {
-            // SAFETY: the message is long enough for a sock_extended_err (read unaligned).
-            let e: libc::sock_extended_err =
-                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
-            port_unreachable |= match e.ee_origin {
-                libc::SO_EE_ORIGIN_ICMP => e.ee_type == 3 && e.ee_code == 3,
-                libc::SO_EE_ORIGIN_ICMP6 => e.ee_type == 1 && e.ee_code == 4,
-                _ => false,
-            };
+    for c in ctrl.messages(msg.msg_controllen) {
+        let recverr = (c.level == libc::SOL_IP && c.kind == libc::IP_RECVERR)
+            || (c.level == libc::SOL_IPV6 && c.kind == libc::IPV6_RECVERR);
+        if !recverr || c.data.len() < std::mem::size_of::<libc::sock_extended_err>() {
+            continue;
         }
-        // SAFETY: walks the same buffer.
-        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+        // struct sock_extended_err: origin, ICMP type and code are bytes
+        let at = |off: usize| c.data[off];
+        use std::mem::offset_of;
+        let origin = at(offset_of!(libc::sock_extended_err, ee_origin));
+        let (ty, code) = (
+            at(offset_of!(libc::sock_extended_err, ee_type)),
+            at(offset_of!(libc::sock_extended_err, ee_code)),
+        );
+        port_unreachable |= match origin {
+            libc::SO_EE_ORIGIN_ICMP => ty == 3 && code == 3,
+            libc::SO_EE_ORIGIN_ICMP6 => ty == 1 && code == 4,
+            _ => false,
+        };
     }
     Some(IcmpError {
         dest,
