@@ -15,7 +15,8 @@ pub(crate) use cmsg::CmsgBuf;
 /// Size of a `sockaddr_storage`, as `socklen_t`.
 pub(crate) const STORAGE_LEN: libc::socklen_t = size_of::<libc::sockaddr_storage>() as _;
 
-fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
+/// `setsockopt` of an int option.
+pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
     // SAFETY: `value` outlives the call and the length matches its type.
     let rc = unsafe {
         libc::setsockopt(

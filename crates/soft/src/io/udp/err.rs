@@ -44,25 +44,15 @@ impl Unreachable {
         } else {
             (libc::IPPROTO_IP, libc::IP_RECVERR)
         };
-        let on: libc::c_int = 1;
-        // SAFETY: setsockopt with an int option on a descriptor the caller keeps open.
-        let set = unsafe {
-            libc::setsockopt(
+        let added = sys::setsockopt_int(raw, level, name, 1).is_ok()
+            && crate::fd::epoll_ctl(
+                epoll,
+                libc::EPOLL_CTL_ADD,
                 raw,
-                level,
-                name,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                libc::EPOLLET as u32,
+                raw as u64,
             )
-        };
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLET as u32,
-            u64: raw as u64,
-        };
-        // SAFETY: epoll_ctl on descriptors the caller keeps open; `ev` is a valid event.
-        let added = set == 0
-            && unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, raw, &mut ev) }
-                == 0;
+            .is_ok();
         self.watched.retain(|&(f, _)| f != raw);
         if added {
             self.watched.push((raw, local));
@@ -208,7 +198,7 @@ fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
 mod tests {
     use super::*;
     use std::net::UdpSocket;
-    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsFd;
 
     /// A datagram from a watched socket to a loopback port nobody binds comes back as a
     /// port unreachable, which wakes the epoll once and which `check` keeps (loopback ICMP
@@ -218,8 +208,7 @@ mod tests {
         let local: WireAddr = "127.0.0.1".parse().unwrap();
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_nonblocking(true).unwrap();
-        // SAFETY: a fresh epoll descriptor, owned here.
-        let epoll = unsafe { OwnedFd::from_raw_fd(libc::epoll_create1(libc::EPOLL_CLOEXEC)) };
+        let epoll = crate::fd::epoll_create().unwrap();
         let mut u = Unreachable::default();
         u.watch(epoll.as_fd(), sock.as_fd(), local);
         // a port nobody uses: bind one and close it
@@ -232,16 +221,14 @@ mod tests {
         assert_eq!(u.pop(), None, "nothing yet");
         sock.send_to(b"x", ("127.0.0.1", port)).unwrap();
         let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
-        // SAFETY: epoll_wait into a buffer of 4 events.
-        let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), ev.as_mut_ptr(), 4, 5000) };
+        let n = crate::fd::epoll_wait(epoll.as_fd(), &mut ev, 5000).unwrap();
         assert_eq!(n, 1, "the error wakes the epoll");
         assert_ne!(ev[0].events & libc::EPOLLERR as u32, 0);
         u.check(port);
         assert_eq!(u.pop(), Some((local, local)));
         assert_eq!(u.pop(), None);
         // drained, and edge-triggered: no second wake-up
-        // SAFETY: as above.
-        let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), ev.as_mut_ptr(), 4, 0) };
+        let n = crate::fd::epoll_wait(epoll.as_fd(), &mut ev, 0).unwrap();
         assert_eq!(n, 0);
     }
 
