@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use crate::addrs::Address;
+use crate::addr_entry::Address;
 use crate::error::Result;
 use crate::links::Link;
 use crate::route::RouteAnswer;

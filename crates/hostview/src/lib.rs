@@ -52,6 +52,7 @@
 
 #![warn(missing_docs)]
 
+mod addr_entry;
 mod addrs;
 mod blocking;
 mod cache;
@@ -60,16 +61,17 @@ mod links;
 mod lookups;
 mod monitor;
 mod neigh;
+mod neigh_entry;
 mod nl;
 mod route;
 
-pub use addrs::{is_link_local, Address, Scope};
+pub use addr_entry::{is_link_local, Address, Scope};
 pub use blocking::BlockingHostView;
 pub use error::{Error, Result};
 pub use links::{Link, LinkFlags, MacAddr};
 pub use lookups::{LookupAnswers, Lookups};
 pub use monitor::{Event, Monitor};
-pub use neigh::{NeighState, Neighbour};
+pub use neigh_entry::{NeighState, Neighbour};
 pub use route::{RouteAnswer, RouteEntry, RouteOrigin, RouteType};
 
 /// Async view of the host's network state in the current network namespace.

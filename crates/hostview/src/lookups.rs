@@ -8,7 +8,7 @@ use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::RouteNetlinkMessage;
 
-use crate::addrs::family_of;
+use crate::addr_entry::family_of;
 use crate::error::{Error, Result};
 use crate::route::{lookup_message, RouteAnswer};
 use crate::{Address, HostView, Link};

@@ -13,10 +13,10 @@ use netlink_sys::SocketAddr;
 use rtnetlink::MulticastGroup;
 use tokio::task::JoinHandle;
 
-use crate::addrs::Address;
+use crate::addr_entry::Address;
 use crate::error::{Error, Result};
 use crate::links::{Link, MacAddr};
-use crate::neigh::Neighbour;
+use crate::neigh_entry::Neighbour;
 use crate::nl;
 use crate::route::RouteEntry;
 

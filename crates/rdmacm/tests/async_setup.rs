@@ -219,3 +219,41 @@ fn resolve_needs_no_blocking_thread() {
         busy.await.unwrap().unwrap_err();
     });
 }
+
+/// `Connection::connect` and `Listener::accept` make their QP, CQ and buffers and send the
+/// REQ / REP on the caller's runtime: both complete while every thread of the runtime's
+/// blocking pool is taken (they used to wait there for a free thread), and the connection
+/// carries a message.
+#[test]
+fn connect_and_accept_need_no_blocking_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_cma, l, opts) = listener("127.0.61.15").await;
+        let addr = l.local_addr().unwrap();
+        let (busy_tx, busy_rx) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::task::spawn_blocking(move || busy_rx.recv());
+        let server = tokio::spawn(async move {
+            let c = l.accept().await?;
+            c.recv().await
+        });
+        let limit = std::time::Duration::from_secs(20);
+        let c = tokio::time::timeout(limit, Connection::connect(addr, opts))
+            .await
+            .expect("connected with the blocking pool taken")
+            .unwrap();
+        c.send(b"no hop").await.unwrap();
+        let got = tokio::time::timeout(limit, server)
+            .await
+            .expect("accepted with the blocking pool taken")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, b"no hop");
+        drop(busy_tx);
+        busy.await.unwrap().unwrap_err();
+    });
+}

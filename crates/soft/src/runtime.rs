@@ -52,6 +52,7 @@ mod rounds;
 mod sched;
 mod table;
 mod ud;
+mod verbs_side;
 pub(crate) use apm::{Paths, WirePath};
 pub(crate) use qp_ctx::QpCtx;
 pub(crate) use table::add_rc;

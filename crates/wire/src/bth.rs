@@ -15,8 +15,9 @@ use crate::field::{check_len, get_u16, get_u24, set_u16, set_u24};
 use crate::opcode::Opcode;
 use crate::{Error, Result};
 
-/// Length of the BTH in bytes.
-pub const BTH_LEN: usize = 12;
+/// Length of the BTH in bytes (defined with the header lengths of the opcode table, which
+/// counts extended-header offsets from the BTH's start).
+pub use crate::opcode::BTH_LEN;
 
 /// Largest value of a 24-bit field (QPN, PSN).
 pub const MAX_U24: u32 = 0x00ff_ffff;

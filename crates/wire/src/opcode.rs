@@ -118,6 +118,9 @@ impl ExtHeader {
     }
 }
 
+/// Length of the BTH in bytes: the extended headers follow it.
+pub const BTH_LEN: usize = 12;
+
 /// The length of every set of extended headers, by its bits (bit k: `ExtHeader::ALL[k]`).
 const LENS: [u8; 256] = {
     let mut t = [0u8; 256];
@@ -187,7 +190,7 @@ impl ExtHeaders {
             return None;
         }
         // the headers before `h` in wire order are the lower bits
-        Some(crate::bth::BTH_LEN + ExtHeaders(self.0 & (h.bit() - 1)).len())
+        Some(BTH_LEN + ExtHeaders(self.0 & (h.bit() - 1)).len())
     }
 
     /// The headers present, in wire order.

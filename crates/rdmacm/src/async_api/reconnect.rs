@@ -11,7 +11,7 @@ use super::connection::{wait_established, Connection};
 use super::setup::Parts;
 use super::shared::Shared;
 use super::sizes::MsgSizes;
-use super::{blocking, event_error, MAX_REQ_PRIVATE_DATA};
+use super::{event_error, MAX_REQ_PRIVATE_DATA};
 use crate::cm::channel::EventChannel;
 use crate::cm::cma::Cma;
 use crate::cm::id::CmId;
@@ -140,28 +140,25 @@ impl Connection {
             .own
             .attach(private_data.to_vec(), MAX_REQ_PRIVATE_DATA)?;
         let cap = redial.cap;
-        let (id, parts) = blocking(move || {
-            let init = QpInitAttr {
-                cap,
-                ..QpInitAttr::rc(&cq, &cq)
-            };
-            let qp = id.create_qp(&pd, &init)?;
-            let parts = Parts {
-                qp,
-                cq,
-                cc,
-                send_mr,
-                recv_mr,
-                stride,
-                recv_slots,
-            };
-            for slot in 0..recv_slots {
-                parts.post_recv(slot)?;
-            }
-            id.connect(&param)?;
-            Ok((id, parts))
-        })
-        .await?;
+        // Inline, as `Resolved::connect` does: the new QP and the REQ are quick.
+        let init = QpInitAttr {
+            cap,
+            ..QpInitAttr::rc(&cq, &cq)
+        };
+        let qp = id.create_qp(&pd, &init)?;
+        let parts = Parts {
+            qp,
+            cq,
+            cc,
+            send_mr,
+            recv_mr,
+            stride,
+            recv_slots,
+        };
+        for slot in 0..recv_slots {
+            parts.post_recv(slot)?;
+        }
+        id.connect(&param)?;
         let ev = wait_established(&ch).await?;
         let (peer, data) = MsgSizes::detach(ev.private_data());
         let peer_private_data = data.to_vec();

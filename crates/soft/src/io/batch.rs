@@ -7,12 +7,12 @@
 use std::mem::zeroed;
 use std::os::fd::RawFd;
 
-use super::sys::{self, Ancillary, STORAGE_LEN};
+use super::sys::{self, Ancillary, CmsgBuf, STORAGE_LEN};
 use super::WireAddr;
 
 /// Control-message space per datagram: pktinfo (28 B for IPv6), TOS/tclass, TTL/hop limit and
 /// the UDP GRO segment size, each with its header (112 B), fit.
-const CTRL_WORDS: usize = 16;
+type Ctrl = CmsgBuf<128>;
 
 /// One received datagram, borrowed from a [`RecvBatch`].
 pub(crate) struct Received<'a> {
@@ -31,7 +31,7 @@ pub(crate) struct RecvBatch {
     slot: usize,
     bufs: Box<[u8]>,
     names: Box<[libc::sockaddr_storage]>,
-    ctrl: Box<[[u64; CTRL_WORDS]]>,
+    ctrl: Box<[Ctrl]>,
     iovs: Box<[libc::iovec]>,
     hdrs: Box<[libc::mmsghdr]>,
     filled: usize,
@@ -53,7 +53,7 @@ impl RecvBatch {
             bufs: vec![0u8; count * slot].into_boxed_slice(),
             // SAFETY: all-zero is valid for these plain C structs.
             names: (0..count).map(|_| unsafe { zeroed() }).collect(),
-            ctrl: vec![[0u64; CTRL_WORDS]; count].into_boxed_slice(),
+            ctrl: vec![Ctrl::new(); count].into_boxed_slice(),
             iovs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             hdrs: (0..count).map(|_| unsafe { zeroed() }).collect(),
             filled: 0,
@@ -69,7 +69,7 @@ impl RecvBatch {
             h.msg_name = (&mut b.names[i] as *mut libc::sockaddr_storage).cast();
             h.msg_iov = &mut b.iovs[i];
             h.msg_iovlen = 1;
-            h.msg_control = b.ctrl[i].as_mut_ptr().cast();
+            h.msg_control = b.ctrl[i].as_mut_ptr();
         }
         b
     }
@@ -89,7 +89,7 @@ impl RecvBatch {
         for i in 0..self.dirty.max(1).min(self.capacity()) {
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_namelen = STORAGE_LEN;
-            h.msg_controllen = std::mem::size_of::<[u64; CTRL_WORDS]>() as _;
+            h.msg_controllen = Ctrl::LEN as _;
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
         }
@@ -124,9 +124,8 @@ impl RecvBatch {
         let hdr = &self.hdrs[i];
         let len = (hdr.msg_len as usize).min(self.slot);
         let truncated = hdr.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-        // SAFETY: recvmmsg filled this header; its control pointer and length describe
-        // `self.ctrl[i]`.
-        let anc = unsafe { sys::parse_ancillary(&hdr.msg_hdr) };
+        // recvmmsg filled this header: its control length is what it wrote of `self.ctrl[i]`
+        let anc = sys::parse_ancillary(self.ctrl[i].messages(hdr.msg_hdr.msg_controllen));
         let src = sys::from_sockaddr(&self.names[i]);
         Some(Received {
             src,

@@ -59,7 +59,7 @@ impl Runtime {
         Ok((u32::from(high) << 16) | idx as u32)
     }
 
-    pub fn insert(&mut self, mut ctx: QpCtx) {
+    pub(super) fn insert(&mut self, mut ctx: QpCtx) {
         let idx = (ctx.qpn & 0xFFFF) as usize;
         if let Some(slot) = self.slots.get_mut(idx) {
             ctx.live_pos = self.live.len();
@@ -109,7 +109,7 @@ impl Runtime {
         )
     }
 
-    pub fn get(&mut self, qpn: u32) -> Option<&mut QpCtx> {
+    pub(super) fn get(&mut self, qpn: u32) -> Option<&mut QpCtx> {
         self.slots
             .get_mut((qpn & 0xFFFF) as usize)?
             .as_deref_mut()

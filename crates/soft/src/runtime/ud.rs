@@ -167,7 +167,7 @@ impl Runtime {
     }
 
     /// Inserts a UD QP (its QPN from [`Runtime::alloc_qpn`]).
-    pub fn ud_insert(&mut self, ctx: UdCtx) {
+    pub(super) fn ud_insert(&mut self, ctx: UdCtx) {
         let idx = (ctx.qpn & 0xFFFF) as usize;
         let s = &mut self.ud.slots;
         if s.len() <= idx {
@@ -207,7 +207,7 @@ impl Runtime {
         }
     }
 
-    pub fn ud_get(&mut self, qpn: u32) -> Option<&mut UdCtx> {
+    pub(super) fn ud_get(&mut self, qpn: u32) -> Option<&mut UdCtx> {
         self.ud.get(qpn)
     }
 

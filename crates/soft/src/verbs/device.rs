@@ -14,7 +14,7 @@ use super::pd::ProtectionDomain;
 use super::port::{PortAttr, PortState};
 use super::srq::SharedReceiveQueue;
 use super::watch::WatchState;
-use crate::engine::{self, Registration, Source};
+use crate::engine::{self, Registered};
 use crate::io::{DatagramWire, UdpWire, WireAddr, WireStats};
 use crate::queues::cq::{CompletionChannel, CompletionQueue};
 use crate::queues::cq_wake;
@@ -31,6 +31,11 @@ pub use config::{active_mtu, DeviceAttr, DeviceConfig, ROCE_MAX_HEADERS};
 /// Largest GID table (a GID index is a `u8`).
 pub const MAX_GIDS: usize = 256;
 
+/// What the verbs objects hold of their device: the state with its place in the progress
+/// engine. The last one dropped leaves the engine (waiting for a run in progress), then tears
+/// the state down in the dropping thread.
+pub(crate) type DeviceArc = Arc<Registered<DeviceShared>>;
+
 pub(crate) struct DeviceShared {
     /// The configuration; its `gids` is the live GID table ([`Device::add_gid`],
     /// [`Device::remove_gid`]): read when a QP gets its address vector or an AH is made,
@@ -46,9 +51,9 @@ pub(crate) struct DeviceShared {
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
     next_cq: AtomicU32,
-    /// The device's place in the progress engine (declared before `rt`, so that it leaves
-    /// the engine before the wire's fd closes).
-    reg: OnceLock<Registration>,
+    /// The device's wake-time controls in the progress engine (its registration is the
+    /// [`DeviceArc`]'s, which leaves the engine before this is dropped).
+    waker: OnceLock<engine::Waker>,
     /// When a thread last drove the device inline (polling an empty CQ), in nanoseconds
     /// since `created` (0: never): the engine leaves the device to it meanwhile.
     inline_at: AtomicU64,
@@ -146,10 +151,10 @@ impl DeviceShared {
 
 impl Drop for DeviceShared {
     fn drop(&mut self) {
-        // Leave inspection and the engine first (waiting for a run in progress), so the
-        // fields they use outlive them; the wire's sockets then close in this thread, at once.
+        // Leave inspection first (waiting for a read in progress), so the fields it uses
+        // outlive it (the engine was left already: `DeviceArc`); the wire's sockets then
+        // close in this thread, at once.
         drop(self.inspect.take());
-        drop(self.reg.take());
     }
 }
 
@@ -187,7 +192,7 @@ impl std::ops::DerefMut for RtGuard<'_> {
 /// ```
 #[derive(Clone)]
 pub struct Device {
-    shared: Arc<DeviceShared>,
+    shared: DeviceArc,
 }
 
 impl std::fmt::Debug for Device {
@@ -312,7 +317,7 @@ impl Device {
             ports,
             next_pd: AtomicU32::new(1),
             next_cq: AtomicU32::new(1),
-            reg: OnceLock::new(),
+            waker: OnceLock::new(),
             inspect: OnceLock::new(),
             inline_at: AtomicU64::new(0),
             inline_polls: AtomicU32::new(0),
@@ -324,14 +329,13 @@ impl Device {
             async_fd,
             pull_min,
         });
-        let weak: Weak<dyn Source> = Arc::downgrade(&shared) as Weak<dyn Source>;
-        let reg = engine::register(weak)?;
+        let weak = Arc::downgrade(&shared);
+        let shared = Arc::new(Registered::new(shared)?);
         if let Some(fd) = wait_fd {
-            reg.add_fd(fd)?;
+            shared.registration().add_fd(fd)?;
         }
         // Cannot be set already: the Arc is ours alone.
-        let _ = shared.reg.set(reg);
-        let weak = Arc::downgrade(&shared);
+        let _ = shared.waker.set(shared.registration().waker());
         // SAFETY: stored in `shared.inspect`, which `DeviceShared::drop` drops first.
         #[allow(unsafe_code)] // the SAFETY comment above
         let p = unsafe { crate::inspect::register_borrowed("devices", weak, inspect::snapshot) };
@@ -345,7 +349,7 @@ impl Device {
         &self.shared
     }
 
-    pub(crate) fn shared_arc(&self) -> Arc<DeviceShared> {
+    pub(crate) fn shared_arc(&self) -> DeviceArc {
         self.shared.clone()
     }
 
@@ -440,7 +444,7 @@ impl Device {
         }
         let id = Self::next_id(&self.shared.next_cq, MAX_CQ, "completion queues")?;
         Ok(CompletionQueue::new_on(
-            Arc::downgrade(&self.shared) as Weak<DeviceShared>,
+            Arc::downgrade(self.shared.source()) as Weak<DeviceShared>,
             id,
             cqe,
             channel,

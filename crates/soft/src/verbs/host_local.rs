@@ -52,6 +52,6 @@ impl QueuePair {
     /// The host-local peer this QP sends to, if it uses the host-local wire.
     pub fn host_peer(&self) -> Option<HostPeer> {
         let mut rt = self.device().runtime();
-        rt.get(self.qpn()).and_then(|c| c.host)
+        rt.host_peer(self.qpn())
     }
 }

@@ -47,9 +47,7 @@ impl QueuePair {
         let dev = self.device();
         let port = {
             let mut rt = dev.runtime();
-            rt.ud_get(self.qpn())
-                .ok_or(Error::InvalidArgument("QP destroyed"))?
-                .port
+            rt.ud_port(self.qpn())?
         };
         let netdev = dev.cfg().port_parts(port)?.0.to_owned();
         let ifindex = ifindex_of(&netdev)?;

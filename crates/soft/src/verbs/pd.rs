@@ -4,14 +4,14 @@ use std::sync::Arc;
 
 use rdma_proto::verbs::{AccessFlags, PdId};
 
-use super::device::DeviceShared;
+use super::device::DeviceArc;
 use super::mr::MemoryRegion;
 use super::qp::{QpInitAttr, QueuePair};
 use crate::Result;
 
 struct PdInner {
     id: PdId,
-    dev: Arc<DeviceShared>,
+    dev: DeviceArc,
 }
 
 /// A protection domain: memory regions and QPs of one PD can reach each other, no others.
@@ -39,7 +39,7 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    pub(crate) fn new(id: PdId, dev: Arc<DeviceShared>) -> ProtectionDomain {
+    pub(crate) fn new(id: PdId, dev: DeviceArc) -> ProtectionDomain {
         ProtectionDomain {
             inner: Arc::new(PdInner { id, dev }),
         }
@@ -143,7 +143,7 @@ impl ProtectionDomain {
         super::ud::AddressHandle::create(self, port, attr)
     }
 
-    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+    pub(crate) fn device(&self) -> &DeviceArc {
         &self.inner.dev
     }
 }

@@ -10,11 +10,10 @@ use rdma_proto::verbs::{
     SendFlags, SendWr, SgList, Sge, MAX_SGE,
 };
 
-use super::device::DeviceShared;
+use super::device::DeviceArc;
 use super::pd::ProtectionDomain;
 use super::srq::SharedReceiveQueue;
 use crate::queues::cq::CompletionQueue;
-use crate::runtime::{QpCtx, UdCtx};
 use crate::{Error, Result};
 
 /// Queue sizes of a QP (`ibv_qp_cap`).
@@ -133,7 +132,7 @@ impl<'a> QpInitAttr<'a> {
 /// assert_eq!(&got, b"hello over RoCEv2");
 /// ```
 pub struct QueuePair {
-    dev: Arc<DeviceShared>,
+    dev: DeviceArc,
     qpn: u32,
     pd: ProtectionDomain,
     cap: QpCap,
@@ -202,7 +201,7 @@ impl QueuePair {
                 "UD QPs with an SRQ are not implemented",
             ));
         }
-        if !init.send_cq.same_device(&dev) || !init.recv_cq.same_device(&dev) {
+        if !init.send_cq.same_device(dev.source()) || !init.recv_cq.same_device(dev.source()) {
             return Err(Error::InvalidArgument("CQ of another device"));
         }
         if let Some(srq) = init.srq {
@@ -233,16 +232,12 @@ impl QueuePair {
             cfg.sq_sig_all = init.sq_sig_all;
             // the smallest of the ports' MTUs: a UD QP may move to any port at Init
             cfg.mtu = dev.min_active_mtu();
-            rt.ud_insert(UdCtx {
+            rt.create_ud(
                 qpn,
-                ud: UdQp::new(cfg),
-                send_cq: init.send_cq.clone(),
-                recv_cq: init.recv_cq.clone(),
-                listening: Vec::new(),
-                source: None,
-                sport: crate::io::flow::qpn_udp_sport(qpn),
-                port: 1,
-            });
+                UdQp::new(cfg),
+                init.send_cq.clone(),
+                init.recv_cq.clone(),
+            );
         } else {
             Self::insert_rc(&mut rt, qpn, pd, init);
         }
@@ -277,23 +272,16 @@ impl QueuePair {
         cfg.max_inline_data = c.max_inline_data;
         cfg.sq_sig_all = init.sq_sig_all;
         cfg.max_outstanding_psns = crate::SEND_WINDOW;
-        let mut ctx = QpCtx::new(
+        rt.create_rc(
             RcQp::new(cfg),
             init.send_cq.clone(),
             init.recv_cq.clone(),
             init.srq.map(|s| s.ring().clone()),
+            &pd.device().name,
         );
-        ctx.span = tracing::debug_span!(
-            "qp",
-            device = %pd.device().name,
-            qpn = ctx.qpn,
-            peer = tracing::field::Empty
-        );
-        tracing::debug!(parent: &ctx.span, "RC QP created");
-        rt.insert(ctx);
     }
 
-    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+    pub(crate) fn device(&self) -> &DeviceArc {
         &self.dev
     }
 
@@ -334,7 +322,7 @@ impl QueuePair {
             return None;
         }
         let mut rt = self.dev.runtime();
-        rt.get(self.qpn).map(|c| c.rx_port).filter(|&p| p != 0)
+        rt.rx_port(self.qpn)
     }
 
     /// Its SRQ, if any.
@@ -423,11 +411,7 @@ impl QueuePair {
         if self.ud {
             return super::ud::query(&self.dev, self.qpn);
         }
-        let mut rt = self.dev.runtime();
-        let ctx = rt
-            .get(self.qpn)
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
-        Ok(ctx.rc.attr())
+        Ok(self.dev.runtime().rc_qp(self.qpn)?.attr())
     }
 
     /// The current state.
@@ -489,27 +473,21 @@ impl QueuePair {
                     "UD send needs wr.ud with an address handle of this device",
                 ));
             }
-            let ctx = rt
-                .ud_get(self.qpn)
-                .ok_or(Error::InvalidArgument("QP destroyed"))?;
             let mut pm = PostMem {
                 table: &mem,
                 inline,
             };
-            ctx.ud.post_send(&pm, wr)?;
+            rt.ud_qp(self.qpn)?.post_send(&pm, wr)?;
             // gathered now, while the inline bytes are at hand
             let r = rt.ud_service(self.qpn, &mut pm);
             self.dev.posted(&rt, self.qpn);
             return r;
         }
-        let ctx = rt
-            .get(self.qpn)
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
         let pm = PostMem {
             table: &mem,
             inline,
         };
-        ctx.rc.post_send(&pm, wr)?;
+        rt.rc_qp(self.qpn)?.post_send(&pm, wr)?;
         // While the engine has left the device to a busy poller, the poller reads the
         // clock and runs the timers, and the engine looks back within its hand-off time
         // anyway: a post reads no clock and leaves the engine's wake time alone.
@@ -536,18 +514,13 @@ impl QueuePair {
         }
         let mut rt = self.dev.runtime();
         if self.ud {
-            let ctx = rt
-                .ud_get(self.qpn)
-                .ok_or(Error::InvalidArgument("QP destroyed"))?;
-            ctx.ud.post_recv(wr)?;
+            rt.ud_qp(self.qpn)?.post_recv(wr)?;
             let mut mem = self.dev.mrs.view();
             return rt.ud_service(self.qpn, &mut mem);
         }
-        let ctx = rt
-            .get(self.qpn)
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
-        ctx.rc.post_recv(wr)?;
-        if ctx.rc.state() == QpState::Err {
+        let rc = rt.rc_qp(self.qpn)?;
+        rc.post_recv(wr)?;
+        if rc.state() == QpState::Err {
             let mut mem = self.dev.mrs.view();
             rt.after_post(self.qpn, &mut mem)?;
             self.dev.posted(&rt, self.qpn);
@@ -557,7 +530,7 @@ impl QueuePair {
 
     /// Transport counters of this QP (packets, retransmissions, NAKs, duplicates).
     pub fn transport_stats(&self) -> Option<rdma_proto::rc::RcStats> {
-        self.dev.runtime().get(self.qpn).map(|c| c.rc.stats())
+        self.dev.runtime().rc_qp(self.qpn).ok().map(|rc| rc.stats())
     }
 }
 

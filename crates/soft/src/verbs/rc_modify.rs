@@ -8,20 +8,16 @@
 //! (its path migration rules; the sockets just opened are closed again), and only then does
 //! the runtime take the new paths.
 
-use std::sync::Arc;
-
 use rdma_proto::verbs::{
     check_modify, MigState, Mtu, PathAttr, QpAttr, QpAttrMask, QpState, QpType, RtrParams,
     RtsParams,
 };
 
-use super::device::DeviceShared;
+use super::device::{DeviceArc, DeviceShared};
 use super::qp::QueuePair;
 use crate::io::{flow, WireAddr};
 use crate::runtime::{peer_addr, WirePath};
 use crate::{Error, Result};
-
-const DESTROYED: Error = Error::InvalidArgument("QP destroyed");
 
 /// The source and destination address of `path` on port `port` (EINVAL for a port the
 /// device lacks, an `sgid_index` beyond its table, or GIDs of two IP families).
@@ -37,17 +33,11 @@ fn resolve(dev: &DeviceShared, port: u8, path: &PathAttr) -> Result<(WireAddr, W
 }
 
 /// The RC part of [`QueuePair::modify`].
-pub(super) fn modify(
-    dev: &Arc<DeviceShared>,
-    qpn: u32,
-    attr: &QpAttr,
-    mask: QpAttrMask,
-) -> Result<()> {
+pub(super) fn modify(dev: &DeviceArc, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
     use QpAttrMask as M;
     let mut rt = dev.runtime();
-    let ctx = rt.get(qpn).ok_or(DESTROYED)?;
-    let cur = ctx.rc.attr();
-    let cached_alt = ctx.paths.alt;
+    let cur = rt.rc_qp(qpn)?.attr();
+    let cached_alt_port = rt.alt_port(qpn);
     // the QP's port: set at Reset -> Init (port 1 until then)
     let port = if mask.contains(M::PORT) {
         attr.port_num
@@ -75,7 +65,7 @@ pub(super) fn modify(
     let alt_port = if mask.contains(M::ALT_PATH) {
         Some(attr.alt_port_num)
     } else if mask.contains(M::PATH_MTU) {
-        cached_alt.map(|a| a.port)
+        cached_alt_port
     } else {
         None
     };
@@ -104,8 +94,7 @@ pub(super) fn modify(
             }
         }
     }
-    let ctx = rt.get(qpn).ok_or(DESTROYED)?;
-    if let Err(e) = ctx.rc.modify(attr, mask) {
+    if let Err(e) = rt.rc_qp(qpn)?.modify(attr, mask) {
         for &o in opened.iter().flatten() {
             rt.close_if_unused(o);
         }
@@ -113,7 +102,7 @@ pub(super) fn modify(
     }
     // as rxe: the AV's flow label, else one from both QPNs (the same at both ends); the
     // socket of that source port is opened here, in the caller's namespace
-    let rqpn = ctx.rc.attr().dest_qp_num;
+    let rqpn = rt.rc_qp(qpn)?.attr().dest_qp_num;
     let wire_path = |(local, remote): (WireAddr, WireAddr), port, p: &PathAttr| WirePath {
         local,
         remote,
@@ -126,19 +115,19 @@ pub(super) fn modify(
     let reset = mask.contains(M::STATE) && attr.qp_state == QpState::Reset;
     rt.commit_paths(qpn, primary, alt, reset);
     // a QP on the host-local wire sends no datagram to its peer: no connected socket
-    let on_host = rt.get(qpn).is_some_and(|c| c.host.is_some());
+    let on_host = rt.host_peer(qpn).is_some();
     for p in [primary, alt].into_iter().flatten() {
         match on_host {
             true => rt.prepare_port(p.local, p.sport),
             false => rt.prepare_path(p.local, p.sport, p.remote),
         }
     }
-    if let Some(ctx) = rt.get(qpn) {
+    if let Some(span) = rt.qp_span(qpn) {
         if mask.contains(M::STATE) {
-            tracing::debug!(parent: &ctx.span, state = ?attr.qp_state, "QP modified");
+            tracing::debug!(parent: &span, state = ?attr.qp_state, "QP modified");
         }
         if let Some(a) = alt {
-            tracing::debug!(parent: &ctx.span, alt_port = a.port, alt = %a.remote, "alternate path loaded");
+            tracing::debug!(parent: &span, alt_port = a.port, alt = %a.remote, "alternate path loaded");
         }
     }
     // transmits at once (after a forced migration: on the new path)

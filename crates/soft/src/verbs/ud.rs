@@ -46,11 +46,9 @@
 //! assert_eq!(&got[32..36], &[127, 0, 0, 71]); // IPv4 source address in the GRH
 //! ```
 
-use std::sync::Arc;
-
 use rdma_proto::verbs::{PathAttr, QpAttr, QpAttrMask, QpState, UdDest};
 
-use super::device::DeviceShared;
+use super::device::{DeviceArc, DeviceShared};
 use super::pd::ProtectionDomain;
 use super::qp::QueuePair;
 use crate::io::WireAddr;
@@ -61,7 +59,7 @@ use crate::{Error, Result};
 /// destination GID of datagrams. While it lives, UDP 4791 stays open on its source address.
 /// See the example at the top of `verbs/ud.rs`.
 pub struct AddressHandle {
-    dev: Arc<DeviceShared>,
+    dev: DeviceArc,
     id: u32,
     local: WireAddr,
     remote: WireAddr,
@@ -133,17 +131,14 @@ impl Drop for AddressHandle {
 /// `modify` of a UD QP.
 pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
     let mut rt = dev.runtime();
-    let ctx = rt
-        .ud_get(qpn)
-        .ok_or(Error::InvalidArgument("QP destroyed"))?;
-    let before = ctx.ud.state();
+    let before = rt.ud_qp(qpn)?.state();
     if mask.contains(QpAttrMask::PORT) {
         dev.port_attr(attr.port_num)?;
     }
     let port = if mask.contains(QpAttrMask::PORT) {
         attr.port_num
     } else {
-        ctx.port
+        rt.ud_port(qpn)?
     };
     let to = if mask.contains(QpAttrMask::STATE) {
         attr.qp_state
@@ -163,7 +158,7 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
                 "the device has no GID to receive on",
             ));
         }
-        if let Some(i) = ctx.source {
+        if let Some(i) = rt.ud_source(qpn)? {
             let own = *gids.get(i as usize).ok_or(Error::InvalidArgument(
                 "source GID index beyond the GID table",
             ))?;
@@ -171,16 +166,13 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
         }
         rt.ud_listen(qpn, &gids)?;
     }
-    let ctx = rt
-        .ud_get(qpn)
-        .ok_or(Error::InvalidArgument("QP destroyed"))?;
-    if let Err(e) = ctx.ud.modify(attr, mask) {
+    if let Err(e) = rt.ud_qp(qpn)?.modify(attr, mask) {
         if receives && before == QpState::Init {
             rt.ud_listen(qpn, &[])?;
         }
         return Err(e.into());
     }
-    ctx.port = port;
+    rt.set_ud_port(qpn, port)?;
     if matches!(to, QpState::Reset) {
         rt.ud_listen(qpn, &[])?;
     }
@@ -191,15 +183,14 @@ pub(crate) fn modify(dev: &DeviceShared, qpn: u32, attr: &QpAttr, mask: QpAttrMa
 /// `query` of a UD QP: state, Q_Key, port, P_Key index.
 pub(crate) fn query(dev: &DeviceShared, qpn: u32) -> Result<QpAttr> {
     let mut rt = dev.runtime();
-    let ctx = rt
-        .ud_get(qpn)
-        .ok_or(Error::InvalidArgument("QP destroyed"))?;
+    let port = rt.ud_port(qpn)?;
+    let ud = rt.ud_qp(qpn)?;
     Ok(QpAttr {
-        qp_state: ctx.ud.state(),
-        cur_qp_state: ctx.ud.state(),
-        qkey: ctx.ud.qkey(),
-        port_num: ctx.port,
-        path_mtu: dev.active_mtu_on(ctx.port)?,
+        qp_state: ud.state(),
+        cur_qp_state: ud.state(),
+        qkey: ud.qkey(),
+        port_num: port,
+        path_mtu: dev.active_mtu_on(port)?,
         ..QpAttr::default()
     })
 }
@@ -244,21 +235,18 @@ impl QueuePair {
         }
         let dev = self.device();
         let mut rt = dev.runtime();
-        let ctx = rt
-            .ud_get(self.qpn())
-            .ok_or(Error::InvalidArgument("QP destroyed"))?;
-        if dev.gids_of(ctx.port)?.len() <= sgid_index as usize {
+        let qpn = self.qpn();
+        if dev.gids_of(rt.ud_port(qpn)?)?.len() <= sgid_index as usize {
             return Err(Error::InvalidArgument(
                 "source GID index beyond the GID table",
             ));
         }
-        if !matches!(ctx.ud.state(), QpState::Reset | QpState::Init) {
+        if !matches!(rt.ud_qp(qpn)?.state(), QpState::Reset | QpState::Init) {
             return Err(Error::InvalidArgument(
                 "set_ud_source after the QP moved to RTR",
             ));
         }
-        ctx.source = Some(sgid_index);
-        Ok(())
+        rt.set_ud_source(qpn, sgid_index)
     }
 
     /// [`QueuePair::ud_ready`] receiving only on the address of GID `sgid_index` (see
@@ -276,6 +264,6 @@ impl QueuePair {
         }
         let dev = self.device();
         let mut rt = dev.runtime();
-        rt.ud_get(self.qpn()).map(|c| c.ud.stats())
+        rt.ud_qp(self.qpn()).ok().map(|ud| ud.stats())
     }
 }

@@ -13,10 +13,10 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, TryLockError};
+use std::sync::TryLockError;
 use std::time::{Duration, Instant};
 
-use super::device::{Device, DeviceShared};
+use super::device::{Device, DeviceArc, DeviceShared};
 use crate::engine::Run;
 use crate::Result;
 
@@ -114,7 +114,7 @@ pub struct WatchStats {
 /// drop(watch);
 /// ```
 pub struct WireWatch {
-    shared: Arc<DeviceShared>,
+    shared: DeviceArc,
 }
 
 impl Drop for WireWatch {

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::io::sys;
+use crate::io::sys::{self, CmsgBuf};
 use crate::io::WireAddr;
 
 /// Unreachable notices kept at most (older ones are dropped: the CM's retries cover them).
@@ -44,25 +44,15 @@ impl Unreachable {
         } else {
             (libc::IPPROTO_IP, libc::IP_RECVERR)
         };
-        let on: libc::c_int = 1;
-        // SAFETY: setsockopt with an int option on a descriptor the caller keeps open.
-        let set = unsafe {
-            libc::setsockopt(
+        let added = sys::setsockopt_int(raw, level, name, 1).is_ok()
+            && crate::fd::epoll_ctl(
+                epoll,
+                libc::EPOLL_CTL_ADD,
                 raw,
-                level,
-                name,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                libc::EPOLLET as u32,
+                raw as u64,
             )
-        };
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLET as u32,
-            u64: raw as u64,
-        };
-        // SAFETY: epoll_ctl on descriptors the caller keeps open; `ev` is a valid event.
-        let added = set == 0
-            && unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, raw, &mut ev) }
-                == 0;
+            .is_ok();
         self.watched.retain(|&(f, _)| f != raw);
         if added {
             self.watched.push((raw, local));
@@ -156,7 +146,7 @@ struct IcmpError {
 /// Reads one entry of `fd`'s error queue (`MSG_ERRQUEUE`, not blocking); `None` when empty.
 fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut ctrl = [0u64; 32];
+    let mut ctrl = CmsgBuf::<256>::new();
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -168,8 +158,8 @@ fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
     msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = ctrl.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&ctrl) as _;
+    msg.msg_control = ctrl.as_mut_ptr();
+    msg.msg_controllen = CmsgBuf::<256>::LEN as _;
     // SAFETY: `msg` points to live buffers of the sizes it states.
     let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
     if n < 0 {
@@ -178,30 +168,25 @@ fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
     let dest =
         sys::from_sockaddr(&name).unwrap_or((WireAddr::from(std::net::Ipv4Addr::UNSPECIFIED), 0));
     let mut port_unreachable = false;
-    // SAFETY: the kernel filled `msg`'s control buffer, of `msg_controllen` bytes.
-    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !c.is_null() {
-        // SAFETY: `c` is a control message header inside the buffer.
-        let h = unsafe { &*c };
-        let recverr = (h.cmsg_level == libc::SOL_IP && h.cmsg_type == libc::IP_RECVERR)
-            || (h.cmsg_level == libc::SOL_IPV6 && h.cmsg_type == libc::IPV6_RECVERR);
-        let len = h.cmsg_len as usize;
-        if recverr
-            && len
-                >= std::mem::size_of::<libc::cmsghdr>()
-                    + std::mem::size_of::<libc::sock_extended_err>()
-        {
-            // SAFETY: the message is long enough for a sock_extended_err (read unaligned).
-            let e: libc::sock_extended_err =
-                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
-            port_unreachable |= match e.ee_origin {
-                libc::SO_EE_ORIGIN_ICMP => e.ee_type == 3 && e.ee_code == 3,
-                libc::SO_EE_ORIGIN_ICMP6 => e.ee_type == 1 && e.ee_code == 4,
-                _ => false,
-            };
+    for c in ctrl.messages(msg.msg_controllen) {
+        let recverr = (c.level == libc::SOL_IP && c.kind == libc::IP_RECVERR)
+            || (c.level == libc::SOL_IPV6 && c.kind == libc::IPV6_RECVERR);
+        if !recverr || c.data.len() < std::mem::size_of::<libc::sock_extended_err>() {
+            continue;
         }
-        // SAFETY: walks the same buffer.
-        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+        // struct sock_extended_err: origin, ICMP type and code are bytes
+        let at = |off: usize| c.data[off];
+        use std::mem::offset_of;
+        let origin = at(offset_of!(libc::sock_extended_err, ee_origin));
+        let (ty, code) = (
+            at(offset_of!(libc::sock_extended_err, ee_type)),
+            at(offset_of!(libc::sock_extended_err, ee_code)),
+        );
+        port_unreachable |= match origin {
+            libc::SO_EE_ORIGIN_ICMP => ty == 3 && code == 3,
+            libc::SO_EE_ORIGIN_ICMP6 => ty == 1 && code == 4,
+            _ => false,
+        };
     }
     Some(IcmpError {
         dest,
@@ -213,7 +198,7 @@ fn recv_icmp_error(fd: i32) -> Option<IcmpError> {
 mod tests {
     use super::*;
     use std::net::UdpSocket;
-    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsFd;
 
     /// A datagram from a watched socket to a loopback port nobody binds comes back as a
     /// port unreachable, which wakes the epoll once and which `check` keeps (loopback ICMP
@@ -223,8 +208,7 @@ mod tests {
         let local: WireAddr = "127.0.0.1".parse().unwrap();
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_nonblocking(true).unwrap();
-        // SAFETY: a fresh epoll descriptor, owned here.
-        let epoll = unsafe { OwnedFd::from_raw_fd(libc::epoll_create1(libc::EPOLL_CLOEXEC)) };
+        let epoll = crate::fd::epoll_create().unwrap();
         let mut u = Unreachable::default();
         u.watch(epoll.as_fd(), sock.as_fd(), local);
         // a port nobody uses: bind one and close it
@@ -237,16 +221,14 @@ mod tests {
         assert_eq!(u.pop(), None, "nothing yet");
         sock.send_to(b"x", ("127.0.0.1", port)).unwrap();
         let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
-        // SAFETY: epoll_wait into a buffer of 4 events.
-        let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), ev.as_mut_ptr(), 4, 5000) };
+        let n = crate::fd::epoll_wait(epoll.as_fd(), &mut ev, 5000).unwrap();
         assert_eq!(n, 1, "the error wakes the epoll");
         assert_ne!(ev[0].events & libc::EPOLLERR as u32, 0);
         u.check(port);
         assert_eq!(u.pop(), Some((local, local)));
         assert_eq!(u.pop(), None);
         // drained, and edge-triggered: no second wake-up
-        // SAFETY: as above.
-        let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), ev.as_mut_ptr(), 4, 0) };
+        let n = crate::fd::epoll_wait(epoll.as_fd(), &mut ev, 0).unwrap();
         assert_eq!(n, 0);
     }
 

@@ -63,7 +63,7 @@ impl DeviceShared {
     pub(crate) fn end_inline(&self) {
         if self.inline_at.swap(0, Ordering::Relaxed) != 0 {
             // left to us meanwhile: take it back now, not at the end of the hand-off
-            if let Some(r) = self.reg.get().filter(|r| r.is_deferred()) {
+            if let Some(r) = self.waker.get().filter(|r| r.is_deferred()) {
                 r.wake_by(Instant::now());
             }
         }
@@ -101,7 +101,7 @@ impl DeviceShared {
         // for what comes next: this drive may have taken the datagram that was to wake it.
         // Something published meanwhile, which rang nobody, is the engine's at once (a
         // watcher's: it drives again).
-        let engine_sleeps = self.reg.get().is_some_and(|r| !r.is_deferred());
+        let engine_sleeps = self.waker.get().is_some_and(|r| !r.is_deferred());
         let mut again = false;
         if (engine_sleeps || self.watch.watched()) && rt.arm_wait() {
             if matches!(how, Drive::Watcher) {
@@ -129,7 +129,7 @@ impl DeviceShared {
     /// looks back within its hand-off time whatever its wake time says, and the poller
     /// reads the clock and runs the timers meanwhile.
     pub(crate) fn engine_deferred(&self) -> bool {
-        self.reg.get().is_some_and(|r| r.is_deferred())
+        self.waker.get().is_some_and(|r| r.is_deferred())
     }
 
     /// After a post or modify on `qpn`: tells the engine about the timer it may have armed.
@@ -141,7 +141,7 @@ impl DeviceShared {
 
     /// Makes the engine run the device at `at` at the latest. Call with the runtime locked.
     pub(crate) fn wake_by(&self, at: Instant) {
-        if let Some(r) = self.reg.get() {
+        if let Some(r) = self.waker.get() {
             r.wake_by(at);
         }
     }
@@ -262,12 +262,12 @@ impl Source for DeviceShared {
         let pending = rt.arm_wait();
         // Lazy deadline: a wake time still ahead stays (it costs at most one early
         // wake-up), so a timer cleared and re-armed per message rings no doorbell.
-        let next = match (rt.next_deadline(), self.reg.get().and_then(|r| r.wake())) {
+        let next = match (rt.next_deadline(), self.waker.get().and_then(|r| r.wake())) {
             (Some(a), Some(b)) if b > now => Some(a.min(b)),
             (a, _) => a,
         };
         let next = if pending { Some(now) } else { next };
-        if let Some(r) = self.reg.get() {
+        if let Some(r) = self.waker.get() {
             r.set_wake(next);
         }
         Run::Idle

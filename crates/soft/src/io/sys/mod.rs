@@ -9,10 +9,14 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use super::WireAddr;
 use crate::{Error, Result};
 
+pub(crate) mod cmsg;
+pub(crate) use cmsg::CmsgBuf;
+
 /// Size of a `sockaddr_storage`, as `socklen_t`.
 pub(crate) const STORAGE_LEN: libc::socklen_t = size_of::<libc::sockaddr_storage>() as _;
 
-fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
+/// `setsockopt` of an int option.
+pub(crate) fn setsockopt_int(fd: RawFd, level: i32, name: i32, value: i32) -> std::io::Result<()> {
     // SAFETY: `value` outlives the call and the length matches its type.
     let rc = unsafe {
         libc::setsockopt(
@@ -423,65 +427,56 @@ pub(crate) struct Ancillary {
     pub gro_size: u16,
 }
 
-/// Parses the control messages the socket options of [`open_udp`] ask for.
-///
-/// # Safety
-/// `msg` must be a `msghdr` that `recvmsg`/`recvmmsg` just filled: its `msg_control` points to
-/// at least `msg_controllen` readable bytes.
-pub(crate) unsafe fn parse_ancillary(msg: &libc::msghdr) -> Ancillary {
+/// Parses the control messages the socket options of [`open_udp`] ask for (the
+/// `msg_controllen` bytes of a received datagram's [`CmsgBuf`]).
+pub(crate) fn parse_ancillary(msgs: cmsg::Messages<'_>) -> Ancillary {
+    use std::mem::offset_of;
     let mut out = Ancillary::default();
-    // SAFETY (whole loop): CMSG_FIRSTHDR / CMSG_NXTHDR stay within msg_control/msg_controllen,
-    // and the kernel wrote each cmsg with a length covering its data; data is read unaligned.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(msg) };
-    while !cmsg.is_null() {
-        let hdr = unsafe { &*cmsg };
-        let data = unsafe { libc::CMSG_DATA(cmsg) };
-        let data_len =
-            (hdr.cmsg_len as usize).saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
-        let int = |len: usize| -> Option<i32> {
-            if len >= size_of::<i32>() {
-                Some(unsafe { std::ptr::read_unaligned(data.cast::<i32>()) })
-            } else if len >= 1 {
-                Some(i32::from(unsafe { *data }))
-            } else {
-                None
-            }
-        };
-        match (hdr.cmsg_level, hdr.cmsg_type) {
-            (libc::IPPROTO_IP, libc::IP_PKTINFO) if data_len >= size_of::<libc::in_pktinfo>() => {
-                let pi: libc::in_pktinfo = unsafe { std::ptr::read_unaligned(data.cast()) };
-                out.ifindex = pi.ipi_ifindex as u32;
-                out.dst = Some(IpAddr::V4(Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes())));
+    for c in msgs {
+        match (c.level, c.kind) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO)
+                if c.data.len() >= size_of::<libc::in_pktinfo>() =>
+            {
+                let a = offset_of!(libc::in_pktinfo, ipi_addr);
+                out.ifindex = c
+                    .u32_at(offset_of!(libc::in_pktinfo, ipi_ifindex))
+                    .unwrap_or(0);
+                let ip: [u8; 4] = c.data[a..a + 4].try_into().unwrap_or([0; 4]);
+                out.dst = Some(IpAddr::V4(Ipv4Addr::from(ip)));
             }
             (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-                if data_len >= size_of::<libc::in6_pktinfo>() =>
+                if c.data.len() >= size_of::<libc::in6_pktinfo>() =>
             {
-                let pi: libc::in6_pktinfo = unsafe { std::ptr::read_unaligned(data.cast()) };
-                out.ifindex = pi.ipi6_ifindex;
-                out.dst = Some(IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr)));
+                let a = offset_of!(libc::in6_pktinfo, ipi6_addr);
+                out.ifindex = c
+                    .u32_at(offset_of!(libc::in6_pktinfo, ipi6_ifindex))
+                    .unwrap_or(0);
+                let ip: [u8; 16] = c.data[a..a + 16].try_into().unwrap_or([0; 16]);
+                out.dst = Some(IpAddr::V6(Ipv6Addr::from(ip)));
             }
             // IP_TOS arrives as one byte, the others as ints.
-            (libc::IPPROTO_IP, libc::IP_TOS) if data_len >= 1 => {
-                out.tclass = unsafe { *data };
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                if let Some(&t) = c.data.first() {
+                    out.tclass = t;
+                }
             }
             (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
-                if let Some(v) = int(data_len) {
+                if let Some(v) = c.int() {
                     out.hop_limit = v as u8;
                 }
             }
             (libc::SOL_UDP, libc::UDP_GRO) => {
-                if let Some(v) = int(data_len) {
+                if let Some(v) = c.int() {
                     out.gro_size = u16::try_from(v).unwrap_or(0);
                 }
             }
             (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                if let Some(v) = int(data_len) {
+                if let Some(v) = c.int() {
                     out.tclass = v as u8;
                 }
             }
             _ => {}
         }
-        cmsg = unsafe { libc::CMSG_NXTHDR(msg, cmsg) };
     }
     out
 }

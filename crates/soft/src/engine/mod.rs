@@ -13,8 +13,8 @@
 //! given time instead of fighting it for the lock on every datagram): its fds are then
 //! disarmed until a run returns [`Run::Idle`].
 //!
-//! Deadlines: each source has a wake time ([`Registration::set_wake`],
-//! [`Registration::wake_by`]). Lowering it below what the engine sleeps towards rings the
+//! Deadlines: each source has a wake time ([`Waker::set_wake`],
+//! [`Waker::wake_by`]). Lowering it below what the engine sleeps towards rings the
 //! doorbell (one `write(2)`); raising it never does: an engine that wakes early finds
 //! nothing due, runs the source, and sleeps again.
 //!
@@ -46,9 +46,12 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::{Error, Result};
+
+mod registration;
+pub use registration::{Registered, Registration, Waker};
 
 /// What a source's run asks of the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,9 +76,10 @@ const NEVER: u64 = u64::MAX;
 /// Token of the doorbell in the epoll set.
 const DOORBELL: u64 = u64::MAX;
 
-/// Serializes a source's runs with its unregistration, so the engine never keeps a source
-/// alive: dropping the owner's last reference tears it down at once, in the owner's thread
-/// (waiting for a run in progress), never later in the engine's.
+/// Serializes a source's runs with its unregistration. The engine holds a strong reference
+/// to a source only during its run, under `running`, and a registration's drop waits for
+/// that: an owner that drops its registration before its last reference ([`Registered`])
+/// tears the source down at once, in its own thread, never later in the engine's.
 struct Gate {
     alive: std::sync::atomic::AtomicBool,
     running: Mutex<()>,
@@ -168,7 +172,9 @@ fn start() -> std::result::Result<&'static Engine, i32> {
 
 /// Registers `src` with the process's engine. It runs when an fd added with
 /// [`Registration::add_fd`] fires or its wake time passes; dropping the registration (or
-/// the source) ends that.
+/// the source) ends that. The engine holds `src` strongly only while it runs; drop the
+/// registration before the last reference (as [`Registered`] does) to keep the source's
+/// teardown out of the engine thread.
 pub fn register(src: Weak<dyn Source>) -> Result<Registration> {
     let engine = get()?;
     let wake = Arc::new(AtomicU64::new(NEVER));
@@ -189,10 +195,12 @@ pub fn register(src: Weak<dyn Source>) -> Result<Registration> {
     let gate = t.entries.get(&id).map(|e| e.gate.clone());
     drop(t);
     Ok(Registration {
-        engine,
-        id,
-        wake,
-        gate: gate.unwrap_or_else(|| Arc::new(Gate::new())),
+        waker: Waker {
+            engine,
+            id,
+            wake,
+            gate: gate.unwrap_or_else(|| Arc::new(Gate::new())),
+        },
     })
 }
 
@@ -308,18 +316,16 @@ impl Engine {
                     if !gate.alive.load(Ordering::Acquire) {
                         continue;
                     }
-                    // SAFETY: `alive` is cleared, and `running` then taken, by the
-                    // registration's drop before its owner frees the source; while we hold
-                    // `running` with `alive` set, the source is live. A source dropped
-                    // during its own run (its owner let go meanwhile) is only reached
-                    // through `src` again after a new `alive` check. (Not `src.upgrade()`:
-                    // the engine would then hold the last reference when the owner lets go
-                    // during a run, and tear the source down in its thread, not the owner's:
-                    // see `Gate`.)
-                    let p: *const dyn Source = src.as_ptr();
+                    let Some(src) = src.upgrade() else {
+                        continue;
+                    };
                     RUNNING.with(|r| r.set(id));
-                    #[allow(unsafe_code)] // the SAFETY comment above
-                    let r = unsafe { (*p).run(now) };
+                    let r = src.run(now);
+                    // Let go before `running` is released: a registration dropped during
+                    // the run waits for that, so the engine never holds the last
+                    // reference of a source whose owner drops its registration first
+                    // (see `Registered`). Only a run that drops its own owner ends here.
+                    drop(src);
                     RUNNING.with(|r| r.set(0));
                     gate.deferred
                         .store(matches!(r, Run::Deferred(_)), Ordering::Release);
@@ -359,208 +365,5 @@ impl Engine {
     }
 }
 
-/// A source's place in the engine (see [`register`]). Dropping it unregisters the source.
-pub struct Registration {
-    engine: &'static Engine,
-    id: u64,
-    wake: Arc<AtomicU64>,
-    gate: Arc<Gate>,
-}
-
-impl std::fmt::Debug for Registration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registration")
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Registration {
-    /// Runs the source whenever `fd` is readable. The fd must stay open until
-    /// [`Registration::remove_fd`] or the registration is dropped.
-    pub fn add_fd(&self, fd: RawFd) -> Result<()> {
-        let mut t = self.engine.lock();
-        let Some(e) = t.entries.get_mut(&self.id) else {
-            return Ok(());
-        };
-        if e.fds.iter().any(|f| f.0 == fd) {
-            return Ok(());
-        }
-        // a deferred source's fds wait, disarmed, for its next idle run
-        let armed = !e.deferred;
-        self.engine
-            .ctl(
-                libc::EPOLL_CTL_ADD,
-                fd,
-                (self.id << 32) | fd as u32 as u64,
-                armed,
-            )
-            .map_err(|source| Error::Os {
-                op: "epoll_ctl (progress engine)",
-                addr: None,
-                source,
-            })?;
-        e.fds.push((fd, armed));
-        Ok(())
-    }
-
-    /// Stops watching `fd`.
-    pub fn remove_fd(&self, fd: RawFd) {
-        let mut t = self.engine.lock();
-        if let Some(e) = t.entries.get_mut(&self.id) {
-            if let Some(i) = e.fds.iter().position(|f| f.0 == fd) {
-                e.fds.swap_remove(i);
-                e.fired.retain(|&f| f != fd);
-                // failure (already closed) is harmless
-                let _ =
-                    crate::fd::epoll_ctl(self.engine.epoll.as_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
-            }
-        }
-    }
-
-    /// Whether the source's last run answered [`Run::Deferred`] (the engine left it to
-    /// someone else and looks again later).
-    pub fn is_deferred(&self) -> bool {
-        self.gate.deferred.load(Ordering::Acquire)
-    }
-
-    /// The wake time as now set (`None`: only fd events).
-    pub fn wake(&self) -> Option<Instant> {
-        match self.wake.load(Ordering::Acquire) {
-            NEVER => None,
-            n => Some(self.engine.epoch + Duration::from_nanos(n)),
-        }
-    }
-
-    /// Sets the wake time (`None`: only fd events); rings the doorbell only if the engine
-    /// would otherwise sleep past it. Call it with the state it was computed from locked,
-    /// so that a concurrent [`Registration::wake_by`] is not overwritten.
-    pub fn set_wake(&self, at: Option<Instant>) {
-        let n = at.map_or(NEVER, |t| self.engine.nanos(t));
-        self.wake.store(n, Ordering::SeqCst);
-        self.ring_if_needed(n);
-    }
-
-    /// Makes the source run at `at` at the latest (earlier wake times stay).
-    pub fn wake_by(&self, at: Instant) {
-        let n = self.engine.nanos(at);
-        let old = self.wake.fetch_min(n, Ordering::SeqCst);
-        if n < old {
-            self.ring_if_needed(n);
-        }
-    }
-
-    fn ring_if_needed(&self, n: u64) {
-        // See `run_loop`: while the engine computes its sleep this reads NEVER (ring), while
-        // it is awake 0 (it reads the wake times before sleeping), asleep its deadline.
-        if n < self.engine.sleeping_until.load(Ordering::SeqCst) {
-            self.engine.ring();
-        }
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.gate.alive.store(false, Ordering::Release);
-        // Wait for a run in progress, unless it is this thread's own (a source whose
-        // owner is dropped by its own run).
-        if RUNNING.with(|r| r.get()) != self.id {
-            drop(self.gate.running.lock().unwrap_or_else(|e| e.into_inner()));
-        }
-        let mut t = self.engine.lock();
-        self.engine.remove(&mut t, self.id);
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    struct Counter {
-        runs: AtomicUsize,
-        efd: crate::fd::EventFd,
-        defer_until: Mutex<Option<Instant>>,
-    }
-
-    impl Source for Counter {
-        fn run(&self, now: Instant) -> Run {
-            self.runs.fetch_add(1, Ordering::SeqCst);
-            if let Some(t) = *self.defer_until.lock().unwrap() {
-                if now < t {
-                    return Run::Deferred(t);
-                }
-            }
-            self.efd.clear();
-            Run::Idle
-        }
-    }
-
-    fn counter() -> Arc<Counter> {
-        Arc::new(Counter {
-            runs: AtomicUsize::new(0),
-            efd: crate::fd::EventFd::new().unwrap(),
-            defer_until: Mutex::new(None),
-        })
-    }
-
-    fn poke(c: &Counter) {
-        c.efd.signal();
-    }
-
-    fn wait_runs(c: &Counter, n: usize) -> bool {
-        let end = Instant::now() + Duration::from_secs(5);
-        while c.runs.load(Ordering::SeqCst) < n {
-            if Instant::now() > end {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        true
-    }
-
-    #[test]
-    fn fd_events_and_deadlines_run_the_source() {
-        let c = counter();
-        let w: Weak<dyn Source> = Arc::downgrade(&c) as Weak<dyn Source>;
-        let reg = register(w).unwrap();
-        reg.add_fd(c.efd.raw()).unwrap();
-        poke(&c);
-        assert!(wait_runs(&c, 1), "an fd event runs it");
-        let before = c.runs.load(Ordering::SeqCst);
-        reg.wake_by(Instant::now() + Duration::from_millis(20));
-        assert!(wait_runs(&c, before + 1), "a deadline runs it");
-        // a readable fd that the source drains does not make it run again by itself
-        std::thread::sleep(Duration::from_millis(30));
-        let settled = c.runs.load(Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(c.runs.load(Ordering::SeqCst), settled, "idle: no runs");
-        drop(reg);
-        poke(&c);
-        std::thread::sleep(Duration::from_millis(30));
-        assert_eq!(c.runs.load(Ordering::SeqCst), settled, "unregistered");
-    }
-
-    #[test]
-    fn deferred_source_keeps_its_fd_disarmed_until_it_takes_over() {
-        let c = counter();
-        *c.defer_until.lock().unwrap() = Some(Instant::now() + Duration::from_millis(100));
-        let w: Weak<dyn Source> = Arc::downgrade(&c) as Weak<dyn Source>;
-        let reg = register(w).unwrap();
-        reg.add_fd(c.efd.raw()).unwrap();
-        poke(&c); // stays readable while deferred
-        assert!(wait_runs(&c, 1));
-        std::thread::sleep(Duration::from_millis(50));
-        // one run, then nothing: the readable fd is disarmed, the check is at 100 ms
-        assert_eq!(
-            c.runs.load(Ordering::SeqCst),
-            1,
-            "no spinning while deferred"
-        );
-        assert!(wait_runs(&c, 2), "checks back at the deferral time");
-        std::thread::sleep(Duration::from_millis(30));
-        assert_eq!(c.runs.load(Ordering::SeqCst), 2, "drained and idle again");
-        poke(&c);
-        assert!(wait_runs(&c, 3), "re-armed after taking over");
-    }
-}
+mod tests;
