@@ -135,14 +135,30 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
 }
 
 impl super::Chan {
+    /// What a blocking wait holds of this channel ([`super::Waiter`]).
+    pub fn waiter(&self) -> super::Waiter {
+        super::Waiter {
+            ch: self.ch.clone(),
+            fd: self.fd.clone(),
+        }
+    }
+
+    /// [`super::Waiter::wait_event`] on this channel.
+    pub fn wait_event(&self) -> Result<Event, c_int> {
+        self.waiter().wait_event()
+    }
+}
+
+impl super::Waiter {
     /// The next event, blocking on the channel's fd as rdma-core's `read` of it does: a
     /// signal handler without `SA_RESTART` ends the wait with `EINTR`
     /// ([`wait_readable_or_signal`]). Synchronous ids wait here too, as rdma-core's do.
     pub fn wait_event(&self) -> Result<Event, c_int> {
+        use std::os::fd::AsRawFd;
         loop {
             match self.ch.get_event_timeout(std::time::Duration::ZERO) {
                 Ok(Some(ev)) => return Ok(ev),
-                Ok(None) => wait_readable_or_signal(self.c.fd)?,
+                Ok(None) => wait_readable_or_signal(self.fd.as_raw_fd())?,
                 Err(e) => return Err(cm_errno(&e)),
             }
         }
@@ -155,13 +171,16 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
     // SAFETY: the caller's channel.
-    let Some(c) = (unsafe { super::chan_ref(ch) }) else {
+    let Some(c) = (unsafe { super::chan_waiter(ch) }) else {
         return minus_one(libc::EINVAL);
     };
     if out.is_null() {
         return minus_one(libc::EINVAL);
     }
-    let nonblock = is_nonblocking(c.c.fd);
+    let nonblock = {
+        use std::os::fd::AsRawFd;
+        is_nonblocking(c.fd.as_raw_fd())
+    };
     loop {
         let got = if nonblock {
             c.ch.try_get_event().map_err(|e| cm_errno(&e))

@@ -13,7 +13,7 @@ pub mod mcast;
 
 use std::collections::{HashMap, HashSet};
 use std::ptr::null_mut;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use libc::{c_int, c_void, sockaddr};
@@ -32,9 +32,34 @@ use crate::util::*;
 #[repr(C)]
 pub struct Chan {
     pub c: rdma_event_channel,
-    pub ch: EventChannel,
+    /// Shared with the threads blocked on the channel ([`Waiter`]).
+    pub ch: Arc<EventChannel>,
     /// `c.fd`: the application's view of the channel's fd ([`poll_proxy`]).
-    pub fd: std::os::fd::OwnedFd,
+    pub fd: Arc<std::os::fd::OwnedFd>,
+}
+
+/// What a thread blocked in `rdma_get_cm_event` holds of its channel: another thread may
+/// destroy the channel meanwhile (rping's main thread does, while its CM thread waits), and
+/// the wait then goes on, as rdma-core's read of a closed channel fd does, instead of
+/// reading freed memory.
+pub struct Waiter {
+    pub ch: Arc<EventChannel>,
+    pub fd: Arc<std::os::fd::OwnedFd>,
+}
+
+/// # Safety
+/// NULL, or a pointer the application got from us as a channel (a destroyed one or any
+/// other value gives `None`).
+pub unsafe fn chan_waiter(p: *mut rdma_event_channel) -> Option<Waiter> {
+    // Under the live set's lock: rdma_destroy_event_channel takes the channel out of the
+    // set (under it) before it frees the channel.
+    let g = LIVE_CHANS.lock().unwrap_or_else(|e| e.into_inner());
+    if p.is_null() || !g.as_ref().is_some_and(|s| s.contains(&(p as usize))) {
+        return None;
+    }
+    // SAFETY: one of our live channels, kept alive by the lock.
+    let c = unsafe { &*p.cast::<Chan>() };
+    Some(c.waiter())
 }
 
 /// An id: the C struct first.
@@ -202,8 +227,8 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
     use std::os::fd::AsRawFd;
     let p = boxed(Chan {
         c: rdma_event_channel { fd: fd.as_raw_fd() },
-        ch,
-        fd,
+        ch: Arc::new(ch),
+        fd: Arc::new(fd),
     });
     live_set(&LIVE_CHANS, p as usize, true);
     p.cast()
@@ -211,8 +236,8 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
-    // SAFETY: checked against our live channels.
-    if unsafe { chan_ref(ch) }.is_some() {
+    // Out of the live set first (no new waiter can take it), then freed.
+    if !ch.is_null() && live_set(&LIVE_CHANS, ch as usize, false) {
         // SAFETY: made by rdma_create_event_channel; dropped in its box.
         drop(unsafe { Box::from_raw(ch.cast::<Chan>()) });
     }
