@@ -1004,7 +1004,7 @@ impl CmAgent {
                 let h = c.handle;
                 c.slot = ReqSlot::Flying;
                 if let Some(r) = c.retx.as_mut() {
-                    r.arm(now);
+                    r.start(now);
                     self.transmit.push_back((r.to, *r.mad));
                 }
                 self.touched.push(h);

@@ -124,11 +124,12 @@ pub struct AgentConfig {
     /// random extra of up to half of it, so that messages sent together are resent spread
     /// out instead of in waves (a storm). Off: exactly the timeout, as Linux.
     pub retry_jitter: bool,
-    /// REQ and DREQ resends before their first regular retransmission, on a ladder: with
-    /// `n`, after timeout/2^n, then /2^(n-1) ... /2 (at least [`super::EARLY_MIN_NS`] each),
-    /// so a lost REQ, REP, DREQ or DREP costs a fraction of a second instead of a whole CM
-    /// response timeout (4.6 s for `rdma_cm` over RoCE), while a connect or disconnect still
-    /// gives up after `max_cm_retries` regular timeouts (the ladder adds less than one).
+    /// REQ and DREQ resends inside the first attempt's wait, on a ladder: with `n`, after
+    /// timeout/2^(n+1), then /2^n ... /4 (at least [`super::EARLY_MIN_NS`] each; with 3: at
+    /// 1/16, 3/16 and 7/16 of the timeout), so a lost REQ, REP, DREQ or DREP costs a
+    /// fraction of a second instead of a whole CM response timeout (4.6 s for `rdma_cm` over
+    /// RoCE). The regular retries keep Linux's times, and a connect or disconnect gives up
+    /// when it did, after `max_cm_retries` regular timeouts (with 0: at the first).
     /// Duplicates are harmless to the peer: a duplicate REQ is answered with the REP again
     /// (us), dropped, or draws the passive side's prepared MRA (Linux's `rdma_cm`), which
     /// ends the ladder (the REP then comes when the application accepts, or the peer's own
@@ -152,7 +153,7 @@ impl Default for AgentConfig {
             overload: OverloadPolicy::Drop,
             req_window: 256,
             retry_jitter: true,
-            early_resends: 4,
+            early_resends: 3,
         }
     }
 }

@@ -458,7 +458,8 @@ fn a_lost_dreq_is_resent_early_on_a_ladder_and_the_retries_stay() {
     a.send_dreq(0, ca, &[]).unwrap();
     let first = sent(&mut a);
     assert_eq!(first.len(), 1);
-    // lost; the ladder: t/16, t/8, t/4, t/2, then the regular timeout
+    // lost; the ladder inside the first wait (t/16, 3t/16, 7t/16), then the regular
+    // timeouts where Linux has them
     let mut at = Vec::new();
     let mut copies = Vec::new();
     while let Some(when) = a.poll_timeout() {
@@ -475,11 +476,12 @@ fn a_lost_dreq_is_resent_early_on_a_ladder_and_the_retries_stay() {
         .windows(2)
         .map(|w| w[1] - w[0])
         .collect();
-    assert_eq!(&steps[..5], &[t / 16, t / 8, t / 4, t / 2, t], "{steps:?}");
+    assert_eq!(&at[..4], &[t / 16, 3 * t / 16, 7 * t / 16, t], "{steps:?}");
     assert!(steps[4..].iter().all(|&s| s == t), "{steps:?}");
-    // the 15 regular retries are all there: the early ones come on top
-    assert_eq!(copies.len(), 4 + 15);
-    assert_eq!(a.stats().early_retransmits, 4);
+    // the 15 regular retries are all there, at Linux's times: the early ones come on top
+    assert_eq!(copies.len(), 3 + 15);
+    assert_eq!(*at.last().unwrap(), 15 * t);
+    assert_eq!(a.stats().early_retransmits, 3);
     assert!(
         copies.iter().all(|m| m == &first[0]),
         "every resend is the same DREQ"

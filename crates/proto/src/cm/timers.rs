@@ -71,6 +71,10 @@ pub(crate) struct Retx {
     pub(crate) early: u8,
     /// When it was last sent.
     pub(crate) sent: Nanos,
+    /// The regular deadline of the first attempt, while early resends run inside its wait.
+    pub(crate) ladder_end: Option<Nanos>,
+    /// Early resends configured ([`Retx::with_early`]).
+    pub(crate) early_n: u8,
 }
 
 /// The shortest wait of an early resend ([`super::AgentConfig::early_resends`]).
@@ -94,6 +98,8 @@ impl Retx {
             jitter,
             early: 0,
             sent: now,
+            ladder_end: None,
+            early_n: 0,
         };
         r.arm(now);
         r
@@ -102,37 +108,66 @@ impl Retx {
     /// Starts the wait for an answer to the attempt sent at `now`: `timeout`, plus (with
     /// `jitter`) up to half of it again, drawn from the message's transaction id and the
     /// attempt. Requests sent together (a storm) then come back spread out, not in waves.
+    /// During early resends, the next step of the ladder, never past the first attempt's
+    /// regular deadline (then that deadline).
     pub(crate) fn arm(&mut self, now: Nanos) {
         self.sent = now;
-        let wait = if self.early > 0 {
-            (self.timeout >> self.early.min(16))
-                .max(EARLY_MIN_NS)
-                .min(self.timeout)
-        } else {
-            self.timeout
-        };
-        let extra = if self.jitter && wait >= 2 {
-            let tid = u64::from_be_bytes(self.mad[8..16].try_into().expect("8 bytes"));
-            let attempt = u64::from(self.retries_left) | u64::from(self.early) << 8;
-            let mut z = tid ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)) % (wait / 2)
-        } else {
-            0
-        };
-        self.deadline = now.saturating_add(wait).saturating_add(extra);
+        if let Some(end) = self.ladder_end {
+            if self.early > 0 {
+                let step = (self.timeout >> (self.early.min(15) + 1)).max(EARLY_MIN_NS);
+                let at = now.saturating_add(step).saturating_add(self.extra(step));
+                if at < end {
+                    self.deadline = at;
+                    return;
+                }
+            }
+            self.early = 0;
+            self.ladder_end = None;
+            self.deadline = end.max(now);
+            return;
+        }
+        self.deadline = now
+            .saturating_add(self.timeout)
+            .saturating_add(self.extra(self.timeout));
     }
 
-    /// Resends `n` times early, on a ladder, before the regular schedule: the waits are
-    /// `timeout/2^n`, `timeout/2^(n-1)` ... `timeout/2` (at least [`EARLY_MIN_NS`]).
+    /// The random extra of a wait of `wait` (up to half of it), when jittered.
+    fn extra(&self, wait: Nanos) -> Nanos {
+        if !self.jitter || wait < 2 {
+            return 0;
+        }
+        let tid = u64::from_be_bytes(self.mad[8..16].try_into().expect("8 bytes"));
+        let attempt = u64::from(self.retries_left) | u64::from(self.early) << 8;
+        let mut z = tid ^ attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % (wait / 2)
+    }
+
+    /// Resends up to `n` times early, inside the first attempt's wait: after
+    /// `timeout/2^(n+1)`, then `timeout/2^n` ... `timeout/4` (at least [`EARLY_MIN_NS`];
+    /// with 3: at 1/16, 3/16 and 7/16 of it). The regular deadlines stay where they were,
+    /// and so does the time a connect or disconnect gives up.
     pub(crate) fn with_early(mut self, now: Nanos, n: u8) -> Self {
-        self.early = n;
-        self.arm(now);
+        self.early_n = n;
+        self.start(now);
         self
     }
 
-    /// Gives up the early resends: the regular wait from the last send.
+    /// The first attempt leaves at `now` (a REQ parked behind its peer's window leaves
+    /// later than it was made): its regular wait, and the early resends inside it.
+    pub(crate) fn start(&mut self, now: Nanos) {
+        self.early = 0;
+        self.ladder_end = None;
+        self.arm(now);
+        if self.early_n > 0 {
+            self.ladder_end = Some(self.deadline);
+            self.early = self.early_n;
+            self.arm(now);
+        }
+    }
+
+    /// Gives up the early resends: the first attempt's regular deadline.
     pub(crate) fn skip_early(&mut self) {
         self.early = 0;
         let sent = self.sent;
@@ -142,6 +177,7 @@ impl Retx {
     /// Extends the wait (MRA): this and later attempts wait `timeout`.
     pub(crate) fn extend(&mut self, now: Nanos, timeout: Nanos) {
         self.early = 0;
+        self.ladder_end = None;
         self.timeout = timeout;
         self.deadline = now.saturating_add(timeout);
     }
