@@ -358,11 +358,7 @@ fn a_late_answer_behind_an_unasked_tail_is_found_spurious() {
         }
         assert!(s.b.qp.poll_recv_completion().is_none(), "message {i} twice");
     }
-    let st = s.a.qp.stats();
-    assert_eq!(st.tail_probes - before.tail_probes, 1, "{st:?}");
-    assert_eq!(st.spurious_probes, 1, "{st:?}");
-    assert_eq!(st.timeouts, 0, "{st:?}");
-    assert_eq!(s.a.qp.probe_floor_ns(), 2 * PROBE_FLOOR_NS);
+    assert_one_probe_found_spurious(&s, &before);
 }
 
 /// A READ whose responses come late by more than the floor: the probe asks for the READ
@@ -385,6 +381,11 @@ fn a_late_read_answer_is_found_spurious() {
         assert_eq!(c.status, WcStatus::Success, "READ {i}");
         assert!(s.run_until_idle(LIMIT), "READ {i}: A idle");
     }
+    assert_one_probe_found_spurious(&s, &before);
+}
+
+/// Since `before`: one probe, found spurious, no timeout, and the floor doubled.
+fn assert_one_probe_found_spurious(s: &RcPair, before: &RcStats) {
     let st = s.a.qp.stats();
     assert_eq!(st.tail_probes - before.tail_probes, 1, "{st:?}");
     assert_eq!(st.spurious_probes, 1, "{st:?}");

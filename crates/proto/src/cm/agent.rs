@@ -273,19 +273,11 @@ impl CmAgent {
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
             if busy {
                 r.skip_early();
-            } else if r.early > 0 {
-                r.early -= 1;
-                r.arm(now);
+            } else if let Some(early) = r.take_resend(now) {
                 let item = (r.to, *r.mad);
                 self.transmit.push_back(item);
                 self.stats.retransmits += 1;
-                self.stats.early_retransmits += 1;
-            } else if r.retries_left > 0 {
-                r.retries_left -= 1;
-                r.arm(now);
-                let item = (r.to, *r.mad);
-                self.transmit.push_back(item);
-                self.stats.retransmits += 1;
+                self.stats.early_retransmits += u64::from(early);
             } else {
                 let event = match c.state {
                     CmState::ReqSent | CmState::MraReqRcvd => {

@@ -105,6 +105,21 @@ impl Retx {
         r
     }
 
+    /// Takes the next resend, early ones first, and starts its wait: `Some(true)` for an
+    /// early resend, `Some(false)` for a regular retry, `None` when none is left.
+    pub(crate) fn take_resend(&mut self, now: Nanos) -> Option<bool> {
+        let early = self.early > 0;
+        if early {
+            self.early -= 1;
+        } else if self.retries_left > 0 {
+            self.retries_left -= 1;
+        } else {
+            return None;
+        }
+        self.arm(now);
+        Some(early)
+    }
+
     /// Starts the wait for an answer to the attempt sent at `now`: `timeout`, plus (with
     /// `jitter`) up to half of it again, drawn from the message's transaction id and the
     /// attempt. Requests sent together (a storm) then come back spread out, not in waves.
