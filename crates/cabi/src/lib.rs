@@ -14,6 +14,7 @@
 
 pub mod cm;
 pub mod cm_types;
+pub mod comp_channel;
 pub mod config;
 pub mod device;
 pub mod layout;

@@ -12,10 +12,16 @@ use std::process::Command;
 /// Builds and runs `tests/c/<name>.c` linked with `libs`; the run's output must show each
 /// of `checks` (`ok <check>`) and end with `all passed`.
 fn run(name: &str, libs: &[&str], checks: &[&str]) {
+    run_with(name, libs, checks, |_| {});
+}
+
+/// [`run`], with `more` adding the program's arguments and environment.
+fn run_with(name: &str, libs: &[&str], checks: &[&str], more: impl FnOnce(&mut Command)) {
     let dir = std::env::temp_dir().join(format!("rdma-cabi-{name}-{}", std::process::id()));
     let exe = support::build_c(&dir, name, libs);
     let mut c = Command::new(&exe);
     c.env("LD_LIBRARY_PATH", support::lib_dir());
+    more(&mut c);
     let (status, text) = support::finish(support::start(c));
     std::fs::remove_dir_all(&dir).ok();
     assert!(status.success(), "{name}: {text}");
@@ -51,5 +57,27 @@ fn ibv_get_async_event_is_interrupted_by_a_signal() {
         "async_event_signal",
         &["-libverbs", "-lpthread"],
         &["eintr", "restart"],
+    );
+}
+
+/// `ibv_destroy_comp_channel` under a thread blocked in `ibv_get_cq_event` on the channel
+/// (`tests/c/cq_event_destroy.c`): EBUSY while a CQ is attached; after the destroy a
+/// restarted wait fails with EBADF, as rdma-core's restarted `read` of the closed fd; and
+/// rounds of an event arriving at the destroy end with the event or EINTR. glibc fills
+/// freed memory (`MALLOC_PERTURB_`, no tcache), so that a waiter reading the freed channel
+/// crashes: the library before the fix failed both checks (SIGSEGV, or a waiter spinning on
+/// the freed channel). `RDMA_CABI_DESTROY_ROUNDS` rounds (default 1000; the full run 20000).
+#[test]
+fn ibv_destroy_comp_channel_under_a_waiter() {
+    let rounds = std::env::var("RDMA_CABI_DESTROY_ROUNDS").unwrap_or_else(|_| "1000".into());
+    run_with(
+        "cq_event_destroy",
+        &["-libverbs", "-lpthread"],
+        &["ebusy", "closed", "race"],
+        |c| {
+            c.arg(rounds)
+                .env("MALLOC_PERTURB_", "85")
+                .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0");
+        },
     );
 }

@@ -1,0 +1,203 @@
+/* ibv_destroy_comp_channel while another thread is blocked in ibv_get_cq_event on it: the
+ * waiter must never touch the freed channel. rdma-core's contract: destroying a channel
+ * with CQs attached fails with EBUSY; after the destroy the waiter's read goes on (a close
+ * does not wake it), a signal handler with SA_RESTART restarts the read on the closed fd,
+ * which fails with EBADF, and one without SA_RESTART ends it with EINTR.
+ *
+ * "closed": deterministic. The channel is destroyed under the waiter, then a SA_RESTART
+ * signal makes it look at the channel again: -1 / EBADF.
+ * "race": ROUNDS rounds (argv[1]) of an event arriving at the destroy: with the waiter
+ * blocked, the main thread arms the CQ, completes a receive (a QP in the error state flushes it at once) and
+ * destroys QP, CQ and channel while the waiter wakes up; the waiter gets the event (0 and
+ * the round's CQ) or, having missed it, waits on until a signal without SA_RESTART ends the
+ * wait (-1 / EINTR). The waiter never acks: our ibv_destroy_cq does not wait for acks. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <infiniband/verbs.h>
+
+#define FAIL(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); _exit(1); } while (0)
+
+static volatile sig_atomic_t fired;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	fired = 1;
+}
+
+static void handle(int sig, int flags)
+{
+	struct sigaction act;
+	memset(&act, 0, sizeof act);
+	act.sa_handler = on_signal;
+	act.sa_flags = flags;
+	sigaction(sig, &act, NULL);
+}
+
+struct waiter {
+	pthread_t t;
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *got;
+	void *got_ctx;
+	int rc, err;
+	volatile int tid, done;
+};
+
+static void *wait_event(void *arg)
+{
+	struct waiter *w = arg;
+	__atomic_store_n(&w->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
+	errno = 0;
+	w->rc = ibv_get_cq_event(w->ch, &w->got, &w->got_ctx);
+	w->err = errno;
+	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static int done(struct waiter *w)
+{
+	return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
+}
+
+/* Waits until the waiter sleeps (in ibv_get_cq_event's wait: nothing else blocks it). */
+static void until_blocked(struct waiter *w)
+{
+	for (int i = 0; i < 5000; i++) {
+		int tid = __atomic_load_n(&w->tid, __ATOMIC_ACQUIRE);
+		char path[64], buf[256];
+		snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+		FILE *f = tid ? fopen(path, "r") : NULL;
+		size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = 0;
+		char *end = strrchr(buf, ')'); /* "tid (comm) S ..." */
+		if (end && end[1] == ' ' && end[2] == 'S')
+			return;
+		if (done(w))
+			FAIL("the waiter returned before any event: rc %d errno %d", w->rc, w->err);
+		usleep(1000);
+	}
+	FAIL("the waiter never blocked");
+}
+
+/* Signals the waiter with sig until it returns (a signal between its checks is lost). */
+static void end_waiter(struct waiter *w, int sig)
+{
+	for (int i = 0; !done(w); i++) {
+		if (i == 5000)
+			FAIL("the waiter did not return within 5 s of signals");
+		pthread_kill(w->t, sig);
+		usleep(1000);
+	}
+	pthread_join(w->t, NULL);
+}
+
+static void closed(struct ibv_context *ctx)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 4, NULL, ch, 0) : NULL;
+	if (!cq || ibv_req_notify_cq(cq, 0))
+		FAIL("closed: setup failed: %s", strerror(errno));
+	int rc = ibv_destroy_comp_channel(ch);
+	if (rc != EBUSY)
+		FAIL("closed: destroying a channel with a CQ: %d, want EBUSY", rc);
+	printf("ok ebusy\n");
+
+	handle(SIGUSR2, SA_RESTART);
+	struct waiter w = { .ch = ch };
+	pthread_create(&w.t, NULL, wait_event, &w);
+	until_blocked(&w);
+	if ((rc = ibv_destroy_cq(cq)) || (rc = ibv_destroy_comp_channel(ch)))
+		FAIL("closed: destroy: %d", rc);
+	usleep(100000);
+	if (done(&w))
+		FAIL("closed: the waiter returned at the destroy: rc %d errno %d", w.rc, w.err);
+	end_waiter(&w, SIGUSR2);
+	if (w.rc != -1 || w.err != EBADF)
+		FAIL("closed: the restarted wait: rc %d errno %d, want -1 EBADF", w.rc, w.err);
+	printf("ok closed\n");
+}
+
+static struct ibv_qp *error_qp(struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr ia;
+	memset(&ia, 0, sizeof ia);
+	ia.send_cq = cq;
+	ia.recv_cq = cq;
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = 1;
+	ia.cap.max_recv_wr = 1;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	if (!qp)
+		FAIL("race: ibv_create_qp: %s", strerror(errno));
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_ERR;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+		FAIL("race: to the error state: %s", strerror(errno));
+	return qp;
+}
+
+static void race(struct ibv_context *ctx, struct ibv_pd *pd, int rounds)
+{
+	handle(SIGUSR1, 0);
+	int got = 0, missed = 0;
+	for (int r = 0; r < rounds; r++) {
+		struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+		struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 4, &got, ch, 0) : NULL;
+		if (!cq || ibv_req_notify_cq(cq, 0))
+			FAIL("race: setup failed: %s", strerror(errno));
+		struct ibv_qp *qp = error_qp(pd, cq);
+		struct waiter w = { .ch = ch };
+		pthread_create(&w.t, NULL, wait_event, &w);
+		until_blocked(&w);
+		struct ibv_recv_wr wr, *bad;
+		memset(&wr, 0, sizeof wr);
+		wr.wr_id = r;
+		if (ibv_post_recv(qp, &wr, &bad))
+			FAIL("race: ibv_post_recv: %s", strerror(errno));
+		int rc;
+		if ((rc = ibv_destroy_qp(qp)) || (rc = ibv_destroy_cq(cq)) ||
+		    (rc = ibv_destroy_comp_channel(ch)))
+			FAIL("race %d: destroy: %d", r, rc);
+		end_waiter(&w, SIGUSR1);
+		if (w.rc == 0 && w.got == cq && w.got_ctx == &got)
+			got++;
+		else if (w.rc == -1 && w.err == EINTR)
+			missed++;
+		else
+			FAIL("race %d: rc %d errno %d cq %p (want %p)", r, w.rc, w.err,
+			     (void *)w.got, (void *)cq);
+	}
+	printf("race: %d rounds, %d got the event, %d interrupted\n", rounds, got, missed);
+	printf("ok race\n");
+}
+
+int main(int argc, char **argv)
+{
+	int rounds = argc > 1 ? atoi(argv[1]) : 200;
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list || n < 1)
+		FAIL("no device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+	if (!pd)
+		FAIL("setup failed: %s", strerror(errno));
+	closed(ctx);
+	race(ctx, pd, rounds);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	printf("all passed\n");
+	return 0;
+}
