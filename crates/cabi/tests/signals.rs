@@ -1,7 +1,8 @@
 //! Signals during the blocking calls, as rdma-core's blocking `read` of the fd behind each:
 //! a handler installed without `SA_RESTART` ends the wait with -1 / `EINTR` (qperf ends its
 //! tests with such a `SIGALRM` and expects the blocked call to return), one with
-//! `SA_RESTART` lets it wait on. One C program per call (`tests/c/*_signal.c`), compiled
+//! `SA_RESTART` lets it wait on. One C program per call (`tests/c/*_signal.c`; a channel
+//! destroyed under a waiter: `*_destroy.c`; shared code: `signal_util.h`), compiled
 //! against the system headers; each would hang (killed at the run limit) on a library that
 //! keeps waiting.
 
@@ -77,6 +78,23 @@ fn ibv_destroy_comp_channel_under_a_waiter() {
         |c| {
             c.arg(rounds)
                 .env("MALLOC_PERTURB_", "85")
+                .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0");
+        },
+    );
+}
+
+/// `rdma_destroy_event_channel` under a thread blocked in `rdma_get_cm_event` on the
+/// channel (`tests/c/cm_event_destroy.c`): the wait goes on; restarted after the destroy it
+/// fails with EBADF (before: it went on waiting, killed after 5 s of signals), and the
+/// destroyed channel is EINVAL.
+#[test]
+fn rdma_destroy_event_channel_under_a_waiter() {
+    run_with(
+        "cm_event_destroy",
+        &["-lrdmacm", "-libverbs", "-lpthread"],
+        &["closed", "stale"],
+        |c| {
+            c.env("MALLOC_PERTURB_", "85")
                 .env("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0");
         },
     );

@@ -7,96 +7,24 @@
  * "closed": deterministic. The channel is destroyed under the waiter, then a SA_RESTART
  * signal makes it look at the channel again: -1 / EBADF.
  * "race": ROUNDS rounds (argv[1]) of an event arriving at the destroy: with the waiter
- * blocked, the main thread arms the CQ, completes a receive (a QP in the error state flushes it at once) and
- * destroys QP, CQ and channel while the waiter wakes up; the waiter gets the event (0 and
+ * blocked, the main thread arms the CQ, completes a receive (a QP in the error state
+ * flushes it at once) and destroys QP, CQ and channel while the waiter wakes up; the waiter gets the event (0 and
  * the round's CQ) or, having missed it, waits on until a signal without SA_RESTART ends the
  * wait (-1 / EINTR). The waiter never acks: our ibv_destroy_cq does not wait for acks. */
-#include <errno.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-#include <sys/syscall.h>
 #include <infiniband/verbs.h>
+#include "signal_util.h"
 
-#define FAIL(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); _exit(1); } while (0)
-
-static volatile sig_atomic_t fired;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	fired = 1;
-}
-
-static void handle(int sig, int flags)
-{
-	struct sigaction act;
-	memset(&act, 0, sizeof act);
-	act.sa_handler = on_signal;
-	act.sa_flags = flags;
-	sigaction(sig, &act, NULL);
-}
-
-struct waiter {
-	pthread_t t;
+struct get {
 	struct ibv_comp_channel *ch;
-	struct ibv_cq *got;
-	void *got_ctx;
-	int rc, err;
-	volatile int tid, done;
+	struct ibv_cq *cq;
+	void *ctx;
 };
 
-static void *wait_event(void *arg)
+static int get_event(void *arg)
 {
-	struct waiter *w = arg;
-	__atomic_store_n(&w->tid, (int)syscall(SYS_gettid), __ATOMIC_RELEASE);
-	errno = 0;
-	w->rc = ibv_get_cq_event(w->ch, &w->got, &w->got_ctx);
-	w->err = errno;
-	__atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
-	return NULL;
-}
-
-static int done(struct waiter *w)
-{
-	return __atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
-}
-
-/* Waits until the waiter sleeps (in ibv_get_cq_event's wait: nothing else blocks it). */
-static void until_blocked(struct waiter *w)
-{
-	for (int i = 0; i < 5000; i++) {
-		int tid = __atomic_load_n(&w->tid, __ATOMIC_ACQUIRE);
-		char path[64], buf[256];
-		snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
-		FILE *f = tid ? fopen(path, "r") : NULL;
-		size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-		if (f)
-			fclose(f);
-		buf[n] = 0;
-		char *end = strrchr(buf, ')'); /* "tid (comm) S ..." */
-		if (end && end[1] == ' ' && end[2] == 'S')
-			return;
-		if (done(w))
-			FAIL("the waiter returned before any event: rc %d errno %d", w->rc, w->err);
-		usleep(1000);
-	}
-	FAIL("the waiter never blocked");
-}
-
-/* Signals the waiter with sig until it returns (a signal between its checks is lost). */
-static void end_waiter(struct waiter *w, int sig)
-{
-	for (int i = 0; !done(w); i++) {
-		if (i == 5000)
-			FAIL("the waiter did not return within 5 s of signals");
-		pthread_kill(w->t, sig);
-		usleep(1000);
-	}
-	pthread_join(w->t, NULL);
+	struct get *g = arg;
+	return ibv_get_cq_event(g->ch, &g->cq, &g->ctx);
 }
 
 static void closed(struct ibv_context *ctx)
@@ -111,13 +39,14 @@ static void closed(struct ibv_context *ctx)
 	printf("ok ebusy\n");
 
 	handle(SIGUSR2, SA_RESTART);
-	struct waiter w = { .ch = ch };
-	pthread_create(&w.t, NULL, wait_event, &w);
+	struct get g = { .ch = ch };
+	struct waiter w;
+	start_waiter(&w, get_event, &g);
 	until_blocked(&w);
 	if ((rc = ibv_destroy_cq(cq)) || (rc = ibv_destroy_comp_channel(ch)))
 		FAIL("closed: destroy: %d", rc);
 	usleep(100000);
-	if (done(&w))
+	if (waiter_done(&w))
 		FAIL("closed: the waiter returned at the destroy: rc %d errno %d", w.rc, w.err);
 	end_waiter(&w, SIGUSR2);
 	if (w.rc != -1 || w.err != EBADF)
@@ -157,8 +86,9 @@ static void race(struct ibv_context *ctx, struct ibv_pd *pd, int rounds)
 		if (!cq || ibv_req_notify_cq(cq, 0))
 			FAIL("race: setup failed: %s", strerror(errno));
 		struct ibv_qp *qp = error_qp(pd, cq);
-		struct waiter w = { .ch = ch };
-		pthread_create(&w.t, NULL, wait_event, &w);
+		struct get g = { .ch = ch };
+		struct waiter w;
+		start_waiter(&w, get_event, &g);
 		until_blocked(&w);
 		struct ibv_recv_wr wr, *bad;
 		memset(&wr, 0, sizeof wr);
@@ -170,13 +100,13 @@ static void race(struct ibv_context *ctx, struct ibv_pd *pd, int rounds)
 		    (rc = ibv_destroy_comp_channel(ch)))
 			FAIL("race %d: destroy: %d", r, rc);
 		end_waiter(&w, SIGUSR1);
-		if (w.rc == 0 && w.got == cq && w.got_ctx == &got)
+		if (w.rc == 0 && g.cq == cq && g.ctx == &got)
 			got++;
 		else if (w.rc == -1 && w.err == EINTR)
 			missed++;
 		else
 			FAIL("race %d: rc %d errno %d cq %p (want %p)", r, w.rc, w.err,
-			     (void *)w.got, (void *)cq);
+			     (void *)g.cq, (void *)cq);
 	}
 	printf("race: %d rounds, %d got the event, %d interrupted\n", rounds, got, missed);
 	printf("ok race\n");
