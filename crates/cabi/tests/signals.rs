@@ -3,8 +3,9 @@
 //! tests with such a `SIGALRM` and expects the blocked call to return), one with
 //! `SA_RESTART` lets it wait on. One C program per call (`tests/c/*_signal.c`; a channel
 //! destroyed under a waiter: `*_destroy.c`; shared code: `signal_util.h`), compiled
-//! against the system headers; each would hang (killed at the run limit) on a library that
-//! keeps waiting.
+//! against the system headers. A thread of each program checks, 2 s after a signal without
+//! `SA_RESTART`, that the call has returned, and, after one with it, that it still waits:
+//! a library that keeps waiting, or one that ends every wait, fails in seconds.
 
 mod support;
 
@@ -33,10 +34,15 @@ fn run_with(name: &str, libs: &[&str], checks: &[&str], more: impl FnOnce(&mut C
 }
 
 /// `ibv_get_cq_event` (qperf's server waits there for its SIGALRM; before, our wait went on
-/// and qperf's client timed out waiting for the results).
+/// and qperf's client timed out waiting for the results): EINTR without `SA_RESTART`; with
+/// it, still waiting after the signal ran.
 #[test]
 fn ibv_get_cq_event_is_interrupted_by_a_signal() {
-    run("cq_event_signal", &["-libverbs"], &["eintr"]);
+    run(
+        "cq_event_signal",
+        &["-libverbs", "-lpthread"],
+        &["eintr", "restart"],
+    );
 }
 
 /// `rdma_get_cm_event`: EINTR without `SA_RESTART`; with it, the event that comes after

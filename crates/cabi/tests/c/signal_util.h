@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/syscall.h>
@@ -42,23 +43,45 @@ struct after {
 
 static inline void *after_main(void *p)
 {
-	struct after *a = p;
+	struct after a = *(struct after *)p;
+	free(p);
 	while (!fired)
 		usleep(10000);
-	usleep(a->delay);
-	a->fn(a->arg);
+	usleep(a.delay);
+	a.fn(a.arg);
 	return NULL;
 }
 
-/* Starts a thread that, delay µs after the handler ran, calls fn(arg) (a later event that
- * ends the restarted wait, or a watchdog that checks it has not ended). */
-static inline pthread_t after_signal(void (*fn)(void *), void *arg, useconds_t delay)
+/* Starts a thread that, delay µs after the handler ran, calls fn(arg): a later event that
+ * ends the restarted wait, or one of the checks below. */
+static inline void after_signal(void (*fn)(void *), void *arg, useconds_t delay)
 {
-	static struct after a;
-	a = (struct after){ fn, arg, delay };
+	struct after *a = malloc(sizeof *a);
+	if (!a)
+		FAIL("malloc");
+	*a = (struct after){ fn, arg, delay };
 	pthread_t t;
-	pthread_create(&t, NULL, after_main, &a);
-	return t;
+	pthread_create(&t, NULL, after_main, a);
+	pthread_detach(t);
+}
+
+/* After a signal without SA_RESTART: the blocked call must have returned (*flag set by the
+ * program), else the library keeps waiting where rdma-core's read ends with EINTR. */
+static inline void must_have_returned(void *flag)
+{
+	if (!*(volatile int *)flag)
+		FAIL("still waiting after a signal without SA_RESTART");
+}
+
+/* After a signal with SA_RESTART: the blocked call must still be waiting (*flag not set):
+ * then the program passed, and this ends it. */
+static inline void must_still_wait(void *flag)
+{
+	if (*(volatile int *)flag)
+		FAIL("with SA_RESTART: the blocked call returned");
+	printf("ok restart\nall passed\n");
+	fflush(stdout);
+	_exit(0);
 }
 
 /* A thread blocked in call(arg) (one of the library's waits): its return and errno. */
