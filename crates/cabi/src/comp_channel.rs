@@ -159,6 +159,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: the caller's out-pointers; p is a live Cq (it leaves the map, under the
         // lock held here, before it is freed).
         unsafe {
+            (*p).reported.fetch_add(1, Ordering::AcqRel);
             if !cq_out.is_null() {
                 *cq_out = p.cast();
             }
@@ -175,6 +176,29 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
     if cq.is_null() {
         return;
     }
-    // SAFETY: the caller's CQ.
-    unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+    // SAFETY: the caller's CQ; its mutex and cond start zeroed (their initializers).
+    unsafe {
+        let m = std::ptr::addr_of_mut!((*cq).mutex);
+        libc::pthread_mutex_lock(m);
+        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n);
+        libc::pthread_cond_signal(std::ptr::addr_of_mut!((*cq).cond));
+        libc::pthread_mutex_unlock(m);
+    }
+}
+
+/// Waits until the application acked every event reported for `cq` (`reported`), as
+/// rdma-core's `ibv_destroy_cq` does: a thread that got an event may still ack it.
+///
+/// # Safety
+/// `cq` is one of our live CQs, out of its channel's map (no new event is reported).
+pub unsafe fn wait_acked(cq: *mut ibv_cq, reported: &std::sync::atomic::AtomicU32) {
+    // SAFETY: as ibv_ack_cq_events, which changes the count under the same mutex.
+    unsafe {
+        let m = std::ptr::addr_of_mut!((*cq).mutex);
+        libc::pthread_mutex_lock(m);
+        while (*cq).comp_events_completed != reported.load(Ordering::Acquire) {
+            libc::pthread_cond_wait(std::ptr::addr_of_mut!((*cq).cond), m);
+        }
+        libc::pthread_mutex_unlock(m);
+    }
 }

@@ -5,6 +5,7 @@
 #![allow(missing_docs)]
 
 use std::mem::zeroed;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use libc::{c_int, c_void};
@@ -37,6 +38,9 @@ pub struct Cq {
     pub cq: CompletionQueue,
     /// The channel it notifies ([`comp_channel`](crate::comp_channel)).
     pub chan: Option<Arc<ChanShared>>,
+    /// The events `ibv_get_cq_event` returned for it: `ibv_destroy_cq` waits until the
+    /// application acked as many (`c.comp_events_completed`), as rdma-core's does.
+    pub reported: AtomicU32,
 }
 
 #[repr(C)]
@@ -217,7 +221,12 @@ pub unsafe extern "C" fn ibv_create_cq(
     cc.handle = cq.id();
     cc.cqe = cq.capacity().min(i32::MAX as usize) as c_int;
     let id = cq.id();
-    let p = boxed(Cq { c: cc, cq, chan });
+    let p = boxed(Cq {
+        c: cc,
+        cq,
+        chan,
+        reported: AtomicU32::new(0),
+    });
     // Counted in the channel's refcnt (under the live set's lock, as destroy checks it).
     if !channel.is_null() && comp_channel::attach(channel, id, p as usize).is_none() {
         // SAFETY: just made, never given out.
@@ -234,7 +243,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         return libc::EINVAL;
     };
     if let Some(s) = &q.chan {
+        // No event is reported for it after this.
         comp_channel::detach(q.c.channel, s, q.cq.id());
+        // SAFETY: our CQ; its mutex and cond are the ones ibv_ack_cq_events signals.
+        unsafe { comp_channel::wait_acked(cq, &q.reported) };
     }
     // SAFETY: made by ibv_create_cq.
     drop(unsafe { unbox(cq.cast::<Cq>()) });

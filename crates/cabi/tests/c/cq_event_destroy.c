@@ -2,15 +2,17 @@
  * waiter must never touch the freed channel. rdma-core's contract: destroying a channel
  * with CQs attached fails with EBUSY; after the destroy the waiter's read goes on (a close
  * does not wake it), a signal handler with SA_RESTART restarts the read on the closed fd,
- * which fails with EBADF, and one without SA_RESTART ends it with EINTR.
+ * which fails with EBADF, and one without SA_RESTART ends it with EINTR; ibv_destroy_cq
+ * waits until every event ibv_get_cq_event returned for the CQ is acked.
  *
  * "closed": deterministic. The channel is destroyed under the waiter, then a SA_RESTART
  * signal makes it look at the channel again: -1 / EBADF.
+ * "acked": ibv_destroy_cq after an event blocks until ibv_ack_cq_events.
  * "race": ROUNDS rounds (argv[1]) of an event arriving at the destroy: with the waiter
  * blocked, the main thread arms the CQ, completes a receive (a QP in the error state
- * flushes it at once) and destroys QP, CQ and channel while the waiter wakes up; the waiter gets the event (0 and
- * the round's CQ) or, having missed it, waits on until a signal without SA_RESTART ends the
- * wait (-1 / EINTR). The waiter never acks: our ibv_destroy_cq does not wait for acks. */
+ * flushes it at once) and destroys QP, CQ and channel while the waiter wakes up; the waiter
+ * gets the event (0 and the round's CQ, which it acks) or, having missed it, waits on until
+ * a signal without SA_RESTART ends the wait (-1 / EINTR). */
 #include <stdlib.h>
 #include <infiniband/verbs.h>
 #include "signal_util.h"
@@ -24,7 +26,15 @@ struct get {
 static int get_event(void *arg)
 {
 	struct get *g = arg;
-	return ibv_get_cq_event(g->ch, &g->cq, &g->ctx);
+	int rc = ibv_get_cq_event(g->ch, &g->cq, &g->ctx);
+	if (rc == 0)
+		ibv_ack_cq_events(g->cq, 1);
+	return rc;
+}
+
+static int destroy_cq(void *cq)
+{
+	return ibv_destroy_cq(cq);
 }
 
 static void closed(struct ibv_context *ctx)
@@ -76,6 +86,37 @@ static struct ibv_qp *error_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 	return qp;
 }
 
+static void acked(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 4, NULL, ch, 0) : NULL;
+	if (!cq || ibv_req_notify_cq(cq, 0))
+		FAIL("acked: setup failed: %s", strerror(errno));
+	struct ibv_qp *qp = error_qp(pd, cq);
+	struct ibv_recv_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	if (ibv_post_recv(qp, &wr, &bad))
+		FAIL("acked: ibv_post_recv: %s", strerror(errno));
+	struct ibv_cq *got;
+	void *gctx;
+	if (ibv_get_cq_event(ch, &got, &gctx) || got != cq)
+		FAIL("acked: ibv_get_cq_event: %s", strerror(errno));
+	int rc;
+	if ((rc = ibv_destroy_qp(qp)))
+		FAIL("acked: ibv_destroy_qp: %d", rc);
+	struct waiter w;
+	start_waiter(&w, destroy_cq, cq);
+	until_blocked(&w);
+	usleep(100000);
+	if (waiter_done(&w))
+		FAIL("acked: ibv_destroy_cq returned before the ack: %d", w.rc);
+	ibv_ack_cq_events(cq, 1);
+	end_waiter(&w, 0);
+	if (w.rc || (rc = ibv_destroy_comp_channel(ch)))
+		FAIL("acked: ibv_destroy_cq %d, ibv_destroy_comp_channel %d", w.rc, rc);
+	printf("ok acked\n");
+}
+
 static void race(struct ibv_context *ctx, struct ibv_pd *pd, int rounds)
 {
 	handle(SIGUSR1, 0);
@@ -124,6 +165,7 @@ int main(int argc, char **argv)
 	if (!pd)
 		FAIL("setup failed: %s", strerror(errno));
 	closed(ctx);
+	acked(ctx, pd);
 	race(ctx, pd, rounds);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);

@@ -133,13 +133,14 @@ static inline void until_blocked(struct waiter *w)
 		if (end && end[1] == ' ' && end[2] == 'S')
 			return;
 		if (waiter_done(w))
-			FAIL("the waiter returned before any event: rc %d errno %d", w->rc, w->err);
+			FAIL("the call returned instead of blocking: rc %d errno %d", w->rc, w->err);
 		usleep(1000);
 	}
 	FAIL("the waiter never blocked");
 }
 
-/* Signals the waiter with sig until it returns (a signal between its checks is lost). */
+/* Signals the waiter with sig (0: none) until it returns (a signal between its checks is
+ * lost). */
 static inline void end_waiter(struct waiter *w, int sig)
 {
 	for (int i = 0; !waiter_done(w); i++) {
