@@ -5,7 +5,7 @@
 #![allow(missing_docs)]
 
 use std::mem::zeroed;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use libc::{c_int, c_void};
@@ -41,6 +41,9 @@ pub struct Cq {
     /// The events `ibv_get_cq_event` returned for it: `ibv_destroy_cq` waits until the
     /// application acked as many (`c.comp_events_completed`), as rdma-core's does.
     pub reported: AtomicU32,
+    /// References from QPs (as send and as receive CQ): `ibv_destroy_cq` is `EBUSY` while
+    /// any remains, as the kernel's destroy of a CQ in use.
+    pub users: AtomicU32,
 }
 
 #[repr(C)]
@@ -226,6 +229,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         cq,
         chan,
         reported: AtomicU32::new(0),
+        users: AtomicU32::new(0),
     });
     // Counted in the channel's refcnt (under the live set's lock, as destroy checks it).
     if !channel.is_null() && comp_channel::attach(channel, id, p as usize).is_none() {
@@ -242,6 +246,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
         return libc::EINVAL;
     };
+    if q.users.load(Ordering::Acquire) > 0 {
+        return libc::EBUSY; // a QP uses it (rdma-core: the kernel refuses)
+    }
     if let Some(s) = &q.chan {
         // No event is reported for it after this.
         comp_channel::detach(q.c.channel, s, q.cq.id());
@@ -251,6 +258,23 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: made by ibv_create_cq.
     drop(unsafe { unbox(cq.cast::<Cq>()) });
     0
+}
+
+/// Counts (`+1`) or releases (`-1`) a QP's reference to each of its CQs ([`Cq::users`]).
+///
+/// # Safety
+/// `send` and `recv` are NULL or our live CQs.
+pub unsafe fn use_cqs(send: *mut ibv_cq, recv: *mut ibv_cq, add: bool) {
+    for cq in [send, recv] {
+        // SAFETY: forwarded.
+        if let Some(q) = unsafe { obj::<_, Cq>(cq) } {
+            if add {
+                q.users.fetch_add(1, Ordering::AcqRel);
+            } else {
+                q.users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 #[no_mangle]

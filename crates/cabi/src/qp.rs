@@ -51,6 +51,8 @@ pub unsafe fn wrap(
     c.qp_num = qp.qpn();
     c.state = qp.state() as c_int;
     c.qp_type = init.qp_type;
+    // SAFETY: make() checked them (ours).
+    unsafe { crate::objects::use_cqs(init.send_cq, init.recv_cq, true) };
     boxed(Qp {
         c: x,
         qp,
@@ -176,6 +178,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: made by wrap(); its CQs outlive it (EBUSY while it uses them).
+    unsafe { crate::objects::use_cqs((*qp).send_cq, (*qp).recv_cq, false) };
     // SAFETY: made by wrap().
     drop(unsafe { unbox(qp.cast::<Qp>()) });
     0

@@ -70,7 +70,8 @@ fn ibv_get_async_event_is_interrupted_by_a_signal() {
 /// `ibv_destroy_comp_channel` under a thread blocked in `ibv_get_cq_event` on the channel
 /// (`tests/c/cq_event_destroy.c`): EBUSY while a CQ is attached; after the destroy a
 /// restarted wait fails with EBADF, as rdma-core's restarted `read` of the closed fd;
-/// `ibv_destroy_cq` waits for the ack of an event it reported (before: it returned at once);
+/// `ibv_destroy_cq` is EBUSY while a QP uses the CQ, and waits for the ack of an event it
+/// reported (before: it freed the CQ at once, both times);
 /// and rounds of an event arriving at the destroy end with the event or EINTR. glibc fills
 /// freed memory (`MALLOC_PERTURB_`, no tcache), so that a waiter reading the freed channel
 /// crashes: the library before the fix failed both checks (SIGSEGV, or a waiter spinning on
@@ -81,7 +82,7 @@ fn ibv_destroy_comp_channel_under_a_waiter() {
     run_with(
         "cq_event_destroy",
         &["-libverbs", "-lpthread"],
-        &["ebusy", "closed", "acked", "race"],
+        &["ebusy", "closed", "cq_in_use", "acked", "race"],
         |c| {
             c.arg(rounds)
                 .env("MALLOC_PERTURB_", "85")

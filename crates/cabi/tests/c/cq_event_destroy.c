@@ -7,6 +7,7 @@
  *
  * "closed": deterministic. The channel is destroyed under the waiter, then a SA_RESTART
  * signal makes it look at the channel again: -1 / EBADF.
+ * "cq_in_use": ibv_destroy_cq of a CQ a QP uses fails with EBUSY (the kernel's answer).
  * "acked": ibv_destroy_cq after an event blocks until ibv_ack_cq_events.
  * "race": ROUNDS rounds (argv[1]) of an event arriving at the destroy: with the waiter
  * blocked, the main thread arms the CQ, completes a receive (a QP in the error state
@@ -101,7 +102,10 @@ static void acked(struct ibv_context *ctx, struct ibv_pd *pd)
 	void *gctx;
 	if (ibv_get_cq_event(ch, &got, &gctx) || got != cq)
 		FAIL("acked: ibv_get_cq_event: %s", strerror(errno));
-	int rc;
+	int rc = ibv_destroy_cq(cq);
+	if (rc != EBUSY)
+		FAIL("acked: destroying a CQ a QP uses: %d, want EBUSY", rc);
+	printf("ok cq_in_use\n");
 	if ((rc = ibv_destroy_qp(qp)))
 		FAIL("acked: ibv_destroy_qp: %d", rc);
 	struct waiter w;
