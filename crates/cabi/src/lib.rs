@@ -14,8 +14,8 @@
 
 pub mod cm;
 pub mod cm_types;
-pub mod comp_channel;
 pub mod config;
+pub mod cq;
 pub mod device;
 pub mod layout;
 pub mod marshall;

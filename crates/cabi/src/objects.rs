@@ -1,20 +1,16 @@
-//! PDs, MRs, CQs, SRQs, AHs (completion channels: [`crate::comp_channel`]).
+//! PDs, MRs, SRQs, AHs (CQs and completion channels: [`crate::cq`]).
 //!
 //! Each `extern "C"` function here is rdma-core's function of the same name, with its
 //! documented behaviour (its man page); only what differs is commented.
 #![allow(missing_docs)]
 
 use std::mem::zeroed;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
 use libc::{c_int, c_void};
 use rdma_soft::verbs::{
-    AccessFlags, AddressHandle, CompletionQueue, MemoryRegion, PathAttr, ProtectionDomain,
-    SharedReceiveQueue,
+    AccessFlags, AddressHandle, MemoryRegion, PathAttr, ProtectionDomain, SharedReceiveQueue,
 };
 
-use crate::comp_channel::{self, ChanShared};
 use crate::device::{ctx, Ctx};
 use crate::types::*;
 use crate::util::*;
@@ -30,20 +26,6 @@ pub struct Pd {
 pub struct Mr {
     pub c: ibv_mr,
     pub mr: MemoryRegion,
-}
-
-#[repr(C)]
-pub struct Cq {
-    pub c: ibv_cq,
-    pub cq: CompletionQueue,
-    /// The channel it notifies ([`comp_channel`](crate::comp_channel)).
-    pub chan: Option<Arc<ChanShared>>,
-    /// The events `ibv_get_cq_event` returned for it: `ibv_destroy_cq` waits until the
-    /// application acked as many (`c.comp_events_completed`), as rdma-core's does.
-    pub reported: AtomicU32,
-    /// References from QPs (as send and as receive CQ): `ibv_destroy_cq` is `EBUSY` while
-    /// any remains, as the kernel's destroy of a CQ in use.
-    pub users: AtomicU32,
 }
 
 #[repr(C)]
@@ -183,111 +165,6 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
 fn ctx_ref(c: *mut ibv_context) -> Option<&'static Ctx> {
     // SAFETY: contexts live until closed; the caller gives one of ours.
     unsafe { ctx(c) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_cq(
-    c: *mut ibv_context,
-    cqe: c_int,
-    cq_context: *mut c_void,
-    channel: *mut ibv_comp_channel,
-    _vector: c_int,
-) -> *mut ibv_cq {
-    let Some(ctx) = ctx_ref(c) else {
-        return null_err(libc::EINVAL);
-    };
-    if cqe <= 0 {
-        return null_err(libc::EINVAL);
-    }
-    // NULL, or one of our live channels.
-    let chan = if channel.is_null() {
-        None
-    } else {
-        match comp_channel::with_live(channel, |c| c.s.clone()) {
-            Some(s) => Some(s),
-            None => return null_err(libc::EINVAL),
-        }
-    };
-    let cq = match ctx
-        .dev
-        .soft
-        .create_cq(cqe as usize, chan.as_ref().map(|c| &c.ch))
-    {
-        Ok(cq) => cq,
-        Err(e) => return null_err(soft_errno(&e)),
-    };
-    // SAFETY: plain data and a zeroed (initializer) mutex/cond.
-    let mut cc: ibv_cq = unsafe { zeroed() };
-    cc.context = c;
-    cc.channel = channel;
-    cc.cq_context = cq_context;
-    cc.handle = cq.id();
-    cc.cqe = cq.capacity().min(i32::MAX as usize) as c_int;
-    let id = cq.id();
-    let p = boxed(Cq {
-        c: cc,
-        cq,
-        chan,
-        reported: AtomicU32::new(0),
-        users: AtomicU32::new(0),
-    });
-    // Counted in the channel's refcnt (under the live set's lock, as destroy checks it).
-    if !channel.is_null() && comp_channel::attach(channel, id, p as usize).is_none() {
-        // SAFETY: just made, never given out.
-        drop(unsafe { unbox(p) });
-        return null_err(libc::EINVAL); // the channel was destroyed meanwhile
-    }
-    p.cast()
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    // SAFETY: the caller's CQ.
-    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
-        return libc::EINVAL;
-    };
-    if q.users.load(Ordering::Acquire) > 0 {
-        return libc::EBUSY; // a QP uses it (rdma-core: the kernel refuses)
-    }
-    if let Some(s) = &q.chan {
-        // No event is reported for it after this.
-        comp_channel::detach(q.c.channel, s, q.cq.id());
-        // SAFETY: our CQ; its mutex and cond are the ones ibv_ack_cq_events signals.
-        unsafe { comp_channel::wait_acked(cq, &q.reported) };
-    }
-    // SAFETY: made by ibv_create_cq.
-    drop(unsafe { unbox(cq.cast::<Cq>()) });
-    0
-}
-
-/// Counts (`+1`) or releases (`-1`) a QP's reference to each of its CQs ([`Cq::users`]).
-///
-/// # Safety
-/// `send` and `recv` are NULL or our live CQs.
-pub unsafe fn use_cqs(send: *mut ibv_cq, recv: *mut ibv_cq, add: bool) {
-    for cq in [send, recv] {
-        // SAFETY: forwarded.
-        if let Some(q) = unsafe { obj::<_, Cq>(cq) } {
-            if add {
-                q.users.fetch_add(1, Ordering::AcqRel);
-            } else {
-                q.users.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: the caller's CQ.
-    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
-        return libc::EINVAL;
-    };
-    // The ring cannot grow: as large as asked is fine, larger is EINVAL.
-    if cqe <= 0 || cqe as usize > q.cq.capacity() {
-        return libc::EINVAL;
-    }
-    0
 }
 
 #[no_mangle]

@@ -21,9 +21,9 @@ use libc::{c_int, c_void, sockaddr};
 use rdmacm::cm::{CmId, CmOption, ConnParam, EventChannel, PortSpace};
 
 use crate::cm_types::*;
-use crate::comp_channel::{ibv_create_comp_channel, ibv_destroy_comp_channel};
+use crate::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq};
 use crate::device::{cm_context, cma, dev_for};
-use crate::objects::{ibv_create_cq, ibv_destroy_cq, obj};
+use crate::objects::obj;
 use crate::qp::{make, make_with, wrap, Qp};
 use crate::types::*;
 use crate::util::*;

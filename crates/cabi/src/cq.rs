@@ -1,4 +1,4 @@
-//! Completion channels (`ibv_comp_channel`) and their CQ events.
+//! CQs and completion channels (`ibv_comp_channel`): CQ events, acks, destruction.
 //!
 //! Each `extern "C"` function here is rdma-core's function of the same name. A thread
 //! blocked in `ibv_get_cq_event` holds the channel's shared part ([`ChanShared`], an `Arc`
@@ -8,17 +8,32 @@
 #![allow(missing_docs)]
 
 use std::collections::{HashMap, HashSet};
+use std::mem::zeroed;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use libc::{c_int, c_void};
-use rdma_soft::verbs::CompletionChannel;
+use rdma_soft::verbs::{CompletionChannel, CompletionQueue};
 
 use crate::device::ctx;
-use crate::objects::Cq;
+use crate::objects::obj;
 use crate::types::*;
 use crate::util::*;
+
+#[repr(C)]
+pub struct Cq {
+    pub c: ibv_cq,
+    pub cq: CompletionQueue,
+    /// The channel it notifies.
+    pub chan: Option<Arc<ChanShared>>,
+    /// The events `ibv_get_cq_event` returned for it: `ibv_destroy_cq` waits until the
+    /// application acked as many (`c.comp_events_completed`), as rdma-core's does.
+    pub reported: AtomicU32,
+    /// References from QPs (as send and as receive CQ): `ibv_destroy_cq` is `EBUSY` while
+    /// any remains, as the kernel's destroy of a CQ in use.
+    pub users: AtomicU32,
+}
 
 /// A completion channel: the C struct first.
 #[repr(C)]
@@ -201,4 +216,110 @@ pub unsafe fn wait_acked(cq: *mut ibv_cq, reported: &std::sync::atomic::AtomicU3
         }
         libc::pthread_mutex_unlock(m);
     }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    c: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _vector: c_int,
+) -> *mut ibv_cq {
+    // SAFETY: the caller's context.
+    let Some(ctx) = (unsafe { ctx(c) }) else {
+        return null_err(libc::EINVAL);
+    };
+    if cqe <= 0 {
+        return null_err(libc::EINVAL);
+    }
+    // NULL, or one of our live channels.
+    let chan = if channel.is_null() {
+        None
+    } else {
+        match with_live(channel, |c| c.s.clone()) {
+            Some(s) => Some(s),
+            None => return null_err(libc::EINVAL),
+        }
+    };
+    let cq = match ctx
+        .dev
+        .soft
+        .create_cq(cqe as usize, chan.as_ref().map(|c| &c.ch))
+    {
+        Ok(cq) => cq,
+        Err(e) => return null_err(soft_errno(&e)),
+    };
+    // SAFETY: plain data and a zeroed (initializer) mutex/cond.
+    let mut cc: ibv_cq = unsafe { zeroed() };
+    cc.context = c;
+    cc.channel = channel;
+    cc.cq_context = cq_context;
+    cc.handle = cq.id();
+    cc.cqe = cq.capacity().min(i32::MAX as usize) as c_int;
+    let id = cq.id();
+    let p = boxed(Cq {
+        c: cc,
+        cq,
+        chan,
+        reported: AtomicU32::new(0),
+        users: AtomicU32::new(0),
+    });
+    // Counted in the channel's refcnt (under the live set's lock, as destroy checks it).
+    if !channel.is_null() && attach(channel, id, p as usize).is_none() {
+        // SAFETY: just made, never given out.
+        drop(unsafe { unbox(p) });
+        return null_err(libc::EINVAL); // the channel was destroyed meanwhile
+    }
+    p.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    // SAFETY: the caller's CQ.
+    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
+        return libc::EINVAL;
+    };
+    if q.users.load(Ordering::Acquire) > 0 {
+        return libc::EBUSY; // a QP uses it (rdma-core: the kernel refuses)
+    }
+    if let Some(s) = &q.chan {
+        // No event is reported for it after this.
+        detach(q.c.channel, s, q.cq.id());
+        // SAFETY: our CQ; its mutex and cond are the ones ibv_ack_cq_events signals.
+        unsafe { wait_acked(cq, &q.reported) };
+    }
+    // SAFETY: made by ibv_create_cq.
+    drop(unsafe { unbox(cq.cast::<Cq>()) });
+    0
+}
+
+/// Counts (`+1`) or releases (`-1`) a QP's reference to each of its CQs ([`Cq::users`]).
+///
+/// # Safety
+/// `send` and `recv` are NULL or our live CQs.
+pub unsafe fn use_cqs(send: *mut ibv_cq, recv: *mut ibv_cq, add: bool) {
+    for cq in [send, recv] {
+        // SAFETY: forwarded.
+        if let Some(q) = unsafe { obj::<_, Cq>(cq) } {
+            if add {
+                q.users.fetch_add(1, Ordering::AcqRel);
+            } else {
+                q.users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: the caller's CQ.
+    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
+        return libc::EINVAL;
+    };
+    // The ring cannot grow: as large as asked is fine, larger is EINVAL.
+    if cqe <= 0 || cqe as usize > q.cq.capacity() {
+        return libc::EINVAL;
+    }
+    0
 }
