@@ -78,7 +78,7 @@ static struct ibv_qp *error_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 	ia.cap.max_recv_sge = 1;
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	if (!qp)
-		FAIL("race: ibv_create_qp: %s", strerror(errno));
+		FAIL("ibv_create_qp: %s", strerror(errno));
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_ERR;
@@ -127,9 +127,11 @@ static void race(struct ibv_context *ctx, struct ibv_pd *pd, int rounds)
 	int got = 0, missed = 0;
 	for (int r = 0; r < rounds; r++) {
 		struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
-		struct ibv_cq *cq = ch ? ibv_create_cq(ctx, 4, &got, ch, 0) : NULL;
+		if (!ch)
+			FAIL("race %d: ibv_create_comp_channel: %s", r, strerror(errno));
+		struct ibv_cq *cq = ibv_create_cq(ctx, 4, &got, ch, 0);
 		if (!cq || ibv_req_notify_cq(cq, 0))
-			FAIL("race: setup failed: %s", strerror(errno));
+			FAIL("race %d: CQ setup failed: %s", r, strerror(errno));
 		struct ibv_qp *qp = error_qp(pd, cq);
 		struct get g = { .ch = ch };
 		struct waiter w;
