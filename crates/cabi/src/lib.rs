@@ -15,6 +15,7 @@
 pub mod cm;
 pub mod cm_types;
 pub mod config;
+pub mod cq;
 pub mod device;
 pub mod layout;
 pub mod marshall;

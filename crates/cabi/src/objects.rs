@@ -1,18 +1,14 @@
-//! PDs, MRs, completion channels, CQs, SRQs, AHs.
+//! PDs, MRs, SRQs, AHs (CQs and completion channels: [`crate::cq`]).
 //!
 //! Each `extern "C"` function here is rdma-core's function of the same name, with its
 //! documented behaviour (its man page); only what differs is commented.
 #![allow(missing_docs)]
 
-use std::collections::HashMap;
 use std::mem::zeroed;
-use std::os::fd::AsRawFd;
-use std::sync::Mutex;
 
 use libc::{c_int, c_void};
 use rdma_soft::verbs::{
-    AccessFlags, AddressHandle, CompletionChannel, CompletionQueue, MemoryRegion, PathAttr,
-    ProtectionDomain, SharedReceiveQueue,
+    AccessFlags, AddressHandle, MemoryRegion, PathAttr, ProtectionDomain, SharedReceiveQueue,
 };
 
 use crate::device::{ctx, Ctx};
@@ -30,23 +26,6 @@ pub struct Pd {
 pub struct Mr {
     pub c: ibv_mr,
     pub mr: MemoryRegion,
-}
-
-#[repr(C)]
-pub struct Chan {
-    pub c: ibv_comp_channel,
-    pub ch: CompletionChannel,
-    /// The `ibv_cq` of each CQ number notifying this channel.
-    pub cqs: Mutex<HashMap<u32, usize>>,
-    /// `c.fd`: the application's view of the channel's fd ([`poll_proxy`]).
-    pub fd: std::os::fd::OwnedFd,
-}
-
-#[repr(C)]
-pub struct Cq {
-    pub c: ibv_cq,
-    pub cq: CompletionQueue,
-    pub chan: *mut Chan,
 }
 
 #[repr(C)]
@@ -183,185 +162,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     0
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel {
-    // SAFETY: the caller's context.
-    let Some(ctx) = (unsafe { ctx(c) }) else {
-        return null_err(libc::EINVAL);
-    };
-    match ctx.dev.soft.create_comp_channel() {
-        Ok(ch) => {
-            let proxy = match poll_proxy(ch.as_raw_fd()) {
-                Ok(p) => p,
-                Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
-            };
-            boxed(Chan {
-                c: ibv_comp_channel {
-                    context: c,
-                    fd: proxy.as_raw_fd(),
-                    refcnt: 0,
-                },
-                ch,
-                cqs: Mutex::new(HashMap::new()),
-                fd: proxy,
-            })
-            .cast()
-        }
-        Err(e) => null_err(soft_errno(&e)),
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
-    // SAFETY: the caller's channel.
-    let Some(chan) = (unsafe { obj::<_, Chan>(ch) }) else {
-        return libc::EINVAL;
-    };
-    if chan.c.refcnt > 0 {
-        return libc::EBUSY;
-    }
-    // SAFETY: made by ibv_create_comp_channel.
-    drop(unsafe { unbox(ch.cast::<Chan>()) });
-    0
-}
-
 fn ctx_ref(c: *mut ibv_context) -> Option<&'static Ctx> {
     // SAFETY: contexts live until closed; the caller gives one of ours.
     unsafe { ctx(c) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_cq(
-    c: *mut ibv_context,
-    cqe: c_int,
-    cq_context: *mut c_void,
-    channel: *mut ibv_comp_channel,
-    _vector: c_int,
-) -> *mut ibv_cq {
-    let Some(ctx) = ctx_ref(c) else {
-        return null_err(libc::EINVAL);
-    };
-    if cqe <= 0 {
-        return null_err(libc::EINVAL);
-    }
-    // SAFETY: the caller's channel, or NULL.
-    let chan = unsafe { obj::<_, Chan>(channel) };
-    let cq = match ctx.dev.soft.create_cq(cqe as usize, chan.map(|c| &c.ch)) {
-        Ok(cq) => cq,
-        Err(e) => return null_err(soft_errno(&e)),
-    };
-    // SAFETY: plain data and a zeroed (initializer) mutex/cond.
-    let mut cc: ibv_cq = unsafe { zeroed() };
-    cc.context = c;
-    cc.channel = channel;
-    cc.cq_context = cq_context;
-    cc.handle = cq.id();
-    cc.cqe = cq.capacity().min(i32::MAX as usize) as c_int;
-    let id = cq.id();
-    let p = boxed(Cq {
-        c: cc,
-        cq,
-        chan: channel.cast(),
-    });
-    if let Some(ch) = chan {
-        ch.cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, p as usize);
-        // SAFETY: the channel is ours; refcnt is only touched under the caller's discipline
-        // as in rdma-core (create/destroy of CQs on it).
-        unsafe { (*channel).refcnt += 1 };
-    }
-    p.cast()
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    // SAFETY: the caller's CQ.
-    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
-        return libc::EINVAL;
-    };
-    // SAFETY: the CQ's channel outlives it (EBUSY on destroying it first).
-    if let Some(ch) = unsafe { q.chan.as_ref() } {
-        ch.cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&q.cq.id());
-        // SAFETY: as in create.
-        unsafe { (*q.chan).c.refcnt -= 1 };
-    }
-    // SAFETY: made by ibv_create_cq.
-    drop(unsafe { unbox(cq.cast::<Cq>()) });
-    0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_cq_event(
-    ch: *mut ibv_comp_channel,
-    cq_out: *mut *mut ibv_cq,
-    ctx_out: *mut *mut c_void,
-) -> c_int {
-    // SAFETY: the caller's channel.
-    let Some(chan) = (unsafe { obj::<_, Chan>(ch) }) else {
-        return minus_one(libc::EINVAL);
-    };
-    // A non-blocking fd (O_NONBLOCK set by the application) returns EAGAIN when empty.
-    let nonblock = is_nonblocking(chan.c.fd);
-    loop {
-        // Blocking: waits on the channel's fd itself, so that a signal interrupts it as
-        // it interrupts rdma-core's read (util::wait_readable_or_signal).
-        let cq = match chan.ch.get_event() {
-            Ok(Some(cq)) => cq,
-            Ok(None) if nonblock => return minus_one(libc::EAGAIN),
-            Ok(None) => match crate::util::wait_readable_or_signal(chan.c.fd) {
-                Ok(()) => continue,
-                Err(e) => return minus_one(e),
-            },
-            Err(e) => return minus_one(soft_errno(&e)),
-        };
-        let Some(p) = chan
-            .cqs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&cq.id())
-            .copied()
-        else {
-            continue; // its ibv_cq was destroyed meanwhile
-        };
-        let p = p as *mut Cq;
-        // SAFETY: the caller's out-pointers; p is a live Cq (removed from the map on destroy).
-        unsafe {
-            if !cq_out.is_null() {
-                *cq_out = p.cast();
-            }
-            if !ctx_out.is_null() {
-                *ctx_out = (*p).c.cq_context;
-            }
-        }
-        return 0;
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
-    if cq.is_null() {
-        return;
-    }
-    // SAFETY: the caller's CQ.
-    unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: the caller's CQ.
-    let Some(q) = (unsafe { obj::<_, Cq>(cq) }) else {
-        return libc::EINVAL;
-    };
-    // The ring cannot grow: as large as asked is fine, larger is EINVAL.
-    if cqe <= 0 || cqe as usize > q.cq.capacity() {
-        return libc::EINVAL;
-    }
-    0
 }
 
 #[no_mangle]

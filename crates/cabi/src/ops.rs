@@ -12,7 +12,8 @@ use libc::c_int;
 use rdma_proto::verbs::SgList;
 use rdma_soft::verbs::{Completion, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 
-use crate::objects::{obj, Ah, Cq, Srq};
+use crate::cq::Cq;
+use crate::objects::{obj, Ah, Srq};
 use crate::qp::Qp;
 use crate::types::*;
 use crate::util::soft_errno;

@@ -12,8 +12,9 @@ use rdma_soft::verbs::{
     AccessFlags, MigState, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair,
 };
 
+use crate::cq::Cq;
 use crate::device::ctx;
-use crate::objects::{ah_attr_of, obj, path_of, Cq, Pd, Srq};
+use crate::objects::{ah_attr_of, obj, path_of, Pd, Srq};
 use crate::types::*;
 use crate::util::*;
 
@@ -51,6 +52,8 @@ pub unsafe fn wrap(
     c.qp_num = qp.qpn();
     c.state = qp.state() as c_int;
     c.qp_type = init.qp_type;
+    // SAFETY: make() checked them (ours).
+    unsafe { crate::cq::use_cqs(init.send_cq, init.recv_cq, true) };
     boxed(Qp {
         c: x,
         qp,
@@ -176,6 +179,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: made by wrap(); its CQs outlive it (EBUSY while it uses them).
+    unsafe { crate::cq::use_cqs((*qp).send_cq, (*qp).recv_cq, false) };
     // SAFETY: made by wrap().
     drop(unsafe { unbox(qp.cast::<Qp>()) });
     0

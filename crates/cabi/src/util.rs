@@ -92,6 +92,14 @@ pub fn is_nonblocking(fd: libc::c_int) -> bool {
 /// an interrupted wait is `Err(EINTR)` when any installed handler lacks `SA_RESTART`, and
 /// waits on when every one has it.
 pub fn wait_readable_or_signal(fd: libc::c_int) -> Result<(), i32> {
+    wait_readable_while_open(fd, &|| true)
+}
+
+/// [`wait_readable_or_signal`] on the fd of a channel another thread may destroy meanwhile
+/// (the caller holds the fd open): a wait restarted after `open()` turned false fails with
+/// `EBADF`, as the kernel's restart of rdma-core's `read` finds the fd closed. Until a
+/// signal comes, the wait goes on, as that `read` does (a close does not wake it).
+pub fn wait_readable_while_open(fd: libc::c_int, open: &dyn Fn() -> bool) -> Result<(), i32> {
     loop {
         let mut p = libc::pollfd {
             fd,
@@ -109,6 +117,9 @@ pub fn wait_readable_or_signal(fd: libc::c_int) -> Result<(), i32> {
         }
         if rc < 0 && !every_handler_restarts() {
             return Err(libc::EINTR);
+        }
+        if !open() {
+            return Err(libc::EBADF);
         }
     }
 }

@@ -393,6 +393,24 @@ fn perftest_latency_and_bandwidth() {
     }
 }
 
+/// The harness ends its own programs on every path: a server whose client's assertion
+/// failed first (or that never listened) is killed and reaped as the test unwinds, instead
+/// of holding its port and failing later runs with "the server never listened".
+#[test]
+fn a_failed_assertion_leaves_no_server_running() {
+    let mut c = Command::new("sleep");
+    c.arg("30");
+    let s = start(c);
+    let pid = s.pid();
+    let unwound = std::panic::catch_unwind(move || {
+        let _server = s;
+        panic!("the client's assertion");
+    });
+    assert!(unwound.is_err());
+    let proc = Path::new("/proc").join(pid.to_string());
+    assert!(!proc.exists(), "the server {pid} is still there");
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",

@@ -135,30 +135,34 @@ pub fn to_c(mut ev: Event) -> Result<*mut Ev, c_int> {
 }
 
 impl super::Chan {
-    /// What a blocking wait holds of this channel ([`super::Waiter`]).
-    pub fn waiter(&self) -> super::Waiter {
-        super::Waiter {
+    /// What a caller holds of this channel ([`super::ChanRef`]).
+    pub fn hold(&self) -> super::ChanRef {
+        super::ChanRef {
             ch: self.ch.clone(),
             fd: self.fd.clone(),
+            closed: self.closed.clone(),
         }
     }
 
-    /// [`super::Waiter::wait_event`] on this channel.
+    /// [`super::ChanRef::wait_event`] on this channel.
     pub fn wait_event(&self) -> Result<Event, c_int> {
-        self.waiter().wait_event()
+        self.hold().wait_event()
     }
 }
 
-impl super::Waiter {
+impl super::ChanRef {
     /// The next event, blocking on the channel's fd as rdma-core's `read` of it does: a
-    /// signal handler without `SA_RESTART` ends the wait with `EINTR`
-    /// ([`wait_readable_or_signal`]). Synchronous ids wait here too, as rdma-core's do.
+    /// signal handler without `SA_RESTART` ends the wait with `EINTR`, a wait restarted
+    /// after the channel's destruction fails with `EBADF` ([`wait_readable_while_open`]).
+    /// Synchronous ids wait here too, as rdma-core's do.
     pub fn wait_event(&self) -> Result<Event, c_int> {
         use std::os::fd::AsRawFd;
         loop {
             match self.ch.get_event_timeout(std::time::Duration::ZERO) {
                 Ok(Some(ev)) => return Ok(ev),
-                Ok(None) => wait_readable_or_signal(self.fd.as_raw_fd())?,
+                Ok(None) => wait_readable_while_open(self.fd.as_raw_fd(), &|| {
+                    !self.closed.load(std::sync::atomic::Ordering::Acquire)
+                })?,
                 Err(e) => return Err(cm_errno(&e)),
             }
         }
@@ -171,7 +175,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
     // SAFETY: the caller's channel.
-    let Some(c) = (unsafe { super::chan_waiter(ch) }) else {
+    let Some(c) = (unsafe { super::chan_ref(ch) }) else {
         return minus_one(libc::EINVAL);
     };
     if out.is_null() {

@@ -13,6 +13,7 @@ pub mod mcast;
 
 use std::collections::{HashMap, HashSet};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -20,10 +21,9 @@ use libc::{c_int, c_void, sockaddr};
 use rdmacm::cm::{CmId, CmOption, ConnParam, EventChannel, PortSpace};
 
 use crate::cm_types::*;
+use crate::cq::{ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq};
 use crate::device::{cm_context, cma, dev_for};
-use crate::objects::{
-    ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel, ibv_destroy_cq, obj,
-};
+use crate::objects::obj;
 use crate::qp::{make, make_with, wrap, Qp};
 use crate::types::*;
 use crate::util::*;
@@ -32,25 +32,30 @@ use crate::util::*;
 #[repr(C)]
 pub struct Chan {
     pub c: rdma_event_channel,
-    /// Shared with the threads blocked on the channel ([`Waiter`]).
+    /// Shared with the threads blocked on the channel ([`ChanRef`]).
     pub ch: Arc<EventChannel>,
     /// `c.fd`: the application's view of the channel's fd ([`poll_proxy`]).
     pub fd: Arc<std::os::fd::OwnedFd>,
+    /// Set when the channel is dropped: a wait restarted after it fails with `EBADF`.
+    pub closed: Arc<AtomicBool>,
 }
 
-/// What a thread blocked in `rdma_get_cm_event` holds of its channel: another thread may
-/// destroy the channel meanwhile (rping's main thread does, while its CM thread waits), and
-/// the wait then goes on, as rdma-core's read of a closed channel fd does, instead of
-/// reading freed memory.
-pub struct Waiter {
+/// What a caller holds of a channel, taken under the live set's lock ([`chan_ref`]): a
+/// thread blocked in `rdma_get_cm_event` keeps it while another thread may destroy the
+/// channel (rping's main thread does, while its CM thread waits), and the wait then goes
+/// on, as rdma-core's read of a closed channel fd does, instead of reading freed memory.
+pub struct ChanRef {
     pub ch: Arc<EventChannel>,
     pub fd: Arc<std::os::fd::OwnedFd>,
+    pub closed: Arc<AtomicBool>,
 }
 
+/// The channel at `p`, held ([`ChanRef`]), if it is one of our live channels.
+///
 /// # Safety
 /// NULL, or a pointer the application got from us as a channel (a destroyed one or any
 /// other value gives `None`).
-pub unsafe fn chan_waiter(p: *mut rdma_event_channel) -> Option<Waiter> {
+pub unsafe fn chan_ref(p: *mut rdma_event_channel) -> Option<ChanRef> {
     // Under the live set's lock: rdma_destroy_event_channel takes the channel out of the
     // set (under it) before it frees the channel.
     let g = LIVE_CHANS.lock().unwrap_or_else(|e| e.into_inner());
@@ -59,7 +64,7 @@ pub unsafe fn chan_waiter(p: *mut rdma_event_channel) -> Option<Waiter> {
     }
     // SAFETY: one of our live channels, kept alive by the lock.
     let c = unsafe { &*p.cast::<Chan>() };
-    Some(c.waiter())
+    Some(c.hold())
 }
 
 /// An id: the C struct first.
@@ -101,18 +106,8 @@ fn is_live(m: &Mutex<Option<HashSet<usize>>>, p: usize) -> bool {
 impl Drop for Chan {
     fn drop(&mut self) {
         live_set(&LIVE_CHANS, self as *mut Chan as usize, false);
+        self.closed.store(true, Ordering::Release);
     }
-}
-
-/// # Safety
-/// NULL, or a pointer the application got from us as a channel (a destroyed one or any
-/// other value gives `None`).
-pub unsafe fn chan_ref<'a>(p: *mut rdma_event_channel) -> Option<&'a Chan> {
-    if p.is_null() || !is_live(&LIVE_CHANS, p as usize) {
-        return None;
-    }
-    // SAFETY: one of our live channels.
-    unsafe { p.cast::<Chan>().as_ref() }
 }
 
 /// Our ids by number, for events.
@@ -229,6 +224,7 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
         c: rdma_event_channel { fd: fd.as_raw_fd() },
         ch: Arc::new(ch),
         fd: Arc::new(fd),
+        closed: Arc::new(AtomicBool::new(false)),
     });
     live_set(&LIVE_CHANS, p as usize, true);
     p.cast()
@@ -253,8 +249,9 @@ pub unsafe extern "C" fn rdma_create_id(
     let Some(pspace) = ps_of(ps) else {
         return minus_one(libc::EINVAL);
     };
-    // SAFETY: checked against our live channels.
-    if out.is_null() || (!channel.is_null() && unsafe { chan_ref(channel) }.is_none()) {
+    // SAFETY: checked against our live channels (and held).
+    let held = unsafe { chan_ref(channel) };
+    if out.is_null() || (!channel.is_null() && held.is_none()) {
         return minus_one(libc::EINVAL);
     }
     let sync = if channel.is_null() {
@@ -267,10 +264,11 @@ pub unsafe extern "C" fn rdma_create_id(
     } else {
         None
     };
-    // SAFETY: the caller's channel or our private one.
-    let ch = match &sync {
-        Some(s) => &s.ch,
-        None => &unsafe { &*channel.cast::<Chan>() }.ch,
+    // The caller's channel or our private one.
+    let ch = match (&sync, &held) {
+        (Some(s), _) => &s.ch,
+        (None, Some(h)) => &h.ch,
+        (None, None) => return minus_one(libc::EINVAL),
     };
     match CmId::new(ch, pspace) {
         Ok(id) => {

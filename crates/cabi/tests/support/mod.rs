@@ -59,9 +59,21 @@ pub fn prog(name: &str) -> Command {
 }
 
 /// A running program whose output goes to a file (a pipe nobody reads would stall it).
+/// Dropped before it was finished (an assertion of the test failed first), it is killed and
+/// reaped: a server left running would hold its port and break later runs.
 pub struct Run {
     child: Child,
     out: PathBuf,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.child.kill().ok();
+        }
+        self.child.wait().ok();
+        std::fs::remove_file(&self.out).ok();
+    }
 }
 
 impl Run {
@@ -106,8 +118,7 @@ pub fn finish_or_kill(mut r: Run, kill: bool) -> (ExitStatus, String) {
     }
     let status = r.child.wait().unwrap();
     let text = String::from_utf8_lossy(&std::fs::read(&r.out).unwrap_or_default()).into_owned();
-    std::fs::remove_file(&r.out).ok();
-    (status, text)
+    (status, text) // r's output file goes with it (Drop)
 }
 
 /// Whether our `rdma-soft` tool (from this test's target directory; in `host`'s namespace

@@ -16,7 +16,8 @@ options:
    -D, --duration=SEC     run each size for SEC seconds instead
    -q, --qp=N             queue pairs (bandwidth tests, default 1)
    -t, --tx-depth=N       work requests in flight (bandwidth tests, default 128)
-   -Q, --cq-mod=N         latency tests: one signaled send in N (default 100, as perftest)
+   -Q, --cq-mod=N         latency tests: one signaled SEND or WRITE in N (default 100;
+                          perftest 4.5's latency tests signal every one: -Q 1)
    -p, --port=PORT        rdma_cm port (default 18515)
    -F, --CPU-freq         accepted for compatibility (no CPU frequency check is made)
    -R, --rdma_cm          perftest's -R exchange (a perftest -R peer; see docs/PERFTEST.md);

@@ -113,7 +113,10 @@ impl Test {
 /// Largest message size of `-a` (2^23 bytes, as perftest).
 pub const MAX_ALL_SIZE: usize = 1 << 23;
 
-/// Latency tests signal one send in this many, as perftest's `--cq-mod` default.
+/// Latency tests signal one SEND or WRITE in this many. Not perftest's: 100 is its
+/// `--cq-mod` default, but it caps that at the send queue depth, 1 in its latency tests
+/// (`perftest_parameters.c`, 4.5), and `run_iter_lat_write` signals every WRITE, so its
+/// latency tests signal every message (`-Q 1` here; `bench/compare.sh` passes it).
 pub const DEFAULT_CQ_MOD: u32 = 100;
 
 /// perftest's latency loops: the `n`th send (from 1) is signaled every `cq_mod` sends and
