@@ -47,6 +47,7 @@ pub mod io;
 mod memfd;
 mod pull;
 mod queues;
+mod quota;
 mod ratelimit;
 mod runtime;
 pub mod verbs;

@@ -23,6 +23,7 @@ use rdma_proto::verbs::{Completion, WcOpcode};
 
 use super::cq_wake::{self, Wake};
 use super::mpmc::Ring;
+use crate::quota::QuotaSlot;
 use crate::{Error, Result};
 
 const DISARMED: u8 = 0;
@@ -40,6 +41,8 @@ pub(crate) struct CqShared {
     /// ([`CompletionQueue::notify_waker_for_recv`]).
     wakers: Mutex<Vec<(Waker, bool)>>,
     dev: Option<Weak<dyn PolledDevice>>,
+    /// Its place among the device's live CQs (none for a CQ without a device).
+    _slot: Option<QuotaSlot>,
 }
 
 /// What a CQ asks of its device (the verbs layer's device state implements it): polling an
@@ -88,22 +91,22 @@ impl PartialEq for CompletionQueue {
 impl CompletionQueue {
     #[cfg(test)]
     pub(crate) fn new(id: u32, cqe: usize, channel: Option<&CompletionChannel>) -> Self {
-        Self::with_device(None, id, cqe, channel)
+        Self::with_device(None, (id, None), cqe, channel)
     }
 
-    /// A CQ of `dev`: polling it drives the device.
+    /// A CQ of `dev`, numbered and counted by its slot: polling it drives the device.
     pub(crate) fn new_on(
         dev: Weak<dyn PolledDevice>,
-        id: u32,
+        (id, slot): (u32, QuotaSlot),
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Self {
-        Self::with_device(Some(dev), id, cqe, channel)
+        Self::with_device(Some(dev), (id, Some(slot)), cqe, channel)
     }
 
     fn with_device(
         dev: Option<Weak<dyn PolledDevice>>,
-        id: u32,
+        (id, slot): (u32, Option<QuotaSlot>),
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Self {
@@ -116,6 +119,7 @@ impl CompletionQueue {
                 channel: channel.cloned(),
                 wakers: Mutex::new(Vec::new()),
                 dev,
+                _slot: slot,
             }),
         }
     }

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, TryLockError, Weak};
 use std::time::Instant;
 
@@ -18,6 +18,7 @@ use crate::engine::{self, Registered};
 use crate::io::{DatagramWire, UdpWire, WireAddr, WireStats};
 use crate::queues::cq::{CompletionChannel, CompletionQueue};
 use crate::queues::cq_wake;
+use crate::quota::Quota;
 use crate::runtime::{Runtime, RuntimeStats};
 use crate::{Error, Result, SoftConfig};
 
@@ -49,8 +50,9 @@ pub(crate) struct DeviceShared {
     /// Port n at `ports[n - 1]`; its state and GID table live in `cfg`.
     ports: Vec<PortAttr>,
     pub(crate) mrs: Arc<MrTable>,
-    next_pd: AtomicU32,
-    next_cq: AtomicU32,
+    /// Live PDs and CQs, bounded by `max_pd` / `max_cq`.
+    pds: Arc<Quota>,
+    cqs: Arc<Quota>,
     /// The device's wake-time controls in the progress engine (its registration is the
     /// [`DeviceArc`]'s, which leaves the engine before this is dropped).
     waker: OnceLock<engine::Waker>,
@@ -315,8 +317,8 @@ impl Device {
             cfg: RwLock::new(cfg),
             attr,
             ports,
-            next_pd: AtomicU32::new(1),
-            next_cq: AtomicU32::new(1),
+            pds: Quota::new(MAX_PD, "protection domains"),
+            cqs: Quota::new(MAX_CQ, "completion queues"),
             waker: OnceLock::new(),
             inspect: OnceLock::new(),
             inline_at: AtomicU64::new(0),
@@ -410,21 +412,10 @@ impl Device {
         self.shared.attr.clone()
     }
 
-    fn next_id(counter: &AtomicU32, max: u32, what: &'static str) -> Result<u32> {
-        let id = counter.fetch_add(1, Ordering::Relaxed);
-        if id > max {
-            return Err(Error::Exhausted {
-                what,
-                max: max as usize,
-            });
-        }
-        Ok(id)
-    }
-
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
-        let id = Self::next_id(&self.shared.next_pd, MAX_PD, "protection domains")?;
-        Ok(ProtectionDomain::new(PdId(id), self.shared.clone()))
+        let (id, slot) = self.shared.pds.take()?;
+        Ok(ProtectionDomain::new(PdId(id), slot, self.shared.clone()))
     }
 
     /// Creates a completion channel.
@@ -442,10 +433,10 @@ impl Device {
         if cqe == 0 || cqe > MAX_CQE as usize {
             return Err(Error::InvalidArgument("cqe out of range 1..=max_cqe"));
         }
-        let id = Self::next_id(&self.shared.next_cq, MAX_CQ, "completion queues")?;
+        let (id, slot) = self.shared.cqs.take()?;
         Ok(CompletionQueue::new_on(
             Arc::downgrade(self.shared.source()) as Weak<DeviceShared>,
-            id,
+            (id, slot),
             cqe,
             channel,
         ))

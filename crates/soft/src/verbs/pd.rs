@@ -7,11 +7,14 @@ use rdma_proto::verbs::{AccessFlags, PdId};
 use super::device::DeviceArc;
 use super::mr::MemoryRegion;
 use super::qp::{QpInitAttr, QueuePair};
+use crate::quota::QuotaSlot;
 use crate::Result;
 
 struct PdInner {
     id: PdId,
     dev: DeviceArc,
+    /// Its place among the device's live PDs.
+    _slot: QuotaSlot,
 }
 
 /// A protection domain: memory regions and QPs of one PD can reach each other, no others.
@@ -39,9 +42,13 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    pub(crate) fn new(id: PdId, dev: DeviceArc) -> ProtectionDomain {
+    pub(crate) fn new(id: PdId, slot: QuotaSlot, dev: DeviceArc) -> ProtectionDomain {
         ProtectionDomain {
-            inner: Arc::new(PdInner { id, dev }),
+            inner: Arc::new(PdInner {
+                id,
+                dev,
+                _slot: slot,
+            }),
         }
     }
 
