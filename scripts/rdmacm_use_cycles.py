@@ -51,9 +51,6 @@ EXCEPTIONS = {
     ("soft", "verbs", "watch", "device"): IMPL_SPLIT + ": the device's wire watch (impl Device in watch.rs)",
     ("cabi", "", "objects", "device"): "C ABI object graph: the verbs objects hold their ibv_context",
     ("cabi", "", "qp", "device"): "C ABI object graph: a QP holds its ibv_context",
-    # --- known circles left by issue 31 (to break; not for new code)
-    ("soft", "", "io", "config"): "to break: io::share's runtime directory reads the process-wide "
-        "settings (config::process, $XDG_RUNTIME_DIR) that config.rs alone may read",
 }
 
 

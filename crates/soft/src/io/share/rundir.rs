@@ -1,4 +1,4 @@
-//! Choosing and pinning the per-user runtime directory ([`crate::io::share::runtime_dir`]).
+//! Choosing and pinning the per-user runtime directory ([`crate::io::share::choose_runtime_dir`]).
 //!
 //! Another user may have made our usual directory first (`/tmp` is shared): then the next
 //! candidate is taken, and when none is ours, a fresh private directory (the same one for
@@ -154,9 +154,9 @@ pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pin
 
 /// The usual candidates, in order: `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`,
 /// `/tmp/rdma-soft-$UID` (each only when its parent exists).
-pub(crate) fn candidates(uid: u32) -> Vec<PathBuf> {
+pub(crate) fn candidates(uid: u32, xdg_runtime_dir: Option<&Path>) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    if let Some(x) = crate::config::xdg_runtime_dir() {
+    if let Some(x) = xdg_runtime_dir.filter(|x| !x.as_os_str().is_empty()) {
         if x.is_dir() {
             v.push(x.join("rdma-soft"));
         }
