@@ -7,10 +7,94 @@
 //! A region file peers only read ([`mapped_for_readers`]) is also sealed against writes
 //! (`F_SEAL_FUTURE_WRITE`) once its maker has its own writable mapping: a peer holding the
 //! descriptor can neither map it writable, `pwrite` it, nor write through a reopen of it.
+//!
+//! This module is the crate's mmap/memfd edge: [`Mapping`] owns a shared mapping (its Drop
+//! unmaps), and the memfd calls are safe functions over `OwnedFd`/`BorrowedFd`. What users
+//! do with the mapped bytes (atomics on memory another process writes) stays in their own
+//! named modules (`io/local/ring.rs`, `verbs/shared_mem.rs`).
 
 use std::ffi::CStr;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+
+/// A shared mapping of a file (`MAP_SHARED`), unmapped when dropped.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; no thread-bound state.
+unsafe impl Send for Mapping {}
+// SAFETY: `&Mapping` gives out an address and checked atomics only.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// The first `len` bytes of `fd` mapped shared, read-write or read-only.
+    pub fn shared(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mapping> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping at an address the kernel picks; it aliases nothing of
+        // ours. The result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
+        Ok(Mapping { ptr, len })
+    }
+
+    /// The first mapped byte (valid for [`Mapping::len`] bytes while `self` lives).
+    #[inline]
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The mapped length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The 4-byte word at `off` as an atomic; `None` when out of bounds or unaligned.
+    pub fn atomic_u32(&self, off: usize) -> Option<&AtomicU32> {
+        let fits = off.checked_add(4).is_some_and(|end| end <= self.len);
+        let addr = (self.ptr.as_ptr() as usize).wrapping_add(off);
+        (fits && addr % 4 == 0).then(|| {
+            // SAFETY: in bounds and aligned (checked); the mapping lives as long as the
+            // borrow, and shared memory is only ever accessed atomically through this.
+            unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast()) }
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `shared` mapped, once; no borrow of it outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The size of the file `fd` (`fstat`), keeping the descriptor.
+pub(crate) fn file_size(fd: OwnedFd) -> (OwnedFd, io::Result<u64>) {
+    let f = File::from(fd);
+    let size = f.metadata().map(|m| m.len());
+    (OwnedFd::from(f), size)
+}
 
 /// The seals a shared file must carry.
 const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
@@ -25,29 +109,15 @@ pub(crate) fn sealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
 /// A memfd of `size` zero bytes mapped read-write here, then sealed so that nobody else
 /// can write it: its size, new writable mappings and `write`s (`F_SEAL_FUTURE_WRITE`).
 /// Our own mapping stays writable.
-pub(crate) fn mapped_for_readers(name: &CStr, size: usize) -> io::Result<(OwnedFd, *mut u8)> {
+pub(crate) fn mapped_for_readers(name: &CStr, size: usize) -> io::Result<(OwnedFd, Mapping)> {
     let fd = sized(name, size)?;
-    // SAFETY: a plain call on our descriptor; the result is checked.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    let seals = SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
-    if let Err(e) = add_seals(&fd, seals) {
-        // SAFETY: unmapping what was just mapped, nothing refers to it.
-        unsafe { libc::munmap(map, size) };
-        return Err(e);
-    }
-    Ok((fd, map.cast()))
+    let map = Mapping::shared(std::os::fd::AsFd::as_fd(&fd), size, true)?;
+    // on failure the mapping drops: unmapped
+    add_seals(
+        &fd,
+        SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
+    )?;
+    Ok((fd, map))
 }
 
 /// Adds `seals` to our memfd.
@@ -68,16 +138,10 @@ fn sized(name: &CStr, size: usize) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor owned here.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let len =
-        libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a plain call on our descriptor; the result is checked.
-    unsafe {
-        if libc::ftruncate(raw, len) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(fd)
+    let f = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    let len = u64::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    f.set_len(len)?;
+    Ok(OwnedFd::from(f))
 }
 
 /// Whether `fd`'s size is sealed (it cannot shrink or grow).
