@@ -189,8 +189,8 @@ pub(crate) fn fuzz_rewrite(payload: &[u8]) {
     std::hint::black_box(sum);
 }
 
-#[cfg(test)]
 #[allow(unsafe_code)] // plain system calls on test files
+#[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::verbs::shared_mem::SharedBytes;
