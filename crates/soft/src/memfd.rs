@@ -131,9 +131,24 @@ fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> io::Result<()> {
 
 /// A memfd of `size` zero bytes that allows sealing, not sealed yet.
 fn sized(name: &CStr, size: usize) -> io::Result<OwnedFd> {
+    create(name, size, true)
+}
+
+/// A memfd of `size` zero bytes that cannot be sealed (tests: a file a peer must refuse).
+#[cfg(test)]
+pub(crate) fn unsealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
+    create(name, size, false)
+}
+
+/// A memfd of `size` zero bytes (close-on-exec), allowing seals when `sealable`.
+fn create(name: &CStr, size: usize, sealable: bool) -> io::Result<OwnedFd> {
+    let flags = if sealable {
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
+    } else {
+        libc::MFD_CLOEXEC
+    };
     // SAFETY: a C string name; the result is checked.
-    let raw =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -155,22 +170,21 @@ pub(crate) fn size_sealed(fd: BorrowedFd<'_>) -> bool {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+
+    /// `fd` as a file (a new descriptor of the same open file).
+    fn file(fd: BorrowedFd<'_>) -> File {
+        File::from(fd.try_clone_to_owned().unwrap())
+    }
 
     #[test]
     fn a_sealed_file_keeps_its_size_and_says_so() {
         let fd = sealed(c"test", 8192).unwrap();
         assert!(size_sealed(fd.as_fd()));
-        // SAFETY: plain calls on our descriptor.
-        unsafe {
-            assert!(libc::ftruncate(fd.as_raw_fd(), 0) < 0, "cannot shrink");
-            assert!(libc::ftruncate(fd.as_raw_fd(), 1 << 20) < 0, "cannot grow");
-            assert!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) < 0);
-        }
-        // SAFETY: a plain call.
-        let plain = unsafe { libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(plain >= 0);
-        // SAFETY: fresh descriptor.
-        let plain = unsafe { OwnedFd::from_raw_fd(plain) };
+        assert!(file(fd.as_fd()).set_len(0).is_err(), "cannot shrink");
+        assert!(file(fd.as_fd()).set_len(1 << 20).is_err(), "cannot grow");
+        assert!(add_seals(&fd, libc::F_SEAL_WRITE).is_err(), "sealed seals");
+        let plain = unsealed(c"plain", 0).unwrap();
         assert!(!size_sealed(plain.as_fd()));
     }
 
@@ -180,44 +194,35 @@ mod tests {
         let region = crate::verbs::shared_mem::SharedBytes::new_shared_zeroed(8192);
         region.write(10, b"ours");
         let fd = region.file().expect("a memfd region");
-        let raw = fd.as_raw_fd();
         let size = 4096 + 8192;
-        let map = |fd: i32, prot| {
-            // SAFETY: a fresh shared mapping of a live descriptor; the result is checked.
-            unsafe { libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0) }
-        };
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
-        assert_eq!(map(raw, rw), libc::MAP_FAILED, "no writable mapping");
-        // SAFETY: pwrite from a live buffer.
-        let n = unsafe { libc::pwrite(raw, b"x".as_ptr().cast(), 1, 4096) };
-        assert!(n < 0, "no pwrite");
+        assert!(
+            Mapping::shared(fd, size, true).is_err(),
+            "no writable mapping"
+        );
+        assert!(file(fd).write_at(b"x", 4096).is_err(), "no pwrite");
         // a reopen through /proc is a new open file, with the same seals
-        let path = std::ffi::CString::new(format!("/proc/self/fd/{raw}")).unwrap();
-        // SAFETY: a C string path; the result is checked.
-        let re = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if re >= 0 {
-            // SAFETY: a fresh descriptor owned here.
-            let re = unsafe { OwnedFd::from_raw_fd(re) };
-            assert_eq!(
-                map(re.as_raw_fd(), rw),
-                libc::MAP_FAILED,
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if let Ok(re) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            assert!(
+                Mapping::shared(re.as_fd(), size, true).is_err(),
                 "reopen: no mapping"
             );
-            // SAFETY: pwrite from a live buffer.
-            let n = unsafe { libc::pwrite(re.as_raw_fd(), b"x".as_ptr().cast(), 1, 4096) };
-            assert!(n < 0, "reopen: no pwrite");
+            assert!(re.write_at(b"x", 4096).is_err(), "reopen: no pwrite");
         }
         // reading works, sees our writes, and cannot be turned into writing
-        let ro = map(raw, libc::PROT_READ);
-        assert_ne!(ro, libc::MAP_FAILED);
-        // SAFETY: in bounds of the read-only mapping.
-        let seen = unsafe { std::slice::from_raw_parts(ro.cast::<u8>().add(4096 + 10), 4) };
+        let ro = Mapping::shared(fd, size, false).unwrap();
+        // SAFETY: in bounds of the read-only mapping, which lives until the end.
+        let seen = unsafe { std::slice::from_raw_parts(ro.ptr().as_ptr().add(4096 + 10), 4) };
         assert_eq!(seen, b"ours");
-        // SAFETY: our mapping; the results are checked.
-        unsafe {
-            assert!(libc::mprotect(ro, size, rw) < 0, "no mprotect to writable");
-            libc::munmap(ro, size);
-        }
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: our mapping; the result is checked.
+        let rc = unsafe { libc::mprotect(ro.ptr().as_ptr().cast(), size, rw) };
+        assert!(rc < 0, "no mprotect to writable");
+        drop(ro);
         // we still write our region
         region.write(10, b"more");
         let mut got = [0u8; 4];

@@ -137,23 +137,20 @@ impl Regions {
 /// 2 (8 KiB): rewritten, then copied from as the responder does. Every resolved address
 /// must lie inside a mapping; the copy reads only there.
 #[cfg(feature = "fuzzing")]
-#[allow(unsafe_code)] // the test's own region files, and reads at the resolved addresses
+#[allow(unsafe_code)] // reads at the resolved addresses
 pub(crate) fn fuzz_rewrite(payload: &[u8]) {
     let mut regs = Regions::default();
     for (token, len) in [(1u64, 4096usize), (2, 8192)] {
         let Ok(f) = crate::memfd::sealed(c"fuzz-region", HEADER + len) else {
             return;
         };
-        let one = 1u32.to_ne_bytes();
-        // SAFETY: a plain call on our descriptor, a live buffer.
-        unsafe {
-            libc::pwrite(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                one.as_ptr().cast(),
-                4,
-                0,
-            )
+        let Ok(dup) = f.try_clone() else {
+            return;
         };
+        let file = std::fs::File::from(dup);
+        if std::os::unix::fs::FileExt::write_all_at(&file, &1u32.to_ne_bytes(), 0).is_err() {
+            return;
+        }
         assert!(regs.insert(token, f));
     }
     let _ = regs.missing(payload);
@@ -194,8 +191,7 @@ pub(crate) fn fuzz_rewrite(payload: &[u8]) {
 pub(crate) mod tests {
     use super::*;
     use crate::verbs::shared_mem::SharedBytes;
-    use std::os::fd::AsRawFd;
-    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
 
     fn region(len: usize, fill: u8) -> SharedBytes {
         let r = SharedBytes::new_shared_zeroed(len);
@@ -287,31 +283,17 @@ pub(crate) mod tests {
     /// zero bytes), without taking one of the process's shared regions.
     pub(crate) fn region_file(len: usize) -> OwnedFd {
         let f = crate::memfd::sealed(c"test-region", HEADER + len).unwrap();
-        let one = 1u32.to_ne_bytes();
-        // SAFETY: a plain call on our descriptor, a live buffer.
-        let n = unsafe { libc::pwrite(f.as_raw_fd(), one.as_ptr().cast(), 4, 0) };
-        assert_eq!(n, 4);
+        let file = std::fs::File::from(f.try_clone().unwrap());
+        file.write_all_at(&1u32.to_ne_bytes(), 0).unwrap();
         f
     }
 
     #[test]
     fn other_files_are_refused_and_the_mappings_per_peer_are_bounded() {
-        // SAFETY: a static name; checked.
-        let raw = unsafe { libc::memfd_create(c"not-a-region".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor.
-        let f = unsafe { OwnedFd::from_raw_fd(raw) };
+        let f = crate::memfd::unsealed(c"not-a-region", 0).unwrap();
         assert!(!Regions::default().insert(1, f), "shorter than the header");
         // a region file whose size is not sealed (its maker could shrink it under us)
-        // SAFETY: a static name; checked.
-        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor; a plain call on it.
-        let f = unsafe { OwnedFd::from_raw_fd(raw) };
-        assert_eq!(
-            unsafe { libc::ftruncate(raw, 2 * HEADER as libc::off_t) },
-            0
-        );
+        let f = crate::memfd::unsealed(c"unsealed", 2 * HEADER).unwrap();
         assert!(!Regions::default().insert(1, f), "size not sealed");
         let mut regs = Regions::default();
         for k in 0..=MAX_REGIONS {

@@ -393,7 +393,6 @@ pub(crate) fn fuzz_consume(input: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     fn meta() -> RecordMeta {
         RecordMeta {
@@ -532,29 +531,19 @@ mod tests {
 
     #[test]
     fn attach_refuses_what_is_not_a_ring() {
-        use std::os::fd::FromRawFd;
+        use std::os::unix::fs::FileExt;
         // a file of a ring's size without its header
         let fd = crate::memfd::sealed(c"x", HEADER + MIN_CAPACITY).unwrap();
         let e = Ring::attach(fd).err().unwrap();
         assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
         // a real ring's file whose size is not sealed (its maker could shrink it under the
         // mapping): refused before it is mapped
-        // SAFETY: plain memfd_create; checked.
-        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = crate::memfd::unsealed(c"x", HEADER + MIN_CAPACITY).unwrap();
         let real = Ring::create(MIN_CAPACITY).unwrap();
         let mut head = [0u8; 16];
-        // SAFETY: plain calls on live descriptors and buffers.
-        unsafe {
-            assert_eq!(libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as i64), 0);
-            assert_eq!(
-                libc::pread(real.fd().as_raw_fd(), head.as_mut_ptr().cast(), 16, 0),
-                16
-            );
-            assert_eq!(libc::pwrite(raw, head.as_ptr().cast(), 16, 0), 16);
-        }
+        let file = |fd: BorrowedFd<'_>| std::fs::File::from(fd.try_clone_to_owned().unwrap());
+        assert_eq!(file(real.fd()).read_at(&mut head, 0).unwrap(), 16);
+        assert_eq!(file(fd.as_fd()).write_at(&head, 0).unwrap(), 16);
         let e = Ring::attach(fd).err().unwrap();
         assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
         // the real one attaches
