@@ -392,6 +392,7 @@ mod tests {
             ("RDMA_SOFT_INSPECT", "no"),
             ("RDMA_SOFT_INSPECT_DIR", "/x/i"),
             ("RDMA_SOFT_RUNDIR", "/x/r"),
+            ("XDG_RUNTIME_DIR", "/x/x"),
         ])
         .unwrap();
         assert_eq!(
@@ -402,6 +403,11 @@ mod tests {
         assert_eq!((c.wire.local_ring, c.wire.local_pull), (131072, None));
         assert_eq!(c.inspect_dir.as_deref(), Some("/x/i".as_ref()));
         assert_eq!(c.wire.runtime_dir.given.as_deref(), Some("/x/r".as_ref()));
+        assert_eq!(
+            c.wire.runtime_dir.xdg_runtime_dir.as_deref(),
+            Some("/x/x".as_ref()),
+            "the wire's configuration carries where the usual directory is"
+        );
         assert_eq!(vars(&[]).unwrap(), SoftConfig::default());
         // blank: the default
         assert_eq!(

@@ -215,6 +215,21 @@ mod tests {
     }
 
     #[test]
+    fn the_usual_places_start_at_the_given_xdg_runtime_dir() {
+        let xdg = std::env::temp_dir().join(format!("rdma-soft-xdg-{}", std::process::id()));
+        std::fs::create_dir_all(&xdg).unwrap();
+        let tmp = PathBuf::from("/tmp/rdma-soft-4242");
+        let c = candidates(4242, Some(&xdg));
+        assert_eq!(c.first(), Some(&xdg.join("rdma-soft")));
+        assert_eq!(c.last(), Some(&tmp));
+        // none given, or one that does not exist: not a candidate
+        assert!(!candidates(4242, None).contains(&xdg.join("rdma-soft")));
+        let gone = xdg.join("gone");
+        assert!(!candidates(4242, Some(&gone)).contains(&gone.join("rdma-soft")));
+        std::fs::remove_dir_all(&xdg).unwrap();
+    }
+
+    #[test]
     fn a_squatted_directory_is_refused_and_the_next_one_taken() {
         if !require_root() {
             return;
