@@ -356,6 +356,18 @@ pub(crate) fn process() -> &'static Process {
     })
 }
 
+/// Where the process's runtime directory is chosen from: the first configuration applied
+/// ([`SoftConfig::apply_process`]), else the environment's. A device opened with a
+/// configuration builds its wire with this; `rdmacm` gives it to its listeners' port claims.
+///
+/// ```
+/// let c = rdma_soft::config::process_runtime_dir();
+/// assert_eq!(c, rdma_soft::config::process_runtime_dir());
+/// ```
+pub fn process_runtime_dir() -> RuntimeDirChoice {
+    process().runtime_dir.clone()
+}
+
 /// The process's runtime directory (slots, groups, claims, bells, inspection sockets),
 /// chosen once per process from its settings ([`SoftConfig::apply_process`], else the
 /// environment's) unless a wire chose it first from its own

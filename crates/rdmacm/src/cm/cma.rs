@@ -96,7 +96,7 @@ impl Cma {
                 channels: Default::default(),
                 next_channel: 1,
                 ports: PortTables::from_host()
-                    .with_runtime_dir(config.soft.wire.runtime_dir.clone()),
+                    .with_runtime_dir(rdma_soft::config::process_runtime_dir()),
                 seed,
                 cm_response_timeout: 20,
                 max_cm_retries: 15,

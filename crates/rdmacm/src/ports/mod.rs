@@ -101,7 +101,7 @@ pub(crate) struct PortTables {
     rng: u64,
     /// Listeners' claims across processes (`rdma_soft::io::PortClaim`), by handle.
     claims: HashMap<u64, rdma_soft::io::PortClaim>,
-    /// Where the claims' runtime directory is chosen from (the context's soft configuration).
+    /// Where the claims' runtime directory is chosen from (`rdma_soft::config::process_runtime_dir`).
     runtime_dir: rdma_soft::io::RuntimeDirChoice,
 }
 
@@ -122,8 +122,8 @@ impl PortTables {
         }
     }
 
-    /// These tables with the runtime directory chosen from `dirs` (the context's
-    /// `SoftConfig`) when a listener's claim is the process's first need of it.
+    /// These tables with the runtime directory chosen from `dirs` (the process's, as its
+    /// first configuration applied says) when a listener's claim is the first need of it.
     pub fn with_runtime_dir(mut self, dirs: rdma_soft::io::RuntimeDirChoice) -> PortTables {
         self.runtime_dir = dirs;
         self
