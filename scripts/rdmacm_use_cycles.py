@@ -52,9 +52,6 @@ EXCEPTIONS = {
     ("cabi", "", "objects", "device"): "C ABI object graph: the verbs objects hold their ibv_context",
     ("cabi", "", "qp", "device"): "C ABI object graph: a QP holds its ibv_context",
     ("cabi", "", "cq", "device"): "C ABI object graph: a CQ and a completion channel hold their ibv_context",
-    # --- known circles left by issue 31 (to break; not for new code)
-    ("soft", "", "io", "config"): "to break: io::share's runtime directory reads the process-wide "
-        "settings (config::process, $XDG_RUNTIME_DIR) that config.rs alone may read",
 }
 
 

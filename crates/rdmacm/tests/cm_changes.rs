@@ -5,9 +5,9 @@
 //! or the neighbour towards the peer changes, and the connection still carries data
 //! afterwards (nothing is torn down).
 
+mod support_cm;
 mod support_hosts;
 
-use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,21 +16,13 @@ use rdma_hostview::MacAddr;
 use rdma_soft::verbs::{AccessFlags, MemoryRegion, QueuePair, RecvWr, SendOp, SendWr, WcStatus};
 use rdma_testhosts::{require_root, topologies, Host, Topology};
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
+use support_cm::{expect_within, sa};
 use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 fn no_rp_filter(h: &Host) {

@@ -4,25 +4,19 @@
 //!
 //! Addresses: 127.0.131.0/24.
 
+mod support_cm;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
 use serde_json::Value;
+use support_cm::{expect_within, sa};
 
 const T: Duration = Duration::from_secs(5);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 fn listener(ch: &EventChannel, addr: &str) -> (CmId, SocketAddr) {

@@ -4,29 +4,22 @@
 //! listeners on devices that appear after `listen`. Namespace tests need root (SKIPPED
 //! otherwise).
 
+mod support_cm;
 mod support_hosts;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rdma_testhosts::{require_root, topologies, Host};
+use rdma_testhosts::{require_root, Host};
 use rdmacm::cm::{CmId, Cma, CmaConfig, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::{expect_within, sa};
 use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 /// Connects `src` → `dst` (a listener on `dst` in the same context);
@@ -156,11 +149,7 @@ fn two_hosts(test: &str) -> Option<rdma_testhosts::Topology> {
     if !require_root(test) {
         return None;
     }
-    let t = topologies::two_hosts_one_link().expect("topology");
-    for h in t.hosts() {
-        with_resolver(h, |r| wait_running(r, "eth0"));
-    }
-    Some(t)
+    Some(two_hosts_running())
 }
 
 #[test]

@@ -11,12 +11,15 @@
 //! once connected (nothing of it answers: no DREQ of its own, no socket left).
 //! Addresses: 127.0.174.0/24 (loopback, no namespace needed).
 
+mod support_cm;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::expect_within;
 
 const T: Duration = Duration::from_secs(10);
 const SERVER: &str = "127.0.174.1:7471";
@@ -24,12 +27,7 @@ const CLIENT: &str = "127.0.174.2:0";
 const CHILD_ENV: &str = "RDMACM_TEST_GONE_SERVER";
 
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 /// The server: listens on [`SERVER`], accepts one connection, says `ESTABLISHED` and

@@ -1,20 +1,18 @@
 //! What a peer on the network must not be able to do to us: predict our PSNs, or make us
 //! answer a third host by naming it in a REQ's IP CM header (loopback, no root needed).
 
+mod support_cm;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::expect_within;
 
 const T: Duration = Duration::from_secs(5);
 
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 /// The send PSNs of `n` connections made in a new context, client side then server side.

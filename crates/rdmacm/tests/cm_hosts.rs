@@ -2,6 +2,7 @@
 //! connect / accept / reject / disconnect both ways over veth, many connections, the
 //! listener's address rule, a peer that vanishes.
 
+mod support_cm;
 mod support_hosts;
 
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdma_testhosts::{require_root, topologies, Host};
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::{expect_within, sa};
 use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -21,17 +23,8 @@ fn conns(default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 fn wait_up(h: &Host, dev: &str) {

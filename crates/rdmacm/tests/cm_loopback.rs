@@ -1,24 +1,18 @@
 //! Connection manager over loopback (no root needed): connect / accept / reject with
 //! private data / disconnect both ways, no listener, errors, event names.
 
+mod support_cm;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace};
+use support_cm::{expect_within, sa};
 
 const T: Duration = Duration::from_secs(5);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 /// A listener on `addr` (port 0: ephemeral) and its channel.

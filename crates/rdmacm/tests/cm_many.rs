@@ -2,6 +2,8 @@
 //! small by default for CI), backlog overflow, timewait, data over a connected QP, the
 //! async layer.
 
+mod support_cm;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 use rdma_soft::verbs::{AccessFlags, RecvWr, SendOp, SendWr, WcStatus};
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace, RejectCause};
 use rdmacm::{ConnectOptions, Connection, Listener};
+use support_cm::expect_within;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -20,12 +23,7 @@ fn conns(default: usize) -> usize {
 }
 
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 fn listener(cma: &Cma, addr: &str, backlog: usize) -> (EventChannel, CmId, SocketAddr) {

@@ -11,6 +11,7 @@
 //!   retransmissions no sooner than the set timeout apart (4.096 us x 2^18 = 1.07 s, twice
 //!   the CM's default of 537 ms, so an ignored option fails), then RetryExcErr.
 
+mod support_cm;
 mod support_hosts;
 
 use std::net::SocketAddr;
@@ -19,31 +20,15 @@ use std::time::Duration;
 
 use rdma_soft::verbs::{AccessFlags, SendOp, SendWr, WcStatus};
 use rdma_testhosts::capture::Capture;
-use rdma_testhosts::{require_root, topologies, Host, Topology};
+use rdma_testhosts::{require_root, Host};
 use rdmacm::cm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::{expect_within, sa};
 use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
-}
-
-fn hosts() -> Topology {
-    let t = topologies::two_hosts_one_link().unwrap();
-    for h in ["a", "b"] {
-        with_resolver(t.host(h), |r| wait_running(r, "eth0"));
-    }
-    t
+    expect_within(ch, kind, T)
 }
 
 /// Connects a fresh id on `ch` to `dst`; returns it and the event that ended the attempt
@@ -100,7 +85,7 @@ fn afonly_v6_listener_gets_no_v4_request() {
     if !require_root("afonly_v6_listener_gets_no_v4_request") {
         return;
     }
-    let t = hosts();
+    let t = two_hosts_running();
     for afonly in [true, false] {
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
@@ -201,7 +186,7 @@ fn reuseaddr_binds_a_port_in_timewait() {
     if !require_root("reuseaddr_binds_a_port_in_timewait") {
         return;
     }
-    let t = hosts();
+    let t = two_hosts_running();
     let (ready_tx, ready_rx) = mpsc::channel();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
     std::thread::scope(|s| {
@@ -283,7 +268,7 @@ fn ack_timeout_sets_the_retransmission_interval() {
     }
     const ACK_TIMEOUT: u8 = 18;
     let timeout_ns = 4096u64 << ACK_TIMEOUT;
-    let t = hosts();
+    let t = two_hosts_running();
     let b: &Host = t.host("b");
     let (ready_tx, ready_rx) = mpsc::channel();
     let (est_tx, est_rx) = mpsc::channel::<()>();

@@ -5,11 +5,14 @@
 //! Its own test binary: the hold stops the process's progress engine thread, which every
 //! context of the process shares. Addresses: 127.0.130.0/24.
 
+mod support_cm;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
 use rdmacm::Error;
+use support_cm::{expect_within, sa};
 
 const T: Duration = Duration::from_secs(5);
 /// Hang guard: the engine reaching the hold.
@@ -22,17 +25,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 #[test]

@@ -3,24 +3,17 @@
 //! first one's slot back only if no other thread of the process took a slot in between (the
 //! tests of one binary run in parallel; cargo runs the binaries one after another).
 
-use std::net::SocketAddr;
+mod support_cm;
+
 use std::time::Duration;
 
 use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::{expect_within, sa};
 
 const T: Duration = Duration::from_secs(5);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 /// `cmtime -c 1000` twice in a row against one server: the second client process's soft

@@ -1,6 +1,8 @@
 //! DESIGN.md decision rows through the CM API on loopback (no root needed), SIDR for UD
 //! ids, and hostile MADs.
 
+mod support_cm;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -9,20 +11,12 @@ use rdma_soft::verbs::{Device, DeviceConfig, QpState};
 use rdmacm::cm::{
     CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace, RDMA_UDP_QKEY,
 };
+use support_cm::{expect_within, sa};
 
 const T: Duration = Duration::from_secs(5);
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 fn listen(ch: &EventChannel, ps: PortSpace, addr: &str) -> (CmId, SocketAddr) {

@@ -6,6 +6,7 @@
 //! class byte, as Linux rxe and rdma_cm send it. Each single datagram's ICRC is also checked
 //! over the IP/UDP header the kernel really wrote (the ICRC masks that byte).
 
+mod support_cm;
 mod support_hosts;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use rdma_testhosts::capture::{Capture, Roce};
 use rdma_testhosts::{require_root, topologies, Host};
 use rdma_wire::icrc::Encap;
 use rdmacm::cm::{CmId, CmOption, Cma, ConnParam, Event, EventChannel, EventType, PortSpace};
+use support_cm::expect_within;
 use support_hosts::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -26,12 +28,7 @@ const HANG: Duration = Duration::from_secs(120);
 const LEN: usize = 3000; // three packets at the veth's RoCE MTU of 1024
 
 fn expect(ch: &EventChannel, kind: EventType) -> Event {
-    let ev = ch
-        .get_event_timeout(T)
-        .unwrap()
-        .unwrap_or_else(|| panic!("timed out waiting for {kind}"));
-    assert_eq!(ev.kind(), kind, "status {}", ev.status());
-    ev
+    expect_within(ch, kind, T)
 }
 
 /// The server: a listener with TOS `tos` on `addr`; accepts one connection with a

@@ -3,9 +3,10 @@
 //! lists them all).
 //!
 //! Most settings belong to one device's wire ([`UdpConfig`]: faults, GRO, the host-local
-//! wire, its rings and pulled WRITEs). Three are the process's, because the process has one
-//! of each: the inspection socket (on or off, and its directory) and the runtime directory
-//! the process shares its addresses through. The first configuration a process applies
+//! wire, its rings and pulled WRITEs, where the runtime directory is chosen from). The
+//! process has one inspection socket (on or off, and its directory) and one runtime
+//! directory it shares its addresses through: the first wire or claim that needs the
+//! directory chooses it. The first configuration a process applies
 //! ([`SoftConfig::apply_process`], which opening a device and creating an `rdmacm` context
 //! do) sets them; without one they come from the environment when first needed.
 
@@ -13,7 +14,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::io::{FaultSpec, UdpConfig, FAULTS_ENV, LOCAL_RING_ENV, LOCAL_WIRE_ENV, RUNDIR_ENV};
+use crate::io::{
+    FaultSpec, RuntimeDirChoice, UdpConfig, FAULTS_ENV, LOCAL_RING_ENV, LOCAL_WIRE_ENV, RUNDIR_ENV,
+};
 use crate::{Error, Result};
 
 /// Environment variable: `off` turns UDP GRO off ([`UdpConfig::gro`]).
@@ -43,10 +46,6 @@ pub struct SoftConfig {
     /// The directory of the inspection sockets (`RDMA_SOFT_INSPECT_DIR`; `None`:
     /// `$XDG_RUNTIME_DIR/rdma-soft`, else `/tmp/rdma-soft-$UID`). Process-wide.
     pub inspect_dir: Option<PathBuf>,
-    /// The runtime directory of slots, groups and claims (`RDMA_SOFT_RUNDIR`; `None`: the
-    /// first private one among the usual places, see `io::share::runtime_dir`).
-    /// Process-wide.
-    pub runtime_dir: Option<PathBuf>,
 }
 
 impl Default for SoftConfig {
@@ -55,7 +54,6 @@ impl Default for SoftConfig {
             wire: UdpConfig::default(),
             inspect: true,
             inspect_dir: None,
-            runtime_dir: None,
         }
     }
 }
@@ -126,9 +124,10 @@ impl SoftConfigBuilder {
         self
     }
 
-    /// The runtime directory (`RDMA_SOFT_RUNDIR`). Process-wide.
+    /// The runtime directory (`RDMA_SOFT_RUNDIR`; [`UdpConfig::runtime_dir`]'s `given`).
+    /// Process-wide: the first wire or claim to need it chooses it.
     pub fn runtime_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.cfg.runtime_dir = Some(dir.into());
+        self.cfg.wire.runtime_dir.given = Some(dir.into());
         self
     }
 
@@ -234,6 +233,10 @@ impl SoftConfig {
         if let Some(d) = get(RUNDIR_ENV).filter(|d| !d.is_empty()) {
             b = b.runtime_dir(d);
         }
+        // the system's, not one of ours: where the usual runtime directory is
+        b.cfg.wire.runtime_dir.xdg_runtime_dir = get("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
         b.build()
     }
 
@@ -308,7 +311,7 @@ fn parse_pull(v: &str) -> Result<Option<u32>> {
 pub(crate) struct Process {
     pub inspect: bool,
     pub inspect_dir: Option<PathBuf>,
-    pub runtime_dir: Option<PathBuf>,
+    pub runtime_dir: RuntimeDirChoice,
 }
 
 impl Process {
@@ -316,7 +319,7 @@ impl Process {
         Process {
             inspect: c.inspect,
             inspect_dir: c.inspect_dir.clone(),
-            runtime_dir: c.runtime_dir.clone(),
+            runtime_dir: c.wire.runtime_dir.clone(),
         }
     }
 }
@@ -353,12 +356,29 @@ pub(crate) fn process() -> &'static Process {
     })
 }
 
-/// `$XDG_RUNTIME_DIR` when set and not empty (the system's, not one of ours; read here so
-/// that every environment read of the crate is in this file).
-pub(crate) fn xdg_runtime_dir() -> Option<PathBuf> {
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
+/// Where the process's runtime directory is chosen from: the first configuration applied
+/// ([`SoftConfig::apply_process`]), else the environment's. A device opened with a
+/// configuration builds its wire with this; `rdmacm` gives it to its listeners' port claims.
+///
+/// ```
+/// let c = rdma_soft::config::process_runtime_dir();
+/// assert_eq!(c, rdma_soft::config::process_runtime_dir());
+/// ```
+pub fn process_runtime_dir() -> RuntimeDirChoice {
+    process().runtime_dir.clone()
+}
+
+/// The process's runtime directory (slots, groups, claims, bells, inspection sockets),
+/// chosen once per process from its settings ([`SoftConfig::apply_process`], else the
+/// environment's) unless a wire chose it first from its own
+/// ([`crate::io::share::choose_runtime_dir`]).
+///
+/// ```
+/// let d = rdma_soft::config::runtime_dir().unwrap();
+/// assert_eq!(d, rdma_soft::config::runtime_dir().unwrap(), "chosen once");
+/// ```
+pub fn runtime_dir() -> Result<PathBuf> {
+    crate::io::share::choose_runtime_dir(&process().runtime_dir)
 }
 
 #[cfg(test)]
@@ -384,6 +404,7 @@ mod tests {
             ("RDMA_SOFT_INSPECT", "no"),
             ("RDMA_SOFT_INSPECT_DIR", "/x/i"),
             ("RDMA_SOFT_RUNDIR", "/x/r"),
+            ("XDG_RUNTIME_DIR", "/x/x"),
         ])
         .unwrap();
         assert_eq!(
@@ -393,7 +414,12 @@ mod tests {
         assert!(!c.wire.gro && !c.wire.host_local && !c.inspect);
         assert_eq!((c.wire.local_ring, c.wire.local_pull), (131072, None));
         assert_eq!(c.inspect_dir.as_deref(), Some("/x/i".as_ref()));
-        assert_eq!(c.runtime_dir.as_deref(), Some("/x/r".as_ref()));
+        assert_eq!(c.wire.runtime_dir.given.as_deref(), Some("/x/r".as_ref()));
+        assert_eq!(
+            c.wire.runtime_dir.xdg_runtime_dir.as_deref(),
+            Some("/x/x".as_ref()),
+            "the wire's configuration carries where the usual directory is"
+        );
         assert_eq!(vars(&[]).unwrap(), SoftConfig::default());
         // blank: the default
         assert_eq!(

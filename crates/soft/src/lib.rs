@@ -43,7 +43,7 @@ pub mod fuzzing;
 pub mod gsi;
 pub mod inspect;
 pub mod io;
-#[allow(unsafe_code)] // memfd_create, seals, mmap of shared regions
+#[allow(unsafe_code)] // the mmap/memfd edge: Mapping (unmapped on drop), memfd_create, seals
 mod memfd;
 mod pull;
 mod queues;

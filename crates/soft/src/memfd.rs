@@ -7,10 +7,94 @@
 //! A region file peers only read ([`mapped_for_readers`]) is also sealed against writes
 //! (`F_SEAL_FUTURE_WRITE`) once its maker has its own writable mapping: a peer holding the
 //! descriptor can neither map it writable, `pwrite` it, nor write through a reopen of it.
+//!
+//! This module is the crate's mmap/memfd edge: [`Mapping`] owns a shared mapping (its Drop
+//! unmaps), and the memfd calls are safe functions over `OwnedFd`/`BorrowedFd`. What users
+//! do with the mapped bytes (atomics on memory another process writes) stays in their own
+//! named modules (`io/local/ring.rs`, `verbs/shared_mem.rs`).
 
 use std::ffi::CStr;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+
+/// A shared mapping of a file (`MAP_SHARED`), unmapped when dropped.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; no thread-bound state.
+unsafe impl Send for Mapping {}
+// SAFETY: `&Mapping` gives out an address and checked atomics only.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// The first `len` bytes of `fd` mapped shared, read-write or read-only.
+    pub fn shared(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mapping> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping at an address the kernel picks; it aliases nothing of
+        // ours. The result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
+        Ok(Mapping { ptr, len })
+    }
+
+    /// The first mapped byte (valid for [`Mapping::len`] bytes while `self` lives).
+    #[inline]
+    pub fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The mapped length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The 4-byte word at `off` as an atomic; `None` when out of bounds or unaligned.
+    pub fn atomic_u32(&self, off: usize) -> Option<&AtomicU32> {
+        let fits = off.checked_add(4).is_some_and(|end| end <= self.len);
+        let addr = (self.ptr.as_ptr() as usize).wrapping_add(off);
+        (fits && addr % 4 == 0).then(|| {
+            // SAFETY: in bounds and aligned (checked); the mapping lives as long as the
+            // borrow, and shared memory is only ever accessed atomically through this.
+            unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast()) }
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `shared` mapped, once; no borrow of it outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The size of the file `fd` (`fstat`), keeping the descriptor.
+pub(crate) fn file_size(fd: OwnedFd) -> (OwnedFd, io::Result<u64>) {
+    let f = File::from(fd);
+    let size = f.metadata().map(|m| m.len());
+    (OwnedFd::from(f), size)
+}
 
 /// The seals a shared file must carry.
 const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
@@ -25,29 +109,15 @@ pub(crate) fn sealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
 /// A memfd of `size` zero bytes mapped read-write here, then sealed so that nobody else
 /// can write it: its size, new writable mappings and `write`s (`F_SEAL_FUTURE_WRITE`).
 /// Our own mapping stays writable.
-pub(crate) fn mapped_for_readers(name: &CStr, size: usize) -> io::Result<(OwnedFd, *mut u8)> {
+pub(crate) fn mapped_for_readers(name: &CStr, size: usize) -> io::Result<(OwnedFd, Mapping)> {
     let fd = sized(name, size)?;
-    // SAFETY: a plain call on our descriptor; the result is checked.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    let seals = SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
-    if let Err(e) = add_seals(&fd, seals) {
-        // SAFETY: unmapping what was just mapped, nothing refers to it.
-        unsafe { libc::munmap(map, size) };
-        return Err(e);
-    }
-    Ok((fd, map.cast()))
+    let map = Mapping::shared(std::os::fd::AsFd::as_fd(&fd), size, true)?;
+    // on failure the mapping drops: unmapped
+    add_seals(
+        &fd,
+        SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
+    )?;
+    Ok((fd, map))
 }
 
 /// Adds `seals` to our memfd.
@@ -61,23 +131,32 @@ fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> io::Result<()> {
 
 /// A memfd of `size` zero bytes that allows sealing, not sealed yet.
 fn sized(name: &CStr, size: usize) -> io::Result<OwnedFd> {
+    create(name, size, true)
+}
+
+/// A memfd of `size` zero bytes that cannot be sealed (tests: a file a peer must refuse).
+#[cfg(test)]
+pub(crate) fn unsealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
+    create(name, size, false)
+}
+
+/// A memfd of `size` zero bytes (close-on-exec), allowing seals when `sealable`.
+fn create(name: &CStr, size: usize, sealable: bool) -> io::Result<OwnedFd> {
+    let flags = if sealable {
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
+    } else {
+        libc::MFD_CLOEXEC
+    };
     // SAFETY: a C string name; the result is checked.
-    let raw =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor owned here.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let len =
-        libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a plain call on our descriptor; the result is checked.
-    unsafe {
-        if libc::ftruncate(raw, len) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(fd)
+    let f = File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    let len = u64::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    f.set_len(len)?;
+    Ok(OwnedFd::from(f))
 }
 
 /// Whether `fd`'s size is sealed (it cannot shrink or grow).
@@ -91,22 +170,21 @@ pub(crate) fn size_sealed(fd: BorrowedFd<'_>) -> bool {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+
+    /// `fd` as a file (a new descriptor of the same open file).
+    fn file(fd: BorrowedFd<'_>) -> File {
+        File::from(fd.try_clone_to_owned().unwrap())
+    }
 
     #[test]
     fn a_sealed_file_keeps_its_size_and_says_so() {
         let fd = sealed(c"test", 8192).unwrap();
         assert!(size_sealed(fd.as_fd()));
-        // SAFETY: plain calls on our descriptor.
-        unsafe {
-            assert!(libc::ftruncate(fd.as_raw_fd(), 0) < 0, "cannot shrink");
-            assert!(libc::ftruncate(fd.as_raw_fd(), 1 << 20) < 0, "cannot grow");
-            assert!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) < 0);
-        }
-        // SAFETY: a plain call.
-        let plain = unsafe { libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(plain >= 0);
-        // SAFETY: fresh descriptor.
-        let plain = unsafe { OwnedFd::from_raw_fd(plain) };
+        assert!(file(fd.as_fd()).set_len(0).is_err(), "cannot shrink");
+        assert!(file(fd.as_fd()).set_len(1 << 20).is_err(), "cannot grow");
+        assert!(add_seals(&fd, libc::F_SEAL_WRITE).is_err(), "sealed seals");
+        let plain = unsealed(c"plain", 0).unwrap();
         assert!(!size_sealed(plain.as_fd()));
     }
 
@@ -116,44 +194,35 @@ mod tests {
         let region = crate::verbs::shared_mem::SharedBytes::new_shared_zeroed(8192);
         region.write(10, b"ours");
         let fd = region.file().expect("a memfd region");
-        let raw = fd.as_raw_fd();
         let size = 4096 + 8192;
-        let map = |fd: i32, prot| {
-            // SAFETY: a fresh shared mapping of a live descriptor; the result is checked.
-            unsafe { libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd, 0) }
-        };
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
-        assert_eq!(map(raw, rw), libc::MAP_FAILED, "no writable mapping");
-        // SAFETY: pwrite from a live buffer.
-        let n = unsafe { libc::pwrite(raw, b"x".as_ptr().cast(), 1, 4096) };
-        assert!(n < 0, "no pwrite");
+        assert!(
+            Mapping::shared(fd, size, true).is_err(),
+            "no writable mapping"
+        );
+        assert!(file(fd).write_at(b"x", 4096).is_err(), "no pwrite");
         // a reopen through /proc is a new open file, with the same seals
-        let path = std::ffi::CString::new(format!("/proc/self/fd/{raw}")).unwrap();
-        // SAFETY: a C string path; the result is checked.
-        let re = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if re >= 0 {
-            // SAFETY: a fresh descriptor owned here.
-            let re = unsafe { OwnedFd::from_raw_fd(re) };
-            assert_eq!(
-                map(re.as_raw_fd(), rw),
-                libc::MAP_FAILED,
+        let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if let Ok(re) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+        {
+            assert!(
+                Mapping::shared(re.as_fd(), size, true).is_err(),
                 "reopen: no mapping"
             );
-            // SAFETY: pwrite from a live buffer.
-            let n = unsafe { libc::pwrite(re.as_raw_fd(), b"x".as_ptr().cast(), 1, 4096) };
-            assert!(n < 0, "reopen: no pwrite");
+            assert!(re.write_at(b"x", 4096).is_err(), "reopen: no pwrite");
         }
         // reading works, sees our writes, and cannot be turned into writing
-        let ro = map(raw, libc::PROT_READ);
-        assert_ne!(ro, libc::MAP_FAILED);
-        // SAFETY: in bounds of the read-only mapping.
-        let seen = unsafe { std::slice::from_raw_parts(ro.cast::<u8>().add(4096 + 10), 4) };
+        let ro = Mapping::shared(fd, size, false).unwrap();
+        // SAFETY: in bounds of the read-only mapping, which lives until the end.
+        let seen = unsafe { std::slice::from_raw_parts(ro.ptr().as_ptr().add(4096 + 10), 4) };
         assert_eq!(seen, b"ours");
-        // SAFETY: our mapping; the results are checked.
-        unsafe {
-            assert!(libc::mprotect(ro, size, rw) < 0, "no mprotect to writable");
-            libc::munmap(ro, size);
-        }
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: our mapping; the result is checked.
+        let rc = unsafe { libc::mprotect(ro.ptr().as_ptr().cast(), size, rw) };
+        assert!(rc < 0, "no mprotect to writable");
+        drop(ro);
         // we still write our region
         region.write(10, b"more");
         let mut got = [0u8; 4];

@@ -40,7 +40,7 @@ fn drain(w: &mut UdpWire) -> Vec<u32> {
 /// Another process's claim on `port`: a file named for pid 1, its flock held (as its
 /// owner holds it) while the returned file lives.
 fn foreign_claim(ns: u64, ip: std::net::IpAddr, port: u16, seq: u32) -> std::fs::File {
-    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let dir = rdma_soft::config::runtime_dir().unwrap();
     let path = dir.join(format!("claim-{ns}-0106-{port}-1-{seq}"));
     let mut f = std::fs::File::create(&path).unwrap();
     // SAFETY: flock on an fd we own.
@@ -155,7 +155,7 @@ fn forged_gso_batches_never_change_the_steering_table() {
         b.share_slot().unwrap().unwrap(),
     );
     let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let dir = rdma_soft::config::runtime_dir().unwrap();
     let tab = dir.join(format!("grp-{ns}-{shared}-{port}.tab"));
     let table = std::fs::read_to_string(&tab).unwrap();
     // Evidence would count once the table has settled.

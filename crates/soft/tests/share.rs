@@ -169,7 +169,7 @@ fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
     b.open(shared).unwrap();
     // Swap the two entries behind the kernel's back; the next join builds on that guess.
     let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let dir = rdma_soft::config::runtime_dir().unwrap();
     let tab = dir.join(format!("grp-{ns}-{shared}-{port}.tab"));
     let text = std::fs::read_to_string(&tab).unwrap();
     let lines: Vec<&str> = text.lines().collect();
@@ -287,7 +287,7 @@ fn a_req_for_another_processs_listener_is_dropped_not_refused() {
     // Another process's listener on port 47001 of the TCP port space: a claim file named
     // for pid 1, its flock held as its owner would hold it.
     let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let dir = rdma_soft::config::runtime_dir().unwrap();
     let path = dir.join(format!("claim-{ns}-0106-47001-1-0"));
     let mut f = std::fs::File::create(&path).unwrap();
     // SAFETY: flock on an fd we own.
@@ -296,7 +296,9 @@ fn a_req_for_another_processs_listener_is_dropped_not_refused() {
         0
     );
     writeln!(f, "{} 1", shared.ip()).unwrap();
-    let ours = rdma_soft::io::PortClaim::acquire(0x0106, shared.ip(), 47002, true).unwrap();
+    let ours =
+        rdma_soft::io::PortClaim::acquire(&Default::default(), 0x0106, shared.ip(), 47002, true)
+            .unwrap();
     let sid = |p: u64| (0x0106 << 16) | p;
     for k in 0..5 {
         s.send(src, shared, &req(sid(47001), k)).unwrap();
@@ -331,7 +333,7 @@ fn reqs_for_a_listener_repair_a_wrong_table() {
     b.open(shared).unwrap();
     let sb = b.share_slot().unwrap().unwrap();
     let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-    let dir = rdma_soft::io::share::runtime_dir().unwrap();
+    let dir = rdma_soft::config::runtime_dir().unwrap();
     // b stands for another process (pid 1) listening on port 47011: its table entry and a
     // claim file of pid 1, flock held as the owner would hold it.
     let path = dir.join(format!("claim-{ns}-0106-47011-1-0"));

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_soft::verbs::{Completion, QpInitAttr};
+use rdma_soft::verbs::Completion;
 
 use super::connection::{wait_established, Connection};
 use super::setup::Parts;
@@ -110,20 +110,12 @@ impl Connection {
         let sh = Arc::try_unwrap(sh)
             .map_err(|_| Error::InvalidArgument("the connection is still in use".into()))?;
         let (parts, unfinished, unread) = take_parts(sh)?;
-        let Parts {
-            qp: old_qp,
-            cq,
-            cc,
-            send_mr,
-            recv_mr,
-            stride,
-            recv_slots,
-        } = parts;
+        let (old_qp, bufs) = parts.split();
         let pd = old_qp.pd().clone();
         drop(old_qp);
         // Whatever the destroyed QP left in the shared CQ is stale.
         let mut stale: Vec<Completion> = Vec::new();
-        while cq.poll(&mut stale, 64) > 0 {}
+        while bufs.cq.poll(&mut stale, 64) > 0 {}
 
         let cma = redial.cma.clone();
         let timeout = redial.timeout;
@@ -139,25 +131,8 @@ impl Connection {
         param.private_data = redial
             .own
             .attach(private_data.to_vec(), MAX_REQ_PRIVATE_DATA)?;
-        let cap = redial.cap;
         // Inline, as `Resolved::connect` does: the new QP and the REQ are quick.
-        let init = QpInitAttr {
-            cap,
-            ..QpInitAttr::rc(&cq, &cq)
-        };
-        let qp = id.create_qp(&pd, &init)?;
-        let parts = Parts {
-            qp,
-            cq,
-            cc,
-            send_mr,
-            recv_mr,
-            stride,
-            recv_slots,
-        };
-        for slot in 0..recv_slots {
-            parts.post_recv(slot)?;
-        }
+        let parts = Parts::with_new_qp(&id, &pd, redial.cap, bufs)?;
         id.connect(&param)?;
         let ev = wait_established(&ch).await?;
         let (peer, data) = MsgSizes::detach(ev.private_data());

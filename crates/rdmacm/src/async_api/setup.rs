@@ -62,9 +62,22 @@ pub(super) struct Parts {
     pub recv_slots: u32,
 }
 
+/// A connection's CQ (shared by sends and receives), its channel and message buffers:
+/// [`Parts`] without the QP.
+pub(super) struct Buffers {
+    pub cq: CompletionQueue,
+    pub cc: CompletionChannel,
+    pub send_mr: MemoryRegion,
+    pub recv_mr: MemoryRegion,
+    /// Bytes of each message buffer.
+    pub stride: usize,
+    /// Receive buffers.
+    pub recv_slots: u32,
+}
+
 impl Parts {
-    /// Creates the PD (unless given), the CQ with its channel, the QP and the message
-    /// buffers on the id's device, and posts every receive.
+    /// Creates the PD (unless given), the CQ with its channel, the message buffers and the
+    /// QP on the id's device, and posts every receive.
     pub fn create(id: &CmId, setup: &Setup, own: MsgSizes) -> Result<Parts> {
         let dev = id
             .device()
@@ -80,11 +93,6 @@ impl Parts {
             .max((cap.max_send_wr + cap.max_recv_wr) as usize);
         let cc = dev.create_comp_channel()?;
         let cq = dev.create_cq(cq_size, Some(&cc))?;
-        let init = QpInitAttr {
-            cap,
-            ..QpInitAttr::rc(&cq, &cq)
-        };
-        let qp = id.create_qp(&pd, &init)?;
         let send_mr = pd.register(
             vec![0u8; own.window as usize * own.max_message],
             AccessFlags::LOCAL_WRITE,
@@ -93,8 +101,7 @@ impl Parts {
             vec![0u8; (own.window + CONTROL_WINDOW) as usize * own.max_message],
             AccessFlags::LOCAL_WRITE,
         )?;
-        let parts = Parts {
-            qp,
+        let bufs = Buffers {
             cq,
             cc,
             send_mr,
@@ -102,10 +109,66 @@ impl Parts {
             stride: own.max_message,
             recv_slots: own.window + CONTROL_WINDOW,
         };
+        Parts::with_new_qp(id, &pd, cap, bufs)
+    }
+
+    /// A new RC QP on `id` in `pd` with `cap`, over `bufs`' CQ (sends and receives), with
+    /// every receive posted: a new connection's, and a reconnection's (which keeps the
+    /// buffers of the one before).
+    pub fn with_new_qp(
+        id: &CmId,
+        pd: &ProtectionDomain,
+        cap: QpCap,
+        bufs: Buffers,
+    ) -> Result<Parts> {
+        let init = QpInitAttr {
+            cap,
+            ..QpInitAttr::rc(&bufs.cq, &bufs.cq)
+        };
+        let qp = id.create_qp(pd, &init)?;
+        let Buffers {
+            cq,
+            cc,
+            send_mr,
+            recv_mr,
+            stride,
+            recv_slots,
+        } = bufs;
+        let parts = Parts {
+            qp,
+            cq,
+            cc,
+            send_mr,
+            recv_mr,
+            stride,
+            recv_slots,
+        };
         for slot in 0..parts.recv_slots {
             parts.post_recv(slot)?;
         }
         Ok(parts)
+    }
+
+    /// The QP and the buffers apart (a reconnection drops the QP, keeps the buffers).
+    pub fn split(self) -> (Arc<QueuePair>, Buffers) {
+        let Parts {
+            qp,
+            cq,
+            cc,
+            send_mr,
+            recv_mr,
+            stride,
+            recv_slots,
+        } = self;
+        let bufs = Buffers {
+            cq,
+            cc,
+            send_mr,
+            recv_mr,
+            stride,
+            recv_slots,
+        };
+        (qp, bufs)
     }
 
     pub fn post_recv(&self, slot: u32) -> Result<()> {

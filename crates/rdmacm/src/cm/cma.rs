@@ -95,7 +95,8 @@ impl Cma {
                 returning: Vec::new(),
                 channels: Default::default(),
                 next_channel: 1,
-                ports: PortTables::from_host(),
+                ports: PortTables::from_host()
+                    .with_runtime_dir(rdma_soft::config::process_runtime_dir()),
                 seed,
                 cm_response_timeout: 20,
                 max_cm_retries: 15,

@@ -101,6 +101,8 @@ pub(crate) struct PortTables {
     rng: u64,
     /// Listeners' claims across processes (`rdma_soft::io::PortClaim`), by handle.
     claims: HashMap<u64, rdma_soft::io::PortClaim>,
+    /// Where the claims' runtime directory is chosen from (`rdma_soft::config::process_runtime_dir`).
+    runtime_dir: rdma_soft::io::RuntimeDirChoice,
 }
 
 impl PortTables {
@@ -116,7 +118,15 @@ impl PortTables {
             last_used: 0,
             rng: h.finish() | 1,
             claims: HashMap::new(),
+            runtime_dir: Default::default(),
         }
+    }
+
+    /// These tables with the runtime directory chosen from `dirs` (the process's, as its
+    /// first configuration applied says) when a listener's claim is the first need of it.
+    pub fn with_runtime_dir(mut self, dirs: rdma_soft::io::RuntimeDirChoice) -> PortTables {
+        self.runtime_dir = dirs;
+        self
     }
 
     /// Empty tables with [`PortConfig::from_host`].
@@ -189,7 +199,13 @@ impl PortTables {
         };
         check_port(owners, &req, false, Some(h.0))?;
         // Other processes' listeners: the same rules, across the host (EADDRINUSE ...).
-        let claim = rdma_soft::io::PortClaim::acquire(key.0.value(), me.addr, key.1, me.afonly)?;
+        let claim = rdma_soft::io::PortClaim::acquire(
+            &self.runtime_dir,
+            key.0.value(),
+            me.addr,
+            key.1,
+            me.afonly,
+        )?;
         self.claims.insert(h.0, claim);
         if let Some(o) = owners.iter_mut().find(|o| o.handle == h.0) {
             o.listening = true;

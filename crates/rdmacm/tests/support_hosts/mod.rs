@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use rdma_hostview::{Link, MacAddr};
-use rdma_testhosts::Host;
+use rdma_testhosts::{topologies, Host, Topology};
 use rdmacm::host::{BlockingResolver, Notification, ScopedIp, Watcher};
 
 /// Runs `f` inside `h` with a fresh blocking resolver.
@@ -37,6 +37,16 @@ pub fn wait_running(r: &BlockingResolver, name: &str) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Two hosts `a` and `b` on one link (`topologies::two_hosts_one_link`), each one's `eth0`
+/// up and running.
+pub fn two_hosts_running() -> Topology {
+    let t = topologies::two_hosts_one_link().expect("topology");
+    for h in t.hosts() {
+        with_resolver(h, |r| wait_running(r, "eth0"));
+    }
+    t
 }
 
 /// The MAC of `dev` in host `h`.

@@ -13,7 +13,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The per-user directory of the inspection sockets: the process's [`crate::SoftConfig::inspect_dir`]
 /// (`$RDMA_SOFT_INSPECT_DIR`), else the
-/// runtime directory the sharing wires use ([`crate::io::share::runtime_dir`]:
+/// runtime directory the sharing wires use ([`crate::config::runtime_dir`]:
 /// `$RDMA_SOFT_RUNDIR`, else the first private one of ours among
 /// `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`, `/tmp/rdma-soft-$UID`, else
 /// the private `/tmp/rdma-soft-$UID-XXXXXX` all our processes share), else `/tmp/rdma-soft-<uid>`.
@@ -26,7 +26,7 @@ pub fn runtime_dir() -> PathBuf {
     if let Some(d) = &crate::config::process().inspect_dir {
         return d.clone();
     }
-    if let Ok(d) = crate::io::share::runtime_dir() {
+    if let Ok(d) = crate::config::runtime_dir() {
         return d;
     }
     let uid = crate::fd::euid();
@@ -38,7 +38,7 @@ pub fn runtime_dir() -> PathBuf {
 /// and checked when chosen.
 pub(super) fn ensure_dir() -> std::io::Result<PathBuf> {
     if crate::config::process().inspect_dir.is_none() {
-        return crate::io::share::runtime_dir().map_err(std::io::Error::other);
+        return crate::config::runtime_dir().map_err(std::io::Error::other);
     }
     let dir = runtime_dir();
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {

@@ -49,7 +49,7 @@ pub use fault::{FaultDir, FaultSpec, FaultStats, FAULTS_ENV};
 pub(crate) use local::valid_ring_size;
 pub use local::{HostPeer, LocalStats, LOCAL_RING_ENV, LOCAL_WIRE_ENV};
 pub use share::claim::{claim_scans, PortClaim, CLAIMS_FRESH};
-pub use share::RUNDIR_ENV;
+pub use share::{RuntimeDirChoice, RUNDIR_ENV};
 pub(crate) use sys::netdev_mtu;
 #[cfg(feature = "fuzzing")]
 pub(crate) use udp::gro_receive as fuzz_gro_receive;

@@ -29,28 +29,68 @@ use super::steer::{self, Table};
 use super::WireAddr;
 use crate::{Error, Result};
 
-/// Environment variable naming the runtime directory (tests; default below).
+/// Environment variable naming the runtime directory (read by [`crate::SoftConfig::from_env`]).
 pub const RUNDIR_ENV: &str = "RDMA_SOFT_RUNDIR";
 
-/// The per-user directory of slots, groups and port claims: `$RDMA_SOFT_RUNDIR` (refused
-/// when not a private directory of ours), else the first private directory of ours among
+/// Where the process's runtime directory is chosen from: a value of the configuration
+/// ([`crate::io::UdpConfig::runtime_dir`]), carried down; this layer reads no settings.
+///
+/// ```
+/// let c = rdma_soft::io::RuntimeDirChoice::default();
+/// assert!(c.given.is_none() && c.xdg_runtime_dir.is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuntimeDirChoice {
+    /// A directory to use (`RDMA_SOFT_RUNDIR`): refused when not a private directory of
+    /// ours, with no fallback.
+    pub given: Option<PathBuf>,
+    /// The system's per-user directory (`$XDG_RUNTIME_DIR`): its `rdma-soft` is the first
+    /// of the usual places.
+    pub xdg_runtime_dir: Option<PathBuf>,
+}
+
+static DIR: OnceLock<std::result::Result<rundir::Pinned, String>> = OnceLock::new();
+
+/// The per-user directory of slots, groups and port claims, chosen once per process by the
+/// first call (later choices get the same directory): `choice.given` (refused when not a
+/// private directory of ours), else the first private directory of ours among
 /// `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft` and `/tmp/rdma-soft-$UID`
 /// (made 0700), else a fresh private one in `/tmp` (another user may have made ours first).
-/// Chosen once, opened, and reached through `/proc/self/fd/N` from then on: renaming or
-/// replacing the path later moves nothing of ours.
-pub fn runtime_dir() -> Result<PathBuf> {
-    static DIR: OnceLock<std::result::Result<rundir::Pinned, String>> = OnceLock::new();
+/// Opened, and reached through `/proc/self/fd/N` from then on: renaming or replacing the
+/// path later moves nothing of ours. `crate::config::runtime_dir` chooses with the
+/// process's settings.
+pub fn choose_runtime_dir(choice: &RuntimeDirChoice) -> Result<PathBuf> {
     let r = DIR.get_or_init(|| {
         let uid = crate::fd::uid();
-        let r = match &crate::config::process().runtime_dir {
+        let r = match &choice.given {
             Some(d) => rundir::open_private(d, uid),
-            None => rundir::choose(&rundir::candidates(uid), uid, Path::new("/tmp")),
+            None => {
+                let usual = rundir::candidates(uid, choice.xdg_runtime_dir.as_deref());
+                rundir::choose(&usual, uid, Path::new("/tmp"))
+            }
         };
         if let Ok(p) = &r {
             tracing::debug!(dir = %p.name.display(), via = %p.path().display(), "rdma-soft runtime directory");
         }
         r
     });
+    pinned(r)
+}
+
+/// The runtime directory [`choose_runtime_dir`] chose (a sharing wire, a port claim or the
+/// configuration layer did); `ENOENT` before any did.
+pub fn runtime_dir() -> Result<PathBuf> {
+    match DIR.get() {
+        Some(r) => pinned(r),
+        None => Err(Error::Os {
+            op: "rdma-soft runtime directory",
+            addr: None,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not chosen yet"),
+        }),
+    }
+}
+
+fn pinned(r: &std::result::Result<rundir::Pinned, String>) -> Result<PathBuf> {
     match r {
         Ok(p) => Ok(p.path()),
         Err(reason) => Err(Error::Os {
@@ -155,8 +195,8 @@ pub(crate) struct Slot {
 impl Slot {
     /// Takes a free slot, searching from a start that depends on the pid (so that a slot
     /// just freed by a dead process is seldom the next one taken).
-    pub(crate) fn claim() -> Result<Slot> {
-        let dir = runtime_dir()?;
+    pub(crate) fn claim(dirs: &RuntimeDirChoice) -> Result<Slot> {
+        let dir = choose_runtime_dir(dirs)?;
         static SWEPT: std::sync::Once = std::sync::Once::new();
         SWEPT.call_once(|| {
             let groups = sweep_dead_groups(&dir);
@@ -614,7 +654,9 @@ mod tests {
         let (p1, p2, p3) = (free(), free(), free());
         let key = |port| GroupKey { ns, addr: lo, port };
         let open = |port| move || super::super::sys::open_udp(lo, port, 1 << 16, true, false);
-        let slots: Vec<Slot> = (0..4).map(|_| Slot::claim().unwrap()).collect();
+        let slots: Vec<Slot> = (0..4)
+            .map(|_| Slot::claim(&Default::default()).unwrap())
+            .collect();
         let mut held = Vec::new();
         for (k, port) in [p1, p2, p3].into_iter().enumerate() {
             held.push(join(key(port), slots[k].get(), open(port)).unwrap());
@@ -645,7 +687,7 @@ mod tests {
 
     #[test]
     fn table_round_trips_and_skips_garbage() {
-        let dir = runtime_dir().unwrap();
+        let dir = choose_runtime_dir(&Default::default()).unwrap();
         let p = dir.join(format!("test-tab-{}", std::process::id()));
         let t = vec![Entry { slot: 3, pid: 10 }, Entry { slot: 255, pid: 4 }];
         write_table(&p, &t).unwrap();
@@ -657,10 +699,10 @@ mod tests {
 
     #[test]
     fn slots_are_exclusive_and_freed_on_drop() {
-        let a = Slot::claim().unwrap();
-        let b = Slot::claim().unwrap();
+        let a = Slot::claim(&Default::default()).unwrap();
+        let b = Slot::claim(&Default::default()).unwrap();
         assert_ne!(a.get(), b.get());
-        let dir = runtime_dir().unwrap();
+        let dir = choose_runtime_dir(&Default::default()).unwrap();
         assert!(slot_alive(&dir, a.get()));
         let n = a.get();
         drop(a);
@@ -723,8 +765,8 @@ mod tests {
 
     #[test]
     fn an_entry_of_a_slots_earlier_owner_is_dead() {
-        let a = Slot::claim().unwrap();
-        let dir = runtime_dir().unwrap();
+        let a = Slot::claim(&Default::default()).unwrap();
+        let dir = choose_runtime_dir(&Default::default()).unwrap();
         let me = std::process::id();
         let mine = Entry {
             slot: a.get(),

@@ -210,7 +210,7 @@ impl UdpWire {
             return Ok(None);
         }
         if self.slot.is_none() {
-            self.slot = Some(Slot::claim()?);
+            self.slot = Some(Slot::claim(&self.cfg.runtime_dir)?);
         }
         Ok(self.slot.as_ref().map(Slot::get))
     }

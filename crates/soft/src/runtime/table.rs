@@ -101,7 +101,7 @@ impl Runtime {
     }
 
     /// The live RC QPs and the counters of those destroyed, for inspection.
-    pub fn qps(&self) -> (impl Iterator<Item = &QpCtx> + '_, rdma_proto::rc::RcStats) {
+    pub(super) fn qps(&self) -> (impl Iterator<Item = &QpCtx> + '_, rdma_proto::rc::RcStats) {
         let live = self.live.iter();
         (
             live.filter_map(|&i| self.slots.get(i as usize)?.as_deref()),

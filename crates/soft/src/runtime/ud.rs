@@ -161,7 +161,7 @@ pub(super) fn drain(ctx: &mut UdCtx, stats: &mut RuntimeStats) {
 
 impl Runtime {
     /// The live UD QPs, for inspection.
-    pub fn ud_qps(&self) -> impl Iterator<Item = &UdCtx> + '_ {
+    pub(super) fn ud_qps(&self) -> impl Iterator<Item = &UdCtx> + '_ {
         let live = self.ud.live.iter();
         live.filter_map(|&i| self.ud.slots.get(i as usize)?.as_deref())
     }

@@ -241,7 +241,10 @@ impl Device {
     /// ```
     pub fn open_with_config(cfg: DeviceConfig, soft: &SoftConfig) -> Result<Device> {
         soft.apply_process();
-        let wire = UdpWire::new(soft.wire.clone())?;
+        let mut wire = soft.wire.clone();
+        // the process has one runtime directory: the first configuration applied says where
+        wire.runtime_dir = crate::config::process_runtime_dir();
+        let wire = UdpWire::new(wire)?;
         Device::open_with_wire(cfg, Box::new(wire))
     }
 

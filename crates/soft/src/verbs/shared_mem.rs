@@ -18,9 +18,10 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 use super::bulk_copy;
+use crate::memfd::Mapping;
 
 /// Bytes before the data in a shared region's file: the `live` word (1 while registered).
 pub(crate) const SHARED_HEADER: usize = 4096;
@@ -39,8 +40,9 @@ pub(crate) struct SharedBytes {
     mid_start: usize,
     mid_end: usize,
     /// A memfd holding the bytes, which peer processes on the host map to read them
-    /// (pulled WRITEs, `pull.rs`); `None`: a boxed slice.
-    file: Option<OwnedFd>,
+    /// (pulled WRITEs, `pull.rs`), and its mapping here (the header, then the bytes at
+    /// `ptr`); `None`: a boxed slice.
+    file: Option<(OwnedFd, Mapping)>,
     /// The caller's memory (`SharedBytes::borrowed`): never freed here.
     borrowed: bool,
 }
@@ -99,16 +101,18 @@ impl SharedBytes {
         }
         match map_file(len) {
             Ok((fd, map)) => {
-                // SAFETY: the header's first word of a fresh mapping nobody else sees yet.
-                unsafe { AtomicU32::from_ptr(map.cast()).store(1, Relaxed) };
-                // SAFETY: mmap never returns null on success.
-                let ptr = unsafe { NonNull::new_unchecked(map.add(SHARED_HEADER)) };
+                if let Some(live) = map.atomic_u32(0) {
+                    live.store(1, Relaxed);
+                }
+                // SAFETY: the data starts SHARED_HEADER bytes into the mapping (header + len
+                // bytes), so the pointer is in it and not null.
+                let ptr = unsafe { NonNull::new_unchecked(map.ptr().as_ptr().add(SHARED_HEADER)) };
                 SharedBytes {
                     ptr,
                     len,
                     mid_start: 0,
                     mid_end: len / 8 * 8,
-                    file: Some(fd),
+                    file: Some((fd, map)),
                     borrowed: false,
                 }
             }
@@ -122,19 +126,17 @@ impl SharedBytes {
 
     /// The memfd peers map, for a region made by [`SharedBytes::new_shared_zeroed`].
     pub fn file(&self) -> Option<BorrowedFd<'_>> {
-        self.file.as_ref().map(|f| f.as_fd())
+        self.file.as_ref().map(|f| f.0.as_fd())
     }
 
     /// Ends a shared buffer: `live` to 0 (peers that map the file stop reading it), unmap.
     fn unmap(&mut self) {
-        // SAFETY: the mapping starts SHARED_HEADER before `ptr` and spans the header and
-        // `len` bytes; no reference into it outlives `self`.
-        unsafe {
-            let map = self.ptr.as_ptr().sub(SHARED_HEADER);
-            AtomicU32::from_ptr(map.cast()).store(0, std::sync::atomic::Ordering::Release);
-            libc::munmap(map.cast(), SHARED_HEADER + self.len);
+        if let Some((_, map)) = self.file.take() {
+            if let Some(live) = map.atomic_u32(0) {
+                live.store(0, std::sync::atomic::Ordering::Release);
+            }
+            SHARED_NOW.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
-        SHARED_NOW.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Gives the buffer back. Needs `self` by value: no other access can be in flight.
@@ -149,7 +151,6 @@ impl SharedBytes {
             // SAFETY: `len` mapped bytes; no other access is in flight (`self` by value).
             unsafe { std::ptr::copy_nonoverlapping(me.ptr.as_ptr(), out.as_mut_ptr(), me.len) };
             me.unmap();
-            drop(me.file.take());
             return out;
         }
         // SAFETY: ptr/len came from Box::into_raw of a boxed slice of this length, and `me`
@@ -322,7 +323,7 @@ fn claim(count: &std::sync::atomic::AtomicUsize, cap: usize) -> bool {
 
 /// A memfd of [`SHARED_HEADER`] + `len` bytes, mapped read-write here and read-only for
 /// anyone else: peers map it and must never find it shorter, nor write our memory.
-fn map_file(len: usize) -> std::io::Result<(OwnedFd, *mut u8)> {
+fn map_file(len: usize) -> std::io::Result<(OwnedFd, Mapping)> {
     crate::memfd::mapped_for_readers(c"rdma-mr", SHARED_HEADER + len)
 }
 

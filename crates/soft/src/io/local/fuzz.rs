@@ -45,7 +45,9 @@ fn descriptor(k: u8) -> Option<OwnedFd> {
 pub(crate) fn drain_bell(input: &[u8]) {
     let mut g = WIRE.lock().unwrap_or_else(|p| p.into_inner());
     if g.is_none() {
-        let Ok(slot) = Slot::claim() else { return };
+        let Ok(slot) = Slot::claim(&Default::default()) else {
+            return;
+        };
         let Ok(wire) = HostLocal::new(slot.get(), 1, MIN_CAPACITY) else {
             return;
         };

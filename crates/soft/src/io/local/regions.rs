@@ -6,10 +6,14 @@
 //! peer are mapped, [`MAX_BYTES`] in all (the oldest goes first): the address space a peer
 //! can make us map is bounded (a sparse file costs its maker nothing), and the sender, which remembers as many in the same order, hands an evicted one over
 //! again at its next use.
+//!
+//! Safe code: the mappings are `crate::memfd::Mapping`s, their header word a checked atomic.
+#![deny(unsafe_code)]
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
 
+use crate::memfd::Mapping;
 use crate::pull::{self, Piece, RESOLVED};
 
 /// Regions mapped per peer at most.
@@ -21,25 +25,21 @@ const HEADER: usize = 4096;
 
 struct Mapped {
     token: u64,
-    map: *mut u8,
-    /// The data's length (the file less the header).
-    len: usize,
+    /// The whole file, read-only: the header page, then the region's bytes.
+    map: Mapping,
 }
-
-// SAFETY: a read-only shared mapping; reads go through raw pointers only.
-unsafe impl Send for Mapped {}
 
 impl Mapped {
-    fn live(&self) -> bool {
-        // SAFETY: the header's first word, 4-byte aligned (page start), mapped.
-        unsafe { AtomicU32::from_ptr(self.map.cast()).load(Ordering::Acquire) == 1 }
+    /// The region's length (the file less the header).
+    fn len(&self) -> usize {
+        self.map.len() - HEADER
     }
-}
 
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `map` mapped, once.
-        unsafe { libc::munmap(self.map.cast(), HEADER + self.len) };
+    fn live(&self) -> bool {
+        // the header's first word (page start: aligned, in bounds)
+        self.map
+            .atomic_u32(0)
+            .is_some_and(|w| w.load(Ordering::Acquire) == 1)
     }
 }
 
@@ -55,43 +55,26 @@ impl Regions {
     pub fn insert(&mut self, token: u64, fd: OwnedFd) -> bool {
         self.maps.retain(|m| m.token != token && m.live());
         // a file whose size could change under the mapping would kill us (SIGBUS)
-        if !crate::memfd::size_sealed(std::os::fd::AsFd::as_fd(&fd)) {
+        if !crate::memfd::size_sealed(fd.as_fd()) {
             return false;
         }
-        // SAFETY: fstat into a zeroed struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 || (st.st_size as usize) <= HEADER {
+        let (fd, size) = crate::memfd::file_size(fd);
+        let Some(size) = size.ok().and_then(|n| usize::try_from(n).ok()) else {
             return false;
-        }
-        let size = st.st_size as usize;
-        if size > MAX_BYTES {
-            return false;
-        }
-        // SAFETY: a read-only shared mapping of the whole file; checked.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
         };
-        if map == libc::MAP_FAILED {
+        if size <= HEADER || size > MAX_BYTES {
             return false;
         }
+        let Ok(map) = Mapping::shared(fd.as_fd(), size, false) else {
+            return false;
+        };
         if self.maps.len() >= MAX_REGIONS {
             self.maps.remove(0);
         }
-        while self.maps.iter().map(|m| HEADER + m.len).sum::<usize>() + size > MAX_BYTES {
+        while self.maps.iter().map(|m| m.map.len()).sum::<usize>() + size > MAX_BYTES {
             self.maps.remove(0);
         }
-        self.maps.push(Mapped {
-            token,
-            map: map.cast(),
-            len: size - HEADER,
-        });
+        self.maps.push(Mapped { token, map });
         true
     }
 
@@ -114,9 +97,9 @@ impl Regions {
             return 0;
         };
         match p.offset.checked_add(p.len) {
-            Some(end) if end <= m.len as u64 => {
-                // SAFETY: in bounds of the mapping (checked).
-                unsafe { m.map.add(HEADER + p.offset as usize) as usize as u64 }
+            // an address in bounds of the mapping (checked), handed on as a number
+            Some(end) if end <= m.len() as u64 => {
+                m.map.ptr().as_ptr() as usize as u64 + HEADER as u64 + p.offset
             }
             _ => 0,
         }
@@ -154,15 +137,20 @@ impl Regions {
 /// 2 (8 KiB): rewritten, then copied from as the responder does. Every resolved address
 /// must lie inside a mapping; the copy reads only there.
 #[cfg(feature = "fuzzing")]
+#[allow(unsafe_code)] // reads at the resolved addresses
 pub(crate) fn fuzz_rewrite(payload: &[u8]) {
     let mut regs = Regions::default();
     for (token, len) in [(1u64, 4096usize), (2, 8192)] {
         let Ok(f) = crate::memfd::sealed(c"fuzz-region", HEADER + len) else {
             return;
         };
-        let one = 1u32.to_ne_bytes();
-        // SAFETY: a plain call on our descriptor, a live buffer.
-        unsafe { libc::pwrite(f.as_raw_fd(), one.as_ptr().cast(), 4, 0) };
+        let Ok(dup) = f.try_clone() else {
+            return;
+        };
+        let file = std::fs::File::from(dup);
+        if std::os::unix::fs::FileExt::write_all_at(&file, &1u32.to_ne_bytes(), 0).is_err() {
+            return;
+        }
         assert!(regs.insert(token, f));
     }
     let _ = regs.missing(payload);
@@ -173,11 +161,11 @@ pub(crate) fn fuzz_rewrite(payload: &[u8]) {
     let source = &out[pull::PREFIX..n];
     let inside = |addr: u64, len: u64| {
         regs.maps.iter().any(|m| {
-            let start = m.map as u64 + HEADER as u64;
+            let start = m.map.ptr().as_ptr() as u64 + HEADER as u64;
             addr >= start
                 && addr
                     .checked_add(len)
-                    .is_some_and(|e| e <= start + m.len as u64)
+                    .is_some_and(|e| e <= start + m.len() as u64)
         })
     };
     for c in source.chunks_exact(RESOLVED) {
@@ -198,11 +186,12 @@ pub(crate) fn fuzz_rewrite(payload: &[u8]) {
     std::hint::black_box(sum);
 }
 
+#[allow(unsafe_code)] // plain system calls on test files
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::verbs::shared_mem::SharedBytes;
-    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
 
     fn region(len: usize, fill: u8) -> SharedBytes {
         let r = SharedBytes::new_shared_zeroed(len);
@@ -294,31 +283,17 @@ pub(crate) mod tests {
     /// zero bytes), without taking one of the process's shared regions.
     pub(crate) fn region_file(len: usize) -> OwnedFd {
         let f = crate::memfd::sealed(c"test-region", HEADER + len).unwrap();
-        let one = 1u32.to_ne_bytes();
-        // SAFETY: a plain call on our descriptor, a live buffer.
-        let n = unsafe { libc::pwrite(f.as_raw_fd(), one.as_ptr().cast(), 4, 0) };
-        assert_eq!(n, 4);
+        let file = std::fs::File::from(f.try_clone().unwrap());
+        file.write_all_at(&1u32.to_ne_bytes(), 0).unwrap();
         f
     }
 
     #[test]
     fn other_files_are_refused_and_the_mappings_per_peer_are_bounded() {
-        // SAFETY: a static name; checked.
-        let raw = unsafe { libc::memfd_create(c"not-a-region".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor.
-        let f = unsafe { OwnedFd::from_raw_fd(raw) };
+        let f = crate::memfd::unsealed(c"not-a-region", 0).unwrap();
         assert!(!Regions::default().insert(1, f), "shorter than the header");
         // a region file whose size is not sealed (its maker could shrink it under us)
-        // SAFETY: a static name; checked.
-        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor; a plain call on it.
-        let f = unsafe { OwnedFd::from_raw_fd(raw) };
-        assert_eq!(
-            unsafe { libc::ftruncate(raw, 2 * HEADER as libc::off_t) },
-            0
-        );
+        let f = crate::memfd::unsealed(c"unsealed", 2 * HEADER).unwrap();
         assert!(!Regions::default().insert(1, f), "size not sealed");
         let mut regs = Regions::default();
         for k in 0..=MAX_REGIONS {
@@ -339,7 +314,7 @@ pub(crate) mod tests {
         }
         assert!(!regs.knows(2), "the oldest went");
         assert!(regs.knows(3) && regs.knows(4));
-        let mapped: usize = regs.maps.iter().map(|m| HEADER + m.len).sum();
+        let mapped: usize = regs.maps.iter().map(|m| m.map.len()).sum();
         assert!(mapped <= MAX_BYTES, "{mapped}");
     }
 }

@@ -16,11 +16,11 @@
 //! bell when it was set ([`Ring::take_waiting`]), with a full fence between each side's
 //! store and load, so one of them always sees the other.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::io::{TxPlacement, WireAddr};
+use crate::memfd::Mapping;
 
 /// "rdmaRing" in the first 8 bytes of a ring file.
 const MAGIC: u64 = u64::from_be_bytes(*b"rdmaRing");
@@ -52,44 +52,9 @@ pub(crate) struct RecordMeta {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Malformed(pub &'static str);
 
-struct Map {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; every access goes through atomics or the
-// ring's ownership protocol.
-unsafe impl Send for Map {}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `map` mapped, once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-fn map(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<Map> {
-    // SAFETY: a fresh shared mapping of a file at least `len` long (checked by callers).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
-    Ok(Map { ptr, len })
-}
-
 /// One mapped ring, as its producer or its consumer sees it.
 pub(crate) struct Ring {
-    map: Map,
+    map: Mapping,
     fd: OwnedFd,
     cap: u64,
     /// Producer: bytes written (published or not). Consumer: bytes consumed.
@@ -116,7 +81,7 @@ impl Ring {
     /// `fd` (`HEADER` + `cap` bytes long) mapped, at position 0.
     fn mapped(fd: OwnedFd, cap: usize) -> std::io::Result<Ring> {
         Ok(Ring {
-            map: map(fd.as_fd(), HEADER + cap)?,
+            map: Mapping::shared(fd.as_fd(), HEADER + cap, true)?,
             fd,
             cap: cap as u64,
             pos: 0,
@@ -145,13 +110,8 @@ impl Ring {
         if !crate::memfd::size_sealed(fd.as_fd()) {
             return Err(bad());
         }
-        // SAFETY: fstat into a zeroed struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a live descriptor and struct.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let len = usize::try_from(st.st_size).map_err(|_| bad())?;
+        let (fd, size) = crate::memfd::file_size(fd);
+        let len = usize::try_from(size?).map_err(|_| bad())?;
         let cap = len.checked_sub(HEADER).ok_or_else(bad)?;
         if !valid_capacity(cap) {
             return Err(bad());
@@ -178,12 +138,12 @@ impl Ring {
     fn word(&self, off: usize) -> &AtomicU64 {
         // SAFETY: `off` is an 8-aligned offset inside the header of a live mapping;
         // page-aligned mappings keep it aligned.
-        unsafe { &*self.map.ptr.as_ptr().add(off).cast::<AtomicU64>() }
+        unsafe { &*self.map.ptr().as_ptr().add(off).cast::<AtomicU64>() }
     }
 
     fn flag(&self, off: usize) -> &AtomicU32 {
         // SAFETY: as in `word` (4-aligned offsets).
-        unsafe { &*self.map.ptr.as_ptr().add(off).cast::<AtomicU32>() }
+        unsafe { &*self.map.ptr().as_ptr().add(off).cast::<AtomicU32>() }
     }
 
     fn waiting(&self) -> &AtomicU32 {
@@ -192,7 +152,7 @@ impl Ring {
 
     fn data(&self) -> *mut u8 {
         // SAFETY: the records start right after the header, inside the mapping.
-        unsafe { self.map.ptr.as_ptr().add(HEADER) }
+        unsafe { self.map.ptr().as_ptr().add(HEADER) }
     }
 
     // ---- producer ----
@@ -571,29 +531,19 @@ mod tests {
 
     #[test]
     fn attach_refuses_what_is_not_a_ring() {
-        use std::os::fd::FromRawFd;
+        use std::os::unix::fs::FileExt;
         // a file of a ring's size without its header
         let fd = crate::memfd::sealed(c"x", HEADER + MIN_CAPACITY).unwrap();
         let e = Ring::attach(fd).err().unwrap();
         assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
         // a real ring's file whose size is not sealed (its maker could shrink it under the
         // mapping): refused before it is mapped
-        // SAFETY: plain memfd_create; checked.
-        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = crate::memfd::unsealed(c"x", HEADER + MIN_CAPACITY).unwrap();
         let real = Ring::create(MIN_CAPACITY).unwrap();
         let mut head = [0u8; 16];
-        // SAFETY: plain calls on live descriptors and buffers.
-        unsafe {
-            assert_eq!(libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as i64), 0);
-            assert_eq!(
-                libc::pread(real.fd().as_raw_fd(), head.as_mut_ptr().cast(), 16, 0),
-                16
-            );
-            assert_eq!(libc::pwrite(raw, head.as_ptr().cast(), 16, 0), 16);
-        }
+        let file = |fd: BorrowedFd<'_>| std::fs::File::from(fd.try_clone_to_owned().unwrap());
+        assert_eq!(file(real.fd()).read_at(&mut head, 0).unwrap(), 16);
+        assert_eq!(file(fd.as_fd()).write_at(&head, 0).unwrap(), 16);
         let e = Ring::attach(fd).err().unwrap();
         assert_eq!(e.raw_os_error(), Some(libc::EPROTO));
         // the real one attaches

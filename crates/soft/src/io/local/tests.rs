@@ -3,7 +3,10 @@ use crate::io::share::Slot;
 use std::os::fd::AsRawFd;
 
 fn pair() -> (HostLocal, Slot, HostLocal, Slot) {
-    let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
+    let (sa, sb) = (
+        Slot::claim(&Default::default()).unwrap(),
+        Slot::claim(&Default::default()).unwrap(),
+    );
     let a = HostLocal::new(sa.get(), 1, ring::MIN_CAPACITY).unwrap();
     let b = HostLocal::new(sb.get(), 1, ring::MIN_CAPACITY).unwrap();
     (a, sa, b, sb)
@@ -450,7 +453,10 @@ fn a_renamed_directory_and_a_strangers_bell_in_its_place_get_nothing() {
     let dir = base.join("d");
     // SAFETY: geteuid cannot fail.
     let pinned = crate::io::share::rundir::open_private(&dir, unsafe { libc::geteuid() }).unwrap();
-    let (sa, sb) = (Slot::claim().unwrap(), Slot::claim().unwrap());
+    let (sa, sb) = (
+        Slot::claim(&Default::default()).unwrap(),
+        Slot::claim(&Default::default()).unwrap(),
+    );
     let mut a = HostLocal::in_dir(pinned.path(), sa.get(), 1, ring::MIN_CAPACITY).unwrap();
     let mut b = HostLocal::in_dir(pinned.path(), sb.get(), 1, ring::MIN_CAPACITY).unwrap();
     let (x, y) = addrs();

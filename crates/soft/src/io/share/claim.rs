@@ -16,7 +16,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::io::share::{
-    self, current_netns, held, lock, lock_path, open_rw, runtime_dir, try_lock_existing,
+    self, choose_runtime_dir, current_netns, held, lock, lock_path, open_rw, runtime_dir,
+    try_lock_existing, RuntimeDirChoice,
 };
 use crate::{Error, Result};
 
@@ -24,15 +25,15 @@ use crate::{Error, Result};
 ///
 /// ```
 /// use rdma_soft::io::PortClaim;
-/// let a = PortClaim::acquire(0x0106, "127.0.9.1".parse().unwrap(), 47990, true).unwrap();
-/// let again = PortClaim::acquire(0x0106, "127.0.9.1".parse().unwrap(), 47990, true);
+/// let a = PortClaim::acquire(&Default::default(), 0x0106, "127.0.9.1".parse().unwrap(), 47990, true).unwrap();
+/// let again = PortClaim::acquire(&Default::default(), 0x0106, "127.0.9.1".parse().unwrap(), 47990, true);
 /// assert_eq!(again.unwrap_err().errno(), libc::EADDRINUSE);
 /// // another address on the same port is fine; a wildcard is not
-/// let b = PortClaim::acquire(0x0106, "127.0.9.2".parse().unwrap(), 47990, true).unwrap();
-/// let any = PortClaim::acquire(0x0106, "0.0.0.0".parse().unwrap(), 47990, true);
+/// let b = PortClaim::acquire(&Default::default(), 0x0106, "127.0.9.2".parse().unwrap(), 47990, true).unwrap();
+/// let any = PortClaim::acquire(&Default::default(), 0x0106, "0.0.0.0".parse().unwrap(), 47990, true);
 /// assert_eq!(any.unwrap_err().errno(), libc::EADDRNOTAVAIL);
 /// drop((a, b));
-/// assert!(PortClaim::acquire(0x0106, "0.0.0.0".parse().unwrap(), 47990, true).is_ok());
+/// assert!(PortClaim::acquire(&Default::default(), 0x0106, "0.0.0.0".parse().unwrap(), 47990, true).is_ok());
 /// ```
 #[derive(Debug)]
 pub struct PortClaim {
@@ -114,13 +115,18 @@ pub const CLAIMS_FRESH: Duration = Duration::from_millis(100);
 
 /// The live claims of namespace `ns`, with their file names.
 fn live_claims(ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
-    let Ok(dir) = runtime_dir() else {
-        return Vec::new();
-    };
+    match runtime_dir() {
+        Ok(dir) => live_claims_in(&dir, ns),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// [`live_claims`] in `dir`.
+fn live_claims_in(dir: &Path, ns: u64) -> Vec<(PathBuf, ClaimInfo)> {
     SCANS.fetch_add(1, Ordering::Relaxed);
     #[cfg(test)]
     THREAD_SCANS.with(|n| n.set(n.get() + 1));
-    let Ok(rd) = std::fs::read_dir(&dir) else {
+    let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let prefix = format!("claim-{ns}-");
@@ -204,9 +210,17 @@ impl PortClaim {
     /// wildcard claims it on every address) for this process. Another live claim on the
     /// same address: `EADDRINUSE`; a wildcard against any address of its family:
     /// `EADDRNOTAVAIL` (rdma_cm's rules; `afonly` as `RDMA_OPTION_ID_AFONLY`). The
-    /// steering programs of this process's groups on `addr` learn the new listener.
-    pub fn acquire(ps: u16, addr: IpAddr, port: u16, afonly: bool) -> Result<PortClaim> {
-        let dir = runtime_dir()?;
+    /// steering programs of this process's groups on `addr` learn the new listener. `dirs`:
+    /// where the runtime directory is chosen from if nothing chose it yet
+    /// ([`crate::io::share::choose_runtime_dir`]).
+    pub fn acquire(
+        dirs: &RuntimeDirChoice,
+        ps: u16,
+        addr: IpAddr,
+        port: u16,
+        afonly: bool,
+    ) -> Result<PortClaim> {
+        let dir = choose_runtime_dir(dirs)?;
         let ns = current_netns();
         let serial_path = dir.join(format!("port-{ns}-{ps:04x}-{port}.lock"));
         let serial = lock_path(&serial_path).map_err(|source| Error::Os {
@@ -214,7 +228,7 @@ impl PortClaim {
             addr: None,
             source,
         })?;
-        for (_, c) in live_claims(ns) {
+        for (_, c) in live_claims_in(&dir, ns) {
             if c.ps == ps && c.port == port {
                 conflict(addr, afonly, c.addr, c.afonly, port)?;
             }
@@ -494,7 +508,7 @@ mod tests {
     #[test]
     fn listeners_become_services() {
         let a: IpAddr = "127.0.9.11".parse().unwrap();
-        let c = PortClaim::acquire(0x0106, a, 47991, true).unwrap();
+        let c = PortClaim::acquire(&Default::default(), 0x0106, a, 47991, true).unwrap();
         let ns = current_netns();
         let me = std::process::id();
         assert!(services(ns, a).contains(&(0x0106_0000 | 47991, me)));
@@ -513,12 +527,19 @@ mod tests {
         // Nobody listens: a REQ for it is this process's to refuse.
         assert!(!listener_elsewhere(ns, a, sid(47992)));
         // Ours (a wildcard covers the address too).
-        let mine = PortClaim::acquire(0x0106, "0.0.0.0".parse().unwrap(), 47993, true).unwrap();
+        let mine = PortClaim::acquire(
+            &Default::default(),
+            0x0106,
+            "0.0.0.0".parse().unwrap(),
+            47993,
+            true,
+        )
+        .unwrap();
         assert!(!listener_elsewhere(ns, a, sid(47993)));
         drop(mine);
         // Another live process's: a claim file named for pid 1, its flock held (as the
         // owner would hold it).
-        let dir = runtime_dir().unwrap();
+        let dir = choose_runtime_dir(&Default::default()).unwrap();
         let path = dir.join(format!("claim-{ns}-0106-47994-1-0"));
         let mut f = open_rw(&path).unwrap();
         assert!(lock(&f, true, false).unwrap());
@@ -544,7 +565,7 @@ mod tests {
         let a: IpAddr = "127.0.9.15".parse().unwrap();
         let ns = current_netns();
         let sid = service_id(0x0106, 47995);
-        let dir = runtime_dir().unwrap();
+        let dir = choose_runtime_dir(&Default::default()).unwrap();
         // Another live process's claim on the port, with the port's lock file, as
         // `acquire` leaves them.
         let lock_file = dir.join(format!("port-{ns}-0106-47995.lock"));
@@ -581,7 +602,7 @@ mod tests {
         let a: IpAddr = "127.0.9.16".parse().unwrap();
         let ns = current_netns();
         let sid = service_id(0x0106, 47996);
-        let dir = runtime_dir().unwrap();
+        let dir = choose_runtime_dir(&Default::default()).unwrap();
         let lock_file = dir.join(format!("port-{ns}-0106-47996.lock"));
         // No lock file: nobody's, refused.
         assert!(!listener_elsewhere(ns, a, sid));

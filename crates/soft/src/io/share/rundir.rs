@@ -1,4 +1,4 @@
-//! Choosing and pinning the per-user runtime directory ([`crate::io::share::runtime_dir`]).
+//! Choosing and pinning the per-user runtime directory ([`crate::io::share::choose_runtime_dir`]).
 //!
 //! Another user may have made our usual directory first (`/tmp` is shared): then the next
 //! candidate is taken, and when none is ours, a fresh private directory (the same one for
@@ -154,9 +154,9 @@ pub(crate) fn choose(candidates: &[PathBuf], uid: u32, tmp: &Path) -> Result<Pin
 
 /// The usual candidates, in order: `$XDG_RUNTIME_DIR/rdma-soft`, `/run/user/$UID/rdma-soft`,
 /// `/tmp/rdma-soft-$UID` (each only when its parent exists).
-pub(crate) fn candidates(uid: u32) -> Vec<PathBuf> {
+pub(crate) fn candidates(uid: u32, xdg_runtime_dir: Option<&Path>) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    if let Some(x) = crate::config::xdg_runtime_dir() {
+    if let Some(x) = xdg_runtime_dir.filter(|x| !x.as_os_str().is_empty()) {
         if x.is_dir() {
             v.push(x.join("rdma-soft"));
         }
@@ -212,6 +212,21 @@ mod tests {
         std::fs::DirBuilder::new().mode(0o1777).create(&d).unwrap();
         std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
         d
+    }
+
+    #[test]
+    fn the_usual_places_start_at_the_given_xdg_runtime_dir() {
+        let xdg = std::env::temp_dir().join(format!("rdma-soft-xdg-{}", std::process::id()));
+        std::fs::create_dir_all(&xdg).unwrap();
+        let tmp = PathBuf::from("/tmp/rdma-soft-4242");
+        let c = candidates(4242, Some(&xdg));
+        assert_eq!(c.first(), Some(&xdg.join("rdma-soft")));
+        assert_eq!(c.last(), Some(&tmp));
+        // none given, or one that does not exist: not a candidate
+        assert!(!candidates(4242, None).contains(&xdg.join("rdma-soft")));
+        let gone = xdg.join("gone");
+        assert!(!candidates(4242, Some(&gone)).contains(&gone.join("rdma-soft")));
+        std::fs::remove_dir_all(&xdg).unwrap();
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub struct UdpConfig {
     /// smallest region `ProtectionDomain::alloc` shares (`RDMA_SOFT_LOCAL_PULL`; `None`:
     /// pulls off). See `pull.rs`.
     pub local_pull: Option<u32>,
+    /// Where the process's runtime directory (slots, groups, claims, bells) is chosen from
+    /// when this wire is the first to need it (`RDMA_SOFT_RUNDIR`, `$XDG_RUNTIME_DIR`: set
+    /// by [`crate::SoftConfig::from_env`]; the default: the usual places without
+    /// `$XDG_RUNTIME_DIR`). The process has one: [`crate::io::share::choose_runtime_dir`].
+    pub runtime_dir: crate::io::RuntimeDirChoice,
 }
 
 impl Default for UdpConfig {
@@ -65,6 +70,7 @@ impl Default for UdpConfig {
             host_local: true,
             local_ring: crate::io::local::DEFAULT_RING,
             local_pull: Some(crate::PULL_DEFAULT_MIN),
+            runtime_dir: Default::default(),
         }
     }
 }

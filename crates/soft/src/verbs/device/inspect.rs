@@ -5,7 +5,7 @@ use rdma_proto::verbs::QpState;
 use serde_json::{json, Value};
 
 use crate::io::WireStats;
-use crate::runtime::{add_rc, QpCtx, RuntimeStats, UdCtx};
+use crate::runtime::{add_rc, RcView, RuntimeStats, UdView};
 use crate::verbs::{DeviceShared, PortState};
 
 /// The name `rdma resource` prints for a QP state.
@@ -40,52 +40,53 @@ fn rc_counters(s: &RcStats) -> Value {
     })
 }
 
-fn qp(c: &QpCtx) -> Value {
-    let a = c.rc.attr();
-    let (local, peer) = match c.paths.primary {
+fn qp(c: RcView<'_>) -> Value {
+    let rc = c.rc();
+    let a = rc.attr();
+    let (local, peer) = match c.primary() {
         Some(p) => (
             Value::from(p.local.to_string()),
             Value::from(p.remote.to_string()),
         ),
         None => (Value::Null, Value::Null),
     };
-    let alt = c.paths.alt.map_or(
+    let alt = c.alt().map_or(
         Value::Null,
         |p| json!({ "port": p.port, "local": p.local.to_string(), "peer": p.remote.to_string() }),
     );
     json!({
-        "qpn": c.qpn,
+        "qpn": c.qpn(),
         "type": "RC",
         "port": a.port_num.max(1),
-        "rx_port": c.rx_port,
-        "state": state_name(c.rc.state()),
+        "rx_port": c.rx_port(),
+        "state": state_name(rc.state()),
         "local": local,
         "peer": peer,
         "dest_qpn": a.dest_qp_num,
         "sq_psn": a.sq_psn,
         "rq_psn": a.rq_psn,
-        "unacked_psn": c.rc.oldest_unacked_psn(),
-        "outstanding": c.rc.outstanding_psns(),
-        "send_queue": c.rc.send_queue_len(),
+        "unacked_psn": rc.oldest_unacked_psn(),
+        "outstanding": rc.outstanding_psns(),
+        "send_queue": rc.send_queue_len(),
         "path_mtu": a.path_mtu.bytes(),
         "path_mig_state": format!("{:?}", a.path_mig_state).to_uppercase(),
         "alt": alt,
-        "migrations": c.rc.migrations(),
-        "wire": if c.host.is_some() { "host-local" } else { "udp" },
-        "counters": rc_counters(&c.rc.stats()),
+        "migrations": rc.migrations(),
+        "wire": if c.host_local() { "host-local" } else { "udp" },
+        "counters": rc_counters(&rc.stats()),
     })
 }
 
-fn ud_qp(c: &UdCtx) -> Value {
-    let s = c.ud.stats();
-    let local: Vec<String> = c.listening.iter().map(|a| a.to_string()).collect();
+fn ud_qp(c: UdView<'_>) -> Value {
+    let s = c.ud().stats();
+    let local: Vec<String> = c.listening().iter().map(|a| a.to_string()).collect();
     json!({
-        "qpn": c.qpn,
+        "qpn": c.qpn(),
         "type": "UD",
-        "port": c.port,
-        "state": state_name(c.ud.state()),
+        "port": c.port(),
+        "state": state_name(c.ud().state()),
         "local": if local.is_empty() { Value::Null } else { Value::from(local.join(",")) },
-        "qkey": c.ud.qkey(),
+        "qkey": c.ud().qkey(),
         "counters": {
             "qkey_mismatch": s.qkey_mismatch,
             "no_receive": s.no_receive,
@@ -178,15 +179,15 @@ fn port_view(d: &DeviceShared, n: u8, rx: u64) -> Option<Value> {
 pub(crate) fn snapshot(d: &DeviceShared) -> Value {
     let attr = d.attr();
     let rt = d.runtime();
-    let (live, mut total) = rt.qps();
+    let (live, mut total) = rt.rc_views();
     let mut qps = Vec::new();
     for c in live {
-        add_rc(&mut total, &c.rc.stats());
+        add_rc(&mut total, &c.rc().stats());
         qps.push(qp(c));
     }
     let mut qkey_mismatch = 0;
-    for c in rt.ud_qps() {
-        qkey_mismatch += c.ud.stats().qkey_mismatch;
+    for c in rt.ud_views() {
+        qkey_mismatch += c.ud().stats().qkey_mismatch;
         qps.push(ud_qp(c));
     }
     let stats = rt.stats();
