@@ -148,6 +148,9 @@ pub struct WireStats {
     /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp/park.rs`:
     /// a datagram to a socket in a set costs its sender a wake-up callback).
     pub sockets_parked: u64,
+    /// Busy polls that skipped the socket reads: the sockets had been empty for a while
+    /// (`io/udp/backoff.rs`; a datagram is still taken within a few polls).
+    pub busy_reads_skipped: u64,
     /// Fault injection on sent datagrams.
     pub faults_send: FaultStats,
     /// Fault injection on received datagrams.
