@@ -24,7 +24,6 @@
 //!
 //! What each saves is measured in docs/BENCHMARKS.md ("Batches, GSO and GRO").
 
-#[allow(unsafe_code)] // recvmmsg buffers: the headers point into the batch's own boxes
 mod batch;
 pub mod fault;
 pub mod flow;
@@ -33,11 +32,10 @@ mod icrc;
 pub mod local;
 mod peers;
 pub mod ports;
-#[allow(unsafe_code)] // sendmmsg buffers and control messages (cmsg)
 mod send_batch;
 pub mod share;
 pub mod steer;
-#[allow(unsafe_code)] // sockets: the system calls under the UDP wire
+#[allow(unsafe_code)] // sockets, recvmmsg / sendmmsg and their headers: the safe wrappers
 mod sys;
 mod udp;
 

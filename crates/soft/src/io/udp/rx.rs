@@ -1,6 +1,6 @@
 //! The receive path of [`UdpWire`].
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::time::Instant;
 
 use super::UdpWire;
@@ -45,7 +45,7 @@ impl UdpWire {
             } else {
                 self.cfg.batch
             };
-            let n = match self.inbox.recv(local.fd.as_raw_fd(), max) {
+            let n = match self.inbox.recv(local.fd.as_fd(), max) {
                 Ok(n) => n,
                 // an ICMP error for something we sent: noted, the datagrams wait for the
                 // next round
