@@ -8,8 +8,12 @@
 //! found nothing, the sockets are read on every [`SHORT_GAP`]th poll only, after
 //! [`LONG_QUIET`] on every [`LONG_GAP`]th; any datagram ends the back-off. A datagram is
 //! thus taken within [`LONG_GAP`] polls of its arrival (within one while the sockets carry
-//! traffic), and the polls between cost no system call. The host-local rings are looked at
-//! on every poll whatever this says (`udp/local.rs`).
+//! traffic), and the polls between cost no system call. A poller whose reads come more
+//! than [`SLOW_READS`] apart (its polls are slow: it does other work between them) does
+//! not back off, so a datagram waits at most about that long. The host-local rings are
+//! looked at on every poll whatever this says (`udp/local.rs`).
+
+use std::time::{Duration, Instant};
 
 use super::UdpWire;
 #[cfg(doc)]
@@ -24,6 +28,9 @@ pub(super) const SHORT_GAP: u32 = 4;
 pub(super) const LONG_QUIET: u32 = 64;
 /// Polls per socket read once idle.
 pub(super) const LONG_GAP: u32 = 8;
+/// Empty reads further apart than this: the poller is slow, its reads do not back off
+/// (one clock reading per empty read, none per skipped poll).
+pub(super) const SLOW_READS: Duration = Duration::from_micros(20);
 
 /// The back-off state of a [`UdpWire`]'s socket reads.
 #[derive(Debug, Default)]
@@ -32,6 +39,8 @@ pub(super) struct Backoff {
     streak: u32,
     /// Polls left before the next read.
     skip: u32,
+    /// When the last empty read was.
+    last: Option<Instant>,
 }
 
 impl Backoff {
@@ -44,12 +53,17 @@ impl Backoff {
         true
     }
 
-    /// A busy read of the sockets found datagrams (`got`) or none.
-    fn read(&mut self, got: bool) {
-        if got {
+    /// A busy read of the sockets found datagrams (`got`) or none, at `now`.
+    fn read(&mut self, got: bool, now: Instant) {
+        let slow = self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) > SLOW_READS);
+        if got || slow {
             *self = Backoff::default();
+            self.last = (!got).then_some(now);
             return;
         }
+        self.last = Some(now);
         self.streak = self.streak.saturating_add(1);
         self.skip = match self.streak {
             s if s >= LONG_QUIET => LONG_GAP - 1,
@@ -74,7 +88,9 @@ impl UdpWire {
     /// Only a busy poller's reads back off; any other read starts over.
     pub(super) fn socket_read_done(&mut self, busy: bool, got: bool) {
         if busy {
-            self.backoff.read(got);
+            // a clock reading per read that found nothing: far less than the read
+            let now = if got { self.clock } else { Instant::now() };
+            self.backoff.read(got, now);
         } else {
             self.backoff = Backoff::default();
         }
@@ -123,6 +139,7 @@ mod tests {
     #[test]
     fn empty_reads_back_off_in_two_steps_and_a_datagram_ends_it() {
         let mut b = Backoff::default();
+        let t0 = Instant::now();
         let mut reads = 0;
         let mut polls_between = Vec::new();
         let mut since = 0;
@@ -134,7 +151,7 @@ mod tests {
             polls_between.push(since + 1);
             since = 0;
             reads += 1;
-            b.read(false);
+            b.read(false, t0);
         }
         // the first QUIET_READS reads are back to back
         assert!(polls_between[..QUIET_READS as usize]
@@ -144,8 +161,26 @@ mod tests {
         assert_eq!(*polls_between.last().unwrap(), LONG_GAP);
         assert!(polls_between.iter().all(|&g| g <= LONG_GAP));
         assert!(reads < 2000 / LONG_GAP as usize + LONG_QUIET as usize);
-        b.read(true);
+        b.read(true, t0);
         assert!(!b.skips(), "a datagram: the next poll reads");
+    }
+
+    /// A poller whose empty reads come more than SLOW_READS apart reads on every poll.
+    #[test]
+    fn a_slow_poller_does_not_back_off() {
+        let mut b = Backoff::default();
+        let mut t = Instant::now();
+        for _ in 0..100 {
+            assert!(!b.skips(), "a slow poller's every poll reads");
+            t += SLOW_READS * 2;
+            b.read(false, t);
+        }
+        // fast again: it backs off after QUIET_READS reads
+        for _ in 0..QUIET_READS + 1 {
+            t += Duration::from_micros(1);
+            b.read(false, t);
+        }
+        assert!(b.skips());
     }
 
     /// On a real socket: a busy poller whose socket stayed empty makes far fewer reads than
