@@ -59,43 +59,58 @@ fn run(seed: u64, credits: bool) -> Run {
         queued += 1;
     }
     let (mut posted, mut next_post, mut received, mut sent) = (0u64, 0u64, 0u64, 0u64);
-    let done = s.run_until(10_000_000_000, |s| {
-        while let Some(c) = s.b.qp.poll_recv_completion() {
-            assert_eq!(c.status, WcStatus::Success);
-            assert_eq!(c.wr_id, received, "in order, each once");
-            assert_eq!(c.byte_len, LEN);
-            let at = s.b.buf_addr + (c.wr_id % 64) * u64::from(LEN);
-            let data = s.b.mem.bytes_mut(at, u64::from(LEN)).unwrap();
-            assert!(
-                data.iter().all(|&b| b == c.wr_id as u8),
-                "message {received}"
-            );
-            received += 1;
-        }
-        while let Some(c) = s.a.qp.poll_send_completion() {
-            assert_eq!(c.status, WcStatus::Success);
-            assert_eq!(c.wr_id, sent);
-            sent += 1;
-            if queued < N {
-                post_send(s, queued);
-                queued += 1;
+    const END: u64 = 10_000_000_000;
+    let mut done = false;
+    while !done && s.now < END {
+        // the application's next post is an event of its own (else the virtual clock would
+        // jump from an RNR NAK straight to the RNR timer)
+        let until = if posted < N { next_post.min(END) } else { END };
+        done = s.run_until(until, |s| {
+            while let Some(c) = s.b.qp.poll_recv_completion() {
+                assert_eq!(c.status, WcStatus::Success);
+                assert_eq!(c.wr_id, received, "in order, each once");
+                assert_eq!(c.byte_len, LEN);
+                let at = s.b.buf_addr + (c.wr_id % 64) * u64::from(LEN);
+                let data = s.b.mem.bytes_mut(at, u64::from(LEN)).unwrap();
+                assert!(
+                    data.iter().all(|&b| b == c.wr_id as u8),
+                    "message {received}"
+                );
+                received += 1;
             }
-        }
-        // the slow application: a batch of receives each period
-        if s.now >= next_post && posted < N {
-            for _ in 0..BATCH.min(N - posted) {
-                let wr = RecvWr::new(posted).with_sge(Sge {
-                    addr: s.b.buf_addr + (posted % 64) * u64::from(LEN),
-                    length: LEN,
-                    lkey: s.b.lkey,
-                });
-                s.b.qp.post_recv(&wr).unwrap();
-                posted += 1;
+            while let Some(c) = s.a.qp.poll_send_completion() {
+                assert_eq!(c.status, WcStatus::Success);
+                assert_eq!(c.wr_id, sent);
+                sent += 1;
+                if queued < N {
+                    post_send(s, queued);
+                    queued += 1;
+                }
             }
-            next_post = s.now + PERIOD;
+            // the slow application: a batch of receives each period
+            if s.now >= next_post && posted < N {
+                for _ in 0..BATCH.min(N - posted) {
+                    let wr = RecvWr::new(posted).with_sge(Sge {
+                        addr: s.b.buf_addr + (posted % 64) * u64::from(LEN),
+                        length: LEN,
+                        lkey: s.b.lkey,
+                    });
+                    s.b.qp.post_recv(&wr).unwrap();
+                    posted += 1;
+                }
+                next_post = s.now + PERIOD;
+            }
+            received == N && sent == N
+        });
+        if done {
+            break;
         }
-        received == N && sent == N
-    });
+        if until == END {
+            // idle with every receive posted, or out of time
+            break;
+        }
+        s.now = s.now.max(until);
+    }
     assert!(
         done,
         "seed {seed}: {received} of {N} received, {sent} completed"
@@ -139,6 +154,14 @@ fn credits_bound_rnr_resends_to_one_message() {
         // what the receiver dropped after an RNR NAK is what was resent, nothing more
         assert!(r.receiver.dropped <= r.sender.retransmitted);
         assert!(r.peer_credits.is_some());
+        // the application posts every 300 µs, the RNR timer is 640 µs: each wait ends with
+        // the receiver's credit update, none lasts the timer
+        assert_eq!(
+            r.sender.rnr_waits_cut, rnr,
+            "seed {seed}: {rnr} RNR waits, {} ended by a credit update",
+            r.sender.rnr_waits_cut
+        );
+        assert_eq!(r.receiver.credit_updates_sent, rnr);
     }
 }
 
@@ -227,4 +250,67 @@ fn a_credit_wait_asks_for_its_ack_at_once() {
         "the SEND waited {} ns for credits",
         s.now - start
     );
+}
+
+/// One SEND into a receiver with no receive posted, which posts one 10 µs after its RNR
+/// NAK; returns the sender's and the receiver's counters and the virtual time from the NAK
+/// to the SEND's completion. `credits`: the receiver advertises (else code 0x1f, as rxe).
+fn rnr_then_post(credits: bool) -> (RcStats, RcStats, u64) {
+    let p = ConnParams {
+        min_rnr_timer: 12, // 640 µs, as the CM sets
+        timeout: 17,
+        ..ConnParams::default()
+    };
+    let faults = Faults {
+        delay_ns: 2_000,
+        ..Faults::clean()
+    };
+    let mut s = RcPair::with_attrs(3, faults, &p);
+    s.in_order = true;
+    s.b.qp.set_credits(credits);
+    let wr = SendWr::new(1, SendOp::Send)
+        .with_flags(SendFlags::SIGNALED)
+        .with_sge(Sge {
+            addr: s.a.buf_addr,
+            length: 64,
+            lkey: s.a.lkey,
+        });
+    s.a.qp.post_send(&s.a.mem, &wr).unwrap();
+    assert!(s.run_until(1_000_000, |s| s.a.qp.stats().rnr_naks_received == 1));
+    let nak_at = s.now;
+    // nothing happens until the RNR timer: the receiver's application posts at +10 µs
+    assert!(!s.run_until(nak_at + 10_000, |_| false));
+    s.now = nak_at + 10_000;
+    let wr = RecvWr::new(7).with_sge(Sge {
+        addr: s.b.buf_addr,
+        length: 64,
+        lkey: s.b.lkey,
+    });
+    s.b.qp.post_recv(&wr).unwrap();
+    let done = s.run_until(10_000_000, |s| s.a.qp.poll_send_completion().is_some());
+    assert!(done, "the SEND never completed: {:?}", s.a.qp.stats());
+    let got = std::iter::from_fn(|| s.b.qp.poll_recv_completion()).count();
+    assert_eq!(got, 1, "delivered once");
+    (s.a.qp.stats(), s.b.qp.stats(), s.now - nak_at)
+}
+
+/// A receiver that advertises credits and refused a message with an RNR NAK sends a credit
+/// update when its application posts a receive; the sender ends its RNR wait on it and
+/// resends the one refused packet then, not after the RNR timer. Without credits (Linux
+/// rxe's 0x1f) the wait lasts the timer, as before.
+#[test]
+fn a_credit_update_ends_the_rnr_wait() {
+    let (a, b, waited) = rnr_then_post(true);
+    assert_eq!(b.credit_updates_sent, 1, "{b:?}");
+    assert_eq!(a.rnr_waits_cut, 1, "{a:?}");
+    assert_eq!(a.rnr_naks_received, 1);
+    assert_eq!(a.retransmitted, 1, "only the refused packet again: {a:?}");
+    // virtual time: the post came 10 µs after the NAK, the RNR timer is 640 µs
+    assert!(waited < 100_000, "waited {waited} ns after the RNR NAK");
+
+    let (a, b, waited) = rnr_then_post(false);
+    assert_eq!(b.credit_updates_sent, 0, "no count to advertise: {b:?}");
+    assert_eq!(a.rnr_waits_cut, 0);
+    assert_eq!(a.retransmitted, 1);
+    assert!(waited >= 640_000, "0x1f: the whole RNR timer ({waited} ns)");
 }

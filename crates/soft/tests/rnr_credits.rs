@@ -77,6 +77,13 @@ fn slow_receiver_costs_one_message_per_rnr_nak() {
         st.credit_waits > 0,
         "the sender never waited for credits: {st:?}"
     );
+    // the receiver's posts end the sender's RNR waits (its credit update leaves with the
+    // post: `QueuePair::post_recv`), rather than each lasting the RNR timer
+    let rx = b.qp.transport_stats().unwrap();
+    assert!(
+        st.rnr_waits_cut > 0 && rx.credit_updates_sent >= st.rnr_waits_cut,
+        "no RNR wait ended by a credit update: {st:?} {rx:?}"
+    );
     // (the probe timer's resends, when a held ACK comes late, are counted apart)
     assert!(
         st.retransmitted - st.early_retransmits <= st.rnr_naks_received,

@@ -173,6 +173,12 @@ impl RcQp {
             if d < 0 && ack && answer {
                 self.probe_stale_ack(now, p);
             }
+            // the last acknowledged PSN again with a valid count: a credit update
+            if d == -1 && h.bth.opcode == Opcode::RcAcknowledge {
+                if let Some(a) = h.aeth.filter(|a| a.syndrome.credit_count().is_some()) {
+                    self.on_credit_update(now, a.syndrome);
+                }
+            }
             return;
         }
         let prev = p.wrapping_sub(1) & PSN_MASK;

@@ -10,6 +10,15 @@
 //! 0x1f, "invalid", as Linux rxe's always do. A requester honours the count of the latest
 //! ACK whose code is valid; an ACK with 0x1f lifts the limit (that peer does not count), and
 //! an RNR NAK sets it to none until the next ACK. Before the first ACK there is no limit.
+//!
+//! An RNR wait lasts the responder's RNR timer (640 µs as the CM sets it) although the
+//! receiver usually posts again within microseconds. So a responder that advertises and
+//! refused a message with an RNR NAK sends a credit update as soon as a receive is posted:
+//! an unsolicited ACK that repeats the last acknowledged PSN and MSN with the new count
+//! (the "ghost" ACK Linux's qib and hfi1 requesters take credits from). A requester that
+//! gets one with credits while it waits out an RNR timer resends at once. Both sides of
+//! Linux rxe are unaffected: it never sends a valid count (0x1f ends no wait), and it drops
+//! the duplicate ACK as stale.
 
 use super::RcQp;
 use crate::verbs::SendOp;
@@ -105,6 +114,31 @@ impl RcQp {
     /// not limited).
     pub fn peer_credits(&self) -> Option<u32> {
         self.credit.limit
+    }
+
+    /// After a receive was posted: a responder that refused a message with an RNR NAK
+    /// (and advertises credits) sends a credit update, an ACK of the last acknowledged PSN.
+    pub(super) fn credit_update_after_rnr(&mut self) {
+        if !std::mem::take(&mut self.resp.rnr_owed) || !self.resp.advertise {
+            return;
+        }
+        self.stats.credit_updates_sent += 1;
+        self.resp.update_queued = true;
+        let last = self.resp.epsn.wrapping_sub(1) & crate::psn::PSN_MASK;
+        self.resp.push_ack(last, false);
+    }
+
+    /// A duplicate ACK of the last acknowledged PSN (`psn`, one before the oldest
+    /// outstanding) with `syndrome`: a credit update. Its count is taken; one with credits
+    /// ends an RNR wait, and the refused message goes again now.
+    pub(super) fn on_credit_update(&mut self, now: u64, syndrome: AethSyndrome) {
+        self.credit.on_ack(syndrome);
+        let credits = syndrome.credit_count().unwrap_or(0);
+        if credits > 0 && self.rnr_until.take().is_some() {
+            self.stats.rnr_waits_cut += 1;
+            tracing::debug!(qpn = self.cfg.qpn, credits, "credit update: RNR wait ended");
+            self.arm_retrans(now);
+        }
     }
 
     /// Whether the next new message of `op` may start; counts a wait when not. A wait

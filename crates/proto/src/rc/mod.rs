@@ -122,6 +122,12 @@ pub struct RcStats {
     /// Times a SEND (or RDMA WRITE with immediate) waited for the peer's credits (see
     /// [`RcQp::set_credits`]).
     pub credit_waits: u64,
+    /// Credit updates this responder sent: an ACK, unsolicited, when a receive was posted
+    /// after it refused a message with an RNR NAK (`credit.rs`).
+    pub credit_updates_sent: u64,
+    /// RNR waits this requester ended early: the peer's credit update said a receive is
+    /// posted (`credit.rs`).
+    pub rnr_waits_cut: u64,
 }
 
 /// Local ACK timeout in nanoseconds for the 5-bit exponent (`None`: infinite).
@@ -447,7 +453,22 @@ impl RcQp {
         if wr.sg.total_len() > u32::MAX as u64 {
             return Err(PostError::InvalidWr("receive longer than 2^32-1 bytes"));
         }
-        self.resp.post(wr, self.cfg.max_recv_wr.max(1) as usize)
+        self.resp.post(wr, self.cfg.max_recv_wr.max(1) as usize)?;
+        self.credit_update_after_rnr();
+        Ok(())
+    }
+
+    /// Whether the last [`RcQp::post_recv`] queued a credit update (an ACK that ends the
+    /// peer's RNR wait: `credit` module) that should leave now; clears it.
+    ///
+    /// ```
+    /// use rdma_proto::rc::{RcConfig, RcQp};
+    /// use rdma_proto::verbs::PdId;
+    /// let mut qp = RcQp::new(RcConfig::new(0x11, PdId(1)));
+    /// assert!(!qp.take_credit_update(), "no RNR NAK was sent");
+    /// ```
+    pub fn take_credit_update(&mut self) -> bool {
+        std::mem::take(&mut self.resp.update_queued)
     }
 
     /// From now on, RDMA WRITEs of at least `min` bytes (none: `None`, the default) ask the

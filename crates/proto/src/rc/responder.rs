@@ -154,6 +154,11 @@ pub(super) struct Responder {
     new_rd_in_out: usize,
     /// ACKs advertise the receives posted (`RcQp::set_credits`, `credit.rs`).
     pub advertise: bool,
+    /// An RNR NAK was sent and no receive posted since: the next post sends a credit
+    /// update (`credit.rs`).
+    pub rnr_owed: bool,
+    /// A credit update was queued by a post (`RcQp::take_credit_update`).
+    pub update_queued: bool,
 }
 
 impl Responder {
@@ -169,6 +174,8 @@ impl Responder {
             max_rd: 1,
             new_rd_in_out: 0,
             advertise: false,
+            rnr_owed: false,
+            update_queued: false,
         }
     }
 
@@ -306,6 +313,7 @@ impl RcQp {
         self.stats.naks_sent += 1;
         tracing::debug!(qpn = self.cfg.qpn, psn, "no receive posted: RNR NAK sent");
         let aeth = rnr(self.attr.min_rnr_timer, self.resp.msn);
+        self.resp.rnr_owed = self.resp.advertise;
         // replace a trailing RNR NAK for the same PSN rather than queueing another
         if let Some(Out::Ack {
             psn: p, aeth: a, ..

@@ -24,7 +24,6 @@
 //!
 //! What each saves is measured in docs/BENCHMARKS.md ("Batches, GSO and GRO").
 
-#[allow(unsafe_code)] // recvmmsg buffers: the headers point into the batch's own boxes
 mod batch;
 pub mod fault;
 pub mod flow;
@@ -33,11 +32,10 @@ mod icrc;
 pub mod local;
 mod peers;
 pub mod ports;
-#[allow(unsafe_code)] // sendmmsg buffers and control messages (cmsg)
 mod send_batch;
 pub mod share;
 pub mod steer;
-#[allow(unsafe_code)] // sockets: the system calls under the UDP wire
+#[allow(unsafe_code)] // sockets, recvmmsg / sendmmsg and their headers: the safe wrappers
 mod sys;
 mod udp;
 
@@ -148,6 +146,9 @@ pub struct WireStats {
     /// Times a busy poller took the sockets out of the wire's epoll set (`io/udp/park.rs`:
     /// a datagram to a socket in a set costs its sender a wake-up callback).
     pub sockets_parked: u64,
+    /// Busy polls that skipped the socket reads: the sockets had been empty for a while
+    /// (`io/udp/backoff.rs`; a datagram is still taken within a few polls).
+    pub busy_reads_skipped: u64,
     /// Fault injection on sent datagrams.
     pub faults_send: FaultStats,
     /// Fault injection on received datagrams.

@@ -17,7 +17,7 @@
 //! socket, as before. Peers answer to 4791, so nothing arrives on these sockets but ICMP
 //! errors, which a send then reports once (the datagram counts as refused; RC resends it).
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Instant;
 
 use super::{sys, WireAddr};
@@ -123,9 +123,9 @@ impl PeerSockets {
 
     /// The descriptor of socket `id` (a batch number from [`FIRST_ID`] on), if open.
     #[inline]
-    pub fn fd(&self, id: u8) -> Option<RawFd> {
+    pub fn fd(&self, id: u8) -> Option<BorrowedFd<'_>> {
         let e = self.entries.get(usize::from(id.checked_sub(FIRST_ID)?))?;
-        Some(e.fd.as_raw_fd())
+        Some(e.fd.as_fd())
     }
 
     /// The source port of socket `id`.
@@ -164,14 +164,24 @@ mod tests {
         // no destination given: the connected one
         let fd = s.fd(id).unwrap();
         // SAFETY: a live socket and buffer.
-        let n = unsafe { libc::send(fd, b"ping".as_ptr().cast(), 4, 0) };
+        let n = unsafe {
+            libc::send(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                b"ping".as_ptr().cast(),
+                4,
+                0,
+            )
+        };
         assert_eq!(n, 4);
         let mut b = [0u8; 16];
         let (n, from) = rx.recv_from(&mut b).unwrap();
         assert_eq!(&b[..n], b"ping");
         assert_eq!(from.to_string(), "[::1]:50123");
-        assert_eq!(s.fd(FIRST_ID + 1), None);
-        assert_eq!(s.fd(3), None, "a source-port socket's number is not ours");
+        assert!(s.fd(FIRST_ID + 1).is_none());
+        assert!(
+            s.fd(3).is_none(),
+            "a source-port socket's number is not ours"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! datagrams leave from the wire's socket instead and count in
 //! [`super::WireStats::sport_fallback`]. A failed port is tried again after [`RETRY`].
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::{sys, WireAddr};
@@ -201,9 +201,9 @@ impl SportSockets {
 
     /// The descriptor of socket `n` (1-based), if open.
     #[inline]
-    pub fn fd(&self, n: u8) -> Option<RawFd> {
+    pub fn fd(&self, n: u8) -> Option<BorrowedFd<'_>> {
         let e = self.entries.get(usize::from(n).checked_sub(1)?)?;
-        e.fd.as_ref().map(|f| f.as_raw_fd())
+        e.fd.as_ref().map(|f| f.as_fd())
     }
 
     /// The source port of socket `n` (1-based).
@@ -325,7 +325,7 @@ mod tests {
                 // SAFETY: `b` is writable for its length.
                 let got = unsafe {
                     libc::recv(
-                        s.fd(2).unwrap(),
+                        s.fd(2).unwrap().as_raw_fd(),
                         b.as_mut_ptr().cast(),
                         b.len(),
                         libc::MSG_DONTWAIT,

@@ -5,9 +5,9 @@
 //! Each queued datagram names the socket it leaves from (0: the address's 4791 socket; others:
 //! its source-port sockets); a flush makes one `sendmmsg` run per socket present.
 
-use std::mem::zeroed;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 
+use super::sys::mmsg::{self, Loaded, SendHeaders};
 use super::sys::{self, SOL_UDP, UDP_SEGMENT};
 use super::WireAddr;
 
@@ -21,8 +21,8 @@ pub(crate) struct SendBatch {
     starts: Box<[usize]>,
     lens: Box<[usize]>,
     names: Box<[(libc::sockaddr_storage, libc::socklen_t)]>,
-    iovs: Box<[libc::iovec]>,
-    hdrs: Box<[libc::mmsghdr]>,
+    /// The `sendmmsg` headers (`sys::mmsg`), loaded per run with the datagrams above.
+    out: SendHeaders,
     queued: usize,
     /// UDP GSO: consecutive datagrams to the same destination, all of one size but the last
     /// (which may be shorter), go as one message with `UDP_SEGMENT`.
@@ -48,20 +48,11 @@ pub(crate) struct SendBatch {
     per_msg: Box<[u16]>,
     /// The first queued datagram of each message built by `send`.
     msg_first: Box<[u16]>,
-    /// Control messages (`UDP_SEGMENT`, `IP_TOS` / `IPV6_TCLASS`), one buffer per message.
-    ctrl: Box<[[u64; SEND_CTRL_WORDS]]>,
 }
-
-/// Space for a `UDP_SEGMENT` control message (header and a u16, 24 bytes) and an `IP_TOS` /
-/// `IPV6_TCLASS` one (header and an int, 24 bytes), in u64 words.
-const SEND_CTRL_WORDS: usize = 6;
 /// Most segments in one GSO message (the kernel's `UDP_MAX_SEGMENTS` is 64 or more).
 pub(crate) const GSO_MAX_SEGS: usize = 64;
 /// Most bytes in one GSO message (a UDP datagram's length field; the kernel refuses more).
 const GSO_MAX_BYTES: usize = 65_000;
-
-// SAFETY: as for `RecvBatch`, the raw pointers point into boxes owned by the same value.
-unsafe impl Send for SendBatch {}
 
 /// Outcome of [`SendBatch::send`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -90,10 +81,10 @@ impl SendBatch {
             bufs: vec![0u8; count * slot].into_boxed_slice(),
             starts: vec![0; count].into_boxed_slice(),
             lens: vec![0; count].into_boxed_slice(),
-            // SAFETY: all-zero is valid for these plain C structs.
-            names: (0..count).map(|_| (unsafe { zeroed() }, 0)).collect(),
-            iovs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
-            hdrs: (0..count * 2).map(|_| unsafe { zeroed() }).collect(),
+            names: (0..count)
+                .map(|_| sys::to_sockaddr(unspecified(), 0))
+                .collect(),
+            out: SendHeaders::new(count * 2, count * 2),
             queued: 0,
             gso: false,
             dsts: vec![None; count].into_boxed_slice(),
@@ -105,7 +96,6 @@ impl SendBatch {
             group: None,
             per_msg: vec![0; count * 2].into_boxed_slice(),
             msg_first: vec![0; count * 2].into_boxed_slice(),
-            ctrl: vec![[0u64; SEND_CTRL_WORDS]; count * 2].into_boxed_slice(),
         }
     }
 
@@ -244,9 +234,9 @@ impl SendBatch {
     /// descriptor `fd_of` gives for it (`None`: the socket is gone, its datagrams are counted
     /// as refused). Datagrams the kernel refuses are counted, not retried; a full socket buffer
     /// is waited out briefly.
-    pub fn send(
+    pub fn send<'f>(
         &mut self,
-        fd_of: impl Fn(u8) -> Option<RawFd>,
+        fd_of: impl Fn(u8) -> Option<BorrowedFd<'f>>,
         order: Option<&[u16]>,
     ) -> SendOutcome {
         let mut out = SendOutcome::default();
@@ -254,14 +244,16 @@ impl SendBatch {
         while present != 0 {
             let sock = present.trailing_zeros() as u8;
             present &= present - 1;
-            let n = self.build(sock, order);
+            let (mut run, plan) = self.build(sock, order);
+            let n = run.len();
             if n == 0 {
                 continue;
             }
+            let per_msg = &plan.per_msg[..n];
             let o = match fd_of(sock) {
-                Some(fd) => send_all(fd, &mut self.hdrs[..n], &self.per_msg[..n]),
+                Some(fd) => send_all(fd, &mut run, per_msg),
                 None => SendOutcome {
-                    failed: self.per_msg[..n].iter().map(|&d| usize::from(d)).sum(),
+                    failed: per_msg.iter().map(|&d| usize::from(d)).sum(),
                     last_error: Some(libc::EBADF),
                     ..SendOutcome::default()
                 },
@@ -283,57 +275,54 @@ impl SendBatch {
         out
     }
 
-    /// Builds the messages of the datagrams from socket `sock` (in `order`, or queue order
-    /// grouped by segment) into the headers; returns how many.
-    fn build(&mut self, sock: u8, order: Option<&[u16]>) -> usize {
-        let mut n = 0;
-        let mut k = 0;
-        // Datagram `i` as the next iovec; with `new_msg` it starts the next message.
-        let mut add = |me: &mut SendBatch, i: usize, new_msg: bool| {
-            if k >= me.iovs.len() || (new_msg && n >= me.hdrs.len()) || (!new_msg && n == 0) {
-                return;
-            }
-            me.iovs[k] = libc::iovec {
-                iov_base: me.bufs[i * me.slot + me.starts[i]..].as_mut_ptr().cast(),
-                iov_len: me.lens[i],
-            };
+    /// Loads the messages of the datagrams from socket `sock` (in `order`, or queue order
+    /// grouped by segment) into the headers, with their control messages.
+    fn build<'s>(&'s mut self, sock: u8, order: Option<&[u16]>) -> (Loaded<'s>, Plan<'s>) {
+        let SendBatch {
+            slot,
+            bufs,
+            starts,
+            lens,
+            names,
+            out,
+            queued,
+            tclasses,
+            segs,
+            socks,
+            per_msg,
+            msg_first,
+            ..
+        } = self;
+        let mut run = out.load();
+        let (bufs, names, slot) = (&**bufs, &**names, *slot);
+        // a connected socket's datagrams name no destination (one would cost the route
+        // lookup the connection saves)
+        let named = sock < super::peers::FIRST_ID;
+        let mut add = |run: &mut Loaded<'s>, i: usize, new_msg: bool| {
+            let base = i * slot + starts[i];
+            let data = &bufs[base..base + lens[i]];
             if new_msg {
-                // SAFETY: all-zero is a valid msghdr.
-                let mut h: libc::msghdr = unsafe { zeroed() };
-                // a connected socket's datagrams name no destination (one would cost the
-                // route lookup the connection saves)
-                if sock < super::peers::FIRST_ID {
-                    h.msg_name = (&mut me.names[i].0 as *mut libc::sockaddr_storage).cast();
-                    h.msg_namelen = me.names[i].1;
+                let m = run.len();
+                if run.message(named.then_some(&names[i]), data) {
+                    per_msg[m] = 1;
+                    msg_first[m] = i as u16;
                 }
-                h.msg_iov = &mut me.iovs[k];
-                h.msg_iovlen = 1;
-                me.hdrs[n] = libc::mmsghdr {
-                    msg_hdr: h,
-                    msg_len: 0,
-                };
-                me.per_msg[n] = 1;
-                me.msg_first[n] = i as u16;
-                n += 1;
-            } else {
-                me.hdrs[n - 1].msg_hdr.msg_iovlen += 1;
-                me.per_msg[n - 1] += 1;
+            } else if run.append(data) {
+                per_msg[run.len() - 1] += 1;
             }
-            k += 1;
         };
         match order {
             Some(order) => {
                 for &i in order {
-                    if (i as usize) < self.queued && self.socks[i as usize] == sock {
-                        add(self, i as usize, true);
+                    if (i as usize) < *queued && socks[i as usize] == sock {
+                        add(&mut run, i as usize, true);
                     }
                 }
             }
             None => {
-                for i in 0..self.queued {
-                    if self.socks[i] == sock {
-                        let first = self.segs[i] == 0;
-                        add(self, i, first);
+                for i in 0..*queued {
+                    if socks[i] == sock {
+                        add(&mut run, i, segs[i] == 0);
                     }
                 }
             }
@@ -341,86 +330,60 @@ impl SendBatch {
         // Control messages: UDP_SEGMENT with the first datagram's size for a message of more
         // than one; IP_TOS / IPV6_TCLASS for a non-zero traffic class (0 is the socket's
         // default, which the sockets never change, so it needs none).
-        for m in 0..n {
-            let first = self.msg_first[m] as usize;
-            let tclass = self.tclasses[first];
-            let gso = self.per_msg[m] >= 2;
+        for m in 0..run.len() {
+            let first = msg_first[m] as usize;
+            let tclass = tclasses[first];
+            let gso = per_msg[m] >= 2;
             if !gso && tclass == 0 {
                 continue;
             }
-            let v6 = i32::from(self.names[first].0.ss_family) == libc::AF_INET6;
-            // SAFETY: msg_iov points at an initialised iovec of this batch.
-            let size = unsafe { (*self.hdrs[m].msg_hdr.msg_iov).iov_len } as u16;
-            let c = &mut self.ctrl[m];
-            *c = [0; SEND_CTRL_WORDS];
-            let h = &mut self.hdrs[m].msg_hdr;
-            h.msg_control = c.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE(2) + CMSG_SPACE(4) (48 bytes) fit in `c`; msg_controllen
-            // covers exactly the control messages written, each inside `c`.
-            unsafe {
-                let mut len = 0;
-                if gso {
-                    len += libc::CMSG_SPACE(2);
-                }
-                if tclass != 0 {
-                    len += libc::CMSG_SPACE(4);
-                }
-                h.msg_controllen = len as _;
-                let base = c.as_mut_ptr().cast::<u8>();
-                if gso {
-                    let cm = base.cast::<libc::cmsghdr>();
-                    (*cm).cmsg_level = SOL_UDP;
-                    (*cm).cmsg_type = UDP_SEGMENT;
-                    (*cm).cmsg_len = libc::CMSG_LEN(2) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), size);
-                }
-                if tclass != 0 {
-                    // after the UDP_SEGMENT one (CMSG_SPACE keeps it aligned)
-                    let at = if gso { libc::CMSG_SPACE(2) as usize } else { 0 };
-                    let cm = base.add(at).cast::<libc::cmsghdr>();
-                    let (level, kind) = sys::tclass_cmsg(v6);
-                    (*cm).cmsg_level = level;
-                    (*cm).cmsg_type = kind;
-                    (*cm).cmsg_len = libc::CMSG_LEN(4) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<i32>(), i32::from(tclass));
-                }
+            let v6 = i32::from(names[first].0.ss_family) == libc::AF_INET6;
+            let size = (lens[first] as u16).to_ne_bytes();
+            let tc = i32::from(tclass).to_ne_bytes();
+            let (level, kind) = sys::tclass_cmsg(v6);
+            let seg = (SOL_UDP, UDP_SEGMENT, &size[..]);
+            let tos = (level, kind, &tc[..]);
+            match (gso, tclass != 0) {
+                (true, true) => run.control(m, &[seg, tos]),
+                (true, false) => run.control(m, &[seg]),
+                _ => run.control(m, &[tos]),
             }
         }
-        n
+        (run, Plan { per_msg })
     }
 }
 
-/// Hands every header to the kernel, skipping (and counting) the ones it refuses.
-pub(super) fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -> SendOutcome {
+/// The datagrams per message of a loaded run.
+struct Plan<'a> {
+    per_msg: &'a [u16],
+}
+
+/// What an unused destination slot holds.
+fn unspecified() -> WireAddr {
+    WireAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 0)
+}
+
+/// Hands every message of `run` to the kernel, skipping (and counting) the ones it refuses;
+/// `per_msg` says how many datagrams each holds.
+pub(super) fn send_all(fd: BorrowedFd<'_>, run: &mut Loaded<'_>, per_msg: &[u16]) -> SendOutcome {
     let mut out = SendOutcome::default();
     let mut at = 0;
     let mut waits = 0;
     let mut refused_again = false;
-    while at < hdrs.len() {
-        let rest = &mut hdrs[at..];
-        let rc = if rest.len() == 1 {
-            // one message: `sendmsg` (`sendmmsg` costs more per call)
-            // SAFETY: the header points at live buffers owned by the caller's batch.
-            match unsafe { libc::sendmsg(fd, &rest[0].msg_hdr, 0) } {
-                r if r < 0 => -1,
-                _ => 1,
+    while at < run.len() {
+        let errno = match run.send(fd, at) {
+            Ok(done) if done > 0 => {
+                out.sent += per_msg[at..at + done]
+                    .iter()
+                    .map(|&d| d as usize)
+                    .sum::<usize>();
+                at += done;
+                continue;
             }
-        } else {
-            // SAFETY: every header points at live buffers owned by the caller's batch.
-            unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as _, 0) }
+            // nothing taken and no error: counted as refused below
+            Ok(_) => libc::EIO,
+            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
         };
-        if rc > 0 {
-            let done = rc as usize;
-            out.sent += per_msg[at..at + done]
-                .iter()
-                .map(|&d| d as usize)
-                .sum::<usize>();
-            at += done;
-            continue;
-        }
-        let errno = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
         match errno {
             libc::EINTR => {}
             // an ICMP answer to an earlier datagram, reported (and cleared) by this send,
@@ -428,13 +391,7 @@ pub(super) fn send_all(fd: RawFd, hdrs: &mut [libc::mmsghdr], per_msg: &[u16]) -
             libc::ECONNREFUSED if !refused_again => refused_again = true,
             libc::EAGAIN | libc::ENOBUFS if waits < 100 => {
                 waits += 1;
-                let mut pfd = libc::pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut pfd, 1, 10) };
+                mmsg::wait_writable(fd, 10);
             }
             _ => {
                 // This message is refused (unreachable, too big, ...): lost packets.

@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod backoff;
 mod config;
 #[allow(unsafe_code)] // IP_RECVERR and the error queue: setsockopt, epoll_ctl, recvmsg
 mod err;
@@ -119,6 +120,8 @@ pub struct UdpWire {
     local: local::LocalPart,
     /// The sockets out of the epoll set while busy-polled (`udp/park.rs`).
     park: park::Parking,
+    /// A busy poller's reads of empty sockets (`udp/backoff.rs`).
+    backoff: backoff::Backoff,
     /// Received datagrams carry their TOS / traffic class and TTL / hop limit
     /// ([`DatagramWire::set_ip_meta`]).
     pub(super) ip_meta: bool,
@@ -183,6 +186,7 @@ impl UdpWire {
             clock: Instant::now(),
             local: Default::default(),
             park: Default::default(),
+            backoff: Default::default(),
             ip_meta: true,
             unreachable: Default::default(),
         })
@@ -570,7 +574,7 @@ impl DatagramWire for UdpWire {
     }
 
     fn idle_poll(&mut self) -> bool {
-        self.local_idle_poll()
+        self.local_idle_poll() || self.sockets_idle_poll()
     }
 
     fn arm_wait(&mut self) -> bool {

@@ -133,4 +133,6 @@ pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
     a.naks_sent += b.naks_sent;
     a.ack_probes += b.ack_probes;
     a.credit_waits += b.credit_waits;
+    a.credit_updates_sent += b.credit_updates_sent;
+    a.rnr_waits_cut += b.rnr_waits_cut;
 }

@@ -520,7 +520,9 @@ impl QueuePair {
         }
         let rc = rt.rc_qp(self.qpn)?;
         rc.post_recv(wr)?;
-        if rc.state() == QpState::Err {
+        // the credit update that ends the peer's RNR wait leaves now (rdma-proto
+        // `rc/credit.rs`)
+        if rc.state() == QpState::Err || rc.take_credit_update() {
             let mut mem = self.dev.mrs.view();
             rt.after_post(self.qpn, &mut mem)?;
             self.dev.posted(&rt, self.qpn);

@@ -32,6 +32,29 @@ impl<const N: usize> CmsgBuf<N> {
         self.0.as_mut_ptr().cast()
     }
 
+    /// Writes the control messages `msgs` (level, type, data) as the kernel lays them out,
+    /// from the start; returns the bytes used (`msg_controllen`: the sum of their
+    /// `CMSG_SPACE`). Messages that do not fit are left out.
+    pub fn fill(&mut self, msgs: &[(i32, i32, &[u8])]) -> usize {
+        let mut at = 0;
+        for &(level, kind, data) in msgs {
+            let len = HDR + data.len();
+            if align(at + len) > N {
+                break;
+            }
+            let b = &mut self.0;
+            b[at..at + size_of::<usize>()].copy_from_slice(&len.to_ne_bytes());
+            let l = at + offset_of!(libc::cmsghdr, cmsg_level);
+            b[l..l + 4].copy_from_slice(&level.to_ne_bytes());
+            let t = at + offset_of!(libc::cmsghdr, cmsg_type);
+            b[t..t + 4].copy_from_slice(&kind.to_ne_bytes());
+            b[at + HDR..at + len].copy_from_slice(data);
+            b[at + len..align(at + len)].fill(0);
+            at = align(at + len);
+        }
+        at
+    }
+
     /// The messages in the first `used` bytes (`msg_controllen` after the call: a `size_t`
     /// with glibc, a `socklen_t` with musl).
     pub fn messages<L: TryInto<usize>>(&self, used: L) -> Messages<'_> {
@@ -109,29 +132,19 @@ impl<'a> Iterator for Messages<'a> {
 mod tests {
     use super::*;
 
-    /// Writes a control message as the kernel does; returns the bytes used.
-    fn put(buf: &mut [u8], at: usize, level: i32, kind: i32, data: &[u8]) -> usize {
-        let len = HDR + data.len();
-        buf[at..at + size_of::<usize>()].copy_from_slice(&len.to_ne_bytes());
-        let l = at + offset_of!(libc::cmsghdr, cmsg_level);
-        buf[l..l + 4].copy_from_slice(&level.to_ne_bytes());
-        let t = at + offset_of!(libc::cmsghdr, cmsg_type);
-        buf[t..t + 4].copy_from_slice(&kind.to_ne_bytes());
-        buf[at + HDR..at + len].copy_from_slice(data);
-        align(at + len)
-    }
-
     #[test]
     fn walks_messages_as_written_and_stops_at_a_bad_length() {
         let mut b = CmsgBuf::<128>::new();
-        let first = put(&mut b.0, 0, libc::IPPROTO_IP, libc::IP_TOS, &[0xb8]);
-        let n = put(
-            &mut b.0,
-            first,
-            libc::SOL_UDP,
-            libc::UDP_GRO,
-            &1400i32.to_ne_bytes(),
-        );
+        let first = b.fill(&[(libc::IPPROTO_IP, libc::IP_TOS, &[0xb8])]);
+        assert_eq!(first, align(HDR + 1));
+        let n = b.fill(&[
+            (libc::IPPROTO_IP, libc::IP_TOS, &[0xb8]),
+            (libc::SOL_UDP, libc::UDP_GRO, &1400i32.to_ne_bytes()),
+        ]);
+        // as CMSG_SPACE(1) + CMSG_SPACE(4)
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(1) + libc::CMSG_SPACE(4) } as usize;
+        assert_eq!(n, space);
         let all: Vec<_> = b.messages(n).collect();
         assert_eq!(all.len(), 2);
         assert_eq!(

@@ -10,6 +10,7 @@ use super::WireAddr;
 use crate::{Error, Result};
 
 pub(crate) mod cmsg;
+pub(crate) mod mmsg;
 pub(crate) use cmsg::CmsgBuf;
 
 /// Size of a `sockaddr_storage`, as `socklen_t`.
@@ -434,25 +435,23 @@ pub(crate) fn parse_ancillary(msgs: cmsg::Messages<'_>) -> Ancillary {
     let mut out = Ancillary::default();
     for c in msgs {
         match (c.level, c.kind) {
-            (libc::IPPROTO_IP, libc::IP_PKTINFO)
-                if c.data.len() >= size_of::<libc::in_pktinfo>() =>
-            {
-                let a = offset_of!(libc::in_pktinfo, ipi_addr);
-                out.ifindex = c
-                    .u32_at(offset_of!(libc::in_pktinfo, ipi_ifindex))
-                    .unwrap_or(0);
-                let ip: [u8; 4] = c.data[a..a + 4].try_into().unwrap_or([0; 4]);
-                out.dst = Some(IpAddr::V4(Ipv4Addr::from(ip)));
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                let at = (
+                    offset_of!(libc::in_pktinfo, ipi_addr),
+                    offset_of!(libc::in_pktinfo, ipi_ifindex),
+                );
+                if let Some((ip, ifindex)) = pktinfo::<4>(&c, size_of::<libc::in_pktinfo>(), at) {
+                    (out.dst, out.ifindex) = (Some(IpAddr::V4(Ipv4Addr::from(ip))), ifindex);
+                }
             }
-            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO)
-                if c.data.len() >= size_of::<libc::in6_pktinfo>() =>
-            {
-                let a = offset_of!(libc::in6_pktinfo, ipi6_addr);
-                out.ifindex = c
-                    .u32_at(offset_of!(libc::in6_pktinfo, ipi6_ifindex))
-                    .unwrap_or(0);
-                let ip: [u8; 16] = c.data[a..a + 16].try_into().unwrap_or([0; 16]);
-                out.dst = Some(IpAddr::V6(Ipv6Addr::from(ip)));
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                let at = (
+                    offset_of!(libc::in6_pktinfo, ipi6_addr),
+                    offset_of!(libc::in6_pktinfo, ipi6_ifindex),
+                );
+                if let Some((ip, ifindex)) = pktinfo::<16>(&c, size_of::<libc::in6_pktinfo>(), at) {
+                    (out.dst, out.ifindex) = (Some(IpAddr::V6(Ipv6Addr::from(ip))), ifindex);
+                }
             }
             // IP_TOS arrives as one byte, the others as ints.
             (libc::IPPROTO_IP, libc::IP_TOS) => {
@@ -479,6 +478,20 @@ pub(crate) fn parse_ancillary(msgs: cmsg::Messages<'_>) -> Ancillary {
         }
     }
     out
+}
+
+/// The destination address (`L` bytes) and interface of an `IP_PKTINFO` / `IPV6_PKTINFO`
+/// message of at least `size` bytes, with the address and interface index at `at`.
+fn pktinfo<const L: usize>(
+    c: &cmsg::Cmsg<'_>,
+    size: usize,
+    at: (usize, usize),
+) -> Option<([u8; L], u32)> {
+    if c.data.len() < size {
+        return None;
+    }
+    let ip = c.data.get(at.0..at.0 + L)?.try_into().ok()?;
+    Some((ip, c.u32_at(at.1).unwrap_or(0)))
 }
 
 /// The MTU of a network interface by name (`SIOCGIFMTU`).

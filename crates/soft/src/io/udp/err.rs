@@ -254,17 +254,10 @@ mod tests {
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, 5000) };
         assert_ne!(pfd.revents & libc::POLLERR, 0, "no ICMP error pending");
-        let mut buf = *b"second";
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: a zeroed mmsghdr is valid; the iovec outlives the call.
-        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-        h.msg_hdr.msg_iov = &mut iov;
-        h.msg_hdr.msg_iovlen = 1;
-        let out =
-            crate::io::send_batch::send_all(sock.as_raw_fd(), std::slice::from_mut(&mut h), &[1]);
+        let mut headers = crate::io::sys::mmsg::SendHeaders::new(1, 1);
+        let mut run = headers.load();
+        assert!(run.message(None, b"second"));
+        let out = crate::io::send_batch::send_all(sock.as_fd(), &mut run, &[1]);
         assert_eq!((out.sent, out.failed), (1, 0), "{:?}", out.last_error);
     }
 }

@@ -117,9 +117,13 @@ impl UdpWire {
         &mut self,
         deliver: &mut dyn FnMut(&Arrival, &[u8]),
     ) -> Result<usize> {
-        let epoll = self.epoll.as_fd();
         let p = &mut self.local;
         let Some(l) = p.wire.as_mut() else {
+            // a busy poller's reads of empty sockets back off (`udp/backoff.rs`)
+            if p.busy && self.socket_read_skipped() {
+                self.drained = true;
+                return Ok(0);
+            }
             return self.recv_all(deliver);
         };
         let (n, full) = l.recv(deliver);
@@ -131,7 +135,7 @@ impl UdpWire {
         };
         // a busy poller with hot rings looks at the other sources every SLOW_EVERY; one
         // woken (or driven once) looks each time; a busy poller with quiet rings reads
-        // the sockets each time and the bell every BELL_EVERY
+        // the sockets when its back-off says so and the bell every BELL_EVERY
         let look = if p.busy && p.hot > 0 {
             let due = p.calls % SOCKET_EVERY == 0 && {
                 let now = Instant::now();
@@ -154,16 +158,27 @@ impl UdpWire {
             if p.calls % BELL_EVERY == 0 {
                 l.drain_bell();
             }
-            false
+            // quiet rings: the sockets' reads back off (`udp/backoff.rs`); several sockets
+            // are looked at by one epoll_wait first
+            if self.socket_read_skipped() {
+                self.drained = !full;
+                return Ok(n);
+            }
+            self.locals.len() > 1
         };
         if look {
             // one look at which sources have something, not a read of each (the bell's
             // wake-ups come with ring packets)
-            let (bell, sockets) = ready_sources(epoll, l.bell_fd());
+            let Some(l) = self.local.wire.as_mut() else {
+                return Ok(n);
+            };
+            let (bell, sockets) = ready_sources(self.epoll.as_fd(), l.bell_fd());
             if bell {
                 l.drain_bell();
             }
             if !sockets {
+                let busy = self.local.busy;
+                self.socket_read_done(busy, false);
                 self.drained = !full;
                 return Ok(n);
             }
@@ -186,6 +201,20 @@ impl UdpWire {
         p.calls = p.calls.wrapping_add(1);
         p.hot -= 1;
         true
+    }
+
+    /// For [`UdpWire::sockets_idle_poll`]: whether the rings must be looked at on this poll
+    /// (one has a record, they carry traffic, or the bell is due).
+    pub(super) fn local_ring_due(&self) -> bool {
+        let p = &self.local;
+        p.wire
+            .as_ref()
+            .is_some_and(|l| p.hot > 0 || l.pending() || p.calls.wrapping_add(1) % BELL_EVERY == 0)
+    }
+
+    /// A poll skipped by [`UdpWire::sockets_idle_poll`] counts as a call.
+    pub(super) fn local_count_poll(&mut self) {
+        self.local.calls = self.local.calls.wrapping_add(1);
     }
 
     pub(super) fn local_arm(&mut self) -> bool {

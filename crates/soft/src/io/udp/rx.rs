@@ -1,6 +1,6 @@
 //! The receive path of [`UdpWire`].
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::time::Instant;
 
 use super::UdpWire;
@@ -33,6 +33,7 @@ impl UdpWire {
         let now = self.recv_faults.as_ref().map(|_| Instant::now());
         let port = self.cfg.port;
         let mut drained = true;
+        let mut got = false;
         let busy = self.local.busy;
         for step in 0..count {
             let i = (self.next_recv + step) % count;
@@ -44,7 +45,7 @@ impl UdpWire {
             } else {
                 self.cfg.batch
             };
-            let n = match self.inbox.recv(local.fd.as_raw_fd(), max) {
+            let n = match self.inbox.recv(local.fd.as_fd(), max) {
                 Ok(n) => n,
                 // an ICMP error for something we sent: noted, the datagrams wait for the
                 // next round
@@ -68,6 +69,7 @@ impl UdpWire {
             if n == 0 {
                 continue;
             }
+            got = true;
             // a full batch: more may wait (another round now); one asked-for datagram is
             // handed on at once (the next poll asks for a batch)
             if max > 1 && n >= max.min(self.inbox.capacity()) {
@@ -213,6 +215,7 @@ impl UdpWire {
         }
         self.stats.received += delivered as u64;
         self.drained = drained;
+        self.socket_read_done(busy, got);
         if delivered == 0 && !busy {
             // woken for nothing: maybe an ICMP error on a GSI socket (`udp/err.rs`)
             self.unreachable.check(port);

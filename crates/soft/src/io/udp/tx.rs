@@ -69,11 +69,9 @@ impl UdpWire {
             Ok(n) => {
                 tracing::debug!(local = %addr, sport, "source-port socket opened");
                 if sport == crate::io::flow::GSI_UDP_SPORT {
+                    // the table keeps the socket open while it is watched (it leaves the
+                    // epoll set when closed)
                     if let Some(fd) = self.locals[i].ports.fd(n) {
-                        // SAFETY: the table keeps the socket open while it is watched (it
-                        // leaves the epoll set when closed)
-                        #[allow(unsafe_code)]
-                        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
                         self.unreachable.watch(self.epoll.as_fd(), fd, addr);
                     }
                 }
@@ -102,7 +100,7 @@ impl UdpWire {
         if local.out.len() == 0 {
             return;
         }
-        let fd = local.fd.as_raw_fd();
+        let fd = local.fd.as_fd();
         let ports = &local.ports;
         let peers = &local.peers;
         let fd_of = |n: u8| match n {

@@ -31,6 +31,8 @@ fn rc_counters(s: &RcStats) -> Value {
         "spurious_probes": s.spurious_probes,
         "rnr_naks_rcvd": s.rnr_naks_received,
         "credit_waits": s.credit_waits,
+        "rnr_waits_cut": s.rnr_waits_cut,
+        "credit_updates_sent": s.credit_updates_sent,
         "seq_naks_rcvd": s.seq_naks_received,
         "naks_sent": s.naks_sent,
         "responses_sent": s.responses_sent,
