@@ -411,6 +411,39 @@ fn a_failed_assertion_leaves_no_server_running() {
     assert!(!proc.exists(), "the server {pid} is still there");
 }
 
+/// A program killed by the harness takes the processes it forked with it (fio's job
+/// processes outlived a killed fio, held 127.0.0.1:4791 and lost datagrams steered to them:
+/// a later test's UD receive never came).
+#[test]
+fn a_killed_program_takes_its_forked_processes() {
+    let file = std::env::temp_dir().join(format!("rdma-cabi-fork-{}", std::process::id()));
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(format!("sleep 30 & echo $! > {}; wait", file.display()));
+    let r = start(c);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let forked = loop {
+        if let Some(p) = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        {
+            break p;
+        }
+        assert!(std::time::Instant::now() < end, "the shell never forked");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    std::fs::remove_file(&file).ok();
+    let (status, _) = support::finish_or_kill(r, true);
+    assert!(!status.success());
+    // the killed sleep is reaped by init soon after
+    let proc = Path::new("/proc").join(forked.to_string());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while proc.exists() && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(!proc.exists(), "the forked process {forked} is still there");
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",

@@ -4,6 +4,7 @@
 //! --no-build`), Debian's programs, their runs, server/client pairs, listener checks.
 #![allow(dead_code)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
@@ -58,9 +59,11 @@ pub fn prog(name: &str) -> Command {
     c
 }
 
-/// A running program whose output goes to a file (a pipe nobody reads would stall it).
-/// Dropped before it was finished (an assertion of the test failed first), it is killed and
-/// reaped: a server left running would hold its port and break later runs.
+/// A running program whose output goes to a file (a pipe nobody reads would stall it), in a
+/// process group of its own. Dropped before it was finished (an assertion of the test failed
+/// first), it is killed and reaped, with every process it forked (fio's job processes): a
+/// server left running would hold its port and break later runs, and a process left holding
+/// 127.0.0.1:4791 without reading it loses datagrams steered to it.
 pub struct Run {
     child: Child,
     out: PathBuf,
@@ -68,15 +71,20 @@ pub struct Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.child.kill().ok();
-        }
+        self.kill_group();
         self.child.wait().ok();
         std::fs::remove_file(&self.out).ok();
     }
 }
 
 impl Run {
+    /// SIGKILL to the program and every process of its group (those it forked).
+    fn kill_group(&mut self) {
+        let pgid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) of the group this test made for the program (`start`).
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -90,6 +98,7 @@ pub fn start(mut c: Command) -> Run {
     let out = std::env::temp_dir().join(format!("rdma-cabi-t-{}-{n}.out", std::process::id()));
     let f = std::fs::File::create(&out).unwrap();
     let child = c
+        .process_group(0)
         .stdout(f.try_clone().unwrap())
         .stderr(f)
         .stdin(Stdio::null())
@@ -107,11 +116,11 @@ pub fn finish(r: Run) -> (ExitStatus, String) {
 pub fn finish_or_kill(mut r: Run, kill: bool) -> (ExitStatus, String) {
     let end = Instant::now() + LIMIT;
     if kill {
-        r.child.kill().ok();
+        r.kill_group();
     }
     while r.child.try_wait().unwrap().is_none() {
         if Instant::now() > end {
-            r.child.kill().ok();
+            r.kill_group();
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
