@@ -251,7 +251,7 @@ impl Connection {
         // SAFETY: the AsyncFd owns a clone of the channel, which owns the eventfd, so the fd
         // stays open as long as it is registered.
         let afd = unsafe {
-            AsyncFd::register_with_interest(parts.cc.clone(), tokio::io::Interest::READABLE)
+            AsyncFd::register_with_interest(parts.bufs.cc.clone(), tokio::io::Interest::READABLE)
         }
         .map_err(|e| Error::Io(std::io::Error::from(e)))?;
         let driver = id
@@ -301,7 +301,7 @@ impl Connection {
     /// The CQ of both send and receive completions (with a completion channel; the
     /// connection's task takes its completions).
     pub fn cq(&self) -> &CompletionQueue {
-        &self.sh.parts.cq
+        &self.sh.parts.bufs.cq
     }
 
     /// The PD of the QP (the one given in [`Setup::pd`](super::Setup::pd), if any).
@@ -401,7 +401,7 @@ impl Connection {
         let sh = &self.sh;
         tokio::select! {
             _ = n => {}
-            () = super::shared::CqWait::new(&sh.parts.cq, recv_only) => sh.on_queued(self.id.as_deref()),
+            () = super::shared::CqWait::new(&sh.parts.bufs.cq, recv_only) => sh.on_queued(self.id.as_deref()),
         }
     }
 

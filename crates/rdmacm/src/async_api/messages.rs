@@ -18,8 +18,8 @@ impl Shared {
         let p = &self.parts;
         let signaled = st.signal_next_send();
         let slot = st.free_send.pop().expect("checked by the caller");
-        let off = slot as usize * p.stride;
-        let r = p.send_mr.write(off, msg).and_then(|()| {
+        let off = slot as usize * p.bufs.stride;
+        let r = p.bufs.send_mr.write(off, msg).and_then(|()| {
             let mut wr = SendWr::new(
                 tag(TAG_SEND, slot),
                 SendOp::SendWithImm {
@@ -30,7 +30,7 @@ impl Shared {
                 wr = wr.signaled();
             }
             if !msg.is_empty() {
-                wr = wr.with_sge(p.send_mr.sge(off, msg.len() as u32)?);
+                wr = wr.with_sge(p.bufs.send_mr.sge(off, msg.len() as u32)?);
             }
             p.qp.post_send(&wr)
         });
@@ -64,8 +64,9 @@ impl Shared {
         let n = out.len().min(len - off);
         let p = &self.parts;
         if let Err(e) = p
+            .bufs
             .recv_mr
-            .read(slot as usize * p.stride + off, &mut out[..n])
+            .read(slot as usize * p.bufs.stride + off, &mut out[..n])
         {
             return Some(Err(e.into()));
         }

@@ -183,7 +183,10 @@ fn take_parts(sh: Shared) -> Result<Taken> {
     for &slot in &st.flushed {
         let len = st.send_len[slot as usize] as usize;
         let mut m = vec![0u8; len];
-        parts.send_mr.read(slot as usize * parts.stride, &mut m)?;
+        parts
+            .bufs
+            .send_mr
+            .read(slot as usize * parts.bufs.stride, &mut m)?;
         unfinished.push(m);
     }
     let mut unread = Vec::with_capacity(st.received.len());
@@ -191,8 +194,9 @@ fn take_parts(sh: Shared) -> Result<Taken> {
         let off = if i == 0 { st.read_off } else { 0 };
         let mut m = vec![0u8; len as usize - off];
         parts
+            .bufs
             .recv_mr
-            .read(slot as usize * parts.stride + off, &mut m)?;
+            .read(slot as usize * parts.bufs.stride + off, &mut m)?;
         unread.push(m);
     }
     Ok((parts, unfinished, unread))

@@ -52,6 +52,12 @@ impl Setup {
 /// The verbs objects of a connection, made before the REQ or REP leaves.
 pub(super) struct Parts {
     pub qp: Arc<QueuePair>,
+    pub bufs: Buffers,
+}
+
+/// A connection's CQ (shared by sends and receives), its channel and message buffers:
+/// what a reconnection keeps of its [`Parts`].
+pub(super) struct Buffers {
     pub cq: CompletionQueue,
     pub cc: CompletionChannel,
     pub send_mr: MemoryRegion,
@@ -59,19 +65,6 @@ pub(super) struct Parts {
     /// Bytes of each message buffer (this side's largest message).
     pub stride: usize,
     /// Receive buffers (this side's window and the control receives).
-    pub recv_slots: u32,
-}
-
-/// A connection's CQ (shared by sends and receives), its channel and message buffers:
-/// [`Parts`] without the QP.
-pub(super) struct Buffers {
-    pub cq: CompletionQueue,
-    pub cc: CompletionChannel,
-    pub send_mr: MemoryRegion,
-    pub recv_mr: MemoryRegion,
-    /// Bytes of each message buffer.
-    pub stride: usize,
-    /// Receive buffers.
     pub recv_slots: u32,
 }
 
@@ -126,24 +119,8 @@ impl Parts {
             ..QpInitAttr::rc(&bufs.cq, &bufs.cq)
         };
         let qp = id.create_qp(pd, &init)?;
-        let Buffers {
-            cq,
-            cc,
-            send_mr,
-            recv_mr,
-            stride,
-            recv_slots,
-        } = bufs;
-        let parts = Parts {
-            qp,
-            cq,
-            cc,
-            send_mr,
-            recv_mr,
-            stride,
-            recv_slots,
-        };
-        for slot in 0..parts.recv_slots {
+        let parts = Parts { qp, bufs };
+        for slot in 0..parts.bufs.recv_slots {
             parts.post_recv(slot)?;
         }
         Ok(parts)
@@ -151,30 +128,14 @@ impl Parts {
 
     /// The QP and the buffers apart (a reconnection drops the QP, keeps the buffers).
     pub fn split(self) -> (Arc<QueuePair>, Buffers) {
-        let Parts {
-            qp,
-            cq,
-            cc,
-            send_mr,
-            recv_mr,
-            stride,
-            recv_slots,
-        } = self;
-        let bufs = Buffers {
-            cq,
-            cc,
-            send_mr,
-            recv_mr,
-            stride,
-            recv_slots,
-        };
-        (qp, bufs)
+        (self.qp, self.bufs)
     }
 
     pub fn post_recv(&self, slot: u32) -> Result<()> {
         let sge = self
+            .bufs
             .recv_mr
-            .sge(slot as usize * self.stride, self.stride as u32)?;
+            .sge(slot as usize * self.bufs.stride, self.bufs.stride as u32)?;
         self.qp
             .post_recv(&RecvWr::new(tag(TAG_RECV, slot)).with_sge(sge))?;
         Ok(())

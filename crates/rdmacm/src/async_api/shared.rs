@@ -329,15 +329,15 @@ impl Shared {
             let mut st = self.lock();
             buf.clear();
             let n = match took {
-                false => self.parts.cq.poll_once(buf, 64),
-                true => self.parts.cq.poll_queued(buf, 64),
+                false => self.parts.bufs.cq.poll_once(buf, 64),
+                true => self.parts.bufs.cq.poll_queued(buf, 64),
             };
             took |= n > 0;
             if n == 0 {
                 // About to sleep: arm, then look once more (a completion may have come in
                 // between).
-                if self.parts.cq.req_notify(false).is_err()
-                    || self.parts.cq.poll_queued(buf, 64) == 0
+                if self.parts.bufs.cq.req_notify(false).is_err()
+                    || self.parts.bufs.cq.poll_queued(buf, 64) == 0
                 {
                     return failed;
                 }
@@ -352,7 +352,7 @@ impl Shared {
 
     /// Takes the channel's events and the CQ's completions after the fd was readable.
     pub fn on_readable(&self, id: Option<&CmId>) {
-        while let Ok(Some(_)) = self.parts.cc.get_event() {}
+        while let Ok(Some(_)) = self.parts.bufs.cc.get_event() {}
         self.on_queued(id);
     }
 
@@ -468,7 +468,7 @@ pub(super) async fn run(
             }
             g = sh.afd.readable() => {
                 let Ok(mut g) = g else { return };
-                while let Ok(Some(_)) = sh.parts.cc.get_event() {}
+                while let Ok(Some(_)) = sh.parts.bufs.cc.get_event() {}
                 g.clear_ready();
             }
         }
