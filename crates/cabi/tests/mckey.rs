@@ -8,12 +8,8 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 use support::lib_dir;
-
-/// How long one program may run.
-const LIMIT: Duration = Duration::from_secs(60);
 
 const C_MCKEY: &str = "/usr/bin/mckey";
 
@@ -53,67 +49,6 @@ fn mckey(c_side: bool, host: Option<&rdma_testhosts::Host>, args: &[&str]) -> Co
     c
 }
 
-/// A running program whose output goes to a file.
-struct Run {
-    child: Child,
-    out: PathBuf,
-}
-
-impl Run {
-    fn start(mut c: Command) -> Run {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let out =
-            std::env::temp_dir().join(format!("rdma-cabi-mckey-{}-{n}.out", std::process::id()));
-        let f = std::fs::File::create(&out).unwrap();
-        let child = c
-            .stdout(f.try_clone().unwrap())
-            .stderr(f)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn");
-        Run { child, out }
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.out).unwrap_or_default()).into_owned()
-    }
-
-    /// Waits until the output has `line` (the program still running), or fails.
-    fn wait_for(&mut self, line: &str) {
-        let end = Instant::now() + LIMIT;
-        while !self.text().contains(line) {
-            assert!(
-                self.child.try_wait().unwrap().is_none(),
-                "exited before {line:?}:\n{}",
-                self.text()
-            );
-            assert!(Instant::now() < end, "no {line:?} in\n{}", self.text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for the exit (killed past LIMIT): success and output.
-    fn finish(mut self) -> (bool, String) {
-        let end = Instant::now() + LIMIT;
-        while self.child.try_wait().unwrap().is_none() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let ok = self.child.wait().unwrap().success();
-        (ok, self.text())
-    }
-}
-
-/// A failed test leaves no program running (mckey's receiver polls its CQ without end).
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.out);
-    }
-}
-
 /// A receiver joins `group` (bound to `bind`), a sender sends 5 messages once it has
 /// joined; both succeed, the receiver having got all 5.
 fn send_and_receive(
@@ -122,7 +57,7 @@ fn send_and_receive(
     group: &str,
     sender_extra: &[&str],
 ) {
-    let mut r = Run::start(mckey(
+    let mut r = support::start(mckey(
         recv.0,
         recv.1,
         &["-m", group, "-b", recv.2, "-C", "5"],
@@ -130,8 +65,9 @@ fn send_and_receive(
     r.wait_for("mckey: joined dgid: ");
     let mut args = vec!["-m", group, "-b", send.2, "-s", "-C", "5"];
     args.extend_from_slice(sender_extra);
-    let (sok, st) = Run::start(mckey(send.0, send.1, &args)).finish();
-    let (rok, rt) = r.finish();
+    let (sst, st) = support::finish(support::start(mckey(send.0, send.1, &args)));
+    let (rst, rt) = support::finish(r);
+    let (sok, rok) = (sst.success(), rst.success());
     assert!(sok, "sender failed:\n{st}\nreceiver:\n{rt}");
     assert!(rok, "receiver failed:\n{rt}\nsender:\n{st}");
     for t in [&st, &rt] {

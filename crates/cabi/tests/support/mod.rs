@@ -89,6 +89,25 @@ impl Run {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// What it printed so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.out).unwrap_or_default()).into_owned()
+    }
+
+    /// Waits until the output has `line` (the program still running), or fails.
+    pub fn wait_for(&mut self, line: &str) {
+        let end = Instant::now() + LIMIT;
+        while !self.text().contains(line) {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "exited before {line:?}:\n{}",
+                self.text()
+            );
+            assert!(Instant::now() < end, "no {line:?} in\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Starts `c`.
@@ -126,7 +145,7 @@ pub fn finish_or_kill(mut r: Run, kill: bool) -> (ExitStatus, String) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = r.child.wait().unwrap();
-    let text = String::from_utf8_lossy(&std::fs::read(&r.out).unwrap_or_default()).into_owned();
+    let text = r.text();
     (status, text) // r's output file goes with it (Drop)
 }
 
