@@ -112,6 +112,13 @@ impl SoftConfigBuilder {
         self
     }
 
+    /// Move buffers registered in place onto region files so that their WRITEs are pulled
+    /// (`RDMA_SOFT_PULL_IN_PLACE`; default on; [`UdpConfig::pull_in_place`]).
+    pub fn pull_in_place(mut self, on: bool) -> Self {
+        self.cfg.wire.pull_in_place = on;
+        self
+    }
+
     /// Serve the inspection socket (`RDMA_SOFT_INSPECT`; default on). Process-wide.
     pub fn inspect(mut self, on: bool) -> Self {
         self.cfg.inspect = on;
@@ -226,6 +233,7 @@ impl SoftConfig {
         if let Some(v) = text(crate::PULL_ENV)? {
             b = b.local_pull(parse_pull(&v)?);
         }
+        b = b.pull_in_place(switch(crate::PULL_IN_PLACE_ENV, true)?);
         b = b.inspect(switch(INSPECT_ENV, true)?);
         if let Some(d) = get(INSPECT_DIR_ENV).filter(|d| !d.is_empty()) {
             b = b.inspect_dir(d);
@@ -401,6 +409,7 @@ mod tests {
             ("RDMA_SOFT_LOCAL_WIRE", "OFF"),
             ("RDMA_SOFT_LOCAL_RING", "131072"),
             ("RDMA_SOFT_LOCAL_PULL", "off"),
+            ("RDMA_SOFT_PULL_IN_PLACE", "off"),
             ("RDMA_SOFT_INSPECT", "no"),
             ("RDMA_SOFT_INSPECT_DIR", "/x/i"),
             ("RDMA_SOFT_RUNDIR", "/x/r"),
@@ -411,7 +420,8 @@ mod tests {
             c.wire.faults.as_ref().map(|f| (f.loss, f.seed)),
             Some((0.5, 9))
         );
-        assert!(!c.wire.gro && !c.wire.host_local && !c.inspect);
+        assert!(!c.wire.gro && !c.wire.host_local && !c.inspect && !c.wire.pull_in_place);
+        assert!(SoftConfig::default().wire.pull_in_place, "on by default");
         assert_eq!((c.wire.local_ring, c.wire.local_pull), (131072, None));
         assert_eq!(c.inspect_dir.as_deref(), Some("/x/i".as_ref()));
         assert_eq!(c.wire.runtime_dir.given.as_deref(), Some("/x/r".as_ref()));
@@ -434,6 +444,7 @@ mod tests {
             ("RDMA_SOFT_GRO", "2"),
             ("RDMA_SOFT_LOCAL_WIRE", "disabled"),
             ("RDMA_SOFT_INSPECT", "nope"),
+            ("RDMA_SOFT_PULL_IN_PLACE", "65536"),
             ("RDMA_SOFT_LOCAL_RING", "1000"),
             ("RDMA_SOFT_LOCAL_RING", "lots"),
             ("RDMA_SOFT_LOCAL_PULL", "-3"),

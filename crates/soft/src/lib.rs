@@ -43,7 +43,9 @@ pub mod fuzzing;
 pub mod gsi;
 pub mod inspect;
 pub mod io;
-#[allow(unsafe_code)] // the mmap/memfd edge: Mapping (unmapped on drop), memfd_create, seals
+mod maps;
+#[allow(unsafe_code)]
+// the mmap/memfd edge: Mapping (unmapped on drop), InPlace, memfd_create, seals
 mod memfd;
 mod pull;
 mod queues;
@@ -55,5 +57,5 @@ mod wait;
 
 pub use config::{SoftConfig, SoftConfigBuilder};
 pub use error::{Error, Result};
-pub use pull::{DEFAULT_MIN as PULL_DEFAULT_MIN, PULL_ENV};
+pub use pull::{DEFAULT_MIN as PULL_DEFAULT_MIN, PULL_ENV, PULL_IN_PLACE_ENV};
 pub use runtime::{RuntimeStats, ROUNDS, SEND_WINDOW};

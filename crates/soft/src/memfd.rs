@@ -9,14 +9,16 @@
 //! descriptor can neither map it writable, `pwrite` it, nor write through a reopen of it.
 //!
 //! This module is the crate's mmap/memfd edge: [`Mapping`] owns a shared mapping (its Drop
-//! unmaps), and the memfd calls are safe functions over `OwnedFd`/`BorrowedFd`. What users
+//! unmaps), [`InPlace`] an application's range moved onto a region file at its own
+//! addresses (its Drop makes the range private memory again, same bytes), and the memfd
+//! calls are safe functions over `OwnedFd`/`BorrowedFd`. What users
 //! do with the mapped bytes (atomics on memory another process writes) stays in their own
 //! named modules (`io/local/ring.rs`, `verbs/shared_mem.rs`).
 
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 
@@ -89,6 +91,241 @@ impl Drop for Mapping {
     }
 }
 
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: a plain query.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(4096)
+}
+
+/// An application's range moved onto a memfd in place (`ibv_reg_mr`'s memory, see
+/// `verbs/in_place.rs`): the file holds a `header`-byte header, then the range's bytes,
+/// which stay at the application's own addresses, now a shared mapping of the file that
+/// peers can map read-only. Dropping it gives the application private memory back, with
+/// the same bytes.
+#[derive(Debug)]
+pub(crate) struct InPlace {
+    fd: OwnedFd,
+    /// The header, mapped read-write here.
+    header: Mapping,
+    addr: NonNull<u8>,
+    len: usize,
+    header_len: usize,
+}
+
+// SAFETY: addresses and a descriptor; the bytes are accessed by their users, atomically.
+unsafe impl Send for InPlace {}
+// SAFETY: `&InPlace` gives out the descriptor and the header mapping only.
+unsafe impl Sync for InPlace {}
+
+impl InPlace {
+    /// Moves `len` bytes at `addr` onto a new memfd named `name`, after a header of
+    /// `header_len` zero bytes, sealed as [`mapped_for_readers`] seals. `addr`, `len` and
+    /// `header_len` must be page multiples (EINVAL otherwise). On error the range is as it
+    /// was (or, if even the way back failed, an error is logged).
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` is private anonymous memory of this process, readable and
+    /// writable, that nothing else in the process unmaps or remaps while the result lives.
+    /// (The kernel copies the bytes here and in the drop: a write by another thread
+    /// meanwhile may be lost, and a read meanwhile may see zeros; no Rust reference to the
+    /// range is made.)
+    pub unsafe fn new(
+        name: &CStr,
+        addr: NonNull<u8>,
+        len: usize,
+        header_len: usize,
+    ) -> io::Result<InPlace> {
+        let page = page_size();
+        let a = addr.as_ptr() as usize;
+        if len == 0 || a % page != 0 || len % page != 0 || header_len % page != 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let fd = sized(name, header_len + len)?;
+        // the bytes into the file: the kernel reads the application's memory
+        // SAFETY: `[addr, addr + len)` is readable (the caller).
+        unsafe { pwrite_all(&fd, addr.as_ptr(), len, header_len)? };
+        let header = Mapping::shared(fd.as_fd(), header_len, true)?;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: replaces exactly the caller's range, which is private anonymous memory
+        // nobody else maps (the caller); the file has its bytes, so the application reads
+        // the same bytes at the same addresses. The result is checked.
+        let p = unsafe {
+            libc::mmap(
+                addr.as_ptr().cast(),
+                len,
+                rw,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                fd.as_raw_fd(),
+                header_len as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // a failed MAP_FIXED may have unmapped the range: private memory again, with
+            // the bytes from the file
+            // SAFETY: the caller's range, as above.
+            if let Err(back) = unsafe { restore(addr, len, &fd, header_len) } {
+                tracing::error!(error = %back, "registered memory lost on a failed move");
+            }
+            return Err(e);
+        }
+        let me = InPlace {
+            fd,
+            header,
+            addr,
+            len,
+            header_len,
+        };
+        // a child of fork() would share the range, not copy it: it gets none, as
+        // rdma-core's registered memory with fork support on (MADV_DONTFORK)
+        // SAFETY: advice on our own mapping; a failure leaves it forkable (logged).
+        if unsafe { libc::madvise(addr.as_ptr().cast(), len, libc::MADV_DONTFORK) } != 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "MADV_DONTFORK refused");
+        }
+        // our writable mappings exist: nobody else may get one from now on
+        add_seals(
+            &me.fd,
+            SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL,
+        )?; // on failure `me` drops: given back
+        Ok(me)
+    }
+
+    /// The file peers map.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The header, mapped read-write.
+    pub fn header(&self) -> &Mapping {
+        &self.header
+    }
+
+    /// Whether the range is still our shared mapping of the file (`/proc/self/maps`; yes
+    /// when it cannot be read).
+    fn still_ours(&self) -> bool {
+        // SAFETY: a plain query on our descriptor into a zeroed struct; checked.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) } != 0 {
+            return true;
+        }
+        let Ok(maps) = crate::maps::read() else {
+            return true;
+        };
+        let ours = |m: &crate::maps::Map<'_>| m.perms == "rw-s" && m.inode == st.st_ino;
+        crate::maps::covered(&maps, self.addr.as_ptr() as usize, self.len, ours).is_ok()
+    }
+
+    /// Private anonymous memory in place of the shared mapping, holding the file's bytes.
+    fn give_back(&mut self) -> io::Result<()> {
+        // SAFETY: the application's range, which it still owns (`new`'s contract), and
+        // still our mapping (checked by the caller).
+        unsafe { restore(self.addr, self.len, &self.fd, self.header_len) }
+    }
+}
+
+/// Maps fresh private anonymous memory over `[addr, addr + len)` and reads the bytes of
+/// `fd` from `off` into it.
+///
+/// # Safety
+/// The range is the caller's to replace: no other mapping of anyone else's is there.
+unsafe fn restore(addr: NonNull<u8>, len: usize, fd: &OwnedFd, off: usize) -> io::Result<()> {
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    // SAFETY: replaces the caller's range only (the caller) with fresh private memory;
+    // checked.
+    let p = unsafe {
+        libc::mmap(
+            addr.as_ptr().cast(),
+            len,
+            rw,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `len` writable bytes at `addr`, just mapped.
+    unsafe { pread_all(fd, addr.as_ptr(), len, off) }
+}
+
+impl Drop for InPlace {
+    fn drop(&mut self) {
+        // the application must not have unmapped the range while registered; if it did,
+        // the addresses may be someone else's now: left alone
+        if !self.still_ours() {
+            tracing::warn!(
+                addr = ?self.addr,
+                len = self.len,
+                "registered memory unmapped or remapped before deregistration: left as it is"
+            );
+            return;
+        }
+        if let Err(e) = self.give_back() {
+            tracing::error!(
+                error = %e,
+                addr = self.addr.as_ptr() as usize,
+                len = self.len,
+                "registered memory could not be made private again"
+            );
+        }
+    }
+}
+
+/// Writes `len` bytes at `src` to `fd` at `off`.
+///
+/// # Safety
+/// `src` is readable for `len` bytes.
+unsafe fn pwrite_all(fd: &OwnedFd, src: *const u8, len: usize, off: usize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: inside the caller's readable range; the result is checked.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                src.add(done).cast(),
+                len - done,
+                (off + done) as libc::off_t,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return Err(io::Error::last_os_error()),
+        }
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes of `fd` at `off` into `dst`.
+///
+/// # Safety
+/// `dst` is writable for `len` bytes, and nothing else accesses them meanwhile.
+unsafe fn pread_all(fd: &OwnedFd, dst: *mut u8, len: usize, off: usize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: inside the caller's writable range; the result is checked.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                dst.add(done).cast(),
+                len - done,
+                (off + done) as libc::off_t,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return Err(io::Error::last_os_error()),
+        }
+    }
+    Ok(())
+}
+
 /// The size of the file `fd` (`fstat`), keeping the descriptor.
 pub(crate) fn file_size(fd: OwnedFd) -> (OwnedFd, io::Result<u64>) {
     let f = File::from(fd);
@@ -111,7 +348,7 @@ pub(crate) fn sealed(name: &CStr, size: usize) -> io::Result<OwnedFd> {
 /// Our own mapping stays writable.
 pub(crate) fn mapped_for_readers(name: &CStr, size: usize) -> io::Result<(OwnedFd, Mapping)> {
     let fd = sized(name, size)?;
-    let map = Mapping::shared(std::os::fd::AsFd::as_fd(&fd), size, true)?;
+    let map = Mapping::shared(fd.as_fd(), size, true)?;
     // on failure the mapping drops: unmapped
     add_seals(
         &fd,
@@ -169,7 +406,6 @@ pub(crate) fn size_sealed(fd: BorrowedFd<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
     use std::os::unix::fs::FileExt;
 
     /// `fd` as a file (a new descriptor of the same open file).
@@ -228,5 +464,65 @@ mod tests {
         let mut got = [0u8; 4];
         region.read(10, &mut got);
         assert_eq!(&got, b"more");
+    }
+
+    /// An application's range moved in place: same bytes at the same addresses, shared
+    /// through the file (read-only for others), and private again when given back: a
+    /// reader that still maps the file sees nothing the application writes afterwards.
+    #[test]
+    fn a_range_moved_in_place_is_shared_then_private_again() {
+        let len = 4 * 4096;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh mapping where the kernel picks; checked.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, rw, anon, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let addr = NonNull::new(p.cast::<u8>()).unwrap();
+        // SAFETY: `len` bytes of our mapping, only ours.
+        let bytes = |k: usize| unsafe { *addr.as_ptr().add(k) };
+        // SAFETY: as above.
+        let set = |k: usize, v: u8| unsafe { *addr.as_ptr().add(k) = v };
+        for k in 0..len {
+            set(k, (k % 251) as u8);
+        }
+        // SAFETY: our private anonymous mapping, page-aligned, untouched meanwhile.
+        let moved = unsafe { InPlace::new(c"test-in-place", addr, len, 4096) }.unwrap();
+        assert!((0..len).all(|k| bytes(k) == (k % 251) as u8), "same bytes");
+        let ro = Mapping::shared(moved.fd(), 4096 + len, false).unwrap();
+        // SAFETY: in bounds of the read-only mapping, alive below.
+        let seen = |k: usize| unsafe { *ro.ptr().as_ptr().add(4096 + k) };
+        set(5, 0xaa);
+        assert_eq!(seen(5), 0xaa, "the reader sees the application's writes");
+        assert!(
+            Mapping::shared(moved.fd(), 4096 + len, true).is_err(),
+            "read-only for others"
+        );
+        assert!(file(moved.fd()).write_at(b"x", 4096).is_err(), "no pwrite");
+        drop(moved);
+        assert_eq!(bytes(5), 0xaa, "bytes kept");
+        assert!((6..len).all(|k| bytes(k) == (k % 251) as u8));
+        set(5, 0xbb);
+        set(9000, 0xcc);
+        assert_eq!((bytes(5), bytes(9000)), (0xbb, 0xcc), "private memory");
+        assert_eq!(seen(5), 0xaa, "the reader sees no later write");
+        assert_eq!(seen(9000), (9000 % 251) as u8);
+        // unaligned ranges are refused, untouched
+        let at = NonNull::new(addr.as_ptr().wrapping_add(8)).unwrap();
+        // SAFETY: refused before any change (unaligned).
+        let e = unsafe { InPlace::new(c"test-in-place", at, 4096, 4096) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        // a range the application unmapped while registered (its bug) is left alone: the
+        // way back writes nothing over what is there by then
+        // SAFETY: our private anonymous mapping, untouched meanwhile.
+        let moved = unsafe { InPlace::new(c"test-in-place", addr, len, 4096) }.unwrap();
+        // SAFETY: replaces our own mapping (as an application's free + reuse would).
+        let q = unsafe { libc::mmap(p, len, rw, anon | libc::MAP_FIXED, -1, 0) };
+        assert_eq!(q, p);
+        set(0, 0x77);
+        set(len - 1, 0x77);
+        drop(moved);
+        assert_eq!((bytes(0), bytes(len - 1)), (0x77, 0x77), "overwritten");
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(p, len) };
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! A memory region of at least the configured minimum of bytes made by `ProtectionDomain::alloc` lives in
 //! a memfd (`SharedBytes::new_shared_zeroed`) while the host-local wire is on (a buffer the
-//! application registers stays its own memory: moved in, never copied). On the host-local
+//! application registers stays its own memory: moved in, never copied; one registered in
+//! place, the C ABI's, is moved onto a memfd at its own addresses when it qualifies:
+//! `verbs/in_place.rs`). On the host-local
 //! wire (`io::local`) a WRITE of at least that many bytes from such a region then carries
 //! no data: it is one packet standing for the whole message and its PSNs, which names the
 //! sender's regions and ranges ([`Piece`]), and the sender's wire hands each region's memfd
@@ -27,6 +29,11 @@ use rdma_proto::memory::MemError;
 /// shortest WRITE pulled and region shared (default [`DEFAULT_MIN`]). Read by
 /// [`crate::SoftConfig::from_env`].
 pub const PULL_ENV: &str = "RDMA_SOFT_LOCAL_PULL";
+/// Environment variable: `off` keeps every buffer the application registers in place
+/// (`ibv_reg_mr`) private memory; on (the default), one that qualifies is moved onto a
+/// region file so that its WRITEs are pulled too (see `verbs/in_place.rs`). Read by
+/// [`crate::SoftConfig::from_env`].
+pub const PULL_IN_PLACE_ENV: &str = "RDMA_SOFT_PULL_IN_PLACE";
 /// The shortest WRITE pulled by default: below it the copies through the ring cost less
 /// than mapping lookups and the extra packet work.
 pub const DEFAULT_MIN: u32 = 16 << 10;

@@ -312,6 +312,12 @@ pub trait DatagramWire: Send {
         None
     }
 
+    /// The shortest buffer registered in place that is moved onto a region file
+    /// ([`UdpConfig::in_place_min`]), `None` when none is (the default).
+    fn in_place_min(&self) -> Option<u32> {
+        None
+    }
+
     /// This wire's host-local identity ([`local`]; set up on first call), or `None` when it
     /// has no host-local wire (turned off, fault injection on, not sharing).
     fn host_local(&mut self) -> Option<HostPeer> {

@@ -517,6 +517,10 @@ impl DatagramWire for UdpWire {
         self.cfg.pull_min()
     }
 
+    fn in_place_min(&self) -> Option<u32> {
+        self.cfg.in_place_min()
+    }
+
     fn host_local(&mut self) -> Option<super::HostPeer> {
         self.local_id()
     }

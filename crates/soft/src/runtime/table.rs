@@ -132,6 +132,9 @@ pub(crate) fn add_rc(a: &mut RcStats, b: &RcStats) {
     a.dropped += b.dropped;
     a.naks_sent += b.naks_sent;
     a.ack_probes += b.ack_probes;
+    a.pulls_sent += b.pulls_sent;
+    a.pulls_done += b.pulls_done;
+    a.pull_failures += b.pull_failures;
     a.credit_waits += b.credit_waits;
     a.credit_updates_sent += b.credit_updates_sent;
     a.rnr_waits_cut += b.rnr_waits_cut;

@@ -74,6 +74,9 @@ pub(crate) struct DeviceShared {
     /// The wire's pull minimum ([`crate::io::DatagramWire::pull_min`]): regions at least
     /// this long that a PD allocates are shared.
     pub(crate) pull_min: Option<u32>,
+    /// The wire's in-place minimum ([`crate::io::DatagramWire::in_place_min`]): buffers at
+    /// least this long that a PD registers in place may be moved onto a region file.
+    pub(crate) in_place_min: Option<u32>,
 }
 
 impl DeviceShared {
@@ -308,7 +311,7 @@ impl Device {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let pull_min = wire.pull_min();
+        let (pull_min, in_place_min) = (wire.pull_min(), wire.in_place_min());
         let mut rt = Runtime::new(wire)?;
         let wait_fd = rt.wait_fd();
         let gsi_event = rt.gsi_event_fd();
@@ -333,6 +336,7 @@ impl Device {
             gsi_event,
             async_fd,
             pull_min,
+            in_place_min,
         });
         let weak = Arc::downgrade(&shared);
         let shared = Arc::new(Registered::new(shared)?);

@@ -10,6 +10,7 @@
 mod bulk_copy;
 mod device;
 mod host_local;
+mod in_place;
 mod mcast;
 mod mr;
 mod pd;

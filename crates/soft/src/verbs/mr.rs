@@ -438,13 +438,27 @@ impl MemoryRegion {
         Self::check_args(len, access)?;
         let ptr = std::ptr::NonNull::new(addr)
             .ok_or(Error::InvalidArgument("cannot register a NULL address"))?;
+        // long enough to be pulled: onto a region file in place, when it qualifies
+        let moved = match pd.device().in_place_min {
+            Some(min) if len >= min as usize => {
+                match super::in_place::movable_now(addr as usize, len) {
+                    // SAFETY: the caller keeps the range valid while registered, and it is
+                    // page-aligned private anonymous read-write memory (checked just now).
+                    Ok(()) => unsafe { SharedBytes::borrowed_in_place(ptr, len) },
+                    Err(why) => {
+                        tracing::debug!(?addr, len, why, "registered in place, kept private");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        if moved.is_some() {
+            tracing::debug!(?addr, len, "registered in place, moved onto a region file");
+        }
         // SAFETY: the caller keeps `len` bytes at `addr` valid while registered.
-        Self::insert(
-            pd,
-            table,
-            unsafe { SharedBytes::borrowed(ptr, len) },
-            access,
-        )
+        let mem = moved.unwrap_or_else(|| unsafe { SharedBytes::borrowed(ptr, len) });
+        Self::insert(pd, table, mem, access)
     }
 
     pub(crate) fn alloc(

@@ -73,10 +73,19 @@ impl ProtectionDomain {
     /// memory to the caller; [`MemoryRegion::deregister`] gives back an empty buffer.
     /// Errors as [`ProtectionDomain::register`], and EINVAL for a NULL `addr`.
     ///
+    /// While the host-local wire pulls WRITEs ([`crate::PULL_ENV`],
+    /// [`crate::PULL_IN_PLACE_ENV`]), a range of at least the pull minimum that is
+    /// page-aligned private anonymous memory is moved onto a region file at the same
+    /// addresses, with the same bytes, so that peer processes on this host pull WRITEs
+    /// from it; deregistered, it is private anonymous memory again with its bytes (and
+    /// `MADV_DONTFORK` meanwhile). The bytes are copied at both ends: a write to the range
+    /// by another thread during this call or the deregistration may be lost.
+    ///
     /// # Safety
     /// `addr` must be valid for reads and writes of `len` bytes for as long as the region is
     /// registered (until the [`MemoryRegion`] and every work request using it are gone), and
     /// the caller must not rely on the bytes staying unchanged while a peer may write them.
+    /// Nothing else may unmap or remap the range while it is registered.
     ///
     /// ```
     /// use rdma_soft::verbs::{AccessFlags, Device, DeviceConfig};

@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 use super::bulk_copy;
-use crate::memfd::Mapping;
+use crate::memfd::{InPlace, Mapping};
 
 /// Bytes before the data in a shared region's file: the `live` word (1 while registered).
 pub(crate) const SHARED_HEADER: usize = 4096;
@@ -40,11 +40,36 @@ pub(crate) struct SharedBytes {
     mid_start: usize,
     mid_end: usize,
     /// A memfd holding the bytes, which peer processes on the host map to read them
-    /// (pulled WRITEs, `pull.rs`), and its mapping here (the header, then the bytes at
-    /// `ptr`); `None`: a boxed slice.
-    file: Option<(OwnedFd, Mapping)>,
+    /// (pulled WRITEs, `pull.rs`); `None`: a boxed slice or the caller's private memory.
+    file: Option<RegionFile>,
     /// The caller's memory (`SharedBytes::borrowed`): never freed here.
     borrowed: bool,
+}
+
+/// The memfd of a shared region.
+enum RegionFile {
+    /// Ours, mapped whole here: the header, then the bytes at `ptr`.
+    Own(OwnedFd, Mapping),
+    /// The caller's range moved onto it at the caller's addresses (`ptr`); the header
+    /// mapped apart. Dropping it makes the range private memory again.
+    InPlace(InPlace),
+}
+
+impl RegionFile {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            RegionFile::Own(fd, _) => fd.as_fd(),
+            RegionFile::InPlace(m) => m.fd(),
+        }
+    }
+
+    /// A mapping that starts with the header (the `live` word).
+    fn header(&self) -> &Mapping {
+        match self {
+            RegionFile::Own(_, map) => map,
+            RegionFile::InPlace(m) => m.header(),
+        }
+    }
 }
 
 // SAFETY: the buffer is owned and all access after construction is atomic.
@@ -112,7 +137,7 @@ impl SharedBytes {
                     len,
                     mid_start: 0,
                     mid_end: len / 8 * 8,
-                    file: Some((fd, map)),
+                    file: Some(RegionFile::Own(fd, map)),
                     borrowed: false,
                 }
             }
@@ -124,17 +149,59 @@ impl SharedBytes {
         }
     }
 
-    /// The memfd peers map, for a region made by [`SharedBytes::new_shared_zeroed`].
-    pub fn file(&self) -> Option<BorrowedFd<'_>> {
-        self.file.as_ref().map(|f| f.0.as_fd())
+    /// [`SharedBytes::borrowed`], with the caller's range moved onto a memfd at the
+    /// same addresses and with the same bytes ([`InPlace`]), so that peer processes can
+    /// map it as a region of [`SharedBytes::new_shared_zeroed`]; dropping the value makes
+    /// the range private memory again, bytes kept. `None` (the range untouched, or as it
+    /// was) when the move fails or [`MAX_SHARED_REGIONS`] are held.
+    ///
+    /// # Safety
+    /// As [`SharedBytes::borrowed`] and [`InPlace::new`]: `ptr` and `len` are page
+    /// multiples of private anonymous read-write memory, which nothing else unmaps or
+    /// remaps while this value lives (a write by another thread during this call or the
+    /// drop may be lost).
+    pub unsafe fn borrowed_in_place(ptr: NonNull<u8>, len: usize) -> Option<SharedBytes> {
+        use std::sync::atomic::Ordering::AcqRel;
+        if !claim(&SHARED_NOW, MAX_SHARED_REGIONS) {
+            return None;
+        }
+        // SAFETY: from the caller.
+        match unsafe { InPlace::new(c"rdma-mr", ptr, len, SHARED_HEADER) } {
+            Ok(moved) => {
+                if let Some(live) = moved.header().atomic_u32(0) {
+                    live.store(1, Relaxed);
+                }
+                Some(SharedBytes {
+                    ptr,
+                    len,
+                    mid_start: 0, // page-aligned
+                    mid_end: len / 8 * 8,
+                    file: Some(RegionFile::InPlace(moved)),
+                    borrowed: true,
+                })
+            }
+            Err(e) => {
+                SHARED_NOW.fetch_sub(1, AcqRel);
+                tracing::debug!(error = %e, "registered memory not moved onto a file");
+                None
+            }
+        }
     }
 
-    /// Ends a shared buffer: `live` to 0 (peers that map the file stop reading it), unmap.
+    /// The memfd peers map, for a shared region ([`SharedBytes::new_shared_zeroed`],
+    /// [`SharedBytes::borrowed_in_place`]).
+    pub fn file(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(RegionFile::fd)
+    }
+
+    /// Ends a shared buffer: `live` to 0 (peers that map the file stop reading it), then
+    /// unmap (ours) or give the caller's range back as private memory (in place).
     fn unmap(&mut self) {
-        if let Some((_, map)) = self.file.take() {
-            if let Some(live) = map.atomic_u32(0) {
+        if let Some(file) = self.file.take() {
+            if let Some(live) = file.header().atomic_u32(0) {
                 live.store(0, std::sync::atomic::Ordering::Release);
             }
+            drop(file);
             SHARED_NOW.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
@@ -143,7 +210,8 @@ impl SharedBytes {
     pub fn into_inner(self) -> Box<[u8]> {
         let mut me = std::mem::ManuallyDrop::new(self);
         if me.borrowed {
-            // the caller keeps its memory: nothing to give back
+            // the caller keeps its memory (private again if it was moved): nothing to give
+            me.unmap();
             return Box::new([]);
         }
         if me.file.is_some() {
@@ -296,11 +364,11 @@ impl SharedBytes {
 
 impl Drop for SharedBytes {
     fn drop(&mut self) {
-        if self.borrowed {
-            return;
-        }
         if self.file.is_some() {
             self.unmap();
+            return;
+        }
+        if self.borrowed {
             return;
         }
         // SAFETY: as in into_inner; drop runs once and no reference outlives `self`.

@@ -49,6 +49,12 @@ pub struct UdpConfig {
     /// smallest region `ProtectionDomain::alloc` shares (`RDMA_SOFT_LOCAL_PULL`; `None`:
     /// pulls off). See `pull.rs`.
     pub local_pull: Option<u32>,
+    /// Move a buffer the application registers in place
+    /// (`ProtectionDomain::register_raw`, the C ABI's `ibv_reg_mr`) onto a region file
+    /// when pulls are on and it is page-aligned private anonymous memory of at least the
+    /// pull minimum, so that its WRITEs are pulled too (`RDMA_SOFT_PULL_IN_PLACE`; default
+    /// on). See `verbs/in_place.rs`.
+    pub pull_in_place: bool,
     /// Where the process's runtime directory (slots, groups, claims, bells) is chosen from
     /// when this wire is the first to need it (`RDMA_SOFT_RUNDIR`, `$XDG_RUNTIME_DIR`: set
     /// by [`crate::SoftConfig::from_env`]; the default: the usual places without
@@ -70,6 +76,7 @@ impl Default for UdpConfig {
             host_local: true,
             local_ring: crate::io::local::DEFAULT_RING,
             local_pull: Some(crate::PULL_DEFAULT_MIN),
+            pull_in_place: true,
             runtime_dir: Default::default(),
         }
     }
@@ -80,5 +87,11 @@ impl UdpConfig {
     /// allocates shared; `None` when pulls are off or the host-local wire is.
     pub fn pull_min(&self) -> Option<u32> {
         self.local_pull.filter(|_| self.host_local)
+    }
+
+    /// The smallest buffer the application registers that is moved onto a region file
+    /// in place ([`UdpConfig::pull_in_place`]); `None` when none is.
+    pub fn in_place_min(&self) -> Option<u32> {
+        self.pull_min().filter(|_| self.pull_in_place)
     }
 }

@@ -39,6 +39,9 @@ fn rc_counters(s: &RcStats) -> Value {
         "duplicate_requests": s.duplicates,
         "dropped": s.dropped,
         "ack_probes": s.ack_probes,
+        "pulls_sent": s.pulls_sent,
+        "pulls_done": s.pulls_done,
+        "pull_failures": s.pull_failures,
     })
 }
 
