@@ -279,25 +279,19 @@ impl Drop for InPlace {
 /// # Safety
 /// `src` is readable for `len` bytes.
 unsafe fn pwrite_all(fd: &OwnedFd, src: *const u8, len: usize, off: usize) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        // SAFETY: inside the caller's readable range; the result is checked.
-        let n = unsafe {
+    all(len, |done| {
+        // SAFETY: inside the caller's readable range.
+        let p = unsafe { src.add(done) };
+        // SAFETY: `len - done` readable bytes at `p`; the result is checked by `all`.
+        unsafe {
             libc::pwrite(
                 fd.as_raw_fd(),
-                src.add(done).cast(),
+                p.cast(),
                 len - done,
                 (off + done) as libc::off_t,
             )
-        };
-        match n {
-            n if n > 0 => done += n as usize,
-            0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
-            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-            _ => return Err(io::Error::last_os_error()),
         }
-    }
-    Ok(())
+    })
 }
 
 /// Reads `len` bytes of `fd` at `off` into `dst`.
@@ -305,18 +299,27 @@ unsafe fn pwrite_all(fd: &OwnedFd, src: *const u8, len: usize, off: usize) -> io
 /// # Safety
 /// `dst` is writable for `len` bytes, and nothing else accesses them meanwhile.
 unsafe fn pread_all(fd: &OwnedFd, dst: *mut u8, len: usize, off: usize) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        // SAFETY: inside the caller's writable range; the result is checked.
-        let n = unsafe {
+    all(len, |done| {
+        // SAFETY: inside the caller's writable range.
+        let p = unsafe { dst.add(done) };
+        // SAFETY: `len - done` writable bytes at `p`; the result is checked by `all`.
+        unsafe {
             libc::pread(
                 fd.as_raw_fd(),
-                dst.add(done).cast(),
+                p.cast(),
                 len - done,
                 (off + done) as libc::off_t,
             )
-        };
-        match n {
+        }
+    })
+}
+
+/// Runs `call(done)` (a `pread`/`pwrite` of the rest) until `len` bytes are done; retries
+/// after EINTR, EIO at the file's end.
+fn all(len: usize, mut call: impl FnMut(usize) -> isize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        match call(done) {
             n if n > 0 => done += n as usize,
             0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
             _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
