@@ -62,7 +62,14 @@ pub(crate) struct Ring {
     /// Producer: the consumer's `tail` last read (refreshed when space seems short).
     /// Consumer: the length of the record [`Ring::peek`] returned last.
     limit: u64,
+    /// Consumer: the last record's address bytes (`from` and `to`, 40 bytes) and what they
+    /// decoded to; a record with the same bytes reuses them (one peer pair per ring, as a
+    /// rule: the decoding was about 7 % of a record's receive path).
+    addrs: Option<([u8; ADDRS], WireAddr, WireAddr)>,
 }
+
+/// A record's address bytes: `from` and `to`, GID and scope each.
+const ADDRS: usize = 40;
 
 /// Whether `n` bytes is a ring capacity: a power of two within the limits.
 pub(crate) fn valid_capacity(n: usize) -> bool {
@@ -86,6 +93,7 @@ impl Ring {
             cap: cap as u64,
             pos: 0,
             limit: 0,
+            addrs: None,
         })
     }
 
@@ -301,21 +309,35 @@ impl Ring {
             if RECORD + len > total {
                 return Err(Malformed("packet length"));
             }
-            let addr = |o: usize| {
-                let mut g = [0u8; 16];
-                g.copy_from_slice(&rec[o..o + 16]);
-                let scope =
-                    u32::from_le_bytes([rec[o + 16], rec[o + 17], rec[o + 18], rec[o + 19]]);
-                WireAddr::new(std::net::Ipv6Addr::from(g).into(), scope)
-            };
             let placement = match rec[7] {
                 0 => TxPlacement::Inline,
                 1 => TxPlacement::Pull,
                 _ => return Err(Malformed("placement")),
             };
+            let (from, to) = match &self.addrs {
+                Some((key, from, to)) if key[..] == rec[8..8 + ADDRS] => (*from, *to),
+                _ => {
+                    let addr = |o: usize| {
+                        let mut g = [0u8; 16];
+                        g.copy_from_slice(&rec[o..o + 16]);
+                        let scope = u32::from_le_bytes([
+                            rec[o + 16],
+                            rec[o + 17],
+                            rec[o + 18],
+                            rec[o + 19],
+                        ]);
+                        WireAddr::new(std::net::Ipv6Addr::from(g).into(), scope)
+                    };
+                    let mut key = [0u8; ADDRS];
+                    key.copy_from_slice(&rec[8..8 + ADDRS]);
+                    let (from, to) = (addr(8), addr(28));
+                    self.addrs = Some((key, from, to));
+                    (from, to)
+                }
+            };
             let meta = RecordMeta {
-                from: addr(8),
-                to: addr(28),
+                from,
+                to,
                 tclass: rec[6],
                 placement,
             };
@@ -453,6 +475,38 @@ mod tests {
             c.advance();
         }
         assert!(push(&mut p, &[2u8; 4000]));
+    }
+
+    #[test]
+    fn each_record_reads_its_own_addresses() {
+        let mut p = Ring::create(MIN_CAPACITY).unwrap();
+        let mut c = attach(&p);
+        let other = RecordMeta {
+            from: "::1".parse().unwrap(),
+            to: "fe80::2%4".parse().unwrap(),
+            tclass: 0,
+            placement: TxPlacement::Inline,
+        };
+        // the same pair twice (the decoded pair reused), then another, then the first again
+        let metas = [meta(), meta(), other, other, meta()];
+        for m in &metas {
+            p.reserve(1).unwrap()[0] = 7;
+            p.commit(m, 1);
+        }
+        for m in &metas {
+            assert_eq!(c.peek().unwrap().unwrap().0, *m);
+            c.advance();
+        }
+        // the producer rewrites a published record's address (a hostile peer): read anew
+        p.reserve(1).unwrap()[0] = 7;
+        p.commit(&meta(), 1);
+        let at = (p.pos - 56) as usize;
+        // SAFETY: the producer's own mapping, as a hostile peer would write it.
+        unsafe { p.data().add(at + 8 + 15).write(2) };
+        assert_eq!(
+            c.peek().unwrap().unwrap().0.from,
+            "127.0.0.2".parse().unwrap()
+        );
     }
 
     #[test]
