@@ -388,3 +388,63 @@ fn reqs_for_a_listener_repair_a_wrong_table() {
     assert_eq!(rounds[rounds.len() - 2..], [(0, 5), (0, 5)], "{rounds:?}");
     drop(f);
 }
+
+/// Child mode of the test below, not a test of its own (ignored: run only as that test's
+/// child process): opens the address from another runtime directory and says what happened.
+#[test]
+#[ignore = "run as a child process by another_runtime_directory_cannot_join_an_address"]
+fn share_child_other_rundir() {
+    let a = std::env::var("SHARE_CHILD_ADDR")
+        .expect("SHARE_CHILD_ADDR: run by another_runtime_directory_cannot_join_an_address");
+    let dir = std::env::var("SHARE_CHILD_RUNDIR").unwrap();
+    let mut w = rdma_soft::io::UdpWire::new(rdma_soft::io::UdpConfig {
+        port: 47947,
+        runtime_dir: rdma_soft::io::RuntimeDirChoice {
+            given: Some(dir.into()),
+            xdg_runtime_dir: None,
+        },
+        ..rdma_soft::io::UdpConfig::default()
+    })
+    .unwrap();
+    match w.open(addr(&a)) {
+        Ok(()) => println!("joined"),
+        Err(e) => println!("refused {} {e}", e.errno()),
+    }
+}
+
+/// A process of this user with another runtime directory cannot join an address a group
+/// of ours holds (its program would steer our datagrams to nobody it knows): the open
+/// fails with EADDRINUSE and says why, and our member keeps every datagram.
+#[test]
+fn another_runtime_directory_cannot_join_an_address() {
+    let port = 47947;
+    let (shared, src) = (addr("127.0.110.20"), addr("127.0.110.21"));
+    let mut a = wire(port);
+    a.open(shared).unwrap();
+    let dir = std::env::temp_dir().join(format!("rdma-soft-other-{}", std::process::id()));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "share_child_other_rundir",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("SHARE_CHILD_ADDR", shared.to_string())
+        .env("SHARE_CHILD_RUNDIR", &dir)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("refused {} ", libc::EADDRINUSE))
+            && text.contains("another runtime directory"),
+        "{text}"
+    );
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    let slot = a.share_slot().unwrap().unwrap();
+    send_to(&mut s, src, shared, &[slot], 20);
+    assert_eq!(tags(&mut a, 20), expect(slot, 20));
+}
