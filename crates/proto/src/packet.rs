@@ -74,7 +74,7 @@ pub struct Packet<'a> {
     pub payload: &'a [u8],
 }
 
-/// Where a received RDMA WRITE packet's data is, when a peer process on the same host
+/// Where a received RDMA WRITE or SEND packet's data is, when a peer process on the same host
 /// sends it ([`crate::rc::RcQp::set_pull_min`]).
 ///
 /// ```
@@ -87,8 +87,9 @@ pub struct Packet<'a> {
 pub enum Placement<'a> {
     /// In the packet's payload.
     Inline,
-    /// A whole WRITE in one packet (opcode Only) that the responder copies from the
-    /// sender's memory ([`crate::memory::MemoryTable::pull_remote`] with `source`). It stands
+    /// A whole WRITE or SEND in one packet (opcode Only) that the responder copies from the
+    /// sender's memory ([`crate::memory::MemoryTable::pull_remote`] with `source`; a SEND
+    /// into its receive with [`crate::memory::MemoryTable::pull_local`]). It stands
     /// for `len` bytes and `psns` PSNs, as many as the message's packets would have
     /// taken (as a READ request does).
     Pull {
@@ -145,7 +146,7 @@ pub enum TxPlacement {
     /// The data is the payload.
     #[default]
     Inline,
-    /// A whole WRITE the responder copies from the sender's memory.
+    /// A whole WRITE or SEND the responder copies from the sender's memory.
     Pull,
 }
 

@@ -1,4 +1,4 @@
-//! Pulled RDMA WRITEs ([`RcQp::set_pull_min`]): the responder copies the whole message from
+//! Pulled RDMA WRITEs and SENDs ([`RcQp::set_pull_min`]): the responder copies the whole message from
 //! the sender's memory at the first packet, after its own key, bounds and access checks; a
 //! pull it cannot read is asked for again and arrives inline; a refused one touches nothing.
 
@@ -413,5 +413,194 @@ fn a_long_read_is_answered_with_where_its_data_is() {
             (sb.pulls_sent, sa.pulls_done, sa.pull_failures),
             (1, 1 - fail, fail)
         );
+    }
+}
+
+/// B's receive buffer: a region of its own after the WRITE target (local write only).
+const RECV_OFF: u64 = SIZE as u64 / 2;
+
+/// Registers B's receive region and returns its lkey.
+fn recv_region(b: &mut Side) -> u32 {
+    b.mem
+        .t
+        .register(
+            PD,
+            B_BASE + RECV_OFF,
+            SIZE as u64 / 2,
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap()
+        .lkey
+}
+
+/// Posts a receive on B of two pieces: `first` bytes at 100 and `second` at 50,000 of its
+/// receive region.
+fn post_recv(b: &mut Side, lkey: u32, first: u32, second: u32) {
+    let wr = rdma_proto::verbs::RecvWr::new(3)
+        .with_sge(Sge {
+            addr: B_BASE + RECV_OFF + 100,
+            length: first,
+            lkey,
+        })
+        .with_sge(Sge {
+            addr: B_BASE + RECV_OFF + 50_000,
+            length: second,
+            lkey,
+        });
+    b.qp.post_recv(&wr).unwrap();
+}
+
+fn send(a: &mut Side, src_off: u64, len: u32, imm: Option<u32>) {
+    let op = match imm {
+        Some(imm) => SendOp::SendWithImm { imm },
+        None => SendOp::Send,
+    };
+    let wr = SendWr::new(8, op)
+        .with_sge(Sge {
+            addr: A_BASE + src_off,
+            length: len,
+            lkey: a.key,
+        })
+        .signaled();
+    a.qp.post_send(&a.mem, &wr).unwrap();
+}
+
+/// A long SEND is one pulled packet; B scatters it into its receive's two pieces and
+/// completes it with its length and immediate; nothing around the pieces changes.
+#[test]
+fn a_long_send_is_pulled_into_the_receive() {
+    for imm in [None, Some(0xfeed)] {
+        let (mut a, mut b) = pair(AccessFlags::all());
+        let lkey = recv_region(&mut b);
+        post_recv(&mut b, lkey, 5000, 100_000);
+        let len = 40_000u32;
+        send(&mut a, 777, len, imm);
+        let (c, sent) = run(&mut a, &mut b);
+        assert_eq!(c.status, WcStatus::Success);
+        assert_eq!(sent, [TxPlacement::Pull], "one packet for 40 PSNs");
+        let r = b.qp.poll_recv_completion().expect("a receive completion");
+        assert_eq!((r.status, r.byte_len, r.wr_id), (WcStatus::Success, len, 3));
+        assert_eq!(r.imm(), imm);
+        let want = a_bytes(&b, 777, len as usize);
+        assert_eq!(b_bytes(&b, RECV_OFF + 100, 5000), want[..5000]);
+        let rest = len as usize - 5000;
+        assert_eq!(b_bytes(&b, RECV_OFF + 50_000, rest), want[5000..]);
+        assert_eq!(b_bytes(&b, RECV_OFF, 100), vec![0; 100]);
+        assert_eq!(b_bytes(&b, RECV_OFF + 5100, 44_900), vec![0; 44_900]);
+        assert_eq!(
+            b_bytes(&b, RECV_OFF + 50_000 + rest as u64, 64),
+            vec![0; 64]
+        );
+        assert_eq!((a.qp.stats().pulls_sent, b.qp.stats().pulls_done), (1, 1));
+        // the next SEND's PSNs follow the whole range: it lands too, inline
+        post_recv(&mut b, lkey, 5000, 0);
+        send(&mut a, 0, 3000, None);
+        let (c, sent) = run(&mut a, &mut b);
+        assert_eq!((c.status, sent.len()), (WcStatus::Success, 3));
+        assert_eq!(b_bytes(&b, RECV_OFF + 100, 3000), a_bytes(&b, 0, 3000));
+        assert_eq!(b.qp.stats().naks_sent, 0);
+    }
+}
+
+/// A pulled SEND longer than the receive fails as an inline one does: local length error
+/// on B, remote invalid request on A, nothing copied.
+#[test]
+fn a_pulled_send_longer_than_the_receive_fails_as_an_inline_one() {
+    for pull in [Some(4096), None] {
+        let (mut a, mut b) = pair(AccessFlags::all());
+        a.qp.set_pull_min(pull);
+        let lkey = recv_region(&mut b);
+        post_recv(&mut b, lkey, 1000, 7000);
+        send(&mut a, 0, 8001, None);
+        let (c, _) = run(&mut a, &mut b);
+        assert_eq!(c.status, WcStatus::RemInvReqErr, "{pull:?}");
+        let r = b.qp.poll_recv_completion().expect("the receive fails");
+        assert_eq!(r.status, WcStatus::LocLenErr, "{pull:?}");
+        if pull.is_some() {
+            assert_eq!(b.mem.pulls, 0, "refused before any copy");
+            assert_eq!(b_bytes(&b, 0, SIZE), vec![0; SIZE]);
+        }
+    }
+}
+
+/// No receive posted: RNR NAK; posted later, the SEND is pulled again and lands.
+#[test]
+fn a_pulled_send_without_a_receive_waits_and_is_pulled_again() {
+    let (mut a, mut b) = pair(AccessFlags::all());
+    let lkey = recv_region(&mut b);
+    send(&mut a, 10, 16_384, None);
+    let mut buf = vec![0u8; 8192];
+    let t = a.qp.poll_transmit(0, &mut a.mem, &mut buf).unwrap();
+    assert_eq!(t.placement, TxPlacement::Pull);
+    deliver(&mut b, 0, &t, &buf);
+    let t =
+        b.qp.poll_transmit(0, &mut b.mem, &mut buf)
+            .expect("RNR NAK");
+    deliver(&mut a, 0, &t, &buf);
+    assert_eq!(a.qp.stats().rnr_naks_received, 1);
+    assert_eq!(b.mem.pulls, 0);
+    post_recv(&mut b, lkey, 16_384, 0);
+    let (c, sent) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::Success);
+    assert_eq!(sent, [TxPlacement::Pull], "pulled again, not inline");
+    let r = b.qp.poll_recv_completion().unwrap();
+    assert_eq!((r.status, r.byte_len), (WcStatus::Success, 16_384));
+    assert_eq!(b_bytes(&b, RECV_OFF + 100, 16_384), a_bytes(&b, 10, 16_384));
+    assert_eq!((a.qp.stats().pulls_sent, b.qp.stats().pulls_done), (2, 1));
+}
+
+/// A pulled SEND whose source B cannot read is asked for again and comes inline.
+#[test]
+fn an_unreadable_pulled_send_comes_inline() {
+    let (mut a, mut b) = pair(AccessFlags::all());
+    let lkey = recv_region(&mut b);
+    post_recv(&mut b, lkey, 30_000, 0);
+    b.mem.fail = 1;
+    send(&mut a, 3, 20_000, Some(9));
+    let (c, sent) = run(&mut a, &mut b);
+    assert_eq!(c.status, WcStatus::Success);
+    assert!(sent.len() > 20, "resent inline");
+    let r = b.qp.poll_recv_completion().unwrap();
+    assert_eq!(
+        (r.status, r.byte_len, r.imm()),
+        (WcStatus::Success, 20_000, Some(9))
+    );
+    assert_eq!(b_bytes(&b, RECV_OFF + 100, 20_000), a_bytes(&b, 3, 20_000));
+    assert_eq!(b.qp.stats().pull_failures, 1);
+    assert!(b.qp.poll_recv_completion().is_none(), "one receive used");
+}
+
+/// A pulled SEND that claims PSNs its length does not take, or a pull on a SEND packet that
+/// is not a whole message, is invalid: NAK, nothing copied into the receive, QP in error.
+#[test]
+fn a_pulled_send_with_the_wrong_psns_or_opcode_is_invalid() {
+    for case in 0..3 {
+        let (mut a, mut b) = pair(AccessFlags::all());
+        let lkey = recv_region(&mut b);
+        post_recv(&mut b, lkey, 10_000, 10_000);
+        a.qp.set_pull_min(if case == 2 { None } else { Some(4096) });
+        send(&mut a, 0, 8192, None);
+        let mut buf = vec![0u8; 4096];
+        let t = a.qp.poll_transmit(0, &mut a.mem, &mut buf).unwrap();
+        let payload = buf[..t.payload_len].to_vec();
+        let source = if case == 2 { &[][..] } else { &payload[8..] };
+        let psns = [7, 9, 8][case];
+        let placement = Placement::Pull {
+            len: 8192,
+            psns,
+            source,
+        };
+        let pkt = Packet {
+            header: t.header,
+            payload: &[],
+        };
+        b.qp.handle_placed(0, &mut b.mem, &pkt, 1, placement);
+        assert_eq!(b.mem.pulls, 0, "case {case}");
+        assert_eq!(
+            b_bytes(&b, RECV_OFF, SIZE / 2),
+            vec![0; SIZE / 2],
+            "case {case}"
+        );
+        assert_eq!(b.qp.state(), rdma_proto::verbs::QpState::Err, "case {case}");
     }
 }

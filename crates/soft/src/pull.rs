@@ -1,11 +1,12 @@
-//! Pulled RDMA WRITEs between two of our processes on one host: one copy.
+//! Pulled RDMA WRITEs and SENDs between two of our processes on one host: one copy.
 //!
 //! A memory region of at least the configured minimum of bytes made by `ProtectionDomain::alloc` lives in
 //! a memfd (`SharedBytes::new_shared_zeroed`) while the host-local wire is on (a buffer the
 //! application registers stays its own memory: moved in, never copied; one registered in
 //! place, the C ABI's, is moved onto a memfd at its own addresses when it qualifies:
 //! `verbs/in_place.rs`). On the host-local
-//! wire (`io::local`) a WRITE of at least that many bytes from such a region then carries
+//! wire (`io::local`) a WRITE or SEND (with immediate or not) of at least that many bytes
+//! from such a region then carries
 //! no data: it is one packet standing for the whole message and its PSNs, which names the
 //! sender's regions and ranges ([`Piece`]), and the sender's wire hands each region's memfd
 //! to the peer's bell once (`MSG_MR`, before the first packet that names it).
@@ -13,20 +14,24 @@
 //! addresses in its own mapping ([`RESOLVED`] pairs) before the transport sees them. The
 //! responder checks key, protection domain, bounds and access for the whole message as for
 //! any WRITE, then copies it from the mapping straight into the target region: one copy,
-//! against three through the ring. A piece the peer cannot resolve (file not received,
-//! region deregistered) makes the responder ask again (PSN sequence NAK) and the WRITE comes
-//! with its data; a sender stops pulling on a QP after a few such rewinds.
+//! against three through the ring. A pulled SEND takes the next receive as any SEND does
+//! (none: RNR NAK, and it is pulled again after the wait); a message longer than the
+//! receive is the same error as an inline one's, checked before any copy; each piece of
+//! the receive's scatter list is then checked (key, protection domain, bounds, local
+//! write) and filled from the mapping. A piece the peer cannot resolve (file not received,
+//! region deregistered) makes the responder ask again (PSN sequence NAK) and the message
+//! comes with its data; a sender stops pulling on a QP after a few such rewinds.
 //!
-//! The device's wire configuration says which WRITEs are pulled
+//! The device's wire configuration says which WRITEs and SENDs are pulled
 //! ([`crate::io::UdpConfig::local_pull`], `RDMA_SOFT_LOCAL_PULL`: `off` turns pulls off,
-//! regions stay private; a number of bytes is the shortest WRITE pulled).
+//! regions stay private; a number of bytes is the shortest message pulled).
 
 use std::os::fd::RawFd;
 
 use rdma_proto::memory::MemError;
 
-/// Environment variable: `off` (or `0`) turns pulled WRITEs off; a number of bytes is the
-/// shortest WRITE pulled and region shared (default [`DEFAULT_MIN`]). Read by
+/// Environment variable: `off` (or `0`) turns pulled WRITEs and SENDs off; a number of
+/// bytes is the shortest WRITE or SEND pulled and region shared (default [`DEFAULT_MIN`]). Read by
 /// [`crate::SoftConfig::from_env`].
 pub const PULL_ENV: &str = "RDMA_SOFT_LOCAL_PULL";
 /// Environment variable: `off` keeps every buffer the application registers in place
@@ -34,7 +39,7 @@ pub const PULL_ENV: &str = "RDMA_SOFT_LOCAL_PULL";
 /// region file so that its WRITEs are pulled too (see `verbs/in_place.rs`). Read by
 /// [`crate::SoftConfig::from_env`].
 pub const PULL_IN_PLACE_ENV: &str = "RDMA_SOFT_PULL_IN_PLACE";
-/// The shortest WRITE pulled by default: below it the copies through the ring cost less
+/// The shortest WRITE or SEND pulled by default: below it the copies through the ring cost less
 /// than mapping lookups and the extra packet work.
 pub const DEFAULT_MIN: u32 = 16 << 10;
 /// A sender's description of one range: region token, offset in the region, length, and

@@ -221,7 +221,7 @@ impl RcQp {
                             self.rnr_left -= 1;
                         }
                         self.gbn_guard = None;
-                        self.go_back(p);
+                        self.go_back_for(p, true);
                         self.retrans_deadline = None;
                         self.rnr_until = Some(now.saturating_add(rnr_timer_ns(code)));
                     }

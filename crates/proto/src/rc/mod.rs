@@ -111,12 +111,12 @@ pub struct RcStats {
     pub naks_sent: u64,
     /// Last packets resent to ask for an ACK that unsignaled messages did not ask for.
     pub ack_probes: u64,
-    /// RDMA WRITEs sent for the responder to copy from this process's memory
+    /// RDMA WRITEs and SENDs sent for the responder to copy from this process's memory
     /// ([`RcQp::set_pull_min`]).
     pub pulls_sent: u64,
-    /// RDMA WRITEs this responder copied from the sender's memory.
+    /// RDMA WRITEs and SENDs this responder copied from the sender's memory.
     pub pulls_done: u64,
-    /// Pulled WRITEs whose source this responder could not read: it asked for them again
+    /// Pulled WRITEs and SENDs whose source this responder could not read: it asked for them again
     /// (PSN sequence NAK) and they came inline.
     pub pull_failures: u64,
     /// Times a SEND (or RDMA WRITE with immediate) waited for the peer's credits (see
@@ -471,12 +471,14 @@ impl RcQp {
         std::mem::take(&mut self.resp.update_queued)
     }
 
-    /// From now on, RDMA WRITEs of at least `min` bytes (none: `None`, the default) ask the
-    /// responder to copy the whole message from this process's memory
+    /// From now on, RDMA WRITEs and SENDs (with immediate or not) of at least `min` bytes
+    /// (none: `None`, the default) ask the responder to copy the whole message from this
+    /// process's memory (a SEND into its receive's scatter list)
     /// ([`crate::memory::MemoryTable::locate`]) instead of carrying it: only for a
     /// peer process on the same host, over a wire that carries [`crate::packet::TxPlacement`].
-    /// A WRITE that is resent, or whose responder cannot read the memory (it answers with a
-    /// PSN sequence NAK), goes again with its data.
+    /// A WRITE or SEND that is resent, or whose responder cannot read the memory (it answers
+    /// with a PSN sequence NAK), goes again with its data; one answered with an RNR NAK is
+    /// pulled again.
     ///
     /// ```
     /// use rdma_proto::rc::{RcConfig, RcQp};
@@ -490,7 +492,7 @@ impl RcQp {
         self.pull_reverts = 0;
     }
 
-    /// The WRITE length from which WRITEs are pulled ([`RcQp::set_pull_min`]).
+    /// The message length from which WRITEs and SENDs are pulled ([`RcQp::set_pull_min`]).
     pub fn pull_min(&self) -> Option<u32> {
         self.pull_min
     }
@@ -522,8 +524,9 @@ impl RcQp {
     }
 
     /// [`RcQp::handle_packet_on`] for a packet whose data is not in its payload, from a peer
-    /// process on the same host ([`RcQp::set_pull_min`] on its side): an RDMA WRITE whose
-    /// message this responder copies from the peer's memory, or a READ response whose data
+    /// process on the same host ([`RcQp::set_pull_min`] on its side): an RDMA WRITE or a
+    /// SEND (only or only with immediate) whose message this responder copies from the
+    /// peer's memory, or a READ response whose data
     /// this requester copies. A request of any other kind with such a placement is invalid;
     /// a response of any other kind is dropped.
     pub fn handle_placed<M: MemoryTable + ?Sized>(

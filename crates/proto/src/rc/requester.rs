@@ -31,18 +31,20 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// Status to report if the QP is flushed (the WR that caused the error).
     pub error: Option<WcStatus>,
-    /// Whether the responder copies this WRITE from our memory ([`RcQp::set_pull_min`]).
+    /// Whether the responder copies this WRITE or SEND from our memory
+    /// ([`RcQp::set_pull_min`]).
     pub pull: Pull,
 }
 
-/// How a WRITE carries its data.
+/// How a WRITE or SEND carries its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pull {
     /// Not decided: its first packet has not gone out.
     Undecided,
     /// One packet asked the responder to copy the whole message (and took its PSNs).
     Pulled,
-    /// Inline: too short, not a WRITE, or resent (a resent packet carries its data).
+    /// Inline: too short, not a WRITE or SEND, or resent (a resent packet carries its
+    /// data).
     Inline,
 }
 
@@ -173,7 +175,7 @@ impl RcQp {
         Ok(())
     }
 
-    /// Writes the pull payload of a WRITE (see [`TxPlacement::Pull`]) into `out`: its
+    /// Writes the pull payload of a WRITE or SEND (see [`TxPlacement::Pull`]) into `out`: its
     /// length and PSNs, then where each piece of its data is
     /// ([`MemoryTable::locate`]). `Ok(None)` when it does not fit or the memory table
     /// makes no same-host copies of it.
@@ -215,6 +217,20 @@ impl RcQp {
                 reverted = true;
             }
         }
+        self.count_revert(reverted);
+    }
+
+    /// An RNR rewind to the start of WR `idx`: the responder had no receive, not a source
+    /// it could not read, so pulled WRs from `idx` on are decided again (pulled again).
+    pub(super) fn repull_from(&mut self, idx: usize) {
+        for w in self.sq.iter_mut().skip(idx) {
+            if w.pull == Pull::Pulled {
+                w.pull = Pull::Undecided;
+            }
+        }
+    }
+
+    fn count_revert(&mut self, reverted: bool) {
         // a responder that keeps failing to pull (the kernel refuses it) gets data
         if reverted && self.pull_min.is_some() {
             self.pull_reverts += 1;
@@ -238,6 +254,12 @@ impl RcQp {
     /// Restarts transmission at `psn` (which must be in the oldest WR). Returns how many
     /// packets that resends.
     pub(super) fn go_back(&mut self, psn: u32) -> u64 {
+        self.go_back_for(psn, false)
+    }
+
+    /// [`Self::go_back`]; `rnr`: after an RNR NAK, which keeps pulled WRs pulled when the
+    /// rewind starts at the first PSN of one.
+    pub(super) fn go_back_for(&mut self, psn: u32, rnr: bool) -> u64 {
         let Some(w) = self.sq.front() else { return 0 };
         if !w.started {
             return 0;
@@ -258,7 +280,11 @@ impl RcQp {
         );
         self.req_idx = 0;
         self.req_off = d as u32;
-        self.unpull_from(0);
+        if rnr && d == 0 {
+            self.repull_from(0);
+        } else {
+            self.unpull_from(0);
+        }
         // a resend of the probed PSN would be acknowledged twice too
         self.probe.clear_check();
         // ignore further evidence of the same gap until everything in flight was resent
@@ -403,13 +429,17 @@ impl RcQp {
                 let first = k == 0;
                 let mut last = k + 1 >= w.npkts;
                 if w.pull == Pull::Undecided {
-                    let write = matches!(
+                    // WRITEs and plain SENDs (the responder scatters a pulled SEND)
+                    let pullable = matches!(
                         op,
-                        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }
+                        SendOp::RdmaWrite { .. }
+                            | SendOp::RdmaWriteWithImm { .. }
+                            | SendOp::Send
+                            | SendOp::SendWithImm { .. }
                     );
                     let long = self.pull_min.is_some_and(|m| w.len >= m.max(1));
                     let mut pull = Pull::Inline;
-                    if write && long && first && w.inline_slot.is_none() {
+                    if pullable && long && first && w.inline_slot.is_none() {
                         match self.describe(mem, &w, buf) {
                             Ok(Some(len)) => {
                                 // one packet (Only) for the whole message and its PSNs

@@ -309,6 +309,35 @@ impl RcQp {
         }
     }
 
+    /// A pulled SEND: the whole message (`len` bytes, as the pieces in `source` name them)
+    /// copied into the receive's scatter list `sg`, each piece with
+    /// [`MemoryTable::pull_local`]. Longer than the list: [`ScatterError::TooLong`], nothing
+    /// read or written.
+    fn scatter_pulled<M: MemoryTable + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        sg: &[crate::verbs::Sge],
+        len: u64,
+        source: &[u8],
+    ) -> Result<(), ScatterError> {
+        let room: u64 = sg.iter().map(|s| u64::from(s.length)).sum();
+        if len > room {
+            return Err(ScatterError::TooLong);
+        }
+        let mut skip = 0u64;
+        for s in sg {
+            let n = u64::from(s.length).min(len - skip);
+            if n == 0 {
+                break;
+            }
+            mem.pull_local(self.cfg.pd, s.lkey, s.addr, n, source, skip)
+                .map_err(ScatterError::Mem)?;
+            skip += n;
+        }
+        self.stats.pulls_done += 1;
+        Ok(())
+    }
+
     fn rnr_nak(&mut self, psn: u32) {
         self.stats.naks_sent += 1;
         tracing::debug!(qpn = self.cfg.qpn, psn, "no receive posted: RNR NAK sent");
@@ -468,8 +497,8 @@ impl RcQp {
         } else {
             true
         };
-        // a pulled WRITE is one packet (Only) standing for the whole message and the PSNs
-        // its packets would have taken at this path MTU
+        // a pulled WRITE or SEND is one packet (Only) standing for the whole message and
+        // the PSNs its packets would have taken at this path MTU
         let (len_ok, psns) = match placement {
             Placement::Inline if op.has_payload() => {
                 (n <= mtu && (ends_message(op) || n == mtu), 1)
@@ -477,7 +506,9 @@ impl RcQp {
             Placement::Inline => (n == 0, 1),
             Placement::Pull { psns, .. } => {
                 let want = (n as u64).div_ceil(mtu as u64).max(1);
-                let ok = is_write(op)
+                let pullable =
+                    is_write(op) || matches!(op, Opcode::RcSendOnly | Opcode::RcSendOnlyImm);
+                let ok = pullable
                     && starts_message(op)
                     && ends_message(op)
                     && u64::from(psns) == want
@@ -505,7 +536,21 @@ impl RcQp {
                 let Some(r) = self.resp.rq.front().copied() else {
                     return;
                 };
-                match scatter(mem, pd, r.sg.as_slice(), off as u64, pkt.payload) {
+                let scattered = match placement {
+                    Placement::Pull { source, .. } => {
+                        match self.scatter_pulled(mem, r.sg.as_slice(), n as u64, source) {
+                            Err(ScatterError::Mem(MemError::Unavailable)) => {
+                                // the sender resends it with its data
+                                self.resp.cur = Cur::None;
+                                self.pull_failed(p);
+                                return;
+                            }
+                            r => r,
+                        }
+                    }
+                    Placement::Inline => scatter(mem, pd, r.sg.as_slice(), off as u64, pkt.payload),
+                };
+                match scattered {
                     Ok(()) => {}
                     Err(ScatterError::TooLong) => {
                         self.resp_fatal(p, NakCode::InvalidRequest, Some(WcStatus::LocLenErr));
@@ -542,7 +587,7 @@ impl RcQp {
                     self.resp.msn = (self.resp.msn + 1) & PSN_MASK;
                     self.resp.cur = Cur::None;
                 }
-                self.advance(p, 1, h.bth.ack_req);
+                self.advance(p, psns, h.bth.ack_req);
             }
             _ if is_write(op) => {
                 if op.has_immediate() && self.resp.rq.is_empty() {

@@ -41,7 +41,7 @@ impl Runtime {
                 warn_limited!(from = %arr.remote, len = bytes.len(), "unparsable datagram dropped");
                 return;
             };
-            // a pulled WRITE (`pull.rs`): the wire resolved where its data is
+            // a pulled message (`pull.rs`): the wire resolved where its data is
             let placement = match Placement::decode(arr.placement, pkt.payload) {
                 Some(Placement::Pull { source, .. }) if source.len() % pull::RESOLVED != 0 => {
                     stats.unparsable += 1;
@@ -50,7 +50,7 @@ impl Runtime {
                 Some(p) => p,
                 None => {
                     stats.unparsable += 1;
-                    warn_limited!(from = %arr.remote, "malformed pulled WRITE dropped");
+                    warn_limited!(from = %arr.remote, "malformed pulled message dropped");
                     return;
                 }
             };

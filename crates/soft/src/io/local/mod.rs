@@ -63,7 +63,7 @@ const MSG_RING: u8 = b'R';
 /// Bell message: a memory region's file (`crate::pull`) from `[1]` slot, `[2]` netns,
 /// `[4..8]` nonce, with its token in `[8..16]`.
 const MSG_MR: u8 = b'M';
-/// A pulled WRITE's first record at most (headers and a path MTU of description).
+/// A pulled message's first record at most (headers and a path MTU of description).
 const MAX_PULL_RECORD: usize = 4096 + 128;
 /// Region tokens remembered as handed to one peer at most, oldest forgotten first: as many as
 /// the peer maps from us, in the same order ([`regions::MAX_REGIONS`]), so a region it has
@@ -165,9 +165,9 @@ pub struct LocalStats {
     pub bells: u64,
     /// Rings dropped because a record broke the layout.
     pub malformed: u64,
-    /// Pulled WRITE records dropped because their description broke the format.
+    /// Pulled message records dropped because their description broke the format.
     pub malformed_pulls: u64,
-    /// Region files handed to peers (pulled WRITEs).
+    /// Region files handed to peers (pulled messages).
     pub regions_shared: u64,
     /// Pulled WRITEs whose region file had not come yet when their record was read (the
     /// bell was read, then the record again).
@@ -208,7 +208,7 @@ struct In {
     ring: Ring,
     /// The eventfd the producer writes to wake us, in `epoll` (edge-triggered).
     efd: Option<(EventFd, RawFd)>,
-    /// The producer's regions mapped here, to pull WRITEs from.
+    /// The producer's regions mapped here, to pull messages from.
     regions: Regions,
     /// A region token a pulled record named before its file came: the bell was read once
     /// for it.
@@ -259,7 +259,7 @@ pub(crate) struct HostLocal {
     stats: LocalStats,
     /// The wire's epoll set, where inbound rings' eventfds go (none: bells only).
     epoll: Option<RawFd>,
-    /// A pulled WRITE's first packet, rewritten with its pieces resolved.
+    /// A pulled message's first packet, rewritten with its pieces resolved.
     scratch: Vec<u8>,
     /// When producers were last looked at for being gone ([`HostLocal::sweep_gone`]).
     swept_at: Option<std::time::Instant>,
@@ -267,7 +267,7 @@ pub(crate) struct HostLocal {
     uid: libc::uid_t,
 }
 
-/// What became of a pulled WRITE's record ([`pull_record`]).
+/// What became of a pulled message's record ([`pull_record`]).
 enum Pulled {
     /// Rewritten into the scratch buffer: this many bytes.
     Ready(usize),
@@ -277,7 +277,7 @@ enum Pulled {
     Malformed,
 }
 
-/// Rewrites the pulled WRITE `pkt` into `out`, each piece resolved to an address in our
+/// Rewrites the pulled message `pkt` into `out`, each piece resolved to an address in our
 /// mapping of its region in `regions` (`crate::pull`); a piece it cannot resolve becomes
 /// address 0, which the responder answers by asking for the WRITE again. `deferred` is the
 /// ring's [`In::deferred`].
@@ -423,7 +423,7 @@ impl HostLocal {
     }
 
     /// Hands the file `fd` of region `token` to `peer`'s bell unless it has it: before a
-    /// pulled WRITE that names the region goes into the ring. False when it could not.
+    /// pulled message that names the region goes into the ring. False when it could not.
     pub fn share(&mut self, peer: HostPeer, token: u64, fd: std::os::fd::BorrowedFd<'_>) -> bool {
         let Some(o) = self.outbound.iter_mut().find(|o| o.peer == peer && !o.dead) else {
             return false;

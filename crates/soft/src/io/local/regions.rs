@@ -1,4 +1,4 @@
-//! Peer regions this wire maps to pull WRITEs from (`crate::pull`): each a memfd that the
+//! Peer regions this wire maps to pull messages from (`crate::pull`): each a memfd that the
 //! sender handed over its bell (`MSG_MR`), mapped read-only, found by its token.
 //!
 //! A region's file starts with a header page whose first word is 1 while the sender has the
