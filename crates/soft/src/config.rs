@@ -112,7 +112,7 @@ impl SoftConfigBuilder {
         self
     }
 
-    /// Move buffers registered in place onto region files so that their WRITEs are pulled
+    /// Move buffers registered in place onto region files so that their WRITEs and SENDs are pulled
     /// (`RDMA_SOFT_PULL_IN_PLACE`; default on; [`UdpConfig::pull_in_place`]).
     pub fn pull_in_place(mut self, on: bool) -> Self {
         self.cfg.wire.pull_in_place = on;

@@ -42,12 +42,13 @@ pub(crate) fn read() -> std::io::Result<String> {
 }
 
 /// Whether `[addr, addr + len)` is mapped without a gap, by mappings that are all `ok`;
-/// why not otherwise.
+/// why not otherwise (`unwanted` when a mapping is not `ok`).
 pub(crate) fn covered(
     maps: &str,
     addr: usize,
     len: usize,
     ok: impl Fn(&Map<'_>) -> bool,
+    unwanted: &'static str,
 ) -> Result<(), &'static str> {
     let end = addr.checked_add(len).ok_or("past the address space")?;
     let mut at = addr;
@@ -61,7 +62,7 @@ pub(crate) fn covered(
             return Err("not mapped");
         }
         if !ok(&m) {
-            return Err("not the memory wanted");
+            return Err(unwanted);
         }
         at = m.end;
         if at >= end {
@@ -96,19 +97,32 @@ mod tests {
 6000-7000 rw-p 00000000 00:00 0
 ";
         let anon = |m: &Map<'_>| m.inode == 0;
-        assert_eq!(covered(maps, 0x1000, 0x2000, anon), Ok(()));
-        assert_eq!(covered(maps, 0x2000, 0x2000, |_| true), Ok(()), "two maps");
-        assert!(covered(maps, 0x2000, 0x2000, anon).is_err(), "one unwanted");
-        assert!(covered(maps, 0x4000, 0x3000, |_| true).is_err(), "a gap");
+        assert_eq!(covered(maps, 0x1000, 0x2000, anon, "x"), Ok(()));
+        assert_eq!(
+            covered(maps, 0x2000, 0x2000, |_| true, "x"),
+            Ok(()),
+            "two maps"
+        );
         assert!(
-            covered(maps, 0x6000, 0x2000, |_| true).is_err(),
+            covered(maps, 0x2000, 0x2000, anon, "x").is_err(),
+            "one unwanted"
+        );
+        assert!(
+            covered(maps, 0x4000, 0x3000, |_| true, "x").is_err(),
+            "a gap"
+        );
+        assert!(
+            covered(maps, 0x6000, 0x2000, |_| true, "x").is_err(),
             "past the end"
         );
         assert!(
-            covered(maps, 0x8000, 0x1000, |_| true).is_err(),
+            covered(maps, 0x8000, 0x1000, |_| true, "x").is_err(),
             "not mapped"
         );
-        assert!(covered(maps, usize::MAX, 2, |_| true).is_err(), "wraps");
-        assert!(covered("garbage", 0x1000, 1, |_| true).is_err());
+        assert!(
+            covered(maps, usize::MAX, 2, |_| true, "x").is_err(),
+            "wraps"
+        );
+        assert!(covered("garbage", 0x1000, 1, |_| true, "x").is_err());
     }
 }

@@ -201,6 +201,11 @@ impl InPlace {
         &self.header
     }
 
+    /// The application's range, now a shared mapping of the file.
+    pub fn addr(&self) -> NonNull<u8> {
+        self.addr
+    }
+
     /// Whether the range is still our shared mapping of the file (`/proc/self/maps`; yes
     /// when it cannot be read).
     fn still_ours(&self) -> bool {
@@ -214,7 +219,7 @@ impl InPlace {
             return true;
         };
         let ours = |m: &crate::maps::Map<'_>| m.perms == "rw-s" && m.inode == st.st_ino;
-        crate::maps::covered(&maps, self.addr.as_ptr() as usize, self.len, ours).is_ok()
+        crate::maps::covered(&maps, self.addr.as_ptr() as usize, self.len, ours, "moved").is_ok()
     }
 
     /// Private anonymous memory in place of the shared mapping, holding the file's bytes.

@@ -36,7 +36,7 @@ use rdma_proto::memory::MemError;
 pub const PULL_ENV: &str = "RDMA_SOFT_LOCAL_PULL";
 /// Environment variable: `off` keeps every buffer the application registers in place
 /// (`ibv_reg_mr`) private memory; on (the default), one that qualifies is moved onto a
-/// region file so that its WRITEs are pulled too (see `verbs/in_place.rs`). Read by
+/// region file so that its WRITEs and SENDs are pulled too (see `verbs/in_place.rs`). Read by
 /// [`crate::SoftConfig::from_env`].
 pub const PULL_IN_PLACE_ENV: &str = "RDMA_SOFT_PULL_IN_PLACE";
 /// The shortest WRITE or SEND pulled by default: below it the copies through the ring cost less

@@ -1,6 +1,6 @@
 //! Which ranges `ProtectionDomain::register_raw` (the C ABI's `ibv_reg_mr`) may move onto a
 //! region file in place (`crate::memfd::InPlace`), so that a peer process on this host
-//! pulls WRITEs from them as from `ProtectionDomain::alloc`'s regions (`crate::pull`).
+//! pulls WRITEs and SENDs from them as from `ProtectionDomain::alloc`'s regions (`crate::pull`).
 //!
 //! A range is moved only when replacing its mapping changes nothing the application can
 //! see but sharing:
@@ -27,10 +27,13 @@ pub(crate) fn movable(
     if len == 0 || addr % page != 0 || len % page != 0 {
         return Err("not page-aligned");
     }
-    maps::covered(maps, addr, len, private_anonymous).map_err(|e| match e {
-        "not the memory wanted" => "not private anonymous read-write memory",
-        other => other,
-    })
+    maps::covered(
+        maps,
+        addr,
+        len,
+        private_anonymous,
+        "not private anonymous read-write memory",
+    )
 }
 
 /// [`movable`] of this process's mappings now (reads `/proc/self/maps`).

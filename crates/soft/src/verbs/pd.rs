@@ -76,7 +76,7 @@ impl ProtectionDomain {
     /// While the host-local wire pulls WRITEs ([`crate::PULL_ENV`],
     /// [`crate::PULL_IN_PLACE_ENV`]), a range of at least the pull minimum that is
     /// page-aligned private anonymous memory is moved onto a region file at the same
-    /// addresses, with the same bytes, so that peer processes on this host pull WRITEs
+    /// addresses, with the same bytes, so that peer processes on this host pull WRITEs and SENDs
     /// from it; deregistered, it is private anonymous memory again with its bytes (and
     /// `MADV_DONTFORK` meanwhile). The bytes are copied at both ends: a write to the range
     /// by another thread during this call or the deregistration may be lost.

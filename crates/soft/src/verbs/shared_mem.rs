@@ -70,6 +70,18 @@ impl RegionFile {
             RegionFile::InPlace(m) => m.header(),
         }
     }
+
+    /// Where the bytes are: after the header in our mapping, or the caller's addresses.
+    fn data(&self) -> NonNull<u8> {
+        match self {
+            // SAFETY: the mapping is the header and then the bytes (`map_file`), so the
+            // pointer is in it and not null.
+            RegionFile::Own(_, map) => unsafe {
+                NonNull::new_unchecked(map.ptr().as_ptr().add(SHARED_HEADER))
+            },
+            RegionFile::InPlace(m) => m.addr(),
+        }
+    }
 }
 
 // SAFETY: the buffer is owned and all access after construction is atomic.
@@ -120,33 +132,10 @@ impl SharedBytes {
     /// read-only (the file's pages are zero until written); a boxed zeroed buffer when the
     /// file cannot be made.
     pub fn new_shared_zeroed(len: usize) -> SharedBytes {
-        use std::sync::atomic::Ordering::AcqRel;
-        if !claim(&SHARED_NOW, MAX_SHARED_REGIONS) {
-            return SharedBytes::new(vec![0; len].into_boxed_slice());
-        }
-        match map_file(len) {
-            Ok((fd, map)) => {
-                if let Some(live) = map.atomic_u32(0) {
-                    live.store(1, Relaxed);
-                }
-                // SAFETY: the data starts SHARED_HEADER bytes into the mapping (header + len
-                // bytes), so the pointer is in it and not null.
-                let ptr = unsafe { NonNull::new_unchecked(map.ptr().as_ptr().add(SHARED_HEADER)) };
-                SharedBytes {
-                    ptr,
-                    len,
-                    mid_start: 0,
-                    mid_end: len / 8 * 8,
-                    file: Some(RegionFile::Own(fd, map)),
-                    borrowed: false,
-                }
-            }
-            Err(e) => {
-                SHARED_NOW.fetch_sub(1, AcqRel);
-                tracing::debug!(error = %e, "memory region not shareable: kept private");
-                SharedBytes::new(vec![0; len].into_boxed_slice())
-            }
-        }
+        SharedBytes::shared(len, false, || {
+            map_file(len).map(|(fd, map)| RegionFile::Own(fd, map))
+        })
+        .unwrap_or_else(|| SharedBytes::new(vec![0; len].into_boxed_slice()))
     }
 
     /// [`SharedBytes::borrowed`], with the caller's range moved onto a memfd at the
@@ -161,28 +150,40 @@ impl SharedBytes {
     /// remaps while this value lives (a write by another thread during this call or the
     /// drop may be lost).
     pub unsafe fn borrowed_in_place(ptr: NonNull<u8>, len: usize) -> Option<SharedBytes> {
-        use std::sync::atomic::Ordering::AcqRel;
+        SharedBytes::shared(len, true, || {
+            // SAFETY: from the caller.
+            unsafe { InPlace::new(c"rdma-mr", ptr, len, SHARED_HEADER) }.map(RegionFile::InPlace)
+        })
+    }
+
+    /// `len` bytes in the region file `make` makes, its `live` word set, if one of the
+    /// process's [`MAX_SHARED_REGIONS`] places is free; the place is given back when `make`
+    /// fails. The bytes start at a page boundary, so the aligned middle is all but the tail.
+    fn shared(
+        len: usize,
+        borrowed: bool,
+        make: impl FnOnce() -> std::io::Result<RegionFile>,
+    ) -> Option<SharedBytes> {
         if !claim(&SHARED_NOW, MAX_SHARED_REGIONS) {
             return None;
         }
-        // SAFETY: from the caller.
-        match unsafe { InPlace::new(c"rdma-mr", ptr, len, SHARED_HEADER) } {
-            Ok(moved) => {
-                if let Some(live) = moved.header().atomic_u32(0) {
+        match make() {
+            Ok(file) => {
+                if let Some(live) = file.header().atomic_u32(0) {
                     live.store(1, Relaxed);
                 }
                 Some(SharedBytes {
-                    ptr,
+                    ptr: file.data(),
                     len,
-                    mid_start: 0, // page-aligned
+                    mid_start: 0,
                     mid_end: len / 8 * 8,
-                    file: Some(RegionFile::InPlace(moved)),
-                    borrowed: true,
+                    file: Some(file),
+                    borrowed,
                 })
             }
             Err(e) => {
-                SHARED_NOW.fetch_sub(1, AcqRel);
-                tracing::debug!(error = %e, "registered memory not moved onto a file");
+                SHARED_NOW.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                tracing::debug!(error = %e, "memory region not shareable: kept private");
                 None
             }
         }

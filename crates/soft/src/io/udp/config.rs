@@ -52,7 +52,7 @@ pub struct UdpConfig {
     /// Move a buffer the application registers in place
     /// (`ProtectionDomain::register_raw`, the C ABI's `ibv_reg_mr`) onto a region file
     /// when pulls are on and it is page-aligned private anonymous memory of at least the
-    /// pull minimum, so that its WRITEs are pulled too (`RDMA_SOFT_PULL_IN_PLACE`; default
+    /// pull minimum, so that its WRITEs and SENDs are pulled too (`RDMA_SOFT_PULL_IN_PLACE`; default
     /// on). See `verbs/in_place.rs`.
     pub pull_in_place: bool,
     /// Where the process's runtime directory (slots, groups, claims, bells) is chosen from
