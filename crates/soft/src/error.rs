@@ -20,20 +20,6 @@ pub enum Error {
         /// The UDP port (4791 unless configured otherwise).
         port: u16,
     },
-    /// A process of this user shares UDP port 4791 on this address from another runtime
-    /// directory (`RDMA_SOFT_RUNDIR` or `$XDG_RUNTIME_DIR` differ): the two groups' steering
-    /// programs know nothing of each other, so datagrams would be lost between them
-    /// (docs/SHARING.md).
-    #[error(
-        "UDP {port} on {addr} is shared by a process of another runtime directory \
-         (RDMA_SOFT_RUNDIR or XDG_RUNTIME_DIR differ): use the same directory"
-    )]
-    SharedElsewhere {
-        /// The local address asked for.
-        addr: WireAddr,
-        /// The UDP port.
-        port: u16,
-    },
     /// Another live process (or id) listens on this address and port of the port space.
     #[error("port {port} on {addr} is in use by another process")]
     PortInUse {
@@ -134,9 +120,7 @@ impl Error {
     /// The errno the equivalent libibverbs / socket call would set.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::AddrInUse { .. } | Error::PortInUse { .. } | Error::SharedElsewhere { .. } => {
-                libc::EADDRINUSE
-            }
+            Error::AddrInUse { .. } | Error::PortInUse { .. } => libc::EADDRINUSE,
             Error::PortWildcard { .. } => libc::EADDRNOTAVAIL,
             Error::AddrNotAvailable { .. } => libc::EADDRNOTAVAIL,
             Error::ScopeRequired { .. }

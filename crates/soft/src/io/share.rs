@@ -425,41 +425,17 @@ fn table_with(t: &[Entry], services: Vec<(u64, u32)>) -> Table {
     Table { slots, services }
 }
 
-/// Binds a socket into the group of `key` (`open(true)` binds it with `SO_REUSEPORT`,
-/// `open(false)` without) under the group's lock, records it and attaches the new program.
-///
-/// The first member of the group in this runtime directory makes sure nobody holds the
-/// address already: a process of this user that chose another runtime directory shares
-/// it with `SO_REUSEPORT` too, but its group's program knows nothing of ours, so each
-/// side would lose the datagrams the other's program steers to it. That is
-/// [`Error::SharedElsewhere`]; a holder that does not share (another user, the kernel's
-/// rxe) fails the bind itself ([`Error::AddrInUse`]).
+/// Binds a socket into the group of `key` (`open` binds it with `SO_REUSEPORT`) under the
+/// group's lock, records it and attaches the new program.
 pub(crate) fn join(
     key: GroupKey,
     slot: u8,
-    open: impl Fn(bool) -> Result<OwnedFd>,
+    open: impl FnOnce() -> Result<OwnedFd>,
 ) -> Result<(OwnedFd, Arc<Member>)> {
     let g = GroupLock::take(&key)?;
     let mut t = read_table(&g.tab);
     prune(&g.dir, &mut t);
-    // held by someone this directory does not know of? (a plain bind fails then)
-    let unknown_holder = t.is_empty()
-        && match open(false) {
-            Ok(probe) => {
-                drop(probe);
-                false
-            }
-            Err(Error::AddrInUse { .. }) => true,
-            Err(e) => return Err(e),
-        };
-    let fd = open(true)?;
-    if unknown_holder {
-        // our SO_REUSEPORT bind joined a group this directory has no table for
-        return Err(Error::SharedElsewhere {
-            addr: key.addr,
-            port: key.port,
-        });
-    }
+    let fd = open()?;
     t.push(Entry {
         slot,
         pid: std::process::id(),
@@ -677,7 +653,7 @@ mod tests {
         };
         let (p1, p2, p3) = (free(), free(), free());
         let key = |port| GroupKey { ns, addr: lo, port };
-        let open = |port| move |reuse| super::super::sys::open_udp(lo, port, 1 << 16, reuse, false);
+        let open = |port| move || super::super::sys::open_udp(lo, port, 1 << 16, true, false);
         let slots: Vec<Slot> = (0..4)
             .map(|_| Slot::claim(&Default::default()).unwrap())
             .collect();

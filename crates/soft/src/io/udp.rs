@@ -298,9 +298,8 @@ impl DatagramWire for UdpWire {
                     port,
                 };
                 let ip_meta = self.ip_meta;
-                let (fd, m) = share::join(key, slot, |reuse| {
-                    sys::open_udp(local, port, buf, reuse, ip_meta)
-                })?;
+                let (fd, m) =
+                    share::join(key, slot, || sys::open_udp(local, port, buf, true, ip_meta))?;
                 (fd, Some(m))
             }
         };
