@@ -13,12 +13,11 @@
 //!
 //! Each test runs in a client process of its own: a client that has its devices open
 //! already (the second test of one `qperf` run) resolves and connects faster than the fresh
-//! server process qperf forks per test listens, and gets REJ 8 (seen: `rc_bw` after
-//! `rc_lat` in one run). Between namespace hosts the test is ignored: qperf's own race
-//! (port announced before `rdma_listen`) is lost whenever the server process is not
-//! scheduled for a few ms between its send and its listen, which a loaded 2-CPU machine
-//! does (6 of 8 runs passed; docs/CABI.md has the captures). Linux answers such a REQ with
-//! the same REJ 8, so there is nothing of ours to fix; qperf after 0.4.11 does not race.
+//! server process qperf forks per test listens. That race (port announced before
+//! `rdma_listen`, lost whenever the server process is not scheduled for a few ms between the
+//! two) gets the client REJ 8, as Linux answers; our CM resends a REQ refused for want of a
+//! listener for `RDMACM_NO_LISTENER_RETRY_MS` (default 250 ms), which the listener then
+//! takes, so the test runs between namespace hosts too (6 runs in 8 passed before that).
 
 mod support;
 
@@ -106,7 +105,6 @@ fn qperf_rc_tests_over_rdma_cm_on_loopback() {
 }
 
 #[test]
-#[ignore = "qperf 0.4.11 races its own listen (docs/CABI.md): 6 runs in 8 pass; run with --ignored"]
 fn qperf_rc_tests_over_rdma_cm_between_two_namespace_hosts() {
     if !rdma_testhosts::require_root("qperf_rc_tests_over_rdma_cm_between_two_namespace_hosts") {
         return;

@@ -36,7 +36,7 @@ use crate::ha_policy::{HaPolicy, HA_ENV};
 /// assert_eq!((d[1].netdev.as_str(), d[1].name.as_deref()), ("eth0", None));
 /// assert_eq!(rdmacm::cm::CmaConfig::parse_devices("=x").unwrap_err().errno(), libc::EINVAL);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct CmaConfig {
     /// `None`: every netdev with an address, named after it. `Some`: only these.
@@ -56,9 +56,31 @@ pub struct CmaConfig {
     /// faster (docs/BENCHMARKS.md, "async wake-ups"); the driver helps when the cores are
     /// busy.
     pub async_driver: bool,
+    /// How long a connect whose REQ is refused for want of a listener (REJ 8, "invalid
+    /// service id") keeps resending it before `REJECTED` is reported
+    /// (`RDMACM_NO_LISTENER_RETRY_MS`; default 250 ms; 0: at once, as Linux). For peers
+    /// that tell their client to connect just before they listen: perftest's `-R` does,
+    /// between its two connections.
+    pub no_listener_retry: std::time::Duration,
     /// The software devices' configuration (`RDMA_SOFT_*`), carried down to every device
     /// the context opens; its process-wide part is applied when the context is created.
     pub soft: SoftConfig,
+}
+
+/// The default of [`CmaConfig::no_listener_retry`].
+pub const NO_LISTENER_RETRY_DEFAULT: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Default for CmaConfig {
+    fn default() -> Self {
+        CmaConfig {
+            devices: None,
+            ha: HaPolicy::default(),
+            ha_stay: false,
+            async_driver: false,
+            no_listener_retry: NO_LISTENER_RETRY_DEFAULT,
+            soft: SoftConfig::default(),
+        }
+    }
 }
 
 /// Builds a [`CmaConfig`]; starts from the defaults (nothing read from the environment).
@@ -113,6 +135,12 @@ impl CmaConfigBuilder {
         self
     }
 
+    /// How long a refused REQ is resent ([`CmaConfig::no_listener_retry`]).
+    pub fn no_listener_retry(mut self, d: std::time::Duration) -> Self {
+        self.cfg.no_listener_retry = d;
+        self
+    }
+
     /// The software devices' configuration ([`CmaConfig::soft`]).
     pub fn soft(mut self, soft: SoftConfig) -> Self {
         self.cfg.soft = soft;
@@ -155,6 +183,9 @@ pub const HA_RETURN_ENV: &str = "RDMACM_HA_RETURN";
 /// The environment variable that sets [`CmaConfig::async_driver`] (on or off).
 pub const DRIVER_ENV: &str = "RDMACM_ASYNC_DRIVER";
 
+/// The environment variable that sets [`CmaConfig::no_listener_retry`] (milliseconds).
+pub const NO_LISTENER_RETRY_ENV: &str = "RDMACM_NO_LISTENER_RETRY_MS";
+
 impl CmaConfig {
     /// A builder starting from the defaults.
     pub fn builder() -> CmaConfigBuilder {
@@ -170,7 +201,8 @@ impl CmaConfig {
     /// (docs/CONFIG.md has the table): `RDMACM_DEVICES` (unset or empty: the embedded
     /// default), `RDMACM_HA` (`notify`, `align` or `migrate`; unset or empty: `notify`),
     /// `RDMACM_HA_RETURN` (`stay` or `return`), `RDMACM_ASYNC_DRIVER` (on or off: `1`/`0`,
-    /// `on`/`off`, `true`/`false`, `yes`/`no`), and the software device's `RDMA_SOFT_*`
+    /// `on`/`off`, `true`/`false`, `yes`/`no`), `RDMACM_NO_LISTENER_RETRY_MS` (milliseconds,
+    /// at most 60000), and the software device's `RDMA_SOFT_*`
     /// ([`SoftConfig::from_env`]). A malformed value is `EINVAL`, with a message naming the
     /// variable.
     pub fn from_env() -> Result<CmaConfig> {
@@ -187,6 +219,10 @@ impl CmaConfig {
     /// let c = CmaConfig::from_vars(get).unwrap();
     /// assert_eq!(c.ha, HaPolicy::Align);
     /// assert!(c.async_driver && !c.soft.wire.gro);
+    /// assert_eq!(c.no_listener_retry, rdmacm::cm::NO_LISTENER_RETRY_DEFAULT);
+    /// let now = [("RDMACM_NO_LISTENER_RETRY_MS", "0")];
+    /// let c = CmaConfig::from_vars(|n| now.iter().find(|v| v.0 == n).map(|v| v.1.into()));
+    /// assert!(c.unwrap().no_listener_retry.is_zero());
     /// let bad = [("RDMACM_ASYNC_DRIVER", "sometimes")];
     /// let e = CmaConfig::from_vars(|n| bad.iter().find(|v| v.0 == n).map(|v| v.1.into()));
     /// assert!(e.unwrap_err().to_string().contains("RDMACM_ASYNC_DRIVER"));
@@ -221,6 +257,19 @@ impl CmaConfig {
         if let Some(v) = text(DRIVER_ENV)?.filter(|v| !v.trim().is_empty()) {
             c.async_driver = rdma_soft::config::parse_switch(DRIVER_ENV, &v)
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        }
+        if let Some(v) = text(NO_LISTENER_RETRY_ENV)?.filter(|v| !v.trim().is_empty()) {
+            let ms: u64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&ms| ms <= 60_000)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "{NO_LISTENER_RETRY_ENV}: {v:?}: want milliseconds, 0 to 60000"
+                    ))
+                })?;
+            c.no_listener_retry = std::time::Duration::from_millis(ms);
         }
         c.soft = SoftConfig::from_vars(&get).map_err(|e| match e {
             rdma_soft::Error::Config { .. } | rdma_soft::Error::FaultSpec { .. } => {

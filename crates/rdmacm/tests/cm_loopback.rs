@@ -6,7 +6,9 @@ mod support_cm;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdmacm::cm::{CmId, Cma, ConnParam, Event, EventChannel, EventType, IdState, PortSpace};
+use rdmacm::cm::{
+    CmId, Cma, CmaConfig, ConnParam, Event, EventChannel, EventType, IdState, PortSpace,
+};
 use support_cm::{expect_within, sa};
 
 const T: Duration = Duration::from_secs(5);
@@ -129,6 +131,60 @@ fn no_listener_is_rej_8() {
     c.connect(&ConnParam::default()).unwrap();
     let ev = expect(&cch, EventType::Rejected);
     assert_eq!(ev.status(), 8);
+}
+
+#[test]
+fn a_listener_on_its_way_gets_the_refused_req() {
+    // perftest -R's race: the client connects before the server listens. The refused REQ
+    // is resent (the grace is long here so that a loaded machine cannot spend it).
+    let cfg = CmaConfig::builder()
+        .no_listener_retry(Duration::from_secs(20))
+        .build();
+    let cma = Cma::with_config(cfg).unwrap();
+    let (_lch, _l, addr) = listener(&cma, "127.0.0.110:0");
+    let later = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1).max(1));
+    let (cch, c) = client_to(&cma, later);
+    c.connect(&ConnParam {
+        private_data: b"early".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    // refused at least once before the listener comes
+    let end = std::time::Instant::now() + T;
+    while cma.statistics().refused_resends == 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "no REQ was refused and resent"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        matches!(cch.try_get_event(), Err(rdmacm::Error::WouldBlock)),
+        "no REJECTED while resending"
+    );
+    let (lch, _l2, _) = listener(&cma, &later.to_string());
+    let mut ev = expect(&lch, EventType::ConnectRequest);
+    assert_eq!(&ev.private_data()[..5], b"early");
+    let s = ev.take_id().unwrap();
+    drop(ev);
+    s.create_qp_default().unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&cch, EventType::Established);
+}
+
+#[test]
+fn no_listener_retry_off_refuses_at_once() {
+    let cfg = CmaConfig::builder()
+        .no_listener_retry(Duration::ZERO)
+        .build();
+    let cma = Cma::with_config(cfg).unwrap();
+    let (_lch, _l, addr) = listener(&cma, "127.0.0.111:0");
+    let other = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1).max(1));
+    let (cch, c) = client_to(&cma, other);
+    c.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&cch, EventType::Rejected);
+    assert_eq!(ev.status(), 8);
+    assert_eq!(cma.statistics().refused_resends, 0);
 }
 
 #[test]

@@ -32,6 +32,8 @@ pub struct CmStats {
     pub retransmits: u64,
     /// Of those, REQs and DREQs resent early ([`AgentConfig::early_resends`]).
     pub early_retransmits: u64,
+    /// REQs resent after a REJ "invalid service id" ([`AgentConfig::no_listener_retry`]).
+    pub refused_resends: u64,
     /// REQs that waited for a slot of their peer's window before being sent
     /// ([`AgentConfig::req_window`]).
     pub paced: u64,
@@ -271,7 +273,14 @@ impl CmAgent {
             return;
         };
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
-            if busy {
+            if r.restart {
+                // refused for want of a listener: the same REQ again, its waits afresh
+                r.restart = false;
+                r.start(now);
+                let item = (r.to, *r.mad);
+                self.transmit.push_back(item);
+                self.stats.refused_resends += 1;
+            } else if busy {
                 r.skip_early();
             } else if let Some(early) = r.take_resend(now) {
                 let item = (r.to, *r.mad);

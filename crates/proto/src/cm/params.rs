@@ -5,6 +5,8 @@ use std::net::Ipv6Addr;
 use rdma_wire::cm::SidrStatus;
 use rdma_wire::time::IbaTime;
 
+use super::Nanos;
+
 /// The path a MAD travels, in the CM's own terms: the two GIDs, an opaque `tag` the runtime
 /// uses to name the netdev it arrived on or leaves through, and the traffic class its IP
 /// header carries. Each connection keeps the path it was made on; answers to a MAD that
@@ -137,6 +139,13 @@ pub struct AgentConfig {
     /// while the DREP is pending. REP, LAP and SIDR_REQ keep Linux's schedule. 0: Linux's
     /// schedule everywhere.
     pub early_resends: u8,
+    /// How long a REQ refused for want of a listener (REJ "invalid service id") is resent
+    /// before the refusal is reported (nanoseconds after the first refusal; 0: at once, as
+    /// Linux). Resends follow 1 ms, 2 ms, 4 ms ... (at most 100 ms apart), each a fresh
+    /// first attempt of the same REQ. For a peer whose application listens again right
+    /// after telling us to connect (perftest's `-R` does, racing its own client): its
+    /// listener then gets the REQ instead of the application a refusal.
+    pub no_listener_retry: Nanos,
 }
 
 impl Default for AgentConfig {
@@ -154,6 +163,7 @@ impl Default for AgentConfig {
             req_window: 256,
             retry_jitter: true,
             early_resends: 3,
+            no_listener_retry: 0,
         }
     }
 }

@@ -340,6 +340,15 @@ impl CmAgent {
             self.stats.unmatched += 1;
             return;
         };
+        let grace = self.config.no_listener_retry;
+        if c.state == CmState::ReqSent
+            && x.reason == RejectReason::InvalidServiceId
+            && x.message_rejected == MessageRef::Req
+            && c.retx.as_mut().is_some_and(|r| r.refused(now, grace))
+        {
+            tracing::debug!(conn = ?c.handle, service_id = c.service_id, "REQ refused for want of a listener: resent shortly");
+            return;
+        }
         match c.state {
             CmState::ReqSent
             | CmState::MraReqRcvd

@@ -168,6 +168,105 @@ fn no_listener_rej8_local_comm_id_zero() {
     assert_eq!(b.conn_count(), 0);
 }
 
+fn agent_retrying(guid: u64, seed: u64, grace: u64) -> CmAgent {
+    CmAgent::new(AgentConfig {
+        ca_guid: guid,
+        seed,
+        retry_jitter: false,
+        early_resends: 0,
+        no_listener_retry: grace,
+        ..AgentConfig::default()
+    })
+}
+
+#[test]
+fn refused_req_is_resent_and_meets_a_late_listener() {
+    let (mut a, mut b) = (agent_retrying(0xa, 1, 250 * MS), agent(0xb, 2, true));
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let rej = sent(&mut b).pop().unwrap();
+    a.handle_mad(10, addr_b(), &rej);
+    // no REJECTED yet: the same REQ again 1 ms after the refusal
+    assert!(a.poll_event().is_none());
+    assert_eq!(a.state(ca), Some(CmState::ReqSent));
+    assert_eq!(a.poll_timeout(), Some(10 + MS));
+    a.handle_timeout(10 + MS);
+    let again = sent(&mut a);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0], req, "the same MAD (comm id, transaction id)");
+    assert_eq!(a.stats().refused_resends, 1);
+    // refused again: 2 ms this time
+    b.handle_mad(10 + MS, addr_a(), &again[0]);
+    let rej = sent(&mut b).pop().unwrap();
+    a.handle_mad(20 + MS, addr_b(), &rej);
+    assert!(a.poll_event().is_none());
+    assert_eq!(a.poll_timeout(), Some(20 + 3 * MS));
+    // the listener is there for the third
+    b.listen(SID).unwrap();
+    a.handle_timeout(20 + 3 * MS);
+    let third = sent(&mut a).pop().unwrap();
+    b.handle_mad(20 + 3 * MS, addr_a(), &third);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!("the late listener gets the REQ")
+    };
+    assert_eq!(&r.req.private_data[..5], b"hello");
+    // the regular wait for the REP starts afresh from the last send
+    assert_eq!(a.poll_timeout(), Some(20 + 3 * MS + 4608 * MS));
+}
+
+#[test]
+fn refusal_stands_once_the_grace_is_spent() {
+    let (mut a, mut b) = (agent_retrying(0xa, 1, 10 * MS), agent(0xb, 2, true));
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let mut now = 0;
+    let mut resends = 0;
+    let mut m = sent(&mut a).pop().unwrap();
+    loop {
+        b.handle_mad(now, addr_a(), &m);
+        let rej = sent(&mut b).pop().unwrap();
+        a.handle_mad(now, addr_b(), &rej);
+        if let Some(e) = a.poll_event() {
+            let CmEvent::RejReceived(e) = e else {
+                panic!("{e:?}")
+            };
+            assert_eq!(e.reason, RejectReason::InvalidServiceId);
+            break;
+        }
+        now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        m = sent(&mut a).pop().unwrap();
+        resends += 1;
+        assert!(resends < 10, "the resends end");
+    }
+    // 1 + 2 + 4 ms, then the 3 ms left of the 10: four resends, refused at 10 ms
+    assert_eq!((resends, now), (4, 10 * MS));
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn other_rejections_are_reported_at_once_with_a_grace() {
+    let (mut a, mut b) = (agent_retrying(0xa, 1, 250 * MS), agent(0xb, 2, true));
+    b.listen(SID).unwrap();
+    let ca = a.send_req(0, req_params(0x11)).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let Some(CmEvent::ReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    b.send_rej(0, r.conn, RejectReason::ConsumerDefined, &[], b"no")
+        .unwrap();
+    let rej = sent(&mut b).pop().unwrap();
+    a.handle_mad(1, addr_b(), &rej);
+    let Some(CmEvent::RejReceived(e)) = a.poll_event() else {
+        panic!("a consumer's REJ is the application's answer")
+    };
+    assert_eq!(e.reason, RejectReason::ConsumerDefined);
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    assert_eq!(a.stats().refused_resends, 0);
+}
+
 #[test]
 fn req_retransmitted_with_same_bytes_then_timeout() {
     let mut a = agent(0xa, 1, true);

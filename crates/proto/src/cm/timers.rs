@@ -75,6 +75,11 @@ pub(crate) struct Retx {
     pub(crate) ladder_end: Option<Nanos>,
     /// Early resends configured ([`Retx::with_early`]).
     pub(crate) early_n: u8,
+    /// Refusals (REJ 8) resent so far, and when the first came ([`Retx::refused`]).
+    refusals: u8,
+    refused_since: Option<Nanos>,
+    /// The next resend is a fresh first attempt (after a refusal).
+    pub(crate) restart: bool,
 }
 
 /// The shortest wait of an early resend ([`super::AgentConfig::early_resends`]).
@@ -100,6 +105,9 @@ impl Retx {
             sent: now,
             ladder_end: None,
             early_n: 0,
+            refusals: 0,
+            refused_since: None,
+            restart: false,
         };
         r.arm(now);
         r
@@ -180,6 +188,25 @@ impl Retx {
             self.early = self.early_n;
             self.arm(now);
         }
+    }
+
+    /// The peer refused the message for want of a listener: resend it after 1 ms, 2 ms, 4 ms
+    /// ... (at most 100 ms) as a fresh first attempt ([`Retx::start`] when it leaves), while
+    /// within `grace` of the first refusal. Returns whether it will be resent (false: the
+    /// refusal stands).
+    pub(crate) fn refused(&mut self, now: Nanos, grace: Nanos) -> bool {
+        let since = *self.refused_since.get_or_insert(now);
+        let left = since.saturating_add(grace).saturating_sub(now);
+        let wait = (NS_PER_MS << self.refusals.min(7))
+            .min(100 * NS_PER_MS)
+            .min(left);
+        if wait == 0 {
+            return false;
+        }
+        self.refusals = self.refusals.saturating_add(1);
+        self.restart = true;
+        self.deadline = now.saturating_add(wait);
+        true
     }
 
     /// Gives up the early resends: the first attempt's regular deadline.

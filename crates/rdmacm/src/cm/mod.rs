@@ -26,6 +26,7 @@ pub use crate::cm::id::{CmId, CmOption};
 pub use crate::cm::mcast::McJoinFlags;
 pub use crate::config::{
     CmaConfig, CmaConfigBuilder, DeviceSpec, DEVICES_ENV, DRIVER_ENV, HA_RETURN_ENV,
+    NO_LISTENER_RETRY_DEFAULT, NO_LISTENER_RETRY_ENV,
 };
 pub use crate::context::counters::CmStatistics;
 #[doc(hidden)]

@@ -99,6 +99,9 @@ pub struct CmStatistics {
     /// Of those, REQs and DREQs resent early, before their first CM timeout
     /// (`rdma_proto::cm::AgentConfig::early_resends`).
     pub early_retransmits: u64,
+    /// REQs resent after the peer refused them for want of a listener
+    /// ([`crate::cm::CmaConfig::no_listener_retry`]).
+    pub refused_resends: u64,
 }
 
 impl CmStatistics {
@@ -119,6 +122,7 @@ impl CmStatistics {
             "overload": self.overload,
             "retransmits": self.retransmits,
             "early-retransmits": self.early_retransmits,
+            "refused-resends": self.refused_resends,
         });
         if let Some(m) = v.as_object_mut() {
             for (c, n) in &self.refused {

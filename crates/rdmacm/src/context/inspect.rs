@@ -55,6 +55,7 @@ pub(crate) fn statistics(st: &State) -> CmStatistics {
         s.overload += a.overload;
         s.retransmits += a.retransmits;
         s.early_retransmits += a.early_retransmits;
+        s.refused_resends += a.refused_resends;
     }
     s
 }

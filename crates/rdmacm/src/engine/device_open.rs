@@ -127,6 +127,7 @@ impl Inner {
             ca_guid: host.map_or(guid, |h| h.guid()),
             seed: agent_seed,
             overload: OverloadPolicy::Drop,
+            no_listener_retry: self.config.no_listener_retry.as_nanos() as u64,
             ..AgentConfig::default()
         });
         st.devices.insert(
