@@ -16,7 +16,7 @@ mod support;
 
 use std::process::Command;
 
-use support::{bin, lib_dir, prog, tcp_pair};
+use support::{bin, gid_index, lib_dir, prog, tcp_pair};
 
 const TESTS: [&str; 7] = [
     "ib_send_lat",
@@ -79,22 +79,6 @@ fn perftest_old_post_send_path_on_loopback() {
         server.args(&a);
         check(test, true, &tcp_pair(server, client, port));
     }
-}
-
-/// The GID index of `::ffff:<v4>` on `dev` in `h`'s namespace, from Debian's `ibv_devinfo`
-/// over our libraries.
-fn gid_index(h: &rdma_testhosts::Host, dev: &str, v4: &str) -> String {
-    let mut c = h.command(bin("ibv_devinfo").to_str().unwrap());
-    c.args(["-v", "-d", dev]).env("LD_LIBRARY_PATH", lib_dir());
-    let o = c.output().unwrap();
-    let t = String::from_utf8_lossy(&o.stdout).into_owned();
-    // "GID[  1]:\t\t::ffff:192.0.2.1, RoCE v2"
-    let want = format!("::ffff:{v4},");
-    t.lines()
-        .find(|l| l.contains("GID[") && l.contains(&want))
-        .and_then(|l| l.split('[').nth(1)?.split(']').next())
-        .map(|i| i.trim().to_string())
-        .unwrap_or_else(|| panic!("no GID {v4} on {dev}:\n{t}"))
 }
 
 #[test]

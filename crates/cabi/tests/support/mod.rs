@@ -1,7 +1,9 @@
 //! Shared by the tests that run C programs over our libraries (`qp_ex.rs`,
-//! `perftest_paths.rs`, `programs.rs`, `mckey.rs`, `perftest_cm.rs`, `signals.rs`): the library directory
-//! (linked once per run from the static library cargo built, `scripts/build-cabi.sh
-//! --no-build`), Debian's programs, their runs, server/client pairs, listener checks.
+//! `perftest_paths.rs`, `programs.rs`, `programs_hosts.rs`, `programs_rust.rs`, `mckey.rs`,
+//! `perftest_cm.rs`, `signals.rs`): the library directory (linked once per run from the
+//! static library cargo built, `scripts/build-cabi.sh --no-build`), Debian's programs (in a
+//! namespace host too), our Rust tools, their runs, server/client pairs, listener checks,
+//! GID indexes.
 #![allow(dead_code)]
 
 use std::os::unix::process::CommandExt;
@@ -226,4 +228,68 @@ pub fn build_c(dir: &Path, name: &str, libs: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
+}
+
+/// Debian's program `name` in `h`'s network namespace over our libraries.
+pub fn host_prog(h: &rdma_testhosts::Host, name: &str) -> Command {
+    let mut c = h.command(bin(name).to_str().unwrap());
+    c.env("LD_LIBRARY_PATH", lib_dir());
+    c
+}
+
+/// Our Rust tool `name` (crates/tools), from the same target directory as this test.
+pub fn rust_tool(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: cargo build -p rdma-tools --bin {name} (cargo test --workspace builds it)",
+        path.display()
+    );
+    path
+}
+
+/// Runs a server and, once it has an rdma_cm listener on `port` (in `host`'s namespace when
+/// given), a client. The client must exit 0; so must the server when `server_exits`, else it
+/// is stopped once the client is done. Returns the server's and the client's outputs.
+pub fn cm_pair(
+    host: Option<&rdma_testhosts::Host>,
+    server: Command,
+    client: Command,
+    port: u16,
+    server_exits: bool,
+) -> (String, String) {
+    let s = start(server);
+    let end = Instant::now() + LIMIT;
+    while !cm_listening(host, port) {
+        assert!(Instant::now() < end, "the server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (cs, ct) = finish(start(client));
+    let (ss, st) = finish_or_kill(s, !server_exits);
+    let cut = |t: &str| t.chars().take(4000).collect::<String>();
+    assert!(
+        cs.success() && (ss.success() || !server_exits),
+        "client {cs:?}:\n{}\nserver {ss:?}:\n{}",
+        cut(&ct),
+        cut(&st)
+    );
+    (st, ct)
+}
+
+/// The GID index of `::ffff:<v4>` on `dev` in `h`'s namespace, from Debian's `ibv_devinfo`
+/// over our libraries.
+pub fn gid_index(h: &rdma_testhosts::Host, dev: &str, v4: &str) -> String {
+    let o = host_prog(h, "ibv_devinfo")
+        .args(["-v", "-d", dev])
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stdout).into_owned();
+    // "GID[  1]:\t\t::ffff:192.0.2.1, RoCE v2"
+    let want = format!("::ffff:{v4},");
+    t.lines()
+        .find(|l| l.contains("GID[") && l.contains(&want))
+        .and_then(|l| l.split('[').nth(1)?.split(']').next())
+        .map(|i| i.trim().to_string())
+        .unwrap_or_else(|| panic!("no GID {v4} on {dev}:\n{t}"))
 }
