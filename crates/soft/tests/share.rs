@@ -1,6 +1,8 @@
 //! Sharing one address between wires and processes: the kernel steers each datagram to the
 //! member its QPN names (SO_REUSEPORT + the classic-BPF program), the membership survives a
-//! SIGKILLed member, and a datagram for nobody is dropped, never delivered.
+//! SIGKILLed member, a datagram a stale program sends to the wrong member is handed to its
+//! owner over the host-local ring (or dropped without one), and a datagram for nobody is
+//! dropped, never delivered.
 //!
 //! Addresses: 127.0.110.0/24, ports 47940-47949.
 
@@ -11,7 +13,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::raw::{addr, dreq, packet, req, wire};
-use rdma_soft::io::{DatagramWire, UdpWire, WireAddr};
+use rdma_soft::io::{DatagramWire, UdpConfig, UdpWire, WireAddr};
 
 /// A stop for a test that would otherwise hang, not a speed target.
 const HANG: Duration = Duration::from_secs(120);
@@ -186,11 +188,14 @@ fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
     s.open(src).unwrap();
     // Evidence counts only once the table has settled.
     std::thread::sleep(Duration::from_millis(300));
-    // a's datagrams go to b (and b's to a): dropped there, never delivered.
+    // a's datagrams go to b (and b's to a): never delivered there, but handed to a over
+    // the host-local ring (a UD datagram would otherwise be lost for good).
     send_to(&mut s, src, shared, &[sa], 10);
-    let (ga, gb) = (tags(&mut a, 0), tags(&mut b, 0));
-    assert!(ga.is_empty() && gb.is_empty(), "{ga:?} {gb:?}");
-    assert_eq!(b.stats().misdelivered, 10);
+    let gb = tags(&mut b, 0);
+    assert!(gb.is_empty(), "{gb:?}");
+    assert_eq!((b.stats().misdelivered, b.stats().forwarded), (10, 10));
+    assert_eq!(tags(&mut a, 10), expect(sa, 10));
+    assert_eq!(a.stats().local.received, 10);
     // b took them as evidence and swapped the entries back: exact again.
     send_to(&mut s, src, shared, &[sa, sb, sc], 10);
     assert_eq!(tags(&mut a, 10), expect(sa, 10));
@@ -198,6 +203,48 @@ fn a_wrong_table_is_repaired_by_the_datagrams_it_misdelivers() {
     assert_eq!(tags(&mut c, 10), expect(sc, 10));
     assert_eq!(a.stats().misdelivered + c.stats().misdelivered, 0);
     assert_eq!(b.stats().misdelivered, 10);
+    assert_eq!(
+        a.stats().local.received,
+        10,
+        "nothing more came over the ring"
+    );
+}
+
+/// Without the host-local wire (`RDMA_SOFT_LOCAL_WIRE=0`) a misdelivered datagram has no
+/// way to its owner: dropped, never delivered to the wrong process.
+#[test]
+fn a_misdelivered_datagram_is_dropped_without_the_host_local_wire() {
+    use std::os::unix::fs::MetadataExt;
+    let port = 47949;
+    let (shared, src) = (addr("127.0.110.29"), addr("127.0.110.30"));
+    let no_local = || {
+        UdpWire::new(UdpConfig {
+            port,
+            host_local: false,
+            ..UdpConfig::default()
+        })
+        .unwrap()
+    };
+    let mut a = no_local();
+    let mut b = no_local();
+    a.open(shared).unwrap();
+    b.open(shared).unwrap();
+    let ns = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+    let dir = rdma_soft::config::runtime_dir().unwrap();
+    let tab = dir.join(format!("grp-{ns}-{shared}-{port}.tab"));
+    let text = std::fs::read_to_string(&tab).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&tab, format!("{}\n{}\n", lines[1], lines[0])).unwrap();
+    // a join attaches the program built on the swapped table
+    let mut c = no_local();
+    c.open(shared).unwrap();
+    let sa = a.share_slot().unwrap().unwrap();
+    let mut s = wire(port);
+    s.open(src).unwrap();
+    send_to(&mut s, src, shared, &[sa], 10);
+    let (ga, gb) = (tags(&mut a, 0), tags(&mut b, 0));
+    assert!(ga.is_empty() && gb.is_empty(), "{ga:?} {gb:?}");
+    assert_eq!((b.stats().misdelivered, b.stats().forwarded), (10, 0));
 }
 
 #[test]

@@ -110,6 +110,10 @@ pub struct WireStats {
     /// address (their QPN or comm id names another slot): the kernel's hash fallback or a
     /// group being changed sent them here.
     pub misdelivered: u64,
+    /// Of those, the ones handed on to the process whose they are, over the host-local ring
+    /// to its wire (a group whose program was stale after a member was killed would
+    /// otherwise lose them: a UD datagram for good).
+    pub forwarded: u64,
     /// Datagrams dropped on receipt because no IP header makes their ICRC valid, or only one
     /// with an IPv4 Identification their source does not send (`icrc_implausible_id`).
     pub icrc_errors: u64,

@@ -323,6 +323,11 @@ impl DatagramWire for UdpWire {
             netns: share::current_netns(),
             quiet: true,
         });
+        if self.locals.last().is_some_and(|l| l.member.is_some()) {
+            // a member of a shared group has a bell from the start: what a stale program
+            // sends another member is forwarded to it (`udp/rx.rs`)
+            let _ = self.local_id();
+        }
         Ok(())
     }
 

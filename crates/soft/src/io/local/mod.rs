@@ -422,6 +422,65 @@ impl HostLocal {
         Ok(())
     }
 
+    /// Hands `packet` (a verified datagram from `from` to `to`) that reached this wire but
+    /// is the wire of `slot`'s (the group's steering program was stale: a member was killed
+    /// and the kernel moved another into its place) to that wire over a ring, as a
+    /// host-local packet. False when it could not: no live wire of that slot has a bell
+    /// here, or the ring is full.
+    pub fn forward(
+        &mut self,
+        slot: u8,
+        from: WireAddr,
+        to: WireAddr,
+        tclass: u8,
+        packet: &[u8],
+    ) -> bool {
+        let Some(peer) = self.peer_of_slot(slot) else {
+            return false;
+        };
+        if self.connect(peer).is_err() {
+            return false;
+        }
+        let meta = TxMeta {
+            tclass,
+            ..TxMeta::default()
+        };
+        let sent = self.emit(peer, from, to, meta, packet.len(), &mut |room| {
+            room[..packet.len()].copy_from_slice(packet);
+            packet.len()
+        });
+        if sent {
+            self.flush();
+        }
+        sent
+    }
+
+    /// The live wire holding `slot`: the peer of a ring we have to it, else the one whose
+    /// bell is in the runtime directory (a slot's owner removes its dead bells).
+    fn peer_of_slot(&self, slot: u8) -> Option<HostPeer> {
+        if let Some(o) = self
+            .outbound
+            .iter()
+            .find(|o| o.peer.slot == slot && !o.dead)
+        {
+            return Some(o.peer);
+        }
+        if slot == self.me.slot {
+            return None;
+        }
+        let prefix = format!("bell-{slot}-");
+        let nonce = std::fs::read_dir(&self.dir).ok()?.find_map(|e| {
+            let name = e.ok()?.file_name();
+            let hex = name.to_str()?.strip_prefix(&prefix)?.to_owned();
+            u32::from_str_radix(&hex, 16).ok()
+        })?;
+        Some(HostPeer {
+            slot,
+            ns: self.me.ns,
+            nonce,
+        })
+    }
+
     /// Hands the file `fd` of region `token` to `peer`'s bell unless it has it: before a
     /// pulled message that names the region goes into the ring. False when it could not.
     pub fn share(&mut self, peer: HostPeer, token: u64, fd: std::os::fd::BorrowedFd<'_>) -> bool {

@@ -148,8 +148,28 @@ impl UdpWire {
                         };
                         if let Some(m) = other {
                             self.stats.misdelivered += 1;
-                            tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
                             evidence = Some(m);
+                            // its owner's, if it is alive here: over the ring to its wire
+                            let forwarded = match m {
+                                Misdelivered::Slot(s) => {
+                                    self.local.wire.as_mut().is_some_and(|l| {
+                                        l.forward(
+                                            s,
+                                            arrival.remote,
+                                            arrival.local,
+                                            arrival.tclass,
+                                            data,
+                                        )
+                                    })
+                                }
+                                Misdelivered::Service(_) => false,
+                            };
+                            if forwarded {
+                                self.stats.forwarded += 1;
+                                tracing::debug!(?m, addr = %bound, "misdelivered datagram forwarded");
+                            } else {
+                                tracing::debug!(?m, addr = %bound, "misdelivered datagram dropped");
+                            }
                             continue;
                         }
                     }

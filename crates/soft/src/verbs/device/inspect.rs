@@ -115,6 +115,8 @@ fn device_counters(total: &RcStats, rt: &RuntimeStats, w: &WireStats) -> Value {
             "icrc_implausible_id": w.icrc_implausible_id,
             "gro_coalesced": w.gro_coalesced,
             "malformed": w.malformed,
+            "misdelivered": w.misdelivered,
+            "forwarded": w.forwarded,
             "unparsable": rt.unparsable,
             "no_such_qp": rt.no_such_qp,
             "wrong_path": rt.wrong_path,
