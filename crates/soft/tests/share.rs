@@ -158,6 +158,79 @@ fn a_sigkilled_member_leaves_nothing_behind() {
     assert_eq!(got, 0);
 }
 
+/// A member SIGKILLed in the middle of the group and nobody joining after: the program
+/// sends the moved member's datagrams past the group's end, which the kernel steers by
+/// hash. Whoever gets one hands it to its owner (nothing lost), and takes it as evidence:
+/// the dead entry is pruned and steering is exact again.
+#[test]
+fn a_sigkilled_member_with_no_join_after_loses_nothing_and_heals() {
+    let port = 47941;
+    let shared = addr("127.0.110.33");
+    let mut a = wire(port);
+    a.open(shared).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "share_child_member", "--ignored", "--nocapture"])
+        .env("SHARE_CHILD_ADDR", shared.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    while !line.starts_with("slot ") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
+    }
+    let mut d = wire(port);
+    d.open(shared).unwrap();
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    child.wait().unwrap();
+    let slots = [
+        a.share_slot().unwrap().unwrap(),
+        d.share_slot().unwrap().unwrap(),
+    ];
+    // senders on three addresses: three flow hashes for the kernel's fallback
+    let mut senders: Vec<(UdpWire, WireAddr)> = ["127.0.110.34", "127.0.110.35", "127.0.110.36"]
+        .iter()
+        .map(|s| {
+            let mut w = wire(port);
+            w.open(addr(s)).unwrap();
+            (w, addr(s))
+        })
+        .collect();
+    // the table settles before a misdelivery counts as evidence
+    std::thread::sleep(Duration::from_millis(300));
+    let round = |senders: &mut Vec<(UdpWire, WireAddr)>, a: &mut UdpWire, d: &mut UdpWire| {
+        for (s, src) in senders.iter_mut() {
+            send_to(s, *src, shared, &slots, 10);
+        }
+        // a forwards what it got of d's first (d's ring then holds them)
+        let got_a = tags(a, 30);
+        let got_d = tags(d, 30);
+        let want = |slot: u8| {
+            let mut v: Vec<u32> = (0..3).flat_map(|_| expect(slot, 10)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(got_a, want(slots[0]));
+        assert_eq!(got_d, want(slots[1]));
+    };
+    round(&mut senders, &mut a, &mut d);
+    let first = a.stats().misdelivered + d.stats().misdelivered;
+    assert_eq!(
+        a.stats().forwarded + d.stats().forwarded,
+        first,
+        "every misdelivered datagram forwarded"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    round(&mut senders, &mut a, &mut d);
+    assert_eq!(
+        a.stats().misdelivered + d.stats().misdelivered,
+        first,
+        "steering exact after the first misdeliveries"
+    );
+}
+
 /// The table's guess at the kernel's order can be wrong (two members dying at once): the
 /// misdelivered datagrams themselves repair it, and steering is exact again.
 #[test]

@@ -546,8 +546,9 @@ impl Member {
         .map(drop)
     }
 
-    /// Swaps this member's entry with the one `other` finds (when the table has settled),
-    /// else (or with `rebuild`, when nothing is to swap) re-attaches the program, built with
+    /// Prunes the dead members; swaps this member's entry with the one `other` finds (when
+    /// the table has settled and had no dead members), else (after a prune, or with
+    /// `rebuild`, when nothing is to swap) re-attaches the program, built with
     /// `claims` when given (else read now). Returns whether it attached a program.
     fn swap_with(
         &self,
@@ -566,16 +567,22 @@ impl Member {
             .and_then(|t| t.elapsed().ok())
             .map_or(true, |age| age < SETTLE);
         let mut t = read_table(&g.tab);
-        let pair = (!young)
+        let before = t.len();
+        prune(&g.dir, &mut t);
+        // A dead member explains a misdelivery by itself: the kernel moved the last socket
+        // into its place and steers by hash what the program still sends past the end.
+        // Pruning models that; a swap on top would undo it. Only a table of live members
+        // is wrong in its order.
+        let pruned = t.len() < before;
+        let pair = (!young && !pruned)
             .then(|| Some((other(&t)?, self.my_index(&t)?)))
             .flatten()
             .filter(|(k, j)| k != j);
         match pair {
             Some((k, j)) => t.swap(k, j),
-            None if !rebuild => return Ok(false),
+            None if !rebuild && !pruned => return Ok(false),
             None => {}
         }
-        prune(&g.dir, &mut t);
         if pair.is_none() && t.len() <= 1 {
             // Alone in the group: the kernel has no other socket to steer to, and a process
             // that joins attaches a program built from the table and the claims then.
