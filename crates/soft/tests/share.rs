@@ -106,13 +106,10 @@ fn share_child_member() {
     }
 }
 
-#[test]
-fn a_sigkilled_member_leaves_nothing_behind() {
-    let port = 47941;
-    let (shared, src) = (addr("127.0.110.5"), addr("127.0.110.6"));
-    let mut a = wire(port);
-    a.open(shared).unwrap();
-    // The second member is another process, in the middle of the group's order.
+/// A member of `shared` in a child process (`share_child_member`), and its slot; the
+/// caller kills and waits for it.
+#[allow(clippy::zombie_processes)]
+fn child_member(shared: WireAddr) -> (std::process::Child, u8) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "share_child_member", "--ignored", "--nocapture"])
         .env("SHARE_CHILD_ADDR", shared.to_string())
@@ -121,13 +118,23 @@ fn a_sigkilled_member_leaves_nothing_behind() {
         .unwrap();
     let mut line = String::new();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let child_slot: u8 = loop {
+    loop {
         line.clear();
         assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
         if let Some(s) = line.trim().strip_prefix("slot ") {
-            break s.parse().unwrap();
+            return (child, s.parse().unwrap());
         }
-    };
+    }
+}
+
+#[test]
+fn a_sigkilled_member_leaves_nothing_behind() {
+    let port = 47941;
+    let (shared, src) = (addr("127.0.110.5"), addr("127.0.110.6"));
+    let mut a = wire(port);
+    a.open(shared).unwrap();
+    // The second member is another process, in the middle of the group's order.
+    let (mut child, child_slot) = child_member(shared);
     let mut d = wire(port);
     d.open(shared).unwrap();
     // SIGKILL, by pid: no goodbye, the kernel moves the last member into its place.
@@ -168,18 +175,7 @@ fn a_sigkilled_member_with_no_join_after_loses_nothing_and_heals() {
     let shared = addr("127.0.110.33");
     let mut a = wire(port);
     a.open(shared).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "share_child_member", "--ignored", "--nocapture"])
-        .env("SHARE_CHILD_ADDR", shared.to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    while !line.starts_with("slot ") {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
-    }
+    let (mut child, _) = child_member(shared);
     let mut d = wire(port);
     d.open(shared).unwrap();
     // SAFETY: plain kill(2) of our own child.
