@@ -16,7 +16,7 @@ mod support;
 
 use std::process::Command;
 
-use support::{bin, gid_index, lib_dir, prog, tcp_pair};
+use support::{bin, gid_index, lib_dir, prog, serial, tcp_pair, two_hosts};
 
 const TESTS: [&str; 7] = [
     "ib_send_lat",
@@ -28,9 +28,8 @@ const TESTS: [&str; 7] = [
     "ib_atomic_lat",
 ];
 
-/// The two tests run one after the other: each pair busy-polls both CPUs of a small machine,
-/// and four pollers at once starve each other's progress.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+// The tests run one after the other (`serial`): each pair busy-polls both CPUs of a small
+// machine, and four pollers at once starve each other's progress.
 
 fn iters() -> String {
     std::env::var("PERFTEST_PATHS_ITERS").unwrap_or_else(|_| "20".into())
@@ -65,7 +64,7 @@ fn args<'a>(dev: &'a str, gid: &'a str, port: &'a str, n: &'a str, old: bool) ->
 
 #[test]
 fn perftest_old_post_send_path_on_loopback() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = serial();
     let n = iters();
     let mut port = 17580u16;
     // The default path on 127.0.0.1 is programs.rs's perftest_latency_and_bandwidth.
@@ -83,35 +82,33 @@ fn perftest_old_post_send_path_on_loopback() {
 
 #[test]
 fn perftest_both_post_send_paths_between_namespace_hosts() {
-    if !rdma_testhosts::require_root("perftest_both_post_send_paths_between_namespace_hosts") {
-        return;
-    }
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
-    let (a, b) = (&topo.hosts()[0], &topo.hosts()[1]);
-    a.wait_carrier("eth0");
-    b.wait_carrier("eth0");
-    let (ga, gb) = (
-        gid_index(a, "eth0", "192.0.2.1"),
-        gid_index(b, "eth0", "192.0.2.2"),
+    let _one = serial();
+    two_hosts(
+        "perftest_both_post_send_paths_between_namespace_hosts",
+        |a, b| {
+            let (ga, gb) = (
+                gid_index(a, "eth0", "192.0.2.1"),
+                gid_index(b, "eth0", "192.0.2.2"),
+            );
+            let n = iters();
+            let mut port = 17600u16;
+            let run = |h: &rdma_testhosts::Host, test: &str, args: &[&str]| -> Command {
+                let mut c = h.command(bin(test).to_str().unwrap());
+                c.args(args).env("LD_LIBRARY_PATH", lib_dir());
+                c
+            };
+            for test in TESTS {
+                for old in [false, true] {
+                    port += 1;
+                    let p = port.to_string();
+                    let server = run(b, test, &args("eth0", &gb, &p, &n, old));
+                    let mut client = run(a, test, &args("eth0", &ga, &p, &n, old));
+                    client.arg("192.0.2.2");
+                    check(test, old, &tcp_pair(server, client, port));
+                }
+            }
+        },
     );
-    let n = iters();
-    let mut port = 17600u16;
-    let run = |h: &rdma_testhosts::Host, test: &str, args: &[&str]| -> Command {
-        let mut c = h.command(bin(test).to_str().unwrap());
-        c.args(args).env("LD_LIBRARY_PATH", lib_dir());
-        c
-    };
-    for test in TESTS {
-        for old in [false, true] {
-            port += 1;
-            let p = port.to_string();
-            let server = run(b, test, &args("eth0", &gb, &p, &n, old));
-            let mut client = run(a, test, &args("eth0", &ga, &p, &n, old));
-            client.arg("192.0.2.2");
-            check(test, old, &tcp_pair(server, client, port));
-        }
-    }
 }
 
 /// The results line's figures of a latency test (after the size and the iterations), or
@@ -135,7 +132,7 @@ fn lat_figures(out: &str, n: &str) -> Option<Vec<f64>> {
 /// again, at most twice, and any other non-finite figure fails the test.
 #[test]
 fn ib_send_lat_over_roce_udp_reports_finite_latency() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = serial();
     let n = iters();
     for (try_, port) in (17650u16..17653).enumerate() {
         let p = port.to_string();

@@ -10,22 +10,12 @@
 mod support;
 
 use rdma_testhosts::Host;
-use support::{cm_pair, gid_index, host_prog, tcp_pair};
+use support::{cm_pair, gid_index, host_prog, serial, tcp_pair, two_hosts};
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Runs `body` with the two hosts (a, b) of a fresh topology, one test at a time; skipped
-/// (or failed, as `require_root` says) without root.
+/// Runs `body` with the two hosts (a, b) of a fresh topology, one test at a time.
 fn on_two_hosts(test: &str, body: impl FnOnce(&Host, &Host)) {
-    if !rdma_testhosts::require_root(test) {
-        return;
-    }
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
-    let (a, b) = (&topo.hosts()[0], &topo.hosts()[1]);
-    a.wait_carrier("eth0");
-    b.wait_carrier("eth0");
-    body(a, b);
+    let _one = serial();
+    two_hosts(test, body);
 }
 
 fn run(h: &Host, name: &str, args: &[&str]) -> std::process::Command {

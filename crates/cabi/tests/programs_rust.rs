@@ -11,9 +11,7 @@ mod support;
 use std::process::Command;
 
 use rdma_testhosts::Host;
-use support::{cm_pair, host_prog, prog, rust_tool};
-
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use support::{cm_pair, host_prog, prog, rust_tool, serial, two_hosts};
 
 /// Where a pair runs: both on 127.0.0.1, or server on b (192.0.2.2) and client on a.
 #[derive(Clone, Copy)]
@@ -58,16 +56,9 @@ impl<'a> Place<'a> {
 
 /// Runs `body` on 127.0.0.1 and, as root, between two namespace hosts; one test at a time.
 fn everywhere(test: &str, body: impl Fn(Place)) {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = serial();
     body(Place::Loopback);
-    if !rdma_testhosts::require_root(test) {
-        return;
-    }
-    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
-    let (a, b) = (&topo.hosts()[0], &topo.hosts()[1]);
-    a.wait_carrier("eth0");
-    b.wait_carrier("eth0");
-    body(Place::Hosts(a, b));
+    two_hosts(test, |a, b| body(Place::Hosts(a, b)));
 }
 
 /// Who serves: (server is Rust, client is Rust) for both directions.

@@ -293,3 +293,23 @@ pub fn gid_index(h: &rdma_testhosts::Host, dev: &str, v4: &str) -> String {
         .map(|i| i.trim().to_string())
         .unwrap_or_else(|| panic!("no GID {v4} on {dev}:\n{t}"))
 }
+
+/// One test at a time in a test binary (pairs that busy-poll, or use fixed ports), until the
+/// guard drops.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `body` with the two hosts of a fresh `two_hosts_one_link` (a 192.0.2.1, b
+/// 192.0.2.2, `eth0` up); skipped (or failed, as `require_root` says) without root.
+pub fn two_hosts(test: &str, body: impl FnOnce(&rdma_testhosts::Host, &rdma_testhosts::Host)) {
+    if !rdma_testhosts::require_root(test) {
+        return;
+    }
+    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (&topo.hosts()[0], &topo.hosts()[1]);
+    a.wait_carrier("eth0");
+    b.wait_carrier("eth0");
+    body(a, b);
+}
