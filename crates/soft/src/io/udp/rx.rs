@@ -150,23 +150,20 @@ impl UdpWire {
                             self.stats.misdelivered += 1;
                             evidence = Some(m);
                             // its owner's, if it is alive here: over the ring to its wire
-                            let owner = match m {
-                                Misdelivered::Slot(s) => Some(s),
-                                Misdelivered::Service(sid) => {
-                                    member.and_then(|m| m.listener_slot(sid))
+                            let forwarded = match m {
+                                Misdelivered::Slot(s) => {
+                                    self.local.wire.as_mut().is_some_and(|l| {
+                                        l.forward(
+                                            s,
+                                            arrival.remote,
+                                            arrival.local,
+                                            arrival.tclass,
+                                            data,
+                                        )
+                                    })
                                 }
+                                Misdelivered::Service(_) => false,
                             };
-                            let forwarded = owner.is_some_and(|s| {
-                                self.local.wire.as_mut().is_some_and(|l| {
-                                    l.forward(
-                                        s,
-                                        arrival.remote,
-                                        arrival.local,
-                                        arrival.tclass,
-                                        data,
-                                    )
-                                })
-                            });
                             if forwarded {
                                 self.stats.forwarded += 1;
                                 tracing::debug!(?m, addr = %bound, "misdelivered datagram forwarded");
