@@ -149,9 +149,11 @@ impl UdpWire {
                         if let Some(m) = other {
                             self.stats.misdelivered += 1;
                             evidence = Some(m);
-                            // its owner's, if it is alive here: over the ring to its wire
-                            let forwarded = match m {
-                                Misdelivered::Slot(s) => {
+                            // a QP's packet goes to its owner, if it is alive here: over the
+                            // ring to its wire. Not a CM message: the ring does not carry the
+                            // arrival netdev its checks need (the CM retransmits instead).
+                            let forwarded = match (m, steer::dest(data)) {
+                                (Misdelivered::Slot(s), Dest::Slot(_)) => {
                                     self.local.wire.as_mut().is_some_and(|l| {
                                         l.forward(
                                             s,
@@ -162,7 +164,7 @@ impl UdpWire {
                                         )
                                     })
                                 }
-                                Misdelivered::Service(_) => false,
+                                _ => false,
                             };
                             if forwarded {
                                 self.stats.forwarded += 1;
