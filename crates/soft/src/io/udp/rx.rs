@@ -153,7 +153,11 @@ impl UdpWire {
                             // ring to its wire. Not a CM message: the ring does not carry the
                             // arrival netdev its checks need (the CM retransmits instead).
                             let forwarded = match (m, steer::dest(data)) {
-                                (Misdelivered::Slot(s), Dest::Slot(_)) => {
+                                // a live member of this group (a slot is host-wide: a dead
+                                // owner's may be another namespace's process now)
+                                (Misdelivered::Slot(s), Dest::Slot(_))
+                                    if member.is_some_and(|m| m.has_member(s)) =>
+                                {
                                     self.local.wire.as_mut().is_some_and(|l| {
                                         l.forward(
                                             s,
