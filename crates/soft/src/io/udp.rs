@@ -310,6 +310,7 @@ impl DatagramWire for UdpWire {
         if self.cfg.gro && sys::enable_udp_gro(fd.as_fd()) {
             self.gro = true;
         }
+        let shared = member.is_some();
         let ports = SportSockets::of_socket(fd.as_fd());
         let mut out = SendBatch::new(self.cfg.batch, self.cfg.max_packet);
         out.set_gso(self.cfg.gso && self.send_faults.is_none() && sys::has_udp_gso(fd.as_fd()));
@@ -323,7 +324,7 @@ impl DatagramWire for UdpWire {
             netns: share::current_netns(),
             quiet: true,
         });
-        if self.locals.last().is_some_and(|l| l.member.is_some()) {
+        if shared {
             // a member of a shared group has a bell from the start: what a stale program
             // sends another member is forwarded to it (`udp/rx.rs`)
             let _ = self.local_id();

@@ -137,8 +137,13 @@ impl HostPeer {
     }
 
     fn bell_name(&self) -> String {
-        format!("bell-{}-{:08x}", self.slot, self.nonce)
+        format!("{}{:08x}", bell_prefix(self.slot), self.nonce)
     }
+}
+
+/// The start of the names of slot `slot`'s bells (`bell-SLOT-NONCE`).
+fn bell_prefix(slot: u8) -> String {
+    format!("bell-{slot}-")
 }
 
 /// Whether `n` is a ring size the host-local wire takes (a power of two, 64 KiB to 1 GiB).
@@ -345,7 +350,7 @@ impl HostLocal {
             nonce: nonce(),
         };
         // We hold the slot: any other bell of it is a dead process's.
-        let stale = format!("bell-{slot}-");
+        let stale = bell_prefix(slot);
         if let Ok(rd) = std::fs::read_dir(&dir) {
             for e in rd.flatten() {
                 if e.file_name().to_string_lossy().starts_with(&stale) {
@@ -445,10 +450,7 @@ impl HostLocal {
             tclass,
             ..TxMeta::default()
         };
-        let sent = self.emit(peer, from, to, meta, packet.len(), &mut |room| {
-            room[..packet.len()].copy_from_slice(packet);
-            packet.len()
-        });
+        let sent = self.send(peer, from, to, meta, packet);
         if sent {
             self.flush();
         }
@@ -468,7 +470,7 @@ impl HostLocal {
         if slot == self.me.slot {
             return None;
         }
-        let prefix = format!("bell-{slot}-");
+        let prefix = bell_prefix(slot);
         let nonce = std::fs::read_dir(&self.dir).ok()?.find_map(|e| {
             let name = e.ok()?.file_name();
             let hex = name.to_str()?.strip_prefix(&prefix)?.to_owned();
@@ -506,7 +508,6 @@ impl HostLocal {
 
     /// Writes `packet` (from `from` to `to`) into the ring to `peer`. False when it could
     /// not (no ring, the peer is gone, the ring is full), counted.
-    #[cfg(test)]
     pub fn send(
         &mut self,
         peer: HostPeer,

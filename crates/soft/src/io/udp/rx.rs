@@ -116,7 +116,8 @@ impl UdpWire {
                     // Only a verified packet may be evidence of misdelivery or cost a look
                     // at the other processes' tables and claims: a forged or corrupt one is
                     // dropped as such (its ICRC), whatever it names.
-                    let suspect = match (mine, steer::dest(data)) {
+                    let dest = steer::dest(data);
+                    let suspect = match (mine, dest) {
                         (Some(mine), Dest::Slot(s) | Dest::Comm(s)) => s != mine,
                         (Some(_), Dest::Service(_)) => true,
                         _ => false,
@@ -134,7 +135,7 @@ impl UdpWire {
                         }
                         verified = true;
                         let member = self.locals[i].member.as_ref();
-                        let other = match (mine, steer::dest(data)) {
+                        let other = match (mine, dest) {
                             (Some(mine), Dest::Slot(s)) if s != mine => Some(Misdelivered::Slot(s)),
                             (Some(mine), Dest::Comm(s)) if s != mine => member
                                 .map_or(true, |m| m.has_member(s))
@@ -152,7 +153,7 @@ impl UdpWire {
                             // a QP's packet goes to its owner, if it is alive here: over the
                             // ring to its wire. Not a CM message: the ring does not carry the
                             // arrival netdev its checks need (the CM retransmits instead).
-                            let forwarded = match (m, steer::dest(data)) {
+                            let forwarded = match (m, dest) {
                                 // a live member of this group (a slot is host-wide: a dead
                                 // owner's may be another namespace's process now)
                                 (Misdelivered::Slot(s), Dest::Slot(_))
