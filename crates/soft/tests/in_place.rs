@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{device, poll_within, LIMIT};
+use common::{device, host_local_pair, poll_within, LocalEnd, LIMIT};
 use rdma_soft::verbs::*;
 
 const LEN: usize = 64 << 10;
@@ -51,28 +51,13 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 /// Two connected RC QPs on two devices of this process (the host-local wire between
 /// them), and a target region on `b`.
 struct Pair {
-    a: (Device, ProtectionDomain, CompletionQueue, QueuePair),
-    b: (Device, ProtectionDomain, CompletionQueue, QueuePair),
+    a: LocalEnd,
+    b: LocalEnd,
     target: MemoryRegion,
 }
 
 fn pair(ip_a: &str, ip_b: &str) -> Pair {
-    let end = |ip: &str| {
-        let dev = device(ip, None);
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(64, None).unwrap();
-        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
-        (dev, pd, cq, qp)
-    };
-    let (a, b) = (end(ip_a), end(ip_b));
-    // what a CM does for peers on this host, before RTR
-    let (ha, hb) = (a.0.host_local().unwrap(), b.0.host_local().unwrap());
-    a.3.use_host_local(hb).unwrap();
-    b.3.use_host_local(ha).unwrap();
-    let gid = |ip: &str| ip.parse::<rdma_soft::io::WireAddr>().unwrap().gid();
-    a.3.connect(b.3.qpn(), 100, 200, gid(ip_b)).unwrap();
-    b.3.connect(a.3.qpn(), 200, 100, gid(ip_a)).unwrap();
-    assert!(a.3.host_peer().is_some(), "the host-local wire");
+    let (a, b) = host_local_pair(|ip| device(ip, None), ip_a, ip_b);
     let target =
         b.1.alloc(LEN, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap();

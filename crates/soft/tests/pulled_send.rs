@@ -4,18 +4,16 @@
 
 mod common;
 
-use common::{device, poll_within, LIMIT};
+use common::{device, host_local_pair, poll_within, LocalEnd, LIMIT};
 use rdma_soft::verbs::*;
 use std::time::Instant;
 
 const LEN: usize = 64 << 10;
 const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE;
 
-type End = (Device, ProtectionDomain, CompletionQueue, QueuePair);
-
 /// Two connected RC QPs on two devices of this process over the host-local wire; with
 /// `pull` the devices' pull minimum (`None`: pulls off).
-fn pair(ip_a: &str, ip_b: &str, pull: Option<Option<u32>>) -> (End, End) {
+fn pair(ip_a: &str, ip_b: &str, pull: Option<Option<u32>>) -> (LocalEnd, LocalEnd) {
     let open = |ip: &str| match pull {
         None => device(ip, None),
         Some(min) => {
@@ -28,22 +26,7 @@ fn pair(ip_a: &str, ip_b: &str, pull: Option<Option<u32>>) -> (End, End) {
             Device::open_with_config(dc, &cfg).unwrap()
         }
     };
-    let end = |ip: &str| {
-        let dev = open(ip);
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(64, None).unwrap();
-        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
-        (dev, pd, cq, qp)
-    };
-    let (a, b) = (end(ip_a), end(ip_b));
-    let (ha, hb) = (a.0.host_local().unwrap(), b.0.host_local().unwrap());
-    a.3.use_host_local(hb).unwrap();
-    b.3.use_host_local(ha).unwrap();
-    let gid = |ip: &str| ip.parse::<rdma_soft::io::WireAddr>().unwrap().gid();
-    a.3.connect(b.3.qpn(), 100, 200, gid(ip_b)).unwrap();
-    b.3.connect(a.3.qpn(), 200, 100, gid(ip_a)).unwrap();
-    assert!(a.3.host_peer().is_some(), "the host-local wire");
-    (a, b)
+    host_local_pair(open, ip_a, ip_b)
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -54,7 +37,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 /// `len` bytes of a fresh allocated region of `a`, filled with a pattern, as a SEND
 /// (with `imm`); returns the region and its bytes.
-fn post_send(a: &End, len: usize, imm: Option<u32>) -> (MemoryRegion, Vec<u8>) {
+fn post_send(a: &LocalEnd, len: usize, imm: Option<u32>) -> (MemoryRegion, Vec<u8>) {
     let src = a.1.alloc(LEN, ACCESS).unwrap();
     let want = pattern(3, LEN);
     src.write(0, &want).unwrap();
@@ -70,7 +53,7 @@ fn post_send(a: &End, len: usize, imm: Option<u32>) -> (MemoryRegion, Vec<u8>) {
 }
 
 /// A receive of `first` bytes at 100 and `second` at 40,000 of `dst`.
-fn post_recv(b: &End, dst: &MemoryRegion, first: u32, second: u32) {
+fn post_recv(b: &LocalEnd, dst: &MemoryRegion, first: u32, second: u32) {
     let wr = RecvWr::new(2)
         .with_sge(dst.sge(100, first).unwrap())
         .with_sge(dst.sge(40_000, second).unwrap());

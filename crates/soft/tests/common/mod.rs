@@ -417,3 +417,31 @@ pub fn wait_completions(
         }
     }
 }
+
+/// One end of a [`host_local_pair`]: device, PD, CQ (send and receive) and RC QP.
+pub type LocalEnd = (Device, ProtectionDomain, CompletionQueue, QueuePair);
+
+/// Two RC QPs on devices `open(ip_a)` and `open(ip_b)` of this process, put on the
+/// host-local wire (what a CM does for peers on this host, before RTR) and connected.
+pub fn host_local_pair(
+    open: impl Fn(&str) -> Device,
+    ip_a: &str,
+    ip_b: &str,
+) -> (LocalEnd, LocalEnd) {
+    let end = |ip: &str| {
+        let dev = open(ip);
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64, None).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+        (dev, pd, cq, qp)
+    };
+    let (a, b) = (end(ip_a), end(ip_b));
+    let (ha, hb) = (a.0.host_local().unwrap(), b.0.host_local().unwrap());
+    a.3.use_host_local(hb).unwrap();
+    b.3.use_host_local(ha).unwrap();
+    let gid = |ip: &str| ip.parse::<WireAddr>().unwrap().gid();
+    a.3.connect(b.3.qpn(), 100, 200, gid(ip_b)).unwrap();
+    b.3.connect(a.3.qpn(), 200, 100, gid(ip_a)).unwrap();
+    assert!(a.3.host_peer().is_some(), "the host-local wire");
+    (a, b)
+}
