@@ -313,3 +313,33 @@ pub fn two_hosts(test: &str, body: impl FnOnce(&rdma_testhosts::Host, &rdma_test
     b.wait_carrier("eth0");
     body(a, b);
 }
+
+/// Asserts that a server's (`s`) and a client's (`c`) output of ucmatose or udaddy show
+/// their transfers done with status 0; `what` names the pair in a failure.
+pub fn assert_transfers_done(s: &str, c: &str, what: &str) {
+    for t in [s, c] {
+        assert!(t.contains("data transfers complete"), "{what}:\n{s}\n{c}");
+        assert!(t.contains("return status 0"), "{what}:\n{s}\n{c}");
+    }
+}
+
+/// The rows of cmtime's timing table, which the client prints once every connection went
+/// through every step.
+pub const CMTIME_STEPS: [&str; 7] = [
+    "create id    :",
+    "resolve addr :",
+    "resolve route:",
+    "create qp    :",
+    "connect      :",
+    "disconnect   :",
+    "destroy      :",
+];
+
+/// Asserts that cmtime's client output `c` has every step's row and no error (a failed
+/// event prints "event: ..., error: N", or ADDR/ROUTE_ERROR); `what` names the pair.
+pub fn assert_cmtime_done(c: &str, what: &str) {
+    for step in CMTIME_STEPS {
+        assert!(c.contains(step), "{what}: {step:?} missing in:\n{c}");
+    }
+    assert!(!c.contains("error"), "{what}:\n{c}");
+}
