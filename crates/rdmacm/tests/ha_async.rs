@@ -16,7 +16,7 @@ use rdma_testhosts::require_root;
 use rdmacm::cm::{EventType, HaPolicy, ALIGN_PATH_MOVED};
 use rdmacm::verbs::AccessFlags;
 use rdmacm::{AcceptOptions, CloseReason, ConnectOptions, Connection, Error, Listener, RemoteBuf};
-use support_ha::{cma, route_to_h1, rt, topo, tx_packets, within, B_ADDR, HANG};
+use support_ha::{cma, route_to_h1, rt, topo, tx_bytes, within, B_ADDR, HANG};
 
 const TOKEN: &[u8; 8] = b"session7";
 const LEN: usize = 1024;
@@ -190,7 +190,7 @@ fn align_closes_and_reconnect_continues_over_h1() {
                     .await;
                     assert_eq!(ev.status(), ALIGN_PATH_MOVED);
                     drop(ev);
-                    let tx0 = tx_packets("h1");
+                    let tx0 = tx_bytes("h1");
                     let r = within("reconnect", c.reconnect(TOKEN)).await.unwrap();
                     let c2 = r.connection;
                     assert_ne!(c2.qp().qpn(), old_qpn, "a new QP");
@@ -237,10 +237,10 @@ fn align_closes_and_reconnect_continues_over_h1() {
                         }
                     })
                     .await;
-                    let sent_h1 = tx_packets("h1") - tx0;
+                    let sent_h1 = tx_bytes("h1") - tx0;
                     assert!(
-                        sent_h1 >= 64,
-                        "the new connection's data left over h1 ({sent_h1})"
+                        sent_h1 >= 64 * LEN as u64,
+                        "the new connection's data left over h1 ({sent_h1} bytes)"
                     );
                     c2.disconnect().await.unwrap();
                     (seq, r.unfinished.len())

@@ -16,7 +16,7 @@ use rdmacm::{AcceptOptions, CloseReason, Connection};
 
 use super::{connect_h, listen_b, rt, within, B_ADDR, HANG};
 
-const LEN: usize = 2048;
+pub const LEN: usize = 2048;
 
 /// Messages in the stream (`RDMA_HA_MESSAGES`, 2,000 by default).
 pub fn messages() -> u32 {
@@ -325,10 +325,15 @@ pub fn away_and_back(
                 } else {
                     stream_until(&c, &mut seq, 0, || attr().port_num == 1).await;
                     // back on the wire too: the stream leaves through h0 again
-                    let before = super::tx_packets("h0");
+                    let before = super::tx_bytes("h0");
                     stream_until(&c, &mut seq, 100, || true).await;
-                    let sent = super::tx_packets("h0") - before;
-                    assert!(sent >= 100, "{sent} packets through h0 for 100 messages");
+                    within("flush", c.flush()).await;
+                    let sent = super::tx_bytes("h0") - before;
+                    let want = 100 * LEN as u64;
+                    assert!(
+                        sent >= want,
+                        "{sent} bytes through h0 for {want} in messages"
+                    );
                 }
                 end_stream(&c, seq).await;
                 assert_eq!(attr().port_num, end_port, "H's port at the end");
