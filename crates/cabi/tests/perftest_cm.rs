@@ -27,9 +27,11 @@ const TESTS: [&str; 7] = [
     "ib_atomic_lat",
 ];
 
-/// perftest's `test -R` on `port`: server on `server` (device `dev`), client to `addr`.
+/// perftest's `test -R` (with `extra` arguments on both sides) on `port`: server on
+/// `hosts[0]` (device `dev`), client on `hosts[1]` to `addr`.
 fn perftest(
     test: &str,
+    extra: &[&str],
     port: u16,
     hosts: [Option<&rdma_testhosts::Host>; 2],
     dev: &str,
@@ -42,12 +44,15 @@ fn perftest(
     );
     let p = port.to_string();
     let args = ["-d", dev, "-x", "0", "-p", &p, "-R", "-n", "200"];
-    let cmd = |h: Option<&rdma_testhosts::Host>, extra: &[&str]| {
+    let cmd = |h: Option<&rdma_testhosts::Host>, dst: &[&str]| {
         let mut c = match h {
             Some(h) => h.command(&path),
             None => Command::new(&path),
         };
-        c.args(args).args(extra).env("LD_LIBRARY_PATH", lib_dir());
+        c.args(args)
+            .args(extra)
+            .args(dst)
+            .env("LD_LIBRARY_PATH", lib_dir());
         c
     };
     let s = start(cmd(hosts[0], &[]));
@@ -78,7 +83,7 @@ fn perftest(
 #[test]
 fn perftest_rdma_cm_on_loopback() {
     for (k, test) in TESTS.iter().enumerate() {
-        perftest(test, 17630 + k as u16, [None, None], "lo", "127.0.0.1");
+        perftest(test, &[], 17630 + k as u16, [None, None], "lo", "127.0.0.1");
     }
 }
 
@@ -92,7 +97,33 @@ fn perftest_rdma_cm_between_two_namespace_hosts() {
     for (k, test) in TESTS.iter().enumerate() {
         perftest(
             test,
+            &[],
             17640 + k as u16,
+            [Some(b), Some(a)],
+            "eth0",
+            "192.0.2.2",
+        );
+    }
+}
+
+/// The SEND tests over UD QPs (`-c UD`): their connections are SIDR exchanges, and a
+/// SIDR_REQ refused for want of a listener is resent as a REQ is.
+#[test]
+fn perftest_rdma_cm_ud_on_loopback_and_between_namespace_hosts() {
+    let ud = ["-c", "UD"];
+    for (k, test) in ["ib_send_lat", "ib_send_bw"].iter().enumerate() {
+        perftest(test, &ud, 17660 + k as u16, [None, None], "lo", "127.0.0.1");
+    }
+    if !rdma_testhosts::require_root("perftest_rdma_cm_ud_between_two_namespace_hosts") {
+        return;
+    }
+    let topo = rdma_testhosts::topologies::two_hosts_one_link().expect("topology");
+    let (a, b) = (&topo.hosts()[0], &topo.hosts()[1]);
+    for (k, test) in ["ib_send_lat", "ib_send_bw"].iter().enumerate() {
+        perftest(
+            test,
+            &ud,
+            17662 + k as u16,
             [Some(b), Some(a)],
             "eth0",
             "192.0.2.2",

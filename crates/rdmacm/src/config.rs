@@ -57,7 +57,8 @@ pub struct CmaConfig {
     /// busy.
     pub async_driver: bool,
     /// How long a connect whose REQ is refused for want of a listener (REJ 8, "invalid
-    /// service id") keeps resending it before `REJECTED` is reported
+    /// service id"; for UD ids a SIDR_REP "service id not supported") keeps resending it
+    /// before `REJECTED` (`UNREACHABLE` status 1 for UD) is reported
     /// (`RDMACM_NO_LISTENER_RETRY_MS`; default 250 ms; 0: at once, as Linux). For peers
     /// that tell their client to connect just before they listen: perftest's `-R` does,
     /// between its two connections.

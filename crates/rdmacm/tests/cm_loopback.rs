@@ -19,8 +19,12 @@ fn expect(ch: &EventChannel, kind: EventType) -> Event {
 
 /// A listener on `addr` (port 0: ephemeral) and its channel.
 fn listener(cma: &Cma, addr: &str) -> (EventChannel, CmId, SocketAddr) {
+    listener_in(cma, addr, PortSpace::Tcp)
+}
+
+fn listener_in(cma: &Cma, addr: &str, ps: PortSpace) -> (EventChannel, CmId, SocketAddr) {
     let ch = EventChannel::with_cma(cma).unwrap();
-    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    let id = CmId::new(&ch, ps).unwrap();
     id.bind_addr(sa(addr)).unwrap();
     id.listen(16).unwrap();
     let a = id.local_addr().unwrap();
@@ -30,8 +34,12 @@ fn listener(cma: &Cma, addr: &str) -> (EventChannel, CmId, SocketAddr) {
 /// A client with a QP, resolved to `dst` from `dst`'s address (each test uses its own
 /// 127.0.0.x: a context owns UDP 4791 on the addresses it uses, and tests run in parallel).
 fn client_to(cma: &Cma, dst: SocketAddr) -> (EventChannel, CmId) {
+    client_in(cma, dst, PortSpace::Tcp)
+}
+
+fn client_in(cma: &Cma, dst: SocketAddr, ps: PortSpace) -> (EventChannel, CmId) {
     let ch = EventChannel::with_cma(cma).unwrap();
-    let id = CmId::new(&ch, PortSpace::Tcp).unwrap();
+    let id = CmId::new(&ch, ps).unwrap();
     id.resolve_addr(Some(SocketAddr::new(dst.ip(), 0)), dst, T)
         .unwrap();
     expect(&ch, EventType::AddrResolved);
@@ -170,6 +178,46 @@ fn a_listener_on_its_way_gets_the_refused_req() {
     s.create_qp_default().unwrap();
     s.accept(&ConnParam::default()).unwrap();
     expect(&cch, EventType::Established);
+}
+
+#[test]
+fn a_listener_on_its_way_gets_the_refused_sidr_req() {
+    // The same race in the UDP port space (perftest -R -c UD): the SIDR_REQ answered
+    // "service id not supported" is resent too.
+    let cfg = CmaConfig::builder()
+        .no_listener_retry(Duration::from_secs(20))
+        .build();
+    let cma = Cma::with_config(cfg).unwrap();
+    let (_lch, _l, addr) = listener_in(&cma, "127.0.0.112:0", PortSpace::Udp);
+    let later = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1).max(1));
+    let (cch, c) = client_in(&cma, later, PortSpace::Udp);
+    c.connect(&ConnParam {
+        private_data: b"early".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    let end = std::time::Instant::now() + T;
+    while cma.statistics().refused_resends == 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "no SIDR_REQ was refused and resent"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        matches!(cch.try_get_event(), Err(rdmacm::Error::WouldBlock)),
+        "no UNREACHABLE while resending"
+    );
+    let (lch, _l2, _) = listener_in(&cma, &later.to_string(), PortSpace::Udp);
+    let mut ev = expect(&lch, EventType::ConnectRequest);
+    assert_eq!(&ev.private_data()[..5], b"early");
+    let s = ev.take_id().unwrap();
+    drop(ev);
+    s.create_qp_default().unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    let ev = expect(&cch, EventType::Established);
+    let ud = ev.ud().expect("the server's QP number and Q_Key");
+    assert_eq!(ud.qp_num, s.qp().unwrap().qpn());
 }
 
 #[test]

@@ -32,7 +32,8 @@ pub struct CmStats {
     pub retransmits: u64,
     /// Of those, REQs and DREQs resent early ([`AgentConfig::early_resends`]).
     pub early_retransmits: u64,
-    /// REQs resent after a REJ "invalid service id" ([`AgentConfig::no_listener_retry`]).
+    /// REQs resent after a REJ "invalid service id" and SIDR_REQs after a SIDR_REP "service
+    /// id not supported" ([`AgentConfig::no_listener_retry`]).
     pub refused_resends: u64,
     /// REQs that waited for a slot of their peer's window before being sent
     /// ([`AgentConfig::req_window`]).
@@ -274,7 +275,7 @@ impl CmAgent {
         };
         if let Some(r) = c.retx.as_mut().filter(|r| r.deadline <= now) {
             if r.restart {
-                // refused for want of a listener: the same REQ again, its waits afresh
+                // refused for want of a listener: the same (SIDR_)REQ again, its waits afresh
                 r.restart = false;
                 r.start(now);
                 let item = (r.to, *r.mad);

@@ -139,10 +139,11 @@ pub struct AgentConfig {
     /// while the DREP is pending. REP, LAP and SIDR_REQ keep Linux's schedule. 0: Linux's
     /// schedule everywhere.
     pub early_resends: u8,
-    /// How long a REQ refused for want of a listener (REJ "invalid service id") is resent
-    /// before the refusal is reported (nanoseconds after the first refusal; 0: at once, as
-    /// Linux). Resends follow 1 ms, 2 ms, 4 ms ... (at most 100 ms apart), each a fresh
-    /// first attempt of the same REQ. For a peer whose application listens again right
+    /// How long a REQ refused for want of a listener (REJ "invalid service id"), or a
+    /// SIDR_REQ (SIDR_REP "service id not supported"), is resent before the refusal is
+    /// reported (nanoseconds after the first refusal; 0: at once, as Linux). Resends follow
+    /// 1 ms, 2 ms, 4 ms ... (at most 100 ms apart), each a fresh first attempt of the same
+    /// message. For a peer whose application listens again right
     /// after telling us to connect (perftest's `-R` does, racing its own client): its
     /// listener then gets the REQ instead of the application a refusal.
     pub no_listener_retry: Nanos,

@@ -45,7 +45,7 @@ impl CmAgent {
             CmMessage::Dreq(x) => self.on_dreq(now, source, tid, x),
             CmMessage::Drep(x) => self.on_drep(now, source, x),
             CmMessage::SidrReq(x) => self.on_sidr_req(source, tid, x),
-            CmMessage::SidrRep(x) => self.on_sidr_rep(source, x),
+            CmMessage::SidrRep(x) => self.on_sidr_rep(now, source, x),
             CmMessage::Lap(x) => self.on_lap(source, tid, x),
             CmMessage::Apr(x) => self.on_apr(source, x),
             // rdma_cm does not use ClassPortInfo

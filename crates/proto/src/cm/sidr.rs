@@ -8,7 +8,7 @@ use rdma_wire::cm::{
 
 use super::conn::{emit, Conn};
 use super::event::{SidrRepReceived, SidrReqReceived};
-use super::{CmAgent, CmEvent, CmPath, CmState, OverloadPolicy};
+use super::{CmAgent, CmEvent, CmPath, CmState, Nanos, OverloadPolicy};
 
 impl CmAgent {
     pub(crate) fn on_sidr_req(&mut self, src: CmPath, tid: u64, x: SidrReqRepr) {
@@ -83,7 +83,7 @@ impl CmAgent {
         }));
     }
 
-    pub(crate) fn on_sidr_rep(&mut self, src: CmPath, x: SidrRepRepr) {
+    pub(crate) fn on_sidr_rep(&mut self, now: Nanos, src: CmPath, x: SidrRepRepr) {
         let Some(c) = self
             .find(x.request_id, None, &src)
             .and_then(|h| {
@@ -95,6 +95,14 @@ impl CmAgent {
             self.stats.unmatched += 1;
             return;
         };
+        // "Service id not supported": no listener yet, resent as a refused REQ is.
+        let grace = self.config.no_listener_retry;
+        if x.status == SidrStatus::Unsupported
+            && c.retx.as_mut().is_some_and(|r| r.refused(now, grace))
+        {
+            tracing::debug!(conn = ?c.handle, service_id = c.service_id, "SIDR_REQ refused for want of a listener: resent shortly");
+            return;
+        }
         c.reset_to_idle();
         let conn = c.handle;
         let n =

@@ -1197,6 +1197,96 @@ fn sidr_exchange_no_listener_and_timeout() {
 }
 
 #[test]
+fn refused_sidr_req_is_resent_and_meets_a_late_listener() {
+    let (mut a, mut b) = (agent_retrying(0xa, 1, 250 * MS), agent(0xb, 2, true));
+    let usid = 0x0000_0000_0111_4853;
+    let mut p = SidrReqParams::new(usid, addr_b());
+    p.private_data = vec![7; 36];
+    let ca = a.send_sidr_req(0, p).unwrap();
+    let req = sent(&mut a).pop().unwrap();
+    b.handle_mad(0, addr_a(), &req);
+    let rep = sent(&mut b).pop().unwrap();
+    a.handle_mad(10, addr_b(), &rep);
+    // "service id not supported" is not reported yet: the same SIDR_REQ 1 ms later
+    assert!(a.poll_event().is_none());
+    assert_eq!(a.state(ca), Some(CmState::SidrReqSent));
+    assert_eq!(a.poll_timeout(), Some(10 + MS));
+    a.handle_timeout(10 + MS);
+    let again = sent(&mut a);
+    assert_eq!(
+        again,
+        vec![req],
+        "the same MAD (request id, transaction id)"
+    );
+    assert_eq!(a.stats().refused_resends, 1);
+    // the listener is there now
+    b.listen(usid).unwrap();
+    b.handle_mad(10 + MS, addr_a(), &again[0]);
+    let Some(CmEvent::SidrReqReceived(r)) = b.poll_event() else {
+        panic!("the late listener gets the SIDR_REQ")
+    };
+    assert_eq!(&r.private_data[..36], &[7; 36]);
+    b.send_sidr_rep(r.conn, SidrRepParams::success(0x12, 0x0123_4567))
+        .unwrap();
+    a.handle_mad(11 + MS, addr_b(), &sent(&mut b)[0]);
+    let Some(CmEvent::SidrRepReceived(x)) = a.poll_event() else {
+        panic!()
+    };
+    assert_eq!((x.conn, x.status, x.qpn), (ca, SidrStatus::Success, 0x12));
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn sidr_refusal_stands_once_the_grace_is_spent_and_a_reject_at_once() {
+    let (mut a, mut b) = (agent_retrying(0xa, 1, 10 * MS), agent(0xb, 2, true));
+    let usid = 0x0000_0000_0111_4853;
+    let ca = a
+        .send_sidr_req(0, SidrReqParams::new(usid, addr_b()))
+        .unwrap();
+    let mut now = 0;
+    let mut resends = 0;
+    let mut m = sent(&mut a).pop().unwrap();
+    loop {
+        b.handle_mad(now, addr_a(), &m);
+        a.handle_mad(now, addr_b(), &sent(&mut b)[0]);
+        if let Some(e) = a.poll_event() {
+            let CmEvent::SidrRepReceived(x) = e else {
+                panic!("{e:?}")
+            };
+            assert_eq!((x.conn, x.status), (ca, SidrStatus::Unsupported));
+            break;
+        }
+        now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        m = sent(&mut a).pop().unwrap();
+        resends += 1;
+        assert!(resends < 10, "the resends end");
+    }
+    // 1 + 2 + 4 ms, then the 3 ms left of the 10: four resends, reported at 10 ms
+    assert_eq!((resends, now), (4, 10 * MS));
+    assert_eq!(a.state(ca), Some(CmState::Idle));
+    assert_eq!(a.poll_timeout(), None);
+    // a listener's refusal is its answer: reported at once
+    b.listen(usid).unwrap();
+    let ca2 = a
+        .send_sidr_req(now, SidrReqParams::new(usid, addr_b()))
+        .unwrap();
+    b.handle_mad(now, addr_a(), &sent(&mut a)[0]);
+    let Some(CmEvent::SidrReqReceived(r)) = b.poll_event() else {
+        panic!()
+    };
+    let mut rej = SidrRepParams::success(0, 0);
+    rej.status = SidrStatus::Reject;
+    b.send_sidr_rep(r.conn, rej).unwrap();
+    a.handle_mad(now, addr_b(), &sent(&mut b)[0]);
+    assert!(
+        matches!(a.poll_event(), Some(CmEvent::SidrRepReceived(x)) if x.conn == ca2 && x.status == SidrStatus::Reject)
+    );
+    assert_eq!(a.stats().refused_resends, 4);
+}
+
+#[test]
 fn destroy_silently_sends_nothing_and_the_retried_req_is_a_new_request() {
     for delayed in [false, true] {
         let (mut a, mut b) = (agent(0xa, 1, delayed), agent(0xb, 2, delayed));

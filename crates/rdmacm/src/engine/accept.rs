@@ -33,9 +33,16 @@ pub(crate) fn accept(id: IdRef<'_>, param: &ConnParam) -> Result<()> {
     let (dev, conn, s) = passive(st, id, "accept")?;
     let now = inner.now();
     if s.qp_kind == QpKind::Ud {
-        let qpn = param
-            .qp_num
-            .ok_or_else(|| Error::InvalidArgument("UD accept needs ConnParam::qp_num".into()))?;
+        // the id's QP, as librdmacm takes it; else the one named
+        let qpn =
+            s.qp.as_ref()
+                .map(|q| q.qpn())
+                .or(param.qp_num)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "UD accept needs a QP (create_qp) or ConnParam::qp_num".into(),
+                    )
+                })?;
         let mut p = SidrRepParams::success(qpn, RDMA_UDP_QKEY);
         p.private_data = param.private_data.clone();
         s.accepted = true;

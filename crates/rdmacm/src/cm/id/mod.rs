@@ -276,7 +276,7 @@ impl CmId {
     /// that device) and moves it to INIT; connect/accept then take it to RTR and RTS.
     /// On a UD id (`init` of type UD), as librdmacm: the UD QP goes to RTS at once, with
     /// Q_Key `RDMA_UDP_QKEY`, receiving on the id's source address (for multicast:
-    /// [`CmId::join_multicast`]; SIDR still takes `qp_num` in [`crate::cm::ConnParam`]).
+    /// [`CmId::join_multicast`]; `accept` and `connect` name it in SIDR).
     /// `EINVAL` without a device, with a QP already, or for a QP type not the id's.
     pub fn create_qp(
         &self,
@@ -322,16 +322,20 @@ impl CmId {
         Ok(qp)
     }
 
-    /// Creates a PD, one CQ of 256 entries for both directions and an RC QP with default
-    /// capacities on the id's device ([`CmId::create_qp`]); returns the QP (its CQs and PD
-    /// are reachable from it).
+    /// Creates a PD, one CQ of 256 entries for both directions and a QP of the id's port
+    /// space (UD for UDP, RC otherwise) with default capacities on the id's device
+    /// ([`CmId::create_qp`]); returns the QP (its CQs and PD are reachable from it).
     pub fn create_qp_default(&self) -> Result<Arc<QueuePair>> {
         let dev = self
             .device()
             .ok_or_else(|| Error::InvalidArgument("id has no device yet".into()))?;
         let pd = dev.alloc_pd()?;
         let cq = dev.create_cq(256, None)?;
-        self.create_qp(&pd, &QpInitAttr::rc(&cq, &cq))
+        let init = match self.port_space() {
+            PortSpace::Udp => QpInitAttr::ud(&cq, &cq),
+            _ => QpInitAttr::rc(&cq, &cq),
+        };
+        self.create_qp(&pd, &init)
     }
 
     /// `rdma_migrate_id`: moves the id, and its queued events, to another channel of the
