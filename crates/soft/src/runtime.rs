@@ -372,6 +372,7 @@ impl Runtime {
             let meta = TxMeta {
                 tclass: p.tclass,
                 placement: t.placement,
+                ifindex: 0,
             };
             let payload = tx.payload.get(..t.payload_len).unwrap_or(&[]);
             if let (Some(h), TxPlacement::Pull) = (ctx.host, t.placement) {

@@ -36,6 +36,24 @@ fn tags(w: &mut UdpWire, want: usize) -> Vec<u32> {
     got
 }
 
+/// What reaches `w` within a short quiet time: each packet's tag and arrival netdev.
+fn arrivals(w: &mut UdpWire) -> Vec<(u32, u32)> {
+    let mut got = Vec::new();
+    let mut quiet = 0;
+    while quiet < 50 {
+        let n = w
+            .recv(&mut |a, p| {
+                got.push((u32::from_be_bytes([p[12], p[13], p[14], p[15]]), a.ifindex))
+            })
+            .unwrap();
+        if n == 0 {
+            quiet += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    got
+}
+
 /// Sends `n` packets to each slot's QP 5, tagged `slot << 16 | k`.
 fn send_to(s: &mut UdpWire, from: WireAddr, to: WireAddr, slots: &[u8], n: u32) {
     for &slot in slots {
@@ -386,8 +404,9 @@ fn one_batch_to_two_members_reaches_both() {
 }
 
 /// A REQ whose listener is another live process's never reaches this one's CM (it would
-/// answer REJ 8 and end a connection that has a listener): the wire drops it, as a stale
-/// program's misdelivery, and the sender's CM retransmits. A REQ for our own listener or
+/// answer REJ 8 and end a connection that has a listener): the wire hands it to the
+/// listener's member in the group, or, when it has none here (this test's pid 1), drops
+/// it, and the sender's CM retransmits. A REQ for our own listener or
 /// for nobody's is delivered (nobody's is ours to refuse, as Linux does).
 #[test]
 fn a_req_for_another_processs_listener_is_dropped_not_refused() {
@@ -434,9 +453,10 @@ fn a_req_for_another_processs_listener_is_dropped_not_refused() {
     drop(ours);
 }
 
-/// A wrong table guess sends a listener's REQs to another member: they are dropped there
-/// (never refused), and they repair the table as misdelivered QP traffic does (the
-/// member swaps its entry with the listener's), after which they reach the listener.
+/// A wrong table guess sends a listener's REQs to another member: never refused there but
+/// handed to the listener's member over the ring, and they repair the table as misdelivered
+/// QP traffic does (the member swaps its entry with the listener's), after which they reach
+/// the listener directly.
 #[test]
 fn reqs_for_a_listener_repair_a_wrong_table() {
     use std::io::Write;
@@ -479,15 +499,18 @@ fn reqs_for_a_listener_repair_a_wrong_table() {
     let mut rounds = Vec::new();
     for round in 0..8 {
         let before = (a.stats().misdelivered, b.stats().misdelivered);
+        let forwarded = a.stats().forwarded;
         for k in 0..5 {
             s.send(src, shared, &req(sid, round * 10 + k)).unwrap();
         }
         s.flush().unwrap();
-        let (ga, gb) = (tags(&mut a, 0), tags(&mut b, 0));
-        assert!(
-            ga.is_empty() && gb.is_empty(),
-            "never delivered: {ga:?} {gb:?}"
-        );
+        let (ga, gb) = (tags(&mut a, 0), arrivals(&mut b));
+        assert!(ga.is_empty(), "never delivered to a: {ga:?}");
+        // what reached a went on to b, the listener's member, over the ring (b, standing
+        // for pid 1, drops what reaches it from the socket: it is not that process), with
+        // the netdev it arrived on (lo), which the listener's CM checks
+        assert_eq!(gb.len() as u64, a.stats().forwarded - forwarded, "{gb:?}");
+        assert!(gb.iter().all(|&(_, ifindex)| ifindex == 1), "{gb:?}");
         let got = (
             a.stats().misdelivered - before.0,
             b.stats().misdelivered - before.1,
@@ -501,6 +524,11 @@ fn reqs_for_a_listener_repair_a_wrong_table() {
     }
     // The program was wrong (a got them) and the drops repaired it (b gets them).
     assert!(rounds.iter().any(|r| r.0 > 0), "{rounds:?}");
+    assert_eq!(
+        a.stats().forwarded,
+        a.stats().misdelivered,
+        "every REQ a got went on to b"
+    );
     assert_eq!(rounds[rounds.len() - 2..], [(0, 5), (0, 5)], "{rounds:?}");
     drop(f);
 }

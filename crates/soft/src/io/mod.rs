@@ -90,6 +90,10 @@ pub struct TxMeta {
     /// How the packet carries its data. Anything but [`TxPlacement::Inline`] goes only
     /// over the host-local wire (a UDP send refuses it).
     pub placement: TxPlacement,
+    /// For a datagram handed on over the host-local wire (one the kernel steered to the
+    /// wrong process): the netdev it arrived on, which the receiver's CM reads; 0 for
+    /// anything sent. The UDP wire ignores it.
+    pub ifindex: u32,
 }
 
 /// Counters of a wire.

@@ -597,6 +597,22 @@ impl Member {
         Ok(true)
     }
 
+    /// The slot of this group's member in the other process that listens on `sid` here
+    /// (the member the program would send its REQs to), for handing it a REQ the program
+    /// sent to this one.
+    pub(crate) fn listener_slot(&self, sid: u64) -> Option<u8> {
+        let me = std::process::id();
+        let pid = claim::recent_services(self.key.ns, self.key.addr.ip())
+            .into_iter()
+            .find(|(f, s, pid)| *s == sid && *pid != me && held(f))
+            .map(|(_, _, pid)| pid)?;
+        let tab = runtime_dir().ok()?.join(format!("{}.tab", self.key.stem()));
+        read_table(&tab)
+            .into_iter()
+            .find(|e| e.pid == pid)
+            .map(|e| e.slot)
+    }
+
     /// Whether another live process, and not this one, listens on service `sid` at this
     /// group's address.
     pub(crate) fn listener_elsewhere(&self, sid: u64) -> bool {

@@ -33,6 +33,7 @@ pub(super) fn transmit<M: MemoryTable + ?Sized>(
     let meta = TxMeta {
         tclass: p.tclass,
         placement: TxPlacement::Inline,
+        ifindex: 0,
     };
     let mut sent = None;
     let r = wire.emit_from_port(p.local, p.remote, p.sport, meta, max, &mut |room| {

@@ -427,19 +427,12 @@ impl HostLocal {
         Ok(())
     }
 
-    /// Hands `packet` (a verified datagram from `from` to `to`) that reached this wire but
-    /// is the wire of `slot`'s (the group's steering program was stale: a member was killed
-    /// and the kernel moved another into its place) to that wire over a ring, as a
-    /// host-local packet. False when it could not: no live wire of that slot has a bell
-    /// here, or the ring is full.
-    pub fn forward(
-        &mut self,
-        slot: u8,
-        from: WireAddr,
-        to: WireAddr,
-        tclass: u8,
-        packet: &[u8],
-    ) -> bool {
+    /// Hands `packet` (a verified datagram that arrived as `arrival` says) that reached
+    /// this wire but is the wire of `slot`'s (the group's steering program was stale: a
+    /// member was killed and the kernel moved another into its place, or a listener is
+    /// newer than the program) to that wire over a ring, with its arrival netdev. False
+    /// when it could not: no live wire of that slot has a bell here, or the ring is full.
+    pub fn forward(&mut self, slot: u8, arrival: &Arrival, packet: &[u8]) -> bool {
         let Some(peer) = self.peer_of_slot(slot) else {
             return false;
         };
@@ -447,10 +440,11 @@ impl HostLocal {
             return false;
         }
         let meta = TxMeta {
-            tclass,
+            tclass: arrival.tclass,
+            ifindex: arrival.ifindex,
             ..TxMeta::default()
         };
-        let sent = self.send(peer, from, to, meta, packet);
+        let sent = self.send(peer, arrival.remote, arrival.local, meta, packet);
         if sent {
             self.flush();
         }
@@ -554,6 +548,7 @@ impl HostLocal {
             to,
             tclass: meta.tclass,
             placement: meta.placement,
+            ifindex: meta.ifindex,
         };
         o.ring.commit(&rec, n);
         o.dirty = true;
@@ -629,7 +624,7 @@ impl HostLocal {
                         let arr = Arrival {
                             local: m.to,
                             remote: m.from,
-                            ifindex: 0,
+                            ifindex: m.ifindex,
                             tclass: m.tclass,
                             hop_limit: 64,
                             placement: m.placement,

@@ -6,7 +6,8 @@
 //! (its length with this header; [`SKIP`] marks the unused end of the buffer before a wrap),
 //! `len: u16` (the packet's), `tclass: u8`, `placement: u8` (0 inline, 1 pull:
 //! [`TxPlacement`]), `from` and `to` (16-byte GID
-//! and 4-byte scope each), then the packet. `head` and `tail` count bytes ever written and
+//! and 4-byte scope each), `ifindex: u32` (the arrival netdev of a datagram handed on, else
+//! 0) and 4 bytes of zeros, then the packet. `head` and `tail` count bytes ever written and
 //! consumed; the producer publishes a record by moving `head` past it (release), the
 //! consumer frees it by moving `tail` (release). The consumer trusts nothing it reads: a
 //! record that breaks the layout makes [`Ring::peek`] fail and the ring is dropped.
@@ -22,8 +23,9 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::io::{TxPlacement, WireAddr};
 use crate::memfd::Mapping;
 
-/// "rdmaRing" in the first 8 bytes of a ring file.
-const MAGIC: u64 = u64::from_be_bytes(*b"rdmaRing");
+/// "rdmaRng2" in the first 8 bytes of a ring file (the second record layout: a process of
+/// the first refuses the ring rather than misread it).
+const MAGIC: u64 = u64::from_be_bytes(*b"rdmaRng2");
 /// Bytes before the records.
 const HEADER: usize = 4096;
 const HEAD: usize = 64;
@@ -32,7 +34,7 @@ const WAITING: usize = 192;
 const CLOSED: usize = 256;
 const BLOCKED: usize = 260;
 /// A record's own header.
-pub(crate) const RECORD: usize = 48;
+pub(crate) const RECORD: usize = 56;
 /// `total` of the filler at the end of the buffer before a wrap.
 const SKIP: u32 = u32::MAX;
 /// Smallest and largest ring capacity.
@@ -46,6 +48,7 @@ pub(crate) struct RecordMeta {
     pub to: WireAddr,
     pub tclass: u8,
     pub placement: TxPlacement,
+    pub ifindex: u32,
 }
 
 /// A record that breaks the layout (a buggy or hostile producer).
@@ -245,6 +248,7 @@ impl Ring {
         h[24..28].copy_from_slice(&meta.from.scope_id().to_le_bytes());
         h[28..44].copy_from_slice(&meta.to.gid());
         h[44..48].copy_from_slice(&meta.to.scope_id().to_le_bytes());
+        h[48..52].copy_from_slice(&meta.ifindex.to_le_bytes());
         // SAFETY: the record's header room, reserved above.
         unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.data().add(at), RECORD) };
         self.pos += total as u64;
@@ -340,6 +344,7 @@ impl Ring {
                 to,
                 tclass: rec[6],
                 placement,
+                ifindex: u32::from_le_bytes([rec[48], rec[49], rec[50], rec[51]]),
             };
             self.limit = total as u64;
             return Ok(Some((meta, &rec[RECORD..RECORD + len])));
@@ -422,6 +427,7 @@ mod tests {
             to: "fe80::2%3".parse().unwrap(),
             tclass: 0x48,
             placement: TxPlacement::Pull,
+            ifindex: 7,
         }
     }
 
@@ -486,6 +492,7 @@ mod tests {
             to: "fe80::2%4".parse().unwrap(),
             tclass: 0,
             placement: TxPlacement::Inline,
+            ifindex: 0,
         };
         // the same pair twice (the decoded pair reused), then another, then the first again
         let metas = [meta(), meta(), other, other, meta()];
@@ -500,7 +507,7 @@ mod tests {
         // the producer rewrites a published record's address (a hostile peer): read anew
         p.reserve(1).unwrap()[0] = 7;
         p.commit(&meta(), 1);
-        let at = (p.pos - 56) as usize;
+        let at = (p.pos - (RECORD + 1).next_multiple_of(8) as u64) as usize;
         // SAFETY: the producer's own mapping, as a hostile peer would write it.
         unsafe { p.data().add(at + 8 + 15).write(2) };
         assert_eq!(

@@ -150,27 +150,24 @@ impl UdpWire {
                         if let Some(m) = other {
                             self.stats.misdelivered += 1;
                             evidence = Some(m);
-                            // a QP's packet goes to its owner, if it is alive here: over the
-                            // ring to its wire. Not a CM message: the ring does not carry the
-                            // arrival netdev its checks need (the CM retransmits instead).
-                            let forwarded = match (m, dest) {
-                                // a live member of this group (a slot is host-wide: a dead
-                                // owner's may be another namespace's process now)
-                                (Misdelivered::Slot(s), Dest::Slot(_))
-                                    if member.is_some_and(|m| m.has_member(s)) =>
-                                {
-                                    self.local.wire.as_mut().is_some_and(|l| {
-                                        l.forward(
-                                            s,
-                                            arrival.remote,
-                                            arrival.local,
-                                            arrival.tclass,
-                                            data,
-                                        )
-                                    })
+                            // its owner's, if it is alive here: over the ring to its wire,
+                            // with the netdev it arrived on (the CM's checks read it). A
+                            // slot is host-wide: only a live member of this group's (a dead
+                            // owner's slot may be another namespace's process now).
+                            let owner = match m {
+                                Misdelivered::Slot(s) => {
+                                    member.is_some_and(|m| m.has_member(s)).then_some(s)
                                 }
-                                _ => false,
+                                Misdelivered::Service(sid) => {
+                                    member.and_then(|m| m.listener_slot(sid))
+                                }
                             };
+                            let forwarded = owner.is_some_and(|s| {
+                                self.local
+                                    .wire
+                                    .as_mut()
+                                    .is_some_and(|l| l.forward(s, &arrival, data))
+                            });
                             if forwarded {
                                 self.stats.forwarded += 1;
                                 tracing::debug!(?m, addr = %bound, "misdelivered datagram forwarded");
