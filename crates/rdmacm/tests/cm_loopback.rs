@@ -141,17 +141,23 @@ fn no_listener_is_rej_8() {
     assert_eq!(ev.status(), 8);
 }
 
-#[test]
-fn a_listener_on_its_way_gets_the_refused_req() {
-    // perftest -R's race: the client connects before the server listens. The refused REQ
-    // is resent (the grace is long here so that a loaded machine cannot spend it).
+/// perftest -R's race in port space `ps` on `ip`: the client connects before the server
+/// listens, its request is refused and resent (the grace is long here so that a loaded
+/// machine cannot spend it) until the listener comes and accepts; `check` is given the
+/// server's id and the client's ESTABLISHED (before the ids go: destroying an id waits
+/// for its events to be released).
+fn a_late_listener_accepts_the_refused_request(
+    ps: PortSpace,
+    ip: &str,
+    check: impl FnOnce(&CmId, &Event),
+) {
     let cfg = CmaConfig::builder()
         .no_listener_retry(Duration::from_secs(20))
         .build();
     let cma = Cma::with_config(cfg).unwrap();
-    let (_lch, _l, addr) = listener(&cma, "127.0.0.110:0");
+    let (_lch, _l, addr) = listener_in(&cma, &format!("{ip}:0"), ps);
     let later = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1).max(1));
-    let (cch, c) = client_to(&cma, later);
+    let (cch, c) = client_in(&cma, later, ps);
     c.connect(&ConnParam {
         private_data: b"early".to_vec(),
         ..Default::default()
@@ -162,62 +168,40 @@ fn a_listener_on_its_way_gets_the_refused_req() {
     while cma.statistics().refused_resends == 0 {
         assert!(
             std::time::Instant::now() < end,
-            "no REQ was refused and resent"
+            "no request was refused and resent"
         );
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(
         matches!(cch.try_get_event(), Err(rdmacm::Error::WouldBlock)),
-        "no REJECTED while resending"
+        "no REJECTED or UNREACHABLE while resending"
     );
-    let (lch, _l2, _) = listener(&cma, &later.to_string());
+    let (lch, _l2, _) = listener_in(&cma, &later.to_string(), ps);
     let mut ev = expect(&lch, EventType::ConnectRequest);
     assert_eq!(&ev.private_data()[..5], b"early");
     let s = ev.take_id().unwrap();
     drop(ev);
     s.create_qp_default().unwrap();
     s.accept(&ConnParam::default()).unwrap();
-    expect(&cch, EventType::Established);
+    check(&s, &expect(&cch, EventType::Established));
+}
+
+#[test]
+fn a_listener_on_its_way_gets_the_refused_req() {
+    a_late_listener_accepts_the_refused_request(PortSpace::Tcp, "127.0.0.110", |s, ev| {
+        assert_eq!(ev.status(), 0);
+        assert!(s.qp().is_some());
+    });
 }
 
 #[test]
 fn a_listener_on_its_way_gets_the_refused_sidr_req() {
     // The same race in the UDP port space (perftest -R -c UD): the SIDR_REQ answered
     // "service id not supported" is resent too.
-    let cfg = CmaConfig::builder()
-        .no_listener_retry(Duration::from_secs(20))
-        .build();
-    let cma = Cma::with_config(cfg).unwrap();
-    let (_lch, _l, addr) = listener_in(&cma, "127.0.0.112:0", PortSpace::Udp);
-    let later = SocketAddr::new(addr.ip(), addr.port().wrapping_add(1).max(1));
-    let (cch, c) = client_in(&cma, later, PortSpace::Udp);
-    c.connect(&ConnParam {
-        private_data: b"early".to_vec(),
-        ..Default::default()
-    })
-    .unwrap();
-    let end = std::time::Instant::now() + T;
-    while cma.statistics().refused_resends == 0 {
-        assert!(
-            std::time::Instant::now() < end,
-            "no SIDR_REQ was refused and resent"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert!(
-        matches!(cch.try_get_event(), Err(rdmacm::Error::WouldBlock)),
-        "no UNREACHABLE while resending"
-    );
-    let (lch, _l2, _) = listener_in(&cma, &later.to_string(), PortSpace::Udp);
-    let mut ev = expect(&lch, EventType::ConnectRequest);
-    assert_eq!(&ev.private_data()[..5], b"early");
-    let s = ev.take_id().unwrap();
-    drop(ev);
-    s.create_qp_default().unwrap();
-    s.accept(&ConnParam::default()).unwrap();
-    let ev = expect(&cch, EventType::Established);
-    let ud = ev.ud().expect("the server's QP number and Q_Key");
-    assert_eq!(ud.qp_num, s.qp().unwrap().qpn());
+    a_late_listener_accepts_the_refused_request(PortSpace::Udp, "127.0.0.112", |s, ev| {
+        let ud = ev.ud().expect("the server's QP number and Q_Key");
+        assert_eq!(ud.qp_num, s.qp().unwrap().qpn());
+    });
 }
 
 #[test]

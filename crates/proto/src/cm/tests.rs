@@ -215,30 +215,36 @@ fn refused_req_is_resent_and_meets_a_late_listener() {
     assert_eq!(a.poll_timeout(), Some(20 + 3 * MS + 4608 * MS));
 }
 
+/// Carries `a`'s request (just sent, from time 0) to `b`, which refuses it for want of a
+/// listener, and `b`'s answer back, resend after resend, until `a` reports the refusal:
+/// the resends, when, and the event.
+fn refused_until_reported(a: &mut CmAgent, b: &mut CmAgent) -> (u32, u64, CmEvent) {
+    let mut now = 0;
+    let mut resends = 0;
+    let mut m = sent(a).pop().unwrap();
+    loop {
+        b.handle_mad(now, addr_a(), &m);
+        a.handle_mad(now, addr_b(), &sent(b).pop().unwrap());
+        if let Some(e) = a.poll_event() {
+            return (resends, now, e);
+        }
+        now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        m = sent(a).pop().unwrap();
+        resends += 1;
+        assert!(resends < 10, "the resends end");
+    }
+}
+
 #[test]
 fn refusal_stands_once_the_grace_is_spent() {
     let (mut a, mut b) = (agent_retrying(0xa, 1, 10 * MS), agent(0xb, 2, true));
     let ca = a.send_req(0, req_params(0x11)).unwrap();
-    let mut now = 0;
-    let mut resends = 0;
-    let mut m = sent(&mut a).pop().unwrap();
-    loop {
-        b.handle_mad(now, addr_a(), &m);
-        let rej = sent(&mut b).pop().unwrap();
-        a.handle_mad(now, addr_b(), &rej);
-        if let Some(e) = a.poll_event() {
-            let CmEvent::RejReceived(e) = e else {
-                panic!("{e:?}")
-            };
-            assert_eq!(e.reason, RejectReason::InvalidServiceId);
-            break;
-        }
-        now = a.poll_timeout().unwrap();
-        a.handle_timeout(now);
-        m = sent(&mut a).pop().unwrap();
-        resends += 1;
-        assert!(resends < 10, "the resends end");
-    }
+    let (resends, now, e) = refused_until_reported(&mut a, &mut b);
+    let CmEvent::RejReceived(e) = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(e.reason, RejectReason::InvalidServiceId);
     // 1 + 2 + 4 ms, then the 3 ms left of the 10: four resends, refused at 10 ms
     assert_eq!((resends, now), (4, 10 * MS));
     assert_eq!(a.state(ca), Some(CmState::Idle));
@@ -1244,25 +1250,11 @@ fn sidr_refusal_stands_once_the_grace_is_spent_and_a_reject_at_once() {
     let ca = a
         .send_sidr_req(0, SidrReqParams::new(usid, addr_b()))
         .unwrap();
-    let mut now = 0;
-    let mut resends = 0;
-    let mut m = sent(&mut a).pop().unwrap();
-    loop {
-        b.handle_mad(now, addr_a(), &m);
-        a.handle_mad(now, addr_b(), &sent(&mut b)[0]);
-        if let Some(e) = a.poll_event() {
-            let CmEvent::SidrRepReceived(x) = e else {
-                panic!("{e:?}")
-            };
-            assert_eq!((x.conn, x.status), (ca, SidrStatus::Unsupported));
-            break;
-        }
-        now = a.poll_timeout().unwrap();
-        a.handle_timeout(now);
-        m = sent(&mut a).pop().unwrap();
-        resends += 1;
-        assert!(resends < 10, "the resends end");
-    }
+    let (resends, now, e) = refused_until_reported(&mut a, &mut b);
+    let CmEvent::SidrRepReceived(x) = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((x.conn, x.status), (ca, SidrStatus::Unsupported));
     // 1 + 2 + 4 ms, then the 3 ms left of the 10: four resends, reported at 10 ms
     assert_eq!((resends, now), (4, 10 * MS));
     assert_eq!(a.state(ca), Some(CmState::Idle));
