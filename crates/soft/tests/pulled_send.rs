@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{device, host_local_pair, poll_within, LocalEnd, LIMIT};
+use common::{device, host_local_pair, host_local_pair_srq, poll_within, LocalEnd, LIMIT};
 use rdma_soft::verbs::*;
 use std::time::Instant;
 
@@ -85,6 +85,33 @@ fn a_long_send_from_an_allocated_region_is_pulled_into_the_receive() {
     assert_eq!((r.status, r.byte_len), (WcStatus::Success, len as u32));
     assert_eq!(r.imm(), Some(0xabc));
     check_landed(&dst, &want, 10_000);
+    let (sa, sb) = (
+        a.3.transport_stats().unwrap(),
+        b.3.transport_stats().unwrap(),
+    );
+    assert_eq!((sa.pulls_sent, sb.pulls_done), (1, 1), "pulled");
+}
+
+#[test]
+fn a_pulled_send_lands_in_a_receive_of_the_qps_srq() {
+    let (a, b, srq) = host_local_pair_srq(|ip| device(ip, None), "127.0.77.11", "127.0.77.12");
+    let dst = b.1.alloc(LEN * 2, ACCESS).unwrap();
+    let wr = RecvWr::new(2)
+        .with_sge(dst.sge(100, 10_000).unwrap())
+        .with_sge(dst.sge(40_000, 60_000).unwrap());
+    srq.post_recv(wr).unwrap();
+    let len = 50_000;
+    let (_src, want) = post_send(&a, len, Some(0x5a));
+    let c = poll_within(&a.2, LIMIT, "SEND completion");
+    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    let r = poll_within(&b.2, LIMIT, "receive completion");
+    assert_eq!(
+        (r.status, r.byte_len, r.wr_id),
+        (WcStatus::Success, len as u32, 2)
+    );
+    assert_eq!(r.imm(), Some(0x5a));
+    check_landed(&dst, &want, 10_000);
+    assert!(srq.is_empty(), "the SRQ's receive was taken");
     let (sa, sb) = (
         a.3.transport_stats().unwrap(),
         b.3.transport_stats().unwrap(),

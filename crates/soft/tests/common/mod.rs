@@ -428,14 +428,42 @@ pub fn host_local_pair(
     ip_a: &str,
     ip_b: &str,
 ) -> (LocalEnd, LocalEnd) {
-    let end = |ip: &str| {
-        let dev = open(ip);
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(64, None).unwrap();
-        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
-        (dev, pd, cq, qp)
-    };
-    let (a, b) = (end(ip_a), end(ip_b));
+    let (a, _) = local_end(&open, ip_a, false);
+    let (b, _) = local_end(&open, ip_b, false);
+    connect_local(&a, &b, ip_a, ip_b);
+    (a, b)
+}
+
+/// [`host_local_pair`] whose second QP takes its receives from an SRQ (returned).
+pub fn host_local_pair_srq(
+    open: impl Fn(&str) -> Device,
+    ip_a: &str,
+    ip_b: &str,
+) -> (LocalEnd, LocalEnd, SharedReceiveQueue) {
+    let (a, _) = local_end(&open, ip_a, false);
+    let (b, srq) = local_end(&open, ip_b, true);
+    connect_local(&a, &b, ip_a, ip_b);
+    (a, b, srq.unwrap())
+}
+
+/// Device, PD, CQ and RC QP on `open(ip)`; with `srq`, the QP on a new SRQ of the PD.
+fn local_end(
+    open: &impl Fn(&str) -> Device,
+    ip: &str,
+    srq: bool,
+) -> (LocalEnd, Option<SharedReceiveQueue>) {
+    let dev = open(ip);
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64, None).unwrap();
+    let srq = srq.then(|| dev.create_srq(&pd, 16, 4).unwrap());
+    let mut init = QpInitAttr::rc(&cq, &cq);
+    init.srq = srq.as_ref();
+    let qp = pd.create_qp(&init).unwrap();
+    ((dev, pd, cq, qp), srq)
+}
+
+/// Puts `a` and `b` on the host-local wire to each other and connects them.
+fn connect_local(a: &LocalEnd, b: &LocalEnd, ip_a: &str, ip_b: &str) {
     let (ha, hb) = (a.0.host_local().unwrap(), b.0.host_local().unwrap());
     a.3.use_host_local(hb).unwrap();
     b.3.use_host_local(ha).unwrap();
@@ -443,5 +471,4 @@ pub fn host_local_pair(
     a.3.connect(b.3.qpn(), 100, 200, gid(ip_b)).unwrap();
     b.3.connect(a.3.qpn(), 200, 100, gid(ip_a)).unwrap();
     assert!(a.3.host_peer().is_some(), "the host-local wire");
-    (a, b)
 }
