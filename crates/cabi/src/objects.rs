@@ -259,7 +259,9 @@ pub fn path_of(a: &ibv_ah_attr) -> PathAttr {
         sgid_index: a.grh.sgid_index,
         hop_limit: a.grh.hop_limit,
         traffic_class: a.grh.traffic_class,
-        flow_label: a.grh.flow_label,
+        // the GRH's field is 20 bits: wider values keep their low 20, as the kernel takes
+        // them (UCX passes its "auto", all ones)
+        flow_label: a.grh.flow_label & 0xF_FFFF,
     }
 }
 

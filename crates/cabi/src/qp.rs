@@ -296,9 +296,10 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let (Some(q), Some(a)) = (unsafe { obj::<_, Qp>(qp) }, unsafe { attr.as_ref() }) else {
         return libc::EINVAL;
     };
+    // rdma-core's failure is its failed `write`'s: the errno is set too (programs print it)
     let (mut qa, m) = match attr_from_c(a, mask) {
         Ok(x) => x,
-        Err(e) => return e,
+        Err(e) => return errno_too(e),
     };
     if q.ud && m.contains(QpAttrMask::PORT) && qa.port_num == 0 {
         qa.port_num = 1;
@@ -309,7 +310,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
             unsafe { (*qp).state = q.qp.state() as c_int };
             0
         }
-        Err(e) => soft_errno(&e),
+        Err(e) => errno_too(soft_errno(&e)),
     }
 }
 

@@ -14,6 +14,13 @@ pub fn null_err<T>(e: i32) -> *mut T {
     null_mut()
 }
 
+/// `e` with `errno = e` too (libibverbs' calls that return an errno: rdma-core's comes from
+/// a failed `write`, which sets it).
+pub fn errno_too(e: i32) -> libc::c_int {
+    set_errno(e);
+    e
+}
+
 /// `-1` with `errno = e` (librdmacm's failure convention).
 pub fn minus_one(e: i32) -> libc::c_int {
     set_errno(e);

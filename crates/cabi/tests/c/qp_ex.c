@@ -135,6 +135,12 @@ static void to_rts(struct side *s, uint32_t dqpn, int ud)
 			  IBV_QP_ACCESS_FLAGS))
 		fail("init", "%s", strerror(errno));
 	a.qp_state = IBV_QPS_RTR;
+	/* a refused modify returns its errno and sets errno, as rdma-core's failed write does
+	 * (programs print it with %m) */
+	errno = 0;
+	int r = ibv_modify_qp(s->qp, &a, IBV_QP_STATE);
+	if (r != EINVAL || errno != EINVAL)
+		fail("rtr without its attributes", "returned %d, errno %d", r, errno);
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = dqpn;
 	a.rq_psn = 0;
@@ -144,6 +150,8 @@ static void to_rts(struct side *s, uint32_t dqpn, int ud)
 	a.ah_attr.grh.dgid = gid;
 	a.ah_attr.grh.sgid_index = 0;
 	a.ah_attr.grh.hop_limit = 64;
+	/* UCX passes its "auto" flow label, all ones: the kernel takes it (the low 20 bits) */
+	a.ah_attr.grh.flow_label = 0xffffffff;
 	a.ah_attr.port_num = 1;
 	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
